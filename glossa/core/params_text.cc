@@ -1,0 +1,663 @@
+// Lingvo's params text format: ToText, FromText and the Python-literal subset lists and dicts use.
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <optional>
+#include <charconv>
+#include <cstdlib>
+#include <map>
+#include <regex>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/params.h"
+#include "glossa/core/params_repr.h"
+
+namespace glossa {
+namespace internal {
+
+std::string QuoteString(std::string_view s) {
+  const auto singles = std::count(s.begin(), s.end(), '\'');
+  const auto doubles = std::count(s.begin(), s.end(), '"');
+  const char quote = singles <= doubles ? '\'' : '"';
+  std::string out(1, quote);
+  for (char c : s) {
+    if (c == quote || c == '\\') out += '\\';
+    out += c;
+  }
+  out += quote;
+  return out;
+}
+
+std::string UnquoteString(std::string_view quoted) {
+  if (quoted.empty() || (quoted[0] != '"' && quoted[0] != '\'')) return std::string(quoted);
+  // Python's str.strip(quote): removes every leading and trailing quote character.
+  const char q = quoted[0];
+  size_t b = 0, e = quoted.size();
+  while (b < e && quoted[b] == q) ++b;
+  while (e > b && quoted[e - 1] == q) --e;
+  std::string_view contents = quoted.substr(b, e - b);
+  std::string out;
+  for (size_t i = 0; i < contents.size(); ++i) {
+    if (contents[i] == '\\' && i + 1 < contents.size() &&
+        (contents[i + 1] == '\\' || contents[i + 1] == '\'' || contents[i + 1] == '"')) {
+      ++i;
+    }
+    out += contents[i];
+  }
+  return out;
+}
+
+namespace {
+
+std::string EnumText(const EnumValue& e) { return e.ShortType() + "." + e.name; }
+std::string ClassText(const ClassRef& c) { return "type/" + c.ModuleSlashName(); }
+
+// Values that Lingvo's GetRepr turns into Python strings inside containers.
+bool ReprsAsString(const ParamValue& v, std::string* s) {
+  switch (v.kind()) {
+    case ParamValue::Kind::kString: *s = v.AsString(); return true;
+    case ParamValue::Kind::kNone: *s = "NoneType"; return true;
+    case ParamValue::Kind::kDType: *s = std::string(DTypeName(v.AsDType())); return true;
+    case ParamValue::Kind::kEnum: *s = EnumText(v.AsEnum()); return true;
+    case ParamValue::Kind::kClass: *s = ClassText(v.AsClass()); return true;
+    default: return false;
+  }
+}
+
+// Lingvo's _SortedDict repr: keys sorted, string values with QuoteString.
+template <typename Items>
+std::string SortedDictRepr(const Items& items) {
+  std::vector<std::pair<std::string, const ParamValue*>> sorted;
+  for (const auto& [k, v] : items) sorted.emplace_back(k, v);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out = "{";
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (i) out += ", ";
+    std::string s;
+    out += PyStrRepr(sorted[i].first) + ": " +
+           (ReprsAsString(*sorted[i].second, &s) ? QuoteString(s) : ContainerRepr(*sorted[i].second));
+  }
+  return out + "}";
+}
+
+std::vector<std::pair<std::string, const ParamValue*>> ItemsOf(const ParamValue& v) {
+  std::vector<std::pair<std::string, const ParamValue*>> items;
+  if (v.is_params()) {
+    for (const auto& e : v.AsParams()) items.emplace_back(e.name, &e.value);
+  } else {
+    for (const auto& [k, x] : v.AsDict()) items.emplace_back(k, &x);
+  }
+  return items;
+}
+
+}  // namespace
+
+std::string ContainerRepr(const ParamValue& v) {
+  std::string s;
+  if (ReprsAsString(v, &s)) return PyStrRepr(s);
+  switch (v.kind()) {
+    case ParamValue::Kind::kBool: return v.AsBool() ? "True" : "False";
+    case ParamValue::Kind::kInt: return std::to_string(v.AsInt());
+    case ParamValue::Kind::kFloat: return PyFloatRepr(v.AsFloat());
+    case ParamValue::Kind::kList: {
+      std::string out = "[";
+      const auto& list = v.AsList();
+      for (size_t i = 0; i < list.size(); ++i) out += (i ? ", " : "") + ContainerRepr(list[i]);
+      return out + "]";
+    }
+    case ParamValue::Kind::kDict:
+    case ParamValue::Kind::kParams: return SortedDictRepr(ItemsOf(v));
+    default: throw InternalError("unhandled param kind in ContainerRepr");
+  }
+}
+
+std::string TextValue(const ParamValue& v) {
+  switch (v.kind()) {
+    case ParamValue::Kind::kString: return QuoteString(v.AsString());
+    case ParamValue::Kind::kNone: return "NoneType";
+    case ParamValue::Kind::kDType: return std::string(DTypeName(v.AsDType()));
+    case ParamValue::Kind::kEnum: return EnumText(v.AsEnum());
+    case ParamValue::Kind::kClass: return ClassText(v.AsClass());
+    default: return ContainerRepr(v);
+  }
+}
+
+std::string PyStr(const ParamValue& v) {
+  switch (v.kind()) {
+    case ParamValue::Kind::kString: return v.AsString();
+    case ParamValue::Kind::kNone: return "None";
+    case ParamValue::Kind::kDType: return std::string(DTypeName(v.AsDType()));
+    case ParamValue::Kind::kEnum: return EnumText(v.AsEnum());
+    case ParamValue::Kind::kClass: return ClassText(v.AsClass());
+    case ParamValue::Kind::kParams: return ParamsToString(v.AsParams(), 0);
+    case ParamValue::Kind::kDict: {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [k, x] : v.AsDict()) {
+        out += (first ? "" : ", ") + PyStrRepr(k) + ": " + ContainerRepr(x);
+        first = false;
+      }
+      return out + "}";
+    }
+    default: return ContainerRepr(v);
+  }
+}
+
+std::string ParamsToString(const Params& p, int depth) {
+  std::vector<const Params::Entry*> sorted;
+  for (const auto& e : p) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto* a, const auto* b) { return a->name < b->name; });
+  const std::string indent(2 * (depth + 1), ' ');
+  std::vector<std::string> lines;
+  for (const auto* e : sorted) {
+    if (e->value.is_params()) {
+      lines.push_back(indent + e->name + ": " + ParamsToString(e->value.AsParams(), depth + 1));
+    } else if (e->value.kind() == ParamValue::Kind::kString) {
+      lines.push_back(indent + e->name + ": \"" + e->value.AsString() + "\"");
+    } else if (e->value.is_none()) {
+      lines.push_back(indent + e->name + ": None");
+    } else {
+      lines.push_back(indent + e->name + ": " + TextValue(e->value));
+    }
+  }
+  return "{\n" + Join(lines, "\n") + "\n" + std::string(2 * depth, ' ') + "}";
+}
+
+// ---- Python literal parser (the subset Lingvo's ast.literal_eval sees in params text) ----
+
+namespace {
+
+class LiteralParser {
+ public:
+  explicit LiteralParser(std::string_view text) : s_(text) {}
+
+  ParamValue ParseAll() {
+    ParamValue v = ParseValue();
+    SkipSpace();
+    if (pos_ != s_.size()) Fail("unexpected trailing text");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void Fail(std::string_view why) {
+    throw InvalidArgumentError(
+        StrCat("cannot parse Python literal at offset ", pos_, ": ", why, " in ", PyStrRepr(s_)));
+  }
+  void SkipSpace() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' ||
+                                s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool Consume(char c) {
+    SkipSpace();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  bool ConsumeWord(std::string_view w) {
+    if (s_.substr(pos_, w.size()) != w) return false;
+    size_t end = pos_ + w.size();
+    if (end < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[end])) || s_[end] == '_')) {
+      return false;
+    }
+    pos_ = end;
+    return true;
+  }
+
+  ParamValue ParseValue() {
+    SkipSpace();
+    if (pos_ >= s_.size()) Fail("unexpected end");
+    char c = s_[pos_];
+    if (c == '[' || c == '(') return ParseList(c == '[' ? ']' : ')');
+    if (c == '{') return ParseDict();
+    if (c == '\'' || c == '"') return ParseString();
+    if (ConsumeWord("None")) return ParamValue();
+    if (ConsumeWord("True")) return ParamValue(true);
+    if (ConsumeWord("False")) return ParamValue(false);
+    return ParseNumber();
+  }
+
+  ParamValue ParseList(char close) {
+    ++pos_;
+    ParamValue::List items;
+    while (true) {
+      if (Consume(close)) break;
+      items.push_back(ParseValue());
+      if (Consume(',')) continue;
+      if (Consume(close)) break;
+      Fail(StrCat("expected ',' or '", close, "'"));
+    }
+    return ParamValue(std::move(items));
+  }
+
+  ParamValue ParseDict() {
+    ++pos_;
+    ParamValue::Dict items;
+    while (true) {
+      if (Consume('}')) break;
+      SkipSpace();
+      if (pos_ >= s_.size() || (s_[pos_] != '\'' && s_[pos_] != '"')) {
+        Fail("dict keys must be strings");
+      }
+      std::string key = ParseString().AsString();
+      if (!Consume(':')) Fail("expected ':' after dict key");
+      items[key] = ParseValue();
+      if (Consume(',')) continue;
+      if (Consume('}')) break;
+      Fail("expected ',' or '}'");
+    }
+    return ParamValue(std::move(items));
+  }
+
+  static void AppendUtf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  uint32_t ParseHex(size_t digits) {
+    if (pos_ + digits > s_.size()) Fail("truncated escape");
+    uint32_t v = 0;
+    for (size_t i = 0; i < digits; ++i) {
+      char c = s_[pos_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+      else Fail("bad hex digit in escape");
+    }
+    return v;
+  }
+
+  ParamValue ParseString() {
+    const char quote = s_[pos_++];
+    std::string out;
+    while (true) {
+      if (pos_ >= s_.size()) Fail("unterminated string");
+      char c = s_[pos_++];
+      if (c == quote) break;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos_ >= s_.size()) Fail("unterminated escape");
+      char e = s_[pos_++];
+      switch (e) {
+        case '\\': out += '\\'; break;
+        case '\'': out += '\''; break;
+        case '"': out += '"'; break;
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case '0': out += '\0'; break;
+        case 'a': out += '\a'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'v': out += '\v'; break;
+        case '\n': break;  // line continuation
+        case 'x': AppendUtf8(out, ParseHex(2)); break;
+        case 'u': AppendUtf8(out, ParseHex(4)); break;
+        case 'U': AppendUtf8(out, ParseHex(8)); break;
+        default: out += '\\'; out += e;  // Python keeps unknown escapes verbatim
+      }
+    }
+    return ParamValue(std::move(out));
+  }
+
+  ParamValue ParseNumber() {
+    size_t start = pos_;
+    bool negative = false;
+    if (s_[pos_] == '-' || s_[pos_] == '+') {
+      negative = s_[pos_] == '-';
+      ++pos_;
+      SkipSpace();
+    }
+    // inf and nan are not Python literals, but ToText writes them (repr of a float); accept them.
+    if (ConsumeWord("inf")) return ParamValue(negative ? -HUGE_VAL : HUGE_VAL);
+    if (ConsumeWord("nan")) return ParamValue(std::nan(""));
+    size_t num_start = pos_;
+    bool is_float = false;
+    while (pos_ < s_.size()) {
+      char c = s_[pos_];
+      if (std::isdigit(static_cast<unsigned char>(c)) || c == '_') {
+        ++pos_;
+      } else if (c == '.' || c == 'e' || c == 'E') {
+        is_float = true;
+        ++pos_;
+        if ((c == 'e' || c == 'E') && pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) {
+          ++pos_;
+        }
+      } else {
+        break;
+      }
+    }
+    std::string digits;
+    for (size_t i = num_start; i < pos_; ++i) {
+      if (s_[i] != '_') digits += s_[i];
+    }
+    if (digits.empty()) {
+      pos_ = start;
+      Fail("expected a value");
+    }
+    if (!is_float) {
+      int64_t v = 0;
+      auto res = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+      if (res.ec != std::errc() || res.ptr != digits.data() + digits.size()) {
+        pos_ = start;
+        Fail("integer out of int64 range or malformed");
+      }
+      return ParamValue(negative ? -v : v);
+    }
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(digits.c_str(), &end);
+    if (end != digits.c_str() + digits.size()) {
+      pos_ = start;
+      Fail("malformed float");
+    }
+    return ParamValue(negative ? -v : v);
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+}  // namespace internal
+
+namespace {
+
+using internal::LiteralParser;
+
+std::optional<ClassRef> ParseClassText(std::string_view text) {
+  // type/<module>/<Name>
+  if (text.substr(0, 5) != "type/") return std::nullopt;
+  std::string_view rest = text.substr(5);
+  size_t slash = rest.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == rest.size()) {
+    return std::nullopt;
+  }
+  return ClassRef{StrCat(rest.substr(0, slash), ".", rest.substr(slash + 1))};
+}
+
+ClassRef ParseRegisteredClass(std::string_view text) {
+  auto ref = ParseClassText(text);
+  if (!ref) {
+    throw InvalidArgumentError(
+        StrCat("expected a class reference 'type/<module>/<Name>' or NoneType, got '", text, "'"));
+  }
+  ClassRegistry::Get(ref->key);  // NotFound with near names when unregistered
+  return *ref;
+}
+
+EnumValue ParseEnumText(const EnumValue& old, std::string_view text) {
+  size_t dot = text.rfind('.');
+  std::string_view cls = dot == std::string_view::npos ? std::string_view() : text.substr(0, dot);
+  std::string_view name = dot == std::string_view::npos ? text : text.substr(dot + 1);
+  if (cls != old.ShortType()) {
+    throw InvalidArgumentError(
+        StrCat("expected enum of class ", old.ShortType(), " but got '", text, "'"));
+  }
+  return MakeEnum(old.type, name);
+}
+
+// Converts a value parsed from a list or dict literal back to the kinds the old value held at the
+// same place: ToText writes None, dtypes, enums and class references inside containers as strings,
+// and Params as dicts.
+ParamValue Reconcile(ParamValue parsed, const ParamValue* old) {
+  switch (parsed.kind()) {
+    case ParamValue::Kind::kString: {
+      const std::string& s = parsed.AsString();
+      if (s == "NoneType") return ParamValue();
+      if (old == nullptr) return parsed;
+      if (old->kind() == ParamValue::Kind::kDType) {
+        if (auto d = DTypeFromName(s)) return ParamValue(*d);
+      } else if (old->kind() == ParamValue::Kind::kEnum) {
+        return ParamValue(ParseEnumText(old->AsEnum(), s));
+      } else if (old->kind() == ParamValue::Kind::kClass) {
+        return ParamValue(ParseRegisteredClass(s));
+      }
+      return parsed;
+    }
+    case ParamValue::Kind::kList: {
+      const ParamValue::List* old_list = old && old->is_list() ? &old->AsList() : nullptr;
+      ParamValue::List out;
+      auto& items = parsed.MutableList();
+      for (size_t i = 0; i < items.size(); ++i) {
+        const ParamValue* o = old_list && i < old_list->size() ? &(*old_list)[i] : nullptr;
+        out.push_back(Reconcile(std::move(items[i]), o));
+      }
+      return ParamValue(std::move(out));
+    }
+    case ParamValue::Kind::kDict: {
+      if (old && old->is_params()) {
+        Params p = old->AsParams();
+        for (auto& [k, v] : parsed.MutableDict()) {
+          ParamValue current = p.Get(k);  // NotFound with did-you-mean for unknown keys
+          p.Set(k, Reconcile(std::move(v), &current));
+        }
+        return ParamValue(std::move(p));
+      }
+      const ParamValue::Dict* old_dict = old && old->is_dict() ? &old->AsDict() : nullptr;
+      ParamValue::Dict out;
+      for (auto& [k, v] : parsed.MutableDict()) {
+        const ParamValue* o = nullptr;
+        if (old_dict) {
+          auto it = old_dict->find(k);
+          if (it != old_dict->end()) o = &it->second;
+        }
+        out[k] = Reconcile(std::move(v), o);
+      }
+      return ParamValue(std::move(out));
+    }
+    default: return parsed;
+  }
+}
+
+ParamValue ParseLiteral(std::string_view text, const ParamValue* old) {
+  return Reconcile(LiteralParser(text).ParseAll(), old);
+}
+
+// Lingvo's _ValueFromText: the new value from its text, directed by the kind of the old value.
+ParamValue ValueFromText(const ParamValue& old, std::string_view text) {
+  switch (old.kind()) {
+    case ParamValue::Kind::kBool:
+      return ParamValue(!text.empty() && text != "False" && text != "false");
+    case ParamValue::Kind::kInt: {
+      auto v = LiteralParser(text).ParseAll();
+      if (v.kind() != ParamValue::Kind::kInt) {
+        throw InvalidArgumentError(StrCat("expected an int, got '", text, "'"));
+      }
+      return v;
+    }
+    case ParamValue::Kind::kFloat: {
+      auto v = LiteralParser(text).ParseAll();
+      if (v.kind() != ParamValue::Kind::kFloat && v.kind() != ParamValue::Kind::kInt) {
+        throw InvalidArgumentError(StrCat("expected a float, got '", text, "'"));
+      }
+      return ParamValue(v.AsFloat());
+    }
+    case ParamValue::Kind::kDType: return ParamValue(ParseDType(text));
+    case ParamValue::Kind::kList: return ParseLiteral(text, &old);
+    case ParamValue::Kind::kDict:
+      if (text == "dict") return ParamValue(ParamValue::Dict{});
+      return ParseLiteral(text, &old);
+    case ParamValue::Kind::kParams: {
+      // Lingvo cannot read this; we accept the dict form ToText uses inside lists.
+      auto v = ParseLiteral(text, &old);
+      if (!v.is_params()) {
+        throw InvalidArgumentError(StrCat("expected a dict of param values, got '", text, "'"));
+      }
+      return v;
+    }
+    case ParamValue::Kind::kString: {
+      std::string s = internal::UnquoteString(text);
+      if (s.size() >= 2 && s.front() == '[' && s.back() == ']') {
+        // A list stored as a string reads back as a list, as in Lingvo.
+        try {
+          return ParseLiteral(s, nullptr);
+        } catch (const InvalidArgumentError&) {
+        }
+      }
+      return ParamValue(std::move(s));
+    }
+    case ParamValue::Kind::kEnum: return ParamValue(ParseEnumText(old.AsEnum(), text));
+    case ParamValue::Kind::kClass:
+    case ParamValue::Kind::kNone: {
+      if (text == "NoneType") return ParamValue();
+      if (old.is_none()) {
+        if (text == "False" || text == "false") return ParamValue(false);
+        if (text == "True" || text == "true") return ParamValue(true);
+        if (ParseClassText(text)) return ParamValue(ParseRegisteredClass(text));
+        // Lingvo needs ToTextWithTypes for a None-valued param; we read any plain literal.
+        try {
+          return ParseLiteral(text, nullptr);
+        } catch (const InvalidArgumentError&) {
+          throw InvalidArgumentError(StrCat(
+              "cannot infer a value for a param that is None from '", text,
+              "': expected NoneType, True/False, type/<module>/<Name>, a number, a quoted "
+              "string, or a list/dict literal"));
+        }
+      }
+      return ParamValue(ParseRegisteredClass(text));
+    }
+  }
+  throw InternalError("unhandled param kind in ValueFromText");
+}
+
+bool EndsWithTerminalQuote(std::string_view s, char quote) {
+  if (s.empty() || s.back() != quote) return false;
+  size_t backslashes = 0;
+  for (size_t i = s.size() - 1; i > 0 && s[i - 1] == '\\'; --i) ++backslashes;
+  return backslashes % 2 == 0;
+}
+
+}  // namespace
+
+std::string Params::ToText() const {
+  std::map<std::string, std::string> kv;
+  auto enter = [](const std::string&, const ParamValue& v) {
+    if (v.is_params()) return true;
+    if (v.is_list()) {
+      const auto& l = v.AsList();
+      return !l.empty() &&
+             std::all_of(l.begin(), l.end(), [](const ParamValue& x) { return x.is_params(); });
+    }
+    if (v.is_dict()) {
+      const auto& d = v.AsDict();
+      return !d.empty() &&
+             std::all_of(d.begin(), d.end(), [](const auto& kv) { return kv.second.is_params(); });
+    }
+    return false;
+  };
+  Visit([&](const std::string& key, const ParamValue& v) { kv[key] = internal::TextValue(v); },
+        enter);
+  std::string out;
+  for (const auto& [k, v] : kv) out += k + " : " + v + "\n";
+  return out;
+}
+
+
+Params& Params::FromText(std::string_view text) {
+  CheckMutable("FromText");
+  struct Item {
+    std::string key;
+    std::string value;
+    int line;
+  };
+  std::vector<Item> items;
+  std::map<std::string, size_t> index;  // later lines override earlier ones, as in a Python dict
+  auto add = [&](std::string key, std::string value, int line) {
+    auto it = index.find(key);
+    if (it != index.end()) {
+      items[it->second].value = std::move(value);
+      items[it->second].line = line;
+    } else {
+      index[key] = items.size();
+      items.push_back(Item{std::move(key), std::move(value), line});
+    }
+  };
+
+  bool in_string = false;
+  Item pending;
+  char pending_quote = 0;
+  int line_no = 0;
+  for (const std::string& raw : Split(text, '\n')) {
+    ++line_no;
+    std::string_view line = raw;
+    if (in_string) {
+      std::string_view rstripped = line;
+      while (!rstripped.empty() && std::isspace(static_cast<unsigned char>(rstripped.back()))) {
+        rstripped.remove_suffix(1);
+      }
+      if (!EndsWithTerminalQuote(rstripped, pending_quote)) {
+        pending.value += "\n" + std::string(line);
+        continue;
+      }
+      add(pending.key, pending.value + "\n" + std::string(rstripped), pending.line);
+      in_string = false;
+      continue;
+    }
+    line = Strip(line);
+    if (line.empty() || line[0] == '#') continue;
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos) {
+      throw InvalidArgumentError(StrCat("params text line ", line_no, ": '", line,
+                                        "' is not in <key> : <value> format"));
+    }
+    std::string key(Strip(line.substr(0, colon)));
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && std::isspace(static_cast<unsigned char>(value.front()))) {
+      value.remove_prefix(1);
+    }
+    if (key.empty()) {
+      throw InvalidArgumentError(StrCat("params text line ", line_no, ": empty key"));
+    }
+    if (!value.empty() && (value[0] == '"' || value[0] == '\'') &&
+        !EndsWithTerminalQuote(value.substr(1), value[0])) {
+      in_string = true;
+      pending = Item{key, std::string(value), line_no};
+      pending_quote = value[0];
+      continue;
+    }
+    add(key, std::string(Strip(value)), line_no);
+  }
+  if (in_string) {
+    throw InvalidArgumentError(StrCat("params text line ", pending.line, ": string value of '",
+                                      pending.key, "' has no closing ", pending_quote));
+  }
+
+  // Apply to a copy so that an error leaves this Params unchanged.
+  Params updated = *this;
+  for (const Item& item : items) {
+    try {
+      const ParamValue& old = updated.Get(item.key);
+      updated.Set(item.key, ValueFromText(old, item.value));
+    } catch (const Error& e) {
+      ThrowError(e.code(), StrCat("params text line ", item.line, ": ", e.message()));
+    }
+  }
+  *this = std::move(updated);
+  return *this;
+}
+
+}  // namespace glossa

@@ -1,0 +1,66 @@
+// Deterministic randomness and the global step, with Lingvo's semantics.
+//
+// A per-thread step seed counter is reset at the start of each step; every random op draws a seed
+// pair (global_step, step_seed++) offset by the layer's random_seed and an op seed, so replaying a
+// step (RevNet recomputation, pipeline micro-batches) replays every mask.
+//
+//   ResetStepSeed();
+//   GlobalStepContext step(1200);
+//   auto [s0, s1] = GenerateStepSeedPair(/*random_seed=*/1234);  // (1200 + 1234, 0 + 1234)
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace glossa {
+
+// md5(name) as a hex integer, mod 2^31 - 1 (Lingvo's GenerateSeedFromName): "test" -> 552009270.
+int64_t GenerateSeedFromName(std::string_view name);
+
+// The calling thread's step seed (0 until reset).
+int64_t GetStepSeed();
+void ResetStepSeed(int64_t seed = 0);
+// Returns the step seed, then advances it by the product of the active StepSeedIncrementContexts
+// (1 when none).
+int64_t GetIncStepSeed();
+
+// Within this scope GetIncStepSeed advances by `step` times any enclosing increments (Lingvo's
+// StepSeedIncrementContext, used where one call stands for `step` ops). `step` must be > 0.
+class StepSeedIncrementContext {
+ public:
+  explicit StepSeedIncrementContext(int64_t step);
+  ~StepSeedIncrementContext();
+  StepSeedIncrementContext(const StepSeedIncrementContext&) = delete;
+  StepSeedIncrementContext& operator=(const StepSeedIncrementContext&) = delete;
+};
+
+// The global step. Inside a GlobalStepContext (innermost wins, per thread) its value; otherwise
+// the process-wide step set by SetGlobalStep (the trainer's), 0 at start.
+int64_t GetGlobalStep();
+void SetGlobalStep(int64_t step);
+
+class GlobalStepContext {
+ public:
+  explicit GlobalStepContext(int64_t step);
+  ~GlobalStepContext();
+  GlobalStepContext(const GlobalStepContext&) = delete;
+  GlobalStepContext& operator=(const GlobalStepContext&) = delete;
+};
+
+// A per-thread substitute for the global step used by seed generation (a pipeline sets the
+// micro-batch step here). GetOverWriteGlobalStep returns it when set, else GetGlobalStep().
+void SetOverWriteGlobalStep(int64_t step);
+void ClearOverWriteGlobalStep();
+int64_t GetOverWriteGlobalStep();
+
+// (global step, GetIncStepSeed()), each element plus `random_seed` and plus `op_seed` when set.
+// The global step is GetOverWriteGlobalStep(). When `is_inference` and no random_seed is set, the
+// step seed still advances (so other ops' seeds don't shift) and a fresh random pair is returned,
+// as in Lingvo.
+std::array<int64_t, 2> GenerateStepSeedPair(std::optional<int64_t> random_seed,
+                                            std::optional<int64_t> op_seed = std::nullopt,
+                                            bool is_inference = false);
+
+}  // namespace glossa

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs every system dependency Glossa uses on Debian 12. Idempotent: packages already present are
+# not reinstalled and `apt-get update` runs at most once per invocation, only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libtorch-dev python3-torch libopenblas-dev
+  libprotobuf-dev protobuf-compiler
+  libgtest-dev libgmock-dev
+  libssl-dev zlib1g-dev
+  nlohmann-json3-dev libcli11-dev libgoogle-glog-dev
+  libsentencepiece-dev libgloo-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup.sh: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+
+echo "setup.sh: installing ${missing[*]}"
+$SUDO apt-get update -q
+if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+  # Name the package that failed, not just "apt-get failed".
+  for p in "${missing[@]}"; do
+    if ! $SUDO apt-get install -y -q --no-install-recommends "$p" >/dev/null 2>&1; then
+      echo "setup.sh: ERROR: could not install Debian package '$p'" >&2
+    fi
+  done
+  exit 1
+fi
+echo "setup.sh: done"

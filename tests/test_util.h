@@ -1,0 +1,50 @@
+// Helpers shared by the unit tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "glossa/base/errors.h"
+
+namespace glossa::testing {
+
+inline std::string SourcePath(const std::string& relative) {
+  return std::string(GLOSSA_SOURCE_DIR) + "/" + relative;
+}
+
+inline std::string ReadSourceFile(const std::string& relative) {
+  std::ifstream in(SourcePath(relative), std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + SourcePath(relative));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace glossa::testing
+
+// Expects `stmt` to throw exactly ErrorType and the message (without the code prefix) to equal
+// `expected_message`.
+#define EXPECT_ERROR_MESSAGE(stmt, ErrorType, expected_message)             \
+  do {                                                                      \
+    try {                                                                   \
+      stmt;                                                                 \
+      ADD_FAILURE() << "expected " #ErrorType " from: " #stmt;              \
+    } catch (const ErrorType& e) {                                          \
+      EXPECT_EQ(std::string(e.message()), std::string(expected_message));   \
+    }                                                                       \
+  } while (0)
+
+// Expects `stmt` to throw ErrorType with a message containing `substring`.
+#define EXPECT_ERROR_CONTAINS(stmt, ErrorType, substring)                        \
+  do {                                                                           \
+    try {                                                                        \
+      stmt;                                                                      \
+      ADD_FAILURE() << "expected " #ErrorType " from: " #stmt;                   \
+    } catch (const ErrorType& e) {                                               \
+      EXPECT_NE(std::string(e.message()).find(substring), std::string::npos)     \
+          << "message: " << e.message() << "\nexpected to contain: " << substring; \
+    }                                                                            \
+  } while (0)
