@@ -479,6 +479,10 @@ ParamValue ParseLiteral(std::string_view text, const ParamValue* old) {
 
 // Lingvo's _ValueFromText: the new value from its text, directed by the kind of the old value.
 ParamValue ValueFromText(const ParamValue& old, std::string_view text) {
+  // ToText writes None as NoneType; Lingvo reads that back only where the old value is None or a
+  // class. We read it for every kind but strings (where it stays the literal text, as in Lingvo),
+  // so a value set to None round-trips.
+  if (text == "NoneType" && old.kind() != ParamValue::Kind::kString) return ParamValue();
   switch (old.kind()) {
     case ParamValue::Kind::kBool:
       return ParamValue(!text.empty() && text != "False" && text != "false");

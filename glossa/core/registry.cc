@@ -26,6 +26,24 @@ State& GetState() {
   return *state;
 }
 
+std::string LastComponent(std::string_view key) {
+  size_t dot = key.rfind('.');
+  return std::string(dot == std::string_view::npos ? key : key.substr(dot + 1));
+}
+
+// Registry keys share long module prefixes, so Lingvo's trigram rule is applied to the class names
+// (the last component) first, then to whole keys; without near names every key is listed.
+std::string NearKeysMessage(std::string_view key, const State& s) {
+  std::vector<std::string> keys, near;
+  for (const auto& [k, v] : s.entries) {
+    keys.push_back(k);
+    if (!SimilarKeys(LastComponent(key), {LastComponent(k)}).empty()) near.push_back(k);
+  }
+  if (near.empty()) near = SimilarKeys(key, keys);
+  if (!near.empty()) return StrCat(key, " (did you mean: [", Join(near, ","), "])");
+  return KeyErrorString(key, keys);
+}
+
 }  // namespace
 
 std::string Demangle(const char* mangled_name) {
@@ -61,9 +79,7 @@ const ClassRegistry::Entry& ClassRegistry::Get(std::string_view key) {
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.entries.find(std::string(key));
   if (it == s.entries.end()) {
-    std::vector<std::string> keys;
-    for (const auto& [k, v] : s.entries) keys.push_back(k);
-    throw NotFoundError(StrCat("unregistered class ", KeyErrorString(key, keys)));
+    throw NotFoundError(StrCat("unregistered class ", NearKeysMessage(key, s)));
   }
   return it->second;  // entries are never removed, so the reference stays valid
 }
