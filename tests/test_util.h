@@ -27,24 +27,24 @@ inline std::string ReadSourceFile(const std::string& relative) {
 
 // Expects `stmt` to throw exactly ErrorType and the message (without the code prefix) to equal
 // `expected_message`.
-#define EXPECT_ERROR_MESSAGE(stmt, ErrorType, expected_message)             \
-  do {                                                                      \
-    try {                                                                   \
-      stmt;                                                                 \
-      ADD_FAILURE() << "expected " #ErrorType " from: " #stmt;              \
-    } catch (const ErrorType& e) {                                          \
-      EXPECT_EQ(std::string(e.message()), std::string(expected_message));   \
-    }                                                                       \
+#define EXPECT_ERROR_MESSAGE(stmt, ErrorType, expected_message)           \
+  do {                                                                    \
+    try {                                                                 \
+      stmt;                                                               \
+      ADD_FAILURE() << "expected " #ErrorType " from: " #stmt;            \
+    } catch (const ErrorType& e) {                                        \
+      EXPECT_EQ(std::string(e.message()), std::string(expected_message)); \
+    }                                                                     \
   } while (0)
 
 // Expects `stmt` to throw ErrorType with a message containing `substring`.
-#define EXPECT_ERROR_CONTAINS(stmt, ErrorType, substring)                        \
-  do {                                                                           \
-    try {                                                                        \
-      stmt;                                                                      \
-      ADD_FAILURE() << "expected " #ErrorType " from: " #stmt;                   \
-    } catch (const ErrorType& e) {                                               \
-      EXPECT_NE(std::string(e.message()).find(substring), std::string::npos)     \
+#define EXPECT_ERROR_CONTAINS(stmt, ErrorType, substring)                          \
+  do {                                                                             \
+    try {                                                                          \
+      stmt;                                                                        \
+      ADD_FAILURE() << "expected " #ErrorType " from: " #stmt;                     \
+    } catch (const ErrorType& e) {                                                 \
+      EXPECT_NE(std::string(e.message()).find(substring), std::string::npos)       \
           << "message: " << e.message() << "\nexpected to contain: " << substring; \
-    }                                                                            \
+    }                                                                              \
   } while (0)

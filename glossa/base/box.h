@@ -14,7 +14,7 @@ template <typename T>
 class Box {
  public:
   Box() : ptr_(std::make_unique<T>()) {}
-  Box(const T& value) : ptr_(std::make_unique<T>(value)) {}  // NOLINT: implicit by design
+  Box(const T& value) : ptr_(std::make_unique<T>(value)) {}        // NOLINT: implicit by design
   Box(T&& value) : ptr_(std::make_unique<T>(std::move(value))) {}  // NOLINT
   Box(const Box& other) : ptr_(other.ptr_ ? std::make_unique<T>(*other) : nullptr) {}
   Box(Box&& other) noexcept = default;

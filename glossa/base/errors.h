@@ -41,9 +41,9 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
-#define GLOSSA_DEFINE_ERROR(Name, Code) \
-  class Name : public Error {           \
-   public:                              \
+#define GLOSSA_DEFINE_ERROR(Name, Code)                                             \
+  class Name : public Error {                                                       \
+   public:                                                                          \
     explicit Name(const std::string& message) : Error(StatusCode::Code, message) {} \
   };
 

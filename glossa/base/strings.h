@@ -32,8 +32,8 @@ std::string_view Strip(std::string_view s);
 // integral values keep ".0"; "inf", "-inf", "nan".
 std::string PyFloatRepr(double value);
 
-// Python 3's repr() of a str: single quotes unless the string contains ' and no ", backslash and the
-// chosen quote escaped, \n \r \t and other control bytes escaped; bytes >= 0x80 kept (UTF-8).
+// Python 3's repr() of a str: single quotes unless the string contains ' and no ", backslash and
+// the chosen quote escaped, \n \r \t and other control bytes escaped; bytes >= 0x80 kept (UTF-8).
 std::string PyStrRepr(std::string_view s);
 
 // Lingvo's similarity rule for misspelled keys: the keys in which more than half of `name`'s

@@ -44,10 +44,10 @@ std::string_view NestedValue::KindName() const {
 }
 
 void NestedValue::KindError(Kind wanted) const {
-  static const char* kNames[] = {"None", "Tensor", "int", "float", "bool", "str", "NestedMap",
-                                 "list"};
-  throw InvalidArgumentError(StrCat("NestedMap value is a ", KindName(), ", not a ",
-                                    kNames[static_cast<int>(wanted)]));
+  static const char* kNames[] = {"None", "Tensor", "int",       "float",
+                                 "bool", "str",    "NestedMap", "list"};
+  throw InvalidArgumentError(
+      StrCat("NestedMap value is a ", KindName(), ", not a ", kNames[static_cast<int>(wanted)]));
 }
 
 const at::Tensor& NestedValue::AsTensor() const {
@@ -96,8 +96,8 @@ std::string NestedValue::DebugValueString() const {
       if (!t.defined()) return "Tensor(undefined)";
       std::vector<std::string> dims;
       for (int64_t d : t.sizes()) dims.push_back(std::to_string(d));
-      return StrCat("Tensor(shape=[", Join(dims, ", "), "], dtype=",
-                    DTypeName(FromScalarType(t.scalar_type())), ")");
+      return StrCat("Tensor(shape=[", Join(dims, ", "),
+                    "], dtype=", DTypeName(FromScalarType(t.scalar_type())), ")");
     }
     case Kind::kInt: return std::to_string(AsInt());
     case Kind::kFloat: return PyFloatRepr(AsFloat());
@@ -131,8 +131,8 @@ KeyPart ParsePart(std::string_view part, std::string_view full_key) {
 }
 
 bool IsReserved(std::string_view key) {
-  static const char* kReserved[] = {"clear", "copy",       "fromkeys", "get",    "items", "keys",
-                                    "pop",   "popitem",    "setdefault", "update", "values"};
+  static const char* kReserved[] = {"clear", "copy",    "fromkeys",   "get",    "items", "keys",
+                                    "pop",   "popitem", "setdefault", "update", "values"};
   for (const char* r : kReserved) {
     if (key == r) return true;
   }
@@ -213,7 +213,8 @@ void NestedMap::CheckKey(std::string_view key) {
     throw InvalidArgumentError(
         StrCat("invalid NestedMap key '", key, "': expected [A-Za-z_][A-Za-z0-9_]*"));
   }
-  if (IsReserved(key)) throw InvalidArgumentError(StrCat("'", key, "' is a reserved NestedMap key"));
+  if (IsReserved(key))
+    throw InvalidArgumentError(StrCat("'", key, "' is a reserved NestedMap key"));
 }
 
 void NestedMap::Put(std::string_view key, NestedValue value) {
@@ -359,8 +360,8 @@ std::vector<at::Tensor> NestedMap::FlattenTensors() const {
   std::vector<at::Tensor> out;
   WalkMap(*this, [&](const std::string& k, const NestedValue& v) {
     if (!v.is_tensor()) {
-      throw InvalidArgumentError(StrCat("NestedMap leaf '", k, "' is a ", v.KindName(),
-                                        ", not a Tensor"));
+      throw InvalidArgumentError(
+          StrCat("NestedMap leaf '", k, "' is a ", v.KindName(), ", not a Tensor"));
     }
     out.push_back(v.AsTensor());
   });
@@ -369,8 +370,7 @@ std::vector<at::Tensor> NestedMap::FlattenTensors() const {
 
 std::vector<NestedMap::KeyValue> NestedMap::FlattenItems() const {
   std::vector<KeyValue> out;
-  WalkMap(*this,
-       [&](const std::string& k, const NestedValue& v) { out.emplace_back(k, v); });
+  WalkMap(*this, [&](const std::string& k, const NestedValue& v) { out.emplace_back(k, v); });
   return out;
 }
 
@@ -401,10 +401,11 @@ NestedMap NestedMap::Transform(const std::function<NestedValue(const NestedValue
 
 NestedMap NestedMap::TransformWithKey(
     const std::function<NestedValue(const std::string&, const NestedValue&)>& fn) const {
-  auto res = RecursiveMap(NestedValue(*this), "",
-                          [&](const std::string& k, const NestedValue& v) -> std::optional<NestedValue> {
-                            return fn(k, v);
-                          });
+  auto res =
+      RecursiveMap(NestedValue(*this), "",
+                   [&](const std::string& k, const NestedValue& v) -> std::optional<NestedValue> {
+                     return fn(k, v);
+                   });
   return res ? res->AsMap() : NestedMap();
 }
 
@@ -414,11 +415,12 @@ NestedMap NestedMap::Filter(const std::function<bool(const NestedValue&)>& fn) c
 
 NestedMap NestedMap::FilterKeyVal(
     const std::function<bool(const std::string&, const NestedValue&)>& fn) const {
-  auto res = RecursiveMap(NestedValue(*this), "",
-                          [&](const std::string& k, const NestedValue& v) -> std::optional<NestedValue> {
-                            if (fn(k, v)) return v;
-                            return std::nullopt;
-                          });
+  auto res =
+      RecursiveMap(NestedValue(*this), "",
+                   [&](const std::string& k, const NestedValue& v) -> std::optional<NestedValue> {
+                     if (fn(k, v)) return v;
+                     return std::nullopt;
+                   });
   return res ? res->AsMap() : NestedMap();
 }
 

@@ -33,18 +33,18 @@ class NestedValue {
   using List = std::vector<NestedValue>;
 
   NestedValue();
-  NestedValue(std::nullptr_t);                        // NOLINT: None
-  NestedValue(at::Tensor t);                          // NOLINT
+  NestedValue(std::nullptr_t);  // NOLINT: None
+  NestedValue(at::Tensor t);    // NOLINT
   template <std::integral T>
-    requires(!std::same_as<T, bool>)
-  NestedValue(T v) : NestedValue(static_cast<int64_t>(v), Int{}) {}  // NOLINT
-  NestedValue(double v);                              // NOLINT
-  NestedValue(bool v);                                // NOLINT
-  NestedValue(const char* v);                         // NOLINT
-  NestedValue(std::string v);                         // NOLINT
-  NestedValue(const NestedMap& m);                    // NOLINT
-  NestedValue(NestedMap&& m);                         // NOLINT
-  NestedValue(List l);                                // NOLINT
+  requires(!std::same_as<T, bool>) NestedValue(T v)
+      : NestedValue(static_cast<int64_t>(v), Int{}) {}  // NOLINT
+  NestedValue(double v);                                // NOLINT
+  NestedValue(bool v);                                  // NOLINT
+  NestedValue(const char* v);                           // NOLINT
+  NestedValue(std::string v);                           // NOLINT
+  NestedValue(const NestedMap& m);                      // NOLINT
+  NestedValue(NestedMap&& m);                           // NOLINT
+  NestedValue(List l);                                  // NOLINT
   NestedValue(const NestedValue&);
   NestedValue(NestedValue&&) noexcept;
   NestedValue& operator=(const NestedValue&);
@@ -76,8 +76,7 @@ class NestedValue {
   struct Int {};
   NestedValue(int64_t v, Int);
   [[noreturn]] void KindError(Kind wanted) const;
-  std::variant<std::monostate, at::Tensor, int64_t, double, bool, std::string, Box<NestedMap>,
-               List>
+  std::variant<std::monostate, at::Tensor, int64_t, double, bool, std::string, Box<NestedMap>, List>
       v_;
 };
 
@@ -102,7 +101,7 @@ class NestedMap {
   void Put(std::string_view key, NestedValue value);
   const NestedValue& at(std::string_view key) const;  // NotFound listing available keys
   NestedValue& at(std::string_view key);
-  void erase(std::string_view key);                   // NotFound when absent
+  void erase(std::string_view key);  // NotFound when absent
   Items::const_iterator begin() const { return items_.begin(); }
   Items::const_iterator end() const { return items_.end(); }
 
@@ -134,7 +133,8 @@ class NestedMap {
   // Keeps the leaves for which `fn` is true; lists are compacted and containers emptied by the
   // filter are removed, while containers that were already empty are kept.
   NestedMap Filter(const std::function<bool(const NestedValue&)>& fn) const;
-  NestedMap FilterKeyVal(const std::function<bool(const std::string&, const NestedValue&)>& fn) const;
+  NestedMap FilterKeyVal(
+      const std::function<bool(const std::string&, const NestedValue&)>& fn) const;
   // True when both have the same flattened keys (so x.Pack(y.Flatten()) has y's structure).
   bool IsCompatible(const NestedMap& other) const;
   // Copies the structure and shares the leaves (tensors alias).

@@ -99,8 +99,7 @@ std::string_view ParamValue::KindName(Kind kind) {
 std::string_view ParamValue::KindName() const { return KindName(kind()); }
 
 void ParamValue::KindError(Kind wanted) const {
-  throw InvalidArgumentError(
-      StrCat("param value is a ", KindName(), ", not a ", KindName(wanted)));
+  throw InvalidArgumentError(StrCat("param value is a ", KindName(), ", not a ", KindName(wanted)));
 }
 
 bool ParamValue::AsBool() const {

@@ -1,7 +1,7 @@
-// ParamValue: one value in a Params tree. The kinds are Lingvo's: none, bool, int64, double, string,
-// dtype, enum (a registered enum type and one of its names), class reference (a class-registry
-// key), list, string-keyed dict, and nested Params. Values copy deeply (a copied list of Params owns
-// its own Params).
+// ParamValue: one value in a Params tree. The kinds are Lingvo's: none, bool, int64, double,
+// string, dtype, enum (a registered enum type and one of its names), class reference (a
+// class-registry key), list, string-keyed dict, and nested Params. Values copy deeply (a copied
+// list of Params owns its own Params).
 //
 //   ParamValue v = 3;                       // kInt
 //   ParamValue l = ParamValue::List{1, 2.0, "3"};
@@ -57,7 +57,19 @@ struct ClassRef {
 
 class ParamValue {
  public:
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kDType, kEnum, kClass, kList, kDict, kParams };
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kDType,
+    kEnum,
+    kClass,
+    kList,
+    kDict,
+    kParams
+  };
   using List = std::vector<ParamValue>;
   using Dict = std::map<std::string, ParamValue>;
 
@@ -65,20 +77,19 @@ class ParamValue {
   ParamValue(std::nullptr_t) {}  // NOLINT: `nullptr` means None, as Python's None
   ParamValue(bool v) : v_(v) {}  // NOLINT
   template <std::integral T>
-    requires(!std::same_as<T, bool>)
-  ParamValue(T v) : v_(static_cast<int64_t>(v)) {}  // NOLINT
-  ParamValue(double v) : v_(v) {}                   // NOLINT
-  ParamValue(float v) : v_(static_cast<double>(v)) {}  // NOLINT
-  ParamValue(const char* v) : v_(std::string(v)) {}    // NOLINT
-  ParamValue(std::string v) : v_(std::move(v)) {}      // NOLINT
-  ParamValue(std::string_view v) : v_(std::string(v)) {}  // NOLINT
-  ParamValue(DType v) : v_(v) {}                          // NOLINT
-  ParamValue(EnumValue v) : v_(std::move(v)) {}           // NOLINT
-  ParamValue(ClassRef v) : v_(std::move(v)) {}            // NOLINT
-  ParamValue(List v) : v_(std::move(v)) {}                // NOLINT
-  ParamValue(Dict v) : v_(Box<Dict>(std::move(v))) {}     // NOLINT
-  ParamValue(const Params& v);                            // NOLINT
-  ParamValue(Params&& v);                                 // NOLINT
+  requires(!std::same_as<T, bool>) ParamValue(T v) : v_(static_cast<int64_t>(v)) {}  // NOLINT
+  ParamValue(double v) : v_(v) {}                                                    // NOLINT
+  ParamValue(float v) : v_(static_cast<double>(v)) {}                                // NOLINT
+  ParamValue(const char* v) : v_(std::string(v)) {}                                  // NOLINT
+  ParamValue(std::string v) : v_(std::move(v)) {}                                    // NOLINT
+  ParamValue(std::string_view v) : v_(std::string(v)) {}                             // NOLINT
+  ParamValue(DType v) : v_(v) {}                                                     // NOLINT
+  ParamValue(EnumValue v) : v_(std::move(v)) {}                                      // NOLINT
+  ParamValue(ClassRef v) : v_(std::move(v)) {}                                       // NOLINT
+  ParamValue(List v) : v_(std::move(v)) {}                                           // NOLINT
+  ParamValue(Dict v) : v_(Box<Dict>(std::move(v))) {}                                // NOLINT
+  ParamValue(const Params& v);                                                       // NOLINT
+  ParamValue(Params&& v);                                                            // NOLINT
 
   ParamValue(const ParamValue&);
   ParamValue(ParamValue&&) noexcept;

@@ -70,9 +70,9 @@ class ParamsPath {
   }
 
   struct Resolved {
-    Params* owner;           // the Params holding the last segment's entry
-    Params::Entry* entry;    // that entry
-    ParamValue* value;       // the addressed value (entry->value or an element inside it)
+    Params* owner;         // the Params holding the last segment's entry
+    Params::Entry* entry;  // that entry
+    ParamValue* value;     // the addressed value (entry->value or an element inside it)
     const Segment* last;
   };
 
@@ -164,8 +164,8 @@ void Params::CheckMutable(std::string_view what) const {
 Params& Params::Define(std::string_view name, ParamValue default_value, std::string_view doc) {
   CheckMutable(StrCat("define '", name, "'"));
   if (!std::regex_match(name.begin(), name.end(), NameRegex())) {
-    throw InvalidArgumentError(StrCat("invalid param name \"", name,
-                                      "\": must match regex \"^[a-z_][a-z0-9_]*$\""));
+    throw InvalidArgumentError(
+        StrCat("invalid param name \"", name, "\": must match regex \"^[a-z_][a-z0-9_]*$\""));
   }
   if (FindEntry(name) != nullptr) {
     throw InvalidArgumentError(StrCat("param '", name, "' is already defined"));
@@ -208,9 +208,8 @@ double Params::GetFloat(std::string_view path) const {
   return TypedGet(*this, path, [](const ParamValue& v) { return v.AsFloat(); });
 }
 const std::string& Params::GetString(std::string_view path) const {
-  return TypedGet(*this, path, [](const ParamValue& v) -> const std::string& {
-    return v.AsString();
-  });
+  return TypedGet(*this, path,
+                  [](const ParamValue& v) -> const std::string& { return v.AsString(); });
 }
 const Params& Params::GetParams(std::string_view path) const {
   return TypedGet(*this, path, [](const ParamValue& v) -> const Params& { return v.AsParams(); });
@@ -242,8 +241,8 @@ Params& Params::Delete(std::string_view path) {
         StrCat("Delete('", path, "'): only params can be deleted, not list or dict elements"));
   }
   auto& entries = r.owner->entries_;
-  entries.erase(std::find_if(entries.begin(), entries.end(),
-                             [&](const Entry& e) { return &e == r.entry; }));
+  entries.erase(
+      std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return &e == r.entry; }));
   return *this;
 }
 
@@ -299,8 +298,7 @@ void VisitValue(const std::string& key, const ParamValue& value, const Params::V
         visit(key, value);
       }
       return;
-    default:
-      visit(key, value);
+    default: visit(key, value);
   }
 }
 

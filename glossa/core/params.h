@@ -1,5 +1,5 @@
-// Params: a tree of named, documented hyperparameters with Lingvo's semantics — the configuration of
-// every layer, input generator, task and program. Values are ParamValues (see param_value.h).
+// Params: a tree of named, documented hyperparameters with Lingvo's semantics — the configuration
+// of every layer, input generator, task and program. Values are ParamValues (see param_value.h).
 //
 //   Params p;
 //   p.Define("num_layers", 2, "Number of layers.").Define("encoder", Params(), "Encoder params.");

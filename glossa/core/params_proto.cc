@@ -84,9 +84,7 @@ ParamValue FromValueProto(const proto::HyperparamValue& pb, const std::string& w
       return ParamValue(std::move(dict));
     }
     case PB::kTypeVal: return ParamValue(ClassRef{DottedForm(pb.type_val(), where)});
-    case PB::kDtypeVal:
-      try {
-        return ParamValue(ParseDType(pb.dtype_val()));
+    case PB::kDtypeVal: try { return ParamValue(ParseDType(pb.dtype_val()));
       } catch (const InvalidArgumentError& e) {
         throw InvalidArgumentError(StrCat("hyperparam proto '", where, "': ", e.message()));
       }
@@ -103,9 +101,9 @@ ParamValue FromValueProto(const proto::HyperparamValue& pb, const std::string& w
                                       "': proto, namedtuple and symbolic values are Python-only "
                                       "Lingvo kinds that Glossa does not represent"));
     case PB::kStringReprVal:
-      throw InvalidArgumentError(StrCat("hyperparam proto '", where,
-                                        "': cannot deserialize string_repr_val instance: ",
-                                        pb.string_repr_val()));
+      throw InvalidArgumentError(
+          StrCat("hyperparam proto '", where,
+                 "': cannot deserialize string_repr_val instance: ", pb.string_repr_val()));
   }
   throw InvalidArgumentError(StrCat("hyperparam proto '", where, "': unknown value kind"));
 }

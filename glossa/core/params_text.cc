@@ -2,11 +2,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cmath>
-#include <optional>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <regex>
 
 #include "glossa/base/errors.h"
@@ -77,8 +77,9 @@ std::string SortedDictRepr(const Items& items) {
   for (size_t i = 0; i < sorted.size(); ++i) {
     if (i) out += ", ";
     std::string s;
-    out += PyStrRepr(sorted[i].first) + ": " +
-           (ReprsAsString(*sorted[i].second, &s) ? QuoteString(s) : ContainerRepr(*sorted[i].second));
+    out +=
+        PyStrRepr(sorted[i].first) + ": " +
+        (ReprsAsString(*sorted[i].second, &s) ? QuoteString(s) : ContainerRepr(*sorted[i].second));
   }
   return out + "}";
 }
@@ -188,8 +189,8 @@ class LiteralParser {
         StrCat("cannot parse Python literal at offset ", pos_, ": ", why, " in ", PyStrRepr(s_)));
   }
   void SkipSpace() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' ||
-                                s_[pos_] == '\r')) {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
       ++pos_;
     }
   }
@@ -280,10 +281,14 @@ class LiteralParser {
     for (size_t i = 0; i < digits; ++i) {
       char c = s_[pos_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else Fail("bad hex digit in escape");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        Fail("bad hex digit in escape");
     }
     return v;
   }
@@ -536,10 +541,10 @@ ParamValue ValueFromText(const ParamValue& old, std::string_view text) {
         try {
           return ParseLiteral(text, nullptr);
         } catch (const InvalidArgumentError&) {
-          throw InvalidArgumentError(StrCat(
-              "cannot infer a value for a param that is None from '", text,
-              "': expected NoneType, True/False, type/<module>/<Name>, a number, a quoted "
-              "string, or a list/dict literal"));
+          throw InvalidArgumentError(
+              StrCat("cannot infer a value for a param that is None from '", text,
+                     "': expected NoneType, True/False, type/<module>/<Name>, a number, a quoted "
+                     "string, or a list/dict literal"));
         }
       }
       return ParamValue(ParseRegisteredClass(text));
@@ -579,7 +584,6 @@ std::string Params::ToText() const {
   for (const auto& [k, v] : kv) out += k + " : " + v + "\n";
   return out;
 }
-
 
 Params& Params::FromText(std::string_view text) {
   CheckMutable("FromText");
@@ -625,8 +629,8 @@ Params& Params::FromText(std::string_view text) {
     if (line.empty() || line[0] == '#') continue;
     size_t colon = line.find(':');
     if (colon == std::string_view::npos) {
-      throw InvalidArgumentError(StrCat("params text line ", line_no, ": '", line,
-                                        "' is not in <key> : <value> format"));
+      throw InvalidArgumentError(
+          StrCat("params text line ", line_no, ": '", line, "' is not in <key> : <value> format"));
     }
     std::string key(Strip(line.substr(0, colon)));
     std::string_view value = line.substr(colon + 1);

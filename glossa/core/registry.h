@@ -26,11 +26,11 @@ class ClassRegistry {
   struct Entry {
     std::string key;
     std::type_index type = typeid(void);
-    std::string type_name;                      // demangled C++ name, for messages
-    std::function<void*(const Params&)> make;   // returns `new T(params)`
-    void (*destroy)(void*) = nullptr;           // deletes a T made by `make`
-    void (*throw_pointer)(void*) = nullptr;     // throws static_cast<T*>(ptr): converts to bases
-    std::function<Params()> default_params;     // T::Params() when T declares one
+    std::string type_name;                     // demangled C++ name, for messages
+    std::function<void*(const Params&)> make;  // returns `new T(params)`
+    void (*destroy)(void*) = nullptr;          // deletes a T made by `make`
+    void (*throw_pointer)(void*) = nullptr;    // throws static_cast<T*>(ptr): converts to bases
+    std::function<Params()> default_params;    // T::Params() when T declares one
   };
 
   // InvalidArgument for a malformed key or a key registered twice.
@@ -120,7 +120,6 @@ bool RegisterClass(std::string_view key) {
 #define GLOSSA_REGISTRY_CONCAT_INNER(a, b) a##b
 #define GLOSSA_REGISTRY_CONCAT(a, b) GLOSSA_REGISTRY_CONCAT_INNER(a, b)
 // Registers `Class` under the registry key `key` at static-initialization time.
-#define GLOSSA_REGISTER_CLASS(Class, key)                                           \
-  [[maybe_unused]] static const bool GLOSSA_REGISTRY_CONCAT(glossa_registered_, \
-                                                            __COUNTER__) =      \
+#define GLOSSA_REGISTER_CLASS(Class, key)                                                      \
+  [[maybe_unused]] static const bool GLOSSA_REGISTRY_CONCAT(glossa_registered_, __COUNTER__) = \
       ::glossa::internal::RegisterClass<Class>(key)

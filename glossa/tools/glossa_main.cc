@@ -6,7 +6,6 @@
 //
 // Errors print one line naming what was wrong and exit non-zero.
 #include <CLI/CLI.hpp>
-
 #include <fstream>
 #include <iostream>
 #include <map>

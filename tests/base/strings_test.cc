@@ -1,10 +1,10 @@
 #include "glossa/base/strings.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
 

@@ -49,7 +49,6 @@ int main() {
   m.Set("x.y[0]", at::ones({2, 2}));
   double total = m.GetTensor("x.y[0]").sum().item<double>();
   std::cout << said << " " << total << " " << glossa::GenerateSeedFromName("test") << "\n";
-  return said == "hihihi" && total == 4.0 && glossa::GenerateSeedFromName("test") == 552009270
-             ? 0
-             : 1;
+  return said == "hihihi" && total == 4.0 && glossa::GenerateSeedFromName("test") == 552009270 ? 0
+                                                                                               : 1;
 }

@@ -27,7 +27,8 @@ TEST(NestedMap, KeysAreCheckedAndReservedNamesRaise) {
   EXPECT_ERROR_CONTAINS(m.Put("1bad", 1), InvalidArgumentError, "invalid NestedMap key '1bad'");
   EXPECT_THROW(m.Put("a-b", 1), InvalidArgumentError);
   EXPECT_THROW(m.Put("", 1), InvalidArgumentError);
-  EXPECT_ERROR_MESSAGE(m.Put("keys", 1), InvalidArgumentError, "'keys' is a reserved NestedMap key");
+  EXPECT_ERROR_MESSAGE(m.Put("keys", 1), InvalidArgumentError,
+                       "'keys' is a reserved NestedMap key");
   EXPECT_THROW(m.Set("a.items", 1), InvalidArgumentError);
   EXPECT_THROW(m.Set("__class__", 1), InvalidArgumentError);
   EXPECT_THROW((NestedMap{{"update", 1}}), InvalidArgumentError);
@@ -107,16 +108,17 @@ TEST(NestedMap, TransformAndTransformWithKey) {
 TEST(NestedMap, FilterCompactsListsAndRemovesEmptiedContainers) {
   NestedMap m = Sample();
   m.Set("odd.only[0]", "s");
-  NestedMap ints = m.Filter([](const NestedValue& v) { return v.kind() == NestedValue::Kind::kInt; });
+  NestedMap ints =
+      m.Filter([](const NestedValue& v) { return v.kind() == NestedValue::Kind::kInt; });
   std::vector<std::string> keys = ints.Keys();
   EXPECT_EQ(keys, (std::vector<std::string>{"bar.y[0]", "bar.y[1]", "foo"}));
   EXPECT_EQ(ints.GetItem("bar.y[1]").AsInt(), 4);  // list compacted
-  EXPECT_FALSE(ints.contains("odd"));               // emptied by the filter: removed
-  EXPECT_TRUE(ints.contains("empty"));              // already empty: kept
+  EXPECT_FALSE(ints.contains("odd"));              // emptied by the filter: removed
+  EXPECT_TRUE(ints.contains("empty"));             // already empty: kept
   EXPECT_TRUE(ints.contains("nil"));
   EXPECT_FALSE(ints.GetItem("bar").AsMap().contains("x"));
-  NestedMap by_key =
-      m.FilterKeyVal([](const std::string& k, const NestedValue&) { return k.rfind("bar.y", 0) == 0; });
+  NestedMap by_key = m.FilterKeyVal(
+      [](const std::string& k, const NestedValue&) { return k.rfind("bar.y", 0) == 0; });
   EXPECT_EQ(by_key.Keys(), (std::vector<std::string>{"bar.y[0]", "bar.y[1].z", "bar.y[2]"}));
   NestedMap none = m.Filter([](const NestedValue&) { return false; });
   EXPECT_EQ(none.Keys().size(), 0u);
@@ -195,7 +197,8 @@ TEST(NestedMap, EraseAndFlatAccess) {
   m.erase("a");
   EXPECT_FALSE(m.contains("a"));
   EXPECT_THROW(m.erase("a"), NotFoundError);
-  EXPECT_ERROR_MESSAGE(m.at("b").AsInt(), InvalidArgumentError, "NestedMap value is a str, not a int");
+  EXPECT_ERROR_MESSAGE(m.at("b").AsInt(), InvalidArgumentError,
+                       "NestedMap value is a str, not a int");
 }
 
 }  // namespace

@@ -17,8 +17,11 @@ GLOSSA_REGISTER_CLASS(ProtoClass, "glossa.testing.ProtoClass");
 
 // Serialized Hyperparam{items{"a": <value>}}: map entry (field 1) holding key (1) and value (2).
 std::string SingleItem(const std::string& value_bytes) {
-  std::string entry = std::string("\x0a\x01" "a", 3) + "\x12" +
-                      std::string(1, static_cast<char>(value_bytes.size())) + value_bytes;
+  std::string entry = std::string(
+                          "\x0a\x01"
+                          "a",
+                          3) +
+                      "\x12" + std::string(1, static_cast<char>(value_bytes.size())) + value_bytes;
   return "\x0a" + std::string(1, static_cast<char>(entry.size())) + entry;
 }
 
@@ -36,24 +39,24 @@ std::string OneValue(const ParamValue& v) {
 
 TEST(ParamsProto, FieldNumbersAndWireTypesAreLingvos) {
   RegisterEnum("glossa.testing.ProtoEnum", {"X", "Y"});
-  EXPECT_EQ(OneValue(nullptr), SingleItem(""));                              // none: no field
-  EXPECT_EQ(OneValue(5), SingleItem(Bytes({0x48, 0x05})));                   // int_val = 9
-  EXPECT_EQ(OneValue(true), SingleItem(Bytes({0x40, 0x01})));                // bool_val = 8
-  EXPECT_EQ(OneValue(0.5), SingleItem(Bytes({0x55, 0, 0, 0, 0x3f})));        // float_val = 10
-  EXPECT_EQ(OneValue("hi"), SingleItem(Bytes({0x3a, 2, 'h', 'i'})));        // string_val = 7
+  EXPECT_EQ(OneValue(nullptr), SingleItem(""));                        // none: no field
+  EXPECT_EQ(OneValue(5), SingleItem(Bytes({0x48, 0x05})));             // int_val = 9
+  EXPECT_EQ(OneValue(true), SingleItem(Bytes({0x40, 0x01})));          // bool_val = 8
+  EXPECT_EQ(OneValue(0.5), SingleItem(Bytes({0x55, 0, 0, 0, 0x3f})));  // float_val = 10
+  EXPECT_EQ(OneValue("hi"), SingleItem(Bytes({0x3a, 2, 'h', 'i'})));   // string_val = 7
   EXPECT_EQ(OneValue(DType::kInt8), SingleItem(Bytes({0x32, 4, 'i', 'n', 't', '8'})));  // 6
-  EXPECT_EQ(OneValue(ClassRef{"m.C"}), SingleItem(Bytes({0x2a, 3, 'm', '/', 'C'})));  // 5
-  EXPECT_EQ(OneValue(ParamValue::List{1}),                                  // list_val = 2
+  EXPECT_EQ(OneValue(ClassRef{"m.C"}), SingleItem(Bytes({0x2a, 3, 'm', '/', 'C'})));    // 5
+  EXPECT_EQ(OneValue(ParamValue::List{1}),  // list_val = 2
             SingleItem(Bytes({0x12, 4, 0x0a, 2, 0x48, 1})));
   Params inner;
   inner.Define("b", 1, "");
-  EXPECT_EQ(OneValue(inner),                                                // param_val = 1
+  EXPECT_EQ(OneValue(inner),  // param_val = 1
             SingleItem(Bytes({0x0a, 9, 0x0a, 7, 0x0a, 1, 'b', 0x12, 2, 0x48, 1})));
-  EXPECT_EQ(OneValue(ParamValue::Dict{{"b", 1}}),                           // dict_val = 4
+  EXPECT_EQ(OneValue(ParamValue::Dict{{"b", 1}}),  // dict_val = 4
             SingleItem(Bytes({0x22, 9, 0x0a, 7, 0x0a, 1, 'b', 0x12, 2, 0x48, 1})));
   // enum_val = 12 holding EnumVal{type = 1: "module/Name", name = 2}.
-  std::string enum_bytes = Bytes({0x62, 27, 0x0a, 22}) + "glossa.testing/ProtoEnum" +
-                           Bytes({0x12, 1, 'Y'});
+  std::string enum_bytes =
+      Bytes({0x62, 27, 0x0a, 22}) + "glossa.testing/ProtoEnum" + Bytes({0x12, 1, 'Y'});
   enum_bytes[1] = static_cast<char>(enum_bytes.size() - 2);
   enum_bytes[3] = static_cast<char>(24);
   EXPECT_EQ(OneValue(MakeEnum("glossa.testing.ProtoEnum", "Y")), SingleItem(enum_bytes));
@@ -86,7 +89,8 @@ TEST(ParamsProto, FloatsAreStoredAs32BitLikeLingvo) {
 
 TEST(ParamsProto, ReadsLingvoTuplesAsLists) {
   // items{"a": tuple_val{items[int 1, int 2]}} as Lingvo writes a Python tuple.
-  Params q = Params::FromProtoBytes(SingleItem(Bytes({0x1a, 8, 0x0a, 2, 0x48, 1, 0x0a, 2, 0x48, 2})));
+  Params q =
+      Params::FromProtoBytes(SingleItem(Bytes({0x1a, 8, 0x0a, 2, 0x48, 1, 0x0a, 2, 0x48, 2})));
   EXPECT_EQ(q.Get("a"), ParamValue(ParamValue::List{1, 2}));
 }
 

@@ -79,9 +79,8 @@ TEST(Params, UnknownKeyListsSimilarKeysLikeLingvo) {
                        "actuvation (did you mean: [activation,activations])");
   EXPECT_ERROR_MESSAGE(p.Get("actuvation"), NotFoundError,
                        "actuvation (did you mean: [activation,activations])");
-  EXPECT_ERROR_MESSAGE(
-      p.Get("zzzzzz"), NotFoundError,
-      "zzzzzz (keys are ['activation', 'activations', 'cheesecake', 'tofu'])");
+  EXPECT_ERROR_MESSAGE(p.Get("zzzzzz"), NotFoundError,
+                       "zzzzzz (keys are ['activation', 'activations', 'cheesecake', 'tofu'])");
   EXPECT_ERROR_MESSAGE(p.Delete("actuvation"), NotFoundError,
                        "actuvation (did you mean: [activation,activations])");
 }
@@ -110,7 +109,8 @@ TEST(Params, BadPathsAreInvalidArgument) {
 TEST(Params, TypedGettersNameThePathOnKindMismatch) {
   Params p;
   p.Define("s", "str", "").Define("i", 3, "");
-  EXPECT_ERROR_MESSAGE(p.GetInt("s"), InvalidArgumentError, "param 's': param value is a str, not a int");
+  EXPECT_ERROR_MESSAGE(p.GetInt("s"), InvalidArgumentError,
+                       "param 's': param value is a str, not a int");
   EXPECT_EQ(p.GetFloat("i"), 3.0);  // ints widen
   EXPECT_THROW(p.GetBool("i"), InvalidArgumentError);
   EXPECT_THROW(p.GetParams("i"), InvalidArgumentError);
@@ -189,11 +189,11 @@ TEST(Params, VisitCallsEnterVisitExitWithLingvoKeys) {
             return true;
           },
           [&](const std::string& k, const ParamValue&) { events.push_back("exit " + k); });
-  EXPECT_EQ(events, (std::vector<std::string>{
-                        "enter ", "visit a", "enter inner", "visit inner.bar", "visit inner.baz",
-                        "exit inner", "enter l", "visit l[0]", "enter l[1]", "visit l[1].bar",
-                        "visit l[1].baz", "exit l[1]", "exit l", "enter d", "visit d['k']",
-                        "exit d", "exit "}));
+  EXPECT_EQ(events,
+            (std::vector<std::string>{"enter ", "visit a", "enter inner", "visit inner.bar",
+                                      "visit inner.baz", "exit inner", "enter l", "visit l[0]",
+                                      "enter l[1]", "visit l[1].bar", "visit l[1].baz", "exit l[1]",
+                                      "exit l", "enter d", "visit d['k']", "exit d", "exit "}));
 }
 
 TEST(Params, VisitTreatsRejectedContainersAsLeaves) {

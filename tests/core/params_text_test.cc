@@ -148,8 +148,7 @@ TEST(ParamsText, FloatsPrintLikePythonRepr) {
   Params p;
   p.Define("a", 100.0, "").Define("b", 1e-6, "").Define("c", 0.1, "").Define("d", 1e16, "");
   p.Define("e", ParamValue::List{1.5e-5, 2.0, -0.0}, "");
-  EXPECT_EQ(p.ToText(),
-            "a : 100.0\nb : 1e-06\nc : 0.1\nd : 1e+16\ne : [1.5e-05, 2.0, -0.0]\n");
+  EXPECT_EQ(p.ToText(), "a : 100.0\nb : 1e-06\nc : 0.1\nd : 1e+16\ne : [1.5e-05, 2.0, -0.0]\n");
 }
 
 TEST(ParamsText, FromTextParsesByTheKindOfTheCurrentValue) {
@@ -159,13 +158,13 @@ TEST(ParamsText, FromTextParsesByTheKindOfTheCurrentValue) {
   p.Define("d", DType::kFloat32, "").Define("n", nullptr, "").Define("n2", nullptr, "");
   p.Define("n3", nullptr, "").Define("dict", ParamValue::Dict{{"a", 1}}, "");
   p.FromText(
-      "b : 0\n"          // only False/false are false
+      "b : 0\n"  // only False/false are false
       "b2 : yes\n"
       "b3 : True\n"
       "i : -42\n"
-      "f : 3\n"          // an int text for a float param
-      "s : plain text\n" // unquoted strings are taken literally
-      "sl : '[1, 2]'\n"  // a string that reads as a list becomes a list, as in Lingvo
+      "f : 3\n"           // an int text for a float param
+      "s : plain text\n"  // unquoted strings are taken literally
+      "sl : '[1, 2]'\n"   // a string that reads as a list becomes a list, as in Lingvo
       "d : bfloat16\n"
       "n : 7\n"
       "n2 : 'text'\n"
@@ -241,10 +240,11 @@ TEST(ParamsText, EveryKindRoundTrips) {
   p.Define("inf", HUGE_VAL, "").Define("s", "it's \"quoted\" \\ and\nmulti-line: yes", "");
   p.Define("d", DType::kBFloat16, "").Define("e", MakeEnum("glossa.testing.TestEnum", "B"), "");
   p.Define("c", ClassRef{"glossa.testing.TextClass2"}, "");
-  p.Define("l", ParamValue::List{1, 2.5, "x'y", ParamValue::List{}, nullptr, true,
-                                 ParamValue::Dict{{"k", "v"}}, DType::kInt8,
-                                 MakeEnum("glossa.testing.TestEnum", "A"),
-                                 ClassRef{"glossa.testing.TextClass1"}},
+  p.Define("l",
+           ParamValue::List{1, 2.5, "x'y", ParamValue::List{}, nullptr, true,
+                            ParamValue::Dict{{"k", "v"}}, DType::kInt8,
+                            MakeEnum("glossa.testing.TestEnum", "A"),
+                            ClassRef{"glossa.testing.TextClass1"}},
            "");
   p.Define("empty_list", ParamValue::List{}, "").Define("empty_dict", ParamValue::Dict{}, "");
   p.Define("dict", ParamValue::Dict{{"a", 1}, {"b", ParamValue::List{1.5, "two"}}, {"n", nullptr}},

@@ -67,7 +67,8 @@ TEST(ClassRegistry, InstantiateChecksTheBaseType) {
 
 TEST(ClassRegistry, UnknownKeysListNearNames) {
   Params p = InstantiableParams("glossa.testing.Dgo");
-  EXPECT_ERROR_CONTAINS(p.Instantiate<Animal>(), NotFoundError, "unregistered class glossa.testing.Dgo");
+  EXPECT_ERROR_CONTAINS(p.Instantiate<Animal>(), NotFoundError,
+                        "unregistered class glossa.testing.Dgo");
   EXPECT_ERROR_CONTAINS(ClassRegistry::Get("glossa.testing.Dogg"), NotFoundError,
                         "did you mean: [glossa.testing.Dog]");
 }

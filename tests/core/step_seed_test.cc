@@ -1,8 +1,8 @@
 #include "glossa/core/step_seed.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -15,8 +15,7 @@ TEST(StepSeed, GenerateSeedFromNameMatchesPythonHashlib) {
   auto ref = nlohmann::json::parse(testing::ReadSourceFile("tests/reference/python_repr.json"));
   ASSERT_GE(ref["seeds"].size(), 5u);
   for (const auto& item : ref["seeds"]) {
-    EXPECT_EQ(GenerateSeedFromName(item[0].get<std::string>()), item[1].get<int64_t>())
-        << item[0];
+    EXPECT_EQ(GenerateSeedFromName(item[0].get<std::string>()), item[1].get<int64_t>()) << item[0];
   }
 }
 
