@@ -1,8 +1,8 @@
 #include "glossa/core/nested_map.h"
 
 #include <algorithm>
+#include <charconv>
 #include <optional>
-#include <regex>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -118,15 +118,25 @@ struct KeyPart {
   std::optional<size_t> index;
 };
 
+// `name` or `name[index]`, parsed by hand (keys and indexes come from user paths).
 KeyPart ParsePart(std::string_view part, std::string_view full_key) {
-  static const std::regex kPart(R"(([A-Za-z_][A-Za-z0-9_]*)(?:\[(\d+)\])?)");
-  std::match_results<std::string_view::const_iterator> m;
-  if (!std::regex_match(part.begin(), part.end(), m, kPart)) {
+  auto fail = [&]() -> KeyPart {
     throw InvalidArgumentError(StrCat("invalid NestedMap key '", part, "' in '", full_key,
                                       "': expected name or name[index]"));
-  }
-  KeyPart out{m[1].str(), std::nullopt};
-  if (m[2].matched) out.index = std::stoull(m[2].str());
+  };
+  auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  size_t i = 0;
+  if (part.empty() || !alpha(part[0])) return fail();
+  while (i < part.size() && (alpha(part[i]) || digit(part[i]))) ++i;
+  KeyPart out{std::string(part.substr(0, i)), std::nullopt};
+  if (i == part.size()) return out;
+  if (part[i] != '[' || part.back() != ']' || i + 2 >= part.size()) return fail();
+  std::string_view num = part.substr(i + 1, part.size() - i - 2);
+  size_t index = 0;
+  auto res = std::from_chars(num.data(), num.data() + num.size(), index);
+  if (res.ec != std::errc() || res.ptr != num.data() + num.size() || !digit(num[0])) return fail();
+  out.index = index;
   return out;
 }
 

@@ -33,6 +33,10 @@ std::string EnumValue::ShortType() const { return SplitAtLastDot(type).second; }
 std::string EnumValue::Module() const { return SplitAtLastDot(type).first; }
 
 void RegisterEnum(std::string_view type, std::vector<std::string> names) {
+  if (type.find('.') == std::string_view::npos || type.front() == '.' || type.back() == '.') {
+    throw InvalidArgumentError(StrCat(
+        "enum type '", type, "' must be a dotted <module>.<Name>, e.g. 'glossa.layers.Mode'"));
+  }
   auto& reg = Enums();
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = reg.types.find(std::string(type));

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <regex>
 #include <set>
 #include <variant>
 
@@ -137,9 +136,14 @@ class ParamsPath {
 
 namespace {
 
-const std::regex& NameRegex() {
-  static const std::regex re("^[a-z_][a-z0-9_]*$");
-  return re;
+// ^[a-z_][a-z0-9_]*$, checked by hand: std::regex recurses per character and untrusted input
+// (proto keys) may be long.
+bool IsValidParamName(std::string_view name) {
+  if (name.empty() || !((name[0] >= 'a' && name[0] <= 'z') || name[0] == '_')) return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -163,7 +167,7 @@ void Params::CheckMutable(std::string_view what) const {
 
 Params& Params::Define(std::string_view name, ParamValue default_value, std::string_view doc) {
   CheckMutable(StrCat("define '", name, "'"));
-  if (!std::regex_match(name.begin(), name.end(), NameRegex())) {
+  if (!IsValidParamName(name)) {
     throw InvalidArgumentError(
         StrCat("invalid param name \"", name, "\": must match regex \"^[a-z_][a-z0-9_]*$\""));
   }
@@ -265,6 +269,16 @@ bool Params::operator==(const Params& other) const {
 
 namespace {
 
+// Dict keys in paths are single-quoted; escape what the path parser would otherwise misread.
+std::string EscapeDictKey(const std::string& k) {
+  std::string out;
+  for (char c : k) {
+    if (c == '\\' || c == '\'') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 void VisitValue(const std::string& key, const ParamValue& value, const Params::VisitFn& visit,
                 const Params::EnterFn& enter, const Params::VisitFn& exit) {
   auto sub = [&](const std::string& name) { return key.empty() ? name : key + "." + name; };
@@ -280,7 +294,7 @@ void VisitValue(const std::string& key, const ParamValue& value, const Params::V
     case ParamValue::Kind::kDict:
       if (enter(key, value)) {
         for (const auto& [k, v] : value.AsDict()) {
-          VisitValue(key + "['" + k + "']", v, visit, enter, exit);
+          VisitValue(key + "['" + EscapeDictKey(k) + "']", v, visit, enter, exit);
         }
         exit(key, value);
       } else {

@@ -100,6 +100,9 @@ class Params {
   // Merges `text` into this Params; values are parsed by the kind of the current value. On error
   // (InvalidArgument naming the line, NotFound for unknown keys) this Params is left unchanged.
   Params& FromText(std::string_view text);
+  // ToText with each param's doc string above its line as `# ` comments (multi-line docs become
+  // several comment lines), so the result still reads back with FromText.
+  std::string ToTextWithDocs() const;
   // Lingvo's TextDiff: '>' lines for this, '<' for other, '?' for nested Params/dicts that differ.
   std::string TextDiff(const Params& other) const;
   // Lingvo's str(params): nested braces, sorted keys.

@@ -83,7 +83,15 @@ ParamValue FromValueProto(const proto::HyperparamValue& pb, const std::string& w
       }
       return ParamValue(std::move(dict));
     }
-    case PB::kTypeVal: return ParamValue(ClassRef{DottedForm(pb.type_val(), where)});
+    case PB::kTypeVal: {
+      ClassRef ref{DottedForm(pb.type_val(), where)};
+      try {
+        ClassRegistry::Get(ref.key);  // as Lingvo fails to import an unknown class
+      } catch (const NotFoundError& e) {
+        throw NotFoundError(StrCat("hyperparam proto '", where, "': ", e.message()));
+      }
+      return ParamValue(std::move(ref));
+    }
     case PB::kDtypeVal: try { return ParamValue(ParseDType(pb.dtype_val()));
       } catch (const InvalidArgumentError& e) {
         throw InvalidArgumentError(StrCat("hyperparam proto '", where, "': ", e.message()));
@@ -93,7 +101,11 @@ ParamValue FromValueProto(const proto::HyperparamValue& pb, const std::string& w
     case PB::kIntVal: return ParamValue(pb.int_val());
     case PB::kFloatVal: return ParamValue(static_cast<double>(pb.float_val()));
     case PB::kEnumVal:
-      return ParamValue(EnumValue{DottedForm(pb.enum_val().type(), where), pb.enum_val().name()});
+      try {
+        return ParamValue(MakeEnum(DottedForm(pb.enum_val().type(), where), pb.enum_val().name()));
+      } catch (const NotFoundError& e) {
+        throw NotFoundError(StrCat("hyperparam proto '", where, "': ", e.message()));
+      }
     case PB::kProtoVal:
     case PB::kNamedTupleVal:
     case PB::kSymbolicVal:
@@ -121,8 +133,9 @@ Params FromParamsProto(const proto::Hyperparam& pb, const std::string& where) {
   for (const auto& k : keys) {
     if (k == "cls") continue;
     const std::string sub = where.empty() ? k : where + "." + k;
+    ParamValue value = FromValueProto(pb.items().at(k), sub);  // errors name `sub` already
     try {
-      p.Define(k, FromValueProto(pb.items().at(k), sub), "");
+      p.Define(k, std::move(value), "");
     } catch (const InvalidArgumentError& e) {
       throw InvalidArgumentError(StrCat("hyperparam proto '", sub, "': ", e.message()));
     }

@@ -32,12 +32,11 @@ std::string QuoteString(std::string_view s) {
 
 std::string UnquoteString(std::string_view quoted) {
   if (quoted.empty() || (quoted[0] != '"' && quoted[0] != '\'')) return std::string(quoted);
-  // Python's str.strip(quote): removes every leading and trailing quote character.
+  // Lingvo strips every leading and trailing quote character (str.strip), which also eats an
+  // escaped quote at the end ('\'' would read as \); we strip exactly the enclosing pair.
   const char q = quoted[0];
-  size_t b = 0, e = quoted.size();
-  while (b < e && quoted[b] == q) ++b;
-  while (e > b && quoted[e - 1] == q) --e;
-  std::string_view contents = quoted.substr(b, e - b);
+  std::string_view contents = quoted.substr(1);
+  if (!contents.empty() && contents.back() == q) contents.remove_suffix(1);
   std::string out;
   for (size_t i = 0; i < contents.size(); ++i) {
     if (contents[i] == '\\' && i + 1 < contents.size() &&
@@ -212,12 +211,19 @@ class LiteralParser {
     return true;
   }
 
+  // Nesting deeper than this is an error rather than a stack overflow on hostile input.
+  static constexpr int kMaxDepth = 100;
+
   ParamValue ParseValue() {
     SkipSpace();
     if (pos_ >= s_.size()) Fail("unexpected end");
     char c = s_[pos_];
-    if (c == '[' || c == '(') return ParseList(c == '[' ? ']' : ')');
-    if (c == '{') return ParseDict();
+    if (c == '[' || c == '(' || c == '{') {
+      if (++depth_ > kMaxDepth) Fail(StrCat("nesting deeper than ", kMaxDepth));
+      ParamValue v = c == '[' ? ParseList(']') : c == '(' ? ParseParenthesized() : ParseDict();
+      --depth_;
+      return v;
+    }
     if (c == '\'' || c == '"') return ParseString();
     if (ConsumeWord("None")) return ParamValue();
     if (ConsumeWord("True")) return ParamValue(true);
@@ -225,17 +231,28 @@ class LiteralParser {
     return ParseNumber();
   }
 
-  ParamValue ParseList(char close) {
+  ParamValue ParseList(char close, bool* saw_comma = nullptr) {
     ++pos_;
     ParamValue::List items;
     while (true) {
       if (Consume(close)) break;
       items.push_back(ParseValue());
-      if (Consume(',')) continue;
+      if (Consume(',')) {
+        if (saw_comma) *saw_comma = true;
+        continue;
+      }
       if (Consume(close)) break;
       Fail(StrCat("expected ',' or '", close, "'"));
     }
     return ParamValue(std::move(items));
+  }
+
+  // `(x)` is x; `()`, `(x,)` and `(x, y)` are tuples, which Glossa keeps as lists.
+  ParamValue ParseParenthesized() {
+    bool saw_comma = false;
+    ParamValue v = ParseList(')', &saw_comma);
+    if (!saw_comma && v.AsList().size() == 1) return v.AsList()[0];
+    return v;
   }
 
   ParamValue ParseDict() {
@@ -273,6 +290,13 @@ class LiteralParser {
       out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
       out += static_cast<char>(0x80 | (cp & 0x3F));
     }
+  }
+
+  uint32_t CheckCodePoint(uint32_t cp) {
+    if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      Fail(StrCat("escape \\U", cp, " is not a valid Unicode scalar value"));
+    }
+    return cp;
   }
 
   uint32_t ParseHex(size_t digits) {
@@ -313,15 +337,30 @@ class LiteralParser {
         case 'n': out += '\n'; break;
         case 't': out += '\t'; break;
         case 'r': out += '\r'; break;
-        case '0': out += '\0'; break;
         case 'a': out += '\a'; break;
         case 'b': out += '\b'; break;
         case 'f': out += '\f'; break;
         case 'v': out += '\v'; break;
         case '\n': break;  // line continuation
         case 'x': AppendUtf8(out, ParseHex(2)); break;
-        case 'u': AppendUtf8(out, ParseHex(4)); break;
-        case 'U': AppendUtf8(out, ParseHex(8)); break;
+        case 'u': AppendUtf8(out, CheckCodePoint(ParseHex(4))); break;
+        case 'U': AppendUtf8(out, CheckCodePoint(ParseHex(8))); break;
+        case '0':
+        case '1':
+        case '2':
+        case '3':
+        case '4':
+        case '5':
+        case '6':
+        case '7': {
+          // Octal: up to three digits, as in Python.
+          uint32_t v = e - '0';
+          for (int i = 0; i < 2 && pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '7'; ++i) {
+            v = v * 8 + (s_[pos_++] - '0');
+          }
+          AppendUtf8(out, v);
+          break;
+        }
         default: out += '\\'; out += e;  // Python keeps unknown escapes verbatim
       }
     }
@@ -329,17 +368,22 @@ class LiteralParser {
   }
 
   ParamValue ParseNumber() {
-    size_t start = pos_;
+    const size_t start = pos_;
     bool negative = false;
     if (s_[pos_] == '-' || s_[pos_] == '+') {
       negative = s_[pos_] == '-';
       ++pos_;
-      SkipSpace();
+      SkipSpace();  // Python accepts `- 5`
     }
     // inf and nan are not Python literals, but ToText writes them (repr of a float); accept them.
     if (ConsumeWord("inf")) return ParamValue(negative ? -HUGE_VAL : HUGE_VAL);
     if (ConsumeWord("nan")) return ParamValue(std::nan(""));
-    size_t num_start = pos_;
+    if (pos_ >= s_.size() ||
+        !(std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.')) {
+      pos_ = start;
+      Fail("expected a value");
+    }
+    const size_t num_start = pos_;
     bool is_float = false;
     while (pos_ < s_.size()) {
       char c = s_[pos_];
@@ -355,13 +399,9 @@ class LiteralParser {
         break;
       }
     }
-    std::string digits;
+    std::string digits = negative ? "-" : "";
     for (size_t i = num_start; i < pos_; ++i) {
       if (s_[i] != '_') digits += s_[i];
-    }
-    if (digits.empty()) {
-      pos_ = start;
-      Fail("expected a value");
     }
     if (!is_float) {
       int64_t v = 0;
@@ -370,20 +410,20 @@ class LiteralParser {
         pos_ = start;
         Fail("integer out of int64 range or malformed");
       }
-      return ParamValue(negative ? -v : v);
+      return ParamValue(v);
     }
     char* end = nullptr;
-    errno = 0;
     double v = std::strtod(digits.c_str(), &end);
     if (end != digits.c_str() + digits.size()) {
       pos_ = start;
       Fail("malformed float");
     }
-    return ParamValue(negative ? -v : v);
+    return ParamValue(v);
   }
 
   std::string_view s_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -455,11 +495,21 @@ ParamValue Reconcile(ParamValue parsed, const ParamValue* old) {
     }
     case ParamValue::Kind::kDict: {
       if (old && old->is_params()) {
-        Params p = old->AsParams();
-        for (auto& [k, v] : parsed.MutableDict()) {
-          ParamValue current = p.Get(k);  // NotFound with did-you-mean for unknown keys
-          p.Set(k, Reconcile(std::move(v), &current));
+        // A dict literal in place of a Params sets its direct keys (no paths).
+        const Params& old_params = old->AsParams();
+        auto& dict = parsed.MutableDict();
+        for (const auto& [k, v] : dict) {
+          if (!old_params.Contains(k)) {
+            throw NotFoundError(KeyErrorString(k, old_params.Keys()));
+          }
         }
+        Params p;
+        for (const auto& e : old_params) {
+          auto it = dict.find(e.name);
+          p.Define(e.name, it == dict.end() ? e.value : Reconcile(std::move(it->second), &e.value),
+                   e.doc);
+        }
+        if (old_params.IsFrozen()) p.Freeze();
         return ParamValue(std::move(p));
       }
       const ParamValue::Dict* old_dict = old && old->is_dict() ? &old->AsDict() : nullptr;
@@ -553,6 +603,56 @@ ParamValue ValueFromText(const ParamValue& old, std::string_view text) {
   throw InternalError("unhandled param kind in ValueFromText");
 }
 
+// True while `text` (a list, tuple or dict literal, possibly spanning lines) has an open bracket
+// or quote.
+bool IsUnclosedLiteral(std::string_view text) {
+  int depth = 0;
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (quote) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == quote) {
+        quote = 0;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == '[' || c == '(' || c == '{') {
+      ++depth;
+    } else if (c == ']' || c == ')' || c == '}') {
+      --depth;
+    }
+  }
+  return quote != 0 || depth > 0;
+}
+
+// The ':' that ends the key: the first one outside brackets and quotes (dict keys in paths such as
+// `a['x:y'].b` may hold colons).
+size_t FindKeySeparator(std::string_view line) {
+  int depth = 0;
+  char quote = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (quote) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == quote) {
+        quote = 0;
+      }
+    } else if (depth > 0 && (c == '\'' || c == '"')) {
+      quote = c;
+    } else if (c == '[') {
+      ++depth;
+    } else if (c == ']') {
+      --depth;
+    } else if (c == ':' && depth == 0) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
 bool EndsWithTerminalQuote(std::string_view s, char quote) {
   if (s.empty() || s.back() != quote) return false;
   size_t backslashes = 0;
@@ -562,26 +662,46 @@ bool EndsWithTerminalQuote(std::string_view s, char quote) {
 
 }  // namespace
 
+namespace {
+
+bool EnterForText(const std::string&, const ParamValue& v) {
+  if (v.is_params()) return true;
+  if (v.is_list()) {
+    const auto& l = v.AsList();
+    return !l.empty() &&
+           std::all_of(l.begin(), l.end(), [](const ParamValue& x) { return x.is_params(); });
+  }
+  if (v.is_dict()) {
+    const auto& d = v.AsDict();
+    return !d.empty() &&
+           std::all_of(d.begin(), d.end(), [](const auto& kv) { return kv.second.is_params(); });
+  }
+  return false;
+}
+
+}  // namespace
+
 std::string Params::ToText() const {
   std::map<std::string, std::string> kv;
-  auto enter = [](const std::string&, const ParamValue& v) {
-    if (v.is_params()) return true;
-    if (v.is_list()) {
-      const auto& l = v.AsList();
-      return !l.empty() &&
-             std::all_of(l.begin(), l.end(), [](const ParamValue& x) { return x.is_params(); });
-    }
-    if (v.is_dict()) {
-      const auto& d = v.AsDict();
-      return !d.empty() &&
-             std::all_of(d.begin(), d.end(), [](const auto& kv) { return kv.second.is_params(); });
-    }
-    return false;
-  };
   Visit([&](const std::string& key, const ParamValue& v) { kv[key] = internal::TextValue(v); },
-        enter);
+        EnterForText);
   std::string out;
   for (const auto& [k, v] : kv) out += k + " : " + v + "\n";
+  return out;
+}
+
+std::string Params::ToTextWithDocs() const {
+  std::map<std::string, std::string> kv;
+  Visit([&](const std::string& key, const ParamValue& v) { kv[key] = internal::TextValue(v); },
+        EnterForText);
+  std::string out;
+  for (const auto& [k, v] : kv) {
+    const std::string& doc = Doc(k);
+    if (!doc.empty()) {
+      for (const std::string& line : Split(doc, '\n')) out += "# " + line + "\n";
+    }
+    out += k + " : " + v + "\n";
+  }
   return out;
 }
 
@@ -605,14 +725,18 @@ Params& Params::FromText(std::string_view text) {
     }
   };
 
-  bool in_string = false;
+  // A value that continues over several lines: a quoted string (until a line ending in the closing
+  // quote, as in Lingvo) or a list/dict literal (until its brackets close; ToText writes strings
+  // with newlines inside dicts over several lines).
+  enum class Pending { kNone, kString, kLiteral };
+  Pending pending_kind = Pending::kNone;
   Item pending;
   char pending_quote = 0;
   int line_no = 0;
   for (const std::string& raw : Split(text, '\n')) {
     ++line_no;
     std::string_view line = raw;
-    if (in_string) {
+    if (pending_kind == Pending::kString) {
       std::string_view rstripped = line;
       while (!rstripped.empty() && std::isspace(static_cast<unsigned char>(rstripped.back()))) {
         rstripped.remove_suffix(1);
@@ -622,12 +746,20 @@ Params& Params::FromText(std::string_view text) {
         continue;
       }
       add(pending.key, pending.value + "\n" + std::string(rstripped), pending.line);
-      in_string = false;
+      pending_kind = Pending::kNone;
+      continue;
+    }
+    if (pending_kind == Pending::kLiteral) {
+      pending.value += "\n" + std::string(line);
+      if (!IsUnclosedLiteral(pending.value)) {
+        add(pending.key, std::string(Strip(pending.value)), pending.line);
+        pending_kind = Pending::kNone;
+      }
       continue;
     }
     line = Strip(line);
     if (line.empty() || line[0] == '#') continue;
-    size_t colon = line.find(':');
+    size_t colon = FindKeySeparator(line);
     if (colon == std::string_view::npos) {
       throw InvalidArgumentError(
           StrCat("params text line ", line_no, ": '", line, "' is not in <key> : <value> format"));
@@ -642,16 +774,26 @@ Params& Params::FromText(std::string_view text) {
     }
     if (!value.empty() && (value[0] == '"' || value[0] == '\'') &&
         !EndsWithTerminalQuote(value.substr(1), value[0])) {
-      in_string = true;
+      pending_kind = Pending::kString;
       pending = Item{key, std::string(value), line_no};
       pending_quote = value[0];
       continue;
     }
+    if (!value.empty() && (value[0] == '[' || value[0] == '{' || value[0] == '(') &&
+        IsUnclosedLiteral(value)) {
+      pending_kind = Pending::kLiteral;
+      pending = Item{key, std::string(value), line_no};
+      continue;
+    }
     add(key, std::string(Strip(value)), line_no);
   }
-  if (in_string) {
+  if (pending_kind == Pending::kString) {
     throw InvalidArgumentError(StrCat("params text line ", pending.line, ": string value of '",
                                       pending.key, "' has no closing ", pending_quote));
+  }
+  if (pending_kind == Pending::kLiteral) {
+    throw InvalidArgumentError(StrCat("params text line ", pending.line, ": the value of '",
+                                      pending.key, "' has an unclosed bracket or quote"));
   }
 
   // Apply to a copy so that an error leaves this Params unchanged.

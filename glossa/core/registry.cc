@@ -32,16 +32,17 @@ std::string LastComponent(std::string_view key) {
 }
 
 // Registry keys share long module prefixes, so Lingvo's trigram rule is applied to the class names
-// (the last component) first, then to whole keys; without near names every key is listed.
+// (the last component); without near names every key is listed.
 std::string NearKeysMessage(std::string_view key, const State& s) {
   std::vector<std::string> keys, near;
   for (const auto& [k, v] : s.entries) {
     keys.push_back(k);
     if (!SimilarKeys(LastComponent(key), {LastComponent(k)}).empty()) near.push_back(k);
   }
-  if (near.empty()) near = SimilarKeys(key, keys);
   if (!near.empty()) return StrCat(key, " (did you mean: [", Join(near, ","), "])");
-  return KeyErrorString(key, keys);
+  std::vector<std::string> quoted;
+  for (const auto& k : keys) quoted.push_back(PyStrRepr(k));
+  return StrCat(key, " (keys are [", Join(quoted, ", "), "])");
 }
 
 }  // namespace

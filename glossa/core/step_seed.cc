@@ -36,11 +36,16 @@ int64_t GenerateSeedFromName(std::string_view name) {
 int64_t GetStepSeed() { return t_step_seed; }
 void ResetStepSeed(int64_t seed) { t_step_seed = seed; }
 
+// Seed arithmetic wraps around in 64 bits (as TensorFlow's int64 ops do) instead of overflowing.
+static int64_t WrapAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
 int64_t GetIncStepSeed() {
-  int64_t inc = 1;
-  for (int64_t s : t_seed_increments) inc *= s;
+  uint64_t inc = 1;
+  for (int64_t s : t_seed_increments) inc *= static_cast<uint64_t>(s);
   const int64_t seed = t_step_seed;
-  t_step_seed = seed + inc;
+  t_step_seed = WrapAdd(seed, static_cast<int64_t>(inc));
   return seed;
 }
 
@@ -79,8 +84,8 @@ std::array<int64_t, 2> GenerateStepSeedPair(std::optional<int64_t> random_seed,
   const int64_t step_seed = GetIncStepSeed();
   std::array<int64_t, 2> seeds = {global_step, step_seed};
   for (auto& s : seeds) {
-    if (random_seed) s += *random_seed;
-    if (op_seed) s += *op_seed;
+    if (random_seed) s = WrapAdd(s, *random_seed);
+    if (op_seed) s = WrapAdd(s, *op_seed);
   }
   return seeds;
 }

@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
-#include <map>
 #include <sstream>
 
 #include "glossa/base/errors.h"
@@ -32,34 +31,6 @@ std::string OverrideText(const std::string& s) {
   std::string out = s;
   for (char& c : out) {
     if (c == ';') c = '\n';
-  }
-  return out;
-}
-
-// The params text with each leaf's doc string as a comment above it.
-std::string ParamsWithDocs(const Params& p) {
-  std::map<std::string, std::string> lines;
-  for (const std::string& line : Split(p.ToText(), '\n')) {
-    if (line.empty()) continue;
-    // Multi-line strings: attach continuation lines to the previous key.
-    size_t sep = line.find(" : ");
-    if (sep == std::string::npos || lines.empty() || line.rfind(' ', sep) != std::string::npos) {
-      if (!lines.empty() && sep == std::string::npos) {
-        std::prev(lines.end())->second += "\n" + line;
-        continue;
-      }
-    }
-    lines[line.substr(0, sep)] = line;
-  }
-  std::string out;
-  for (const auto& [key, line] : lines) {
-    std::string doc;
-    try {
-      doc = p.Doc(key);
-    } catch (const Error&) {
-    }
-    if (!doc.empty()) out += "# " + doc + "\n";
-    out += line + "\n";
   }
   return out;
 }
@@ -108,7 +79,7 @@ int Run(int argc, char** argv) {
         ThrowError(e.code(), StrCat("--params_override: ", e.message()));
       }
     }
-    std::cout << ParamsWithDocs(p);
+    std::cout << p.ToTextWithDocs();
     return 0;
   }
   return 0;

@@ -62,6 +62,10 @@ TEST(NestedMap, GetItemGetHasAndErrors) {
   EXPECT_ERROR_CONTAINS(m.GetItem("foo[0]"), InvalidArgumentError, "cannot index 'foo'");
   EXPECT_ERROR_CONTAINS(m.GetItem("foo.x"), InvalidArgumentError, "it is a int");
   EXPECT_ERROR_CONTAINS(m.at("zzz"), NotFoundError, "available attributes");
+  // Indexes too large for size_t are errors, not escaping std exceptions.
+  EXPECT_THROW(m.GetItem("bar.y[99999999999999999999999]"), InvalidArgumentError);
+  EXPECT_FALSE(m.Has("bar.y[99999999999999999999999]"));
+  EXPECT_EQ(m.Get("bar.y[99999999999999999999999]", 3).AsInt(), 3);
 }
 
 TEST(NestedMap, SetCreatesMapsAndListsButNotGaps) {

@@ -113,5 +113,33 @@ TEST(ParamsProto, RejectsWhatCannotBeRepresented) {
                         InvalidArgumentError, "unknown dtype 'f99'");
 }
 
+TEST(ParamsProto, RejectsUnregisteredClassesAndEnumsWithOnePrefix) {
+  Params p;
+  p.Define("inner", Params().Define("c", ClassRef{"glossa.testing.ProtoClas"}, ""), "");
+  EXPECT_ERROR_MESSAGE(
+      Params::FromProtoBytes(p.ToProtoBytes()), NotFoundError,
+      "hyperparam proto 'inner.c': unregistered class glossa.testing.ProtoClas (did you mean: "
+      "[glossa.testing.ProtoClass])");
+  Params e;
+  e.Define("e", EnumValue{"glossa.testing.NoEnum", "A"}, "");
+  EXPECT_ERROR_CONTAINS(Params::FromProtoBytes(e.ToProtoBytes()), NotFoundError,
+                        "hyperparam proto 'e': enum type glossa.testing.NoEnum");
+  RegisterEnum("glossa.testing.ProtoEnum", {"X", "Y"});
+  Params e2;
+  e2.Define("e", EnumValue{"glossa.testing.ProtoEnum", "Z"}, "");
+  EXPECT_ERROR_CONTAINS(Params::FromProtoBytes(e2.ToProtoBytes()), NotFoundError, "has no value Z");
+  proto::Hyperparam pb;
+  (*(*pb.mutable_items())["a"].mutable_param_val()->mutable_items())["Bad-Key"].set_int_val(1);
+  EXPECT_ERROR_MESSAGE(Params::FromProto(pb), InvalidArgumentError,
+                       "hyperparam proto 'a.Bad-Key': invalid param name \"Bad-Key\": must match "
+                       "regex \"^[a-z_][a-z0-9_]*$\"");
+}
+
+TEST(ParamsProto, LongKeysAreAnErrorNotACrash) {
+  proto::Hyperparam pb;
+  (*pb.mutable_items())[std::string(200000, 'a') + "-"].set_int_val(1);
+  EXPECT_THROW(Params::FromProto(pb), InvalidArgumentError);
+}
+
 }  // namespace
 }  // namespace glossa

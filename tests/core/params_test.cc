@@ -276,6 +276,7 @@ TEST(Enums, RegisteredTypesValidateNames) {
   EXPECT_ERROR_CONTAINS(MakeEnum("glossa.testing.Color", "GREN"), NotFoundError,
                         "GREN (did you mean: [GREEN])");
   EXPECT_THROW(MakeEnum("glossa.testing.Colour", "RED"), NotFoundError);
+  EXPECT_ERROR_CONTAINS(RegisterEnum("Color", {"RED"}), InvalidArgumentError, "dotted");
 }
 
 }  // namespace

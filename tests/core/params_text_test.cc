@@ -226,7 +226,9 @@ TEST(ParamsText, FromTextRejectsBadKindsWithClearErrors) {
   EXPECT_ERROR_CONTAINS(p.FromText("c : type/glossa.testing/TextClass3"), NotFoundError,
                         "did you mean");
   EXPECT_ERROR_CONTAINS(p.FromText("c : 12"), InvalidArgumentError, "class reference");
-  EXPECT_ERROR_CONTAINS(p.FromText("l : [1, 2"), InvalidArgumentError, "cannot parse");
+  EXPECT_ERROR_CONTAINS(p.FromText("l : [1, 2"), InvalidArgumentError, "unclosed bracket");
+  EXPECT_ERROR_CONTAINS(p.FromText("l : [1 2]"), InvalidArgumentError,
+                        "cannot parse Python literal at offset 3: expected ',' or ']'");
   p.FromText("c : NoneType");
   EXPECT_TRUE(p.Get("c").is_none());
 }
@@ -322,6 +324,93 @@ TEST(ParamsText, ToStringMatchesLingvosStr) {
             "  }\n"
             "  n: None\n"
             "}");
+}
+
+TEST(ParamsText, ToTextOfTheLingvoFixtureReadsBack) {
+  // complex_dict_escape's string holds a newline, so its dict literal spans two lines.
+  Params outer = Outer();
+  Params q = Outer();
+  q.Set("complex_dict_escape", ParamValue::Dict{{"a", "x"}});
+  q.Set("foo", 5);
+  q.FromText(outer.ToText());
+  EXPECT_EQ(q, outer) << outer.TextDiff(q);
+}
+
+TEST(ParamsText, EdgeValuesRoundTrip) {
+  Params p;
+  p.Define("quotes1", "\"'", "").Define("quotes2", "''\"", "").Define("bs", "\\'", "");
+  p.Define("imin", INT64_MIN, "").Define("imax", INT64_MAX, "");
+  p.Define("odd_keys", ParamValue::Dict{{"it's", Inner()}, {"a:b", Inner()}, {"back\\", Inner()}},
+           "");
+  p.Define("odd_plain_keys", ParamValue::Dict{{"it's", 1}, {"x:y", "v:w"}}, "");
+  p.Define("list_nl", ParamValue::List{"a\nb", ParamValue::Dict{{"k", "c\nd"}}}, "");
+  p.Set("odd_keys['it\\'s'].bar", 1.5);
+  p.Set("odd_keys['a:b'].baz", "colon");
+  Params q = p.Copy();
+  for (const char* k : {"quotes1", "quotes2", "bs"}) q.Set(k, "");
+  q.Set("imin", 0).Set("imax", 0).Set("odd_keys['it\\'s'].bar", 0.0).Set("odd_keys['a:b'].baz", "");
+  q.Set("odd_plain_keys", ParamValue::Dict{}).Set("list_nl", ParamValue::List{});
+  q.FromText(p.ToText());
+  EXPECT_EQ(q, p) << p.ToText() << "\n" << p.TextDiff(q);
+}
+
+TEST(ParamsText, LiteralsFollowPython) {
+  Params p;
+  p.Define("l", ParamValue::List{}, "");
+  p.FromText("l : [(5), (5,), (), (1, 2), - 3, '\\101\\x41\\u00e9', 1_000, .5, 2e3]");
+  EXPECT_EQ(p.Get("l"), ParamValue(ParamValue::List{5, ParamValue::List{5}, ParamValue::List{},
+                                                    ParamValue::List{1, 2}, -3, "AA\xc3\xa9", 1000,
+                                                    0.5, 2000.0}));
+  EXPECT_ERROR_CONTAINS(p.FromText("l : [_1]"), InvalidArgumentError, "expected a value");
+  EXPECT_ERROR_CONTAINS(p.FromText("l : ['\\UFFFFFFFF']"), InvalidArgumentError,
+                        "not a valid Unicode scalar value");
+  EXPECT_ERROR_CONTAINS(p.FromText("l : ['\\ud800']"), InvalidArgumentError,
+                        "not a valid Unicode scalar value");
+  EXPECT_ERROR_CONTAINS(p.FromText("l : {1: 2}"), InvalidArgumentError,
+                        "dict keys must be strings");
+}
+
+TEST(ParamsText, HostileInputIsAnErrorNotACrash) {
+  Params p;
+  p.Define("l", ParamValue::List{}, "").Define("i", 0, "");
+  EXPECT_ERROR_CONTAINS(p.FromText("l : " + std::string(100000, '[') + std::string(100000, ']')),
+                        InvalidArgumentError, "nesting deeper than 100");
+  EXPECT_ERROR_CONTAINS(p.FromText("l : [1,\n2,\n"), InvalidArgumentError,
+                        "params text line 1: the value of 'l' has an unclosed bracket or quote");
+  EXPECT_ERROR_CONTAINS(p.FromText("i : " + std::string(5000, '9')), InvalidArgumentError,
+                        "int64 range");
+  EXPECT_ERROR_CONTAINS(p.FromText(std::string(100000, 'a') + " : 1"), NotFoundError, "keys are");
+  EXPECT_THROW(p.FromText("l[" + std::string(1000, '9') + "] : 1"), InvalidArgumentError);
+}
+
+TEST(ParamsText, ParamsGivenAsADictLiteralTakeDirectKeysOnly) {
+  Params p;
+  p.Define("inner", Inner(), "");
+  p.FromText("inner : {'bar': 1.0, 'baz': 'x'}");
+  EXPECT_EQ(p.GetFloat("inner.bar"), 1.0);
+  EXPECT_EQ(p.GetString("inner.baz"), "x");
+  EXPECT_ERROR_CONTAINS(p.FromText("inner : {'bar.x': 1.0}"), NotFoundError, "bar.x");
+  EXPECT_ERROR_CONTAINS(p.FromText("inner : {'bax': 1.0}"), NotFoundError,
+                        "bax (keys are ['bar', 'baz'])");
+}
+
+TEST(ParamsText, ToTextWithDocsCommentsEveryDocLine) {
+  Params p;
+  p.Define("b", 1, "Line one.\nLine two.").Define("a", "x", "").Define("inner", Inner(), "Inner.");
+  p.GetParams("inner").Define("doc", 0, "Nested doc.");
+  const std::string text = p.ToTextWithDocs();
+  EXPECT_EQ(text,
+            "a : 'x'\n"
+            "# Line one.\n# Line two.\n"
+            "b : 1\n"
+            "inner.bar : 2.71\n"
+            "inner.baz : 'hello'\n"
+            "# Nested doc.\n"
+            "inner.doc : 0\n");
+  Params q = p.Copy();
+  q.Set("b", 5);
+  q.FromText(text);
+  EXPECT_EQ(q, p);
 }
 
 }  // namespace

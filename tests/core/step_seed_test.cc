@@ -94,6 +94,13 @@ TEST(StepSeed, GenerateStepSeedPairAddsRandomSeedAndOpSeed) {
   EXPECT_EQ(GenerateStepSeedPair(std::nullopt), (std::array<int64_t, 2>{1200, 0}));
 }
 
+TEST(StepSeed, SeedArithmeticWrapsAround) {
+  GlobalStepContext step(1);
+  ResetStepSeed(INT64_MAX);
+  EXPECT_EQ(GenerateStepSeedPair(INT64_MAX), (std::array<int64_t, 2>{INT64_MIN, -2}));
+  EXPECT_EQ(GetStepSeed(), INT64_MIN);
+}
+
 TEST(StepSeed, InferenceWithoutRandomSeedStillAdvancesTheStepSeed) {
   ResetStepSeed();
   GenerateStepSeedPair(std::nullopt, std::nullopt, /*is_inference=*/true);
