@@ -679,21 +679,25 @@ bool EnterForText(const std::string&, const ParamValue& v) {
   return false;
 }
 
+// Leaf key -> text value, sorted by key.
+std::map<std::string, std::string> TextLines(const Params& p) {
+  std::map<std::string, std::string> kv;
+  p.Visit([&](const std::string& key, const ParamValue& v) { kv[key] = internal::TextValue(v); },
+          EnterForText);
+  return kv;
+}
+
 }  // namespace
 
 std::string Params::ToText() const {
-  std::map<std::string, std::string> kv;
-  Visit([&](const std::string& key, const ParamValue& v) { kv[key] = internal::TextValue(v); },
-        EnterForText);
+  const auto kv = TextLines(*this);
   std::string out;
   for (const auto& [k, v] : kv) out += k + " : " + v + "\n";
   return out;
 }
 
 std::string Params::ToTextWithDocs() const {
-  std::map<std::string, std::string> kv;
-  Visit([&](const std::string& key, const ParamValue& v) { kv[key] = internal::TextValue(v); },
-        EnterForText);
+  const auto kv = TextLines(*this);
   std::string out;
   for (const auto& [k, v] : kv) {
     const std::string& doc = Doc(k);
