@@ -140,6 +140,11 @@ template <typename T>
 Params InstantiableParams() {
   return InstantiableParams(ClassRegistry::KeyOf<T>());
 }
+// The class reference of registered class T, for `p.Set("cls", ClsOf<T>())`.
+template <typename T>
+ClassRef ClsOf() {
+  return ClassRef{ClassRegistry::KeyOf<T>()};
+}
 
 // Copies every field of `from` into `to` (except `cls` and names in `skip`); nested Params are
 // copied. Unless `ignore_unknown_keys`, a field `to` lacks is NotFound.

@@ -104,7 +104,12 @@ bool RegisterClass(std::string_view key) {
   entry.key = std::string(key);
   entry.type = typeid(T);
   entry.type_name = Demangle(typeid(T).name());
-  entry.make = [](const Params& p) -> void* { return new T(p); };
+  entry.make = [](const Params& p) -> void* {
+    T* object = new T(p);
+    // Lets a class close its construction phase (BaseLayer stops accepting new variables).
+    if constexpr (requires(T& t) { t.FinishConstruction(); }) object->FinishConstruction();
+    return object;
+  };
   entry.destroy = [](void* ptr) { delete static_cast<T*>(ptr); };
   entry.throw_pointer = [](void* ptr) { throw static_cast<T*>(ptr); };
   if constexpr (requires { T::Params(); }) {

@@ -1,0 +1,242 @@
+// BaseLayer: Lingvo's layer base. A layer is built from its Params, creates its variables and child
+// layers during construction, and computes with FProp(theta, ...) on explicit weights, so the same
+// layer runs on any theta (towers, pipeline stages, EMA weights, recomputation, stubs).
+//
+//   class Scale : public BaseLayer {
+//    public:
+//     static glossa::Params Params();       // BaseLayer::Params() + this layer's fields
+//     explicit Scale(const glossa::Params& p) : BaseLayer(p) { CreateVariable("w", {{4}}); }
+//     at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
+//       return x * theta.GetTensor("w");
+//     }
+//   };
+//   GLOSSA_REGISTER_CLASS(Scale, "my.layers.Scale");
+//   auto layer = Instantiate<Scale>(Scale::Params().Set("name", "scale"));
+//   at::Tensor y = layer->FProp(layer->theta(), x);
+//
+// Variable full names are scope paths, `root/child/var`; initial values are deterministic given
+// the layer's random_seed (or the WeightInit's seed) and the full name. Without any seed a random
+// one is drawn once per process and logged, so the run can be repeated by setting it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "glossa/core/nested_map.h"
+#include "glossa/core/params.h"
+#include "glossa/layers/weight_init.h"
+
+namespace glossa {
+
+// ---- Execution mode ----
+
+// True inside an EvalModeScope on this thread (Lingvo's cluster.do_eval): no dropout, EMA weights.
+bool IsEvalMode();
+class EvalModeScope {
+ public:
+  explicit EvalModeScope(bool eval = true);
+  ~EvalModeScope();
+  EvalModeScope(const EvalModeScope&) = delete;
+  EvalModeScope& operator=(const EvalModeScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// While alive on this thread, CreateVariable returns a cached zero tensor per (shape, dtype)
+// instead of initializing a variable, except for names containing "total_samples". Lets a test
+// instantiate every registered model cheaply.
+class VariableStubScope {
+ public:
+  VariableStubScope();
+  ~VariableStubScope();
+  VariableStubScope(const VariableStubScope&) = delete;
+  VariableStubScope& operator=(const VariableStubScope&) = delete;
+  // How many distinct zero tensors were handed out.
+  size_t num_cached() const;
+
+ private:
+  friend class BaseLayer;
+  std::map<std::pair<std::vector<int64_t>, at::ScalarType>, at::Tensor> cache_;
+  VariableStubScope* previous_;
+};
+
+// Where eval reads exponential moving averages of variables (issue 4's ExponentialMovingAverage
+// implements it). Average returns nullopt for variables it does not track.
+class EmaSource {
+ public:
+  virtual ~EmaSource() = default;
+  virtual std::optional<at::Tensor> Average(const std::string& var_full_name) const = 0;
+};
+
+// Lingvo's Accumulator: a value carried across calls (e.g. recurrent steps), reset per step.
+// Disable()/Enable() nest: while disabled, GetValue returns the default and Set/Reset do nothing.
+class Accumulator {
+ public:
+  virtual ~Accumulator() = default;
+  // A fresh default value on every call.
+  virtual at::Tensor DefaultValue() const = 0;
+  at::Tensor GetValue() const;
+  void SetValue(at::Tensor value);
+  void Reset();
+  void Disable() { ++disable_count_; }
+  void Enable();  // FailedPrecondition when not disabled
+  bool IsDisabled() const { return disable_count_ > 0; }
+
+ private:
+  at::Tensor value_;
+  int disable_count_ = 0;
+};
+
+class BaseLayer {
+ public:
+  // Lingvo's BaseLayer fields: name, dtype, fprop_dtype, random_seed, vn (variational noise),
+  // params_init, is_inference, skip_lp_regularization. (TF- and SPMD-specific fields such as
+  // allow_implicit_capture and device_mesh are not carried.)
+  static glossa::Params Params();
+  // Lingvo's CopyBaseParams: copies dtype, fprop_dtype, random_seed, is_inference,
+  // skip_lp_regularization, vn and params_init from `from` wherever `to` still has the default.
+  static glossa::Params& CopyBaseParams(const glossa::Params& from, glossa::Params& to);
+
+  explicit BaseLayer(const glossa::Params& params);
+  virtual ~BaseLayer();
+  BaseLayer(const BaseLayer&) = delete;
+  BaseLayer& operator=(const BaseLayer&) = delete;
+
+  // The layer's Params (a frozen copy).
+  const glossa::Params& params() const { return params_; }
+  const std::string& name() const { return name_; }
+  // The variable scope, e.g. "lm/enc/layer_0": a variable `w` here is "lm/enc/layer_0/w".
+  const std::string& scope() const { return scope_; }
+  // Dotted path from the root layer, e.g. "lm.enc.layer_0".
+  const std::string& path() const { return path_; }
+  const BaseLayer* parent() const { return parent_; }
+  at::ScalarType dtype() const { return dtype_; }
+  // fprop_dtype, or dtype when unset.
+  at::ScalarType fprop_dtype() const { return fprop_dtype_; }
+  bool is_inference() const;
+
+  // ---- Variables ----
+  struct VariableInfo {
+    std::string name;       // within this layer
+    std::string full_name;  // scope/name
+    WeightParams params;
+    bool trainable = true;
+  };
+  // Own variables, in creation order.
+  const std::vector<VariableInfo>& variable_infos() const { return var_infos_; }
+  const at::Tensor& GetVariable(const std::string& name) const;
+  // All variables of this subtree: own ones by name, children's under the child's name (lists of
+  // children as lists, dicts as maps).
+  NestedMap vars() const;
+  // What FProp uses: vars (EMA averages in eval when the root has an EMA and the layer is not in
+  // inference mode), with variational noise in training when vn.global_vn, cast to fprop_dtype
+  // where it differs from dtype.
+  NestedMap theta() const;
+  // Every variable of the subtree by full name, with its info.
+  std::vector<std::pair<VariableInfo, at::Tensor>> AllVariables() const;
+  // Sets the root's EMA source (read by theta() in eval anywhere in the tree).
+  void SetEma(std::shared_ptr<const EmaSource> ema);
+  const EmaSource* ema() const;
+  // Moves every variable of the subtree to `device` (keeping trainability).
+  void MoveTo(at::Device device);
+
+  // ---- Children ----
+  BaseLayer& GetChild(const std::string& name) const;
+  bool HasChild(const std::string& name) const;
+  std::vector<std::string> ChildNames() const;
+  // Walks children with "a.b[1].c" (lists by index, dicts by key).
+  BaseLayer& GetDescendant(const std::string& path) const;
+  template <typename T>
+  T& GetChildAs(const std::string& name) const {
+    return Cast<T>(GetChild(name), name);
+  }
+
+  // ---- Accumulators ----
+  void RegisterAccumulator(const std::string& name, std::unique_ptr<Accumulator> acc);
+  Accumulator& GetAccumulator(const std::string& name) const;
+  // Values of every accumulator in the subtree, nested like vars().
+  NestedMap GetAccumulatorValues() const;
+  // Sets values from a NestedMap compatible with GetAccumulatorValues() (InvalidArgument otherwise).
+  void SetAccumulatorValues(const NestedMap& values);
+  void ResetAccumulators();
+  void DisableAccumulators();
+  void EnableAccumulators();
+
+  // Casts floating tensors to fprop_dtype (Lingvo's _CastToFPropDtype, for inputs).
+  at::Tensor CastToFPropDtype(const at::Tensor& x) const;
+
+  // Called by the class registry after the constructor returns: CreateVariable, CreateChild(ren),
+  // AddChild and RegisterAccumulator are allowed only before this.
+  void FinishConstruction() { constructed_ = true; }
+
+ protected:
+  // Creates variable `name` (checked like NestedMap keys; shares one namespace with children and
+  // accumulators) and returns it.
+  at::Tensor CreateVariable(const std::string& name, WeightParams wp);
+  // Creates a child from a copy of `p` with the base params copied in (CopyBaseParams); its
+  // variable scope is p.name when set, else `name`.
+  BaseLayer& CreateChild(const std::string& name, const glossa::Params& p);
+  template <typename T>
+  T& CreateChildAs(const std::string& name, const glossa::Params& p) {
+    return Cast<T>(CreateChild(name, p), name);
+  }
+  // A list or (nested) dict of Params; unnamed children are named `name_0`, `name_1`, ... in
+  // flatten order (lists by index, dict keys sorted).
+  void CreateChildren(const std::string& name, const ParamValue& params_structure);
+  // Adds an existing layer as a child.
+  void AddChild(const std::string& name, std::unique_ptr<BaseLayer> child);
+  // Children created by CreateChildren, as a flat list in flatten order.
+  std::vector<BaseLayer*> GetChildren(const std::string& name) const;
+
+ private:
+  struct ChildTree;
+  template <typename T>
+  static T& Cast(BaseLayer& layer, const std::string& name);
+  [[noreturn]] static void CastError(const BaseLayer& layer, const std::string& name,
+                                     const char* type);
+  void CheckName(const std::string& name, const char* what) const;
+  void CheckConstructing(const char* what) const;
+  std::unique_ptr<BaseLayer> BuildChild(const glossa::Params& p, const std::string& default_name);
+  const ChildTree& FindChildTree(const std::string& name) const;
+  NestedValue MapChildren(const ChildTree& tree,
+                          const std::function<NestedValue(const BaseLayer&)>& fn) const;
+  NestedMap CollectTree(const std::function<NestedValue(const BaseLayer&)>& fn) const;
+  void ForEachChild(const std::function<void(BaseLayer&)>& fn) const;
+  const BaseLayer& Root() const;
+
+  glossa::Params params_;
+  std::string name_;
+  std::string scope_;
+  std::string path_;
+  BaseLayer* parent_ = nullptr;
+  at::ScalarType dtype_;
+  at::ScalarType fprop_dtype_;
+  bool constructed_ = false;
+  std::vector<VariableInfo> var_infos_;
+  std::map<std::string, at::Tensor> vars_;
+  std::map<std::string, std::unique_ptr<ChildTree>> children_;
+  std::map<std::string, std::unique_ptr<Accumulator>> accumulators_;
+  std::shared_ptr<const EmaSource> ema_;
+};
+
+template <typename T>
+T& BaseLayer::Cast(BaseLayer& layer, const std::string& name) {
+  T* t = dynamic_cast<T*>(&layer);
+  if (t == nullptr) CastError(layer, name, typeid(T).name());
+  return *t;
+}
+
+// Builds the layer `p` describes (p.cls) as a root layer.
+template <typename T = BaseLayer>
+std::unique_ptr<T> InstantiateLayer(const Params& p) {
+  return p.Instantiate<T>();
+}
+
+}  // namespace glossa

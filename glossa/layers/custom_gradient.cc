@@ -1,0 +1,97 @@
+#include "glossa/layers/custom_gradient.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
+
+namespace glossa {
+namespace {
+
+// Runs `f` with the step seed reset to 0, restoring the caller's step seed afterwards.
+template <typename F>
+auto WithFreshStepSeed(F&& f) {
+  const int64_t saved = GetStepSeed();
+  ResetStepSeed(0);
+  try {
+    auto result = f();
+    ResetStepSeed(saved);
+    return result;
+  } catch (...) {
+    ResetStepSeed(saved);
+    throw;
+  }
+}
+
+struct CallState : torch::CustomClassHolder {
+  CustomFwdFn fwd;
+  CustomBakFn bak;
+  NestedMap xs_template;
+  NestedMap ys_template;
+  int64_t global_step = 0;
+};
+
+class CustomGradientFunction : public torch::autograd::Function<CustomGradientFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                c10::intrusive_ptr<CallState> state,
+                                                torch::autograd::variable_list xs) {
+    NestedMap ys = WithFreshStepSeed([&] { return state->fwd(state->xs_template.Pack(xs)); });
+    state->ys_template = ys;
+    std::vector<at::Tensor> flat_ys = ys.FlattenTensors();
+    ctx->save_for_backward(xs);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    // Outputs that alias inputs confuse autograd's bookkeeping; hand out fresh tensors.
+    for (auto& y : flat_ys) {
+      for (const auto& x : xs) {
+        if (y.defined() && x.defined() && y.is_same(x)) y = y.clone();
+      }
+    }
+    ctx->saved_data["ys"] = c10::IValue(c10::List<at::Tensor>(flat_ys));
+    return flat_ys;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list dys) {
+    auto state = c10::static_intrusive_pointer_cast<CallState>(ctx->saved_data["state"].toCapsule());
+    std::vector<at::Tensor> xs = ctx->get_saved_variables();
+    auto ys_list = ctx->saved_data["ys"].toTensorList();
+    std::vector<at::Tensor> ys(ys_list.begin(), ys_list.end());
+    for (size_t i = 0; i < dys.size(); ++i) {
+      if (!dys[i].defined()) dys[i] = at::zeros_like(ys[i]);
+    }
+    GlobalStepContext step(state->global_step);
+    NestedMap dxs = WithFreshStepSeed([&] {
+      return state->bak(state->xs_template.Pack(xs), state->ys_template.Pack(ys),
+                        state->ys_template.Pack(dys));
+    });
+    if (!dxs.IsCompatible(state->xs_template)) {
+      throw InvalidArgumentError(StrCat("CallWithCustomGradient: bak returned keys [",
+                                        Join(dxs.Keys(), ", "), "], expected the keys of xs [",
+                                        Join(state->xs_template.Keys(), ", "), "]"));
+    }
+    torch::autograd::variable_list out;
+    out.push_back(at::Tensor());  // no gradient for the state argument
+    for (const auto& v : dxs.Flatten()) out.push_back(v.is_tensor() ? v.AsTensor() : at::Tensor());
+    return out;
+  }
+};
+
+}  // namespace
+
+NestedMap CallWithCustomGradient(const CustomFwdFn& fwd, const CustomBakFn& bak,
+                                 const NestedMap& xs) {
+  if (!bak) return WithFreshStepSeed([&] { return fwd(xs); });
+  auto state = c10::make_intrusive<CallState>();
+  state->fwd = fwd;
+  state->bak = bak;
+  state->xs_template = xs;
+  state->global_step = GetGlobalStep();
+  std::vector<at::Tensor> flat_xs = xs.FlattenTensors();
+  std::vector<at::Tensor> flat_ys = CustomGradientFunction::apply(state, flat_xs);
+  return state->ys_template.Pack(flat_ys);
+}
+
+}  // namespace glossa
