@@ -107,7 +107,7 @@ bool RegisterClass(std::string_view key) {
   entry.make = [](const Params& p) -> void* {
     T* object = new T(p);
     // Lets a class close its construction phase (BaseLayer stops accepting new variables).
-    if constexpr (requires(T& t) { t.FinishConstruction(); }) object->FinishConstruction();
+    if constexpr (requires(T & t) { t.FinishConstruction(); }) object->FinishConstruction();
     return object;
   };
   entry.destroy = [](void* ptr) { delete static_cast<T*>(ptr); };

@@ -122,8 +122,7 @@ glossa::Params BaseLayer::Params() {
 
 glossa::Params& BaseLayer::CopyBaseParams(const glossa::Params& from, glossa::Params& to) {
   if (to.Get("dtype").AsDType() == DType::kFloat32) to.Set("dtype", from.Get("dtype"));
-  for (const char* key :
-       {"fprop_dtype", "random_seed", "is_inference", "skip_lp_regularization"}) {
+  for (const char* key : {"fprop_dtype", "random_seed", "is_inference", "skip_lp_regularization"}) {
     if (to.Get(key).is_none()) to.Set(key, from.Get(key));
   }
   if (to.GetParams("vn") == DefaultVN()) to.Set("vn", from.GetParams("vn"));
@@ -136,10 +135,9 @@ glossa::Params& BaseLayer::CopyBaseParams(const glossa::Params& from, glossa::Pa
 BaseLayer::BaseLayer(const glossa::Params& params) : params_(params.Copy()) {
   name_ = params_.GetString("name");
   if (name_.empty()) {
-    throw InvalidArgumentError(StrCat("layer params (cls ", PyStrRepr(params_.Get("cls").is_none()
-                                                                         ? "None"
-                                                                         : params_.ClsKey()),
-                                      ") must set `name`"));
+    throw InvalidArgumentError(StrCat(
+        "layer params (cls ", PyStrRepr(params_.Get("cls").is_none() ? "None" : params_.ClsKey()),
+        ") must set `name`"));
   }
   if (!t_constructing_parents.empty()) parent_ = t_constructing_parents.back();
   const std::string scope_name = SanitizeScopeKey(name_);
@@ -170,7 +168,8 @@ void BaseLayer::CheckName(const std::string& name, const char* what) const {
   try {
     NestedMap::CheckKey(name);
   } catch (const InvalidArgumentError& e) {
-    throw InvalidArgumentError(StrCat("layer '", path_, "': invalid ", what, " name: ", e.message()));
+    throw InvalidArgumentError(
+        StrCat("layer '", path_, "': invalid ", what, " name: ", e.message()));
   }
   if (vars_.count(name) || children_.count(name) || accumulators_.count(name)) {
     throw InvalidArgumentError(StrCat("layer '", path_, "': ", what, " name '", name,
@@ -205,9 +204,9 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
     value = it->second;
   } else {
     const std::optional<int64_t> layer_seed = OptionalInt(params_, "random_seed");
-    const int64_t user_seed = wp.init.seed     ? *wp.init.seed
-                              : layer_seed      ? *layer_seed
-                                                : ProcessRandomSeed();
+    const int64_t user_seed = wp.init.seed ? *wp.init.seed
+                              : layer_seed ? *layer_seed
+                                           : ProcessRandomSeed();
     try {
       value = InitializeWeight(wp, {user_seed, GenerateSeedFromName(info.full_name)});
     } catch (const InvalidArgumentError& e) {
@@ -303,7 +302,8 @@ void BaseLayer::CreateChildren(const std::string& name, const ParamValue& struct
 void BaseLayer::AddChild(const std::string& name, std::unique_ptr<BaseLayer> child) {
   CheckConstructing("AddChild");
   CheckName(name, "child");
-  if (!child) throw InvalidArgumentError(StrCat("layer '", path_, "': AddChild('", name, "', null)"));
+  if (!child)
+    throw InvalidArgumentError(StrCat("layer '", path_, "': AddChild('", name, "', null)"));
   auto tree = std::make_unique<ChildTree>();
   tree->layer = std::move(child);
   children_[name] = std::move(tree);
@@ -312,7 +312,8 @@ void BaseLayer::AddChild(const std::string& name, std::unique_ptr<BaseLayer> chi
 const BaseLayer::ChildTree& BaseLayer::FindChildTree(const std::string& name) const {
   auto it = children_.find(name);
   if (it == children_.end()) {
-    throw NotFoundError(StrCat("layer '", path_, "' has no child ", KeyErrorString(name, ChildNames())));
+    throw NotFoundError(
+        StrCat("layer '", path_, "' has no child ", KeyErrorString(name, ChildNames())));
   }
   return *it->second;
 }
@@ -377,7 +378,8 @@ BaseLayer& BaseLayer::GetDescendant(const std::string& path) const {
     }
     if (tree != nullptr && tree->kind == ChildTree::Kind::kDict) {
       auto it = tree->dict.find(name);
-      if (it == tree->dict.end()) throw NotFoundError(StrCat("no child '", name, "' in '", path, "'"));
+      if (it == tree->dict.end())
+        throw NotFoundError(StrCat("no child '", name, "' in '", path, "'"));
       tree = &it->second;
     } else {
       if (tree != nullptr) layer = tree->layer.get();
@@ -385,7 +387,8 @@ BaseLayer& BaseLayer::GetDescendant(const std::string& path) const {
     }
     for (size_t idx : indices) {
       if (tree->kind != ChildTree::Kind::kList || idx >= tree->list.size()) {
-        throw NotFoundError(StrCat("layer path '", path, "': no element [", idx, "] in '", name, "'"));
+        throw NotFoundError(
+            StrCat("layer path '", path, "': no element [", idx, "] in '", name, "'"));
       }
       tree = &tree->list[idx];
     }
@@ -505,22 +508,24 @@ Accumulator& BaseLayer::GetAccumulator(const std::string& name) const {
   if (it == accumulators_.end()) {
     std::vector<std::string> keys;
     for (const auto& [k, v] : accumulators_) keys.push_back(k);
-    throw NotFoundError(StrCat("layer '", path_, "' has no accumulator ", KeyErrorString(name, keys)));
+    throw NotFoundError(
+        StrCat("layer '", path_, "' has no accumulator ", KeyErrorString(name, keys)));
   }
   return *it->second;
 }
 
 NestedMap BaseLayer::GetAccumulatorValues() const {
-  NestedMap out = CollectTree([](const BaseLayer& c) { return NestedValue(c.GetAccumulatorValues()); });
+  NestedMap out =
+      CollectTree([](const BaseLayer& c) { return NestedValue(c.GetAccumulatorValues()); });
   for (const auto& [name, acc] : accumulators_) out.Put(name, acc->GetValue());
   return out;
 }
 
 void BaseLayer::SetAccumulatorValues(const NestedMap& values) {
   if (!values.IsCompatible(GetAccumulatorValues())) {
-    throw InvalidArgumentError(StrCat("layer '", path_, "': SetAccumulatorValues keys [",
-                                      Join(values.Keys(), ", "), "] do not match the accumulators [",
-                                      Join(GetAccumulatorValues().Keys(), ", "), "]"));
+    throw InvalidArgumentError(StrCat(
+        "layer '", path_, "': SetAccumulatorValues keys [", Join(values.Keys(), ", "),
+        "] do not match the accumulators [", Join(GetAccumulatorValues().Keys(), ", "), "]"));
   }
   for (const auto& [name, acc] : accumulators_) acc->SetValue(values.at(name).AsTensor());
   for (const auto& [name, tree] : children_) {
@@ -557,8 +562,8 @@ at::Tensor BaseLayer::CastToFPropDtype(const at::Tensor& x) const {
 }
 
 void BaseLayer::CastError(const BaseLayer& layer, const std::string& name, const char* type) {
-  throw InvalidArgumentError(StrCat("child '", name, "' (", layer.path(), ") is not a ",
-                                    Demangle(type)));
+  throw InvalidArgumentError(
+      StrCat("child '", name, "' (", layer.path(), ") is not a ", Demangle(type)));
 }
 
 }  // namespace glossa

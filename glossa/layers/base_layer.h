@@ -153,6 +153,8 @@ class BaseLayer {
   std::vector<std::string> ChildNames() const;
   // Walks children with "a.b[1].c" (lists by index, dicts by key).
   BaseLayer& GetDescendant(const std::string& path) const;
+  // Children created by CreateChildren, as a flat list in flatten order.
+  std::vector<BaseLayer*> GetChildren(const std::string& name) const;
   template <typename T>
   T& GetChildAs(const std::string& name) const {
     return Cast<T>(GetChild(name), name);
@@ -163,7 +165,8 @@ class BaseLayer {
   Accumulator& GetAccumulator(const std::string& name) const;
   // Values of every accumulator in the subtree, nested like vars().
   NestedMap GetAccumulatorValues() const;
-  // Sets values from a NestedMap compatible with GetAccumulatorValues() (InvalidArgument otherwise).
+  // Sets values from a NestedMap compatible with GetAccumulatorValues() (InvalidArgument
+  // otherwise).
   void SetAccumulatorValues(const NestedMap& values);
   void ResetAccumulators();
   void DisableAccumulators();
@@ -192,8 +195,6 @@ class BaseLayer {
   void CreateChildren(const std::string& name, const ParamValue& params_structure);
   // Adds an existing layer as a child.
   void AddChild(const std::string& name, std::unique_ptr<BaseLayer> child);
-  // Children created by CreateChildren, as a flat list in flatten order.
-  std::vector<BaseLayer*> GetChildren(const std::string& name) const;
 
  private:
   struct ChildTree;

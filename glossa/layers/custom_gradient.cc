@@ -37,7 +37,9 @@ class CustomGradientFunction : public torch::autograd::Function<CustomGradientFu
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 c10::intrusive_ptr<CallState> state,
-                                                torch::autograd::variable_list xs) {
+                                                at::TensorList xs_list) {
+    // The inputs arrive as a TensorList: that is what autograd records as differentiable inputs.
+    std::vector<at::Tensor> xs = xs_list.vec();
     NestedMap ys = WithFreshStepSeed([&] { return state->fwd(state->xs_template.Pack(xs)); });
     state->ys_template = ys;
     std::vector<at::Tensor> flat_ys = ys.FlattenTensors();
@@ -55,7 +57,8 @@ class CustomGradientFunction : public torch::autograd::Function<CustomGradientFu
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list dys) {
-    auto state = c10::static_intrusive_pointer_cast<CallState>(ctx->saved_data["state"].toCapsule());
+    auto state =
+        c10::static_intrusive_pointer_cast<CallState>(ctx->saved_data["state"].toCapsule());
     std::vector<at::Tensor> xs = ctx->get_saved_variables();
     auto ys_list = ctx->saved_data["ys"].toTensorList();
     std::vector<at::Tensor> ys(ys_list.begin(), ys_list.end());
@@ -90,7 +93,7 @@ NestedMap CallWithCustomGradient(const CustomFwdFn& fwd, const CustomBakFn& bak,
   state->xs_template = xs;
   state->global_step = GetGlobalStep();
   std::vector<at::Tensor> flat_xs = xs.FlattenTensors();
-  std::vector<at::Tensor> flat_ys = CustomGradientFunction::apply(state, flat_xs);
+  std::vector<at::Tensor> flat_ys = CustomGradientFunction::apply(state, at::TensorList(flat_xs));
   return state->ys_template.Pack(flat_ys);
 }
 

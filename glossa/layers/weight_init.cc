@@ -43,13 +43,21 @@ at::Tensor TruncatedStandardNormal(const std::vector<int64_t>& shape, at::Genera
 
 }  // namespace
 
-WeightInit WeightInit::Gaussian(double s, std::optional<int64_t> seed) { return Make("gaussian", s, seed); }
-WeightInit WeightInit::Uniform(double s, std::optional<int64_t> seed) { return Make("uniform", s, seed); }
+WeightInit WeightInit::Gaussian(double s, std::optional<int64_t> seed) {
+  return Make("gaussian", s, seed);
+}
+WeightInit WeightInit::Uniform(double s, std::optional<int64_t> seed) {
+  return Make("uniform", s, seed);
+}
 WeightInit WeightInit::UniformPositive(double s, std::optional<int64_t> seed) {
   return Make("uniform_positive", s, seed);
 }
-WeightInit WeightInit::Category(double s, std::optional<int64_t> seed) { return Make("category", s, seed); }
-WeightInit WeightInit::Xavier(double s, std::optional<int64_t> seed) { return Make("xavier", s, seed); }
+WeightInit WeightInit::Category(double s, std::optional<int64_t> seed) {
+  return Make("category", s, seed);
+}
+WeightInit WeightInit::Xavier(double s, std::optional<int64_t> seed) {
+  return Make("xavier", s, seed);
+}
 WeightInit WeightInit::XavierWithFixupParams(double scale, double depth,
                                              double layers_per_residual_block,
                                              std::optional<int64_t> seed) {
@@ -163,8 +171,8 @@ std::optional<std::pair<int64_t, int64_t>> FanInFanOut(const std::vector<int64_t
 }
 
 at::Generator MakeSeededGenerator(std::array<int64_t, 2> seed) {
-  const uint64_t mixed = SplitMix64(SplitMix64(static_cast<uint64_t>(seed[0])) ^
-                                    static_cast<uint64_t>(seed[1]));
+  const uint64_t mixed =
+      SplitMix64(SplitMix64(static_cast<uint64_t>(seed[0])) ^ static_cast<uint64_t>(seed[1]));
   return at::make_generator<at::CPUGeneratorImpl>(mixed);
 }
 
@@ -183,8 +191,8 @@ at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed)
         StrCat("unknown WeightInit method ", KeyErrorString(init.method, methods)));
   }
   if (init.method != "constant" && init.scale < 0) {
-    throw InvalidArgumentError(StrCat("WeightInit ", init.method, ": scale must be >= 0, got ",
-                                      PyFloatRepr(init.scale)));
+    throw InvalidArgumentError(
+        StrCat("WeightInit ", init.method, ": scale must be >= 0, got ", PyFloatRepr(init.scale)));
   }
   const at::ScalarType dtype = ToScalarType(wp.dtype);
   const auto opts = at::TensorOptions().dtype(at::kDouble);
@@ -196,9 +204,7 @@ at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed)
   at::Generator gen = MakeSeededGenerator(seed);
   const int64_t dim0 = shape.empty() ? 1 : shape[0];
   const auto fans = FanInFanOut(shape);
-  auto uniform = [&](double lo, double hi) {
-    return at::empty(shape, opts).uniform_(lo, hi, gen);
-  };
+  auto uniform = [&](double lo, double hi) { return at::empty(shape, opts).uniform_(lo, hi, gen); };
   auto normal = [&](double stddev) { return at::normal(0.0, stddev, shape, gen, opts); };
   auto truncated = [&](double stddev) { return TruncatedStandardNormal(shape, gen) * stddev; };
   double scale = init.scale;
@@ -250,8 +256,8 @@ at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed)
   } else if (m == "kaiming_uniform_fanin_relu" || m == "kaiming_uniform_fanin_leakyrelu") {
     double fan = 1.0;
     for (size_t i = 0; i + 1 < shape.size(); ++i) fan *= static_cast<double>(shape[i]);
-    const double gain = m == "kaiming_uniform_fanin_relu" ? std::sqrt(2.0)
-                                                          : std::sqrt(2.0 / (1.0 + scale * scale));
+    const double gain =
+        m == "kaiming_uniform_fanin_relu" ? std::sqrt(2.0) : std::sqrt(2.0 / (1.0 + scale * scale));
     const double bound = std::sqrt(3.0) * gain / std::sqrt(fan);
     v = uniform(-bound, bound);
   } else {

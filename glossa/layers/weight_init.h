@@ -14,7 +14,8 @@
 //   uniform_unit_scaling_fan_avg U(±sqrt(3s/max(1, (fan_in+fan_out)/2)));
 //   truncated_gaussian_sqrt_dim/fanin/fanout TN(0, s/sqrt(shape[0] | fan_in | fan_out));
 //   kaiming_uniform_fanin_relu U(±sqrt(6/F)); kaiming_uniform_fanin_leakyrelu
-//   U(±sqrt(3)·sqrt(2/(1+s²))/sqrt(F)), s the negative slope (default sqrt(5)), F = prod(shape[:-1]).
+//   U(±sqrt(3)·sqrt(2/(1+s²))/sqrt(F)), s the negative slope (default sqrt(5)), F =
+//   prod(shape[:-1]).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -80,6 +81,14 @@ struct WeightInit {
 const std::vector<std::string>& WeightInitMethods();
 
 struct WeightParams {
+  WeightParams() = default;
+  WeightParams(std::vector<int64_t> shape, WeightInit init = WeightInit::Default(),  // NOLINT
+               DType dtype = DType::kFloat32, std::vector<std::string> collections = {})
+      : shape(std::move(shape)),
+        init(std::move(init)),
+        dtype(dtype),
+        collections(std::move(collections)) {}
+
   std::vector<int64_t> shape;
   WeightInit init = WeightInit::Default();
   DType dtype = DType::kFloat32;

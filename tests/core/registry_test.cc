@@ -71,8 +71,7 @@ TEST(ClassRegistry, UnknownKeysListNearNames) {
                         "unregistered class glossa.testing.Dgo");
   EXPECT_ERROR_CONTAINS(ClassRegistry::Get("glossa.testing.Dogg"), NotFoundError,
                         "did you mean: [glossa.testing.Dog]");
-  EXPECT_ERROR_CONTAINS(ClassRegistry::Get("glossa.testing.Zebra"), NotFoundError,
-                        "(keys are [");
+  EXPECT_ERROR_CONTAINS(ClassRegistry::Get("glossa.testing.Zebra"), NotFoundError, "(keys are [");
 }
 
 TEST(ClassRegistry, ParamsWithoutClsCannotBeInstantiated) {

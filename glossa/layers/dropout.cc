@@ -1,0 +1,100 @@
+#include "glossa/layers/dropout.h"
+
+#include <ATen/ATen.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
+
+namespace glossa {
+namespace {
+
+void CheckKeepProb(double keep_prob) {
+  if (!(keep_prob > 0.0 && keep_prob <= 1.0)) {
+    throw InvalidArgumentError(
+        StrCat("dropout keep_prob must be in (0, 1], got ", PyFloatRepr(keep_prob)));
+  }
+}
+
+std::vector<int64_t> IntList(const ParamValue& v) {
+  std::vector<int64_t> out;
+  for (const auto& x : v.AsList()) out.push_back(x.AsInt());
+  return out;
+}
+
+}  // namespace
+
+at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
+                                const std::optional<std::vector<int64_t>>& noise_shape) {
+  CheckKeepProb(keep_prob);
+  if (keep_prob == 1.0) return x;
+  at::Generator gen = MakeSeededGenerator(seeds);
+  const std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
+  at::Tensor u = at::empty(shape, at::TensorOptions().dtype(at::kFloat)).uniform_(0.0, 1.0, gen);
+  at::Tensor mask = at::floor(u + static_cast<float>(keep_prob)).to(x.options());
+  return (x / keep_prob) * mask;
+}
+
+glossa::Params DropoutLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<DropoutLayer>());
+  p.Define("keep_prob", 1.0, "Keep probability.");
+  p.Define("noise_shape", nullptr,
+           "A 1-D list of ints: the shape of the keep/drop flags, broadcast against the input.");
+  p.Define("noise_shape_broadcast_dims", nullptr,
+           "A list of dims set to 1 in the noise shape, e.g. [-1] drops whole last-dim vectors.");
+  p.Define("dropout_at_eval", false, "Whether or not to also perform dropout at eval time.");
+  return p;
+}
+
+DropoutLayer::DropoutLayer(const glossa::Params& p) : BaseLayer(p) {
+  keep_prob_ = params().GetFloat("keep_prob");
+  CheckKeepProb(keep_prob_);
+}
+
+at::Tensor DropoutLayer::FProp(const NestedMap&, const at::Tensor& x) const {
+  if ((IsEvalMode() && !params().GetBool("dropout_at_eval")) || is_inference()) return x;
+  if (keep_prob_ == 1.0) return x;
+  std::optional<std::vector<int64_t>> ns;
+  if (params().IsSet("noise_shape")) ns = IntList(params().Get("noise_shape"));
+  if (params().IsSet("noise_shape_broadcast_dims")) {
+    std::vector<int64_t> shape = ns ? *ns : x.sizes().vec();
+    for (int64_t d : IntList(params().Get("noise_shape_broadcast_dims"))) {
+      const int64_t n = static_cast<int64_t>(shape.size());
+      if (d >= n || d < -n) {
+        throw InvalidArgumentError(StrCat("layer '", path(), "': invalid broadcast dim ", d,
+                                          " for a noise shape of rank ", n));
+      }
+      shape[d < 0 ? d + n : d] = 1;
+    }
+    ns = shape;
+  }
+  return Dropout(x, keep_prob_, ns);
+}
+
+at::Tensor DropoutLayer::Dropout(const at::Tensor& x, double keep_prob,
+                                 const std::optional<std::vector<int64_t>>& noise_shape) const {
+  const std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
+  at::Tensor keep = (at::rand(shape, x.options().dtype(at::kFloat)) >= (1.0 - keep_prob));
+  return x * (1.0 / keep_prob) * keep.to(x.scalar_type());
+}
+
+glossa::Params DeterministicDropoutLayer::Params() {
+  glossa::Params p = DropoutLayer::Params();
+  p.Set("cls", ClsOf<DeterministicDropoutLayer>());
+  return p;
+}
+
+at::Tensor DeterministicDropoutLayer::Dropout(
+    const at::Tensor& x, double keep_prob,
+    const std::optional<std::vector<int64_t>>& noise_shape) const {
+  const ParamValue& seed = params().Get("random_seed");
+  auto seeds = GenerateStepSeedPair(seed.is_none() ? std::nullopt : std::optional(seed.AsInt()),
+                                    std::nullopt, is_inference());
+  return DeterministicDropout(x, keep_prob, seeds, noise_shape);
+}
+
+GLOSSA_REGISTER_CLASS(DropoutLayer, "glossa.layers.DropoutLayer");
+GLOSSA_REGISTER_CLASS(DeterministicDropoutLayer, "glossa.layers.DeterministicDropoutLayer");
+
+}  // namespace glossa

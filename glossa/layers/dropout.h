@@ -1,0 +1,50 @@
+// Dropout. DeterministicDropout draws its mask from a step seed pair (Lingvo's formula
+// floor(keep_prob + U) · x / keep_prob), so replaying the seed replays the mask; DropoutLayer is
+// plain (stateful) dropout and DeterministicDropoutLayer the seeded one. Neither drops in eval
+// (unless dropout_at_eval) or in inference.
+//
+//   auto p = DeterministicDropoutLayer::Params();
+//   p.Set("name", "drop").Set("keep_prob", 0.9);
+//   at::Tensor y = layer->FProp(layer->theta(), x);
+#pragma once
+
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "glossa/layers/base_layer.h"
+
+namespace glossa {
+
+// (x / keep_prob) · floor(keep_prob + U), U ~ Uniform[0, 1) of `noise_shape` (default x's shape,
+// broadcast against x) drawn from `seeds`. keep_prob must be in (0, 1]; 1 returns x.
+at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
+                                const std::optional<std::vector<int64_t>>& noise_shape = {});
+
+class DropoutLayer : public BaseLayer {
+ public:
+  // + keep_prob, noise_shape, noise_shape_broadcast_dims, dropout_at_eval.
+  static glossa::Params Params();
+  explicit DropoutLayer(const glossa::Params& p);
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const;
+
+ protected:
+  // The mask-and-scale step; DeterministicDropoutLayer draws from the step seed pair.
+  virtual at::Tensor Dropout(const at::Tensor& x, double keep_prob,
+                             const std::optional<std::vector<int64_t>>& noise_shape) const;
+
+ private:
+  double keep_prob_;
+};
+
+class DeterministicDropoutLayer : public DropoutLayer {
+ public:
+  static glossa::Params Params();
+  explicit DeterministicDropoutLayer(const glossa::Params& p) : DropoutLayer(p) {}
+
+ protected:
+  at::Tensor Dropout(const at::Tensor& x, double keep_prob,
+                     const std::optional<std::vector<int64_t>>& noise_shape) const override;
+};
+
+}  // namespace glossa

@@ -1,0 +1,312 @@
+#include "glossa/layers/base_layer.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "glossa/core/step_seed.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+// A layer with a weight `w` [dim, dim], a non-trainable counter, and children from its params.
+class TestLayer : public BaseLayer {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = BaseLayer::Params();
+    p.Set("cls", ClsOf<TestLayer>());
+    p.Define("dim", 2, "Width.");
+    p.Define("child", nullptr, "Optional child layer params.");
+    p.Define("layers", nullptr, "Optional list or dict of child layer params.");
+    return p;
+  }
+  explicit TestLayer(const glossa::Params& p) : BaseLayer(p) {
+    const int64_t d = p.GetInt("dim");
+    CreateVariable("w", {{d, d},
+                         WeightInit::FromParams(params().GetParams("params_init")),
+                         params().Get("dtype").AsDType(),
+                         {}});
+    CreateVariable("total_samples",
+                   {{}, WeightInit::Constant(0), DType::kInt64, {kNonTrainableCollection}});
+    if (p.IsSet("child")) CreateChild("child", p.GetParams("child"));
+    if (p.IsSet("layers")) CreateChildren("layers", p.Get("layers"));
+  }
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
+    at::Tensor y = at::matmul(x, theta.GetTensor("w"));
+    if (HasChild("child")) {
+      y = GetChildAs<TestLayer>("child").FProp(theta.at("child").AsMap(), y);
+    }
+    return y;
+  }
+  void CreateLate() { CreateVariable("late", {{1}}); }
+};
+GLOSSA_REGISTER_CLASS(TestLayer, "glossa.testing.TestLayer");
+
+class CountingAccumulator : public Accumulator {
+ public:
+  at::Tensor DefaultValue() const override { return at::zeros({}); }
+};
+
+class AccLayer : public BaseLayer {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = BaseLayer::Params();
+    p.Set("cls", ClsOf<AccLayer>());
+    return p;
+  }
+  explicit AccLayer(const glossa::Params& p) : BaseLayer(p) {
+    RegisterAccumulator("count", std::make_unique<CountingAccumulator>());
+  }
+};
+GLOSSA_REGISTER_CLASS(AccLayer, "glossa.testing.AccLayer");
+
+glossa::Params Named(glossa::Params p, const std::string& name) {
+  p.Set("name", name);
+  return p;
+}
+
+TEST(BaseLayer, ParamsDefineAndDocumentLingvosFields) {
+  glossa::Params p = BaseLayer::Params();
+  for (const char* key : {"name", "dtype", "fprop_dtype", "random_seed", "vn", "params_init",
+                          "is_inference", "skip_lp_regularization"}) {
+    ASSERT_TRUE(p.Contains(key)) << key;
+    EXPECT_FALSE(p.Doc(key).empty()) << key;
+  }
+  EXPECT_EQ(p.Get("dtype").AsDType(), DType::kFloat32);
+  EXPECT_TRUE(WeightInit::FromParams(p.GetParams("params_init")).IsDefault());
+  EXPECT_TRUE(p.GetParams("vn").Contains("global_vn"));
+  EXPECT_ERROR_CONTAINS(InstantiateLayer(TestLayer::Params()), InvalidArgumentError,
+                        "must set `name`");
+}
+
+TEST(BaseLayer, VariablesHaveScopedFullNamesAndNestedVars) {
+  glossa::Params child = Named(TestLayer::Params(), "");
+  glossa::Params root = Named(TestLayer::Params(), "root");
+  root.Set("random_seed", 7);
+  root.Set("child", child);
+  glossa::Params named = TestLayer::Params();
+  named.Set("name", "custom");
+  root.Set("layers", ParamValue::List{TestLayer::Params(), named, TestLayer::Params()});
+  auto layer = InstantiateLayer<TestLayer>(root);
+  std::vector<std::string> names;
+  for (const auto& [info, t] : layer->AllVariables()) names.push_back(info.full_name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "root/w", "root/total_samples", "root/child/w", "root/child/total_samples",
+                "root/layers_0/w", "root/layers_0/total_samples", "root/custom/w",
+                "root/custom/total_samples", "root/layers_1/w", "root/layers_1/total_samples"}));
+  NestedMap vars = layer->vars();
+  EXPECT_EQ(vars.Keys(), (std::vector<std::string>{
+                             "child.total_samples", "child.w", "layers[0].total_samples",
+                             "layers[0].w", "layers[1].total_samples", "layers[1].w",
+                             "layers[2].total_samples", "layers[2].w", "total_samples", "w"}));
+  EXPECT_TRUE(vars.GetTensor("w").is_same(layer->GetVariable("w")));
+  EXPECT_TRUE(vars.GetTensor("w").requires_grad());
+  EXPECT_FALSE(vars.GetTensor("total_samples").requires_grad());
+  EXPECT_EQ(layer->GetDescendant("layers[1]").scope(), "root/custom");
+  EXPECT_EQ(layer->GetDescendant("child").path(), "root.child");
+  EXPECT_ERROR_CONTAINS(layer->GetDescendant("layers[5]"), NotFoundError, "no element [5]");
+  EXPECT_ERROR_CONTAINS(layer->GetDescendant("childd"), NotFoundError, "did you mean: [child]");
+  EXPECT_EQ(layer->GetChildren("layers").size(), 3u);
+}
+
+TEST(BaseLayer, DictChildrenKeepTheirStructure) {
+  glossa::Params root = Named(TestLayer::Params(), "root");
+  root.Set("layers", ParamValue::Dict{{"b", TestLayer::Params()},
+                                      {"a", ParamValue::List{TestLayer::Params()}}});
+  auto layer = InstantiateLayer<TestLayer>(root);
+  EXPECT_TRUE(layer->vars().Has("layers.a[0].w"));
+  EXPECT_TRUE(layer->vars().Has("layers.b.w"));
+  // Unnamed children are numbered in flatten order: dict keys sorted, lists by index.
+  EXPECT_EQ(layer->GetDescendant("layers.a[0]").scope(), "root/layers_0");
+  EXPECT_EQ(layer->GetDescendant("layers.b").scope(), "root/layers_1");
+}
+
+TEST(BaseLayer, InitIsDeterministicGivenSeedAndFullName) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("random_seed", 1234).Set("dim", 8).Set("child", TestLayer::Params().Set("dim", 8));
+  auto a = InstantiateLayer<TestLayer>(p);
+  auto b = InstantiateLayer<TestLayer>(p);
+  EXPECT_TRUE(at::equal(a->GetVariable("w"), b->GetVariable("w")));
+  // Same seed, different full name: different values.
+  EXPECT_FALSE(at::equal(a->GetVariable("w"), a->GetChild("child").GetVariable("w")));
+  p.Set("random_seed", 1235);
+  auto c = InstantiateLayer<TestLayer>(p);
+  EXPECT_FALSE(at::equal(a->GetVariable("w"), c->GetVariable("w")));
+  // A WeightInit seed overrides the layer's.
+  p.Set("params_init", WeightInit::Gaussian(1.0, 5).ToParams());
+  auto d = InstantiateLayer<TestLayer>(p);
+  p.Set("random_seed", 999);
+  auto e = InstantiateLayer<TestLayer>(p);
+  EXPECT_TRUE(at::equal(d->GetVariable("w"), e->GetVariable("w")));
+}
+
+TEST(BaseLayer, CopyBaseParamsFillsOnlyDefaults) {
+  glossa::Params parent = TestLayer::Params();
+  parent.Set("dtype", DType::kFloat64).Set("random_seed", 3).Set("is_inference", true);
+  parent.Set("fprop_dtype", DType::kBFloat16).Set("skip_lp_regularization", true);
+  parent.Set("params_init", WeightInit::Gaussian(0.5).ToParams());
+  parent.Set("vn.global_vn", true);
+  glossa::Params child = TestLayer::Params();
+  BaseLayer::CopyBaseParams(parent, child);
+  EXPECT_EQ(child.Get("dtype").AsDType(), DType::kFloat64);
+  EXPECT_EQ(child.GetInt("random_seed"), 3);
+  EXPECT_TRUE(child.GetBool("is_inference"));
+  EXPECT_EQ(child.Get("fprop_dtype").AsDType(), DType::kBFloat16);
+  EXPECT_TRUE(child.GetBool("skip_lp_regularization"));
+  EXPECT_EQ(WeightInit::FromParams(child.GetParams("params_init")), WeightInit::Gaussian(0.5));
+  EXPECT_TRUE(child.GetBool("vn.global_vn"));
+  glossa::Params set_child = TestLayer::Params();
+  set_child.Set("dtype", DType::kFloat16).Set("random_seed", 9).Set("is_inference", false);
+  set_child.Set("params_init", WeightInit::Uniform(0.1).ToParams()).Set("vn.scale", 0.5);
+  BaseLayer::CopyBaseParams(parent, set_child);
+  EXPECT_EQ(set_child.Get("dtype").AsDType(), DType::kFloat16);
+  EXPECT_EQ(set_child.GetInt("random_seed"), 9);
+  EXPECT_FALSE(set_child.GetBool("is_inference"));
+  EXPECT_EQ(WeightInit::FromParams(set_child.GetParams("params_init")), WeightInit::Uniform(0.1));
+  EXPECT_FALSE(set_child.GetBool("vn.global_vn"));  // vn differs from default: kept whole
+  // A child explicitly set to float32 is overwritten, as in Lingvo.
+  glossa::Params f32 = TestLayer::Params();
+  f32.Set("dtype", DType::kFloat32);
+  EXPECT_EQ(BaseLayer::CopyBaseParams(parent, f32).Get("dtype").AsDType(), DType::kFloat64);
+}
+
+TEST(BaseLayer, ChildrenInheritBaseParamsAtConstruction) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("dtype", DType::kFloat64).Set("random_seed", 5).Set("child", TestLayer::Params());
+  auto layer = InstantiateLayer<TestLayer>(p);
+  EXPECT_EQ(layer->GetChild("child").GetVariable("w").scalar_type(), at::kDouble);
+  EXPECT_EQ(layer->GetChild("child").params().GetInt("random_seed"), 5);
+  EXPECT_TRUE(layer->params().IsFrozen());
+}
+
+TEST(BaseLayer, ConstructionOnlyOperationsAndNameChecks) {
+  auto layer = InstantiateLayer<TestLayer>(Named(TestLayer::Params(), "root"));
+  EXPECT_ERROR_CONTAINS(layer->CreateLate(), FailedPreconditionError,
+                        "CreateVariable is only allowed during construction");
+  class Dup : public BaseLayer {
+   public:
+    explicit Dup(const glossa::Params& p) : BaseLayer(p) {
+      CreateVariable("x", {{1}});
+      CreateChild("x", Named(TestLayer::Params(), ""));
+    }
+  };
+  EXPECT_ERROR_CONTAINS(Dup(Named(TestLayer::Params(), "d")), InvalidArgumentError,
+                        "child name 'x' is already used");
+  class BadName : public BaseLayer {
+   public:
+    explicit BadName(const glossa::Params& p) : BaseLayer(p) { CreateVariable("1x", {{1}}); }
+  };
+  EXPECT_ERROR_CONTAINS(BadName(Named(TestLayer::Params(), "d")), InvalidArgumentError,
+                        "invalid variable name");
+}
+
+TEST(BaseLayer, FPropRunsOnAnyTheta) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("random_seed", 1);
+  auto layer = InstantiateLayer<TestLayer>(p);
+  at::Tensor x = at::ones({1, 2});
+  NestedMap theta = layer->theta();
+  NestedMap other = theta.Transform([](const NestedValue& v) {
+    return v.is_tensor() && v.AsTensor().is_floating_point() ? NestedValue(at::eye(2)) : v;
+  });
+  EXPECT_TRUE(at::allclose(layer->FProp(other, x), x));
+  EXPECT_TRUE(at::allclose(layer->FProp(theta, x), at::matmul(x, layer->GetVariable("w"))));
+}
+
+TEST(BaseLayer, ThetaCastsToFPropDtypeOnly) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("fprop_dtype", DType::kBFloat16);
+  auto layer = InstantiateLayer<TestLayer>(p);
+  NestedMap theta = layer->theta();
+  EXPECT_EQ(theta.GetTensor("w").scalar_type(), at::kBFloat16);
+  EXPECT_EQ(theta.GetTensor("total_samples").scalar_type(), at::kLong);  // not dtype: not cast
+  EXPECT_EQ(layer->GetVariable("w").scalar_type(), at::kFloat);
+  EXPECT_EQ(layer->CastToFPropDtype(at::ones({2}, at::kDouble)).scalar_type(), at::kBFloat16);
+  EXPECT_EQ(layer->CastToFPropDtype(at::ones({2}, at::kLong)).scalar_type(), at::kLong);
+}
+
+class FakeEma : public EmaSource {
+ public:
+  std::optional<at::Tensor> Average(const std::string& name) const override {
+    if (name == "root/child/w") return at::full({2, 2}, 42.0);
+    return std::nullopt;
+  }
+};
+
+TEST(BaseLayer, EvalThetaReadsEmaAveragesFromTheRoot) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("child", TestLayer::Params());
+  auto layer = InstantiateLayer<TestLayer>(p);
+  layer->SetEma(std::make_shared<FakeEma>());
+  EXPECT_FALSE(at::equal(layer->theta().GetTensor("child.w"), at::full({2, 2}, 42.0)));
+  {
+    EvalModeScope eval;
+    EXPECT_TRUE(at::equal(layer->theta().GetTensor("child.w"), at::full({2, 2}, 42.0)));
+    EXPECT_TRUE(layer->theta().GetTensor("w").is_same(layer->GetVariable("w")));
+  }
+  glossa::Params inference = p.Copy();
+  inference.Set("is_inference", true);
+  auto inf_layer = InstantiateLayer<TestLayer>(inference);
+  inf_layer->SetEma(std::make_shared<FakeEma>());
+  EvalModeScope eval;
+  EXPECT_FALSE(at::equal(inf_layer->theta().GetTensor("child.w"), at::full({2, 2}, 42.0)));
+}
+
+TEST(BaseLayer, GlobalVariationalNoiseInTrainingOnly) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("random_seed", 3).Set("vn.global_vn", true).Set("vn.scale", 0.1);
+  auto layer = InstantiateLayer<TestLayer>(p);
+  GlobalStepContext step(5);
+  ResetStepSeed();
+  at::Tensor noisy = layer->theta().GetTensor("w");
+  EXPECT_FALSE(at::equal(noisy, layer->GetVariable("w")));
+  EXPECT_LT((noisy - layer->GetVariable("w")).abs().max().item<double>(), 0.1 * 6);
+  ResetStepSeed();
+  EXPECT_TRUE(at::equal(noisy, layer->theta().GetTensor("w")));  // replayable
+  EvalModeScope eval;
+  EXPECT_TRUE(at::equal(layer->theta().GetTensor("w"), layer->GetVariable("w")));
+}
+
+TEST(BaseLayer, StubModeSharesZeroTensorsPerShapeAndDtype) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("child", TestLayer::Params())
+      .Set("layers", ParamValue::List{TestLayer::Params().Set("dim", 3)});
+  VariableStubScope stubs;
+  auto layer = InstantiateLayer<TestLayer>(p);
+  EXPECT_TRUE(layer->GetVariable("w").is_same(layer->GetChild("child").GetVariable("w")));
+  EXPECT_TRUE(at::equal(layer->GetVariable("w"), at::zeros({2, 2})));
+  EXPECT_FALSE(
+      layer->GetVariable("total_samples")
+          .is_same(layer->GetChild("child").GetVariable("total_samples")));  // real variables
+  EXPECT_EQ(stubs.num_cached(), 2u);  // [2,2] and [3,3] float32
+}
+
+TEST(BaseLayer, AccumulatorsRegisterGetSetResetAndCountDisables) {
+  glossa::Params p = Named(TestLayer::Params(), "root");
+  p.Set("layers", ParamValue::List{AccLayer::Params(), AccLayer::Params()});
+  auto layer = InstantiateLayer<TestLayer>(p);
+  NestedMap values = layer->GetAccumulatorValues();
+  EXPECT_EQ(values.Keys(), (std::vector<std::string>{"layers[0].count", "layers[1].count"}));
+  values.Set("layers[1].count", at::full({}, 5.0));
+  layer->SetAccumulatorValues(values);
+  Accumulator& acc = layer->GetDescendant("layers[1]").GetAccumulator("count");
+  EXPECT_EQ(acc.GetValue().item<double>(), 5.0);
+  layer->DisableAccumulators();
+  layer->DisableAccumulators();
+  EXPECT_EQ(acc.GetValue().item<double>(), 0.0);  // disabled: default
+  acc.SetValue(at::full({}, 9.0));                // ignored while disabled
+  layer->EnableAccumulators();
+  EXPECT_TRUE(acc.IsDisabled());  // counted: one Disable left
+  layer->EnableAccumulators();
+  EXPECT_EQ(acc.GetValue().item<double>(), 5.0);
+  layer->ResetAccumulators();
+  EXPECT_EQ(acc.GetValue().item<double>(), 0.0);
+  EXPECT_THROW(acc.Enable(), FailedPreconditionError);
+  NestedMap wrong;
+  wrong.Set("x", at::zeros({}));
+  EXPECT_ERROR_CONTAINS(layer->SetAccumulatorValues(wrong), InvalidArgumentError, "do not match");
+}
+
+}  // namespace
+}  // namespace glossa
