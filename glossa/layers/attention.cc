@@ -1,0 +1,222 @@
+#include "glossa/layers/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/layers/dropout.h"
+
+namespace glossa {
+
+glossa::Params MultiHeadedProjectionLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<MultiHeadedProjectionLayer>());
+  p.Define("input_dim", 0, "Input dimension.");
+  p.Define("num_heads", 0, "Number of heads.");
+  p.Define("dim_per_head", 0, "Size of each head.");
+  p.Define("is_output_projection", false,
+           "Whether it is an output projection ([B, T, N, H] -> [B, T, D]).");
+  p.Define("use_bias", true, "Whether to add a bias.");
+  return p;
+}
+
+MultiHeadedProjectionLayer::MultiHeadedProjectionLayer(const glossa::Params& p) : BaseLayer(p) {
+  const int64_t d = params().GetInt("input_dim"), n = params().GetInt("num_heads"),
+                h = params().GetInt("dim_per_head");
+  if (d <= 0 || n <= 0 || h <= 0) {
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': input_dim, num_heads and dim_per_head must be > 0"));
+  }
+  is_output_projection_ = params().GetBool("is_output_projection");
+  use_bias_ = params().GetBool("use_bias");
+  const DType dtype = params().Get("dtype").AsDType();
+  CreateVariable("w", WeightParams({d, n, h},
+                                   WeightInit::FromParams(params().GetParams("params_init")), dtype));
+  if (use_bias_) {
+    CreateVariable("b", WeightParams(is_output_projection_ ? std::vector<int64_t>{d}
+                                                           : std::vector<int64_t>{n, h},
+                                     WeightInit::Constant(0.0), dtype));
+  }
+}
+
+at::Tensor MultiHeadedProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
+  const at::Tensor& w = theta.GetTensor("w");
+  at::Tensor out = is_output_projection_ ? at::einsum("btnh,dnh->btd", {inputs, w})
+                                         : at::einsum("btd,dnh->btnh", {inputs, w});
+  if (use_bias_) out = out + theta.GetTensor("b");
+  return out;
+}
+
+glossa::Params PerDimScaleLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<PerDimScaleLayer>());
+  p.Define("dim", 0, "Number of individual dims.");
+  return p;
+}
+
+PerDimScaleLayer::PerDimScaleLayer(const glossa::Params& p) : BaseLayer(p) {
+  dim_ = params().GetInt("dim");
+  if (dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': dim must be > 0"));
+  CreateVariable("per_dim_scale", WeightParams({dim_}, WeightInit::Constant(0.0),
+                                               params().Get("dtype").AsDType()));
+}
+
+at::Tensor PerDimScaleLayer::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
+  // 1.0/softplus(0.0) = 1.442695041: the scale is 1/sqrt(dim) at initialization.
+  const double r_softplus_0 = 1.442695041;
+  at::Tensor scale = at::softplus(theta.GetTensor("per_dim_scale")) *
+                     (r_softplus_0 / std::sqrt(static_cast<double>(dim_)));
+  return inputs * scale;
+}
+
+glossa::Params MultiHeadedAttention::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<MultiHeadedAttention>());
+  p.Define("input_dim", 0, "Number of key nodes.");
+  p.Define("hidden_dim", 0, "Number of hidden nodes; 0 means input_dim.");
+  p.Define("num_heads", 1, "Number of attention heads.");
+  p.Define("atten_dropout_prob", 0.0, "Probability at which we apply dropout to the attention weights.");
+  p.Define("enable_per_dim_scale", true,
+           "Whether to use a learned per-dim scale on the queries (else 1/sqrt(dim_per_head)).");
+  p.Define("use_bias", true, "Whether to use bias in the projections.");
+  return p;
+}
+
+MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(p) {
+  input_dim_ = params().GetInt("input_dim");
+  hidden_dim_ = params().GetInt("hidden_dim");
+  if (hidden_dim_ == 0) hidden_dim_ = input_dim_;
+  num_heads_ = params().GetInt("num_heads");
+  if (input_dim_ <= 0 || num_heads_ <= 0 || hidden_dim_ % num_heads_ != 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': need input_dim > 0, num_heads > 0 "
+                                      "and hidden_dim (", hidden_dim_, ") divisible by num_heads (",
+                                      num_heads_, ")"));
+  }
+  dim_per_head_ = hidden_dim_ / num_heads_;
+  per_dim_scale_ = params().GetBool("enable_per_dim_scale");
+  auto proj = MultiHeadedProjectionLayer::Params();
+  proj.Set("input_dim", input_dim_).Set("num_heads", num_heads_).Set("dim_per_head", dim_per_head_);
+  proj.Set("use_bias", params().GetBool("use_bias"));
+  for (const char* name : {"query", "key", "value"}) CreateChild(name, proj);
+  proj.Set("is_output_projection", true);
+  CreateChild("post", proj);
+  if (per_dim_scale_) {
+    CreateChild("per_dim_scale", PerDimScaleLayer::Params().Set("dim", dim_per_head_));
+  }
+  CreateChild("atten_dropout", DeterministicDropoutLayer::Params().Set(
+                                   "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
+}
+
+std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& theta, at::Tensor q,
+                                                               const at::Tensor& k,
+                                                               const at::Tensor& v,
+                                                               const at::Tensor& key_mask) const {
+  // q [B, T, N, H], k/v [B, S, N, H], key_mask [B or 1, 1, T or 1, S] (true = masked).
+  if (per_dim_scale_) {
+    q = GetChildAs<PerDimScaleLayer>("per_dim_scale").FProp(theta.at("per_dim_scale").AsMap(), q);
+  } else {
+    q = q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
+  }
+  at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
+  if (key_mask.defined()) {
+    // Masked logits become the dtype's lowest value, so their probability is exactly 0.
+    const double lowest = logits.scalar_type() == at::kDouble
+                              ? std::numeric_limits<double>::lowest()
+                          : logits.scalar_type() == at::kBFloat16 ? -3.38e38
+                          : logits.scalar_type() == at::kHalf     ? -65504.0
+                                                                  : std::numeric_limits<float>::lowest();
+    logits = at::masked_fill(logits, key_mask, lowest);
+  }
+  at::Tensor probs = at::softmax(logits, -1);
+  at::Tensor dropped =
+      GetChildAs<DropoutLayer>("atten_dropout").FProp(theta.at("atten_dropout").AsMap(), probs);
+  at::Tensor encoded = at::einsum("bnts,bsnh->btnh", {dropped, v});
+  encoded = GetChildAs<MultiHeadedProjectionLayer>("post").FProp(theta.at("post").AsMap(), encoded);
+  return {encoded, probs};
+}
+
+std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(const NestedMap& theta,
+                                                              const at::Tensor& query,
+                                                              const at::Tensor& key,
+                                                              const at::Tensor& value,
+                                                              const at::Tensor& paddings,
+                                                              bool causal) const {
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.size(-1) != input_dim_ ||
+      key.size(-1) != input_dim_ || value.size(-1) != input_dim_ || key.size(1) != value.size(1)) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': expected query [B, T, ", input_dim_,
+                                      "] and key/value [B, S, ", input_dim_, "], got ",
+                                      query.sizes(), ", ", key.sizes(), ", ", value.sizes()));
+  }
+  const int64_t t = query.size(1), s = key.size(1);
+  if (causal && t != s) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': causal attention needs T == S, got ",
+                                      t, " and ", s));
+  }
+  auto proj = [&](const char* name, const at::Tensor& x) {
+    return GetChildAs<MultiHeadedProjectionLayer>(name).FProp(theta.at(name).AsMap(),
+                                                              CastToFPropDtype(x));
+  };
+  at::Tensor q = proj("query", query), k = proj("key", key), v = proj("value", value);
+  at::Tensor mask;
+  if (paddings.defined()) {
+    if (paddings.dim() != 2 || paddings.size(0) != key.size(0) || paddings.size(1) != s) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [B, S] = [",
+                                        key.size(0), ", ", s, "], got ", paddings.sizes()));
+    }
+    mask = (paddings > 0.5).view({paddings.size(0), 1, 1, s});
+  }
+  if (causal) {
+    at::Tensor future = at::ones({t, s}, at::TensorOptions().dtype(at::kBool).device(query.device()))
+                            .triu(1)
+                            .view({1, 1, t, s});
+    mask = mask.defined() ? (mask | future) : future;
+  }
+  return Attend(theta, q, k, v, mask);
+}
+
+NestedMap MultiHeadedAttention::InitStates(int64_t batch_size, at::ScalarType dtype) const {
+  NestedMap states;
+  auto opts = at::TensorOptions().dtype(dtype);
+  states.Put("key", at::zeros({batch_size, 0, num_heads_, dim_per_head_}, opts));
+  states.Put("value", at::zeros({batch_size, 0, num_heads_, dim_per_head_}, opts));
+  return states;
+}
+
+std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(const NestedMap& theta,
+                                                                  const at::Tensor& query,
+                                                                  const NestedMap& cached_states,
+                                                                  const at::Tensor& paddings) const {
+  if (query.dim() != 2 || query.size(1) != input_dim_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep query must be [B, ",
+                                      input_dim_, "], got ", query.sizes()));
+  }
+  at::Tensor x = CastToFPropDtype(query).unsqueeze(1);  // [B, 1, D]
+  auto proj = [&](const char* name) {
+    return GetChildAs<MultiHeadedProjectionLayer>(name).FProp(theta.at(name).AsMap(), x);
+  };
+  at::Tensor q = proj("query");
+  at::Tensor k = at::cat({cached_states.GetTensor("key").to(q.scalar_type()), proj("key")}, 1);
+  at::Tensor v = at::cat({cached_states.GetTensor("value").to(q.scalar_type()), proj("value")}, 1);
+  at::Tensor mask;
+  if (paddings.defined()) {
+    if (paddings.dim() != 2 || paddings.size(1) != k.size(1)) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep paddings must be [B, ",
+                                        k.size(1), "], got ", paddings.sizes()));
+    }
+    mask = (paddings > 0.5).view({paddings.size(0), 1, 1, k.size(1)});
+  }
+  auto [encoded, probs] = Attend(theta, q, k, v, mask);
+  NestedMap new_states;
+  new_states.Put("key", k);
+  new_states.Put("value", v);
+  return {encoded.squeeze(1), new_states};
+}
+
+GLOSSA_REGISTER_CLASS(MultiHeadedProjectionLayer, "glossa.layers.MultiHeadedProjectionLayer");
+GLOSSA_REGISTER_CLASS(PerDimScaleLayer, "glossa.layers.PerDimScaleLayer");
+GLOSSA_REGISTER_CLASS(MultiHeadedAttention, "glossa.layers.MultiHeadedAttention");
+
+}  // namespace glossa

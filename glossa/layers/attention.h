@@ -1,0 +1,76 @@
+// Batch-major multi-headed attention (Lingvo's batch_major_attention.MultiHeadedAttention):
+// projections to [B, T, N, H], per-dim-scaled dot products, key paddings and causal masking,
+// attention dropout, and incremental decoding with cached keys and values.
+//
+//   auto [out, probs] = atten->FProp(theta, x, x, x, paddings, /*causal=*/true);   // self
+//   auto [out2, probs2] = atten->FProp(theta, q, enc, enc, enc_paddings);          // cross
+//   NestedMap cache = atten->InitStates(batch, dtype);
+//   auto [y, cache2] = atten->ExtendStep(theta, x_t, cache);  // one decoding step
+#pragma once
+
+#include <utility>
+
+#include "glossa/layers/base_layer.h"
+
+namespace glossa {
+
+// Projects [B, T, D] to [B, T, N, H] (or back, as the output projection): w [D, N, H],
+// b [N, H] (output projection: b [D]).
+class MultiHeadedProjectionLayer : public BaseLayer {
+ public:
+  // + input_dim, num_heads, dim_per_head, is_output_projection (False), use_bias (True).
+  static glossa::Params Params();
+  explicit MultiHeadedProjectionLayer(const glossa::Params& p);
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
+
+ private:
+  bool is_output_projection_, use_bias_;
+};
+
+// Scales the last dim by 1.442695041/sqrt(dim) · softplus(per_dim_scale) (1/sqrt(dim) at init).
+class PerDimScaleLayer : public BaseLayer {
+ public:
+  // + dim.
+  static glossa::Params Params();
+  explicit PerDimScaleLayer(const glossa::Params& p);
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
+
+ private:
+  int64_t dim_;
+};
+
+class MultiHeadedAttention : public BaseLayer {
+ public:
+  // + input_dim, hidden_dim (0: input_dim), num_heads, atten_dropout_prob, enable_per_dim_scale
+  // (True; otherwise queries scale by 1/sqrt(dim_per_head)), use_bias (True).
+  static glossa::Params Params();
+  explicit MultiHeadedAttention(const glossa::Params& p);
+
+  // query [B, T, D], key/value [B, S, D], paddings [B, S] (1 = padded key). With `causal`, query t
+  // attends only to keys s <= t (T == S). Returns (encoded [B, T, D], probs [B, N, T, S]).
+  std::pair<at::Tensor, at::Tensor> FProp(const NestedMap& theta, const at::Tensor& query,
+                                          const at::Tensor& key, const at::Tensor& value,
+                                          const at::Tensor& paddings = {},
+                                          bool causal = false) const;
+
+  // An empty cache: key and value [B, 0, N, H].
+  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
+  // One decoding step of causal self-attention: query [B, D] attends to every cached step and
+  // itself. `paddings` (optional) [B, S+1] covers the cached steps and this one. Returns
+  // (encoded [B, D], cache with this step's key and value appended).
+  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
+                                              const NestedMap& cached_states,
+                                              const at::Tensor& paddings = {}) const;
+
+  int64_t num_heads() const { return num_heads_; }
+  int64_t dim_per_head() const { return dim_per_head_; }
+
+ private:
+  std::pair<at::Tensor, at::Tensor> Attend(const NestedMap& theta, at::Tensor q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& key_mask) const;
+
+  int64_t input_dim_, hidden_dim_, num_heads_, dim_per_head_;
+  bool per_dim_scale_;
+};
+
+}  // namespace glossa

@@ -1,0 +1,94 @@
+#include "glossa/layers/embedding.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+
+glossa::Params EmbeddingLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<EmbeddingLayer>());
+  p.Define("vocab_size", 0, "Number of tokens in the vocabulary.");
+  p.Define("embedding_dim", 0, "Depth of the embeddings.");
+  p.Define("scale_sqrt_depth", false, "If True, multiply the embeddings by sqrt(embedding_dim).");
+  return p;
+}
+
+EmbeddingLayer::EmbeddingLayer(const glossa::Params& p) : BaseLayer(p) {
+  vocab_size_ = params().GetInt("vocab_size");
+  embedding_dim_ = params().GetInt("embedding_dim");
+  scale_sqrt_depth_ = params().GetBool("scale_sqrt_depth");
+  if (vocab_size_ <= 0 || embedding_dim_ <= 0) {
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': vocab_size and embedding_dim must be > 0"));
+  }
+  CreateVariable("emb_var",
+                 WeightParams({vocab_size_, embedding_dim_},
+                              WeightInit::FromParams(params().GetParams("params_init")),
+                              params().Get("dtype").AsDType()));
+}
+
+at::Tensor EmbeddingLayer::EmbLookup(const NestedMap& theta, const at::Tensor& ids) const {
+  if (at::isFloatingType(ids.scalar_type())) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ids must be integers"));
+  }
+  if (ids.numel() > 0) {
+    const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    if (lo < 0 || hi >= vocab_size_) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ids must be in [0, ", vocab_size_,
+                                        "), found ", lo < 0 ? lo : hi));
+    }
+  }
+  at::Tensor out = at::embedding(theta.GetTensor("emb_var"), ids.to(at::kLong));
+  if (scale_sqrt_depth_) out = out * std::sqrt(static_cast<double>(embedding_dim_));
+  return out;
+}
+
+glossa::Params PositionalEmbeddingLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<PositionalEmbeddingLayer>());
+  p.Define("min_timescale", 1.0, "Start of the geometric index.");
+  p.Define("max_timescale", 10000.0, "End of the geometric index.");
+  p.Define("embedding_dim", 0, "Dimension of the embedding to be generated.");
+  return p;
+}
+
+PositionalEmbeddingLayer::PositionalEmbeddingLayer(const glossa::Params& p) : BaseLayer(p) {
+  embedding_dim_ = params().GetInt("embedding_dim");
+  min_timescale_ = params().GetFloat("min_timescale");
+  max_timescale_ = params().GetFloat("max_timescale");
+  if (embedding_dim_ <= 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': embedding_dim must be > 0"));
+  }
+}
+
+at::Tensor PositionalEmbeddingLayer::FPropWithPosition(const NestedMap&,
+                                                       const at::Tensor& position) const {
+  // Lingvo's formula: timescales min·(max/min)^(i/(n-1)), n = dim/2; [sin | cos], zero-padded
+  // to an odd dim.
+  const int64_t num_timescales = embedding_dim_ / 2;
+  const double log_increment = std::log(max_timescale_ / min_timescale_) /
+                               std::max<double>(static_cast<double>(num_timescales) - 1, 1);
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(position.device());
+  at::Tensor inv_timescales =
+      min_timescale_ * at::exp(at::arange(num_timescales, opts) * -log_increment);
+  at::Tensor scaled = position.to(at::kFloat).unsqueeze(-1) * inv_timescales;
+  at::Tensor signal = at::cat({at::sin(scaled), at::cos(scaled)}, -1);
+  if (embedding_dim_ % 2 == 1) {
+    signal = at::constant_pad_nd(signal, {0, 1});
+  }
+  return signal.to(fprop_dtype());
+}
+
+at::Tensor PositionalEmbeddingLayer::FProp(const NestedMap& theta, int64_t seq_length) const {
+  return FPropWithPosition(theta, at::arange(seq_length, at::TensorOptions().dtype(at::kFloat)));
+}
+
+GLOSSA_REGISTER_CLASS(EmbeddingLayer, "glossa.layers.EmbeddingLayer");
+GLOSSA_REGISTER_CLASS(PositionalEmbeddingLayer, "glossa.layers.PositionalEmbeddingLayer");
+
+}  // namespace glossa

@@ -1,0 +1,44 @@
+// Token embeddings and sinusoidal position embeddings (Lingvo's SimpleEmbeddingLayer and
+// PositionalEmbeddingLayer).
+//
+//   at::Tensor e = emb->EmbLookup(emb->theta(), ids);            // ids [B, T] -> [B, T, dim]
+//   at::Tensor pos = pe->FProp(pe->theta(), /*seq_length=*/T);   // [T, dim]
+#pragma once
+
+#include "glossa/layers/base_layer.h"
+
+namespace glossa {
+
+class EmbeddingLayer : public BaseLayer {
+ public:
+  // + vocab_size, embedding_dim, scale_sqrt_depth (False: multiply by sqrt(embedding_dim)).
+  static glossa::Params Params();
+  explicit EmbeddingLayer(const glossa::Params& p);
+  // ids: an integer tensor of any shape -> [..., embedding_dim]. InvalidArgument for ids outside
+  // [0, vocab_size).
+  at::Tensor EmbLookup(const NestedMap& theta, const at::Tensor& ids) const;
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& ids) const {
+    return EmbLookup(theta, ids);
+  }
+
+ private:
+  int64_t vocab_size_, embedding_dim_;
+  bool scale_sqrt_depth_;
+};
+
+class PositionalEmbeddingLayer : public BaseLayer {
+ public:
+  // + min_timescale (1), max_timescale (10000), embedding_dim.
+  static glossa::Params Params();
+  explicit PositionalEmbeddingLayer(const glossa::Params& p);
+  // Embeddings of positions 0..seq_length-1: [seq_length, embedding_dim].
+  at::Tensor FProp(const NestedMap& theta, int64_t seq_length) const;
+  // Embeddings of explicit positions [B, T] (e.g. packed inputs): [B, T, embedding_dim].
+  at::Tensor FPropWithPosition(const NestedMap& theta, const at::Tensor& position) const;
+
+ private:
+  int64_t embedding_dim_;
+  double min_timescale_, max_timescale_;
+};
+
+}  // namespace glossa

@@ -1,0 +1,70 @@
+#include "glossa/layers/linear.h"
+
+#include <ATen/ATen.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/layers/activations.h"
+
+namespace glossa {
+
+at::Tensor ApplyPaddings(const at::Tensor& x, const at::Tensor& paddings) {
+  if (!paddings.defined()) return x;
+  at::Tensor p = paddings.to(x.scalar_type());
+  while (p.dim() < x.dim()) p = p.unsqueeze(-1);
+  return x * (1 - p);
+}
+
+glossa::Params ProjectionLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<ProjectionLayer>());
+  p.Define("input_dim", 0, "Depth of the input.");
+  p.Define("output_dim", 0, "Depth of the output.");
+  p.Define("activation", "RELU", "Activation function (see activations.h for the names).");
+  p.Define("has_bias", false, "Whether to add a bias.");
+  p.Define("bias_init", 0.0, "Initial value of the bias.");
+  return p;
+}
+
+ProjectionLayer::ProjectionLayer(const glossa::Params& p) : BaseLayer(p) {
+  input_dim_ = params().GetInt("input_dim");
+  output_dim_ = params().GetInt("output_dim");
+  activation_ = params().GetString("activation");
+  has_bias_ = params().GetBool("has_bias");
+  if (input_dim_ <= 0 || output_dim_ <= 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim and output_dim must be > 0"));
+  }
+  CheckActivation(activation_, StrCat("layer '", path(), "'"));
+  const DType dtype = params().Get("dtype").AsDType();
+  CreateVariable("w", WeightParams({input_dim_, output_dim_},
+                                   WeightInit::FromParams(params().GetParams("params_init")), dtype));
+  if (has_bias_) {
+    CreateVariable("b", WeightParams({output_dim_},
+                                     WeightInit::Constant(params().GetFloat("bias_init")), dtype));
+  }
+}
+
+at::Tensor ProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
+                                  const at::Tensor& paddings) const {
+  if (inputs.dim() < 1 || inputs.size(-1) != input_dim_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must end in input_dim ",
+                                      input_dim_, ", got shape ", inputs.sizes()));
+  }
+  at::Tensor x = CastToFPropDtype(inputs);
+  at::Tensor y = at::matmul(x, theta.GetTensor("w"));
+  if (has_bias_) y = y + theta.GetTensor("b");
+  y = Activate(activation_, y);
+  return ApplyPaddings(y, paddings);
+}
+
+glossa::Params FCLayer::Params() {
+  glossa::Params p = ProjectionLayer::Params();
+  p.Set("cls", ClsOf<FCLayer>());
+  p.Set("has_bias", true);
+  return p;
+}
+
+GLOSSA_REGISTER_CLASS(ProjectionLayer, "glossa.layers.ProjectionLayer");
+GLOSSA_REGISTER_CLASS(FCLayer, "glossa.layers.FCLayer");
+
+}  // namespace glossa

@@ -1,0 +1,38 @@
+// ProjectionLayer and FCLayer: y = activation(x·w + b), with optional paddings that zero padded
+// positions (Lingvo's ProjectionLayer / FCLayer).
+//
+//   auto p = FCLayer::Params();
+//   p.Set("name", "fc").Set("input_dim", 8).Set("output_dim", 4).Set("activation", "GELU");
+//   at::Tensor y = fc->FProp(fc->theta(), x);          // x [..., 8] -> y [..., 4]
+#pragma once
+
+#include "glossa/layers/base_layer.h"
+
+namespace glossa {
+
+class ProjectionLayer : public BaseLayer {
+ public:
+  // + input_dim, output_dim, activation ('RELU'), has_bias (False), bias_init (0.0).
+  static glossa::Params Params();
+  explicit ProjectionLayer(const glossa::Params& p);
+  // inputs [..., input_dim]; paddings (optional) [...] or [..., 1], 1 = padded: those outputs are 0.
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
+                   const at::Tensor& paddings = {}) const;
+
+ private:
+  int64_t input_dim_, output_dim_;
+  std::string activation_;
+  bool has_bias_;
+};
+
+// A ProjectionLayer with has_bias = True.
+class FCLayer : public ProjectionLayer {
+ public:
+  static glossa::Params Params();
+  explicit FCLayer(const glossa::Params& p) : ProjectionLayer(p) {}
+};
+
+// Zeroes padded positions: x · (1 - paddings), with paddings broadcast over x's trailing dims.
+at::Tensor ApplyPaddings(const at::Tensor& x, const at::Tensor& paddings);
+
+}  // namespace glossa

@@ -1,0 +1,116 @@
+#include "glossa/layers/normalization.h"
+
+#include <ATen/ATen.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+
+glossa::Params LayerNorm::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<LayerNorm>());
+  p.Define("input_dim", 0, "Depth of the input to the network.");
+  p.Define("epsilon", 1e-6, "Tiny value to guard the rsqrt.");
+  p.Define("direct_scale", false,
+           "If True, multiply by `scale` (init 1); otherwise by 1 + `scale` (init 0).");
+  return p;
+}
+
+LayerNorm::LayerNorm(const glossa::Params& p) : BaseLayer(p) {
+  input_dim_ = params().GetInt("input_dim");
+  epsilon_ = params().GetFloat("epsilon");
+  direct_scale_ = params().GetBool("direct_scale");
+  if (input_dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim must be > 0"));
+  const DType dtype = params().Get("dtype").AsDType();
+  CreateVariable("scale", WeightParams({input_dim_}, WeightInit::Constant(direct_scale_ ? 1.0 : 0.0),
+                                       dtype));
+  CreateVariable("bias", WeightParams({input_dim_}, WeightInit::Constant(0.0), dtype));
+}
+
+at::Tensor LayerNorm::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
+  if (inputs.dim() < 1 || inputs.size(-1) != input_dim_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must end in input_dim ",
+                                      input_dim_, ", got shape ", inputs.sizes()));
+  }
+  at::Tensor x = CastToFPropDtype(inputs);
+  at::Tensor mean = x.mean({-1}, /*keepdim=*/true);
+  at::Tensor var = (x - mean).square().mean({-1}, true);
+  at::Tensor normed = (x - mean) * at::rsqrt(var + epsilon_);
+  at::Tensor scale = theta.GetTensor("scale");
+  if (!direct_scale_) scale = scale + 1;
+  return normed * scale + theta.GetTensor("bias");
+}
+
+glossa::Params BatchNormLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<BatchNormLayer>());
+  p.Define("dim", 0, "Depth of the input/output.");
+  p.Define("decay", 0.999, "Decay in updating the mean and variance moving average.");
+  p.Define("epsilon", 0.001, "Small value added to the variance to avoid dividing by zero.");
+  p.Define("set_padded_output_to_zero", true, "If True, outputs at padded positions are 0.");
+  p.Define("use_moving_avg_in_training", false,
+           "If True, normalize with the moving averages in training too (still updating them).");
+  return p;
+}
+
+BatchNormLayer::BatchNormLayer(const glossa::Params& p) : BaseLayer(p) {
+  dim_ = params().GetInt("dim");
+  decay_ = params().GetFloat("decay");
+  epsilon_ = params().GetFloat("epsilon");
+  if (dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': dim must be > 0"));
+  const DType dtype = params().Get("dtype").AsDType();
+  CreateVariable("beta", WeightParams({dim_}, WeightInit::Constant(0.0), dtype));
+  CreateVariable("gamma", WeightParams({dim_}, WeightInit::Constant(0.0), dtype));
+  CreateVariable("moving_mean",
+                 WeightParams({dim_}, WeightInit::Constant(0.0), dtype, {kNonTrainableCollection}));
+  CreateVariable("moving_variance",
+                 WeightParams({dim_}, WeightInit::Constant(1.0), dtype, {kNonTrainableCollection}));
+}
+
+at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
+                                 const at::Tensor& paddings) const {
+  if (inputs.dim() < 1 || inputs.size(-1) != dim_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must end in dim ", dim_,
+                                      ", got shape ", inputs.sizes()));
+  }
+  at::Tensor x = CastToFPropDtype(inputs);
+  at::Tensor mean, var;
+  const bool training = !IsEvalMode() && !is_inference();
+  if (training) {
+    at::Tensor w = paddings.defined() ? (1 - paddings.to(x.scalar_type())).unsqueeze(-1)
+                                      : at::ones_like(x.select(-1, 0)).unsqueeze(-1);
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d + 1 < x.dim(); ++d) dims.push_back(d);
+    at::Tensor count = at::clamp_min((w * at::ones_like(x)).sum(dims), 1.0);
+    at::Tensor batch_mean = (x * w).sum(dims) / count;
+    at::Tensor batch_var = ((x - batch_mean).square() * w).sum(dims) / count;
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& [name, stat] : {std::make_pair("moving_mean", batch_mean),
+                                       std::make_pair("moving_variance", batch_var)}) {
+        at::Tensor var_tensor = GetVariable(name);
+        var_tensor.sub_((var_tensor - stat.detach().to(var_tensor.scalar_type())) * (1 - decay_));
+      }
+    }
+    if (params().GetBool("use_moving_avg_in_training")) {
+      mean = theta.GetTensor("moving_mean");
+      var = theta.GetTensor("moving_variance");
+    } else {
+      mean = batch_mean;
+      var = batch_var;
+    }
+  } else {
+    mean = theta.GetTensor("moving_mean");
+    var = theta.GetTensor("moving_variance");
+  }
+  at::Tensor out = (x - mean) * at::rsqrt(var + epsilon_) * (1 + theta.GetTensor("gamma")) +
+                   theta.GetTensor("beta");
+  if (paddings.defined() && params().GetBool("set_padded_output_to_zero")) out = out * (1 - paddings.to(out.scalar_type())).unsqueeze(-1);
+  return out;
+}
+
+GLOSSA_REGISTER_CLASS(LayerNorm, "glossa.layers.LayerNorm");
+GLOSSA_REGISTER_CLASS(BatchNormLayer, "glossa.layers.BatchNormLayer");
+
+}  // namespace glossa

@@ -1,0 +1,107 @@
+#include "glossa/layers/softmax.h"
+
+#include <ATen/ATen.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+
+glossa::Params SimpleFullSoftmax::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<SimpleFullSoftmax>());
+  p.Define("input_dim", 0, "Dimension of the input.");
+  p.Define("num_classes", 0, "Total number of target classes.");
+  p.Define("label_smoothing", 0.0,
+           "Uniform label smoothing: targets (1 - e)·one_hot + e / num_classes.");
+  p.Define("logits_abs_max", nullptr, "If set, clip logits to [-logits_abs_max, logits_abs_max].");
+  return p;
+}
+
+SimpleFullSoftmax::SimpleFullSoftmax(const glossa::Params& p) : BaseLayer(p) {
+  input_dim_ = params().GetInt("input_dim");
+  num_classes_ = params().GetInt("num_classes");
+  label_smoothing_ = params().GetFloat("label_smoothing");
+  if (input_dim_ <= 0 || num_classes_ <= 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim and num_classes must be > 0"));
+  }
+  if (label_smoothing_ < 0 || label_smoothing_ >= 1) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': label_smoothing must be in [0, 1)"));
+  }
+  const DType dtype = params().Get("dtype").AsDType();
+  CreateVariable("weight_0", WeightParams({input_dim_, num_classes_},
+                                          WeightInit::FromParams(params().GetParams("params_init")),
+                                          dtype));
+  CreateVariable("bias_0", WeightParams({num_classes_}, WeightInit::Constant(0.0), dtype));
+}
+
+at::Tensor SimpleFullSoftmax::Logits(const NestedMap& theta, const at::Tensor& inputs) const {
+  if (inputs.dim() < 1 || inputs.size(-1) != input_dim_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must end in input_dim ",
+                                      input_dim_, ", got shape ", inputs.sizes()));
+  }
+  at::Tensor logits =
+      at::matmul(CastToFPropDtype(inputs), theta.GetTensor("weight_0")) + theta.GetTensor("bias_0");
+  if (params().IsSet("logits_abs_max")) {
+    const double m = params().GetFloat("logits_abs_max");
+    logits = at::clamp(logits, -m, m);
+  }
+  return logits;
+}
+
+NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inputs,
+                                   const at::Tensor& class_ids, const at::Tensor& class_weights,
+                                   const at::Tensor& paddings,
+                                   const at::Tensor& class_probabilities) const {
+  if (class_ids.defined() == class_probabilities.defined()) {
+    throw InvalidArgumentError(StrCat(
+        "layer '", path(), "': give exactly one of class_ids and class_probabilities"));
+  }
+  at::Tensor logits = Logits(theta, inputs);
+  // The loss is computed in float32 at least, whatever the fprop dtype.
+  at::Tensor logits32 = logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat);
+  at::Tensor log_probs = at::log_softmax(logits32, -1);
+  const auto batch_shape = logits.sizes().slice(0, logits.dim() - 1).vec();
+  at::Tensor targets;
+  if (class_ids.defined()) {
+    if (class_ids.sizes().vec() != batch_shape || at::isFloatingType(class_ids.scalar_type())) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': class_ids must be integers shaped ",
+                                        at::IntArrayRef(batch_shape), ", got ", class_ids.sizes()));
+    }
+    if (class_ids.numel() > 0 &&
+        (class_ids.min().item<int64_t>() < 0 || class_ids.max().item<int64_t>() >= num_classes_)) {
+      throw InvalidArgumentError(
+          StrCat("layer '", path(), "': class_ids must be in [0, ", num_classes_, ")"));
+    }
+    targets = at::one_hot(class_ids.to(at::kLong), num_classes_).to(log_probs.scalar_type());
+  } else {
+    if (class_probabilities.sizes() != logits.sizes()) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': class_probabilities must be shaped ",
+                                        logits.sizes(), ", got ", class_probabilities.sizes()));
+    }
+    targets = class_probabilities.to(log_probs.scalar_type());
+  }
+  if (label_smoothing_ > 0) {
+    targets = targets * (1 - label_smoothing_) + label_smoothing_ / num_classes_;
+  }
+  at::Tensor xent = -(targets * log_probs).sum(-1);
+  at::Tensor weights = class_weights.defined() ? class_weights.to(xent.scalar_type())
+                                               : at::ones_like(xent);
+  if (paddings.defined()) weights = weights * (1 - paddings.to(xent.scalar_type()));
+  at::Tensor total_xent = (xent * weights).sum();
+  at::Tensor total_weight = weights.sum();
+  NestedMap out;
+  out.Put("logits", logits);
+  out.Put("log_probs", log_probs);
+  out.Put("per_example_xent", xent);
+  out.Put("per_example_argmax", logits.argmax(-1));
+  out.Put("per_example_weight", weights);
+  out.Put("total_xent", total_xent);
+  out.Put("total_weight", total_weight);
+  out.Put("avg_xent", total_xent / at::clamp_min(total_weight, 1e-6));
+  return out;
+}
+
+GLOSSA_REGISTER_CLASS(SimpleFullSoftmax, "glossa.layers.SimpleFullSoftmax");
+
+}  // namespace glossa

@@ -1,0 +1,36 @@
+// SimpleFullSoftmax: logits = x·w + b over all classes, with cross-entropy against class ids or
+// class probabilities, label smoothing, per-example weights and paddings (Lingvo's
+// SimpleFullSoftmax, plus the label smoothing Lingvo applies in its tasks).
+//
+//   NestedMap out = softmax->FProp(theta, x, labels, weights);   // x [B, T, D], labels [B, T]
+//   at::Tensor loss = out.GetTensor("avg_xent");
+#pragma once
+
+#include "glossa/layers/base_layer.h"
+
+namespace glossa {
+
+class SimpleFullSoftmax : public BaseLayer {
+ public:
+  // + input_dim, num_classes, label_smoothing (0), logits_abs_max (None: no clipping).
+  static glossa::Params Params();
+  explicit SimpleFullSoftmax(const glossa::Params& p);
+
+  // Logits [..., num_classes] of inputs [..., input_dim].
+  at::Tensor Logits(const NestedMap& theta, const at::Tensor& inputs) const;
+
+  // Cross-entropy. Targets are `class_ids` [...] (integers) or `class_probabilities`
+  // [..., num_classes] (exactly one defined). Weights `class_weights` [...] (default 1) are
+  // multiplied by 1 - paddings when paddings are given. Returns a NestedMap with logits,
+  // log_probs, per_example_xent, per_example_argmax, per_example_weight, total_xent,
+  // total_weight and avg_xent = total_xent / max(total_weight, 1e-6).
+  NestedMap FProp(const NestedMap& theta, const at::Tensor& inputs, const at::Tensor& class_ids,
+                  const at::Tensor& class_weights = {}, const at::Tensor& paddings = {},
+                  const at::Tensor& class_probabilities = {}) const;
+
+ private:
+  int64_t input_dim_, num_classes_;
+  double label_smoothing_;
+};
+
+}  // namespace glossa
