@@ -73,10 +73,11 @@ at::Tensor PositionalEmbeddingLayer::FPropWithPosition(const NestedMap&,
   const int64_t num_timescales = embedding_dim_ / 2;
   const double log_increment = std::log(max_timescale_ / min_timescale_) /
                                std::max<double>(static_cast<double>(num_timescales) - 1, 1);
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(position.device());
+  // Computed in float64, then cast to the fprop dtype.
+  auto opts = at::TensorOptions().dtype(at::kDouble).device(position.device());
   at::Tensor inv_timescales =
       min_timescale_ * at::exp(at::arange(num_timescales, opts) * -log_increment);
-  at::Tensor scaled = position.to(at::kFloat).unsqueeze(-1) * inv_timescales;
+  at::Tensor scaled = position.to(at::kDouble).unsqueeze(-1) * inv_timescales;
   at::Tensor signal = at::cat({at::sin(scaled), at::cos(scaled)}, -1);
   if (embedding_dim_ % 2 == 1) {
     signal = at::constant_pad_nd(signal, {0, 1});
