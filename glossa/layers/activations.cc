@@ -11,8 +11,8 @@ namespace glossa {
 
 const std::vector<std::string>& ActivationNames() {
   static const std::vector<std::string> kNames = {
-      "RELU", "RELU6", "SIGMOID", "TANH",       "GELU", "GELU_APPROXIMATE", "SWISH",
-      "SILU", "SOFTPLUS", "LEAKY_RELU", "ELU", "SQUARE", "NONE"};
+      "RELU",     "RELU6",      "SIGMOID", "TANH",   "GELU", "GELU_APPROXIMATE", "SWISH", "SILU",
+      "SOFTPLUS", "LEAKY_RELU", "ELU",     "SQUARE", "NONE"};
   return kNames;
 }
 

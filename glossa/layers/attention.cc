@@ -33,8 +33,9 @@ MultiHeadedProjectionLayer::MultiHeadedProjectionLayer(const glossa::Params& p) 
   is_output_projection_ = params().GetBool("is_output_projection");
   use_bias_ = params().GetBool("use_bias");
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("w", WeightParams({d, n, h},
-                                   WeightInit::FromParams(params().GetParams("params_init")), dtype));
+  CreateVariable(
+      "w",
+      WeightParams({d, n, h}, WeightInit::FromParams(params().GetParams("params_init")), dtype));
   if (use_bias_) {
     CreateVariable("b", WeightParams(is_output_projection_ ? std::vector<int64_t>{d}
                                                            : std::vector<int64_t>{n, h},
@@ -42,7 +43,8 @@ MultiHeadedProjectionLayer::MultiHeadedProjectionLayer(const glossa::Params& p) 
   }
 }
 
-at::Tensor MultiHeadedProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
+at::Tensor MultiHeadedProjectionLayer::FProp(const NestedMap& theta,
+                                             const at::Tensor& inputs) const {
   const at::Tensor& w = theta.GetTensor("w");
   at::Tensor out = is_output_projection_ ? at::einsum("btnh,dnh->btd", {inputs, w})
                                          : at::einsum("btd,dnh->btnh", {inputs, w});
@@ -60,8 +62,8 @@ glossa::Params PerDimScaleLayer::Params() {
 PerDimScaleLayer::PerDimScaleLayer(const glossa::Params& p) : BaseLayer(p) {
   dim_ = params().GetInt("dim");
   if (dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': dim must be > 0"));
-  CreateVariable("per_dim_scale", WeightParams({dim_}, WeightInit::Constant(0.0),
-                                               params().Get("dtype").AsDType()));
+  CreateVariable("per_dim_scale",
+                 WeightParams({dim_}, WeightInit::Constant(0.0), params().Get("dtype").AsDType()));
 }
 
 at::Tensor PerDimScaleLayer::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
@@ -78,7 +80,8 @@ glossa::Params MultiHeadedAttention::Params() {
   p.Define("input_dim", 0, "Number of key nodes.");
   p.Define("hidden_dim", 0, "Number of hidden nodes; 0 means input_dim.");
   p.Define("num_heads", 1, "Number of attention heads.");
-  p.Define("atten_dropout_prob", 0.0, "Probability at which we apply dropout to the attention weights.");
+  p.Define("atten_dropout_prob", 0.0,
+           "Probability at which we apply dropout to the attention weights.");
   p.Define("enable_per_dim_scale", true,
            "Whether to use a learned per-dim scale on the queries (else 1/sqrt(dim_per_head)).");
   p.Define("use_bias", true, "Whether to use bias in the projections.");
@@ -91,9 +94,10 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
   if (hidden_dim_ == 0) hidden_dim_ = input_dim_;
   num_heads_ = params().GetInt("num_heads");
   if (input_dim_ <= 0 || num_heads_ <= 0 || hidden_dim_ % num_heads_ != 0) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': need input_dim > 0, num_heads > 0 "
-                                      "and hidden_dim (", hidden_dim_, ") divisible by num_heads (",
-                                      num_heads_, ")"));
+    throw InvalidArgumentError(StrCat("layer '", path(),
+                                      "': need input_dim > 0, num_heads > 0 "
+                                      "and hidden_dim (",
+                                      hidden_dim_, ") divisible by num_heads (", num_heads_, ")"));
   }
   dim_per_head_ = hidden_dim_ / num_heads_;
   per_dim_scale_ = params().GetBool("enable_per_dim_scale");
@@ -123,11 +127,11 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
   if (key_mask.defined()) {
     // Masked logits become the dtype's lowest value, so their probability is exactly 0.
-    const double lowest = logits.scalar_type() == at::kDouble
-                              ? std::numeric_limits<double>::lowest()
-                          : logits.scalar_type() == at::kBFloat16 ? -3.38e38
-                          : logits.scalar_type() == at::kHalf     ? -65504.0
-                                                                  : std::numeric_limits<float>::lowest();
+    const double lowest =
+        logits.scalar_type() == at::kDouble     ? std::numeric_limits<double>::lowest()
+        : logits.scalar_type() == at::kBFloat16 ? -3.38e38
+        : logits.scalar_type() == at::kHalf     ? -65504.0
+                                                : std::numeric_limits<float>::lowest();
     logits = at::masked_fill(logits, key_mask, lowest);
   }
   at::Tensor probs = at::softmax(logits, -1);
@@ -138,12 +142,9 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
   return {encoded, probs};
 }
 
-std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(const NestedMap& theta,
-                                                              const at::Tensor& query,
-                                                              const at::Tensor& key,
-                                                              const at::Tensor& value,
-                                                              const at::Tensor& paddings,
-                                                              bool causal) const {
+std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
+    const NestedMap& theta, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& paddings, bool causal) const {
   if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.size(-1) != input_dim_ ||
       key.size(-1) != input_dim_ || value.size(-1) != input_dim_ || key.size(1) != value.size(1)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': expected query [B, T, ", input_dim_,
@@ -152,8 +153,8 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(const NestedMap& t
   }
   const int64_t t = query.size(1), s = key.size(1);
   if (causal && t != s) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': causal attention needs T == S, got ",
-                                      t, " and ", s));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': causal attention needs T == S, got ", t, " and ", s));
   }
   auto proj = [&](const char* name, const at::Tensor& x) {
     return GetChildAs<MultiHeadedProjectionLayer>(name).FProp(theta.at(name).AsMap(),
@@ -169,9 +170,10 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(const NestedMap& t
     mask = (paddings > 0.5).view({paddings.size(0), 1, 1, s});
   }
   if (causal) {
-    at::Tensor future = at::ones({t, s}, at::TensorOptions().dtype(at::kBool).device(query.device()))
-                            .triu(1)
-                            .view({1, 1, t, s});
+    at::Tensor future =
+        at::ones({t, s}, at::TensorOptions().dtype(at::kBool).device(query.device()))
+            .triu(1)
+            .view({1, 1, t, s});
     mask = mask.defined() ? (mask | future) : future;
   }
   return Attend(theta, q, k, v, mask);
@@ -185,10 +187,9 @@ NestedMap MultiHeadedAttention::InitStates(int64_t batch_size, at::ScalarType dt
   return states;
 }
 
-std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(const NestedMap& theta,
-                                                                  const at::Tensor& query,
-                                                                  const NestedMap& cached_states,
-                                                                  const at::Tensor& paddings) const {
+std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
+    const NestedMap& theta, const at::Tensor& query, const NestedMap& cached_states,
+    const at::Tensor& paddings) const {
   if (query.dim() != 2 || query.size(1) != input_dim_) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep query must be [B, ",
                                       input_dim_, "], got ", query.sizes()));

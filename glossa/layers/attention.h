@@ -66,8 +66,9 @@ class MultiHeadedAttention : public BaseLayer {
   int64_t dim_per_head() const { return dim_per_head_; }
 
  private:
-  std::pair<at::Tensor, at::Tensor> Attend(const NestedMap& theta, at::Tensor q, const at::Tensor& k,
-                                           const at::Tensor& v, const at::Tensor& key_mask) const;
+  std::pair<at::Tensor, at::Tensor> Attend(const NestedMap& theta, at::Tensor q,
+                                           const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& key_mask) const;
 
   int64_t input_dim_, hidden_dim_, num_heads_, dim_per_head_;
   bool per_dim_scale_;

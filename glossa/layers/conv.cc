@@ -11,14 +11,17 @@
 namespace glossa {
 namespace {
 
-std::vector<int64_t> IntList(const Params& p, const char* key, size_t size, const std::string& path) {
+std::vector<int64_t> IntList(const Params& p, const char* key, size_t size,
+                             const std::string& path) {
   std::vector<int64_t> out;
   for (const auto& v : p.Get(key).AsList()) out.push_back(v.AsInt());
   if (out.size() != size) {
-    throw InvalidArgumentError(StrCat("layer '", path, "': ", key, " must have ", size, " entries"));
+    throw InvalidArgumentError(
+        StrCat("layer '", path, "': ", key, " must have ", size, " entries"));
   }
   for (int64_t v : out) {
-    if (v <= 0) throw InvalidArgumentError(StrCat("layer '", path, "': ", key, " entries must be > 0"));
+    if (v <= 0)
+      throw InvalidArgumentError(StrCat("layer '", path, "': ", key, " entries must be > 0"));
   }
   return out;
 }
@@ -44,14 +47,16 @@ at::Tensor PadSame(const at::Tensor& x, const std::vector<int64_t>& window,
 // Output paddings of a strided window over H: the padding of every stride-th input frame (Lingvo's
 // ComputeConvOutputPadding for SAME padding).
 at::Tensor StridePaddings(const at::Tensor& paddings, int64_t out_len, int64_t stride) {
-  at::Tensor idx = at::arange(out_len, at::TensorOptions().dtype(at::kLong).device(paddings.device())) * stride;
+  at::Tensor idx =
+      at::arange(out_len, at::TensorOptions().dtype(at::kLong).device(paddings.device())) * stride;
   idx = at::clamp_max(idx, paddings.size(1) - 1);
   return paddings.index_select(1, idx);
 }
 
 at::Tensor MaskInput(const at::Tensor& nhwc, const at::Tensor& paddings) {
   if (!paddings.defined()) return nhwc;
-  return nhwc * (1 - paddings.to(nhwc.scalar_type())).view({paddings.size(0), paddings.size(1), 1, 1});
+  return nhwc *
+         (1 - paddings.to(nhwc.scalar_type())).view({paddings.size(0), paddings.size(1), 1, 1});
 }
 
 }  // namespace
@@ -84,8 +89,9 @@ Conv2DLayer::Conv2DLayer(const glossa::Params& p) : BaseLayer(p) {
   same_ = IsSame(params(), path());
   CheckActivation(params().GetString("activation"), StrCat("layer '", path(), "'"));
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("w", WeightParams(filter_shape_, WeightInit::FromParams(params().GetParams("params_init")),
-                                   dtype));
+  CreateVariable(
+      "w", WeightParams(filter_shape_, WeightInit::FromParams(params().GetParams("params_init")),
+                        dtype));
   if (params().GetBool("bias")) {
     CreateVariable("b", WeightParams({filter_shape_[3]}, WeightInit::Constant(0.0), dtype));
   }
@@ -138,8 +144,8 @@ PoolingLayer::PoolingLayer(const glossa::Params& p) : BaseLayer(p) {
 std::pair<at::Tensor, at::Tensor> PoolingLayer::FProp(const NestedMap&, const at::Tensor& inputs,
                                                       const at::Tensor& paddings) const {
   if (inputs.dim() != 4) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [B, H, W, C], got ",
-                                      inputs.sizes()));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': inputs must be [B, H, W, C], got ", inputs.sizes()));
   }
   at::Tensor x = CastToFPropDtype(inputs);
   if (paddings.defined() && max_) {
@@ -158,7 +164,8 @@ std::pair<at::Tensor, at::Tensor> PoolingLayer::FProp(const NestedMap&, const at
   } else {
     at::Tensor valid = at::ones_like(x.select(1, 0).unsqueeze(1));
     if (paddings.defined()) {
-      valid = valid * (1 - paddings.to(x.scalar_type())).view({paddings.size(0), 1, paddings.size(1), 1});
+      valid = valid *
+              (1 - paddings.to(x.scalar_type())).view({paddings.size(0), 1, paddings.size(1), 1});
     }
     if (same_) {
       x = PadSame(x, window_, stride_, ones, 0.0);

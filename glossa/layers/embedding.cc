@@ -26,10 +26,9 @@ EmbeddingLayer::EmbeddingLayer(const glossa::Params& p) : BaseLayer(p) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': vocab_size and embedding_dim must be > 0"));
   }
-  CreateVariable("emb_var",
-                 WeightParams({vocab_size_, embedding_dim_},
-                              WeightInit::FromParams(params().GetParams("params_init")),
-                              params().Get("dtype").AsDType()));
+  CreateVariable("emb_var", WeightParams({vocab_size_, embedding_dim_},
+                                         WeightInit::FromParams(params().GetParams("params_init")),
+                                         params().Get("dtype").AsDType()));
 }
 
 at::Tensor EmbeddingLayer::EmbLookup(const NestedMap& theta, const at::Tensor& ids) const {

@@ -32,12 +32,14 @@ ProjectionLayer::ProjectionLayer(const glossa::Params& p) : BaseLayer(p) {
   activation_ = params().GetString("activation");
   has_bias_ = params().GetBool("has_bias");
   if (input_dim_ <= 0 || output_dim_ <= 0) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim and output_dim must be > 0"));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': input_dim and output_dim must be > 0"));
   }
   CheckActivation(activation_, StrCat("layer '", path(), "'"));
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("w", WeightParams({input_dim_, output_dim_},
-                                   WeightInit::FromParams(params().GetParams("params_init")), dtype));
+  CreateVariable("w",
+                 WeightParams({input_dim_, output_dim_},
+                              WeightInit::FromParams(params().GetParams("params_init")), dtype));
   if (has_bias_) {
     CreateVariable("b", WeightParams({output_dim_},
                                      WeightInit::Constant(params().GetFloat("bias_init")), dtype));

@@ -15,7 +15,8 @@ class ProjectionLayer : public BaseLayer {
   // + input_dim, output_dim, activation ('RELU'), has_bias (False), bias_init (0.0).
   static glossa::Params Params();
   explicit ProjectionLayer(const glossa::Params& p);
-  // inputs [..., input_dim]; paddings (optional) [...] or [..., 1], 1 = padded: those outputs are 0.
+  // inputs [..., input_dim]; paddings (optional) [...] or [..., 1], 1 = padded: those outputs are
+  // 0.
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
                    const at::Tensor& paddings = {}) const;
 

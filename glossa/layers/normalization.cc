@@ -21,10 +21,11 @@ LayerNorm::LayerNorm(const glossa::Params& p) : BaseLayer(p) {
   input_dim_ = params().GetInt("input_dim");
   epsilon_ = params().GetFloat("epsilon");
   direct_scale_ = params().GetBool("direct_scale");
-  if (input_dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim must be > 0"));
+  if (input_dim_ <= 0)
+    throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim must be > 0"));
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("scale", WeightParams({input_dim_}, WeightInit::Constant(direct_scale_ ? 1.0 : 0.0),
-                                       dtype));
+  CreateVariable(
+      "scale", WeightParams({input_dim_}, WeightInit::Constant(direct_scale_ ? 1.0 : 0.0), dtype));
   CreateVariable("bias", WeightParams({input_dim_}, WeightInit::Constant(0.0), dtype));
 }
 
@@ -106,7 +107,8 @@ at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& input
   }
   at::Tensor out = (x - mean) * at::rsqrt(var + epsilon_) * (1 + theta.GetTensor("gamma")) +
                    theta.GetTensor("beta");
-  if (paddings.defined() && params().GetBool("set_padded_output_to_zero")) out = out * (1 - paddings.to(out.scalar_type())).unsqueeze(-1);
+  if (paddings.defined() && params().GetBool("set_padded_output_to_zero"))
+    out = out * (1 - paddings.to(out.scalar_type())).unsqueeze(-1);
   return out;
 }
 

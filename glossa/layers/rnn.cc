@@ -14,7 +14,8 @@ glossa::Params LSTMCellSimple::Params() {
   p.Define("num_output_nodes", 0, "Number of output nodes (the LSTM state size).");
   p.Define("forget_gate_bias", 0.0, "Bias added to the forget gate.");
   p.Define("cell_value_cap", 10.0, "LSTM cell values are capped to this; None means no cap.");
-  p.Define("output_nonlinearity", true, "Whether to apply tanh to the cell before the output gate.");
+  p.Define("output_nonlinearity", true,
+           "Whether to apply tanh to the cell before the output gate.");
   return p;
 }
 
@@ -26,8 +27,9 @@ LSTMCellSimple::LSTMCellSimple(const glossa::Params& p) : BaseLayer(p) {
         StrCat("layer '", path(), "': num_input_nodes and num_output_nodes must be > 0"));
   }
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("wm", WeightParams({num_input_ + num_output_, 4 * num_output_},
-                                    WeightInit::FromParams(params().GetParams("params_init")), dtype));
+  CreateVariable("wm",
+                 WeightParams({num_input_ + num_output_, 4 * num_output_},
+                              WeightInit::FromParams(params().GetParams("params_init")), dtype));
   CreateVariable("b", WeightParams({4 * num_output_}, WeightInit::Constant(0.0), dtype));
 }
 
@@ -41,22 +43,23 @@ NestedMap LSTMCellSimple::ZeroState(int64_t batch_size, at::ScalarType dtype) co
 NestedMap LSTMCellSimple::FProp(const NestedMap& theta, const NestedMap& state0,
                                 const at::Tensor& inputs, const at::Tensor& padding) const {
   if (inputs.dim() != 2 || inputs.size(1) != num_input_) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [B, ", num_input_,
-                                      "], got ", inputs.sizes()));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': inputs must be [B, ", num_input_, "], got ", inputs.sizes()));
   }
   at::Tensor m = state0.GetTensor("m"), c = state0.GetTensor("c");
   at::Tensor x = at::cat({CastToFPropDtype(inputs), m.to(fprop_dtype())}, 1);
   at::Tensor gates = at::matmul(x, theta.GetTensor("wm")) + theta.GetTensor("b");
   auto parts = gates.chunk(4, 1);
   const at::Tensor &i_i = parts[0], &i_g = parts[1], &f_g = parts[2], &o_g = parts[3];
-  at::Tensor new_c = at::sigmoid(f_g + params().GetFloat("forget_gate_bias")) * c.to(gates.scalar_type()) +
-                     at::sigmoid(i_g) * at::tanh(i_i);
+  at::Tensor new_c =
+      at::sigmoid(f_g + params().GetFloat("forget_gate_bias")) * c.to(gates.scalar_type()) +
+      at::sigmoid(i_g) * at::tanh(i_i);
   if (params().IsSet("cell_value_cap")) {
     const double cap = params().GetFloat("cell_value_cap");
     new_c = at::clamp(new_c, -cap, cap);
   }
-  at::Tensor new_m = at::sigmoid(o_g) * (params().GetBool("output_nonlinearity") ? at::tanh(new_c)
-                                                                                 : new_c);
+  at::Tensor new_m =
+      at::sigmoid(o_g) * (params().GetBool("output_nonlinearity") ? at::tanh(new_c) : new_c);
   if (padding.defined()) {
     at::Tensor pad = padding.to(new_m.scalar_type());
     if (pad.dim() == 1) pad = pad.unsqueeze(1);
@@ -85,8 +88,8 @@ std::pair<at::Tensor, NestedMap> RNNLayer::FProp(const NestedMap& theta, const a
                                                  const at::Tensor& paddings,
                                                  const NestedMap& state0) const {
   if (inputs.dim() != 3) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [T, B, D], got ",
-                                      inputs.sizes()));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': inputs must be [T, B, D], got ", inputs.sizes()));
   }
   const auto& cell = GetChildAs<LSTMCellSimple>("cell");
   const NestedMap& cell_theta = theta.at("cell").AsMap();
@@ -140,8 +143,8 @@ std::pair<at::Tensor, std::vector<NestedMap>> StackedRNN::FProp(const NestedMap&
                                                                 const at::Tensor& inputs,
                                                                 const at::Tensor& paddings) const {
   const auto& thetas = theta.at("rnn").AsList();
-  const int64_t skip_start =
-      params().IsSet("skip_start") ? params().GetInt("skip_start") : static_cast<int64_t>(rnns_.size());
+  const int64_t skip_start = params().IsSet("skip_start") ? params().GetInt("skip_start")
+                                                          : static_cast<int64_t>(rnns_.size());
   at::Tensor x = CastToFPropDtype(inputs);
   std::vector<NestedMap> finals;
   for (size_t i = 0; i < rnns_.size(); ++i) {

@@ -23,15 +23,16 @@ SimpleFullSoftmax::SimpleFullSoftmax(const glossa::Params& p) : BaseLayer(p) {
   num_classes_ = params().GetInt("num_classes");
   label_smoothing_ = params().GetFloat("label_smoothing");
   if (input_dim_ <= 0 || num_classes_ <= 0) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim and num_classes must be > 0"));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': input_dim and num_classes must be > 0"));
   }
   if (label_smoothing_ < 0 || label_smoothing_ >= 1) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': label_smoothing must be in [0, 1)"));
   }
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("weight_0", WeightParams({input_dim_, num_classes_},
-                                          WeightInit::FromParams(params().GetParams("params_init")),
-                                          dtype));
+  CreateVariable("weight_0",
+                 WeightParams({input_dim_, num_classes_},
+                              WeightInit::FromParams(params().GetParams("params_init")), dtype));
   CreateVariable("bias_0", WeightParams({num_classes_}, WeightInit::Constant(0.0), dtype));
 }
 
@@ -54,8 +55,8 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
                                    const at::Tensor& paddings,
                                    const at::Tensor& class_probabilities) const {
   if (class_ids.defined() == class_probabilities.defined()) {
-    throw InvalidArgumentError(StrCat(
-        "layer '", path(), "': give exactly one of class_ids and class_probabilities"));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': give exactly one of class_ids and class_probabilities"));
   }
   at::Tensor logits = Logits(theta, inputs);
   // The loss is computed in float32 at least, whatever the fprop dtype.
@@ -85,8 +86,8 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
     targets = targets * (1 - label_smoothing_) + label_smoothing_ / num_classes_;
   }
   at::Tensor xent = -(targets * log_probs).sum(-1);
-  at::Tensor weights = class_weights.defined() ? class_weights.to(xent.scalar_type())
-                                               : at::ones_like(xent);
+  at::Tensor weights =
+      class_weights.defined() ? class_weights.to(xent.scalar_type()) : at::ones_like(xent);
   if (paddings.defined()) weights = weights * (1 - paddings.to(xent.scalar_type()));
   at::Tensor total_xent = (xent * weights).sum();
   at::Tensor total_weight = weights.sum();

@@ -106,10 +106,9 @@ at::Tensor TransformerAttentionLayer::Residual(const NestedMap& theta, const at:
   return pre_layer_norm_ ? out : Norm(theta, out);
 }
 
-std::pair<at::Tensor, at::Tensor> TransformerAttentionLayer::FProp(const NestedMap& theta,
-                                                                   const at::Tensor& query,
-                                                                   const at::Tensor& source,
-                                                                   const at::Tensor& paddings) const {
+std::pair<at::Tensor, at::Tensor> TransformerAttentionLayer::FProp(
+    const NestedMap& theta, const at::Tensor& query, const at::Tensor& source,
+    const at::Tensor& paddings) const {
   at::Tensor x = CastToFPropDtype(query);
   at::Tensor q = pre_layer_norm_ ? Norm(theta, x) : x;
   // Cross-attention attends to the source as given; self-attention to the normalized query.
@@ -123,9 +122,8 @@ NestedMap TransformerAttentionLayer::InitStates(int64_t batch_size, at::ScalarTy
   return GetChildAs<MultiHeadedAttention>("atten").InitStates(batch_size, dtype);
 }
 
-std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(const NestedMap& theta,
-                                                                       const at::Tensor& query,
-                                                                       const NestedMap& states) const {
+std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(
+    const NestedMap& theta, const at::Tensor& query, const NestedMap& states) const {
   if (!is_masked_) {
     throw FailedPreconditionError(
         StrCat("layer '", path(), "': ExtendStep needs causal self-attention (is_masked)"));
@@ -196,11 +194,9 @@ NestedMap TransformerLayer::InitStates(int64_t batch_size, at::ScalarType dtype)
   return GetChildAs<TransformerAttentionLayer>("self_atten").InitStates(batch_size, dtype);
 }
 
-std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(const NestedMap& theta,
-                                                              const at::Tensor& inputs,
-                                                              const NestedMap& states,
-                                                              const at::Tensor& aux_vecs,
-                                                              const at::Tensor& aux_paddings) const {
+std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(
+    const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
+    const at::Tensor& aux_vecs, const at::Tensor& aux_paddings) const {
   auto [x, new_states] = GetChildAs<TransformerAttentionLayer>("self_atten")
                              .ExtendStep(Sub(theta, "self_atten"), inputs, states);
   if (HasChild("cross_atten")) {
@@ -237,11 +233,12 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
   const int64_t n = params().GetInt("num_layers");
   if (n <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': num_layers must be > 0"));
   auto layer = TransformerLayer::Params();
-  layer.Set("input_dim", params().GetInt("model_dim")).Set("num_heads", params().GetInt("num_heads"));
+  layer.Set("input_dim", params().GetInt("model_dim"))
+      .Set("num_heads", params().GetInt("num_heads"));
   layer.Set("hidden_dim", params().GetInt("hidden_dim"));
-  for (const char* key : {"mask_self_atten", "has_aux_atten", "atten_dropout_prob",
-                          "residual_dropout_prob", "relu_dropout_prob", "pre_layer_norm",
-                          "activation"}) {
+  for (const char* key :
+       {"mask_self_atten", "has_aux_atten", "atten_dropout_prob", "residual_dropout_prob",
+        "relu_dropout_prob", "pre_layer_norm", "activation"}) {
     layer.Set(key, params().Get(key));
   }
   ParamValue::List layers;
@@ -278,11 +275,9 @@ NestedMap TransformerStack::InitStates(int64_t batch_size, at::ScalarType dtype)
   return states;
 }
 
-std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(const NestedMap& theta,
-                                                              const at::Tensor& inputs,
-                                                              const NestedMap& states,
-                                                              const at::Tensor& aux_vecs,
-                                                              const at::Tensor& aux_paddings) const {
+std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(
+    const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
+    const at::Tensor& aux_vecs, const at::Tensor& aux_paddings) const {
   at::Tensor x = RunDropout(*this, theta, "input_dropout", CastToFPropDtype(inputs));
   const auto& layer_thetas = theta.at("x_layers").AsList();
   const auto& layer_states = states.at("x_layers").AsList();

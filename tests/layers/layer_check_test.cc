@@ -8,11 +8,11 @@
 //   4. runs with fprop_dtype = bfloat16 and compares the outputs within the bf16 tolerance.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "glossa/core/step_seed.h"
@@ -49,8 +49,8 @@ std::map<std::string, Adapter> Adapters() {
   std::map<std::string, Adapter> a;
   a["glossa.layers.ProjectionLayer"] = [](const BaseLayer& l, const NestedMap& th,
                                           const NestedMap& in) {
-    return NestedMap{{"y", dynamic_cast<const ProjectionLayer&>(l).FProp(th, T(in, "x"),
-                                                                         T(in, "paddings"))}};
+    return NestedMap{
+        {"y", dynamic_cast<const ProjectionLayer&>(l).FProp(th, T(in, "x"), T(in, "paddings"))}};
   };
   a["glossa.layers.EmbeddingLayer"] = [](const BaseLayer& l, const NestedMap& th,
                                          const NestedMap& in) {
@@ -86,16 +86,16 @@ std::map<std::string, Adapter> Adapters() {
   };
   a["glossa.layers.TransformerLayer"] = [](const BaseLayer& l, const NestedMap& th,
                                            const NestedMap& in) {
-    return NestedMap{{"y", dynamic_cast<const TransformerLayer&>(l)
-                               .FProp(th, T(in, "x"), T(in, "paddings"), T(in, "aux"),
-                                      T(in, "aux_paddings"))
-                               .first}};
+    return NestedMap{
+        {"y", dynamic_cast<const TransformerLayer&>(l)
+                  .FProp(th, T(in, "x"), T(in, "paddings"), T(in, "aux"), T(in, "aux_paddings"))
+                  .first}};
   };
   a["glossa.layers.TransformerDecoder"] = [](const BaseLayer& l, const NestedMap& th,
                                              const NestedMap& in) {
-    return NestedMap{{"y", dynamic_cast<const TransformerStack&>(l).FProp(
-                               th, T(in, "x"), T(in, "paddings"), T(in, "aux"),
-                               T(in, "aux_paddings"))}};
+    return NestedMap{
+        {"y", dynamic_cast<const TransformerStack&>(l).FProp(th, T(in, "x"), T(in, "paddings"),
+                                                             T(in, "aux"), T(in, "aux_paddings"))}};
   };
   a["glossa.layers.SimpleFullSoftmax"] = [](const BaseLayer& l, const NestedMap& th,
                                             const NestedMap& in) {
@@ -126,8 +126,9 @@ at::Tensor FromJson(const json& j, at::ScalarType float_type) {
   std::vector<double> data = j["data"].get<std::vector<double>>();
   std::vector<int64_t> shape = j["shape"].get<std::vector<int64_t>>();
   at::Tensor t = at::tensor(data, at::TensorOptions().dtype(at::kDouble)).reshape(shape).clone();
-  const bool is_int = j.contains("int") && j["int"].get<bool>() &&
-                      std::all_of(data.begin(), data.end(), [](double v) { return v == int64_t(v); });
+  const bool is_int =
+      j.contains("int") && j["int"].get<bool>() &&
+      std::all_of(data.begin(), data.end(), [](double v) { return v == int64_t(v); });
   return is_int ? t.to(at::kLong) : t.to(float_type);
 }
 
@@ -175,9 +176,7 @@ CaseRun RunCase(const json& c, at::ScalarType dtype, bool bf16_fprop) {
   return run;
 }
 
-double MaxAbs(const at::Tensor& t) {
-  return t.numel() ? t.abs().max().item<double>() : 0.0;
-}
+double MaxAbs(const at::Tensor& t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
 
 void ExpectClose(const at::Tensor& actual, const at::Tensor& expected, Tolerance tol,
                  const std::string& what) {
@@ -229,8 +228,8 @@ TEST_P(LayerCheck, VariablesMatchTheReference) {
 
 TEST_P(LayerCheck, OutputsAndGradientsMatchPyTorch) {
   json c = Case();
-  for (auto [dtype, tol] : {std::make_pair(at::kDouble, kFloat64Tol),
-                            std::make_pair(at::kFloat, kFloat32Tol)}) {
+  for (auto [dtype, tol] :
+       {std::make_pair(at::kDouble, kFloat64Tol), std::make_pair(at::kFloat, kFloat32Tol)}) {
     CaseRun run = RunCase(c, dtype, false);
     const std::string tag = std::string(c["name"]) + " " + c10::toString(dtype);
     for (const auto& [key, value] : c["outputs"].items()) {
@@ -246,9 +245,11 @@ TEST_P(LayerCheck, OutputsAndGradientsMatchPyTorch) {
       names.push_back(k);
       leaves.push_back(v);
     }
-    auto grads = torch::autograd::grad({loss}, leaves, {}, c10::nullopt, false, /*allow_unused=*/true);
+    auto grads =
+        torch::autograd::grad({loss}, leaves, {}, c10::nullopt, false, /*allow_unused=*/true);
     for (size_t i = 0; i < names.size(); ++i) {
-      ASSERT_TRUE(c["grads"].contains(names[i])) << tag << ": no reference gradient for " << names[i];
+      ASSERT_TRUE(c["grads"].contains(names[i]))
+          << tag << ": no reference gradient for " << names[i];
       at::Tensor expected = FromJson(c["grads"][names[i]], at::kDouble);
       at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(leaves[i]);
       ExpectClose(g, expected, tol, tag + " gradient " + names[i]);

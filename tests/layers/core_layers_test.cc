@@ -1,0 +1,332 @@
+// Behaviours of the core layers beyond the reference table (tests/layers/layer_check_test.cc):
+// incremental decoding, training versus eval statistics, padding semantics, errors, and a small
+// model built from nested Params and trained one step.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "glossa/core/step_seed.h"
+#include "glossa/layers/attention.h"
+#include "glossa/layers/conv.h"
+#include "glossa/layers/embedding.h"
+#include "glossa/layers/linear.h"
+#include "glossa/layers/normalization.h"
+#include "glossa/layers/rnn.h"
+#include "glossa/layers/softmax.h"
+#include "glossa/layers/transformer.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+template <typename T>
+std::unique_ptr<T> Make(Params p, const std::string& text = "") {
+  p.Set("name", "layer").Set("random_seed", 17);
+  if (!text.empty()) p.FromText(text);
+  return InstantiateLayer<T>(p);
+}
+
+TEST(MultiHeadedAttention, ExtendStepMatchesCausalFProp) {
+  auto atten = Make<MultiHeadedAttention>(MultiHeadedAttention::Params(),
+                                          "input_dim : 8\nnum_heads : 2\ndtype : float64");
+  at::Tensor x = at::randn({3, 5, 8}, at::kDouble);
+  NestedMap theta = atten->theta();
+  at::Tensor full = atten->FProp(theta, x, x, x, {}, /*causal=*/true).first;
+  NestedMap cache = atten->InitStates(3, at::kDouble);
+  for (int64_t t = 0; t < 5; ++t) {
+    auto [y, next] = atten->ExtendStep(theta, x.select(1, t), cache);
+    EXPECT_TRUE(at::allclose(y, full.select(1, t), 1e-10, 1e-10)) << "step " << t;
+    cache = next;
+  }
+  EXPECT_EQ(cache.GetTensor("key").sizes(), (std::vector<int64_t>{3, 5, 2, 4}));
+}
+
+TEST(MultiHeadedAttention, PaddedKeysGetZeroProbability) {
+  auto atten =
+      Make<MultiHeadedAttention>(MultiHeadedAttention::Params(), "input_dim : 4\nnum_heads : 2");
+  at::Tensor q = at::randn({2, 3, 4}), kv = at::randn({2, 5, 4});
+  at::Tensor paddings = at::zeros({2, 5});
+  paddings.index_put_({1, at::indexing::Slice(2, at::indexing::None)}, 1.0);
+  auto [y, probs] = atten->FProp(atten->theta(), q, kv, kv, paddings);
+  EXPECT_TRUE(probs
+                  .index({1, at::indexing::Slice(), at::indexing::Slice(),
+                          at::indexing::Slice(2, at::indexing::None)})
+                  .eq(0)
+                  .all()
+                  .item<bool>());
+  EXPECT_TRUE(at::allclose(probs.sum(-1), at::ones({2, 2, 3})));
+  // Padded keys do not influence the output.
+  at::Tensor kv2 = kv.clone();
+  kv2.index_put_({1, at::indexing::Slice(2, at::indexing::None)}, 100.0);
+  EXPECT_TRUE(at::allclose(atten->FProp(atten->theta(), q, kv2, kv2, paddings).first[1], y[1]));
+  EXPECT_ERROR_CONTAINS(atten->FProp(atten->theta(), q, kv, kv, at::zeros({2, 4})),
+                        InvalidArgumentError, "paddings must be [B, S]");
+  EXPECT_ERROR_CONTAINS(atten->FProp(atten->theta(), q, kv, kv, {}, true), InvalidArgumentError,
+                        "causal attention needs T == S");
+}
+
+TEST(MultiHeadedAttention, AttentionDropoutOnlyInTraining) {
+  auto atten = Make<MultiHeadedAttention>(MultiHeadedAttention::Params(),
+                                          "input_dim : 4\nnum_heads : 1\natten_dropout_prob : 0.5");
+  at::Tensor x = at::randn({2, 6, 4});
+  ResetStepSeed();
+  at::Tensor train = atten->FProp(atten->theta(), x, x, x).first;
+  EvalModeScope eval;
+  at::Tensor eval1 = atten->FProp(atten->theta(), x, x, x).first;
+  at::Tensor eval2 = atten->FProp(atten->theta(), x, x, x).first;
+  EXPECT_TRUE(at::equal(eval1, eval2));
+  EXPECT_FALSE(at::allclose(train, eval1));
+}
+
+TEST(TransformerStack, DecoderExtendStepMatchesFProp) {
+  auto dec = Make<TransformerStack>(TransformerDecoder::Params(),
+                                    "num_layers : 2\nmodel_dim : 8\nnum_heads : 2\n"
+                                    "hidden_dim : 16\ndtype : float64");
+  at::Tensor y = at::randn({2, 4, 8}, at::kDouble), enc = at::randn({2, 3, 8}, at::kDouble);
+  at::Tensor enc_paddings = at::zeros({2, 3}, at::kDouble);
+  enc_paddings[1][2] = 1.0;
+  NestedMap theta = dec->theta();
+  at::Tensor full = dec->FProp(theta, y, {}, enc, enc_paddings);
+  NestedMap states = dec->InitStates(2, at::kDouble);
+  for (int64_t t = 0; t < 4; ++t) {
+    auto [out, next] = dec->ExtendStep(theta, y.select(1, t), states, enc, enc_paddings);
+    EXPECT_TRUE(at::allclose(out, full.select(1, t), 1e-9, 1e-9)) << "step " << t;
+    states = next;
+  }
+}
+
+TEST(TransformerStack, EncoderIsNotCausalAndVariablesAreNamed) {
+  auto enc =
+      Make<TransformerStack>(TransformerEncoder::Params(),
+                             "num_layers : 2\nmodel_dim : 8\nnum_heads : 2\nhidden_dim : 16");
+  at::Tensor x = at::randn({1, 4, 8});
+  at::Tensor out = enc->FProp(enc->theta(), x);
+  at::Tensor x2 = x.clone();
+  x2[0][3][0] += 1.0;  // a later position changes earlier outputs: not causal
+  EXPECT_FALSE(at::allclose(enc->FProp(enc->theta(), x2)[0][0], out[0][0]));
+  std::vector<std::string> names;
+  for (const auto& [info, t] : enc->AllVariables()) names.push_back(info.full_name);
+  EXPECT_NE(std::find(names.begin(), names.end(), "layer/x_layers_1/self_atten/atten/query/w"),
+            names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "layer/final_ln/scale"), names.end());
+  EXPECT_FALSE(enc->GetDescendant("x_layers[0]").HasChild("cross_atten"));
+}
+
+TEST(BatchNormLayer, TrainingUpdatesMovingStatsAndEvalUsesThem) {
+  auto bn = Make<BatchNormLayer>(BatchNormLayer::Params(), "dim : 3\ndecay : 0.5");
+  at::Tensor x = at::randn({4, 6, 3}) * 2 + 5;
+  at::Tensor y = bn->FProp(bn->theta(), x);
+  // Training: batch statistics normalize (per channel mean 0, variance ~1).
+  EXPECT_TRUE(at::allclose(y.mean(std::vector<int64_t>{0, 1}), at::zeros({3}), 1e-4, 1e-4));
+  at::Tensor batch_mean = x.mean(std::vector<int64_t>{0, 1});
+  EXPECT_TRUE(at::allclose(bn->GetVariable("moving_mean"), batch_mean * 0.5, 1e-5, 1e-5));
+  EXPECT_FALSE(bn->GetVariable("moving_mean").requires_grad());
+  at::Tensor moving_mean = bn->GetVariable("moving_mean").clone();
+  EvalModeScope eval;
+  at::Tensor y_eval = bn->FProp(bn->theta(), x);
+  EXPECT_TRUE(at::equal(bn->GetVariable("moving_mean"), moving_mean));  // no update in eval
+  at::Tensor expected = (x - moving_mean) / at::sqrt(bn->GetVariable("moving_variance") + 0.001);
+  EXPECT_TRUE(at::allclose(y_eval, expected, 1e-5, 1e-5));
+}
+
+TEST(LSTM, PaddedStepsCarryTheStateAndReverseRuns) {
+  auto rnn =
+      Make<RNNLayer>(RNNLayer::Params(), "cell.num_input_nodes : 3\ncell.num_output_nodes : 4");
+  at::Tensor x = at::randn({5, 2, 3});
+  at::Tensor paddings = at::zeros({5, 2, 1});
+  paddings.index_put_({at::indexing::Slice(3, at::indexing::None), 1}, 1.0);
+  auto [out, final_state] = rnn->FProp(rnn->theta(), x, paddings);
+  // Sequence 1 ends at step 3: its outputs stay at the last real step and the final state is it.
+  EXPECT_TRUE(at::equal(out[4][1], out[2][1]));
+  EXPECT_TRUE(at::equal(final_state.GetTensor("m")[1], out[2][1]));
+  EXPECT_FALSE(at::equal(out[4][0], out[2][0]));
+  // The padded steps' inputs do not matter.
+  at::Tensor x2 = x.clone();
+  x2.index_put_({at::indexing::Slice(3, at::indexing::None), 1}, 9.0);
+  EXPECT_TRUE(at::equal(rnn->FProp(rnn->theta(), x2, paddings).first[2][1], out[2][1]));
+  auto rev = Make<RNNLayer>(RNNLayer::Params(),
+                            "cell.num_input_nodes : 3\ncell.num_output_nodes : 4\nreverse : True");
+  auto [rout, rstate] = rev->FProp(rev->theta(), x);
+  EXPECT_TRUE(at::equal(rstate.GetTensor("m"), rout[0]));  // the last step run is t = 0
+  EXPECT_ERROR_CONTAINS(rnn->FProp(rnn->theta(), at::randn({5, 2})), InvalidArgumentError,
+                        "inputs must be [T, B, D]");
+}
+
+TEST(SimpleFullSoftmax, ClassProbabilitiesAndValidation) {
+  auto sm = Make<SimpleFullSoftmax>(SimpleFullSoftmax::Params(), "input_dim : 4\nnum_classes : 3");
+  at::Tensor x = at::randn({2, 4});
+  at::Tensor ids = at::tensor({2, 0}, at::kLong);
+  NestedMap by_ids = sm->FProp(sm->theta(), x, ids);
+  at::Tensor probs = at::one_hot(ids, 3).to(at::kFloat);
+  NestedMap by_probs = sm->FProp(sm->theta(), x, {}, {}, {}, probs);
+  EXPECT_TRUE(
+      at::allclose(by_ids.GetTensor("per_example_xent"), by_probs.GetTensor("per_example_xent")));
+  EXPECT_EQ(by_ids.GetTensor("total_weight").item<double>(), 2.0);
+  EXPECT_ERROR_CONTAINS(sm->FProp(sm->theta(), x, at::tensor({3, 0}, at::kLong)),
+                        InvalidArgumentError, "class_ids must be in [0, 3)");
+  EXPECT_ERROR_CONTAINS(sm->FProp(sm->theta(), x, ids, {}, {}, probs), InvalidArgumentError,
+                        "exactly one of");
+  EXPECT_ERROR_CONTAINS(sm->FProp(sm->theta(), x, at::tensor({1}, at::kLong)), InvalidArgumentError,
+                        "class_ids must be integers shaped");
+}
+
+TEST(Embedding, RejectsOutOfRangeAndFloatIds) {
+  auto emb = Make<EmbeddingLayer>(EmbeddingLayer::Params(), "vocab_size : 5\nembedding_dim : 2");
+  EXPECT_EQ(emb->EmbLookup(emb->theta(), at::tensor({0, 4}, at::kLong).view({1, 2})).sizes(),
+            (std::vector<int64_t>{1, 2, 2}));
+  EXPECT_ERROR_CONTAINS(emb->EmbLookup(emb->theta(), at::tensor({5}, at::kLong)),
+                        InvalidArgumentError, "ids must be in [0, 5), found 5");
+  EXPECT_ERROR_CONTAINS(emb->EmbLookup(emb->theta(), at::tensor({-1}, at::kLong)),
+                        InvalidArgumentError, "found -1");
+  EXPECT_ERROR_CONTAINS(emb->EmbLookup(emb->theta(), at::tensor({1.0})), InvalidArgumentError,
+                        "ids must be integers");
+}
+
+TEST(Projection, ValidatesParamsAndShapes) {
+  EXPECT_ERROR_CONTAINS(
+      Make<ProjectionLayer>(ProjectionLayer::Params(),
+                            "input_dim : 2\noutput_dim : 3\nactivation : 'RELUU'"),
+      InvalidArgumentError, "unknown activation RELUU (did you mean: [LEAKY_RELU,RELU,RELU6])");
+  EXPECT_THROW(Make<ProjectionLayer>(ProjectionLayer::Params(), "input_dim : 0\noutput_dim : 3"),
+               InvalidArgumentError);
+  auto fc = Make<FCLayer>(FCLayer::Params(), "input_dim : 2\noutput_dim : 3");
+  EXPECT_TRUE(fc->params().GetBool("has_bias"));
+  EXPECT_ERROR_CONTAINS(fc->FProp(fc->theta(), at::randn({4, 3})), InvalidArgumentError,
+                        "inputs must end in input_dim 2");
+}
+
+TEST(Conv2D, OutputPaddingsFollowTheStride) {
+  auto conv = Make<Conv2DLayer>(Conv2DLayer::Params(),
+                                "filter_shape : [3, 1, 1, 2]\nfilter_stride : [2, 1]");
+  at::Tensor x = at::randn({2, 7, 3, 1});
+  at::Tensor paddings = at::zeros({2, 7});
+  paddings.index_put_({1, at::indexing::Slice(3, at::indexing::None)}, 1.0);
+  auto [y, out_paddings] = conv->FProp(conv->theta(), x, paddings);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 4, 3, 2}));  // SAME: ceil(7 / 2)
+  EXPECT_TRUE(at::equal(out_paddings[1], at::tensor({0.0f, 0.0f, 1.0f, 1.0f})));
+  EXPECT_TRUE(y[1][2].eq(0).all().item<bool>());
+  auto valid =
+      Make<Conv2DLayer>(Conv2DLayer::Params(), "filter_shape : [3, 3, 1, 2]\npadding : 'VALID'");
+  EXPECT_EQ(valid->FProp(valid->theta(), x).first.sizes(), (std::vector<int64_t>{2, 5, 1, 2}));
+  EXPECT_ERROR_CONTAINS(Make<Conv2DLayer>(Conv2DLayer::Params(), "padding : 'FULL'"),
+                        InvalidArgumentError, "padding must be 'SAME' or 'VALID'");
+  EXPECT_ERROR_CONTAINS(conv->FProp(conv->theta(), at::randn({2, 7, 3, 4})), InvalidArgumentError,
+                        "inputs must be [B, H, W, 1]");
+}
+
+TEST(Pooling, PaddedFramesNeverWinOrCount) {
+  auto pool =
+      Make<PoolingLayer>(PoolingLayer::Params(), "window_shape : [2, 1]\nwindow_stride : [2, 1]");
+  at::Tensor x = at::tensor({-1.0f, -2.0f, 5.0f, 7.0f}).view({1, 4, 1, 1});
+  at::Tensor paddings = at::tensor({0.0f, 0.0f, 0.0f, 1.0f}).view({1, 4});
+  auto [y, out_paddings] = pool->FProp(pool->theta(), x, paddings);
+  // Frame 3 (7) is padded, so 5 wins the second window; the output frames are not padded.
+  EXPECT_TRUE(at::equal(y.view({2}), at::tensor({-1.0f, 5.0f})));
+  EXPECT_TRUE(at::equal(out_paddings, at::zeros({1, 2})));
+  auto avg =
+      Make<PoolingLayer>(PoolingLayer::Params(),
+                         "window_shape : [2, 1]\nwindow_stride : [2, 1]\npooling_type : 'AVG'");
+  at::Tensor paddings2 = at::tensor({0.0f, 0.0f, 0.0f, 1.0f}).view({1, 4});
+  auto [ya, pa] = avg->FProp(avg->theta(), x, paddings2);
+  EXPECT_FLOAT_EQ(ya.view({2})[0].item<float>(), -1.5f);
+  EXPECT_FLOAT_EQ(ya.view({2})[1].item<float>(), 5.0f);  // the padded 7 is not averaged in
+}
+
+// A small model as nested Params: embedding -> transformer encoder -> softmax.
+class TinyLm : public BaseLayer {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = BaseLayer::Params();
+    p.Set("cls", ClsOf<TinyLm>());
+    p.Define("emb", EmbeddingLayer::Params().Set("vocab_size", 11).Set("embedding_dim", 8),
+             "Embedding.");
+    p.Define("encoder",
+             TransformerEncoder::Params()
+                 .Set("num_layers", 2)
+                 .Set("model_dim", 8)
+                 .Set("num_heads", 2)
+                 .Set("hidden_dim", 16),
+             "Encoder stack.");
+    p.Define("softmax", SimpleFullSoftmax::Params().Set("input_dim", 8).Set("num_classes", 11),
+             "Output softmax.");
+    return p;
+  }
+  explicit TinyLm(const glossa::Params& p) : BaseLayer(p) {
+    for (const char* name : {"emb", "encoder", "softmax"}) CreateChild(name, p.GetParams(name));
+  }
+  at::Tensor Loss(const NestedMap& theta, const at::Tensor& ids, const at::Tensor& labels) const {
+    at::Tensor x = GetChildAs<EmbeddingLayer>("emb").EmbLookup(theta.at("emb").AsMap(), ids);
+    x = GetChildAs<TransformerStack>("encoder").FProp(theta.at("encoder").AsMap(), x);
+    return GetChildAs<SimpleFullSoftmax>("softmax")
+        .FProp(theta.at("softmax").AsMap(), x, labels)
+        .GetTensor("avg_xent");
+  }
+};
+GLOSSA_REGISTER_CLASS(TinyLm, "glossa.testing.TinyLm");
+
+TEST(Model, NestedParamsInstantiateListVariablesAndTrainOneStep) {
+  Params p = TinyLm::Params();
+  p.Set("name", "lm").Set("random_seed", 3);
+  p.FromText("encoder.num_layers : 1\nencoder.hidden_dim : 12\n");  // an override
+  auto model = InstantiateLayer<TinyLm>(p);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [info, t] : model->AllVariables()) shapes[info.full_name] = t.sizes().vec();
+  EXPECT_EQ(shapes.at("lm/emb/emb_var"), (std::vector<int64_t>{11, 8}));
+  EXPECT_EQ(shapes.at("lm/encoder/x_layers_0/fflayer/fc0/w"), (std::vector<int64_t>{8, 12}));
+  EXPECT_EQ(shapes.at("lm/softmax/weight_0"), (std::vector<int64_t>{8, 11}));
+  EXPECT_EQ(shapes.count("lm/encoder/x_layers_1/fflayer/fc0/w"), 0u);
+  at::Tensor ids = at::randint(0, 11, {4, 6}, at::kLong);
+  at::Tensor labels = at::randint(0, 11, {4, 6}, at::kLong);
+  at::Tensor loss0 = model->Loss(model->theta(), ids, labels);
+  std::vector<at::Tensor> vars;
+  for (const auto& [info, t] : model->AllVariables()) {
+    if (info.trainable) vars.push_back(t);
+  }
+  auto grads = torch::autograd::grad({loss0}, vars);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < vars.size(); ++i) vars[i].sub_(grads[i] * 0.5);
+  }
+  at::Tensor loss1 = model->Loss(model->theta(), ids, labels);
+  EXPECT_LT(loss1.item<double>(), loss0.item<double>());
+}
+
+TEST(Registry, EveryRegisteredLayerInstantiatesUnderStubs) {
+  // Each layer built from its default Params with small dims, its variables stubbed.
+  const std::map<std::string, std::string> dims = {
+      {"glossa.layers.ProjectionLayer", "input_dim : 2\noutput_dim : 2"},
+      {"glossa.layers.FCLayer", "input_dim : 2\noutput_dim : 2"},
+      {"glossa.layers.EmbeddingLayer", "vocab_size : 3\nembedding_dim : 2"},
+      {"glossa.layers.PositionalEmbeddingLayer", "embedding_dim : 2"},
+      {"glossa.layers.LayerNorm", "input_dim : 2"},
+      {"glossa.layers.BatchNormLayer", "dim : 2"},
+      {"glossa.layers.MultiHeadedProjectionLayer",
+       "input_dim : 2\nnum_heads : 1\ndim_per_head : 2"},
+      {"glossa.layers.PerDimScaleLayer", "dim : 2"},
+      {"glossa.layers.MultiHeadedAttention", "input_dim : 2"},
+      {"glossa.layers.TransformerFeedForwardLayer", "input_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.TransformerAttentionLayer", "input_dim : 2"},
+      {"glossa.layers.TransformerLayer", "input_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.TransformerStack", "model_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.TransformerEncoder", "model_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.TransformerDecoder", "model_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.SimpleFullSoftmax", "input_dim : 2\nnum_classes : 3"},
+      {"glossa.layers.LSTMCellSimple", "num_input_nodes : 2\nnum_output_nodes : 2"},
+      {"glossa.layers.RNNLayer", "cell.num_input_nodes : 2\ncell.num_output_nodes : 2"},
+      {"glossa.layers.StackedRNN", "num_input_nodes : 2\nnum_output_nodes : 2"},
+  };
+  VariableStubScope stubs;
+  int built = 0;
+  for (const auto& key : ClassRegistry::KeysOf<BaseLayer>()) {
+    if (key.rfind("glossa.layers.", 0) != 0) continue;
+    Params p = ClassRegistry::Get(key).default_params();
+    p.Set("name", "x");
+    if (dims.count(key)) p.FromText(dims.at(key));
+    EXPECT_NO_THROW(p.Instantiate<BaseLayer>()) << key;
+    ++built;
+  }
+  EXPECT_GE(built, 20);
+}
+
+}  // namespace
+}  // namespace glossa
