@@ -328,5 +328,13 @@ TEST(Registry, EveryRegisteredLayerInstantiatesUnderStubs) {
   EXPECT_GE(built, 20);
 }
 
+
+TEST(Docs, LayersGuideShowsTheCompiledExampleVerbatim) {
+  const std::string doc = testing::ReadSourceFile("docs/layers.md");
+  const std::string example = testing::ReadSourceFile("docs/examples/gated_ffn_example.cc");
+  EXPECT_NE(doc.find("```cpp\n" + example + "```"), std::string::npos)
+      << "docs/layers.md must contain docs/examples/gated_ffn_example.cc in a cpp block";
+}
+
 }  // namespace
 }  // namespace glossa
