@@ -61,12 +61,19 @@ BatchNormLayer::BatchNormLayer(const glossa::Params& p) : BaseLayer(p) {
   epsilon_ = params().GetFloat("epsilon");
   if (dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': dim must be > 0"));
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("beta", WeightParams({dim_}, WeightInit::Constant(0.0), dtype));
-  CreateVariable("gamma", WeightParams({dim_}, WeightInit::Constant(0.0), dtype));
+  // As in Lingvo, batch-norm variables are exempt from L1/L2 regularization.
+  CreateVariable("beta", WeightParams({dim_}, WeightInit::Constant(0.0), dtype,
+                                      {kSkipLpRegularizationCollection}));
+  CreateVariable("gamma", WeightParams({dim_}, WeightInit::Constant(0.0), dtype,
+                                       {kSkipLpRegularizationCollection}));
   CreateVariable("moving_mean",
-                 WeightParams({dim_}, WeightInit::Constant(0.0), dtype, {kNonTrainableCollection}));
+                 WeightParams({dim_}, WeightInit::Constant(0.0), dtype,
+                                {kNonTrainableCollection, kMovingVarsCollection,
+                                 kSkipLpRegularizationCollection}));
   CreateVariable("moving_variance",
-                 WeightParams({dim_}, WeightInit::Constant(1.0), dtype, {kNonTrainableCollection}));
+                 WeightParams({dim_}, WeightInit::Constant(1.0), dtype,
+                                {kNonTrainableCollection, kMovingVarsCollection,
+                                 kSkipLpRegularizationCollection}));
 }
 
 at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,

@@ -99,6 +99,8 @@ struct WeightParams {
 
 inline constexpr const char* kNonTrainableCollection = "non_trainable";
 inline constexpr const char* kSkipLpRegularizationCollection = "skip_lp_regularization";
+// Non-trainable statistics that exponential moving averages also track (batch-norm moving stats).
+inline constexpr const char* kMovingVarsCollection = "moving_vars";
 
 // Lingvo's GetFanInFanOut: nullopt for a scalar; (d, d) for rank 1; otherwise
 // (shape[-2]·rf, shape[-1]·rf) with rf the product of the other dims.

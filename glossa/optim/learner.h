@@ -1,0 +1,102 @@
+// Learner: Lingvo's learner. Computes the gradients of one loss from the task's metrics over the
+// selected variables, adjusts them (L2/L1 regularization), scales them (global or per-tensor norm
+// clipping, zeroing on NaN/Inf or huge norms), and applies the optimizer with
+// learning_rate × lr_schedule(global_step).
+//
+//   Params p = Learner::Params();
+//   p.Set("learning_rate", 1e-3).Set("optimizer", Adam::ParamsA());
+//   auto learner = p.Instantiate<Learner>();
+//   Metrics m = learner->Apply(task_metrics, LearnerVariables(*model), global_step);
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "glossa/core/params.h"
+#include "glossa/layers/base_layer.h"
+#include "glossa/optim/optimizer.h"
+#include "glossa/optim/schedule.h"
+
+namespace glossa {
+
+// A metric: a value and the weight it carries when metrics are averaged.
+struct Metric {
+  at::Tensor value;
+  at::Tensor weight;
+};
+using Metrics = std::map<std::string, Metric>;
+
+// A variable as the learner sees it.
+struct LearnerVariable {
+  std::string name;  // full name, e.g. "lm/enc/w"
+  at::Tensor value;
+  bool trainable = true;
+  bool skip_lp_regularization = false;
+};
+// Every variable of a layer tree (trainable or not: the learner selects).
+std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model);
+
+// Lingvo's GradNormTracker: rejects steps whose log gradient norm exceeds a running
+// mean + clip_threshold·std. State (log_mean, log_mean_squared, total_weight, total_rejections)
+// is saved with the learner's slots.
+class GradNormTracker {
+ public:
+  // decay (0.995), grad_norm_lower_cap (1e-2), clip_threshold (4.0), grad_norm_clip_cap_min (0.0),
+  // dry_run (False).
+  static glossa::Params Params();
+  explicit GradNormTracker(const glossa::Params& p);
+  virtual ~GradNormTracker() = default;
+  // 1.0 to keep the step, 0.0 to reject it; updates the state.
+  double Update(double grad_norm, bool has_nan_or_inf);
+  std::map<std::string, double>& state() { return state_; }
+
+ private:
+  glossa::Params params_;
+  std::map<std::string, double> state_;
+};
+
+class Learner {
+ public:
+  // name ('loss'), loss_name (None: name), learning_rate, lr_schedule, optimizer,
+  // clip_gradient_norm_to_value, clip_gradient_single_norm_to_value, grad_norm_to_clip_to_zero,
+  // grad_norm_tracker, l2_regularizer_weight, l1_regularizer_weight, bprop_variable_filter,
+  // bprop_variable_exclusion, scale_gradients.
+  static glossa::Params Params();
+  explicit Learner(const glossa::Params& p);
+  virtual ~Learner() = default;
+
+  // One training step. `metrics` must hold the loss (a scalar with autograd history). Returns
+  // Lingvo's learner metrics: learning_rate, lr_schedule, grad_norm/all, var_norm/all,
+  // grad_scale_all, has_nan_or_inf, grad_norm_is_nan_or_inf, and l2_loss / l1_loss when used.
+  // When the gradient scale is 0 (NaN/Inf gradients, or a norm above grad_norm_to_clip_to_zero,
+  // or a tracker rejection), the optimizer is not run: weights and slots stay as they were.
+  Metrics Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
+                int64_t global_step);
+
+  // The variables Apply would update (trainable, filter, exclusion).
+  std::vector<LearnerVariable> SelectVariables(const std::vector<LearnerVariable>& vars) const;
+  double LearningRate(int64_t global_step) const;
+  const glossa::Params& params() const { return params_; }
+  const std::string& loss_name() const { return loss_name_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const BaseSchedule& lr_schedule() const { return *schedule_; }
+  // Optimizer slots and tracker state, by name, for checkpoints.
+  std::map<std::string, at::Tensor> Slots() const;
+  void SetSlot(const std::string& name, const at::Tensor& value);
+  // Steps skipped because their gradient scale was 0.
+  int64_t num_skipped_steps() const { return num_skipped_steps_; }
+
+ private:
+  glossa::Params params_;
+  std::string loss_name_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<BaseSchedule> schedule_;
+  std::unique_ptr<GradNormTracker> tracker_;
+  int64_t num_skipped_steps_ = 0;
+};
+
+}  // namespace glossa
