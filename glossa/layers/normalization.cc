@@ -66,14 +66,12 @@ BatchNormLayer::BatchNormLayer(const glossa::Params& p) : BaseLayer(p) {
                                       {kSkipLpRegularizationCollection}));
   CreateVariable("gamma", WeightParams({dim_}, WeightInit::Constant(0.0), dtype,
                                        {kSkipLpRegularizationCollection}));
-  CreateVariable("moving_mean",
-                 WeightParams({dim_}, WeightInit::Constant(0.0), dtype,
-                                {kNonTrainableCollection, kMovingVarsCollection,
-                                 kSkipLpRegularizationCollection}));
-  CreateVariable("moving_variance",
-                 WeightParams({dim_}, WeightInit::Constant(1.0), dtype,
-                                {kNonTrainableCollection, kMovingVarsCollection,
-                                 kSkipLpRegularizationCollection}));
+  CreateVariable("moving_mean", WeightParams({dim_}, WeightInit::Constant(0.0), dtype,
+                                             {kNonTrainableCollection, kMovingVarsCollection,
+                                              kSkipLpRegularizationCollection}));
+  CreateVariable("moving_variance", WeightParams({dim_}, WeightInit::Constant(1.0), dtype,
+                                                 {kNonTrainableCollection, kMovingVarsCollection,
+                                                  kSkipLpRegularizationCollection}));
 }
 
 at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,

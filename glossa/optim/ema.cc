@@ -6,12 +6,14 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/core/params_repr.h"
 
 namespace glossa {
 
 glossa::Params ExponentialMovingAverage::Params() {
   glossa::Params p;
-  p.Define("cls", ClsOf<ExponentialMovingAverage>(), "Cls that this param object is associated with.");
+  p.Define("cls", ClsOf<ExponentialMovingAverage>(),
+           "Cls that this param object is associated with.");
   p.Define("decay", 0.999, "The EMA decay; with num_updates, decay_t = min(decay, (1+t)/(10+t)).");
   p.Define("ema_schedule", nullptr,
            "A schedule whose value at the global step is the decay (instead of decay).");
@@ -66,11 +68,13 @@ std::map<std::string, at::Tensor> ExponentialMovingAverage::Shadows() const {
   return out;
 }
 
-void ExponentialMovingAverage::SetShadow(const std::string& checkpoint_name, const at::Tensor& value) {
+void ExponentialMovingAverage::SetShadow(const std::string& checkpoint_name,
+                                         const at::Tensor& value) {
   const std::string suffix = kSuffix;
   if (checkpoint_name.size() <= suffix.size() ||
       checkpoint_name.compare(checkpoint_name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-    throw InvalidArgumentError(StrCat("EMA shadow name '", checkpoint_name, "' must end in ", suffix));
+    throw InvalidArgumentError(
+        StrCat("EMA shadow name '", checkpoint_name, "' must end in ", suffix));
   }
   const std::string var = checkpoint_name.substr(0, checkpoint_name.size() - suffix.size());
   auto it = tracked_.find(var);
@@ -93,11 +97,10 @@ void CheckEmaSettingsAgree(const std::vector<std::pair<std::string, Params>>& ta
       const ParamValue a = first.Contains(key) ? first.Get(key) : ParamValue();
       const ParamValue b = p.Contains(key) ? p.Get(key) : ParamValue();
       if (!(a == b)) {
-        throw InvalidArgumentError(StrCat("EMA settings must agree across the model's tasks: task '",
-                                          first_name, "' has ", key, " = ",
-                                          Strip(Params().Define("v", a, "").ToText()), ", task '",
-                                          name, "' has ",
-                                          Strip(Params().Define("v", b, "").ToText())));
+        throw InvalidArgumentError(
+            StrCat("EMA settings must agree across the model's tasks: task '", first_name, "' has ",
+                   key, " = ", internal::TextValue(a), ", task '", name, "' has ", key, " = ",
+                   internal::TextValue(b)));
       }
     }
   }

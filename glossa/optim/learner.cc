@@ -46,7 +46,8 @@ glossa::Params GradNormTracker::Params() {
   p.Define("cls", ClsOf<GradNormTracker>(), "Cls that this param object is associated with.");
   p.Define("decay", 0.995, "Decay in updating the moving avgs in grad norm stats.");
   p.Define("grad_norm_lower_cap", 1e-2, "The minimal gradient norm value.");
-  p.Define("clip_threshold", 4.0, "Reject a step when the log norm is this many stds above the mean.");
+  p.Define("clip_threshold", 4.0,
+           "Reject a step when the log norm is this many stds above the mean.");
   p.Define("grad_norm_clip_cap_min", 0.0,
            "Never reject a step whose gradient norm is below this value.");
   p.Define("dry_run", false, "If True, only track the statistics, never reject.");
@@ -110,7 +111,8 @@ glossa::Params Learner::Params() {
 
 Learner::Learner(const glossa::Params& p) : params_(p.Copy()) {
   params_.Freeze();
-  loss_name_ = params_.IsSet("loss_name") ? params_.GetString("loss_name") : params_.GetString("name");
+  loss_name_ =
+      params_.IsSet("loss_name") ? params_.GetString("loss_name") : params_.GetString("name");
   if (params_.GetFloat("clip_gradient_norm_to_value") > 0 &&
       params_.GetFloat("clip_gradient_single_norm_to_value") > 0) {
     throw InvalidArgumentError(
@@ -155,8 +157,8 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
   }
   const at::Tensor& loss = it->second.value;
   if (loss.dim() != 0) {
-    throw InvalidArgumentError(StrCat("learner: loss '", loss_name_, "' must be a scalar, got shape ",
-                                      loss.sizes()));
+    throw InvalidArgumentError(
+        StrCat("learner: loss '", loss_name_, "' must be a scalar, got shape ", loss.sizes()));
   }
   Metrics out;
   const double schedule_value = schedule_->Value(global_step);

@@ -143,8 +143,7 @@ void Adam::Apply(double lr, const std::vector<VarGrad>& var_grads, int64_t) {
   // update) and multiplies them after each update.
   at::Tensor& b1_power = GlobalSlot("beta1_power", b1);
   at::Tensor& b2_power = GlobalSlot("beta2_power", b2);
-  const double lr_t =
-      lr * std::sqrt(1 - b2_power.item<double>()) / (1 - b1_power.item<double>());
+  const double lr_t = lr * std::sqrt(1 - b2_power.item<double>()) / (1 - b1_power.item<double>());
   for (const auto& vg : var_grads) {
     CheckVarGrad(vg);
     at::Tensor g = vg.grad.to(vg.var.scalar_type());
@@ -356,7 +355,8 @@ void Adafactor::Apply(double lr, const std::vector<VarGrad>& var_grads, int64_t 
                            ? at::clamp_min(ReduceRms(vg.var), eps2) * lr
                            : at::full({}, lr, g.options());
     at::Tensor x;
-    if (auto dims = FactoredDims(vg.var, p.GetBool("factored"), p.GetInt("min_dim_size_to_factor"))) {
+    if (auto dims =
+            FactoredDims(vg.var, p.GetBool("factored"), p.GetInt("min_dim_size_to_factor"))) {
       const auto [d0, d1] = *dims;
       at::Tensor& vr = Slot(vg.name, "vr", gsq.mean(d0), 0.0);
       at::Tensor& vc = Slot(vg.name, "vc", gsq.mean(d1), 0.0);

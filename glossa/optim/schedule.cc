@@ -31,8 +31,8 @@ double Polynomial(double x, std::pair<double, double> start, std::pair<double, d
   const auto [x0, y0] = start;
   const auto [x1, y1] = limit;
   if (x0 >= x1) {
-    throw InvalidArgumentError(StrCat("PolynomialSchedule: start step (", x0,
-                                      ") must be < limit step (", x1, ")"));
+    throw InvalidArgumentError(
+        StrCat("PolynomialSchedule: start step (", x0, ") must be < limit step (", x1, ")"));
   }
   if (origin != "start" && origin != "limit") {
     throw InvalidArgumentError(
@@ -101,9 +101,10 @@ PiecewiseConstantSchedule::PiecewiseConstantSchedule(const glossa::Params& p) : 
   for (const auto& v : params().Get("boundaries").AsList()) s->boundaries.push_back(v.AsFloat());
   for (const auto& v : params().Get("values").AsList()) s->values.push_back(v.AsFloat());
   if (s->values.size() != s->boundaries.size() + 1) {
-    throw InvalidArgumentError(StrCat("PiecewiseConstantSchedule: need len(values) == "
-                                      "len(boundaries) + 1, got ", s->values.size(), " and ",
-                                      s->boundaries.size()));
+    throw InvalidArgumentError(
+        StrCat("PiecewiseConstantSchedule: need len(values) == "
+               "len(boundaries) + 1, got ",
+               s->values.size(), " and ", s->boundaries.size()));
   }
   if (!std::is_sorted(s->boundaries.begin(), s->boundaries.end())) {
     throw InvalidArgumentError("PiecewiseConstantSchedule: boundaries must be sorted");
@@ -160,8 +161,7 @@ ExponentialSchedule::ExponentialSchedule(const glossa::Params& p) : BaseSchedule
   CheckExponential(Point(params(), "start"), Point(params(), "limit"));
 }
 double ExponentialSchedule::Value(int64_t step) const {
-  return Exponential(static_cast<double>(step), Point(params(), "start"),
-                     Point(params(), "limit"));
+  return Exponential(static_cast<double>(step), Point(params(), "start"), Point(params(), "limit"));
 }
 
 // ---- StepwiseExponential ----
@@ -192,7 +192,8 @@ glossa::Params ContinuousSchedule::Params() {
   glossa::Params p = Base(ClsOf<ContinuousSchedule>());
   p.Define("initial_value", 1.0, "Initial decay value.");
   p.Define("start_step", 400000, "Starts to decay the learning rate from this step.");
-  p.Define("half_life_steps", 100000, "Halve the learning rate every this many steps after start_step.");
+  p.Define("half_life_steps", 100000,
+           "Halve the learning rate every this many steps after start_step.");
   p.Define("min", 0.01, "Minimum relative learning rate.");
   return p;
 }
@@ -216,7 +217,8 @@ struct TransformerSchedule::State {};
 glossa::Params TransformerSchedule::Params() {
   glossa::Params p = Base(ClsOf<TransformerSchedule>());
   p.Define("warmup_steps", 4000, "Increase the learning rate linearly for the first warmup_steps.");
-  p.Define("model_dim", 512, "Model dimension that applies to embedding layers and all Transformer layers.");
+  p.Define("model_dim", 512,
+           "Model dimension that applies to embedding layers and all Transformer layers.");
   p.Define("worker_replicas", 1, "Number of worker replicas.");
   p.Define("decay_end", nullptr, "Ends the learning rate decay at decay_end-th step.");
   p.Define("decay_factor", -0.5, "Decay factor (exponent of the step in the decay term).");
@@ -271,7 +273,8 @@ double RampupDecayValue(const RampupDecay& r, int64_t step) {
 }
 glossa::Params RampupDecayParams(const ClassRef& cls) {
   glossa::Params p = Base(cls);
-  p.Define("warmup", 300, "Linearly increase the learning rate for this many steps (times splits).");
+  p.Define("warmup", 300,
+           "Linearly increase the learning rate for this many steps (times splits).");
   p.Define("warmup_init", 1.0, "The initial learning rate multiplier.");
   p.Define("decay_start", 70000, "Starts to decay at this step (divided by splits).");
   p.Define("decay_end", 100000, "Ends the exponential decay at this step (divided by splits).");

@@ -1,5 +1,5 @@
-// Learning-rate schedules: the multiplier of the learner's learning_rate at a global step, each with
-// Lingvo's formula, defaults and edge behaviour (docs/training.md lists them all).
+// Learning-rate schedules: the multiplier of the learner's learning_rate at a global step, each
+// with Lingvo's formula, defaults and edge behaviour (docs/training.md lists them all).
 //
 //   Params p = TransformerSchedule::Params();
 //   p.Set("warmup_steps", 4000).Set("model_dim", 512);
@@ -25,16 +25,16 @@ class BaseSchedule {
   glossa::Params params_;
 };
 
-#define GLOSSA_DECLARE_SCHEDULE(Name)              \
-  class Name : public BaseSchedule {               \
-   public:                                         \
-    static glossa::Params Params();                \
-    explicit Name(const glossa::Params& p);        \
-    double Value(int64_t step) const override;     \
-                                                   \
-   private:                                        \
-    struct State;                                  \
-    std::shared_ptr<const State> state_;           \
+#define GLOSSA_DECLARE_SCHEDULE(Name)          \
+  class Name : public BaseSchedule {           \
+   public:                                     \
+    static glossa::Params Params();            \
+    explicit Name(const glossa::Params& p);    \
+    double Value(int64_t step) const override; \
+                                               \
+   private:                                    \
+    struct State;                              \
+    std::shared_ptr<const State> state_;       \
   };
 
 // value.

@@ -328,7 +328,6 @@ TEST(Registry, EveryRegisteredLayerInstantiatesUnderStubs) {
   EXPECT_GE(built, 20);
 }
 
-
 TEST(Docs, LayersGuideShowsTheCompiledExampleVerbatim) {
   const std::string doc = testing::ReadSourceFile("docs/layers.md");
   const std::string example = testing::ReadSourceFile("docs/examples/gated_ffn_example.cc");
