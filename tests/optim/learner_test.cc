@@ -242,5 +242,24 @@ TEST(Ema, TasksMustAgree) {
                         "task 'a' has ema_decay = 0.999, task 'b' has ema_decay = 0.99");
 }
 
+
+TEST(Docs, TrainingGuideListsEveryOptimClassWithItsParams) {
+  const std::string doc = testing::ReadSourceFile("docs/training.md");
+  int classes = 0;
+  for (const auto& key : ClassRegistry::Keys()) {
+    if (key.rfind("glossa.optim.", 0) != 0) continue;
+    ++classes;
+    EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key << " is not in docs/training.md";
+    const auto& entry = ClassRegistry::Get(key);
+    ASSERT_TRUE(entry.default_params) << key;
+    for (const auto& e : entry.default_params()) {
+      if (e.name == "cls") continue;
+      EXPECT_NE(doc.find("| `" + e.name + "` |"), std::string::npos)
+          << key << " param " << e.name << " is not in docs/training.md";
+    }
+  }
+  EXPECT_GE(classes, 25);
+}
+
 }  // namespace
 }  // namespace glossa
