@@ -242,7 +242,6 @@ TEST(Ema, TasksMustAgree) {
                         "task 'a' has ema_decay = 0.999, task 'b' has ema_decay = 0.99");
 }
 
-
 TEST(Docs, TrainingGuideListsEveryOptimClassWithItsParams) {
   const std::string doc = testing::ReadSourceFile("docs/training.md");
   int classes = 0;

@@ -1,0 +1,282 @@
+#include "glossa/io/record_io.h"
+
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "glossa/base/crc32c.h"
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+namespace {
+
+// A buffered byte stream over a plain or gzip file.
+class ByteSource {
+ public:
+  ByteSource(const std::string& path, bool gzip, size_t buffer_size) : path_(path), gzip_(gzip) {
+    if (gzip) {
+      gz_ = gzopen(path.c_str(), "rb");
+      if (gz_ == nullptr)
+        throw NotFoundError(StrCat("cannot open '", path, "': ", std::strerror(errno)));
+      gzbuffer(gz_, static_cast<unsigned>(buffer_size));
+    } else {
+      file_ = std::fopen(path.c_str(), "rb");
+      if (file_ == nullptr)
+        throw NotFoundError(StrCat("cannot open '", path, "': ", std::strerror(errno)));
+      std::setvbuf(file_, nullptr, _IOFBF, buffer_size);
+    }
+  }
+  ~ByteSource() {
+    if (gz_) gzclose(gz_);
+    if (file_) std::fclose(file_);
+  }
+  // Reads up to n bytes; returns how many were read (fewer only at the end).
+  size_t Read(char* dst, size_t n) {
+    size_t total = 0;
+    while (total < n) {
+      size_t got;
+      if (gzip_) {
+        const int r =
+            gzread(gz_, dst + total, static_cast<unsigned>(std::min<size_t>(n - total, 1u << 30)));
+        if (r < 0) {
+          int errnum = 0;
+          const char* msg = gzerror(gz_, &errnum);
+          throw DataLossError(
+              StrCat("'", path_, "': gzip error at offset ", offset_ + total, ": ", msg));
+        }
+        got = static_cast<size_t>(r);
+      } else {
+        got = std::fread(dst + total, 1, n - total, file_);
+        if (got == 0 && std::ferror(file_)) {
+          throw DataLossError(StrCat("'", path_, "': read error at offset ", offset_ + total, ": ",
+                                     std::strerror(errno)));
+        }
+      }
+      if (got == 0) break;
+      total += got;
+    }
+    offset_ += total;
+    return total;
+  }
+  uint64_t offset() const { return offset_; }
+
+ private:
+  std::string path_;
+  bool gzip_;
+  gzFile gz_ = nullptr;
+  FILE* file_ = nullptr;
+  uint64_t offset_ = 0;
+};
+
+uint64_t DecodeFixed64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);  // little-endian hosts (x86_64, aarch64)
+  return v;
+}
+uint32_t DecodeFixed32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+class TFRecordReader : public RecordReader {
+ public:
+  TFRecordReader(const std::string& path, bool gzip, const RecordReaderOptions& options)
+      : RecordReader(path), source_(path, gzip, options.buffer_size), options_(options) {}
+
+  bool Next(std::string* record) override {
+    while (true) {
+      if (done_) return false;
+      const uint64_t start = source_.offset();
+      char header[12];
+      const size_t got = source_.Read(header, 12);
+      if (got == 0) {
+        done_ = true;
+        return false;
+      }
+      if (got < 12) {
+        return Corrupt(start, StrCat("truncated record header (", got, " of 12 bytes)"), true);
+      }
+      const uint64_t length = DecodeFixed64(header);
+      if (MaskCrc(Crc32c(header, 8)) != DecodeFixed32(header + 8)) {
+        return Corrupt(start, "corrupt record length (CRC mismatch)", true);
+      }
+      if (length > options_.max_record_size) {
+        return Corrupt(
+            start,
+            StrCat("record length ", length, " exceeds max_record_size ", options_.max_record_size),
+            true);
+      }
+      record->resize(length + 4);
+      const size_t body = source_.Read(record->data(), length + 4);
+      if (body < length + 4) {
+        return Corrupt(
+            start, StrCat("truncated record: ", body, " of ", length + 4, " data and CRC bytes"),
+            true);
+      }
+      const uint32_t expected = DecodeFixed32(record->data() + length);
+      record->resize(length);
+      if (MaskCrc(Crc32c(record->data(), length)) != expected) {
+        if (Corrupt(start, "corrupt record data (CRC mismatch)", false)) continue;
+      }
+      return true;
+    }
+  }
+  uint64_t offset() const override { return source_.offset(); }
+  int64_t num_corrupt_skipped() const override { return skipped_; }
+
+ private:
+  // Throws DataLoss, or (skip_corrupt_records) counts the record and returns true to go on;
+  // `fatal` means the stream cannot be resynchronized, so the rest of the file is dropped.
+  bool Corrupt(uint64_t offset, const std::string& what, bool fatal) {
+    if (!options_.skip_corrupt_records) {
+      throw DataLossError(StrCat("'", path_, "': ", what, " at byte offset ", offset));
+    }
+    ++skipped_;
+    if (fatal) done_ = true;
+    return fatal ? false : true;
+  }
+
+  ByteSource source_;
+  RecordReaderOptions options_;
+  bool done_ = false;
+  int64_t skipped_ = 0;
+};
+
+class TextLineReader : public RecordReader {
+ public:
+  TextLineReader(const std::string& path, const RecordReaderOptions& options)
+      : RecordReader(path), source_(path, false, options.buffer_size) {}
+  bool Next(std::string* record) override {
+    record->clear();
+    while (true) {
+      if (pos_ == buffer_.size()) {
+        buffer_.resize(1 << 16);
+        const size_t got = source_.Read(buffer_.data(), buffer_.size());
+        buffer_.resize(got);
+        pos_ = 0;
+        if (got == 0) {
+          if (record->empty() && !partial_) return false;
+          partial_ = false;
+          return true;  // the last line without a newline
+        }
+      }
+      const char* begin = buffer_.data() + pos_;
+      const void* nl = std::memchr(begin, '\n', buffer_.size() - pos_);
+      if (nl != nullptr) {
+        const size_t len = static_cast<const char*>(nl) - begin;
+        record->append(begin, len);
+        pos_ += len + 1;
+        offset_ += record->size() + 1;
+        partial_ = false;
+        if (!record->empty() && record->back() == '\r') record->pop_back();
+        return true;
+      }
+      record->append(begin, buffer_.size() - pos_);
+      partial_ = true;
+      pos_ = buffer_.size();
+    }
+  }
+  uint64_t offset() const override { return offset_; }
+
+ private:
+  ByteSource source_;
+  std::string buffer_;
+  size_t pos_ = 0;
+  uint64_t offset_ = 0;
+  bool partial_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<RecordReader> RecordReader::Open(std::string_view type, const std::string& path,
+                                                 const RecordReaderOptions& options) {
+  if (type == "tfrecord") return std::make_unique<TFRecordReader>(path, false, options);
+  if (type == "tfrecord_gzip") return std::make_unique<TFRecordReader>(path, true, options);
+  if (type == "text") return std::make_unique<TextLineReader>(path, options);
+  throw InvalidArgumentError(StrCat("unknown record file type '", type,
+                                    "' (expected tfrecord, tfrecord_gzip or text) for '", path,
+                                    "'"));
+}
+
+std::string TFRecordFrame(std::string_view record) {
+  std::string out(12, '\0');
+  const uint64_t length = record.size();
+  std::memcpy(out.data(), &length, 8);
+  const uint32_t length_crc = MaskCrc(Crc32c(out.data(), 8));
+  std::memcpy(out.data() + 8, &length_crc, 4);
+  out.append(record);
+  const uint32_t data_crc = MaskCrc(Crc32c(record));
+  out.append(reinterpret_cast<const char*>(&data_crc), 4);
+  return out;
+}
+
+struct TFRecordWriter::Impl {
+  std::string path;
+  bool gzip;
+  FILE* file = nullptr;
+  gzFile gz = nullptr;
+};
+
+TFRecordWriter::TFRecordWriter(const std::string& path, bool gzip)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->gzip = gzip;
+  if (gzip) {
+    impl_->gz = gzopen(path.c_str(), "wb");
+    if (!impl_->gz)
+      throw NotFoundError(StrCat("cannot create '", path, "': ", std::strerror(errno)));
+  } else {
+    impl_->file = std::fopen(path.c_str(), "wb");
+    if (!impl_->file)
+      throw NotFoundError(StrCat("cannot create '", path, "': ", std::strerror(errno)));
+  }
+}
+
+TFRecordWriter::~TFRecordWriter() {
+  try {
+    Close();
+  } catch (...) {
+  }
+}
+
+void TFRecordWriter::Write(std::string_view record) {
+  const std::string framed = TFRecordFrame(record);
+  bool ok;
+  if (impl_->gzip) {
+    ok = impl_->gz && gzwrite(impl_->gz, framed.data(), static_cast<unsigned>(framed.size())) ==
+                          static_cast<int>(framed.size());
+  } else {
+    ok = impl_->file && std::fwrite(framed.data(), 1, framed.size(), impl_->file) == framed.size();
+  }
+  if (!ok)
+    throw AbortedError(StrCat("write to '", impl_->path, "' failed: ", std::strerror(errno)));
+}
+
+void TFRecordWriter::Flush() {
+  if (impl_->gzip) {
+    if (impl_->gz) gzflush(impl_->gz, Z_SYNC_FLUSH);
+  } else if (impl_->file && std::fflush(impl_->file) != 0) {
+    throw AbortedError(StrCat("flush of '", impl_->path, "' failed: ", std::strerror(errno)));
+  }
+}
+
+void TFRecordWriter::Close() {
+  if (impl_->gz) {
+    const int rc = gzclose(impl_->gz);
+    impl_->gz = nullptr;
+    if (rc != Z_OK) throw AbortedError(StrCat("close of '", impl_->path, "' failed"));
+  }
+  if (impl_->file) {
+    const int rc = std::fclose(impl_->file);
+    impl_->file = nullptr;
+    if (rc != 0)
+      throw AbortedError(StrCat("close of '", impl_->path, "' failed: ", std::strerror(errno)));
+  }
+}
+
+}  // namespace glossa
