@@ -1,0 +1,219 @@
+#include "glossa/input/record_batcher.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+
+NestedMap PadAndStack(const std::vector<NestedMap>& examples,
+                      const std::map<std::string, double>& pad_values) {
+  if (examples.empty()) throw InvalidArgumentError("PadAndStack: no examples");
+  const auto keys = examples[0].Keys();
+  std::vector<std::vector<NestedValue>> columns(keys.size());
+  for (size_t e = 0; e < examples.size(); ++e) {
+    auto flat = examples[e].FlattenItems();
+    if (flat.size() != keys.size()) {
+      throw InvalidArgumentError(StrCat("PadAndStack: example ", e, " has keys [",
+                                        Join(examples[e].Keys(), ", "), "], example 0 has [",
+                                        Join(keys, ", "), "]"));
+    }
+    for (size_t k = 0; k < flat.size(); ++k) {
+      if (flat[k].first != keys[k]) {
+        throw InvalidArgumentError(StrCat("PadAndStack: example ", e, " has key '", flat[k].first,
+                                          "' where example 0 has '", keys[k], "'"));
+      }
+      columns[k].push_back(flat[k].second);
+    }
+  }
+  std::vector<NestedValue> stacked;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const auto& col = columns[k];
+    if (!col[0].is_tensor()) {
+      stacked.emplace_back(NestedValue::List(col.begin(), col.end()));
+      continue;
+    }
+    const int64_t rank = col[0].AsTensor().dim();
+    std::vector<int64_t> max_shape = col[0].AsTensor().sizes().vec();
+    for (const auto& v : col) {
+      const at::Tensor& t = v.AsTensor();
+      if (t.dim() != rank) {
+        throw InvalidArgumentError(StrCat("PadAndStack: '", keys[k], "' has rank ", t.dim(),
+                                          " in one example and ", rank, " in another"));
+      }
+      for (int64_t d = 0; d < rank; ++d) max_shape[d] = std::max(max_shape[d], t.size(d));
+    }
+    double pad = 0.0;
+    auto it = pad_values.find(keys[k]);
+    if (it != pad_values.end()) {
+      pad = it->second;
+    } else if (keys[k].size() >= 8 && keys[k].compare(keys[k].size() - 8, 8, "paddings") == 0) {
+      pad = 1.0;
+    }
+    std::vector<at::Tensor> padded;
+    for (const auto& v : col) {
+      at::Tensor t = v.AsTensor();
+      std::vector<int64_t> pads;
+      bool needs = false;
+      for (int64_t d = rank - 1; d >= 0; --d) {
+        pads.push_back(0);
+        pads.push_back(max_shape[d] - t.size(d));
+        needs = needs || max_shape[d] != t.size(d);
+      }
+      padded.push_back(needs ? at::constant_pad_nd(t, pads, pad) : t);
+    }
+    stacked.emplace_back(at::stack(padded));
+  }
+  return examples[0].Pack(stacked);
+}
+
+struct RecordBatcher::State {
+  std::shared_ptr<RecordYielder> yielder;
+  BatcherOptions options;
+  RecordProcessor processor;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<NestedMap>> buckets;
+  std::deque<NestedMap> ready;
+  std::vector<std::thread> threads;
+  int active = 0;
+  bool stop = false;
+  bool flushed_at_end = false;
+  std::exception_ptr error;
+  std::atomic<int64_t> too_long{0}, dropped{0}, processed{0};
+
+  // Emits bucket i as a batch (mu held).
+  void Emit(size_t i) {
+    if (buckets[i].empty()) return;
+    std::vector<NestedMap> examples = std::move(buckets[i]);
+    buckets[i].clear();
+    ready.push_back(PadAndStack(examples, options.pad_values));
+    cv.notify_all();
+  }
+
+  void Loop() {
+    try {
+      while (true) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] {
+            return stop || error ||
+                   static_cast<int64_t>(ready.size()) < std::max<int64_t>(options.prefetch, 1);
+          });
+          if (stop || error) break;
+        }
+        Record record;
+        try {
+          record = yielder->Next();
+        } catch (const OutOfRangeError&) {
+          break;
+        }
+        auto result = processor(record);
+        const int64_t n = ++processed;
+        std::lock_guard<std::mutex> lock(mu);
+        if (result) {
+          const int64_t key = result->second;
+          const auto& bounds = options.bucket_upper_bound;
+          if (key < 0) {
+            ++dropped;
+          } else {
+            const auto it = std::lower_bound(bounds.begin(), bounds.end(), key);
+            if (it == bounds.end()) {
+              ++too_long;
+            } else {
+              const size_t b = it - bounds.begin();
+              buckets[b].push_back(std::move(result->first));
+              if (static_cast<int64_t>(buckets[b].size()) >= options.bucket_batch_limit[b]) Emit(b);
+            }
+          }
+        } else {
+          ++dropped;
+        }
+        if (options.flush_every_n > 0 && n % options.flush_every_n == 0) {
+          for (size_t b = 0; b < buckets.size(); ++b) Emit(b);
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    --active;
+    if (active == 0 && !error) {
+      for (size_t b = 0; b < buckets.size(); ++b) Emit(b);  // end of data: flush partial buckets
+    }
+    cv.notify_all();
+  }
+};
+
+RecordBatcher::RecordBatcher(std::shared_ptr<RecordYielder> yielder, const BatcherOptions& options,
+                             RecordProcessor processor)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.yielder = std::move(yielder);
+  s.options = options;
+  s.processor = std::move(processor);
+  const auto& b = options.bucket_upper_bound;
+  if (b.empty() || b.size() != options.bucket_batch_limit.size()) {
+    throw InvalidArgumentError(
+        StrCat("RecordBatcher: bucket_upper_bound (", b.size(), ") and bucket_batch_limit (",
+               options.bucket_batch_limit.size(), ") must be non-empty and of equal length"));
+  }
+  if (!std::is_sorted(b.begin(), b.end())) {
+    throw InvalidArgumentError(StrCat("RecordBatcher: bucket_upper_bound must be sorted, got [",
+                                      Join(
+                                          [&] {
+                                            std::vector<std::string> v;
+                                            for (auto x : b) v.push_back(std::to_string(x));
+                                            return v;
+                                          }(),
+                                          ", "),
+                                      "]"));
+  }
+  for (int64_t limit : options.bucket_batch_limit) {
+    if (limit <= 0)
+      throw InvalidArgumentError("RecordBatcher: bucket_batch_limit entries must be > 0");
+  }
+  s.buckets.resize(b.size());
+  const int64_t n = std::max<int64_t>(1, options.num_batcher_threads);
+  s.active = static_cast<int>(n);
+  for (int64_t i = 0; i < n; ++i) s.threads.emplace_back([&s] { s.Loop(); });
+}
+
+RecordBatcher::~RecordBatcher() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  for (auto& t : state_->threads) t.join();
+}
+
+NestedMap RecordBatcher::Next() {
+  State& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.cv.wait(lock, [&] { return !s.ready.empty() || s.error || s.active == 0; });
+  if (!s.ready.empty()) {
+    NestedMap batch = std::move(s.ready.front());
+    s.ready.pop_front();
+    s.cv.notify_all();
+    return batch;
+  }
+  if (s.error) std::rethrow_exception(s.error);
+  throw OutOfRangeError("end of input: the record batcher has emitted every batch");
+}
+
+int64_t RecordBatcher::num_skipped_too_long() const { return state_->too_long; }
+int64_t RecordBatcher::num_dropped() const { return state_->dropped; }
+int64_t RecordBatcher::num_processed() const { return state_->processed; }
+
+}  // namespace glossa

@@ -1,0 +1,274 @@
+#include "glossa/input/tokenizers.h"
+
+#include <ATen/ATen.h>
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+
+glossa::Params BaseTokenizer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("name", "tokenizer");
+  p.Define("vocab_size", 64, "The size of the vocabulary.");
+  p.Define("append_eos", true,
+           "Whether to append </s> at the end and treat it as a non-padded label.");
+  p.Define("pad_to_max_length", true, "If True, output ids are padded to max_length.");
+  p.Define("target_unk_id", 0, "Target unknown token id.");
+  p.Define("target_sos_id", 1, "Target start of sequence id.");
+  p.Define("target_eos_id", 2, "Target end of sequence id.");
+  return p;
+}
+
+BaseTokenizer::BaseTokenizer(const glossa::Params& p) : BaseLayer(p) {
+  unk_id_ = params().GetInt("target_unk_id");
+  sos_id_ = params().GetInt("target_sos_id");
+  eos_id_ = params().GetInt("target_eos_id");
+}
+
+NestedMap BaseTokenizer::StringsToIds(const std::vector<std::string>& strs,
+                                      int64_t max_length) const {
+  if (max_length <= 0) throw InvalidArgumentError("StringsToIds: max_length must be > 0");
+  const bool append_eos = params().GetBool("append_eos");
+  std::vector<std::vector<int64_t>> ids(strs.size()), labels(strs.size());
+  int64_t longest = 0;
+  for (size_t i = 0; i < strs.size(); ++i) {
+    std::vector<int64_t> toks = StringToIds(strs[i]);
+    labels[i] = toks;
+    if (append_eos) labels[i].push_back(eos_id_);
+    ids[i] = {sos_id_};
+    ids[i].insert(ids[i].end(), labels[i].begin(), labels[i].end() - 1);
+    if (static_cast<int64_t>(ids[i].size()) > max_length) {
+      ids[i].resize(max_length);
+      labels[i].resize(max_length);
+    }
+    longest = std::max<int64_t>(longest, ids[i].size());
+  }
+  const int64_t width =
+      params().GetBool("pad_to_max_length") ? max_length : std::max<int64_t>(longest, 1);
+  const int64_t b = static_cast<int64_t>(strs.size());
+  at::Tensor t_ids = at::full({b, width}, eos_id_, at::kLong);
+  at::Tensor t_labels = at::full({b, width}, eos_id_, at::kLong);
+  at::Tensor t_pad = at::ones({b, width}, at::kFloat);
+  for (int64_t i = 0; i < b; ++i) {
+    for (size_t j = 0; j < ids[i].size(); ++j) {
+      t_ids[i][j] = ids[i][j];
+      t_labels[i][j] = labels[i][j];
+      t_pad[i][j] = 0.0f;
+    }
+  }
+  return NestedMap{{"ids", t_ids}, {"labels", t_labels}, {"paddings", t_pad}};
+}
+
+std::vector<std::string> BaseTokenizer::IdsToStrings(const at::Tensor& ids,
+                                                     const at::Tensor& lens) const {
+  if (ids.dim() != 2 || lens.dim() != 1 || lens.size(0) != ids.size(0)) {
+    throw InvalidArgumentError(StrCat("IdsToStrings: need ids [batch, time] and lens [batch], got ",
+                                      ids.sizes(), " and ", lens.sizes()));
+  }
+  at::Tensor cpu = ids.to(at::kLong).cpu().contiguous();
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < ids.size(0); ++i) {
+    const int64_t n = std::clamp<int64_t>(lens[i].item<int64_t>(), 0, ids.size(1));
+    std::vector<int64_t> row(cpu[i].data_ptr<int64_t>(), cpu[i].data_ptr<int64_t>() + n);
+    out.push_back(IdsToString(row));
+  }
+  return out;
+}
+
+// ---- AsciiTokenizer ----
+
+namespace {
+const std::vector<std::string>& AsciiTokens() {
+  static const std::vector<std::string> kTokens = {
+      "<unk>", "<s>", "</s>", " ", "<noise>", "a",  "b", "c",         "d",           "e",     "f",
+      "g",     "h",   "i",    "j", "k",       "l",  "m", "n",         "o",           "p",     "q",
+      "r",     "s",   "t",    "u", "v",       "w",  "x", "y",         "z",           ".",     "'",
+      "-",     ":",   "!",    "~", "`",       ";",  "0", "1",         "2",           "3",     "4",
+      "5",     "6",   "7",    "8", "9",       "\"", "#", "$",         "%",           "&",     "(",
+      ")",     "*",   "+",    ",", "/",       "<",  "=", ">",         "?",           "@",     "[",
+      "\\",    "]",   "^",    "_", "{",       "|",  "}", "<epsilon>", "<text_only>", "<sorw>"};
+  return kTokens;
+}
+}  // namespace
+
+glossa::Params AsciiTokenizer::Params() {
+  glossa::Params p = BaseTokenizer::Params();
+  p.Set("cls", ClsOf<AsciiTokenizer>());
+  p.Set("vocab_size", 76);
+  return p;
+}
+
+std::vector<int64_t> AsciiTokenizer::StringToIds(const std::string& s) const {
+  static const std::vector<std::pair<std::string, int64_t>> kSpecial = {
+      {"<unk>", 0},      {"<noise>", 4},      {"<s>", 1},    {"</s>", 2},
+      {"<epsilon>", 73}, {"<text_only>", 74}, {"<sorw>", 75}};
+  std::string lower = s;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const auto& tokens = AsciiTokens();
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < lower.size(); ++i) {
+    bool special = false;
+    for (const auto& [tok, id] : kSpecial) {
+      if (lower.compare(i, tok.size(), tok) == 0) {
+        ids.push_back(id);
+        i += tok.size() - 1;
+        special = true;
+        break;
+      }
+    }
+    if (special) continue;
+    const std::string c(1, lower[i]);
+    auto it = std::find(tokens.begin() + 3, tokens.begin() + 73, c);
+    ids.push_back(it == tokens.begin() + 73 ? 0 : it - tokens.begin());
+  }
+  return ids;
+}
+
+std::string AsciiTokenizer::IdsToString(const std::vector<int64_t>& ids) const {
+  std::string out;
+  for (int64_t id : ids) {
+    out +=
+        (id >= 0 && id < static_cast<int64_t>(AsciiTokens().size())) ? AsciiTokens()[id] : "<unk>";
+  }
+  return out;
+}
+
+// ---- VocabFileTokenizer ----
+
+glossa::Params VocabFileTokenizer::Params() {
+  glossa::Params p = BaseTokenizer::Params();
+  p.Set("cls", ClsOf<VocabFileTokenizer>());
+  p.Define("token_vocab_filepath", nullptr,
+           "The vocabulary file: one token per line (token<TAB>score).");
+  p.Define("tokens_delimiter", " ", "The delimiter between tokens in a string.");
+  return p;
+}
+
+VocabFileTokenizer::VocabFileTokenizer(const glossa::Params& p) : BaseTokenizer(p) {
+  if (!params().IsSet("token_vocab_filepath")) {
+    throw InvalidArgumentError(
+        StrCat("tokenizer '", path(), "': token_vocab_filepath is required"));
+  }
+  const std::string file = params().GetString("token_vocab_filepath");
+  std::ifstream in(file);
+  if (!in) throw NotFoundError(StrCat("cannot open vocabulary file '", file, "'"));
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::string token = line.substr(0, line.find('\t'));
+    if (token.empty()) {
+      throw InvalidArgumentError(StrCat("vocabulary file '", file, "' line ", n, ": empty token"));
+    }
+    ids_.emplace(token, static_cast<int64_t>(tokens_.size()));
+    tokens_.push_back(token);
+  }
+  if (tokens_.empty()) throw InvalidArgumentError(StrCat("vocabulary file '", file, "' is empty"));
+  auto find = [&](const char* t, int64_t fallback) {
+    auto it = ids_.find(t);
+    return it == ids_.end() ? fallback : it->second;
+  };
+  unk_id_ = find("<unk>", unk_id_);
+  sos_id_ = find("<s>", sos_id_);
+  eos_id_ = find("</s>", eos_id_);
+}
+
+std::vector<int64_t> VocabFileTokenizer::StringToIds(const std::string& s) const {
+  const std::string delim = params().GetString("tokens_delimiter");
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = delim.empty() ? std::string::npos : s.find(delim, start);
+    if (end == std::string::npos) end = s.size();
+    std::string tok = s.substr(start, end - start);
+    if (!tok.empty()) {
+      auto it = ids_.find(tok);
+      out.push_back(it == ids_.end() ? unk_id_ : it->second);
+    }
+    if (end == s.size()) break;
+    start = end + delim.size();
+  }
+  return out;
+}
+
+std::string VocabFileTokenizer::IdsToString(const std::vector<int64_t>& ids) const {
+  std::vector<std::string> toks;
+  for (int64_t id : ids) {
+    toks.push_back(id >= 0 && id < static_cast<int64_t>(tokens_.size()) ? tokens_[id] : "<unk>");
+  }
+  return Join(toks, params().GetString("tokens_delimiter"));
+}
+
+// ---- SentencePieceTokenizer ----
+
+glossa::Params SentencePieceTokenizer::Params() {
+  glossa::Params p = BaseTokenizer::Params();
+  p.Set("cls", ClsOf<SentencePieceTokenizer>());
+  p.Define("spm_model_file", nullptr, "The SentencePiece model file.");
+  return p;
+}
+
+SentencePieceTokenizer::SentencePieceTokenizer(const glossa::Params& p)
+    : BaseTokenizer(p), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  if (!params().IsSet("spm_model_file")) {
+    throw InvalidArgumentError(StrCat("tokenizer '", path(), "': spm_model_file is required"));
+  }
+  const std::string file = params().GetString("spm_model_file");
+  const auto status = sp_->Load(file);
+  if (!status.ok()) {
+    throw NotFoundError(
+        StrCat("cannot load SentencePiece model '", file, "': ", status.ToString()));
+  }
+  unk_id_ = sp_->unk_id();
+  if (sp_->bos_id() >= 0) sos_id_ = sp_->bos_id();
+  if (sp_->eos_id() >= 0) eos_id_ = sp_->eos_id();
+}
+
+SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+
+std::vector<int64_t> SentencePieceTokenizer::StringToIds(const std::string& s) const {
+  std::vector<int> ids;
+  const auto status = sp_->Encode(s, &ids);
+  if (!status.ok())
+    throw InvalidArgumentError(StrCat("SentencePiece encode failed: ", status.ToString()));
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+std::string SentencePieceTokenizer::IdsToString(const std::vector<int64_t>& ids) const {
+  std::vector<int> v;
+  for (int64_t id : ids)
+    v.push_back(id >= 0 && id < sp_->GetPieceSize() ? static_cast<int>(id) : sp_->unk_id());
+  std::string out;
+  const auto status = sp_->Decode(v, &out);
+  if (!status.ok())
+    throw InvalidArgumentError(StrCat("SentencePiece decode failed: ", status.ToString()));
+  return out;
+}
+
+int64_t SentencePieceTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+
+void TrainSentencePiece(const std::string& input_text_file, const std::string& model_prefix,
+                        int64_t vocab_size, const std::string& model_type) {
+  const auto status = sentencepiece::SentencePieceTrainer::Train(StrCat(
+      "--input=", input_text_file, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
+      " --model_type=", model_type, " --minloglevel=2 --hard_vocab_limit=false"));
+  if (!status.ok()) {
+    throw InvalidArgumentError(
+        StrCat("SentencePiece training on '", input_text_file, "' failed: ", status.ToString()));
+  }
+}
+
+GLOSSA_REGISTER_CLASS(AsciiTokenizer, "glossa.input.AsciiTokenizer");
+GLOSSA_REGISTER_CLASS(VocabFileTokenizer, "glossa.input.VocabFileTokenizer");
+GLOSSA_REGISTER_CLASS(SentencePieceTokenizer, "glossa.input.SentencePieceTokenizer");
+
+}  // namespace glossa
