@@ -10,7 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libssl-dev zlib1g-dev
   nlohmann-json3-dev libcli11-dev libgoogle-glog-dev
-  libsentencepiece-dev libgloo-dev
+  libsentencepiece-dev sentencepiece libgloo-dev
 )
 
 missing=()

@@ -1,15 +1,21 @@
 #include "glossa/input/tokenizers.h"
 
 #include <ATen/ATen.h>
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+
+extern char** environ;
 
 namespace glossa {
 
@@ -210,6 +216,60 @@ std::string VocabFileTokenizer::IdsToString(const std::vector<int64_t>& ids) con
 
 // ---- SentencePieceTokenizer ----
 
+namespace {
+
+// The functions of libglossa_spm (input/spm_shim.cc), loaded once with RTLD_DEEPBIND from the
+// directory libglossa itself was loaded from.
+struct SpmModule {
+  void* (*create)();
+  void (*destroy)(void*);
+  int (*load)(void*, const char*, char*, int);
+  int (*encode)(void*, const char*, int, int*, int, char*, int);
+  int (*decode)(void*, const int*, int, char*, int, char*, int);
+  int (*piece_size)(void*);
+  int (*bos_id)(void*);
+  int (*eos_id)(void*);
+  int (*unk_id)(void*);
+};
+
+const SpmModule& Spm() {
+  static const SpmModule module = [] {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&TrainSentencePiece), &info) == 0 || !info.dli_fname) {
+      throw FailedPreconditionError("cannot locate libglossa to find libglossa_spm.so");
+    }
+    std::string dir = info.dli_fname;
+    dir = dir.substr(0, dir.rfind('/') + 1);
+    const std::string path = dir + "libglossa_spm.so";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (lib == nullptr) {
+      throw FailedPreconditionError(
+          StrCat("cannot load the SentencePiece module '", path, "': ", dlerror()));
+    }
+    SpmModule m;
+    auto sym = [&](const char* name) {
+      void* f = dlsym(lib, name);
+      if (f == nullptr) throw FailedPreconditionError(StrCat("'", path, "' lacks ", name));
+      return f;
+    };
+    m.create = reinterpret_cast<void* (*)()>(sym("glossa_spm_new"));
+    m.destroy = reinterpret_cast<void (*)(void*)>(sym("glossa_spm_delete"));
+    m.load = reinterpret_cast<int (*)(void*, const char*, char*, int)>(sym("glossa_spm_load"));
+    m.encode = reinterpret_cast<int (*)(void*, const char*, int, int*, int, char*, int)>(
+        sym("glossa_spm_encode"));
+    m.decode = reinterpret_cast<int (*)(void*, const int*, int, char*, int, char*, int)>(
+        sym("glossa_spm_decode"));
+    m.piece_size = reinterpret_cast<int (*)(void*)>(sym("glossa_spm_piece_size"));
+    m.bos_id = reinterpret_cast<int (*)(void*)>(sym("glossa_spm_bos_id"));
+    m.eos_id = reinterpret_cast<int (*)(void*)>(sym("glossa_spm_eos_id"));
+    m.unk_id = reinterpret_cast<int (*)(void*)>(sym("glossa_spm_unk_id"));
+    return m;
+  }();
+  return module;
+}
+
+}  // namespace
+
 glossa::Params SentencePieceTokenizer::Params() {
   glossa::Params p = BaseTokenizer::Params();
   p.Set("cls", ClsOf<SentencePieceTokenizer>());
@@ -217,54 +277,99 @@ glossa::Params SentencePieceTokenizer::Params() {
   return p;
 }
 
-SentencePieceTokenizer::SentencePieceTokenizer(const glossa::Params& p)
-    : BaseTokenizer(p), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+SentencePieceTokenizer::SentencePieceTokenizer(const glossa::Params& p) : BaseTokenizer(p) {
   if (!params().IsSet("spm_model_file")) {
     throw InvalidArgumentError(StrCat("tokenizer '", path(), "': spm_model_file is required"));
   }
   const std::string file = params().GetString("spm_model_file");
-  const auto status = sp_->Load(file);
-  if (!status.ok()) {
-    throw NotFoundError(
-        StrCat("cannot load SentencePiece model '", file, "': ", status.ToString()));
+  const SpmModule& spm = Spm();
+  sp_ = spm.create();
+  char err[512] = {0};
+  if (!spm.load(sp_, file.c_str(), err, sizeof(err))) {
+    spm.destroy(sp_);
+    sp_ = nullptr;
+    throw NotFoundError(StrCat("cannot load SentencePiece model '", file, "': ", err));
   }
-  unk_id_ = sp_->unk_id();
-  if (sp_->bos_id() >= 0) sos_id_ = sp_->bos_id();
-  if (sp_->eos_id() >= 0) eos_id_ = sp_->eos_id();
+  unk_id_ = spm.unk_id(sp_);
+  if (spm.bos_id(sp_) >= 0) sos_id_ = spm.bos_id(sp_);
+  if (spm.eos_id(sp_) >= 0) eos_id_ = spm.eos_id(sp_);
 }
 
-SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+SentencePieceTokenizer::~SentencePieceTokenizer() {
+  if (sp_) Spm().destroy(sp_);
+}
 
 std::vector<int64_t> SentencePieceTokenizer::StringToIds(const std::string& s) const {
-  std::vector<int> ids;
-  const auto status = sp_->Encode(s, &ids);
-  if (!status.ok())
-    throw InvalidArgumentError(StrCat("SentencePiece encode failed: ", status.ToString()));
-  return std::vector<int64_t>(ids.begin(), ids.end());
+  char err[512] = {0};
+  std::vector<int> ids(s.size() + 16);
+  int n = Spm().encode(sp_, s.data(), static_cast<int>(s.size()), ids.data(),
+                       static_cast<int>(ids.size()), err, sizeof(err));
+  if (n > static_cast<int>(ids.size())) {
+    ids.resize(n);
+    n = Spm().encode(sp_, s.data(), static_cast<int>(s.size()), ids.data(), n, err, sizeof(err));
+  }
+  if (n < 0) throw InvalidArgumentError(StrCat("SentencePiece encode failed: ", err));
+  return std::vector<int64_t>(ids.begin(), ids.begin() + n);
 }
 
 std::string SentencePieceTokenizer::IdsToString(const std::vector<int64_t>& ids) const {
+  const int size = Spm().piece_size(sp_);
   std::vector<int> v;
   for (int64_t id : ids)
-    v.push_back(id >= 0 && id < sp_->GetPieceSize() ? static_cast<int>(id) : sp_->unk_id());
-  std::string out;
-  const auto status = sp_->Decode(v, &out);
-  if (!status.ok())
-    throw InvalidArgumentError(StrCat("SentencePiece decode failed: ", status.ToString()));
+    v.push_back(id >= 0 && id < size ? static_cast<int>(id) : Spm().unk_id(sp_));
+  char err[512] = {0};
+  std::string out(ids.size() * 16 + 16, '\0');
+  int n = Spm().decode(sp_, v.data(), static_cast<int>(v.size()), out.data(),
+                       static_cast<int>(out.size()), err, sizeof(err));
+  if (n > static_cast<int>(out.size())) {
+    out.resize(n);
+    n = Spm().decode(sp_, v.data(), static_cast<int>(v.size()), out.data(), n, err, sizeof(err));
+  }
+  if (n < 0) throw InvalidArgumentError(StrCat("SentencePiece decode failed: ", err));
+  out.resize(n);
   return out;
 }
 
-int64_t SentencePieceTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+int64_t SentencePieceTokenizer::vocab_size() const { return Spm().piece_size(sp_); }
 
 void TrainSentencePiece(const std::string& input_text_file, const std::string& model_prefix,
                         int64_t vocab_size, const std::string& model_type) {
-  const auto status = sentencepiece::SentencePieceTrainer::Train(StrCat(
-      "--input=", input_text_file, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
-      " --model_type=", model_type, " --minloglevel=2 --hard_vocab_limit=false"));
-  if (!status.ok()) {
-    throw InvalidArgumentError(
-        StrCat("SentencePiece training on '", input_text_file, "' failed: ", status.ToString()));
+  // Training runs Debian's spm_train in a child process: the trainer logs through iostreams, which
+  // are not usable from the deep-bound module (see spm_shim.cc).
+  const std::string log = model_prefix + ".train.log";
+  std::vector<std::string> args = {"spm_train",
+                                   "--input=" + input_text_file,
+                                   "--model_prefix=" + model_prefix,
+                                   StrCat("--vocab_size=", vocab_size),
+                                   "--model_type=" + model_type,
+                                   "--hard_vocab_limit=false",
+                                   "--minloglevel=1"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid;
+  const int rc = posix_spawnp(&pid, "spm_train", &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    throw FailedPreconditionError(
+        StrCat("cannot run spm_train (Debian package sentencepiece): ", std::strerror(rc)));
   }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::ifstream in(log);
+    std::string text((std::istreambuf_iterator<char>(in)), {}), last;
+    for (const std::string& line : Split(text, '\n')) {
+      if (!Strip(line).empty()) last = std::string(Strip(line));
+    }
+    throw InvalidArgumentError(
+        StrCat("SentencePiece training on '", input_text_file, "' failed: ", last));
+  }
+  std::remove(log.c_str());
 }
 
 GLOSSA_REGISTER_CLASS(AsciiTokenizer, "glossa.input.AsciiTokenizer");

@@ -13,10 +13,6 @@
 
 #include "glossa/layers/base_layer.h"
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}  // namespace sentencepiece
-
 namespace glossa {
 
 class BaseTokenizer : public BaseLayer {
@@ -82,7 +78,7 @@ class SentencePieceTokenizer : public BaseTokenizer {
   int64_t vocab_size() const;
 
  private:
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  void* sp_ = nullptr;  // a SentencePieceProcessor inside libglossa_spm
 };
 
 // Trains a SentencePiece model on a text file (one sentence per line): writes

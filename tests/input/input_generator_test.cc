@@ -1,0 +1,242 @@
+#include "glossa/input/input_generator.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "glossa/base/strings.h"
+#include "glossa/core/hyperparams.pb.h"
+#include "glossa/io/example.h"
+#include "glossa/io/record_io.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path Dir() {
+  fs::path dir = fs::temp_directory_path() / ("glossa_inputgen_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string TestData(const std::string& name) {
+  return testing::SourcePath("../shared/testdata/lingvo/" + name);
+}
+
+std::vector<int64_t> Values(BaseInputGenerator& input) {
+  std::vector<int64_t> out;
+  try {
+    while (true)
+      out.push_back(input.GetPreprocessedInputBatch().GetTensor("value").item<int64_t>());
+  } catch (const OutOfRangeError&) {
+  }
+  return out;
+}
+
+std::vector<int64_t> Range(int64_t n) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(i);
+  return v;
+}
+
+TEST(DatasetInput, RangeYieldsThenEndsWithOutOfRange) {
+  Params p = DatasetInput::ParamsFor("glossa.input.Range");
+  p.Set("name", "range");
+  EXPECT_EQ(p.GetInt("args.begin"), 0);
+  EXPECT_EQ(p.GetInt("args.end"), 10);
+  auto input = InstantiateLayer<BaseInputGenerator>(p);
+  EXPECT_EQ(Values(*input), Range(10));
+  input->Reset();
+  EXPECT_EQ(Values(*input), Range(10));
+}
+
+TEST(DatasetInput, ArgsRoundTripThroughProtoAndStillInstantiate) {
+  Params p = DatasetInput::ParamsFor("glossa.input.Range");
+  p.Set("name", "range").Set("args.begin", 3);
+  Params q = Params::FromProtoBytes(p.ToProtoBytes());
+  EXPECT_EQ(q.GetInt("args.begin"), 3);
+  auto input = InstantiateLayer<BaseInputGenerator>(q);
+  EXPECT_EQ(Values(*input), (std::vector<int64_t>{3, 4, 5, 6, 7, 8, 9}));
+}
+
+TEST(DatasetInput, MapArgsTakeLayerParams) {
+  Params p = DatasetInput::ParamsFor("glossa.input.Range");
+  p.Set("name", "range")
+      .Set("num_samples", 20)
+      .Set("map_args", ParamValue::Dict{{"end", "num_samples"}});
+  auto input = InstantiateLayer<BaseInputGenerator>(p);
+  EXPECT_EQ(Values(*input), Range(20));
+}
+
+// A dataset function bound to an object: only its declared argument is exposed.
+class CountingSource {
+ public:
+  explicit CountingSource(int64_t offset) : offset_(offset) {}
+  std::unique_ptr<Dataset> Make(const Params& args) const {
+    class D : public Dataset {
+     public:
+      D(int64_t start, int64_t n, bool repeat) : start_(start), n_(n), repeat_(repeat) {}
+      NestedMap Next() override {
+        if (i_ >= n_) {
+          if (!repeat_) throw OutOfRangeError("end of input");
+          i_ = 0;
+        }
+        return NestedMap{{"value", at::full({}, start_ + i_++, at::kLong)}};
+      }
+
+     private:
+      int64_t start_, n_, i_ = 0;
+      bool repeat_;
+    };
+    return std::make_unique<D>(offset_, args.GetInt("n"), args.GetBool("repeat"));
+  }
+
+ private:
+  int64_t offset_;
+};
+
+TEST(DatasetInput, BoundFunctionsRequiredArgsIgnoreArgsAndRepeat) {
+  static CountingSource source(100);
+  RegisterDatasetFn("glossa.testing.Counting",
+                    {{"n", std::nullopt, "How many."},
+                     {"repeat", ParamValue(false), "Repeat forever."},
+                     {"unused", ParamValue(1), "Ignored."}},
+                    [](const Params& args) { return source.Make(args); });
+  Params p = DatasetInput::ParamsFor("glossa.testing.Counting");
+  p.Set("name", "count");
+  EXPECT_TRUE(p.Get("args.n").is_none());
+  EXPECT_FALSE(p.GetParams("args").Contains("self"));
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<BaseInputGenerator>(p), InvalidArgumentError,
+                        "argument 'n' of glossa.testing.Counting has no default and must be set");
+  p.Set("args.n", 3).Set("ignore_args", ParamValue::List{"unused"});
+  auto once = InstantiateLayer<BaseInputGenerator>(p);
+  EXPECT_EQ(Values(*once), (std::vector<int64_t>{100, 101, 102}));
+  p.Set("args.repeat", true);
+  auto forever = InstantiateLayer<BaseInputGenerator>(p);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(forever->GetPreprocessedInputBatch().GetTensor("value").item<int64_t>(), 100 + i % 3);
+  }
+  EXPECT_ERROR_CONTAINS(DatasetInput::ParamsFor("glossa.testing.Countin"), NotFoundError,
+                        "did you mean");
+  EXPECT_THROW(RegisterDatasetFn("glossa.testing.Counting", {}, nullptr), InvalidArgumentError);
+}
+
+TEST(InputGenerator, SplitInputBatchAndBatchSizes) {
+  NestedMap batch{{"x", at::arange(12).view({6, 2})}, {"y", at::arange(6)}};
+  auto parts = BaseInputGenerator::SplitInputBatch(batch, 3);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_TRUE(at::equal(parts[1].GetTensor("y"), at::tensor({2, 3}, at::kLong)));
+  EXPECT_EQ(parts[2].GetTensor("x").sizes(), (std::vector<int64_t>{2, 2}));
+  EXPECT_ERROR_CONTAINS(BaseInputGenerator::SplitInputBatch(batch, 4), InvalidArgumentError,
+                        "does not divide into 4 splits");
+  Params p = DatasetInput::ParamsFor("glossa.input.Range");
+  p.Set("name", "r").Set("batch_size", 8).Set("num_input_replicas", 4);
+  auto input = InstantiateLayer<BaseInputGenerator>(p);
+  EXPECT_EQ(input->InfeedBatchSize(), 8);
+  EXPECT_EQ(input->GlobalBatchSize(), 32);
+}
+
+std::string WriteExamples(const std::string& name, int n) {
+  const std::string path = (Dir() / name).string();
+  TFRecordWriter w(path);
+  for (int i = 0; i < n; ++i) {
+    w.Write(ExampleBuilder().Int64("id", {i}).Float("x", {i * 0.5f, 1.0f}).Serialize());
+  }
+  return path;
+}
+
+Params ExampleInput(const std::string& path, int64_t batch, int64_t epochs) {
+  Params p = ExampleFileInput::Params();
+  p.Set("name", "examples")
+      .Set("input_files", path)
+      .Set("batch_size", batch)
+      .Set("num_epochs", epochs);
+  p.Set("features", ParamValue::Dict{{"id", ExampleFileInput::FeatureParams("int64")},
+                                     {"x", ExampleFileInput::FeatureParams("float", {2})}});
+  return p;
+}
+
+TEST(ExampleFileInput, EpochsAndDropRemainder) {
+  const std::string three = WriteExamples("three.tfrecord", 3);
+  auto input = InstantiateLayer<BaseInputGenerator>(ExampleInput(three, 3, 7));
+  int batches = 0;
+  try {
+    while (true) {
+      NestedMap b = input->GetPreprocessedInputBatch();
+      EXPECT_EQ(b.GetTensor("id").sizes(), (std::vector<int64_t>{3}));
+      EXPECT_EQ(b.GetTensor("id").sum().item<int64_t>(), 0 + 1 + 2);  // one epoch per batch
+      ++batches;
+    }
+  } catch (const OutOfRangeError&) {
+  }
+  EXPECT_EQ(batches, 7);
+  const std::string ten = WriteExamples("ten.tfrecord", 10);
+  auto big = InstantiateLayer<BaseInputGenerator>(ExampleInput(ten, 200, -1));
+  NestedMap b = big->GetPreprocessedInputBatch();
+  EXPECT_EQ(b.GetTensor("x").sizes(), (std::vector<int64_t>{200, 2}));
+  auto partial = InstantiateLayer<BaseInputGenerator>(ExampleInput(ten, 4, 1));
+  EXPECT_NO_THROW(partial->GetPreprocessedInputBatch());
+  EXPECT_NO_THROW(partial->GetPreprocessedInputBatch());
+  EXPECT_THROW(partial->GetPreprocessedInputBatch(), OutOfRangeError);  // 2 left: dropped
+}
+
+TEST(ExampleFileInput, ReadsTheTensorFlowWrittenWmtFile) {
+  const std::string path = TestData("wmt14_ende_wpm_32k_test.tfrecord");
+  if (!fs::exists(path)) GTEST_SKIP() << "../shared/testdata is absent: " << path;
+  Params p = ExampleFileInput::Params();
+  p.Set("name", "wmt").Set("input_files", path).Set("batch_size", 10).Set("num_epochs", 1);
+  p.Set("features",
+        ParamValue::Dict{{"source_id", ExampleFileInput::FeatureParams("int64", {}, true)},
+                         {"target_weight", ExampleFileInput::FeatureParams("float", {}, true)}});
+  auto input = InstantiateLayer<BaseInputGenerator>(p);
+  int batches = 0;
+  try {
+    while (true) {
+      NestedMap b = input->GetPreprocessedInputBatch();
+      EXPECT_EQ(b.GetTensor("source_id").size(0), 10);
+      ++batches;
+    }
+  } catch (const OutOfRangeError&) {
+  }
+  EXPECT_EQ(batches, 10);
+}
+
+TEST(TextLmInput, TokenizesBucketsAndPads) {
+  const fs::path file = Dir() / "lm.txt";
+  std::ofstream(file) << "hello world\nhi\n\nthe quick brown fox jumps over the lazy dog\nok\n";
+  Params p = TextLmInput::Params();
+  p.Set("name", "lm")
+      .Set("file_pattern", "text:" + file.string())
+      .Set("require_sequential_order", true);
+  p.Set("repeat_count", 1)
+      .Set("bucket_upper_bound", ParamValue::List{5, 20})
+      .Set("bucket_batch_limit", ParamValue::List{2, 2});
+  auto input = InstantiateLayer<TextLmInput>(p);
+  // "hi" (3 with </s>) and "ok" fill bucket 0; "hello world" (12) waits in bucket 1, the long
+  // line (45) is too long.
+  NestedMap b = input->GetPreprocessedInputBatch();
+  EXPECT_EQ(b.GetTensor("ids").sizes(), (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(at::equal(b.GetTensor("ids")[0], at::tensor({1, 12, 13}, at::kLong)));     // <s> h i
+  EXPECT_TRUE(at::equal(b.GetTensor("labels")[0], at::tensor({12, 13, 2}, at::kLong)));  // h i </s>
+  NestedMap flushed = input->GetPreprocessedInputBatch();
+  EXPECT_EQ(flushed.GetTensor("ids").size(0), 1);
+  EXPECT_EQ(input->IdsToStrings(flushed.GetTensor("labels"), at::tensor({11}, at::kLong))[0],
+            "hello world");
+  EXPECT_THROW(input->GetPreprocessedInputBatch(), OutOfRangeError);
+  EXPECT_EQ(input->num_skipped_too_long(), 1);
+  input->Reset();
+  EXPECT_NO_THROW(input->GetPreprocessedInputBatch());
+  EXPECT_EQ(input->InfeedBatchSize(), 2);
+  Params bad = p.Copy();
+  bad.Set("file_pattern", "text:/no/such/file");
+  auto missing = InstantiateLayer<TextLmInput>(bad);
+  EXPECT_ERROR_CONTAINS(missing->GetPreprocessedInputBatch(), NotFoundError, "matches no files");
+}
+
+}  // namespace
+}  // namespace glossa
