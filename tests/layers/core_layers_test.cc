@@ -328,6 +328,13 @@ TEST(Registry, EveryRegisteredLayerInstantiatesUnderStubs) {
   EXPECT_GE(built, 20);
 }
 
+TEST(Docs, InputGuideShowsTheCompiledExampleVerbatim) {
+  const std::string doc = testing::ReadSourceFile("docs/input.md");
+  const std::string example = testing::ReadSourceFile("docs/examples/dataset_fn_example.cc");
+  EXPECT_NE(doc.find("```cpp\n" + example + "```"), std::string::npos)
+      << "docs/input.md must contain docs/examples/dataset_fn_example.cc in a cpp block";
+}
+
 TEST(Docs, LayersGuideShowsTheCompiledExampleVerbatim) {
   const std::string doc = testing::ReadSourceFile("docs/layers.md");
   const std::string example = testing::ReadSourceFile("docs/examples/gated_ffn_example.cc");
