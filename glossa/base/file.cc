@@ -1,0 +1,125 @@
+#include "glossa/base/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+namespace {
+
+std::string Errno() { return std::strerror(errno); }
+
+void FsyncDirectory(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+void WriteAll(int fd, std::string_view data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw AbortedError(StrCat("write to '", path, "' failed: ", Errno()));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void AtomicWriteFileWith(const std::string& path, const std::function<void(int fd)>& write) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = StrCat(path, ".tmp.", ::getpid(), ".", counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw AbortedError(StrCat("cannot create '", tmp, "': ", Errno()));
+  try {
+    write(fd);
+    if (::fsync(fd) != 0) throw AbortedError(StrCat("fsync of '", tmp, "' failed: ", Errno()));
+    if (::close(fd) != 0) {
+      throw AbortedError(StrCat("close of '", tmp, "' failed: ", Errno()));
+    }
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = Errno();
+    ::unlink(tmp.c_str());
+    throw AbortedError(StrCat("rename of '", tmp, "' to '", path, "' failed: ", err));
+  }
+  FsyncDirectory(path);
+}
+
+void AtomicWriteFile(const std::string& path, std::string_view data) {
+  AtomicWriteFileWith(path, [&](int fd) { WriteAll(fd, data, path); });
+}
+
+std::string ReadFileToString(const std::string& path, uint64_t max_size) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NotFoundError(StrCat("cannot open '", path, "'"));
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(in.tellg());
+  if (size > max_size) {
+    throw DataLossError(StrCat("'", path, "' is ", size, " bytes, more than the limit ", max_size));
+  }
+  in.seekg(0);
+  std::string data(size, '\0');
+  in.read(data.data(), static_cast<std::streamsize>(size));
+  if (static_cast<uint64_t>(in.gcount()) != size) {
+    throw DataLossError(StrCat("short read of '", path, "'"));
+  }
+  return data;
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+uint64_t FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw NotFoundError(StrCat("cannot stat '", path, "'"));
+  return static_cast<uint64_t>(st.st_size);
+}
+
+std::vector<std::string> ListDirectory(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    out.push_back(e.path().filename().string());
+  }
+  if (ec) throw NotFoundError(StrCat("cannot list directory '", dir, "': ", ec.message()));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void RemoveFileIfExists(const std::string& path) { ::unlink(path.c_str()); }
+
+void CreateDirectories(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw AbortedError(StrCat("cannot create directory '", dir, "': ", ec.message()));
+}
+
+std::string JoinPath(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  return a.back() == '/' ? a + b : a + "/" + b;
+}
+
+}  // namespace glossa

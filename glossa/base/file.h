@@ -1,0 +1,33 @@
+// File helpers: atomic writes (temporary file, fsync, rename, fsync of the directory), bounded
+// reads, directory listing.
+//
+//   AtomicWriteFile("/ckpt/checkpoint", text);   // readers see the old or the new file, never half
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace glossa {
+
+// Writes `data` to `path` atomically. Aborted (naming the file) on any I/O error, in which case
+// `path` is untouched and the temporary file removed.
+void AtomicWriteFile(const std::string& path, std::string_view data);
+// The same, with the content produced by `write(fd)` (which must write everything or throw).
+void AtomicWriteFileWith(const std::string& path, const std::function<void(int fd)>& write);
+// Writes all of `data` to `fd`; Aborted naming `path` on error (ENOSPC included).
+void WriteAll(int fd, std::string_view data, const std::string& path);
+
+// Reads a whole file; NotFound when it cannot be opened, DataLoss when larger than `max_size`.
+std::string ReadFileToString(const std::string& path, uint64_t max_size = uint64_t{1} << 34);
+bool FileExists(const std::string& path);
+uint64_t FileSize(const std::string& path);
+// Names (not paths) of the entries of `dir`, sorted; NotFound when it cannot be listed.
+std::vector<std::string> ListDirectory(const std::string& dir);
+void RemoveFileIfExists(const std::string& path);
+void CreateDirectories(const std::string& dir);
+std::string JoinPath(const std::string& a, const std::string& b);
+
+}  // namespace glossa

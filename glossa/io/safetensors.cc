@@ -1,0 +1,271 @@
+#include "glossa/io/safetensors.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+namespace {
+
+using json = nlohmann::json;
+
+struct DTypeInfo {
+  const char* name;
+  at::ScalarType stored;  // the ATen type holding the file's bytes
+  at::ScalarType result;  // what the reader returns
+  size_t size;
+};
+
+const std::vector<DTypeInfo>& DTypes() {
+  static const std::vector<DTypeInfo> kTypes = {
+      {"BOOL", at::kBool, at::kBool, 1},  {"U8", at::kByte, at::kByte, 1},
+      {"I8", at::kChar, at::kChar, 1},    {"I16", at::kShort, at::kShort, 2},
+      {"U16", at::kShort, at::kInt, 2},   {"I32", at::kInt, at::kInt, 4},
+      {"U32", at::kInt, at::kLong, 4},    {"I64", at::kLong, at::kLong, 8},
+      {"F16", at::kHalf, at::kHalf, 2},   {"BF16", at::kBFloat16, at::kBFloat16, 2},
+      {"F32", at::kFloat, at::kFloat, 4}, {"F64", at::kDouble, at::kDouble, 8},
+  };
+  return kTypes;
+}
+
+const DTypeInfo& InfoForScalarType(at::ScalarType t, const std::string& name) {
+  for (const auto& d : DTypes()) {
+    if (d.stored == t && d.result == t) return d;
+  }
+  throw InvalidArgumentError(
+      StrCat("safetensors cannot store tensor '", name, "' of type ", c10::toString(t)));
+}
+
+constexpr uint64_t kMaxHeaderSize = 100 << 20;
+
+}  // namespace
+
+void SaveSafetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                     const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> contiguous;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__") throw InvalidArgumentError("'__metadata__' cannot name a tensor");
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    const auto& info = InfoForScalarType(c.scalar_type(), name);
+    const uint64_t bytes = static_cast<uint64_t>(c.numel()) * info.size;
+    header[name] = {{"dtype", info.name},
+                    {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    contiguous.push_back(c);
+  }
+  std::string header_text = header.dump();
+  // Pad the header with spaces so the data starts 8-byte aligned (allowed by the format).
+  while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
+  const uint64_t n = header_text.size();
+  AtomicWriteFileWith(path, [&](int fd) {
+    WriteAll(fd, std::string_view(reinterpret_cast<const char*>(&n), 8), path);
+    WriteAll(fd, header_text, path);
+    for (const auto& c : contiguous) {
+      WriteAll(fd, std::string_view(static_cast<const char*>(c.data_ptr()), c.nbytes()), path);
+    }
+  });
+}
+
+SafetensorsContents LoadSafetensors(const std::string& path) {
+  auto fail = [&](const std::string& why) -> DataLossError {
+    return DataLossError(StrCat("safetensors file '", path, "': ", why));
+  };
+  const uint64_t file_size = FileSize(path);
+  if (file_size < 8)
+    throw fail(StrCat("file is ", file_size, " bytes, shorter than the 8-byte header length"));
+  const std::string data = ReadFileToString(path);
+  uint64_t n;
+  std::memcpy(&n, data.data(), 8);
+  if (n > kMaxHeaderSize)
+    throw fail(StrCat("header length ", n, " exceeds the limit ", kMaxHeaderSize));
+  if (n > file_size - 8)
+    throw fail(StrCat("header length ", n, " goes beyond the file (", file_size, " bytes)"));
+  json header;
+  try {
+    header = json::parse(data.begin() + 8, data.begin() + 8 + static_cast<int64_t>(n));
+  } catch (const json::exception& e) {
+    throw fail(StrCat("header is not valid JSON: ", e.what()));
+  }
+  if (!header.is_object()) throw fail("header is not a JSON object");
+  const uint64_t data_size = file_size - 8 - n;
+  const char* base = data.data() + 8 + n;
+  SafetensorsContents out;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& e = it.value();
+    if (name == "__metadata__") {
+      if (!e.is_object()) throw fail("__metadata__ is not an object");
+      for (auto m = e.begin(); m != e.end(); ++m) {
+        if (!m.value().is_string())
+          throw fail(StrCat("__metadata__ '", m.key(), "' is not a string"));
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
+        !e.contains("data_offsets") || !e["dtype"].is_string() || !e["shape"].is_array() ||
+        !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
+      throw fail(StrCat("tensor '", name, "' needs dtype, shape and data_offsets [begin, end]"));
+    }
+    const std::string dtype = e["dtype"].get<std::string>();
+    auto info = std::find_if(DTypes().begin(), DTypes().end(),
+                             [&](const DTypeInfo& d) { return dtype == d.name; });
+    if (info == DTypes().end())
+      throw fail(StrCat("tensor '", name, "' has unknown dtype '", dtype, "'"));
+    std::vector<int64_t> shape;
+    uint64_t numel = 1;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
+        throw fail(StrCat("tensor '", name, "' has an invalid shape"));
+      }
+      shape.push_back(d.get<int64_t>());
+      numel *= d.get<uint64_t>();
+      if (numel > (uint64_t{1} << 40)) throw fail(StrCat("tensor '", name, "' is too large"));
+    }
+    for (const auto& o : e["data_offsets"]) {
+      if (!o.is_number_unsigned())
+        throw fail(StrCat("tensor '", name, "' has invalid data_offsets"));
+    }
+    const uint64_t begin = e["data_offsets"][0].get<uint64_t>(),
+                   end = e["data_offsets"][1].get<uint64_t>();
+    if (begin > end || end > data_size) {
+      throw fail(StrCat("tensor '", name, "' data_offsets [", begin, ", ", end,
+                        "] are outside the data (", data_size, " bytes)"));
+    }
+    if (end - begin != numel * info->size) {
+      throw fail(StrCat("tensor '", name, "' has ", end - begin, " bytes, but dtype ", dtype,
+                        " and shape need ", numel * info->size));
+    }
+    spans.push_back({begin, end, name});
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(info->stored));
+    if (end > begin) std::memcpy(t.data_ptr(), base + begin, end - begin);
+    if (dtype == "U16") t = t.to(at::kInt).bitwise_and(static_cast<int64_t>(0xFFFF));
+    if (dtype == "U32") t = t.to(at::kLong).bitwise_and(static_cast<int64_t>(0xFFFFFFFFLL));
+    out.tensors[name] = t;
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  uint64_t expected = 0;
+  for (const auto& s : spans) {
+    if (s.begin < expected)
+      throw fail(StrCat("tensor '", s.name, "' overlaps the previous tensor's data"));
+    if (s.begin > expected)
+      throw fail(StrCat("unused bytes before tensor '", s.name, "' at data offset ", expected));
+    expected = s.end;
+  }
+  if (expected != data_size) {
+    throw fail(StrCat(data_size - expected, " trailing bytes after the last tensor"));
+  }
+  return out;
+}
+
+std::vector<std::string> SaveSafetensorsSharded(const std::string& stem,
+                                                const std::map<std::string, at::Tensor>& tensors,
+                                                const std::map<std::string, std::string>& metadata,
+                                                uint64_t max_shard_bytes) {
+  uint64_t total = 0;
+  for (const auto& [k, t] : tensors) total += t.nbytes();
+  if (total <= max_shard_bytes) {
+    SaveSafetensors(stem + ".safetensors", tensors, metadata);
+    return {stem + ".safetensors"};
+  }
+  std::vector<std::map<std::string, at::Tensor>> shards(1);
+  uint64_t in_shard = 0;
+  for (const auto& [k, t] : tensors) {
+    if (in_shard > 0 && in_shard + t.nbytes() > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back()[k] = t;
+    in_shard += t.nbytes();
+  }
+  std::vector<std::string> files;
+  json weight_map = json::object();
+  char suffix[64];
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::snprintf(suffix, sizeof(suffix), "-%05zu-of-%05zu.safetensors", i, shards.size());
+    const std::string file = stem + suffix;
+    SaveSafetensors(file, shards[i], metadata);
+    const std::string base = file.substr(file.rfind('/') + 1);
+    for (const auto& [k, t] : shards[i]) weight_map[k] = base;
+    files.push_back(file);
+  }
+  json index = {{"metadata", metadata}, {"weight_map", weight_map}};
+  index["metadata"]["total_size"] = std::to_string(total);
+  AtomicWriteFile(stem + ".safetensors.index.json", index.dump(1));
+  files.push_back(stem + ".safetensors.index.json");
+  return files;
+}
+
+SafetensorsContents LoadSafetensorsSharded(const std::string& stem) {
+  if (FileExists(stem + ".safetensors")) return LoadSafetensors(stem + ".safetensors");
+  const std::string index_path = stem + ".safetensors.index.json";
+  if (!FileExists(index_path)) {
+    throw NotFoundError(StrCat("no checkpoint at '", stem, "' (neither ", stem, ".safetensors nor ",
+                               index_path, ")"));
+  }
+  json index;
+  try {
+    index = json::parse(ReadFileToString(index_path, 1 << 28));
+  } catch (const json::exception& e) {
+    throw DataLossError(
+        StrCat("safetensors index '", index_path, "' is not valid JSON: ", e.what()));
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    throw DataLossError(StrCat("safetensors index '", index_path, "' has no weight_map object"));
+  }
+  const std::string dir = stem.substr(0, stem.rfind('/') + 1);
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    if (!it.value().is_string() || it.value().get<std::string>().find('/') != std::string::npos) {
+      throw DataLossError(
+          StrCat("safetensors index '", index_path, "': bad shard for '", it.key(), "'"));
+    }
+    by_file[it.value().get<std::string>()].push_back(it.key());
+  }
+  SafetensorsContents out;
+  for (const auto& [file, names] : by_file) {
+    SafetensorsContents shard = LoadSafetensors(dir + file);
+    for (const auto& n : names) {
+      auto t = shard.tensors.find(n);
+      if (t == shard.tensors.end()) {
+        throw DataLossError(StrCat("safetensors index '", index_path, "' maps '", n, "' to ", file,
+                                   ", which does not hold it"));
+      }
+      out.tensors[n] = t->second;
+    }
+    if (out.metadata.empty()) out.metadata = shard.metadata;
+  }
+  return out;
+}
+
+std::vector<std::string> SafetensorsFiles(const std::string& stem) {
+  const std::string dir = stem.substr(0, stem.rfind('/') + 1);
+  const std::string base = stem.substr(stem.rfind('/') + 1);
+  std::vector<std::string> out;
+  for (const auto& name : ListDirectory(dir.empty() ? "." : dir)) {
+    if (name == base + ".safetensors" || name == base + ".safetensors.index.json" ||
+        (name.rfind(base + "-", 0) == 0 && name.size() > base.size() + 12 &&
+         name.compare(name.size() - 12, 12, ".safetensors") == 0)) {
+      out.push_back(dir + name);
+    }
+  }
+  return out;
+}
+
+}  // namespace glossa

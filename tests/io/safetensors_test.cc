@@ -1,0 +1,149 @@
+#include "glossa/io/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "glossa/base/file.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Dir() {
+  fs::path dir = fs::temp_directory_path() / ("glossa_st_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::map<std::string, at::Tensor> EveryDtype() {
+  at::Tensor base = at::arange(-3, 3, at::kDouble).view({2, 3});
+  return {{"f32", base.to(at::kFloat)},     {"f64", base},
+          {"bf16", base.to(at::kBFloat16)}, {"f16", base.to(at::kHalf)},
+          {"i64", base.to(at::kLong)},      {"i32", base.to(at::kInt)},
+          {"u8", (base + 3).to(at::kByte)}, {"bool", base > 0},
+          {"scalar", at::full({}, 7.5)},    {"empty", at::zeros({0, 4})},
+          {"lm/emb/w", at::randn({5, 2})}};
+}
+
+void ExpectSame(const std::map<std::string, at::Tensor>& a,
+                const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [k, t] : a) {
+    ASSERT_TRUE(b.count(k)) << k;
+    EXPECT_EQ(b.at(k).scalar_type(), t.scalar_type()) << k;
+    EXPECT_TRUE(at::equal(b.at(k), t)) << k;
+  }
+}
+
+TEST(Safetensors, EveryDtypeRoundTripsWithMetadata) {
+  const std::string path = Dir() + "/all.safetensors";
+  const auto tensors = EveryDtype();
+  SaveSafetensors(path, tensors, {{"format_version", "1"}, {"input_position", "42"}});
+  SafetensorsContents c = LoadSafetensors(path);
+  ExpectSame(tensors, c.tensors);
+  EXPECT_EQ(c.metadata.at("format_version"), "1");
+  EXPECT_EQ(c.metadata.at("input_position"), "42");
+}
+
+TEST(Safetensors, ShardedRoundTripWithIndex) {
+  const std::string stem = Dir() + "/ckpt-00000100";
+  std::map<std::string, at::Tensor> t;
+  for (int i = 0; i < 10; ++i) t["v" + std::to_string(i)] = at::randn({100});
+  auto files = SaveSafetensorsSharded(stem, t, {{"format_version", "1"}}, 1000);
+  EXPECT_GT(files.size(), 2u);
+  EXPECT_EQ(files.back(), stem + ".safetensors.index.json");
+  EXPECT_TRUE(
+      FileExists(stem + "-00000-of-0000" + std::to_string(files.size() - 1) + ".safetensors"));
+  SafetensorsContents c = LoadSafetensorsSharded(stem);
+  ExpectSame(t, c.tensors);
+  EXPECT_EQ(c.metadata.at("format_version"), "1");
+  EXPECT_EQ(SafetensorsFiles(stem).size(), files.size());
+  auto single = SaveSafetensorsSharded(Dir() + "/small", {{"a", at::ones({2})}}, {}, 1 << 20);
+  EXPECT_EQ(single, std::vector<std::string>{Dir() + "/small.safetensors"});
+  EXPECT_THROW(LoadSafetensorsSharded(Dir() + "/nothing"), NotFoundError);
+}
+
+std::string Header(const std::string& json) {
+  uint64_t n = json.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + json;
+}
+
+void ExpectDataLoss(const std::string& bytes, const std::string& substring) {
+  const std::string path = Dir() + "/bad.safetensors";
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError, "safetensors file '" + path + "': ");
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError, substring);
+}
+
+TEST(Safetensors, RejectsMalformedFiles) {
+  const std::string four(4, '\0');
+  ExpectDataLoss("abc", "shorter than the 8-byte header length");
+  uint64_t huge = 1000;
+  ExpectDataLoss(std::string(reinterpret_cast<const char*>(&huge), 8) + "{}",
+                 "header length 1000 goes beyond the file");
+  ExpectDataLoss(Header("{not json"), "header is not valid JSON");
+  ExpectDataLoss(Header("[1, 2]"), "header is not a JSON object");
+  ExpectDataLoss(Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}})") + four,
+                 "outside the data");
+  ExpectDataLoss(Header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})") + four,
+                 "tensor 'a' has 4 bytes, but dtype F32 and shape need 8");
+  ExpectDataLoss(Header(R"({"a": {"dtype": "X9", "shape": [1], "data_offsets": [0, 4]}})") + four,
+                 "unknown dtype 'X9'");
+  ExpectDataLoss(Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                            "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})") +
+                     four + four,
+                 "overlaps");
+  ExpectDataLoss(
+      Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})") + four + "xx",
+      "2 trailing bytes after the last tensor");
+  ExpectDataLoss(Header(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})") + four,
+                 "invalid shape");
+  ExpectDataLoss(Header(R"({"a": {"dtype": "F32"}})"), "needs dtype, shape and data_offsets");
+  ExpectDataLoss(Header(R"({"__metadata__": {"k": 1}})"), "__metadata__ 'k' is not a string");
+}
+
+TEST(Safetensors, ReadsTheSafetensorsProjectsSamples) {
+  const std::string dir = testing::SourcePath("../shared/testdata/safetensors");
+  if (!fs::exists(dir)) GTEST_SKIP() << "../shared/testdata is absent: " << dir;
+  SafetensorsContents all = LoadSafetensors(dir + "/overall.safetensors");
+  EXPECT_EQ(all.tensors.size(), 9u);
+  for (const char* f : {"B", "H", "I", "b", "d", "e", "f", "h", "i"}) {
+    SafetensorsContents c = LoadSafetensors(dir + "/" + f + ".safetensors");
+    ASSERT_EQ(c.tensors.size(), 1u) << f;
+    at::Tensor t = c.tensors.begin()->second;
+    EXPECT_EQ(t.numel(), 6) << f;
+    const bool is_unsigned =
+        std::string(f) == "B" || std::string(f) == "H" || std::string(f) == "I";
+    at::Tensor expected = at::arange(-3, 3, at::kDouble);
+    if (is_unsigned) {
+      const double mod = std::string(f) == "B"   ? 256.0
+                         : std::string(f) == "H" ? 65536.0
+                                                 : 4294967296.0;
+      expected = at::where(expected < 0, expected + mod, expected);
+    }
+    EXPECT_TRUE(at::equal(t.reshape(-1).to(at::kDouble), expected)) << f << ": " << t;
+  }
+}
+
+TEST(AtomicWrite, FailuresLeaveTheOldFileIntact) {
+  const std::string path = Dir() + "/state";
+  AtomicWriteFile(path, "old");
+  EXPECT_THROW(AtomicWriteFileWith(path, [](int) { throw AbortedError("disk full"); }),
+               AbortedError);
+  EXPECT_EQ(ReadFileToString(path), "old");
+  for (const auto& name : ListDirectory(Dir()))
+    EXPECT_EQ(name.find(".tmp."), std::string::npos) << name;
+  AtomicWriteFile(path, "new");
+  EXPECT_EQ(ReadFileToString(path), "new");
+  EXPECT_THROW(AtomicWriteFile("/proc/no/such/dir/x", "y"), AbortedError);
+}
+
+}  // namespace
+}  // namespace glossa
