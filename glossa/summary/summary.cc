@@ -1,0 +1,141 @@
+#include "glossa/summary/summary.h"
+
+#include <ATen/ATen.h>
+#include <glog/logging.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+namespace {
+
+thread_local SummaryContext* t_context = nullptr;
+thread_local std::vector<std::string> t_scopes;
+
+std::string Key(const std::string& name, const std::string& scope) {
+  return scope.empty() ? name : name + "/" + scope;
+}
+
+}  // namespace
+
+SummaryContext::SummaryContext(int64_t max_loop_vars) : max_loop_vars_(max_loop_vars) {
+  if (t_context != nullptr) {
+    throw FailedPreconditionError(
+        "a SummaryContext is already active on this thread (not re-entrant)");
+  }
+  t_context = this;
+}
+
+SummaryContext::~SummaryContext() { t_context = nullptr; }
+
+SummaryContext* SummaryContext::Current() { return t_context; }
+
+void SummaryContext::Record(Entry entry) {
+  if (loops_.empty()) {
+    entries_.push_back(std::move(entry));
+    return;
+  }
+  const std::string key =
+      Key(entry.name, entry.scope) + "#" + std::to_string(static_cast<int>(entry.kind));
+  auto& loop = loops_.back();
+  auto it = loop.find(key);
+  if (it == loop.end()) {
+    if (static_cast<int64_t>(loop.size()) >= max_loop_vars_) {
+      ++dropped_;
+      LOG(WARNING) << "summary '" << Key(entry.name, entry.scope) << "' dropped: more than "
+                   << max_loop_vars_ << " summaries in a loop (max_loop_vars)";
+      return;
+    }
+    loop_order_.back().push_back(key);
+    it = loop.emplace(key, LoopVar{entry, {}}).first;
+  }
+  it->second.values.push_back(entry.value.detach());
+}
+
+std::map<std::string, at::Tensor> SummaryContext::MergeAll() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& e : entries_) {
+    if (e.kind != Entry::Kind::kPerExample) out[Key(e.name, e.scope)] = e.value;
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> SummaryContext::MergeAllPerExample() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& e : entries_) {
+    if (e.kind != Entry::Kind::kPerExample) continue;
+    std::string key = e.scope.empty() ? e.name : e.scope + "/" + e.name;
+    std::string flat;
+    for (char c : key) {
+      if (c == '/') {
+        flat += "__";
+      } else {
+        flat += c;
+      }
+    }
+    out[flat] = e.value;
+  }
+  return out;
+}
+
+SummaryNameScope::SummaryNameScope(const std::string& name) { t_scopes.push_back(name); }
+SummaryNameScope::~SummaryNameScope() { t_scopes.pop_back(); }
+std::string SummaryNameScope::Current() { return Join(t_scopes, "/"); }
+
+SummaryLoop::SummaryLoop() : ctx_(t_context) {
+  if (ctx_) {
+    ctx_->loops_.emplace_back();
+    ctx_->loop_order_.emplace_back();
+  }
+}
+
+SummaryLoop::~SummaryLoop() {
+  if (!ctx_) return;
+  auto loop = std::move(ctx_->loops_.back());
+  auto order = std::move(ctx_->loop_order_.back());
+  ctx_->loops_.pop_back();
+  ctx_->loop_order_.pop_back();
+  for (const auto& key : order) {
+    auto& var = loop.at(key);
+    SummaryContext::Entry e = var.entry;
+    if (e.kind == SummaryContext::Entry::Kind::kScalar) {
+      at::Tensor sum = at::stack(var.values).sum(0);
+      e.value = e.reduce == SummaryReduce::kSum
+                    ? sum
+                    : sum / static_cast<double>(std::max<size_t>(1, var.values.size()));
+    } else {
+      e.value = at::stack(var.values);
+    }
+    ctx_->Record(std::move(e));  // into the enclosing loop, or the context
+  }
+}
+
+void RecordSummary(SummaryContext::Entry entry) {
+  if (t_context == nullptr) return;
+  entry.scope = SummaryNameScope::Current();
+  t_context->Record(std::move(entry));
+}
+
+namespace summary {
+
+void Scalar(const std::string& name, const at::Tensor& value, SummaryReduce reduce) {
+  if (!SummaryContext::Current()) return;
+  RecordSummary({name, "", value.detach(), SummaryContext::Entry::Kind::kScalar, reduce});
+}
+void Scalar(const std::string& name, double value, SummaryReduce reduce) {
+  if (!SummaryContext::Current()) return;
+  Scalar(name, at::full({}, value, at::TensorOptions().dtype(at::kDouble)), reduce);
+}
+void Tensor(const std::string& name, const at::Tensor& value) {
+  if (!SummaryContext::Current()) return;
+  RecordSummary(
+      {name, "", value.detach(), SummaryContext::Entry::Kind::kTensor, SummaryReduce::kMean});
+}
+void PerExampleTensor(const std::string& name, const at::Tensor& value) {
+  if (!SummaryContext::Current()) return;
+  RecordSummary(
+      {name, "", value.detach(), SummaryContext::Entry::Kind::kPerExample, SummaryReduce::kMean});
+}
+
+}  // namespace summary
+}  // namespace glossa

@@ -1,0 +1,97 @@
+// The summary context (Lingvo's tpu_summary): layers record scalars and tensors anywhere during a
+// step; the program collects them. Outside a SummaryContext every call is a no-op.
+//
+//   SummaryContext ctx;                        // thread-local, not re-entrant
+//   { SummaryNameScope s("enc");  summary::Scalar("over_capacity", ratio); }
+//   { SummaryLoop loop;  for (...) { loop.NextIteration(); summary::Scalar("loss", l); } }
+//   std::map<std::string, at::Tensor> all = ctx.MergeAll();   // {"loss": mean,
+//   "over_capacity/enc": ...}
+//
+// In a loop region values accumulate per iteration and are reduced when the loop ends: scalars by
+// mean (sum / max(1, count)) or sum, tensors stacked along a new dim 0. At most max_loop_vars
+// distinct summaries accumulate in a loop; later ones are dropped (counted), as in Lingvo.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace glossa {
+
+enum class SummaryReduce { kMean, kSum };
+
+class SummaryContext {
+ public:
+  // FailedPrecondition when a context is already active on this thread.
+  explicit SummaryContext(int64_t max_loop_vars = 16);
+  ~SummaryContext();
+  SummaryContext(const SummaryContext&) = delete;
+  SummaryContext& operator=(const SummaryContext&) = delete;
+
+  // The active context of this thread, or null.
+  static SummaryContext* Current();
+
+  // "name/scope" (or "name" without a scope) -> value, in recording order of first appearance.
+  std::map<std::string, at::Tensor> MergeAll() const;
+  // Per-example tensors: "scope__name" with '/' replaced by "__" -> value.
+  std::map<std::string, at::Tensor> MergeAllPerExample() const;
+  int64_t num_dropped_loop_vars() const { return dropped_; }
+
+  struct Entry {
+    std::string name;
+    std::string scope;
+    at::Tensor value;
+    enum class Kind { kScalar, kTensor, kPerExample } kind;
+    SummaryReduce reduce = SummaryReduce::kMean;
+  };
+
+ private:
+  friend class SummaryLoop;
+  friend void RecordSummary(SummaryContext::Entry entry);
+  void Record(Entry entry);
+  std::vector<Entry> entries_;
+  // Loop accumulation: key -> values per iteration.
+  struct LoopVar {
+    Entry entry;
+    std::vector<at::Tensor> values;
+  };
+  std::vector<std::map<std::string, LoopVar>> loops_;
+  std::vector<std::vector<std::string>> loop_order_;
+  int64_t max_loop_vars_;
+  int64_t dropped_ = 0;
+};
+
+// Pushes a name scope ("a/b" when nested) for the summaries recorded inside it.
+class SummaryNameScope {
+ public:
+  explicit SummaryNameScope(const std::string& name);
+  ~SummaryNameScope();
+  SummaryNameScope(const SummaryNameScope&) = delete;
+  SummaryNameScope& operator=(const SummaryNameScope&) = delete;
+  static std::string Current();
+};
+
+// A loop region of the current context (no-op without one).
+class SummaryLoop {
+ public:
+  SummaryLoop();
+  ~SummaryLoop();  // reduces the accumulated values into the context
+  SummaryLoop(const SummaryLoop&) = delete;
+  SummaryLoop& operator=(const SummaryLoop&) = delete;
+
+ private:
+  SummaryContext* ctx_;
+};
+
+namespace summary {
+void Scalar(const std::string& name, const at::Tensor& value,
+            SummaryReduce reduce = SummaryReduce::kMean);
+void Scalar(const std::string& name, double value, SummaryReduce reduce = SummaryReduce::kMean);
+void Tensor(const std::string& name, const at::Tensor& value);
+void PerExampleTensor(const std::string& name, const at::Tensor& value);
+}  // namespace summary
+
+}  // namespace glossa

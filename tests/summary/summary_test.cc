@@ -1,0 +1,74 @@
+#include "glossa/summary/summary.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+TEST(Summary, NoOpOutsideAContextAndNotReentrant) {
+  summary::Scalar("ignored", 1.0);  // no context: nothing happens
+  SummaryContext ctx;
+  EXPECT_THROW(SummaryContext(), FailedPreconditionError);
+  EXPECT_TRUE(ctx.MergeAll().empty());
+}
+
+TEST(Summary, ScopesAndKeyFormats) {
+  SummaryContext ctx;
+  summary::Scalar("loss", 2.0);
+  {
+    SummaryNameScope enc("enc");
+    SummaryNameScope layer("layer_0");
+    summary::Scalar("over_capacity", 0.25);
+    summary::PerExampleTensor("scores", at::ones({3}));
+  }
+  summary::Tensor("probs", at::zeros({2}));
+  auto all = ctx.MergeAll();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all.at("loss").item<double>(), 2.0);
+  EXPECT_EQ(all.at("over_capacity/enc/layer_0").item<double>(), 0.25);
+  EXPECT_TRUE(all.count("probs"));
+  auto per = ctx.MergeAllPerExample();
+  ASSERT_EQ(per.size(), 1u);
+  EXPECT_TRUE(per.count("enc__layer_0__scores"));
+}
+
+TEST(Summary, LoopsReduceByMeanSumAndStack) {
+  SummaryContext ctx;
+  {
+    SummaryLoop loop;
+    for (int i = 1; i <= 4; ++i) {
+      summary::Scalar("mean_loss", static_cast<double>(i));
+      summary::Scalar("total", static_cast<double>(i), SummaryReduce::kSum);
+      summary::Tensor("per_step", at::full({2}, static_cast<double>(i)));
+    }
+  }
+  auto all = ctx.MergeAll();
+  EXPECT_DOUBLE_EQ(all.at("mean_loss").item<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(all.at("total").item<double>(), 10.0);
+  EXPECT_EQ(all.at("per_step").sizes(), (std::vector<int64_t>{4, 2}));
+  EXPECT_DOUBLE_EQ(all.at("per_step")[3][0].item<double>(), 4.0);
+}
+
+TEST(Summary, MaxLoopVarsDropsExtras) {
+  SummaryContext ctx(/*max_loop_vars=*/2);
+  {
+    SummaryLoop loop;
+    for (int i = 0; i < 3; ++i) {
+      summary::Scalar("a", 1.0);
+      summary::Scalar("b", 2.0);
+      summary::Scalar("c", 3.0);  // the third distinct summary in the loop: dropped
+    }
+  }
+  auto all = ctx.MergeAll();
+  EXPECT_EQ(all.size(), 2u);
+  EXPECT_FALSE(all.count("c"));
+  EXPECT_EQ(ctx.num_dropped_loop_vars(), 3);
+  summary::Scalar("c", 3.0);  // outside the loop it is recorded
+  EXPECT_TRUE(ctx.MergeAll().count("c"));
+}
+
+}  // namespace
+}  // namespace glossa
