@@ -1,0 +1,127 @@
+// Checkpoints with Lingvo's saver semantics. A checkpoint `<dir>/ckpt-%08d` (the global step) is a
+// safetensors file `ckpt-00001000.safetensors`, or shards
+// `ckpt-00001000-00000-of-0000N.safetensors` with `ckpt-00001000.safetensors.index.json` when
+// larger than max_shard_bytes. Keys are full variable names, "global_step", optimizer slots and
+// "<var>/ExponentialMovingAverage" shadows;
+// __metadata__ carries format_version (and whatever the caller adds, e.g. the input position).
+// The state file `<dir>/checkpoint` lists the checkpoints (TensorFlow's CheckpointState text
+// format), is written atomically and re-read at every save. docs/formats.md specifies both.
+//
+//   SaverOptions o;  o.dir = "/logdir/train";  o.keep_latest_n = 5;
+//   Saver saver(o);
+//   saver.AddIsFiniteCheck(".*");
+//   saver.Save(1000, tensors);
+//   SafetensorsContents latest = LoadCheckpoint(*Saver::LatestCheckpoint(o.dir));
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "glossa/io/safetensors.h"
+
+namespace glossa {
+
+inline constexpr const char* kCheckpointFormatVersion = "1";
+
+struct SaverOptions {
+  std::string dir;
+  // Keep the last N checkpoints; 0 keeps all.
+  int64_t keep_latest_n = 0;
+  // Also keep one checkpoint every N hours (0: none).
+  double keep_every_n_hours = 0;
+  uint64_t max_shard_bytes = uint64_t{2} << 30;
+  // Write in a background thread (values are copied first); the next save or Wait() surfaces
+  // errors.
+  bool async = false;
+  // Wall time in seconds; injectable for tests.
+  std::function<double()> clock;
+};
+
+// The state file.
+struct CheckpointState {
+  std::string model_checkpoint_path;  // relative to the directory, e.g. "ckpt-00001000"
+  std::vector<std::string> all_model_checkpoint_paths;
+  std::vector<double> all_model_checkpoint_timestamps;
+  double last_preserved_timestamp = 0;
+};
+// Reads `<dir>/checkpoint`: an empty state when absent; DataLoss naming the file and line when
+// malformed.
+CheckpointState ReadCheckpointState(const std::string& dir);
+std::string FormatCheckpointState(const CheckpointState& state);
+
+// Lingvo's retention: sort (timestamp, path); keep-every-N-hours keeps the first and then one
+// whenever its timestamp is more than 3600·N seconds after the last kept; keep-latest-N keeps the
+// last N (0 keeps all); the union is kept. Returns the kept paths in order.
+std::vector<std::string> CheckpointsToKeep(const std::vector<std::pair<double, std::string>>& all,
+                                           int64_t keep_latest_n, double keep_every_n_hours);
+
+class Saver {
+ public:
+  explicit Saver(SaverOptions options);
+  ~Saver();  // waits for an asynchronous save (errors are logged)
+  Saver(const Saver&) = delete;
+  Saver& operator=(const Saver&) = delete;
+
+  // Sanity checks run before a checkpoint becomes visible; a failure writes `<prefix>.failed`
+  // with the reason, leaves the state file unchanged and raises Aborted.
+  void AddIsFiniteCheck(const std::string& name_regex);
+  void AddInRangeCheck(const std::string& name_regex, double low, double high);
+
+  // Saves `tensors` as checkpoint `global_step` and applies retention. Returns the prefix
+  // ("<dir>/ckpt-%08d"). Adds "global_step" when absent.
+  std::string Save(int64_t global_step, const std::map<std::string, at::Tensor>& tensors,
+                   std::map<std::string, std::string> metadata = {});
+  // Waits for a pending asynchronous save; rethrows its error.
+  void Wait();
+
+  // The latest checkpoint prefix of `dir` per its state file, if any.
+  static std::optional<std::string> LatestCheckpoint(const std::string& dir);
+  // "<dir>/ckpt-%08d" for a step.
+  static std::string CheckpointPrefix(const std::string& dir, int64_t step);
+
+ private:
+  void Write(std::string prefix, std::map<std::string, at::Tensor> tensors,
+             std::map<std::string, std::string> metadata, double timestamp);
+  struct Check {
+    std::regex regex;
+    std::string pattern;
+    bool finite_only;
+    double low, high;
+  };
+  SaverOptions options_;
+  std::vector<Check> checks_;
+  struct Pending;
+  std::unique_ptr<Pending> pending_;
+};
+
+// Loads a checkpoint by prefix ("<dir>/ckpt-00001000"), or the latest in a directory.
+SafetensorsContents LoadCheckpoint(const std::string& prefix);
+SafetensorsContents LoadLatestCheckpoint(const std::string& dir);  // NotFound when none
+
+// Copies checkpoint values into `variables` (full name -> tensor, updated in place). Every missing
+// name and every shape or dtype mismatch is reported at once (InvalidArgument).
+void RestoreVariables(const SafetensorsContents& checkpoint,
+                      const std::map<std::string, at::Tensor>& variables);
+
+// Lingvo's init_from_checkpoint_rules for warm starts: for each checkpoint, rules
+// [(var_regex, name_format)] and ignore regexes. Each variable takes the first rule whose regex
+// matches its whole name (and no ignore regex), reading the checkpoint tensor named
+// name_format with %s replaced by the match groups in order. A rule set that matches no variable
+// is InvalidArgument. Returns the names initialized.
+struct InitRules {
+  std::vector<std::pair<std::string, std::string>> rules;
+  std::vector<std::string> ignore;
+};
+std::vector<std::string> InitFromCheckpointRules(
+    const std::map<std::string, InitRules>& rules_by_checkpoint,
+    const std::map<std::string, at::Tensor>& variables);
+
+}  // namespace glossa
