@@ -1,0 +1,65 @@
+// The model registry: experiment configurations registered under "<task>.<module>.<Class>" (e.g.
+// "lm.austen.TransformerLmTiny"), each giving its task Params and its datasets' input Params.
+// GetModelParams builds a SingleTaskModel's Params for one dataset and applies
+// --model_params_override / --model_params_file_override text.
+//
+//   class TransformerLmTiny : public ModelParamsBase {
+//     Params Task() const override;
+//     std::map<std::string, std::function<Params()>> Datasets() const override;  // Train, Dev, ...
+//   };
+//   GLOSSA_REGISTER_MODEL(TransformerLmTiny, "lm.austen.TransformerLmTiny");
+//   Params p = GetModelParams("lm.austen.TransformerLmTiny", "Train", "task.train.max_steps : 10");
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "glossa/core/params.h"
+#include "glossa/layers/base_layer.h"
+#include "glossa/model/base_task.h"
+
+namespace glossa {
+
+class ModelParamsBase {
+ public:
+  virtual ~ModelParamsBase() = default;
+  // The task's Params (without input).
+  virtual Params Task() const = 0;
+  // Dataset name -> its input generator Params.
+  virtual std::map<std::string, std::function<Params()>> Datasets() const = 0;
+};
+
+using ModelParamsFactory = std::function<std::unique_ptr<ModelParamsBase>()>;
+// InvalidArgument for a malformed (fewer than three dotted parts) or duplicate key.
+void RegisterModel(const std::string& key, ModelParamsFactory factory);
+std::vector<std::string> ModelKeys();
+// NotFound (with near names) for unknown models.
+std::unique_ptr<ModelParamsBase> GetModelParamsClass(const std::string& key);
+
+// SingleTaskModel Params for `key` with task.input from `dataset`, then the overrides:
+// `override_text` ("key : value" lines separated by newlines or ';') or the file
+// `override_file` (both given: InvalidArgument). Unknown dataset: NotFound with near names.
+Params GetModelParams(const std::string& key, const std::string& dataset,
+                      const std::string& override_text = "", const std::string& override_file = "");
+
+// A model with one task (Lingvo's SingleTaskModel): the task is child "task".
+class SingleTaskModel : public BaseLayer {
+ public:
+  // + task.
+  static glossa::Params Params();
+  explicit SingleTaskModel(const glossa::Params& p);
+  BaseTask& task() const { return GetChildAs<BaseTask>("task"); }
+};
+
+#define GLOSSA_MODEL_CONCAT_INNER(a, b) a##b
+#define GLOSSA_MODEL_CONCAT(a, b) GLOSSA_MODEL_CONCAT_INNER(a, b)
+#define GLOSSA_REGISTER_MODEL(Class, key)                                                   \
+  [[maybe_unused]] static const bool GLOSSA_MODEL_CONCAT(glossa_model_, __COUNTER__) = [] { \
+    ::glossa::RegisterModel(key, [] { return std::make_unique<Class>(); });                 \
+    return true;                                                                            \
+  }()
+
+}  // namespace glossa
