@@ -1,0 +1,66 @@
+// The executor: trains a model in a log directory laid out as Lingvo's —
+//   <logdir>/train/    checkpoints, the state file, train events and metrics.jsonl
+//   <logdir>/control/  params.txt (the model's params text), model_analysis.txt (every variable's
+//                      shape and count, and the total)
+// It restores the latest checkpoint (or, when there is none, applies init_from_checkpoint_rules),
+// runs train loops until max_steps, saves when save_interval_steps / save_interval_seconds have
+// passed and at the end, and stops cleanly (finishing the step and saving) on RequestStop().
+//
+//   Executor ex(GetModelParams("lm.austen.TransformerLmTiny", "Train"), {.logdir = "/tmp/lm"});
+//   ex.Run();
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "glossa/model/model_registry.h"
+#include "glossa/optim/ema.h"
+#include "glossa/runtime/saver.h"
+
+namespace glossa {
+
+struct ExecutorOptions {
+  std::string logdir;
+  // Console lines (the step line, saves); null: stdout.
+  std::function<void(const std::string&)> log;
+  // Wall time in seconds (save intervals); injectable.
+  std::function<double()> clock;
+};
+
+// Every tensor a checkpoint holds for a model: variables, learner slots, EMA shadows, global_step.
+std::map<std::string, at::Tensor> CheckpointTensors(const SingleTaskModel& model,
+                                                    const ExponentialMovingAverage* ema,
+                                                    int64_t global_step);
+// Restores variables (names, shapes, dtypes checked; every mismatch reported), learner slots and
+// EMA shadows; returns the global step.
+int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, SingleTaskModel& model,
+                          ExponentialMovingAverage* ema);
+
+class Executor {
+ public:
+  Executor(const Params& model_params, ExecutorOptions options);
+  ~Executor();
+  // Trains to max_steps (or until RequestStop); returns the final global step.
+  int64_t Run();
+  // Asks the run to stop after the current step (safe from a signal handler).
+  void RequestStop() { stop_.store(true); }
+  SingleTaskModel& model() { return *model_; }
+  int64_t global_step() const { return global_step_; }
+
+ private:
+  void Log(const std::string& line);
+  void Save();
+  Params params_;
+  ExecutorOptions options_;
+  std::unique_ptr<SingleTaskModel> model_;
+  std::shared_ptr<ExponentialMovingAverage> ema_;
+  std::unique_ptr<Saver> saver_;
+  std::string train_dir_;
+  int64_t global_step_ = 0;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace glossa

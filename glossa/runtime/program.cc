@@ -1,0 +1,158 @@
+#include "glossa/runtime/program.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
+
+namespace glossa {
+
+void MetricsAccumulator::Add(const Metrics& metrics) {
+  for (const auto& [name, m] : metrics) {
+    const double w = m.weight.defined() ? m.weight.item<double>() : 1.0;
+    auto& s = sums_[name];
+    s.first += m.value.item<double>() * w;
+    s.second += w;
+  }
+}
+
+std::map<std::string, std::pair<double, double>> MetricsAccumulator::Means() const {
+  std::map<std::string, std::pair<double, double>> out;
+  for (const auto& [name, s] : sums_) out[name] = {s.first / std::max(s.second, 1e-12), s.second};
+  return out;
+}
+
+std::string FormatStepLine(int64_t step, double steps_per_sec, double examples_per_sec,
+                           const std::map<std::string, std::pair<double, double>>& metrics) {
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "step: %ld, steps/sec: %.2f, examples/sec: %.1f",
+                static_cast<long>(step), steps_per_sec, examples_per_sec);
+  std::string line = buf;
+  auto add = [&](const std::string& name, double v) {
+    std::snprintf(buf, sizeof(buf), ", %s: %.4f", name.c_str(), v);
+    line += buf;
+  };
+  if (metrics.count("loss")) add("loss", metrics.at("loss").first);
+  for (const auto& [name, m] : metrics) {
+    if (name != "loss" && name != "num_samples_in_batch") add(name, m.first);
+  }
+  return line;
+}
+
+TrainProgram::TrainProgram(SingleTaskModel& model, EventWriter* writer,
+                           ExponentialMovingAverage* ema,
+                           std::function<void(const std::string&)> log)
+    : model_(model), writer_(writer), ema_(ema), log_(std::move(log)) {
+  for (const auto& [info, t] : model_.AllVariables()) {
+    if (info.trainable) total_num_params_ += t.numel();
+  }
+}
+
+TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
+                                               const std::function<bool()>& stop) {
+  BaseTask& task = model_.task();
+  const Params& tp = task.train_params();
+  const int64_t max_steps = tp.GetInt("max_steps");
+  const int64_t steps_per_loop = std::max<int64_t>(1, tp.GetInt("steps_per_loop"));
+  const int64_t summary_every = std::max<int64_t>(1, tp.GetInt("summary_interval_steps"));
+  LoopResult result;
+  MetricsAccumulator loop_metrics;
+  const auto vars = LearnerVariables(model_);
+  int64_t examples = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (result.steps < steps_per_loop) {
+    if (*global_step >= max_steps) {  // Lingvo checks before each step
+      result.reached_max_steps = true;
+      break;
+    }
+    if (stop && stop()) break;
+    NestedMap batch;
+    try {
+      batch = task.input().GetPreprocessedInputBatch();
+    } catch (const OutOfRangeError&) {
+      result.input_exhausted = true;
+      break;
+    }
+    GlobalStepContext step_context(*global_step);
+    SetGlobalStep(*global_step);
+    BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
+    Metrics metrics = r.metrics;
+    metrics["loss"].value = r.metrics.at("loss").value.detach();
+    Metrics learner_metrics = task.learner().Apply(
+        {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars,
+        *global_step);
+    if (ema_) ema_->Apply(*global_step);
+    for (const auto& [k, v] : learner_metrics) metrics[k] = v;
+    for (auto& [k, v] : metrics) v.value = v.value.detach();
+    loop_metrics.Add(metrics);
+    const int64_t n =
+        static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());
+    examples += n;
+    total_samples_ += n;
+    ++*global_step;
+    ++result.steps;
+    if (writer_ && *global_step - last_summary_step_ >= summary_every) {
+      last_summary_step_ = *global_step;
+      for (const auto& [k, v] : metrics)
+        writer_->WriteScalar(k, v.value.item<double>(), *global_step);
+      writer_->WriteScalar("total_samples", static_cast<double>(total_samples_), *global_step);
+      writer_->WriteScalar("total_num_params", static_cast<double>(total_num_params_),
+                           *global_step);
+    }
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.metrics = loop_metrics.Means();
+  result.steps_per_sec = result.steps / std::max(secs, 1e-9);
+  result.examples_per_sec = examples / std::max(secs, 1e-9);
+  if (result.steps > 0) {
+    if (writer_) {
+      writer_->WriteScalar("global_step/sec", result.steps_per_sec, *global_step);
+      writer_->WriteScalar("examples/sec", result.examples_per_sec, *global_step);
+    }
+    if (log_)
+      log_(FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,
+                          result.metrics));
+  }
+  return result;
+}
+
+EvalProgram::EvalProgram(SingleTaskModel& model, EventWriter* writer)
+    : model_(model), writer_(writer) {}
+
+std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global_step) {
+  BaseTask& task = model_.task();
+  try {
+    task.input().Reset();
+  } catch (const UnimplementedError&) {
+  }
+  const int64_t want = task.eval_params().GetInt("samples_per_summary");
+  EvalModeScope eval;
+  at::NoGradGuard no_grad;
+  GlobalStepContext step(global_step);
+  MetricsAccumulator acc;
+  int64_t samples = 0;
+  while (want <= 0 || samples < want) {
+    NestedMap batch;
+    try {
+      batch = task.input().GetPreprocessedInputBatch();
+    } catch (const OutOfRangeError&) {
+      break;
+    }
+    BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
+    acc.Add(r.metrics);
+    samples += static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());
+  }
+  auto means = acc.Means();
+  if (writer_) {
+    for (const auto& [k, v] : means) writer_->WriteScalar(k, v.first, global_step);
+    writer_->Flush();
+  }
+  return means;
+}
+
+}  // namespace glossa

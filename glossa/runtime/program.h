@@ -1,0 +1,78 @@
+// Programs (Lingvo's program.py): a TrainProgram runs steps_per_loop training steps (input →
+// FProp → loss → learner → EMA → global step), accumulating weighted metrics over the loop and
+// writing summaries; an EvalProgram averages a model's weighted metrics over an eval set.
+//
+//   TrainProgram train(model, &writer, ema.get());
+//   TrainProgram::LoopResult r = train.RunLoop(global_step);   // advances global_step
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "glossa/io/event_file.h"
+#include "glossa/model/model_registry.h"
+#include "glossa/optim/ema.h"
+
+namespace glossa {
+
+// Weighted sums of metrics over a loop: mean = Σ value·weight / Σ weight.
+class MetricsAccumulator {
+ public:
+  void Add(const Metrics& metrics);
+  // name -> (weighted mean, total weight).
+  std::map<std::string, std::pair<double, double>> Means() const;
+  bool empty() const { return sums_.empty(); }
+
+ private:
+  std::map<std::string, std::pair<double, double>> sums_;
+};
+
+class TrainProgram {
+ public:
+  // `writer` and `ema` may be null. `log` receives the console line of each loop.
+  TrainProgram(SingleTaskModel& model, EventWriter* writer, ExponentialMovingAverage* ema,
+               std::function<void(const std::string&)> log = nullptr);
+
+  struct LoopResult {
+    int64_t steps = 0;
+    bool reached_max_steps = false;
+    bool input_exhausted = false;
+    std::map<std::string, std::pair<double, double>> metrics;  // loop means and weights
+    double steps_per_sec = 0, examples_per_sec = 0;
+  };
+  // Runs up to steps_per_loop steps from *global_step (stopping at max_steps, or early when
+  // `stop()` returns true), incrementing it after each step.
+  LoopResult RunLoop(int64_t* global_step, const std::function<bool()>& stop = nullptr);
+  int64_t total_samples() const { return total_samples_; }
+  int64_t total_num_params() const { return total_num_params_; }
+
+ private:
+  SingleTaskModel& model_;
+  EventWriter* writer_;
+  ExponentialMovingAverage* ema_;
+  std::function<void(const std::string&)> log_;
+  int64_t total_samples_ = 0;
+  int64_t total_num_params_ = 0;
+  int64_t last_summary_step_ = -1;
+};
+
+class EvalProgram {
+ public:
+  EvalProgram(SingleTaskModel& model, EventWriter* writer);
+  // Resets the input (when it can), then averages metrics over samples_per_summary samples (0:
+  // until OutOfRange), in eval mode. Writes the means at `global_step`.
+  std::map<std::string, std::pair<double, double>> Run(int64_t global_step);
+
+ private:
+  SingleTaskModel& model_;
+  EventWriter* writer_;
+};
+
+// Lingvo's console line: "step: 1200, steps/sec: 3.41, examples/sec: 54.6, loss: 2.3141, ...".
+std::string FormatStepLine(int64_t step, double steps_per_sec, double examples_per_sec,
+                           const std::map<std::string, std::pair<double, double>>& metrics);
+
+}  // namespace glossa

@@ -1,0 +1,172 @@
+#include "glossa/runtime/executor.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "glossa/base/file.h"
+#include "glossa/core/step_seed.h"
+#include "glossa/io/event_file.h"
+#include "glossa/layers/linear.h"
+#include "glossa/runtime/program.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Batches that depend only on the global step, so a resumed run sees what an uninterrupted one
+// does.
+class StepLineDataset : public Dataset {
+ public:
+  NestedMap Next() override {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000 + GetGlobalStep());
+    at::Tensor x = at::empty({8, 1}).uniform_(-1, 1, gen);
+    return NestedMap{{"x", x}, {"y", 3 * x - 1}};
+  }
+};
+
+[[maybe_unused]] const bool kRegistered = [] {
+  RegisterDatasetFn("test.StepLine", {},
+                    [](const Params&) { return std::make_unique<StepLineDataset>(); });
+  return true;
+}();
+
+class LineTask : public BaseTask {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = BaseTask::Params();
+    p.Set("cls", ClsOf<LineTask>());
+    p.Define("proj",
+             FCLayer::Params().Set("input_dim", 1).Set("output_dim", 1).Set("activation", "NONE"),
+             "");
+    return p;
+  }
+  explicit LineTask(const glossa::Params& p) : BaseTask(p) {
+    CreateChild("proj", params().GetParams("proj"));
+  }
+  NestedMap ComputePredictions(const NestedMap& theta, const NestedMap& batch) const override {
+    return NestedMap{
+        {"y", GetChildAs<FCLayer>("proj").FProp(theta.at("proj").AsMap(), batch.GetTensor("x"))}};
+  }
+  LossOutput ComputeLoss(const NestedMap&, const NestedMap& preds,
+                         const NestedMap& batch) const override {
+    LossOutput out;
+    out.metrics["loss"] =
+        Metric{(preds.GetTensor("y") - batch.GetTensor("y")).square().mean(), at::full({}, 8.0)};
+    return out;
+  }
+};
+GLOSSA_REGISTER_CLASS(LineTask, "glossa.testing.LineTask");
+
+class LineModel : public ModelParamsBase {
+ public:
+  glossa::Params Task() const override {
+    glossa::Params p = LineTask::Params();
+    p.Set("random_seed", 5);
+    p.FromText(
+        "train.max_steps : 20\ntrain.steps_per_loop : 5\ntrain.save_interval_steps : 10\n"
+        "train.summary_interval_steps : 5\ntrain.ema_decay : 0.9\ntrain.async_checkpointing : "
+        "False\n"
+        "train.learner.learning_rate : 0.05\n");
+    p.Set("train.learner.lr_schedule", ConstantSchedule::Params());
+    return p;
+  }
+  std::map<std::string, std::function<glossa::Params()>> Datasets() const override {
+    return {
+        {"Train", [] { return DatasetInput::ParamsFor("test.StepLine").Set("name", "input"); }}};
+  }
+};
+GLOSSA_REGISTER_MODEL(LineModel, "test.line.LineModel");
+
+std::string LogDir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("glossa_exec_" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+TEST(Executor, TrainsSavesAndLaysOutTheLogDirectory) {
+  const std::string logdir = LogDir("basic");
+  std::vector<std::string> lines;
+  Executor ex(GetModelParams("test.line.LineModel", "Train"),
+              {.logdir = logdir, .log = [&](const std::string& l) { lines.push_back(l); }});
+  EXPECT_EQ(ex.Run(), 20);
+  EXPECT_EQ(ReadCheckpointState(logdir + "/train").all_model_checkpoint_paths,
+            (std::vector<std::string>{"ckpt-00000010", "ckpt-00000020"}));
+  EXPECT_TRUE(FileExists(logdir + "/control/params.txt"));
+  EXPECT_NE(ReadFileToString(logdir + "/control/model_analysis.txt").find("total #params: 2"),
+            std::string::npos);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_EQ(lines[0].rfind("step: 5, steps/sec: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find("loss: "), std::string::npos);
+  SafetensorsContents c = LoadLatestCheckpoint(logdir + "/train");
+  EXPECT_EQ(c.tensors.at("global_step").item<int64_t>(), 20);
+  EXPECT_TRUE(c.tensors.count("test/task/proj/w"));
+  EXPECT_TRUE(c.tensors.count("test/task/proj/w/Adam/m"));
+  EXPECT_TRUE(c.tensors.count("test/task/proj/w/ExponentialMovingAverage"));
+  // Train events hold the loss and the throughput summaries.
+  std::vector<std::string> event_files;
+  for (const auto& f : ListDirectory(logdir + "/train")) {
+    if (f.rfind("events.out.tfevents.", 0) == 0) event_files.push_back(f);
+  }
+  ASSERT_EQ(event_files.size(), 1u);
+  std::set<std::string> tags;
+  for (const auto& e : ReadEvents(logdir + "/train/" + event_files[0])) tags.insert(e.tag);
+  for (const char* tag : {"loss", "learning_rate", "grad_norm/all", "global_step/sec",
+                          "examples/sec", "total_samples", "total_num_params"}) {
+    EXPECT_TRUE(tags.count(tag)) << tag;
+  }
+}
+
+TEST(Executor, ResumedRunsMatchUninterruptedRunsBitForBit) {
+  const std::string a = LogDir("a"), b = LogDir("b"), c = LogDir("c");
+  auto quiet = [](const std::string&) {};
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = a, .log = quiet}).Run();
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = b, .log = quiet}).Run();
+  // Interrupted at step 10, then resumed to 20.
+  Executor(GetModelParams("test.line.LineModel", "Train", "task.train.max_steps : 10"),
+           {.logdir = c, .log = quiet})
+      .Run();
+  Executor resumed(GetModelParams("test.line.LineModel", "Train"), {.logdir = c, .log = quiet});
+  EXPECT_EQ(resumed.Run(), 20);
+  SafetensorsContents ca = LoadLatestCheckpoint(a + "/train"),
+                      cb = LoadLatestCheckpoint(b + "/train"),
+                      cc = LoadLatestCheckpoint(c + "/train");
+  for (const auto& [name, t] : ca.tensors) {
+    EXPECT_TRUE(at::equal(t, cb.tensors.at(name))) << "two runs differ at " << name;
+    EXPECT_TRUE(at::equal(t, cc.tensors.at(name))) << "the resumed run differs at " << name;
+  }
+}
+
+TEST(Executor, StopsCleanlyWhenAsked) {
+  const std::string logdir = LogDir("stop");
+  Executor* ex_ptr = nullptr;
+  int loops = 0;
+  Executor ex(GetModelParams("test.line.LineModel", "Train", "task.train.max_steps : 1000"),
+              {.logdir = logdir, .log = [&](const std::string&) {
+                 if (++loops == 2) ex_ptr->RequestStop();
+               }});
+  ex_ptr = &ex;
+  const int64_t step = ex.Run();
+  EXPECT_LT(step, 1000);
+  EXPECT_EQ(LoadLatestCheckpoint(logdir + "/train").tensors.at("global_step").item<int64_t>(),
+            step);
+}
+
+TEST(MetricsAccumulator, WeightedMeansOverALoop) {
+  MetricsAccumulator acc;
+  acc.Add({{"loss", Metric{at::full({}, 1.0), at::full({}, 1.0)}}});
+  acc.Add({{"loss", Metric{at::full({}, 4.0), at::full({}, 3.0)}}});
+  EXPECT_DOUBLE_EQ(acc.Means().at("loss").first, 13.0 / 4.0);
+  EXPECT_DOUBLE_EQ(acc.Means().at("loss").second, 4.0);
+  EXPECT_EQ(
+      FormatStepLine(1200, 3.414, 54.61, {{"loss", {2.31411, 1}}, {"log_pplx", {2.31411, 1}}}),
+      "step: 1200, steps/sec: 3.41, examples/sec: 54.6, loss: 2.3141, log_pplx: 2.3141");
+}
+
+}  // namespace
+}  // namespace glossa
