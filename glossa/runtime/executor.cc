@@ -19,6 +19,8 @@ double SystemNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+}  // namespace
+
 std::string ModelAnalysis(const SingleTaskModel& model) {
   std::ostringstream out;
   int64_t total = 0;
@@ -31,8 +33,6 @@ std::string ModelAnalysis(const SingleTaskModel& model) {
   out << "====================\ntotal #params: " << total << "\n";
   return out.str();
 }
-
-}  // namespace
 
 std::map<std::string, at::Tensor> CheckpointTensors(const SingleTaskModel& model,
                                                     const ExponentialMovingAverage* ema,

@@ -39,6 +39,9 @@ std::map<std::string, at::Tensor> CheckpointTensors(const SingleTaskModel& model
 int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, SingleTaskModel& model,
                           ExponentialMovingAverage* ema);
 
+// model_analysis.txt: every variable with its shape and count, then "total #params: N".
+std::string ModelAnalysis(const SingleTaskModel& model);
+
 class Executor {
  public:
   Executor(const Params& model_params, ExecutorOptions options);

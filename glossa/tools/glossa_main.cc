@@ -3,17 +3,39 @@
 //   glossa list                               # registered classes
 //   glossa inspect_params <key>               # a class's params with their docs
 //   glossa inspect_params <key> --params_file=f.txt --params_override='dim : 8; act : "RELU"'
+//   glossa list_models                        # registered model params classes
+//   glossa inspect_model --model=lm.austen.TransformerLmTiny   # params text and variables
+//   glossa train --model=lm.austen.TransformerLmTiny --logdir=/tmp/austen
+//   glossa eval --model=... --logdir=... --dataset=Dev [--once]    # the evaler job
+//   glossa decode --model=... --logdir=... --dataset=Dev [--once]  # the decoder job
+//   glossa report --model=... --logdir=... --dataset=Dev           # LM: vs unigram, samples
+//   --flagfile=f: one --flag=value per line, expanded in place.
 //
 // Errors print one line naming what was wrong and exit non-zero.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/params.h"
 #include "glossa/core/registry.h"
+#include "glossa/model/model_registry.h"
+#include "glossa/models/transformer_lm.h"
+#include "glossa/optim/ema.h"
+#include "glossa/runtime/executor.h"
+#include "glossa/runtime/jobs.h"
+#include "glossa/runtime/program.h"
+#include "glossa/runtime/saver.h"
 
 namespace glossa {
 namespace {
@@ -35,6 +57,191 @@ std::string OverrideText(const std::string& s) {
   return out;
 }
 
+std::atomic<bool> g_stop{false};
+Executor* g_executor = nullptr;
+
+extern "C" void HandleStopSignal(int) {
+  g_stop.store(true);
+  if (g_executor != nullptr) g_executor->RequestStop();
+}
+
+void InstallStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = HandleStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// Expands --flagfile=<file> (one flag per line; '#' comments) in place, recursively.
+std::vector<std::string> ExpandFlagfiles(const std::vector<std::string>& args, int depth = 0) {
+  if (depth > 8) throw InvalidArgumentError("--flagfile: nested more than 8 deep");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string file;
+    if (args[i].rfind("--flagfile=", 0) == 0) {
+      file = args[i].substr(11);
+    } else if (args[i] == "--flagfile" && i + 1 < args.size()) {
+      file = args[++i];
+    } else {
+      out.push_back(args[i]);
+      continue;
+    }
+    std::vector<std::string> lines;
+    int n = 0;
+    for (const auto& raw : Split(ReadFile(file), '\n')) {
+      ++n;
+      std::string line(Strip(raw));
+      if (line.empty() || line[0] == '#') continue;
+      if (line.rfind("--", 0) != 0) {
+        throw InvalidArgumentError(
+            StrCat(file, ":", n, ": expected --flag=value, got '", line, "'"));
+      }
+      lines.push_back(line);
+    }
+    for (auto& l : ExpandFlagfiles(lines, depth + 1)) out.push_back(std::move(l));
+  }
+  return out;
+}
+
+struct ModelFlags {
+  std::string model, logdir, dataset = "Train", override_text, override_file;
+  int64_t max_steps = -1, saver_max_to_keep = -1, intra_op_threads = 0, random_seed = -1;
+  double keep_every_n_hours = -1;
+  bool once = false;
+};
+
+void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
+                   const std::string& default_dataset) {
+  f.dataset = default_dataset;
+  cmd->add_option("--model", f.model,
+                  "Registered model, e.g. lm.austen.TransformerLmTiny (see list_models).")
+      ->required();
+  auto* logdir = cmd->add_option("--logdir", f.logdir,
+                                 "The log directory (train/, control/, eval_*/, decoder_*/).");
+  if (needs_logdir) logdir->required();
+  cmd->add_option("--dataset", f.dataset, "Dataset method of the model: Train, Dev, Test, ...")
+      ->capture_default_str();
+  cmd->add_option("--model_params_override", f.override_text,
+                  "'key : value' lines (';' or newline separated) applied to the model params.");
+  cmd->add_option("--model_params_file_override", f.override_file,
+                  "A params text file applied to the model params.");
+  cmd->add_option("--max_steps", f.max_steps, "Overrides task.train.max_steps.");
+  cmd->add_option("--saver_max_to_keep", f.saver_max_to_keep,
+                  "Overrides task.train.save_max_to_keep.");
+  cmd->add_option("--saver_keep_checkpoint_every_n_hours", f.keep_every_n_hours,
+                  "Overrides task.train.save_keep_checkpoint_every_n_hours.");
+  cmd->add_option("--intra_op_threads", f.intra_op_threads,
+                  "Intra-op threads (0: the machine's cores).");
+  cmd->add_option("--random_seed", f.random_seed,
+                  "Overrides the model's random_seed (deterministic runs).");
+}
+
+Params ModelParamsFromFlags(const ModelFlags& f) {
+  if (f.intra_op_threads > 0) at::set_num_threads(static_cast<int>(f.intra_op_threads));
+  Params p = GetModelParams(f.model, f.dataset, OverrideText(f.override_text), f.override_file);
+  if (f.max_steps >= 0) p.Set("task.train.max_steps", f.max_steps);
+  if (f.saver_max_to_keep >= 0) p.Set("task.train.save_max_to_keep", f.saver_max_to_keep);
+  if (f.keep_every_n_hours >= 0)
+    p.Set("task.train.save_keep_checkpoint_every_n_hours", f.keep_every_n_hours);
+  if (f.random_seed >= 0) {
+    p.Set("random_seed", f.random_seed);
+    p.Set("task.random_seed", f.random_seed);
+  }
+  return p;
+}
+
+// Loads the latest checkpoint of <logdir>/train into a model built for `f.dataset` (EMA shadows
+// when the model keeps them).
+std::unique_ptr<SingleTaskModel> LoadLatestForEval(const Params& p, const std::string& logdir,
+                                                   int64_t* step) {
+  auto model = InstantiateLayer<SingleTaskModel>(p);
+  const std::string train_dir = JoinPath(logdir, "train");
+  auto latest = Saver::LatestCheckpoint(train_dir);
+  if (!latest)
+    throw NotFoundError(StrCat("no checkpoint in ", train_dir, " (run `glossa train` first)"));
+  std::shared_ptr<ExponentialMovingAverage> ema;
+  const Params& tp = model->task().train_params();
+  if (tp.GetFloat("ema_decay") > 0) {
+    ema = std::make_shared<ExponentialMovingAverage>(ExponentialMovingAverage::Params());
+    ema->Track(*model);
+    model->SetEma(ema);
+  }
+  SafetensorsContents c = LoadCheckpoint(*latest);
+  std::map<std::string, at::Tensor> vars;
+  for (const auto& [info, t] : model->AllVariables()) vars[info.full_name] = t;
+  RestoreVariables(c, vars);
+  if (ema) {
+    const std::string suffix = ExponentialMovingAverage::kSuffix;
+    for (const auto& [name, t] : c.tensors) {
+      if (name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        ema->SetShadow(name, t);
+      }
+    }
+  }
+  *step = c.tensors.at("global_step").item<int64_t>();
+  return model;
+}
+
+int Report(const ModelFlags& f, int64_t num_samples) {
+  Params p = ModelParamsFromFlags(f);
+  int64_t step = 0;
+  auto model = LoadLatestForEval(p, f.logdir, &step);
+  auto* lm = dynamic_cast<TransformerLmTask*>(&model->task());
+  if (lm == nullptr)
+    throw InvalidArgumentError(StrCat("report: model ", f.model, " is not a TransformerLmTask"));
+  EvalProgram eval(*model, nullptr);
+  const auto metrics = eval.Run(step);
+  // The unigram baseline: token counts over one pass of Train, scored on the same split.
+  ModelFlags train_flags = f;
+  train_flags.dataset = "Train";
+  Params tp = ModelParamsFromFlags(train_flags);
+  tp.Set("task.input.repeat_count", 1);
+  tp.Set("task.input.require_sequential_order", true);
+  auto train_input = InstantiateLayer<BaseInputGenerator>(tp.GetParams("task.input"));
+  UnigramBaseline unigram(p.GetInt("task.vocab_size"));
+  int64_t batches = 0;
+  std::fprintf(stderr, "counting unigrams over Train: ");
+  while (true) {
+    try {
+      unigram.Count(train_input->GetPreprocessedInputBatch());
+    } catch (const OutOfRangeError&) {
+      break;
+    }
+    if (++batches % 50 == 0) std::fprintf(stderr, ".");
+  }
+  std::fprintf(stderr, " %lld tokens\n",
+               static_cast<long long>(unigram.total - static_cast<double>(unigram.counts.size())));
+  model->task().input().Reset();
+  double nll = 0, n = 0;
+  while (true) {
+    try {
+      auto [a, b] = unigram.Score(model->task().input().GetPreprocessedInputBatch());
+      nll += a;
+      n += b;
+    } catch (const OutOfRangeError&) {
+      break;
+    }
+  }
+  const double model_pplx = metrics.at("log_pplx").first;
+  const double unigram_pplx = nll / std::max(n, 1.0);
+  std::printf("%s step %lld on %s (%.0f tokens):\n", f.model.c_str(), static_cast<long long>(step),
+              f.dataset.c_str(), n);
+  std::printf("  model   log_pplx: %.4f  (fraction_of_correct_next_step_preds: %.4f)\n", model_pplx,
+              metrics.at("fraction_of_correct_next_step_preds").first);
+  std::printf("  unigram log_pplx: %.4f\n", unigram_pplx);
+  std::printf("  ratio model/unigram: %.3f\n", model_pplx / unigram_pplx);
+  DecodeProgram decode(*model, nullptr);
+  auto d = decode.Run(step, 1);
+  std::printf("sampled continuations (prompt ||| sample):\n");
+  for (int64_t i = 0; i < num_samples && i < static_cast<int64_t>(d.lines.size()); ++i) {
+    std::printf("  %s\n", d.lines[static_cast<size_t>(i)].c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models."};
   app.require_subcommand(1);
@@ -49,7 +256,90 @@ int Run(int argc, char** argv) {
   inspect->add_option("--params_override", params_override,
                       "'key : value' lines (';' or newline separated) applied last.");
 
-  CLI11_PARSE(app, argc, argv);
+  auto* list_models = app.add_subcommand("list_models", "List the registered models.");
+  ModelFlags inspect_f, train_f, eval_f, decode_f, report_f;
+  auto* inspect_model =
+      app.add_subcommand("inspect_model", "Print a model's params and its variables.");
+  AddModelFlags(inspect_model, inspect_f, false, "Train");
+  auto* train = app.add_subcommand(
+      "train", "Train a model in --logdir (resumes from its latest checkpoint).");
+  AddModelFlags(train, train_f, true, "Train");
+  auto* eval =
+      app.add_subcommand("eval", "The evaler job: evaluate new checkpoints of <logdir>/train.");
+  AddModelFlags(eval, eval_f, true, "Dev");
+  eval->add_flag("--once", eval_f.once, "Evaluate the latest checkpoint once and exit.");
+  auto* decode =
+      app.add_subcommand("decode", "The decoder job: decode new checkpoints of <logdir>/train.");
+  AddModelFlags(decode, decode_f, true, "Dev");
+  decode->add_flag("--once", decode_f.once, "Decode the latest checkpoint once and exit.");
+  auto* report = app.add_subcommand("report",
+                                    "Language models: the latest checkpoint's log-perplexity "
+                                    "beside a unigram baseline, and samples.");
+  AddModelFlags(report, report_f, true, "Dev");
+  int64_t report_samples = 5;
+  report->add_option("--num_samples", report_samples, "Sampled continuations to print.")
+      ->capture_default_str();
+
+  std::vector<std::string> args;
+  for (int i = argc - 1; i > 0; --i) args.push_back(argv[i]);
+  std::reverse(args.begin(), args.end());
+  args = ExpandFlagfiles(args);
+  std::reverse(args.begin(), args.end());
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  if (*list_models) {
+    for (const auto& k : ModelKeys()) std::cout << k << "\n";
+    return 0;
+  }
+  if (*inspect_model) {
+    Params p = ModelParamsFromFlags(inspect_f);
+    std::cout << p.ToText() << "\n";
+    auto model = InstantiateLayer<SingleTaskModel>(p);
+    std::cout << ModelAnalysis(*model);
+    return 0;
+  }
+  if (*train) {
+    Params p = ModelParamsFromFlags(train_f);
+    ExecutorOptions eo;
+    eo.logdir = train_f.logdir;
+    Executor ex(p, eo);
+    g_executor = &ex;
+    InstallStopHandlers();
+    ex.Run();
+    g_executor = nullptr;
+    return 0;
+  }
+  if (*eval || *decode) {
+    const bool is_eval = static_cast<bool>(*eval);
+    ModelFlags& f = is_eval ? eval_f : decode_f;
+    Params p = ModelParamsFromFlags(f);
+    InstallStopHandlers();
+    if (f.once) {
+      const std::string train_dir = JoinPath(f.logdir, "train");
+      if (!Saver::LatestCheckpoint(train_dir))
+        throw NotFoundError(StrCat("no checkpoint in ", train_dir));
+      p.Set("task.eval.start_eval_after", 0);
+      p.Set("task.eval.start_decoder_after", 0);
+      p.Set("task.eval.eval_all_checkpoints", false);
+      p.Set("task.eval.decode_all_checkpoints", false);
+      // Treat the latest checkpoint as the last one.
+      auto latest = *Saver::LatestCheckpoint(train_dir);
+      p.Set("task.train.max_steps", std::stoll(latest.substr(latest.rfind('-') + 1)));
+    }
+    JobOptions o;
+    o.logdir = f.logdir;
+    o.dataset = f.dataset;
+    o.stop = &g_stop;
+    RunCheckpointJob(is_eval ? JobKind::kEval : JobKind::kDecode, p, o);
+    return 0;
+  }
+  if (*report) {
+    return Report(report_f, report_samples);
+  }
 
   if (*list) {
     auto keys = ClassRegistry::Keys();
@@ -89,6 +379,7 @@ int Run(int argc, char** argv) {
 }  // namespace glossa
 
 int main(int argc, char** argv) {
+  std::ios::sync_with_stdio(true);
   try {
     return glossa::Run(argc, argv);
   } catch (const glossa::Error& e) {

@@ -1,0 +1,112 @@
+// lm.austen.*: Transformer language models on Jane Austen's six novels (data/austen/, produced by
+// scripts/prepare_austen.sh from Debian's r-cran-janeaustenr; split by chapter), with the
+// SentencePiece vocabulary data/austen/spm_2k.model trained on the Train split. The data directory
+// is $GLOSSA_DATA_DIR/austen when GLOSSA_DATA_DIR is set, else the source tree's data/austen.
+#include <cstdlib>
+#include <string>
+
+#include "glossa/base/strings.h"
+#include "glossa/input/input_generator.h"
+#include "glossa/input/tokenizers.h"
+#include "glossa/model/model_registry.h"
+#include "glossa/models/transformer_lm.h"
+#include "glossa/optim/optimizer.h"
+#include "glossa/optim/schedule.h"
+
+#ifndef GLOSSA_DEFAULT_DATA_DIR
+#define GLOSSA_DEFAULT_DATA_DIR "data"
+#endif
+
+namespace glossa {
+namespace {
+
+std::string AustenDir() {
+  const char* env = std::getenv("GLOSSA_DATA_DIR");
+  return StrCat(env != nullptr && *env != '\0' ? env : GLOSSA_DEFAULT_DATA_DIR, "/austen");
+}
+
+constexpr int64_t kVocabSize = 2000;
+
+// Shared by every size: the inputs, the tokenizer and the decode settings.
+class AustenLmBase : public ModelParamsBase {
+ protected:
+  virtual int64_t MaxLength() const { return 128; }
+  virtual int64_t TokensPerBatch() const { return 2048; }
+
+  Params Input(const std::string& split, bool train) const {
+    Params p = TextLmInput::Params();
+    p.Set("name", "input");
+    p.Set("file_pattern", StrCat("text:", AustenDir(), "/", split, ".txt"));
+    p.Set("tokenizer", SentencePieceTokenizer::Params()
+                           .Set("spm_model_file", StrCat(AustenDir(), "/spm_2k.model"))
+                           .Set("vocab_size", kVocabSize));
+    const int64_t max_len = MaxLength();
+    p.Set("target_max_length", max_len);
+    ParamValue::List bounds, limits;
+    for (int64_t b = max_len / 4; b <= max_len; b *= 2) {
+      bounds.push_back(ParamValue(b));
+      limits.push_back(ParamValue(std::max<int64_t>(1, TokensPerBatch() / b)));
+    }
+    p.Set("bucket_upper_bound", bounds);
+    p.Set("bucket_batch_limit", limits);
+    p.Set("file_parallelism", 1);
+    if (!train) {
+      p.Set("repeat_count", 1);
+      p.Set("require_sequential_order", true);
+    }
+    return p;
+  }
+
+ public:
+  std::map<std::string, std::function<Params()>> Datasets() const override {
+    return {{"Train", [this] { return Input("train", true); }},
+            {"Dev", [this] { return Input("dev", false); }},
+            {"Test", [this] { return Input("test", false); }}};
+  }
+};
+
+Params LmTask(int64_t dim, int64_t layers, int64_t heads, int64_t hidden, int64_t max_steps,
+              double lr, int64_t warmup) {
+  Params p = TransformerLmTask::Params();
+  p.Set("name", "lm");
+  p.Set("vocab_size", kVocabSize)
+      .Set("model_dim", dim)
+      .Set("num_layers", layers)
+      .Set("num_heads", heads);
+  p.Set("hidden_dim", hidden);
+  p.Set("residual_dropout_prob", 0.1).Set("atten_dropout_prob", 0.0).Set("relu_dropout_prob", 0.0);
+  p.Set("label_smoothing", 0.0);
+  Params& tp = p.GetParams("train");
+  tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
+  tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 5);
+  Params& lp = tp.GetParams("learner");
+  lp.Set("learning_rate", lr);
+  lp.Set("lr_schedule", LinearRampupCosineSchedule::Params()
+                            .Set("warmup_steps", warmup)
+                            .Set("total_steps", max_steps)
+                            .Set("final_value", 0.1));
+  lp.Set("optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
+  lp.Set("clip_gradient_norm_to_value", 1.0);
+  p.GetParams("eval").Set("samples_per_summary", 0);
+  return p;
+}
+
+// The README's default: trains in a few minutes on 2 CPU cores.
+class TransformerLmTiny : public AustenLmBase {
+ public:
+  Params Task() const override { return LmTask(128, 2, 4, 512, 1200, 2e-3, 100); }
+};
+GLOSSA_REGISTER_MODEL(TransformerLmTiny, "lm.austen.TransformerLmTiny");
+
+// A larger model (model_dim 512, 6 layers, sequences up to 256): the throughput benchmark's size.
+class TransformerLm512 : public AustenLmBase {
+ protected:
+  int64_t MaxLength() const override { return 256; }
+
+ public:
+  Params Task() const override { return LmTask(512, 6, 8, 2048, 100000, 1e-3, 2000); }
+};
+GLOSSA_REGISTER_MODEL(TransformerLm512, "lm.austen.TransformerLm512");
+
+}  // namespace
+}  // namespace glossa

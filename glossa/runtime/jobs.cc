@@ -1,0 +1,216 @@
+#include "glossa/runtime/jobs.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
+#include "glossa/io/event_file.h"
+#include "glossa/optim/ema.h"
+#include "glossa/runtime/program.h"
+#include "glossa/runtime/saver.h"
+
+namespace glossa {
+
+DecodeProgram::DecodeProgram(SingleTaskModel& model, EventWriter* writer)
+    : model_(model), writer_(writer) {}
+
+DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batches,
+                                         const std::string& out_dir) {
+  BaseTask& task = model_.task();
+  try {
+    task.input().Reset();
+  } catch (const UnimplementedError&) {
+  }
+  EvalModeScope eval;
+  at::NoGradGuard no_grad;
+  GlobalStepContext step(global_step);
+  ResetStepSeed();
+  Result r;
+  r.metrics = task.CreateDecoderMetrics();
+  const int64_t want_samples = task.eval_params().GetInt("decoder_samples_per_summary");
+  int64_t samples = 0;
+  while (max_batches < 0 || r.batches < max_batches) {
+    if (want_samples > 0 && samples >= want_samples) break;
+    NestedMap batch;
+    try {
+      batch = task.input().GetPreprocessedInputBatch();
+    } catch (const OutOfRangeError&) {
+      break;
+    }
+    NestedMap out = task.Decode(batch);
+    std::vector<std::string> lines = task.PostProcessDecodeOut(out, r.metrics);
+    samples += static_cast<int64_t>(lines.size());
+    r.lines.insert(r.lines.end(), lines.begin(), lines.end());
+    ++r.batches;
+  }
+  task.DecodeFinalize(r.metrics);
+  if (writer_) {
+    for (const auto& [k, v] : r.metrics) writer_->WriteScalar(k, v, global_step);
+    writer_->Flush();
+  }
+  if (!out_dir.empty()) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "decoder_out_%09lld", static_cast<long long>(global_step));
+    std::string text;
+    for (const auto& l : r.lines) text += l + "\n";
+    AtomicWriteFile(JoinPath(out_dir, name), text);
+  }
+  return r;
+}
+
+namespace {
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::set<std::string> ReadProcessed(const std::string& path) {
+  std::set<std::string> out;
+  if (!FileExists(path)) return out;
+  for (const auto& line : Split(ReadFileToString(path), '\n')) {
+    if (!line.empty()) out.insert(std::string(line));
+  }
+  return out;
+}
+
+int64_t StepOf(const std::string& ckpt) {
+  const auto dash = ckpt.rfind('-');
+  try {
+    return std::stoll(ckpt.substr(dash + 1));
+  } catch (const std::exception&) {
+    throw DataLossError(StrCat("checkpoint name '", ckpt, "' has no step number"));
+  }
+}
+
+}  // namespace
+
+int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options) {
+  if (options.logdir.empty()) throw InvalidArgumentError("job: --logdir is required");
+  auto log = [&](const std::string& l) {
+    if (options.log) {
+      options.log(l);
+    } else {
+      std::printf("%s\n", l.c_str());
+      std::fflush(stdout);
+    }
+  };
+  auto sleep = [&](double s) {
+    if (options.sleep) {
+      options.sleep(s);
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(s));
+    }
+  };
+  const std::string train_dir = JoinPath(options.logdir, "train");
+  const std::string job_dir =
+      JoinPath(options.logdir,
+               StrCat(kind == JobKind::kEval ? "eval_" : "decoder_", Lower(options.dataset)));
+  CreateDirectories(job_dir);
+  const std::string processed_file = JoinPath(job_dir, "processed_ckpts.txt");
+
+  auto model = InstantiateLayer<SingleTaskModel>(model_params);
+  const Params& tp = model->task().train_params();
+  const Params& ep = model->task().eval_params();
+  std::shared_ptr<ExponentialMovingAverage> ema;
+  if (tp.GetFloat("ema_decay") > 0 || tp.IsSet("ema_schedule")) {
+    ema = std::make_shared<ExponentialMovingAverage>(ExponentialMovingAverage::Params());
+    ema->Track(*model);
+    model->SetEma(ema);
+  }
+  const int64_t max_steps = tp.GetInt("max_steps");
+  const bool all =
+      ep.GetBool(kind == JobKind::kEval ? "eval_all_checkpoints" : "decode_all_checkpoints");
+  const int64_t start_after =
+      ep.GetInt(kind == JobKind::kEval ? "start_eval_after" : "start_decoder_after");
+  EventWriter writer(job_dir);
+  std::set<std::string> processed = ReadProcessed(processed_file);
+  int64_t count = 0;
+  double backoff = 1;
+
+  auto process = [&](const std::string& ckpt) {
+    const std::string prefix = JoinPath(train_dir, ckpt);
+    SafetensorsContents contents = LoadCheckpoint(prefix);
+    std::map<std::string, at::Tensor> vars;
+    for (const auto& [info, t] : model->AllVariables()) vars[info.full_name] = t;
+    RestoreVariables(contents, vars);
+    if (ema) {
+      for (const auto& [name, t] : contents.tensors) {
+        const std::string suffix = ExponentialMovingAverage::kSuffix;
+        if (name.size() > suffix.size() &&
+            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          ema->SetShadow(name, t);
+        }
+      }
+    }
+    const int64_t step = contents.tensors.count("global_step")
+                             ? contents.tensors.at("global_step").item<int64_t>()
+                             : StepOf(ckpt);
+    std::string score;
+    if (kind == JobKind::kEval) {
+      EvalProgram eval(*model, &writer);
+      for (const auto& [k, v] : eval.Run(step))
+        score += StrCat(k, ": ", PyFloatRepr(v.first), "\n");
+    } else {
+      DecodeProgram decode(*model, &writer);
+      for (const auto& [k, v] : decode.Run(step, -1, job_dir).metrics)
+        score += StrCat(k, ": ", PyFloatRepr(v), "\n");
+    }
+    char name[64];
+    std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(step));
+    AtomicWriteFile(JoinPath(job_dir, name), score);
+    processed.insert(ckpt);
+    std::string all_processed;
+    for (const auto& p : processed) all_processed += p + "\n";
+    AtomicWriteFile(processed_file, all_processed);
+    ++count;
+    std::string one_line = score;
+    std::replace(one_line.begin(), one_line.end(), '\n', ' ');
+    log(StrCat(kind == JobKind::kEval ? "eval " : "decode ", options.dataset, " ", ckpt, ": ",
+               one_line));
+    return step;
+  };
+
+  while (options.stop == nullptr || !options.stop->load()) {
+    CheckpointState state = ReadCheckpointState(train_dir);
+    std::vector<std::string> todo;
+    for (const auto& c : state.all_model_checkpoint_paths) {
+      if (!processed.count(c) && StepOf(c) >= start_after) todo.push_back(c);
+    }
+    // Without *_all_checkpoints only the newest checkpoint matters, processed or not.
+    if (!all) {
+      const auto& paths = state.all_model_checkpoint_paths;
+      todo.clear();
+      if (!paths.empty() && !processed.count(paths.back()) && StepOf(paths.back()) >= start_after) {
+        todo.push_back(paths.back());
+      }
+    }
+    bool finished = false;
+    for (const auto& c : todo) {
+      if (process(c) >= max_steps) finished = true;
+    }
+    // Done once the final checkpoint has been processed (now or in an earlier run).
+    for (const auto& c : processed) {
+      if (StepOf(c) >= max_steps) finished = true;
+    }
+    if (finished) break;
+    if (todo.empty()) {
+      sleep(backoff);
+      backoff = std::min(backoff * 2, options.max_backoff_seconds);
+    } else {
+      backoff = 1;
+    }
+  }
+  writer.Close();
+  return count;
+}
+
+}  // namespace glossa

@@ -1,0 +1,128 @@
+#include "glossa/models/transformer_lm.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "glossa/base/errors.h"
+#include "glossa/runtime/jobs.h"
+
+namespace glossa {
+namespace {
+
+std::unique_ptr<TransformerLmTask> TinyLm() {
+  Params p = TransformerLmTask::Params();
+  p.Set("name", "lm")
+      .Set("vocab_size", 11)
+      .Set("model_dim", 8)
+      .Set("num_layers", 2)
+      .Set("num_heads", 2);
+  p.Set("hidden_dim", 16).Set("random_seed", 7);
+  return InstantiateLayer<TransformerLmTask>(p);
+}
+
+NestedMap Batch() {
+  at::Tensor ids = at::tensor({1, 5, 6, 7, 3, 1, 8, 9, 2, 2}, at::kLong).view({2, 5});
+  at::Tensor labels = at::tensor({5, 6, 7, 3, 2, 8, 9, 2, 2, 2}, at::kLong).view({2, 5});
+  at::Tensor paddings = at::tensor({0, 0, 0, 0, 0, 0, 0, 0, 1, 1}, at::kFloat).view({2, 5});
+  return NestedMap{{"ids", ids}, {"labels", labels}, {"paddings", paddings}};
+}
+
+TEST(TransformerLm, MetricsAreTokenWeightedCrossEntropyAndAccuracy) {
+  auto lm = TinyLm();
+  NestedMap batch = Batch();
+  auto out = lm->FPropDefaultTheta(batch);
+  // Independent: log-softmax of the logits, gathered per token, averaged over unpadded tokens.
+  at::Tensor logits =
+      lm->Logits(lm->theta(), batch.GetTensor("ids"), batch.GetTensor("paddings")).to(at::kDouble);
+  at::Tensor lp =
+      at::log_softmax(logits, -1).gather(-1, batch.GetTensor("labels").unsqueeze(-1)).squeeze(-1);
+  at::Tensor w = 1 - batch.GetTensor("paddings").to(at::kDouble);
+  const double want = (-(lp * w).sum() / w.sum()).item<double>();
+  EXPECT_NEAR(out.metrics.at("log_pplx").value.item<double>(), want, 1e-5);
+  EXPECT_NEAR(out.metrics.at("loss").value.item<double>(), want, 1e-5);
+  EXPECT_EQ(out.metrics.at("loss").weight.item<double>(), 8.0);
+  const at::Tensor correct = (logits.argmax(-1) == batch.GetTensor("labels")).to(at::kDouble);
+  EXPECT_NEAR(out.metrics.at("fraction_of_correct_next_step_preds").value.item<double>(),
+              ((correct * w).sum() / w.sum()).item<double>(), 1e-9);
+}
+
+TEST(TransformerLm, IsCausal) {
+  auto lm = TinyLm();
+  NestedMap batch = Batch();
+  at::Tensor a = lm->Logits(lm->theta(), batch.GetTensor("ids"), {});
+  at::Tensor ids2 = batch.GetTensor("ids").clone();
+  ids2.index_put_({0, 4}, 10);  // change the last token only
+  at::Tensor b = lm->Logits(lm->theta(), ids2, {});
+  EXPECT_TRUE(at::allclose(a.slice(1, 0, 4), b.slice(1, 0, 4), 1e-5, 1e-6));
+  EXPECT_FALSE(at::allclose(a.slice(1, 4), b.slice(1, 4)));
+}
+
+TEST(TransformerLm, SamplingMatchesFullForwardAndIsDeterministic) {
+  auto lm = TinyLm();
+  at::Tensor prompts = at::tensor({1, 5, 6, 1, 8, 9}, at::kLong).view({2, 3});
+  // Greedy (temperature 0) incremental decoding must pick the argmax of a full forward pass.
+  at::Tensor greedy = lm->Sample(lm->theta(), prompts, 4, 0.0, 0, 1);
+  ASSERT_EQ(greedy.size(0), 2);
+  for (int64_t t = 3; t < greedy.size(1); ++t) {
+    at::Tensor logits = lm->Logits(lm->theta(), greedy.slice(1, 0, t), {});
+    at::Tensor want = logits.select(1, t - 1).argmax(-1);
+    for (int64_t r = 0; r < 2; ++r) {
+      if (greedy.slice(1, 3, t).index({r}).eq(2).any().item<bool>())
+        continue;  // finished rows hold </s>
+      EXPECT_EQ(greedy.index({r, t}).item<int64_t>(), want.index({r}).item<int64_t>())
+          << "row " << r << " t " << t;
+    }
+  }
+  // top_k = 1 sampling is greedy; sampling is a function of the seed.
+  EXPECT_TRUE(at::equal(lm->Sample(lm->theta(), prompts, 4, 1.0, 1, 99), greedy));
+  EXPECT_TRUE(at::equal(lm->Sample(lm->theta(), prompts, 6, 1.0, 0, 5),
+                        lm->Sample(lm->theta(), prompts, 6, 1.0, 0, 5)));
+}
+
+TEST(TransformerLm, RejectsBadConfigs) {
+  Params p = TransformerLmTask::Params();
+  p.Set("name", "lm").Set("vocab_size", 0).Set("model_dim", 8);
+  EXPECT_THROW(InstantiateLayer<TransformerLmTask>(p), InvalidArgumentError);
+}
+
+TEST(UnigramBaseline, AddOneSmoothedLogPerplexity) {
+  UnigramBaseline u(4);
+  NestedMap b{{"labels", at::tensor({0, 1, 1, 3}, at::kLong).view({1, 4})},
+              {"paddings", at::tensor({0, 0, 0, 1}, at::kFloat).view({1, 4})}};
+  u.Count(b);  // counts 1+[1, 2, 0, 0] over a total of 4 + 3
+  EXPECT_DOUBLE_EQ(u.counts[1], 3.0);
+  EXPECT_DOUBLE_EQ(u.total, 7.0);
+  auto [nll, n] = u.Score(b);
+  EXPECT_EQ(n, 3.0);
+  EXPECT_NEAR(nll, -(std::log(2.0 / 7) + 2 * std::log(3.0 / 7)), 1e-12);
+  NestedMap bad{{"labels", at::tensor({9}, at::kLong).view({1, 1})},
+                {"paddings", at::zeros({1, 1})}};
+  EXPECT_THROW(u.Count(bad), InvalidArgumentError);
+}
+
+TEST(CheckpointJob, BacksOffWhileWaitingForCheckpoints) {
+  const std::string logdir = ::testing::TempDir() + "/glossa_job_backoff";
+  std::vector<double> sleeps;
+  std::atomic<bool> stop{false};
+  JobOptions o;
+  o.logdir = logdir;
+  o.dataset = "Dev";
+  o.log = [](const std::string&) {};
+  o.sleep = [&](double s) {
+    sleeps.push_back(s);
+    if (sleeps.size() == 10) stop.store(true);
+  };
+  o.stop = &stop;
+  Params mp = SingleTaskModel::Params();
+  Params tp = TransformerLmTask::Params();
+  tp.Set("name", "lm").Set("vocab_size", 5).Set("model_dim", 4).Set("hidden_dim", 8);
+  mp.Set("task", tp);
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, mp, o), 0);
+  EXPECT_EQ(sleeps, (std::vector<double>{1, 2, 4, 8, 16, 32, 64, 128, 256, 300}));
+}
+
+}  // namespace
+}  // namespace glossa

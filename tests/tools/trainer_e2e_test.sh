@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# End to end: train lm.austen.TransformerLmTiny (shrunk) a few steps, stop it with SIGTERM, resume
+# from the checkpoint, run the evaler and decoder jobs against the train directory, and check the
+# files each writes; then flags, flagfiles and errors.
+set -u
+glossa="$1"
+fail=0
+tmp=$(mktemp -d)
+trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+check() {  # check <description> <command...>
+  local what="$1"; shift
+  if ! "$@"; then echo "FAIL: $what"; fail=1; fi
+}
+small='task.model_dim : 16; task.hidden_dim : 32; task.num_layers : 1; task.num_heads : 2;'
+small+=' task.train.steps_per_loop : 5; task.train.save_interval_steps : 5; task.train.summary_interval_steps : 5;'
+small+=' task.eval.samples_per_summary : 64; task.eval.decoder_samples_per_summary : 16;'
+small+=' task.decode_max_new_tokens : 6'
+logdir="$tmp/lm"
+flags=(--model=lm.austen.TransformerLmTiny --logdir="$logdir" --random_seed=3 --intra_op_threads=1
+       "--model_params_override=$small")
+
+# 1. Train to (at most) step 400 in the background and stop it with SIGTERM once a checkpoint exists.
+"$glossa" train "${flags[@]}" --max_steps=400 > "$tmp/train1.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  [ -f "$logdir/train/checkpoint" ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+kill -TERM "$pid" 2>/dev/null
+wait "$pid"; rc=$?
+check "trainer exits 0 on SIGTERM (rc $rc): $(tail -3 "$tmp/train1.log")" test "$rc" -eq 0
+check "trainer says it stopped: $(tail -2 "$tmp/train1.log")" grep -q "(stopped)" "$tmp/train1.log"
+check "control/params.txt" test -s "$logdir/control/params.txt"
+check "model_analysis.txt has the total" grep -q "total #params:" "$logdir/control/model_analysis.txt"
+check "train events" compgen -G "$logdir/train/events.out.tfevents.*" > /dev/null
+stopped_at=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$logdir/train/checkpoint")
+check "a checkpoint before max_steps (got '$stopped_at')" test -n "$stopped_at" -a "${stopped_at:-400}" -lt 400
+
+# 2. Resume to step 30 (or past it when SIGTERM came late: then just to stopped_at + 10).
+target=$(( stopped_at < 20 ? 30 : stopped_at + 10 ))
+check "resume" "$glossa" train "${flags[@]}" --max_steps=$target > "$tmp/train2.log" 2>&1
+check "resume restored step $stopped_at: $(head -3 "$tmp/train2.log")" grep -q "restored .*ckpt-0*$stopped_at at step $stopped_at" "$tmp/train2.log"
+check "step lines" grep -qE "^step: [0-9]+, steps/sec: [0-9.]+, examples/sec: [0-9.]+, loss: " "$tmp/train2.log"
+final=$(printf "ckpt-%08d" "$target")
+check "final checkpoint $final" test -f "$logdir/train/$final.safetensors"
+
+# 3. The evaler and decoder jobs process the checkpoints up to max_steps and exit.
+check "evaler" "$glossa" eval "${flags[@]}" --max_steps=$target --dataset=Dev > "$tmp/eval.log" 2>&1
+score=$(printf "%s/eval_dev/score-%08d.txt" "$logdir" "$target")
+check "eval score file $score" grep -q "^log_pplx: " "$score"
+check "processed_ckpts.txt" grep -qx "$final" "$logdir/eval_dev/processed_ckpts.txt"
+check "eval events" compgen -G "$logdir/eval_dev/events.out.tfevents.*" > /dev/null
+# A restarted evaler skips what it processed.
+"$glossa" eval "${flags[@]}" --max_steps=$target --dataset=Dev > "$tmp/eval2.log" 2>&1
+check "restarted evaler reprocesses nothing: $(cat "$tmp/eval2.log")" bash -c "! grep -q '^eval ' '$tmp/eval2.log'"
+check "decoder" "$glossa" decode "${flags[@]}" --max_steps=$target --dataset=Dev > "$tmp/decode.log" 2>&1
+out=$(printf "%s/decoder_dev/decoder_out_%09d" "$logdir" "$target")
+check "decoder output $out" test "$(grep -c ' ||| ' "$out" 2>/dev/null)" -ge 16
+check "decoder score" grep -q "^num_samples_in_batch: " "$(printf "%s/decoder_dev/score-%08d.txt" "$logdir" "$target")"
+
+# 4. report: model vs unigram, and samples.
+check "report" "$glossa" report "${flags[@]}" --dataset=Dev > "$tmp/report.log" 2>/dev/null
+check "report lines: $(cat "$tmp/report.log")" grep -q "unigram log_pplx: " "$tmp/report.log"
+
+# 5. Flags: --flagfile, --help lists flags with docs, and clear one-line errors.
+printf -- "--model=lm.austen.TransformerLmTiny\n# a comment\n--dataset=Dev\n" > "$tmp/flags.txt"
+check "flagfile" bash -c "'$glossa' inspect_model --flagfile='$tmp/flags.txt' | grep -q 'total #params:'"
+check "train --help documents --max_steps" bash -c "'$glossa' train --help | grep -q -- '--max_steps.*max_steps'"
+one_line_error() {  # one_line_error <pattern> <args...>
+  local pattern="$1"; shift
+  local out
+  if out=$("$glossa" "$@" 2>&1); then echo "FAIL: glossa $* succeeded"; fail=1; return; fi
+  if ! grep -qE -- "$pattern" <<<"$out"; then echo "FAIL: glossa $*: no '$pattern' in: $out"; fail=1; fi
+  if [ "$(grep -vc '^[IW][0-9]\{8\} \|WARNING: Logging' <<<"$out")" -ne 1 ]; then echo "FAIL: glossa $*: not one line: $out"; fail=1; fi
+}
+one_line_error "no.such.Model" train --model=no.such.Model --logdir="$tmp/x"
+one_line_error "TransformerLmTiny" inspect_model --model=lm.austen.TransformerLmTin
+one_line_error "Dvv" inspect_model --model=lm.austen.TransformerLmTiny --dataset=Dvv
+one_line_error "task.nope" inspect_model --model=lm.austen.TransformerLmTiny "--model_params_override=task.nope : 1"
+printf "bad line\n" > "$tmp/bad.flags"
+one_line_error "bad.flags:1" inspect_model --flagfile="$tmp/bad.flags"
+one_line_error "no checkpoint" eval --model=lm.austen.TransformerLmTiny --logdir="$tmp/empty" --once
+
+[ "$fail" -eq 0 ] && echo "trainer e2e: all checks passed"
+exit "$fail"
