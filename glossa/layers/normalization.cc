@@ -35,12 +35,11 @@ at::Tensor LayerNorm::FProp(const NestedMap& theta, const at::Tensor& inputs) co
                                       input_dim_, ", got shape ", inputs.sizes()));
   }
   at::Tensor x = CastToFPropDtype(inputs);
-  at::Tensor mean = x.mean({-1}, /*keepdim=*/true);
-  at::Tensor var = (x - mean).square().mean({-1}, true);
-  at::Tensor normed = (x - mean) * at::rsqrt(var + epsilon_);
   at::Tensor scale = theta.GetTensor("scale");
   if (!direct_scale_) scale = scale + 1;
-  return normed * scale + theta.GetTensor("bias");
+  // (x - mean) * rsqrt(var + eps) * scale + bias with the biased variance over the last dim:
+  // ATen's fused kernel computes exactly this (and its gradient) in one pass.
+  return at::layer_norm(x, {input_dim_}, scale, theta.GetTensor("bias"), epsilon_);
 }
 
 glossa::Params BatchNormLayer::Params() {

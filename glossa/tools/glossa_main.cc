@@ -32,6 +32,7 @@
 #include "glossa/model/model_registry.h"
 #include "glossa/models/transformer_lm.h"
 #include "glossa/optim/ema.h"
+#include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/jobs.h"
 #include "glossa/runtime/program.h"
@@ -132,14 +133,16 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
   cmd->add_option("--saver_keep_checkpoint_every_n_hours", f.keep_every_n_hours,
                   "Overrides task.train.save_keep_checkpoint_every_n_hours.");
   cmd->add_option("--intra_op_threads", f.intra_op_threads,
-                  "Intra-op threads (0: the machine's cores).");
+                  "ATen intra-op threads; 0: the layout of glossa/runtime/cpu_runtime.h.");
   cmd->add_option("--random_seed", f.random_seed,
                   "Overrides the model's random_seed (deterministic runs).");
 }
 
 Params ModelParamsFromFlags(const ModelFlags& f) {
-  if (f.intra_op_threads > 0) at::set_num_threads(static_cast<int>(f.intra_op_threads));
   Params p = GetModelParams(f.model, f.dataset, OverrideText(f.override_text), f.override_file);
+  const ParamValue& fprop = p.Get("task.fprop_dtype");
+  ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads),
+                      !fprop.is_none() && fprop.AsDType() == DType::kBFloat16);
   if (f.max_steps >= 0) p.Set("task.train.max_steps", f.max_steps);
   if (f.saver_max_to_keep >= 0) p.Set("task.train.save_max_to_keep", f.saver_max_to_keep);
   if (f.keep_every_n_hours >= 0)

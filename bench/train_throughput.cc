@@ -1,0 +1,129 @@
+// Training throughput of the Transformer LM task (glossa/models/transformer_lm.h) on random tokens:
+// tokens/s, median over runs, in fp32 or with bf16 compute (fprop_dtype bfloat16); or, with
+// --gemm, the fp32 GEMM rate (2048² matmul) this machine reaches. Run by train_throughput.sh beside
+// the same model in PyTorch (train_throughput.py).
+//   bench_train_throughput --model_dim=512 --num_layers=6 --seq=256 --batch=8 --vocab=8000
+//   --dtype=fp32
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "glossa/core/step_seed.h"
+#include "glossa/model/model_registry.h"
+#include "glossa/models/transformer_lm.h"
+#include "glossa/optim/learner.h"
+#include "glossa/optim/optimizer.h"
+#include "glossa/optim/schedule.h"
+#include "glossa/runtime/cpu_runtime.h"
+
+namespace {
+
+std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
+  std::map<std::string, std::string> f = {
+      {"model_dim", "128"}, {"num_layers", "2"}, {"num_heads", "4"}, {"hidden_dim", "0"},
+      {"vocab", "2000"},    {"seq", "128"},      {"batch", "16"},    {"steps", "10"},
+      {"runs", "3"},        {"dtype", "fp32"},   {"threads", "0"},   {"gemm", "0"}};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const auto eq = a.find('=');
+    if (a.rfind("--", 0) != 0) {
+      std::fprintf(stderr, "bad flag %s\n", a.c_str());
+      std::exit(2);
+    }
+    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (!f.count(k)) {
+      std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
+      std::exit(2);
+    }
+    f[k] = eq == std::string::npos ? "1" : a.substr(eq + 1);
+  }
+  return f;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace glossa;
+  auto f = ParseFlags(argc, argv);
+  const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
+  const int runs = std::stoi(f["runs"]);
+  if (f["gemm"] == "1") {
+    at::Tensor a = at::randn({2048, 2048}), b = at::randn({2048, 2048});
+    at::mm(a, b);
+    std::vector<double> rates;
+    for (int r = 0; r < std::max(runs, 5); ++r) {
+      const double t0 = Now();
+      for (int i = 0; i < 5; ++i) at::mm(a, b);
+      rates.push_back(5 * 2.0 * 2048.0 * 2048.0 * 2048.0 / (Now() - t0) / 1e9);
+    }
+    std::printf("gemm_fp32_gflops %.1f\n", Median(rates));
+    return 0;
+  }
+  const int64_t d = std::stoll(f["model_dim"]), layers = std::stoll(f["num_layers"]);
+  const int64_t hidden = std::stoll(f["hidden_dim"]) > 0 ? std::stoll(f["hidden_dim"]) : 4 * d;
+  const int64_t vocab = std::stoll(f["vocab"]), seq = std::stoll(f["seq"]),
+                batch = std::stoll(f["batch"]);
+  const int steps = std::stoi(f["steps"]);
+  Params tp = TransformerLmTask::Params();
+  tp.Set("name", "lm").Set("vocab_size", vocab).Set("model_dim", d).Set("num_layers", layers);
+  tp.Set("num_heads", std::stoll(f["num_heads"])).Set("hidden_dim", hidden).Set("random_seed", 1);
+  if (f["dtype"] == "bf16") {
+    tp.Set("fprop_dtype", DType::kBFloat16);
+  } else if (f["dtype"] != "fp32") {
+    std::fprintf(stderr, "--dtype must be fp32 or bf16\n");
+    return 2;
+  }
+  tp.Set("train.learner.learning_rate", 1e-4);
+  tp.Set("train.learner.lr_schedule", ConstantSchedule::Params());
+  tp.Set("train.learner.optimizer",
+         Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
+  Params mp = SingleTaskModel::Params();
+  mp.Set("name", "model");
+  mp.Set("task", tp);
+  auto model = InstantiateLayer<SingleTaskModel>(mp);
+  BaseTask& task = model->task();
+  const auto vars = LearnerVariables(*model);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor ids = at::randint(3, vocab, {batch, seq}, gen);
+  NestedMap b{{"ids", ids}, {"labels", ids.roll(-1, 1)}, {"paddings", at::zeros({batch, seq})}};
+  int64_t step = 0;
+  auto train_step = [&] {
+    GlobalStepContext ctx(step);
+    auto r = task.FPropDefaultTheta(b);
+    task.learner().Apply(
+        {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars, step);
+    ++step;
+  };
+  train_step();  // warm-up (slot creation, allocator)
+  std::vector<double> rates;
+  for (int r = 0; r < runs; ++r) {
+    const double t0 = Now();
+    for (int s = 0; s < steps; ++s) train_step();
+    rates.push_back(static_cast<double>(steps * batch * seq) / (Now() - t0));
+  }
+  // Training FLOPs per token: 6 x matmul parameters (attention projections, feed-forward, softmax)
+  // + 12 x layers x seq x d for the attention scores and their use.
+  const double flops =
+      6.0 * static_cast<double>(layers * (4 * d * d + 2 * d * hidden) + d * vocab) +
+      12.0 * static_cast<double>(layers * seq * d);
+  std::printf("glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d\n",
+              Median(rates), flops, layout.aten_threads, layout.blas_threads);
+  return 0;
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""The PyTorch peer of bench_train_throughput: the same decoder-only Transformer LM (token embedding
+scaled by sqrt(d) + sinusoidal positions, pre-layer-norm layers of causal multi-head attention with
+biased q/k/v/o projections and a ReLU feed-forward block, final layer norm, full softmax), the same
+initialization scale, Adam(0.9, 0.98, 1e-9), random tokens, tokens/s median over runs.
+Run with Debian's python3-torch: /usr/bin/python3 bench/train_throughput.py --model_dim=512 ..."""
+import argparse, math, statistics, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ap = argparse.ArgumentParser()
+for k, v in dict(model_dim=128, num_layers=2, num_heads=4, hidden_dim=0, vocab=2000, seq=128, batch=16,
+                 steps=10, runs=3, threads=0).items():
+    ap.add_argument("--" + k, type=int, default=v)
+ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+a = ap.parse_args()
+if a.threads > 0:
+    torch.set_num_threads(a.threads)
+d, L, H = a.model_dim, a.num_layers, a.num_heads
+hid = a.hidden_dim or 4 * d
+torch.manual_seed(1)
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.fc0, self.fc1 = nn.Linear(d, hid), nn.Linear(hid, d)
+
+    def forward(self, x, mask):
+        b, t, _ = x.shape
+        h = self.ln1(x)
+        split = lambda y: y.view(b, t, H, d // H).transpose(1, 2)
+        q, k, v = split(self.q(h)) / math.sqrt(d // H), split(self.k(h)), split(self.v(h))
+        p = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(mask, float("-inf")), -1)
+        x = x + self.o((p @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.fc1(F.relu(self.fc0(self.ln2(x))))
+
+
+class Lm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(a.vocab, d)
+        nn.init.normal_(self.emb.weight, std=1 / math.sqrt(d))
+        self.layers = nn.ModuleList(Layer() for _ in range(L))
+        self.ln = nn.LayerNorm(d)
+        self.softmax = nn.Linear(d, a.vocab)
+        pos = torch.arange(a.seq, dtype=torch.float32)[:, None]
+        inc = math.log(1e4) / max(d // 2 - 1, 1)
+        ts = torch.exp(torch.arange(d // 2, dtype=torch.float32) * -inc)
+        self.register_buffer("pos", torch.cat([torch.sin(pos * ts), torch.cos(pos * ts)], 1))
+        self.register_buffer("mask", torch.triu(torch.ones(a.seq, a.seq, dtype=torch.bool), 1))
+
+    def forward(self, ids, labels):
+        x = self.emb(ids) * math.sqrt(d) + self.pos
+        for layer in self.layers:
+            x = layer(x, self.mask)
+        logits = self.softmax(self.ln(x)).float()
+        return F.cross_entropy(logits.view(-1, a.vocab), labels.view(-1))
+
+
+model = Lm()
+opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+g = torch.Generator().manual_seed(7)
+ids = torch.randint(3, a.vocab, (a.batch, a.seq), generator=g)
+labels = ids.roll(-1, 1)
+
+
+def step():
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+        loss = model(ids, labels)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+step()
+rates = []
+for _ in range(a.runs):
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    rates.append(a.steps * a.batch * a.seq / (time.perf_counter() - t0))
+print(f"torch_tokens_per_sec {statistics.median(rates):.1f} threads {torch.get_num_threads()}")

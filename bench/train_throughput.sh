@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Training throughput: Glossa's Transformer LM against the same model in PyTorch (Debian's
+# python3-torch), in one run. Two sizes (tiny: the lm.austen.TransformerLmTiny shapes; 512: model
+# dim 512, 6 layers, seq 256, batch 8, vocab 8000), fp32 and bf16 compute. Both frameworks get the
+# same thread layout (glossa/runtime/cpu_runtime.h: fp32 = 1 ATen thread + OpenBLAS on every core;
+# bf16 = ATen on every core + 1 OpenBLAS thread) and the same glibc allocator settings. Prints
+# tokens/s medians, their ratio, FLOPs per token and the fraction of the measured fp32 GEMM peak.
+#   bash bench/train_throughput.sh [runs=3] [build_dir=build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs="${1:-3}"
+build="${2:-build}"
+bin="$build/bin/bench_train_throughput"
+[ -x "$bin" ] || { echo "build first: bash scripts/build.sh"; exit 1; }
+cores=$(nproc)
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
+peak=$("$bin" --gemm --runs=5 2>/dev/null | awk '/gemm_fp32_gflops/ {print $2}')
+echo "fp32 GEMM peak (2048^2 matmul, OpenBLAS, $cores threads): $peak GFLOP/s"
+tiny="--model_dim=128 --num_layers=2 --num_heads=4 --hidden_dim=512 --vocab=2000 --seq=128 --batch=16 --steps=20"
+big="--model_dim=512 --num_layers=6 --num_heads=8 --hidden_dim=2048 --vocab=8000 --seq=256 --batch=8 --steps=3"
+printf "%-6s %-5s %14s %14s %7s %12s %10s\n" size dtype glossa_tok/s torch_tok/s ratio MFLOP/token %fp32peak
+for size in tiny 512; do
+  for dtype in fp32 bf16; do
+    shape=$([ "$size" = tiny ] && echo "$tiny" || echo "$big")
+    if [ "$dtype" = fp32 ]; then t=1; blas=$cores; else t=$cores; blas=1; fi
+    g=$("$bin" $shape --runs="$runs" --dtype=$dtype 2>/dev/null | grep glossa_tokens_per_sec)
+    p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
+    gt=$(awk '{print $2}' <<<"$g"); fl=$(awk '{print $4}' <<<"$g"); pt=$(awk '{print $2}' <<<"$p")
+    awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" 'BEGIN {
+      printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%%\n", s, d, g, p, g / p, f / 1e6, 100 * g * f / 1e9 / peak }'
+  done
+done
+echo "reproduce: bash bench/train_throughput.sh $runs $build"

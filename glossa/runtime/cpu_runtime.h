@@ -1,0 +1,24 @@
+// CPU runtime setup for training and benchmarks: the thread layout and the allocator.
+//
+// On a CPU, ATen's intra-op OpenMP threads and OpenBLAS's own GEMM threads oversubscribe the cores
+// when both use all of them (measured on 2 cores: the tiny LM trains 2.4x slower). The layout:
+//   fp32 compute: ATen 1 intra-op thread, OpenBLAS all cores (GEMMs dominate and run in OpenBLAS);
+//   bf16 compute: ATen all cores (oneDNN GEMMs run on OpenMP threads), OpenBLAS 1 thread.
+// An explicit `intra_op_threads` > 0 sets ATen's threads and gives OpenBLAS the rest (at least 1).
+// glibc's allocator is kept from returning large blocks to the kernel after each step (mmap
+// threshold at its maximum, no trimming): otherwise every step re-faults and zeroes its
+// activations' pages (about a third of the 512x6 LM's step time).
+//
+//   ConfigureCpuRuntime(/*intra_op_threads=*/0, /*bf16_compute=*/false);
+#pragma once
+
+namespace glossa {
+
+struct CpuRuntimeLayout {
+  int aten_threads = 0;
+  int blas_threads = 0;  // 0: OpenBLAS not found (its threads left as they are)
+};
+
+CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute);
+
+}  // namespace glossa
