@@ -58,6 +58,31 @@ std::unique_ptr<ModelParamsBase> GetModelParamsClass(const std::string& key) {
   return factory();
 }
 
+Params SimpleProgramScheduleParams() {
+  Params p;
+  p.Define("train_executions_per_eval", 1,
+           "Train loops between runs of the eval and decode programs.");
+  p.Define("eval_dataset_names", ParamValue::List{},
+           "Datasets evaluated/decoded in the trainer, e.g. ['Dev'].");
+  p.Define("eval_steps_per_loop", 0,
+           "Eval batches per eval program; -1: until OutOfRange; 0: no eval.");
+  p.Define("decode_steps_per_loop", 0,
+           "Decode batches per decode program; -1: until OutOfRange; 0: no decode.");
+  Params ml;
+  ml.Define("enabled", false,
+            "Emit MLPerf :::MLLOG lines and stop at the decoder metric threshold.");
+  ml.Define("benchmark_name", "", "MLPerf benchmark name (run_start metadata).");
+  ml.Define("decoder_metric_name", "", "Decoder metric reported as eval_accuracy.");
+  ml.Define("decoder_metric_success_threshold", 0.0,
+            "Stop with status success once the metric reaches it.");
+  ml.Define("steps_per_epoch", 0,
+            "Steps per epoch for epoch numbers (0: train_executions_per_eval loops).");
+  p.Define("ml_perf", ml, "MLPerf logging (Lingvo's TrainAndDecodeProgram).");
+  return p;
+}
+
+Params ModelParamsBase::ProgramSchedule() const { return SimpleProgramScheduleParams(); }
+
 Params GetModelParams(const std::string& key, const std::string& dataset,
                       const std::string& override_text, const std::string& override_file) {
   if (!override_text.empty() && !override_file.empty()) {
@@ -77,6 +102,7 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
   Params p = SingleTaskModel::Params();
   p.Set("name", key.substr(0, key.find('.')));
   p.Set("task", task);
+  p.Set("program_schedule", model->ProgramSchedule());
   if (!override_text.empty()) {
     std::string text = override_text;
     for (char& c : text) {
@@ -103,6 +129,7 @@ glossa::Params SingleTaskModel::Params() {
   p.Set("cls", ClsOf<SingleTaskModel>());
   p.Set("name", "model");
   p.Define("task", nullptr, "The task's Params.");
+  p.Define("program_schedule", SimpleProgramScheduleParams(), "The executor's program schedule.");
   return p;
 }
 

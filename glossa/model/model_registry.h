@@ -28,6 +28,8 @@ class ModelParamsBase {
   virtual ~ModelParamsBase() = default;
   // The task's Params (without input).
   virtual Params Task() const = 0;
+  // The executor's program schedule (SimpleProgramSchedule Params); by default train only.
+  virtual Params ProgramSchedule() const;
   // Dataset name -> its input generator Params.
   virtual std::map<std::string, std::function<Params()>> Datasets() const = 0;
 };
@@ -38,6 +40,14 @@ void RegisterModel(const std::string& key, ModelParamsFactory factory);
 std::vector<std::string> ModelKeys();
 // NotFound (with near names) for unknown models.
 std::unique_ptr<ModelParamsBase> GetModelParamsClass(const std::string& key);
+
+// Lingvo's SimpleProgramSchedule: after every train_executions_per_eval train loops, an eval
+// program (eval_steps_per_loop batches; -1: until OutOfRange; 0: none) and a decode program
+// (decode_steps_per_loop) on each of eval_dataset_names, in the trainer. With ml_perf.enabled the
+// run is Lingvo's TrainAndDecode: MLPerf ":::MLLOG {json}" lines (run_start, block_start,
+// eval_accuracy, block_stop, run_stop) and a stop once ml_perf.decoder_metric_name reaches
+// ml_perf.decoder_metric_success_threshold.
+Params SimpleProgramScheduleParams();
 
 // SingleTaskModel Params for `key` with task.input from `dataset`, then the overrides:
 // `override_text` ("key : value" lines separated by newlines or ';') or the file

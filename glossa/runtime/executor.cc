@@ -4,12 +4,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/io/event_file.h"
+#include "glossa/runtime/jobs.h"
 #include "glossa/runtime/program.h"
 
 namespace glossa {
@@ -114,6 +117,87 @@ void Executor::Save() {
   saver_->Save(global_step_, CheckpointTensors(*model_, ema_.get(), global_step_));
 }
 
+void Executor::MlLog(const std::string& key, const std::string& event_type,
+                     const std::string& value_json, const std::string& metadata_json) {
+  const auto ms = static_cast<int64_t>(options_.clock() * 1000);
+  Log(StrCat(":::MLLOG {\"namespace\": \"\", \"time_ms\": ", ms, ", \"event_type\": \"", event_type,
+             "\", \"key\": \"", key, "\", \"value\": ", value_json,
+             ", \"metadata\": ", metadata_json, "}"));
+}
+
+bool Executor::RunEvalPrograms(int64_t epoch) {
+  const Params& sched = params_.GetParams("program_schedule");
+  const int64_t eval_steps = sched.GetInt("eval_steps_per_loop");
+  const int64_t decode_steps = sched.GetInt("decode_steps_per_loop");
+  // The values programs see: the EMA when the model keeps one (as Lingvo's evaluation does).
+  std::map<std::string, at::Tensor> values;
+  std::map<std::string, at::Tensor> shadows;
+  if (ema_) shadows = ema_->Shadows();
+  for (const auto& [info, t] : model_->AllVariables()) {
+    auto it = shadows.find(info.full_name + ExponentialMovingAverage::kSuffix);
+    values[info.full_name] = it != shadows.end() ? it->second : t;
+  }
+  bool success = false;
+  for (const auto& v : sched.Get("eval_dataset_names").AsList()) {
+    const std::string ds = v.AsString();
+    auto pit = options_.dataset_params.find(ds);
+    if (pit == options_.dataset_params.end()) {
+      throw InvalidArgumentError(StrCat("program_schedule.eval_dataset_names has '", ds,
+                                        "' but the executor was given no model params for it"));
+    }
+    auto& model = eval_models_[ds];
+    if (!model) model = InstantiateLayer<SingleTaskModel>(pit->second);
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& [info, t] : model->AllVariables()) {
+        auto it = values.find(info.full_name);
+        if (it == values.end() || !it->second.sizes().equals(t.sizes())) {
+          throw InvalidArgumentError(StrCat("dataset ", ds, ": variable ", info.full_name,
+                                            " does not match the trained model's"));
+        }
+        t.copy_(it->second);
+      }
+    }
+    std::string lower = ds;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (eval_steps != 0) {
+      auto& w = eval_writers_["eval_" + lower];
+      if (!w)
+        w = std::make_unique<EventWriter>(JoinPath(options_.logdir, "eval_" + lower), 10.0,
+                                          options_.clock);
+      EvalProgram eval(*model, w.get());
+      std::string line;
+      for (const auto& [k, m] : eval.Run(global_step_, eval_steps))
+        line += StrCat(", ", k, ": ", PyFloatRepr(m.first));
+      Log(StrCat("eval ", ds, " step ", global_step_, line));
+    }
+    if (decode_steps != 0) {
+      const std::string dir = JoinPath(options_.logdir, "decoder_" + lower);
+      CreateDirectories(dir);
+      auto& w = eval_writers_["decoder_" + lower];
+      if (!w) w = std::make_unique<EventWriter>(dir, 10.0, options_.clock);
+      DecodeProgram decode(*model, w.get());
+      auto r = decode.Run(global_step_, decode_steps, dir);
+      std::string line;
+      for (const auto& [k, m] : r.metrics) line += StrCat(", ", k, ": ", PyFloatRepr(m));
+      Log(StrCat("decode ", ds, " step ", global_step_, line));
+      if (sched.GetBool("ml_perf.enabled")) {
+        const std::string metric = sched.GetString("ml_perf.decoder_metric_name");
+        auto mit = r.metrics.find(metric);
+        if (mit == r.metrics.end()) {
+          throw InvalidArgumentError(
+              StrCat("ml_perf.decoder_metric_name '", metric, "' is not a decoder metric of ", ds));
+        }
+        MlLog("eval_accuracy", "POINT_IN_TIME", PyFloatRepr(mit->second),
+              StrCat("{\"epoch_num\": ", epoch, "}"));
+        if (mit->second >= sched.GetFloat("ml_perf.decoder_metric_success_threshold"))
+          success = true;
+      }
+    }
+  }
+  return success;
+}
+
 int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   if (auto latest = Saver::LatestCheckpoint(train_dir_)) {
@@ -143,8 +227,43 @@ int64_t Executor::Run() {
   const int64_t max_steps = tp.GetInt("max_steps");
   int64_t last_save_step = global_step_;
   double last_save_time = options_.clock();
+  const Params& sched = params_.GetParams("program_schedule");
+  const bool has_programs =
+      !sched.Get("eval_dataset_names").AsList().empty() &&
+      (sched.GetInt("eval_steps_per_loop") != 0 || sched.GetInt("decode_steps_per_loop") != 0);
+  const bool ml_perf = sched.GetBool("ml_perf.enabled");
+  const int64_t per_eval = std::max<int64_t>(1, sched.GetInt("train_executions_per_eval"));
+  const int64_t steps_per_epoch =
+      sched.GetInt("ml_perf.steps_per_epoch") > 0
+          ? sched.GetInt("ml_perf.steps_per_epoch")
+          : per_eval * std::max<int64_t>(1, tp.GetInt("steps_per_loop"));
+  int64_t loops = 0;
+  bool ml_success = false;
+  if (ml_perf) {
+    MlLog("run_start", "INTERVAL_START", "null",
+          StrCat("{\"benchmark\": ",
+                 nlohmann::json(sched.GetString("ml_perf.benchmark_name")).dump(), "}"));
+  }
   while (global_step_ < max_steps && !stop_.load()) {
+    if (ml_perf && loops % per_eval == 0) {
+      MlLog("block_start", "INTERVAL_START", "null",
+            StrCat("{\"first_epoch_num\": ", global_step_ / steps_per_epoch, ", \"epoch_count\": ",
+                   std::max<int64_t>(1, per_eval * tp.GetInt("steps_per_loop") / steps_per_epoch),
+                   "}"));
+    }
     auto r = train.RunLoop(&global_step_, [this] { return stop_.load(); });
+    ++loops;
+    if (has_programs && r.steps > 0 && (loops % per_eval == 0 || global_step_ >= max_steps)) {
+      if (ml_perf) {
+        MlLog("block_stop", "INTERVAL_END", "null",
+              StrCat("{\"first_epoch_num\": ", (global_step_ - r.steps) / steps_per_epoch, "}"));
+      }
+      if (RunEvalPrograms(global_step_ / steps_per_epoch)) {
+        ml_success = true;
+        Log(StrCat("decoder metric reached its threshold at step ", global_step_, "; stopping"));
+        break;
+      }
+    }
     if (r.input_exhausted) {
       Log(StrCat("training input exhausted at step ", global_step_));
       break;
@@ -159,6 +278,10 @@ int64_t Executor::Run() {
       last_save_time = options_.clock();
     }
     if (r.steps == 0) break;
+  }
+  if (ml_perf) {
+    MlLog("run_stop", "INTERVAL_END", "null",
+          StrCat("{\"status\": \"", ml_success ? "success" : "aborted", "\"}"));
   }
   if (global_step_ != last_save_step || !Saver::LatestCheckpoint(train_dir_)) Save();
   saver_->Wait();

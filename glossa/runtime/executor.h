@@ -22,12 +22,18 @@
 
 namespace glossa {
 
+class EventWriter;
+
 struct ExecutorOptions {
   std::string logdir;
   // Console lines (the step line, saves); null: stdout.
   std::function<void(const std::string&)> log;
   // Wall time in seconds (save intervals); injectable.
   std::function<double()> clock;
+  // Model Params per dataset the program schedule evaluates or decodes in the trainer
+  // (GetModelParams(key, dataset, ...)); variables are copied from the trained model (its EMA
+  // when there is one) before each program.
+  std::map<std::string, Params> dataset_params;
 };
 
 // Every tensor a checkpoint holds for a model: variables, learner slots, EMA shadows, global_step.
@@ -56,6 +62,12 @@ class Executor {
  private:
   void Log(const std::string& line);
   void Save();
+  // Runs the schedule's eval and decode programs; true when an MLPerf run reached its target.
+  bool RunEvalPrograms(int64_t epoch);
+  void MlLog(const std::string& key, const std::string& event_type, const std::string& value_json,
+             const std::string& metadata_json = "{}");
+  std::map<std::string, std::unique_ptr<SingleTaskModel>> eval_models_;
+  std::map<std::string, std::unique_ptr<EventWriter>> eval_writers_;
   Params params_;
   ExecutorOptions options_;
   std::unique_ptr<SingleTaskModel> model_;

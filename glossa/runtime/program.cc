@@ -124,7 +124,8 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
 EvalProgram::EvalProgram(SingleTaskModel& model, EventWriter* writer)
     : model_(model), writer_(writer) {}
 
-std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global_step) {
+std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global_step,
+                                                                  int64_t max_batches) {
   BaseTask& task = model_.task();
   try {
     task.input().Reset();
@@ -135,8 +136,8 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
   at::NoGradGuard no_grad;
   GlobalStepContext step(global_step);
   MetricsAccumulator acc;
-  int64_t samples = 0;
-  while (want <= 0 || samples < want) {
+  int64_t samples = 0, batches = 0;
+  while ((want <= 0 || samples < want) && (max_batches < 0 || batches++ < max_batches)) {
     NestedMap batch;
     try {
       batch = task.input().GetPreprocessedInputBatch();

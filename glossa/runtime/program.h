@@ -64,7 +64,9 @@ class EvalProgram {
   EvalProgram(SingleTaskModel& model, EventWriter* writer);
   // Resets the input (when it can), then averages metrics over samples_per_summary samples (0:
   // until OutOfRange), in eval mode. Writes the means at `global_step`.
-  std::map<std::string, std::pair<double, double>> Run(int64_t global_step);
+  // `max_batches` >= 0 caps the batches (the program schedule's eval_steps_per_loop).
+  std::map<std::string, std::pair<double, double>> Run(int64_t global_step,
+                                                       int64_t max_batches = -1);
 
  private:
   SingleTaskModel& model_;

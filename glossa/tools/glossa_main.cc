@@ -309,6 +309,11 @@ int Run(int argc, char** argv) {
     Params p = ModelParamsFromFlags(train_f);
     ExecutorOptions eo;
     eo.logdir = train_f.logdir;
+    for (const auto& ds : p.Get("program_schedule.eval_dataset_names").AsList()) {
+      ModelFlags df = train_f;
+      df.dataset = ds.AsString();
+      eo.dataset_params[df.dataset] = ModelParamsFromFlags(df);
+    }
     Executor ex(p, eo);
     g_executor = &ex;
     InstallStopHandlers();

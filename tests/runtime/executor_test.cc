@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "glossa/base/file.h"
+#include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/io/event_file.h"
 #include "glossa/layers/linear.h"
@@ -59,6 +61,25 @@ class LineTask : public BaseTask {
     out.metrics["loss"] =
         Metric{(preds.GetTensor("y") - batch.GetTensor("y")).square().mean(), at::full({}, 8.0)};
     return out;
+  }
+  NestedMap Decode(const NestedMap& batch) override {
+    return NestedMap{
+        {"err", (ComputePredictions(theta(), batch).GetTensor("y") - batch.GetTensor("y")).abs()}};
+  }
+  std::map<std::string, double> CreateDecoderMetrics() const override {
+    return {{"accuracy", 0}, {"n", 0}};
+  }
+  std::vector<std::string> PostProcessDecodeOut(const NestedMap& out,
+                                                std::map<std::string, double>& m) override {
+    const at::Tensor err = out.GetTensor("err");
+    m["accuracy"] += (err < 0.05).sum().item<double>();
+    m["n"] += static_cast<double>(err.size(0));
+    std::vector<std::string> lines;
+    for (int64_t i = 0; i < err.size(0); ++i) lines.push_back(PyFloatRepr(err[i].item<double>()));
+    return lines;
+  }
+  void DecodeFinalize(std::map<std::string, double>& m) override {
+    m["accuracy"] /= std::max(1.0, m["n"]);
   }
 };
 GLOSSA_REGISTER_CLASS(LineTask, "glossa.testing.LineTask");
@@ -166,6 +187,67 @@ TEST(MetricsAccumulator, WeightedMeansOverALoop) {
   EXPECT_EQ(
       FormatStepLine(1200, 3.414, 54.61, {{"loss", {2.31411, 1}}, {"log_pplx", {2.31411, 1}}}),
       "step: 1200, steps/sec: 3.41, examples/sec: 54.6, loss: 2.3141, log_pplx: 2.3141");
+}
+
+}  // namespace
+}  // namespace glossa
+
+namespace glossa {
+namespace {
+
+TEST(Executor, TrainAndDecodeStopsAtTheMlPerfTargetWithMlLogLines) {
+  const std::string logdir = LogDir("mlperf");
+  std::vector<std::string> lines;
+  const std::string sched =
+      "program_schedule.eval_dataset_names : ['Train']\nprogram_schedule.eval_steps_per_loop : 1\n"
+      "program_schedule.decode_steps_per_loop : 2\nprogram_schedule.train_executions_per_eval : 2\n"
+      "program_schedule.ml_perf.enabled : True\nprogram_schedule.ml_perf.benchmark_name : 'line'\n"
+      "program_schedule.ml_perf.decoder_metric_name : 'accuracy'\n"
+      "program_schedule.ml_perf.decoder_metric_success_threshold : 0.9\ntask.train.max_steps : "
+      "400\n"
+      "task.train.ema_decay : 0.0\ntask.train.learner.learning_rate : 0.1\n";
+  ExecutorOptions o;
+  o.logdir = logdir;
+  o.log = [&](const std::string& l) { lines.push_back(l); };
+  o.dataset_params["Train"] = GetModelParams("test.line.LineModel", "Train", sched);
+  Executor ex(GetModelParams("test.line.LineModel", "Train", sched), o);
+  const int64_t final_step = ex.Run();
+  EXPECT_LT(final_step, 400);  // stopped at the target
+  std::vector<std::string> keys;
+  for (const auto& l : lines) {
+    if (l.rfind(":::MLLOG ", 0) != 0) continue;
+    auto j = nlohmann::json::parse(l.substr(9));
+    keys.push_back(j.at("key").get<std::string>());
+    if (keys.back() == "eval_accuracy") {
+      EXPECT_TRUE(j.at("value").is_number()) << l;
+    }
+    if (keys.back() == "run_stop") {
+      EXPECT_EQ(j.at("metadata").at("status"), "success") << l;
+    }
+  }
+  ASSERT_GE(keys.size(), 5u);
+  EXPECT_EQ(keys.front(), "run_start");
+  EXPECT_EQ(keys[1], "block_start");
+  EXPECT_EQ(keys[2], "block_stop");
+  EXPECT_EQ(keys[3], "eval_accuracy");
+  EXPECT_EQ(keys.back(), "run_stop");
+  // The in-trainer eval and decode programs wrote their directories.
+  EXPECT_FALSE(ListDirectory(logdir + "/eval_train").empty());
+  char name[64];
+  std::snprintf(name, sizeof(name), "/decoder_train/decoder_out_%09lld",
+                static_cast<long long>(final_step));
+  EXPECT_TRUE(FileExists(logdir + name));
+}
+
+TEST(Executor, ScheduleWithAnUnknownDatasetIsAnError) {
+  ExecutorOptions o;
+  o.logdir = LogDir("sched_err");
+  o.log = [](const std::string&) {};
+  Executor ex(GetModelParams("test.line.LineModel", "Train",
+                             "program_schedule.eval_dataset_names : "
+                             "['Dev']\nprogram_schedule.eval_steps_per_loop : 1"),
+              o);
+  EXPECT_THROW(ex.Run(), InvalidArgumentError);
 }
 
 }  // namespace
