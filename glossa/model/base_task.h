@@ -10,8 +10,11 @@
 //   r.loss.backward();
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "glossa/input/input_generator.h"
 #include "glossa/layers/base_layer.h"
@@ -55,6 +58,16 @@ class BaseTask : public BaseLayer {
   virtual std::vector<std::string> PostProcessDecodeOut(const NestedMap& decode_out,
                                                         std::map<std::string, double>& metrics);
   virtual void DecodeFinalize(std::map<std::string, double>& metrics) { (void)metrics; }
+
+  // The outfeed (Lingvo's ProcessFPropResults): after each train loop, the loop's metric means
+  // (name -> (mean, weight)) and every step's per-example tensors, in step order. Default: nothing.
+  virtual void ProcessFPropResults(int64_t global_step,
+                                   const std::map<std::string, std::pair<double, double>>& metrics,
+                                   const std::vector<NestedMap>& per_example) {
+    (void)global_step;
+    (void)metrics;
+    (void)per_example;
+  }
 
   bool has_input() const { return HasChild("input"); }
   BaseInputGenerator& input() const { return GetChildAs<BaseInputGenerator>("input"); }

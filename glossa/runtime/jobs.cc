@@ -137,7 +137,8 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   double backoff = 1;
 
   auto process = [&](const std::string& ckpt) {
-    const std::string prefix = JoinPath(train_dir, ckpt);
+    const std::string prefix =
+        ckpt.find('/') != std::string::npos ? ckpt : JoinPath(train_dir, ckpt);
     SafetensorsContents contents = LoadCheckpoint(prefix);
     std::map<std::string, at::Tensor> vars;
     for (const auto& [info, t] : model->AllVariables()) vars[info.full_name] = t;
@@ -179,6 +180,12 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     return step;
   };
 
+  // eval.load_checkpoint_from: that checkpoint only (a prefix, "<dir>/ckpt-%08d"), then return.
+  if (ep.IsSet("load_checkpoint_from")) {
+    process(ep.GetString("load_checkpoint_from"));
+    writer.Close();
+    return count;
+  }
   while (options.stop == nullptr || !options.stop->load()) {
     CheckpointState state = ReadCheckpointState(train_dir);
     std::vector<std::string> todo;

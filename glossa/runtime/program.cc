@@ -62,6 +62,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   LoopResult result;
   MetricsAccumulator loop_metrics;
   const auto vars = LearnerVariables(model_);
+  std::vector<NestedMap> outfeed;
   int64_t examples = 0;
   const auto start = std::chrono::steady_clock::now();
   while (result.steps < steps_per_loop) {
@@ -89,6 +90,9 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     for (const auto& [k, v] : learner_metrics) metrics[k] = v;
     for (auto& [k, v] : metrics) v.value = v.value.detach();
     loop_metrics.Add(metrics);
+    if (!r.per_example.empty())
+      outfeed.push_back(r.per_example.Transform(
+          [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); }));
     const int64_t n =
         static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());
     examples += n;
@@ -117,6 +121,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     if (log_)
       log_(FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,
                           result.metrics));
+    task.ProcessFPropResults(*global_step, result.metrics, outfeed);
   }
   return result;
 }

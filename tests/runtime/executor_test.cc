@@ -60,8 +60,21 @@ class LineTask : public BaseTask {
     LossOutput out;
     out.metrics["loss"] =
         Metric{(preds.GetTensor("y") - batch.GetTensor("y")).square().mean(), at::full({}, 8.0)};
+    out.per_example.Put("sq_err",
+                        (preds.GetTensor("y") - batch.GetTensor("y")).square().squeeze(1));
     return out;
   }
+  void ProcessFPropResults(int64_t step,
+                           const std::map<std::string, std::pair<double, double>>& metrics,
+                           const std::vector<NestedMap>& per_example) override {
+    outfeed_log.push_back({step, metrics.at("loss").first, per_example});
+  }
+  struct OutfeedEntry {
+    int64_t step;
+    double loss;
+    std::vector<NestedMap> per_example;
+  };
+  std::vector<OutfeedEntry> outfeed_log;
   NestedMap Decode(const NestedMap& batch) override {
     return NestedMap{
         {"err", (ComputePredictions(theta(), batch).GetTensor("y") - batch.GetTensor("y")).abs()}};
@@ -248,6 +261,32 @@ TEST(Executor, ScheduleWithAnUnknownDatasetIsAnError) {
                              "['Dev']\nprogram_schedule.eval_steps_per_loop : 1"),
               o);
   EXPECT_THROW(ex.Run(), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace glossa
+
+namespace glossa {
+namespace {
+
+TEST(TrainProgram, HandsTheOutfeedToTheTaskAfterEachLoop) {
+  Params p = GetModelParams("test.line.LineModel", "Train", "task.train.steps_per_loop : 4");
+  auto model = InstantiateLayer<SingleTaskModel>(p);
+  TrainProgram train(*model, nullptr, nullptr);
+  int64_t step = 0;
+  train.RunLoop(&step);
+  train.RunLoop(&step);
+  auto& task = dynamic_cast<LineTask&>(model->task());
+  ASSERT_EQ(task.outfeed_log.size(), 2u);
+  EXPECT_EQ(task.outfeed_log[1].step, 8);
+  ASSERT_EQ(task.outfeed_log[0].per_example.size(), 4u);
+  // The loop's mean loss (equal weights) is the mean of the per-example squared errors.
+  double total = 0;
+  for (const auto& m : task.outfeed_log[0].per_example) {
+    EXPECT_EQ(m.GetTensor("sq_err").size(0), 8);
+    total += m.GetTensor("sq_err").mean().item<double>();
+  }
+  EXPECT_NEAR(task.outfeed_log[0].loss, total / 4, 1e-6);
 }
 
 }  // namespace

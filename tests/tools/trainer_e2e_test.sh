@@ -16,8 +16,8 @@ small+=' task.train.steps_per_loop : 5; task.train.save_interval_steps : 5; task
 small+=' task.eval.samples_per_summary : 64; task.eval.decoder_samples_per_summary : 16;'
 small+=' task.decode_max_new_tokens : 6'
 logdir="$tmp/lm"
-flags=(--model=lm.austen.TransformerLmTiny --logdir="$logdir" --random_seed=3 --intra_op_threads=1
-       "--model_params_override=$small")
+base_flags=(--model=lm.austen.TransformerLmTiny --logdir="$logdir" --random_seed=3 --intra_op_threads=1)
+flags=("${base_flags[@]}" "--model_params_override=$small")
 
 # 1. Train to (at most) step 400 in the background and stop it with SIGTERM once a checkpoint exists.
 "$glossa" train "${flags[@]}" --max_steps=400 > "$tmp/train1.log" 2>&1 &
@@ -54,6 +54,11 @@ check "eval events" compgen -G "$logdir/eval_dev/events.out.tfevents.*" > /dev/n
 # A restarted evaler skips what it processed.
 "$glossa" eval "${flags[@]}" --max_steps=$target --dataset=Dev > "$tmp/eval2.log" 2>&1
 check "restarted evaler reprocesses nothing: $(cat "$tmp/eval2.log")" bash -c "! grep -q '^eval ' '$tmp/eval2.log'"
+# eval.load_checkpoint_from: one given checkpoint, then exit.
+first="$logdir/train/$final"
+check "evaler with load_checkpoint_from" "$glossa" eval "${base_flags[@]}" --dataset=Test \
+  "--model_params_override=$small; task.eval.load_checkpoint_from : '$first'" > "$tmp/eval3.log" 2>&1
+check "eval_test score for step $target" test -f "$(printf "%s/eval_test/score-%08d.txt" "$logdir" "$target")"
 check "decoder" "$glossa" decode "${flags[@]}" --max_steps=$target --dataset=Dev > "$tmp/decode.log" 2>&1
 out=$(printf "%s/decoder_dev/decoder_out_%09d" "$logdir" "$target")
 check "decoder output $out" test "$(grep -c ' ||| ' "$out" 2>/dev/null)" -ge 16
