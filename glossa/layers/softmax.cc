@@ -74,7 +74,6 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
       throw InvalidArgumentError(
           StrCat("layer '", path(), "': class_ids must be in [0, ", num_classes_, ")"));
     }
-    targets = at::one_hot(class_ids.to(at::kLong), num_classes_).to(log_probs.scalar_type());
   } else {
     if (class_probabilities.sizes() != logits.sizes()) {
       throw InvalidArgumentError(StrCat("layer '", path(), "': class_probabilities must be shaped ",
@@ -82,10 +81,20 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
     }
     targets = class_probabilities.to(log_probs.scalar_type());
   }
-  if (label_smoothing_ > 0) {
-    targets = targets * (1 - label_smoothing_) + label_smoothing_ / num_classes_;
+  at::Tensor xent;
+  if (class_ids.defined()) {
+    // -Σ_c t_c log p_c with t = (1 - ls)·one_hot + ls/C, without building the one-hot tensor:
+    // -(1 - ls)·log p_label - (ls/C)·Σ_c log p_c.
+    xent = -log_probs.gather(-1, class_ids.to(at::kLong).unsqueeze(-1)).squeeze(-1);
+    if (label_smoothing_ > 0) {
+      xent = xent * (1 - label_smoothing_) - log_probs.sum(-1) * (label_smoothing_ / num_classes_);
+    }
+  } else {
+    if (label_smoothing_ > 0) {
+      targets = targets * (1 - label_smoothing_) + label_smoothing_ / num_classes_;
+    }
+    xent = -(targets * log_probs).sum(-1);
   }
-  at::Tensor xent = -(targets * log_probs).sum(-1);
   at::Tensor weights =
       class_weights.defined() ? class_weights.to(xent.scalar_type()) : at::ones_like(xent);
   if (paddings.defined()) weights = weights * (1 - paddings.to(xent.scalar_type()));
@@ -95,7 +104,7 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
   out.Put("logits", logits);
   out.Put("log_probs", log_probs);
   out.Put("per_example_xent", xent);
-  out.Put("per_example_argmax", logits.argmax(-1));
+  out.Put("per_example_argmax", log_probs.detach().argmax(-1));  // float32: ATen's bf16 argmax is slow
   out.Put("per_example_weight", weights);
   out.Put("total_xent", total_xent);
   out.Put("total_weight", total_weight);
