@@ -53,8 +53,16 @@ at::Tensor ProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
                                       input_dim_, ", got shape ", inputs.sizes()));
   }
   at::Tensor x = CastToFPropDtype(inputs);
-  at::Tensor y = at::matmul(x, theta.GetTensor("w"));
-  if (has_bias_) y = y + theta.GetTensor("b");
+  const at::Tensor& w = theta.GetTensor("w");
+  at::Tensor y;
+  if (has_bias_ && x.dim() >= 2) {  // x·w + b as one GEMM with the bias fused in
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = w.size(1);
+    y = at::addmm(theta.GetTensor("b"), x.reshape({-1, input_dim_}), w).view(shape);
+  } else {
+    y = at::matmul(x, w);
+    if (has_bias_) y = y + theta.GetTensor("b");
+  }
   y = Activate(activation_, y);
   return ApplyPaddings(y, paddings);
 }

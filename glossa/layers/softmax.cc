@@ -41,8 +41,12 @@ at::Tensor SimpleFullSoftmax::Logits(const NestedMap& theta, const at::Tensor& i
     throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must end in input_dim ",
                                       input_dim_, ", got shape ", inputs.sizes()));
   }
+  const at::Tensor x = CastToFPropDtype(inputs);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = num_classes_;
   at::Tensor logits =
-      at::matmul(CastToFPropDtype(inputs), theta.GetTensor("weight_0")) + theta.GetTensor("bias_0");
+      at::addmm(theta.GetTensor("bias_0"), x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"))
+          .view(shape);
   if (params().IsSet("logits_abs_max")) {
     const double m = params().GetFloat("logits_abs_max");
     logits = at::clamp(logits, -m, m);
@@ -104,7 +108,8 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
   out.Put("logits", logits);
   out.Put("log_probs", log_probs);
   out.Put("per_example_xent", xent);
-  out.Put("per_example_argmax", log_probs.detach().argmax(-1));  // float32: ATen's bf16 argmax is slow
+  out.Put("per_example_argmax",
+          log_probs.detach().argmax(-1));  // float32: ATen's bf16 argmax is slow
   out.Put("per_example_weight", weights);
   out.Put("total_xent", total_xent);
   out.Put("total_weight", total_weight);
