@@ -39,6 +39,13 @@ at::Tensor LayerNorm::FProp(const NestedMap& theta, const at::Tensor& inputs) co
   if (!direct_scale_) scale = scale + 1;
   // (x - mean) * rsqrt(var + eps) * scale + bias with the biased variance over the last dim:
   // ATen's fused kernel computes exactly this (and its gradient) in one pass.
+  // bf16/fp16 inputs are normalized in float32 (as autocast does; ATen's reduced-precision
+  // kernel is also several times slower on CPU) and cast back.
+  if (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) {
+    return at::layer_norm(x.to(at::kFloat), {input_dim_}, scale.to(at::kFloat),
+                          theta.GetTensor("bias").to(at::kFloat), epsilon_)
+        .to(x.scalar_type());
+  }
   return at::layer_norm(x, {input_dim_}, scale, theta.GetTensor("bias"), epsilon_);
 }
 

@@ -146,6 +146,19 @@ std::vector<LearnerVariable> Learner::SelectVariables(
   return out;
 }
 
+namespace {
+// Σ x² without temporaries: a BLAS dot for float32/float64 (no double copy of every gradient and
+// variable each step); other dtypes through float64.
+double SumOfSquares(const at::Tensor& t) {
+  if (t.numel() == 0) return 0.0;
+  if (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) {
+    const at::Tensor flat = t.detach().reshape({-1});
+    return at::dot(flat, flat).item<double>();
+  }
+  return t.detach().to(at::kDouble).square().sum().item<double>();
+}
+}  // namespace
+
 Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
                        int64_t global_step) {
   auto it = metrics.find(loss_name_);
@@ -190,7 +203,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
       double l2 = 0;
       for (auto& vg : var_grads) {
         if (skip_lp(vg.name)) continue;
-        l2 += vg.var.to(at::kDouble).square().sum().item<double>();
+        l2 += SumOfSquares(vg.var);
         vg.grad = vg.grad + vg.var.detach() * w;
       }
       out["l2_loss"] = M(0.5 * w * l2);
@@ -212,8 +225,8 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
     double grad_sq = 0, var_sq = 0;
     bool has_nan = false;
     for (const auto& vg : var_grads) {
-      grad_sq += vg.grad.to(at::kDouble).square().sum().item<double>();
-      var_sq += vg.var.to(at::kDouble).square().sum().item<double>();
+      grad_sq += SumOfSquares(vg.grad);
+      var_sq += SumOfSquares(vg.var);
       has_nan = has_nan || !at::isfinite(vg.grad).all().item<bool>();
     }
     const double grad_norm = std::sqrt(grad_sq), var_norm = std::sqrt(var_sq);
@@ -224,7 +237,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
     const double single = params_.GetFloat("clip_gradient_single_norm_to_value");
     if (single > 0) {
       for (auto& vg : var_grads) {
-        const double n = std::sqrt(vg.grad.to(at::kDouble).square().sum().item<double>());
+        const double n = std::sqrt(SumOfSquares(vg.grad));
         vg.grad = vg.grad * (single / std::max(n, single));
       }
       if (has_nan) grad_scale = 0.0;
