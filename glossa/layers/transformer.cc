@@ -62,7 +62,7 @@ at::Tensor TransformerFeedForwardLayer::FProp(const NestedMap& theta, const at::
   h = RunDropout(*this, theta, "relu_dropout", h);
   h = GetChildAs<FCLayer>("fc1").FProp(Sub(theta, "fc1"), h, paddings);
   h = RunDropout(*this, theta, "residual_dropout", h);
-  at::Tensor out = x + h * params().GetFloat("residual_weight");
+  at::Tensor out = at::add(x, h, params().GetFloat("residual_weight"));  // alpha: no mul when 1
   return pre_ln ? out : ln.FProp(Sub(theta, "ln"), out);
 }
 
