@@ -1,6 +1,8 @@
 #include "glossa/model/model_registry.h"
 
+#include <algorithm>
 #include <mutex>
+#include <random>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
@@ -97,11 +99,24 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
     for (const auto& [k, v] : datasets) names.push_back(k);
     throw NotFoundError(StrCat("model ", key, " has no dataset ", KeyErrorString(dataset, names)));
   }
-  Params task = model->Task();
-  task.Set("input", it->second());
-  Params p = SingleTaskModel::Params();
+  Params p;
+  if (auto multi = model->MultiTaskModelParams()) {
+    p = *multi;
+    const Params inputs = it->second();
+    for (const auto& e : p.GetParams("task_params")) {
+      if (!inputs.Contains(e.name)) {
+        throw InvalidArgumentError(
+            StrCat("model ", key, ": dataset ", dataset, " has no input for task '", e.name, "'"));
+      }
+      p.Set(StrCat("task_params.", e.name, ".input"), inputs.GetParams(e.name));
+    }
+  } else {
+    Params task = model->Task();
+    task.Set("input", it->second());
+    p = SingleTaskModel::Params();
+    p.Set("task", task);
+  }
   p.Set("name", key.substr(0, key.find('.')));
-  p.Set("task", task);
   p.Set("program_schedule", model->ProgramSchedule());
   if (!override_text.empty()) {
     std::string text = override_text;
@@ -124,21 +139,102 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
   return p;
 }
 
-glossa::Params SingleTaskModel::Params() {
+glossa::Params BaseModel::Params() {
   glossa::Params p = BaseLayer::Params();
-  p.Set("cls", ClsOf<SingleTaskModel>());
   p.Set("name", "model");
-  p.Define("task", nullptr, "The task's Params.");
   p.Define("program_schedule", SimpleProgramScheduleParams(), "The executor's program schedule.");
   return p;
 }
 
-SingleTaskModel::SingleTaskModel(const glossa::Params& p) : BaseLayer(p) {
+glossa::Params SingleTaskModel::Params() {
+  glossa::Params p = BaseModel::Params();
+  p.Set("cls", ClsOf<SingleTaskModel>());
+  p.Define("task", nullptr, "The task's Params.");
+  return p;
+}
+
+SingleTaskModel::SingleTaskModel(const glossa::Params& p) : BaseModel(p) {
   if (!params().IsSet("task"))
     throw InvalidArgumentError(StrCat("model '", path(), "': task is not set"));
   CreateChild("task", params().GetParams("task"));
 }
 
+glossa::Params MultiTaskModel::Params() {
+  glossa::Params p = BaseModel::Params();
+  p.Set("cls", ClsOf<MultiTaskModel>());
+  p.Define("task_params", glossa::Params(), "Task name -> the task's Params.");
+  p.Define("task_probs", glossa::Params(), "Task name -> sampling weight (normalized).");
+  p.Define("main_task", "", "The task eval and decode run; empty: the first task name.");
+  return p;
+}
+
+MultiTaskModel::MultiTaskModel(const glossa::Params& p) : BaseModel(p) {
+  const glossa::Params& tasks = p.GetParams("task_params");
+  const glossa::Params& probs = p.GetParams("task_probs");
+  double total = 0;
+  for (const auto& e : tasks) {
+    names_.push_back(e.name);
+    if (!probs.Contains(e.name)) {
+      throw InvalidArgumentError(
+          StrCat("model '", path(), "': task_probs has no weight for task '", e.name, "'"));
+    }
+    const double w = probs.GetFloat(e.name);
+    if (!(w >= 0))
+      throw InvalidArgumentError(
+          StrCat("model '", path(), "': task_probs.", e.name, " must be >= 0"));
+    probs_.push_back(w);
+    total += w;
+  }
+  for (const auto& e : probs) {
+    if (!tasks.Contains(e.name)) {
+      throw InvalidArgumentError(StrCat("model '", path(), "': task_probs names unknown task ",
+                                        KeyErrorString(e.name, names_)));
+    }
+  }
+  if (names_.empty())
+    throw InvalidArgumentError(StrCat("model '", path(), "': task_params is empty"));
+  if (!(total > 0)) throw InvalidArgumentError(StrCat("model '", path(), "': task_probs sum to 0"));
+  for (double& w : probs_) w /= total;
+  main_task_ = p.GetString("main_task").empty() ? names_.front() : p.GetString("main_task");
+  if (std::find(names_.begin(), names_.end(), main_task_) == names_.end()) {
+    throw InvalidArgumentError(
+        StrCat("model '", path(), "': main_task ", KeyErrorString(main_task_, names_)));
+  }
+  seed_ = p.IsSet("random_seed") ? static_cast<uint64_t>(p.GetInt("random_seed")) : 0;
+  for (const auto& name : names_) CreateChild(name, tasks.GetParams(name));
+}
+
+BaseTask& MultiTaskModel::GetTask(const std::string& name) const {
+  if (std::find(names_.begin(), names_.end(), name) == names_.end()) {
+    throw NotFoundError(StrCat("model '", path(), "': no task ", KeyErrorString(name, names_)));
+  }
+  return GetChildAs<BaseTask>(name);
+}
+
+BaseTask& MultiTaskModel::SampleTask(int64_t global_step) const {
+  // A uniform draw keyed by (random_seed, step): the same task at the same step in every run,
+  // resumed or not.
+  std::seed_seq seq{static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32),
+                    static_cast<uint32_t>(global_step),
+                    static_cast<uint32_t>(static_cast<uint64_t>(global_step) >> 32)};
+  std::mt19937_64 rng(seq);
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  double acc = 0;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    acc += probs_[i];
+    if (u < acc && probs_[i] > 0) return GetChildAs<BaseTask>(names_[i]);
+  }
+  for (size_t i = names_.size(); i-- > 0;) {
+    if (probs_[i] > 0) return GetChildAs<BaseTask>(names_[i]);
+  }
+  return task();
+}
+
+Params ModelParamsBase::Task() const {
+  throw UnimplementedError("this model class defines neither Task() nor MultiTaskModelParams()");
+}
+
 GLOSSA_REGISTER_CLASS(SingleTaskModel, "glossa.model.SingleTaskModel");
+GLOSSA_REGISTER_CLASS(MultiTaskModel, "glossa.model.MultiTaskModel");
 
 }  // namespace glossa

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -24,7 +25,7 @@ double SystemNow() {
 
 }  // namespace
 
-std::string ModelAnalysis(const SingleTaskModel& model) {
+std::string ModelAnalysis(const BaseModel& model) {
   std::ostringstream out;
   int64_t total = 0;
   for (const auto& [info, t] : model.AllVariables()) {
@@ -37,12 +38,16 @@ std::string ModelAnalysis(const SingleTaskModel& model) {
   return out.str();
 }
 
-std::map<std::string, at::Tensor> CheckpointTensors(const SingleTaskModel& model,
+std::map<std::string, at::Tensor> CheckpointTensors(const BaseModel& model,
                                                     const ExponentialMovingAverage* ema,
                                                     int64_t global_step) {
   std::map<std::string, at::Tensor> out;
   for (const auto& [info, t] : model.AllVariables()) out[info.full_name] = t;
-  for (const auto& [name, t] : model.task().learner().Slots()) out[name] = t;
+  // Learner slots; a multi-task model's under "<task>/" (each task has its own learner).
+  for (const auto& task_name : model.task_names()) {
+    const std::string prefix = model.is_multi_task() ? task_name + "/" : "";
+    for (const auto& [name, t] : model.GetTask(task_name).learner().Slots()) out[prefix + name] = t;
+  }
   if (ema) {
     for (const auto& [name, t] : ema->Shadows()) out[name] = t;
   }
@@ -50,7 +55,7 @@ std::map<std::string, at::Tensor> CheckpointTensors(const SingleTaskModel& model
   return out;
 }
 
-int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, SingleTaskModel& model,
+int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema) {
   std::map<std::string, at::Tensor> vars;
   for (const auto& [info, t] : model.AllVariables()) vars[info.full_name] = t;
@@ -63,7 +68,19 @@ int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, SingleTaskModel& mode
       if (ema) ema->SetShadow(name, t);
       continue;
     }
-    model.task().learner().SetSlot(name, t);  // optimizer slots and tracker state
+    // Optimizer slots and tracker state.
+    if (!model.is_multi_task()) {
+      model.task().learner().SetSlot(name, t);
+      continue;
+    }
+    const auto slash = name.find('/');
+    const std::string task_name = slash == std::string::npos ? "" : name.substr(0, slash);
+    const auto names = model.task_names();
+    if (std::find(names.begin(), names.end(), task_name) == names.end()) {
+      throw DataLossError(
+          StrCat("checkpoint tensor '", name, "' is neither a variable nor a task's learner slot"));
+    }
+    model.GetTask(task_name).learner().SetSlot(name.substr(slash + 1), t);
   }
   auto it = ckpt.tensors.find("global_step");
   if (it == ckpt.tensors.end()) throw DataLossError("checkpoint has no global_step");
@@ -77,7 +94,7 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   train_dir_ = JoinPath(options_.logdir, "train");
   CreateDirectories(train_dir_);
   CreateDirectories(JoinPath(options_.logdir, "control"));
-  model_ = InstantiateLayer<SingleTaskModel>(params_);
+  model_ = InstantiateLayer<BaseModel>(params_);
   const Params& tp = model_->task().train_params();
   if (tp.GetFloat("ema_decay") > 0 || tp.IsSet("ema_schedule")) {
     Params ep = ExponentialMovingAverage::Params();
@@ -146,7 +163,7 @@ bool Executor::RunEvalPrograms(int64_t epoch) {
                                         "' but the executor was given no model params for it"));
     }
     auto& model = eval_models_[ds];
-    if (!model) model = InstantiateLayer<SingleTaskModel>(pit->second);
+    if (!model) model = InstantiateLayer<BaseModel>(pit->second);
     {
       at::NoGradGuard no_grad;
       for (const auto& [info, t] : model->AllVariables()) {

@@ -37,16 +37,16 @@ struct ExecutorOptions {
 };
 
 // Every tensor a checkpoint holds for a model: variables, learner slots, EMA shadows, global_step.
-std::map<std::string, at::Tensor> CheckpointTensors(const SingleTaskModel& model,
+std::map<std::string, at::Tensor> CheckpointTensors(const BaseModel& model,
                                                     const ExponentialMovingAverage* ema,
                                                     int64_t global_step);
 // Restores variables (names, shapes, dtypes checked; every mismatch reported), learner slots and
 // EMA shadows; returns the global step.
-int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, SingleTaskModel& model,
+int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema);
 
 // model_analysis.txt: every variable with its shape and count, then "total #params: N".
-std::string ModelAnalysis(const SingleTaskModel& model);
+std::string ModelAnalysis(const BaseModel& model);
 
 class Executor {
  public:
@@ -56,7 +56,7 @@ class Executor {
   int64_t Run();
   // Asks the run to stop after the current step (safe from a signal handler).
   void RequestStop() { stop_.store(true); }
-  SingleTaskModel& model() { return *model_; }
+  BaseModel& model() { return *model_; }
   int64_t global_step() const { return global_step_; }
 
  private:
@@ -66,11 +66,11 @@ class Executor {
   bool RunEvalPrograms(int64_t epoch);
   void MlLog(const std::string& key, const std::string& event_type, const std::string& value_json,
              const std::string& metadata_json = "{}");
-  std::map<std::string, std::unique_ptr<SingleTaskModel>> eval_models_;
+  std::map<std::string, std::unique_ptr<BaseModel>> eval_models_;
   std::map<std::string, std::unique_ptr<EventWriter>> eval_writers_;
   Params params_;
   ExecutorOptions options_;
-  std::unique_ptr<SingleTaskModel> model_;
+  std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Saver> saver_;
   std::string train_dir_;

@@ -19,7 +19,7 @@
 
 namespace glossa {
 
-DecodeProgram::DecodeProgram(SingleTaskModel& model, EventWriter* writer)
+DecodeProgram::DecodeProgram(BaseModel& model, EventWriter* writer)
     : model_(model), writer_(writer) {}
 
 DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batches,
@@ -117,7 +117,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   CreateDirectories(job_dir);
   const std::string processed_file = JoinPath(job_dir, "processed_ckpts.txt");
 
-  auto model = InstantiateLayer<SingleTaskModel>(model_params);
+  auto model = InstantiateLayer<BaseModel>(model_params);
   const Params& tp = model->task().train_params();
   const Params& ep = model->task().eval_params();
   std::shared_ptr<ExponentialMovingAverage> ema;

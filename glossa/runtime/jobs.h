@@ -28,7 +28,7 @@ class EventWriter;
 
 class DecodeProgram {
  public:
-  DecodeProgram(SingleTaskModel& model, EventWriter* writer);
+  DecodeProgram(BaseModel& model, EventWriter* writer);
   struct Result {
     std::map<std::string, double> metrics;
     std::vector<std::string> lines;
@@ -38,7 +38,7 @@ class DecodeProgram {
   Result Run(int64_t global_step, int64_t max_batches, const std::string& out_dir = "");
 
  private:
-  SingleTaskModel& model_;
+  BaseModel& model_;
   EventWriter* writer_;
 };
 

@@ -43,8 +43,7 @@ std::string FormatStepLine(int64_t step, double steps_per_sec, double examples_p
   return line;
 }
 
-TrainProgram::TrainProgram(SingleTaskModel& model, EventWriter* writer,
-                           ExponentialMovingAverage* ema,
+TrainProgram::TrainProgram(BaseModel& model, EventWriter* writer, ExponentialMovingAverage* ema,
                            std::function<void(const std::string&)> log)
     : model_(model), writer_(writer), ema_(ema), log_(std::move(log)) {
   for (const auto& [info, t] : model_.AllVariables()) {
@@ -54,15 +53,24 @@ TrainProgram::TrainProgram(SingleTaskModel& model, EventWriter* writer,
 
 TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
                                                const std::function<bool()>& stop) {
-  BaseTask& task = model_.task();
-  const Params& tp = task.train_params();
+  const Params& tp = model_.task().train_params();
+  const bool multi = model_.is_multi_task();
   const int64_t max_steps = tp.GetInt("max_steps");
   const int64_t steps_per_loop = std::max<int64_t>(1, tp.GetInt("steps_per_loop"));
   const int64_t summary_every = std::max<int64_t>(1, tp.GetInt("summary_interval_steps"));
   LoopResult result;
   MetricsAccumulator loop_metrics;
-  const auto vars = LearnerVariables(model_);
-  std::vector<NestedMap> outfeed;
+  // Each task's learner updates that task's variables (all of a single-task model's).
+  std::map<const BaseTask*, std::vector<LearnerVariable>> task_vars;
+  if (!multi) {
+    task_vars[&model_.task()] = LearnerVariables(model_);
+  } else {
+    for (const auto& name : model_.task_names()) {
+      const BaseTask& t = model_.GetTask(name);
+      task_vars[&t] = LearnerVariables(t);
+    }
+  }
+  std::map<BaseTask*, std::vector<NestedMap>> outfeed;
   int64_t examples = 0;
   const auto start = std::chrono::steady_clock::now();
   while (result.steps < steps_per_loop) {
@@ -71,6 +79,8 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       break;
     }
     if (stop && stop()) break;
+    BaseTask& task = model_.SampleTask(*global_step);
+    const auto& vars = task_vars.at(&task);
     NestedMap batch;
     try {
       batch = task.input().GetPreprocessedInputBatch();
@@ -89,9 +99,16 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     if (ema_) ema_->Apply(*global_step);
     for (const auto& [k, v] : learner_metrics) metrics[k] = v;
     for (auto& [k, v] : metrics) v.value = v.value.detach();
+    if (multi) {  // "<task>/<metric>", plus the step's loss as "loss"
+      Metrics prefixed;
+      for (auto& [k, v] : metrics) prefixed[task.params().GetString("name") + "/" + k] = v;
+      prefixed["loss"] = metrics.at("loss");
+      prefixed["num_samples_in_batch"] = metrics.at("num_samples_in_batch");
+      metrics = std::move(prefixed);
+    }
     loop_metrics.Add(metrics);
     if (!r.per_example.empty())
-      outfeed.push_back(r.per_example.Transform(
+      outfeed[&task].push_back(r.per_example.Transform(
           [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); }));
     const int64_t n =
         static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());
@@ -121,13 +138,12 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     if (log_)
       log_(FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,
                           result.metrics));
-    task.ProcessFPropResults(*global_step, result.metrics, outfeed);
+    for (auto& [t, feed] : outfeed) t->ProcessFPropResults(*global_step, result.metrics, feed);
   }
   return result;
 }
 
-EvalProgram::EvalProgram(SingleTaskModel& model, EventWriter* writer)
-    : model_(model), writer_(writer) {}
+EvalProgram::EvalProgram(BaseModel& model, EventWriter* writer) : model_(model), writer_(writer) {}
 
 std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global_step,
                                                                   int64_t max_batches) {

@@ -33,7 +33,7 @@ class MetricsAccumulator {
 class TrainProgram {
  public:
   // `writer` and `ema` may be null. `log` receives the console line of each loop.
-  TrainProgram(SingleTaskModel& model, EventWriter* writer, ExponentialMovingAverage* ema,
+  TrainProgram(BaseModel& model, EventWriter* writer, ExponentialMovingAverage* ema,
                std::function<void(const std::string&)> log = nullptr);
 
   struct LoopResult {
@@ -50,7 +50,7 @@ class TrainProgram {
   int64_t total_num_params() const { return total_num_params_; }
 
  private:
-  SingleTaskModel& model_;
+  BaseModel& model_;
   EventWriter* writer_;
   ExponentialMovingAverage* ema_;
   std::function<void(const std::string&)> log_;
@@ -61,7 +61,7 @@ class TrainProgram {
 
 class EvalProgram {
  public:
-  EvalProgram(SingleTaskModel& model, EventWriter* writer);
+  EvalProgram(BaseModel& model, EventWriter* writer);
   // Resets the input (when it can), then averages metrics over samples_per_summary samples (0:
   // until OutOfRange), in eval mode. Writes the means at `global_step`.
   // `max_batches` >= 0 caps the batches (the program schedule's eval_steps_per_loop).
@@ -69,7 +69,7 @@ class EvalProgram {
                                                        int64_t max_batches = -1);
 
  private:
-  SingleTaskModel& model_;
+  BaseModel& model_;
   EventWriter* writer_;
 };
 

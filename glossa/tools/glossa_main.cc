@@ -156,9 +156,9 @@ Params ModelParamsFromFlags(const ModelFlags& f) {
 
 // Loads the latest checkpoint of <logdir>/train into a model built for `f.dataset` (EMA shadows
 // when the model keeps them).
-std::unique_ptr<SingleTaskModel> LoadLatestForEval(const Params& p, const std::string& logdir,
-                                                   int64_t* step) {
-  auto model = InstantiateLayer<SingleTaskModel>(p);
+std::unique_ptr<BaseModel> LoadLatestForEval(const Params& p, const std::string& logdir,
+                                             int64_t* step) {
+  auto model = InstantiateLayer<BaseModel>(p);
   const std::string train_dir = JoinPath(logdir, "train");
   auto latest = Saver::LatestCheckpoint(train_dir);
   if (!latest)
@@ -301,7 +301,7 @@ int Run(int argc, char** argv) {
   if (*inspect_model) {
     Params p = ModelParamsFromFlags(inspect_f);
     std::cout << p.ToText() << "\n";
-    auto model = InstantiateLayer<SingleTaskModel>(p);
+    auto model = InstantiateLayer<BaseModel>(p);
     std::cout << ModelAnalysis(*model);
     return 0;
   }

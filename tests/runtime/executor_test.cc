@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
@@ -32,7 +34,20 @@ class StepLineDataset : public Dataset {
   }
 };
 
+// The same batch every time: a multi-task model's inputs are consumed at different rates, so a
+// step-keyed stream (prefetched ahead) would differ between a resumed and an uninterrupted run.
+class FixedLineDataset : public Dataset {
+ public:
+  NestedMap Next() override {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000);
+    at::Tensor x = at::empty({8, 1}).uniform_(-1, 1, gen);
+    return NestedMap{{"x", x}, {"y", 3 * x - 1}};
+  }
+};
+
 [[maybe_unused]] const bool kRegistered = [] {
+  RegisterDatasetFn("test.FixedLine", {},
+                    [](const Params&) { return std::make_unique<FixedLineDataset>(); });
   RegisterDatasetFn("test.StepLine", {},
                     [](const Params&) { return std::make_unique<StepLineDataset>(); });
   return true;
@@ -116,6 +131,36 @@ class LineModel : public ModelParamsBase {
   }
 };
 GLOSSA_REGISTER_MODEL(LineModel, "test.line.LineModel");
+
+// Two line tasks trained by one MultiTaskModel, sampled 3:1.
+class TwoLineModel : public ModelParamsBase {
+ public:
+  std::optional<glossa::Params> MultiTaskModelParams() const override {
+    glossa::Params p = MultiTaskModel::Params();
+    p.Set("random_seed", 11);
+    glossa::Params tasks, probs;
+    for (const char* name : {"a", "b"}) {
+      glossa::Params t = LineModel().Task();
+      t.Set("name", name);
+      tasks.Define(name, t, "");
+      probs.Define(name, std::string(name) == "a" ? 3.0 : 1.0, "");
+    }
+    p.Set("task_params", tasks);
+    p.Set("task_probs", probs);
+    return p;
+  }
+  std::map<std::string, std::function<glossa::Params()>> Datasets() const override {
+    return {{"Train", [] {
+               glossa::Params in;
+               for (const char* name : {"a", "b"}) {
+                 in.Define(name, DatasetInput::ParamsFor("test.FixedLine").Set("name", "input"),
+                           "");
+               }
+               return in;
+             }}};
+  }
+};
+GLOSSA_REGISTER_MODEL(TwoLineModel, "test.line.TwoLineModel");
 
 std::string LogDir(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / ("glossa_exec_" + std::to_string(::getpid())) / name;
@@ -287,6 +332,86 @@ TEST(TrainProgram, HandsTheOutfeedToTheTaskAfterEachLoop) {
     total += m.GetTensor("sq_err").mean().item<double>();
   }
   EXPECT_NEAR(task.outfeed_log[0].loss, total / 4, 1e-6);
+}
+
+}  // namespace
+}  // namespace glossa
+
+namespace glossa {
+namespace {
+
+TEST(MultiTaskModel, SamplesTasksByProbabilityDeterministically) {
+  auto m1 = InstantiateLayer<BaseModel>(GetModelParams("test.line.TwoLineModel", "Train"));
+  auto m2 = InstantiateLayer<BaseModel>(GetModelParams("test.line.TwoLineModel", "Train"));
+  ASSERT_EQ(m1->task_names(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(&m1->task(), &m1->GetTask("a"));  // main_task defaults to the first
+  int a = 0;
+  for (int64_t step = 0; step < 4000; ++step) {
+    const std::string name = m1->SampleTask(step).params().GetString("name");
+    EXPECT_EQ(name, m2->SampleTask(step).params().GetString("name")) << step;
+    a += name == "a";
+  }
+  EXPECT_NEAR(a / 4000.0, 0.75, 0.03);
+  EXPECT_THROW(m1->GetTask("c"), NotFoundError);
+}
+
+TEST(MultiTaskModel, RejectsBadTaskProbs) {
+  glossa::Params p = GetModelParams("test.line.TwoLineModel", "Train");
+  glossa::Params bad = p.Copy();
+  bad.Set("task_probs.b", -1.0);
+  EXPECT_THROW(InstantiateLayer<BaseModel>(bad), InvalidArgumentError);
+  glossa::Params zero = p.Copy();
+  zero.Set("task_probs.a", 0.0).Set("task_probs.b", 0.0);
+  EXPECT_THROW(InstantiateLayer<BaseModel>(zero), InvalidArgumentError);
+  glossa::Params main = p.Copy();
+  main.Set("main_task", "c");
+  EXPECT_THROW(InstantiateLayer<BaseModel>(main), InvalidArgumentError);
+}
+
+TEST(MultiTaskModel, TrainsEachTaskWithItsLearnerAndResumesBitForBit) {
+  const std::string a = LogDir("mt_a"), c = LogDir("mt_c");
+  auto quiet = [](const std::string&) {};
+  Executor(GetModelParams("test.line.TwoLineModel", "Train"), {.logdir = a, .log = quiet}).Run();
+  Executor(GetModelParams("test.line.TwoLineModel", "Train", "task_params.a.train.max_steps : 10"),
+           {.logdir = c, .log = quiet})
+      .Run();
+  Executor(GetModelParams("test.line.TwoLineModel", "Train"), {.logdir = c, .log = quiet}).Run();
+  SafetensorsContents ca = LoadLatestCheckpoint(a + "/train"),
+                      cc = LoadLatestCheckpoint(c + "/train");
+  EXPECT_EQ(ca.tensors.at("global_step").item<int64_t>(), 20);
+  // Each task's learner has its own slots, under the task's name.
+  for (const char* name : {"a/test/a/proj/w/Adam/m", "b/test/b/proj/w/Adam/m", "a/Adam/beta1_power",
+                           "b/Adam/beta1_power"}) {
+    EXPECT_TRUE(ca.tensors.count(name)) << name;
+  }
+  // Adam's beta1 power counts each task's own updates: a trained 3x as often as b, in total 20.
+  const double b1 = 0.9;
+  const double na = std::log(ca.tensors.at("a/Adam/beta1_power").item<double>()) / std::log(b1) - 1;
+  const double nb = std::log(ca.tensors.at("b/Adam/beta1_power").item<double>()) / std::log(b1) - 1;
+  EXPECT_NEAR(na + nb, 20, 1e-3);
+  EXPECT_GT(na, nb);
+  for (const auto& [name, t] : ca.tensors) {
+    EXPECT_TRUE(at::equal(t, cc.tensors.at(name))) << "the resumed run differs at " << name;
+  }
+}
+
+TEST(MultiTaskModel, ATaskWithZeroProbabilityNeverTrains) {
+  const std::string dir = LogDir("mt_zero");
+  glossa::Params p = GetModelParams("test.line.TwoLineModel", "Train", "task_probs.b : 0.0");
+  auto fresh = InstantiateLayer<BaseModel>(p);
+  Executor(p, {.logdir = dir, .log = [](const std::string&) {}}).Run();
+  SafetensorsContents ckpt = LoadLatestCheckpoint(dir + "/train");
+  at::Tensor b0;
+  for (const auto& [info, t] : fresh->AllVariables()) {
+    if (info.full_name == "test/b/proj/w") b0 = t;
+  }
+  ASSERT_TRUE(b0.defined());
+  EXPECT_TRUE(at::equal(ckpt.tensors.at("test/b/proj/w"), b0));
+  EXPECT_FALSE(at::equal(ckpt.tensors.at("test/a/proj/w"), [&] {
+    for (const auto& [info, t] : fresh->AllVariables())
+      if (info.full_name == "test/a/proj/w") return t;
+    return at::Tensor();
+  }()));
 }
 
 }  // namespace
