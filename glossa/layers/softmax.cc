@@ -15,6 +15,9 @@ glossa::Params SimpleFullSoftmax::Params() {
   p.Define("label_smoothing", 0.0,
            "Uniform label smoothing: targets (1 - e)·one_hot + e / num_classes.");
   p.Define("logits_abs_max", nullptr, "If set, clip logits to [-logits_abs_max, logits_abs_max].");
+  p.Define("compute_per_example_argmax", true,
+           "Output per_example_argmax (an argmax over the classes, ~10x a max on CPU). Tasks that "
+           "only need next-step accuracy can turn it off and use per_example_max_log_prob.");
   return p;
 }
 
@@ -108,8 +111,10 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
   out.Put("logits", logits);
   out.Put("log_probs", log_probs);
   out.Put("per_example_xent", xent);
-  out.Put("per_example_argmax",
-          log_probs.detach().argmax(-1));  // float32: ATen's bf16 argmax is slow
+  if (params().GetBool("compute_per_example_argmax")) {
+    out.Put("per_example_argmax", log_probs.detach().argmax(-1));  // float32: bf16 argmax is slower
+  }
+  out.Put("per_example_max_log_prob", at::amax(log_probs.detach(), {-1}));
   out.Put("per_example_weight", weights);
   out.Put("total_xent", total_xent);
   out.Put("total_weight", total_weight);

@@ -64,7 +64,8 @@ TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
   CreateChild("softmax", SimpleFullSoftmax::Params()
                              .Set("input_dim", dim)
                              .Set("num_classes", vocab)
-                             .Set("label_smoothing", p.GetFloat("label_smoothing")));
+                             .Set("label_smoothing", p.GetFloat("label_smoothing"))
+                             .Set("compute_per_example_argmax", false));
 }
 
 at::Tensor TransformerLmTask::Logits(const NestedMap& theta, const at::Tensor& ids,
@@ -101,8 +102,14 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   NestedMap xent = GetChildAs<SimpleFullSoftmax>("softmax").FProp(
       theta.at("softmax").AsMap(), predictions.GetTensor("encoded"), labels, weights);
   const at::Tensor num_tokens = xent.GetTensor("total_weight").detach();
+  // A prediction is correct when the label's log-prob is the maximum (exact ties, which have
+  // probability zero, count as correct): a max over the classes instead of an argmax.
+  const at::Tensor label_lp = xent.GetTensor("log_probs")
+                                  .detach()
+                                  .gather(-1, labels.to(at::kLong).unsqueeze(-1))
+                                  .squeeze(-1);
   const at::Tensor correct =
-      ((xent.GetTensor("per_example_argmax") == labels).to(at::kFloat) * weights).sum() /
+      ((label_lp >= xent.GetTensor("per_example_max_log_prob")).to(at::kFloat) * weights).sum() /
       at::clamp_min(num_tokens, 1);
   LossOutput out;
   out.metrics["loss"] = Metric{xent.GetTensor("avg_xent"), num_tokens};
