@@ -5,11 +5,13 @@
 # same thread layout (glossa/runtime/cpu_runtime.h: fp32 = 1 ATen thread + OpenBLAS on every core;
 # bf16 = ATen on every core + 1 OpenBLAS thread) and the same glibc allocator settings. Prints
 # tokens/s medians, their ratio, FLOPs per token and the fraction of the measured fp32 GEMM peak.
-#   bash bench/train_throughput.sh [runs=3] [build_dir=build]
+#   bash bench/train_throughput.sh [runs=3] [build_dir=build] [reps=3]
+# Each framework is invoked `reps` times, alternating, each invocation timing `runs` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-3}"
 build="${2:-build}"
+reps="${3:-3}"
 bin="$build/bin/bench_train_throughput"
 [ -x "$bin" ] || { echo "build first: bash scripts/build.sh"; exit 1; }
 cores=$(nproc)
@@ -23,11 +25,19 @@ for size in tiny 512; do
   for dtype in fp32 bf16; do
     shape=$([ "$size" = tiny ] && echo "$tiny" || echo "$big")
     if [ "$dtype" = fp32 ]; then t=1; blas=$cores; else t=$cores; blas=1; fi
-    g=$("$bin" $shape --runs="$runs" --dtype=$dtype 2>/dev/null | grep glossa_tokens_per_sec)
-    p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
-    gt=$(awk '{print $2}' <<<"$g"); fl=$(awk '{print $4}' <<<"$g"); pt=$(awk '{print $2}' <<<"$p")
+    # Alternate the two frameworks (`reps` times each) so that drifts in this shared machine's
+    # speed hit both alike; report the median of the per-invocation medians.
+    gs=(); ps=(); fl=0
+    for _ in $(seq "$reps"); do
+      g=$("$bin" $shape --runs="$runs" --dtype=$dtype 2>/dev/null | grep glossa_tokens_per_sec)
+      gs+=("$(awk '{print $2}' <<<"$g")"); fl=$(awk '{print $4}' <<<"$g")
+      p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
+      ps+=("$(awk '{print $2}' <<<"$p")")
+    done
+    gt=$(printf "%s\n" "${gs[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
+    pt=$(printf "%s\n" "${ps[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
     awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" 'BEGIN {
       printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%%\n", s, d, g, p, g / p, f / 1e6, 100 * g * f / 1e9 / peak }'
   done
 done
-echo "reproduce: bash bench/train_throughput.sh $runs $build"
+echo "reproduce: bash bench/train_throughput.sh $runs $build $reps"
