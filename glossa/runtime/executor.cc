@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "glossa/base/errors.h"
@@ -55,19 +56,49 @@ std::map<std::string, at::Tensor> CheckpointTensors(const BaseModel& model,
   return out;
 }
 
-int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
-                          ExponentialMovingAverage* ema) {
+namespace {
+bool IsEmaName(const std::string& name) {
+  const std::string suffix = ExponentialMovingAverage::kSuffix;
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+std::shared_ptr<ExponentialMovingAverage> MakeModelEma(BaseModel& model) {
+  const Params& tp = model.task().train_params();
+  if (!(tp.GetFloat("ema_decay") > 0) && !tp.IsSet("ema_schedule")) return nullptr;
+  Params ep = ExponentialMovingAverage::Params();
+  ep.Set("decay", tp.GetFloat("ema_decay") > 0 ? tp.GetFloat("ema_decay") : 0.999);
+  if (tp.IsSet("ema_schedule")) ep.Set("ema_schedule", tp.Get("ema_schedule"));
+  auto ema = std::make_shared<ExponentialMovingAverage>(ep);
+  ema->Track(model);
+  model.SetEma(ema);
+  return ema;
+}
+
+std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel& model,
+                                      ExponentialMovingAverage* ema) {
   std::map<std::string, at::Tensor> vars;
   for (const auto& [info, t] : model.AllVariables()) vars[info.full_name] = t;
   RestoreVariables(ckpt, vars);
-  const std::string suffix = ExponentialMovingAverage::kSuffix;
-  for (const auto& [name, t] : ckpt.tensors) {
-    if (vars.count(name) || name == "global_step") continue;
-    if (name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      if (ema) ema->SetShadow(name, t);
-      continue;
+  if (ema) {
+    for (const auto& [name, t] : ckpt.tensors) {
+      if (IsEmaName(name)) ema->SetShadow(name, t);
     }
+  }
+  auto it = ckpt.tensors.find("global_step");
+  if (it == ckpt.tensors.end()) return std::nullopt;
+  return it->second.item<int64_t>();
+}
+
+int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
+                          ExponentialMovingAverage* ema) {
+  const std::optional<int64_t> step = RestoreForEval(ckpt, model, ema);
+  if (!step) throw DataLossError("checkpoint has no global_step");
+  std::set<std::string> vars;
+  for (const auto& [info, t] : model.AllVariables()) vars.insert(info.full_name);
+  for (const auto& [name, t] : ckpt.tensors) {
+    if (vars.count(name) || name == "global_step" || IsEmaName(name)) continue;
     // Optimizer slots and tracker state.
     if (!model.is_multi_task()) {
       model.task().learner().SetSlot(name, t);
@@ -82,9 +113,7 @@ int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
     }
     model.GetTask(task_name).learner().SetSlot(name.substr(slash + 1), t);
   }
-  auto it = ckpt.tensors.find("global_step");
-  if (it == ckpt.tensors.end()) throw DataLossError("checkpoint has no global_step");
-  return it->second.item<int64_t>();
+  return *step;
 }
 
 Executor::Executor(const Params& model_params, ExecutorOptions options)
@@ -96,14 +125,7 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   CreateDirectories(JoinPath(options_.logdir, "control"));
   model_ = InstantiateLayer<BaseModel>(params_);
   const Params& tp = model_->task().train_params();
-  if (tp.GetFloat("ema_decay") > 0 || tp.IsSet("ema_schedule")) {
-    Params ep = ExponentialMovingAverage::Params();
-    ep.Set("decay", tp.GetFloat("ema_decay") > 0 ? tp.GetFloat("ema_decay") : 0.999);
-    if (tp.IsSet("ema_schedule")) ep.Set("ema_schedule", tp.Get("ema_schedule"));
-    ema_ = std::make_shared<ExponentialMovingAverage>(ep);
-    ema_->Track(*model_);
-    model_->SetEma(ema_);
-  }
+  ema_ = MakeModelEma(*model_);
   SaverOptions so;
   so.dir = train_dir_;
   so.keep_latest_n = tp.GetInt("save_max_to_keep");
@@ -175,13 +197,10 @@ bool Executor::RunEvalPrograms(int64_t epoch) {
         t.copy_(it->second);
       }
     }
-    std::string lower = ds;
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (eval_steps != 0) {
-      auto& w = eval_writers_["eval_" + lower];
-      if (!w)
-        w = std::make_unique<EventWriter>(JoinPath(options_.logdir, "eval_" + lower), 10.0,
-                                          options_.clock);
+      const std::string dir = ProgramDir(JobKind::kEval, options_.logdir, ds);
+      auto& w = eval_writers_[dir];
+      if (!w) w = std::make_unique<EventWriter>(dir, 10.0, options_.clock);
       EvalProgram eval(*model, w.get());
       std::string line;
       for (const auto& [k, m] : eval.Run(global_step_, eval_steps))
@@ -189,9 +208,9 @@ bool Executor::RunEvalPrograms(int64_t epoch) {
       Log(StrCat("eval ", ds, " step ", global_step_, line));
     }
     if (decode_steps != 0) {
-      const std::string dir = JoinPath(options_.logdir, "decoder_" + lower);
+      const std::string dir = ProgramDir(JobKind::kDecode, options_.logdir, ds);
       CreateDirectories(dir);
-      auto& w = eval_writers_["decoder_" + lower];
+      auto& w = eval_writers_[dir];
       if (!w) w = std::make_unique<EventWriter>(dir, 10.0, options_.clock);
       DecodeProgram decode(*model, w.get());
       auto r = decode.Run(global_step_, decode_steps, dir);

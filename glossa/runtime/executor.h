@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "glossa/model/model_registry.h"
@@ -40,8 +41,14 @@ struct ExecutorOptions {
 std::map<std::string, at::Tensor> CheckpointTensors(const BaseModel& model,
                                                     const ExponentialMovingAverage* ema,
                                                     int64_t global_step);
-// Restores variables (names, shapes, dtypes checked; every mismatch reported), learner slots and
-// EMA shadows; returns the global step.
+// The EMA a model's main task asks for (train.ema_decay > 0 or train.ema_schedule), tracking the
+// model's variables and installed as its EMA source (eval-mode theta reads it); null otherwise.
+std::shared_ptr<ExponentialMovingAverage> MakeModelEma(BaseModel& model);
+// Restores variables (names, shapes, dtypes checked; every mismatch reported) and, with `ema`, its
+// shadows: what evaluation needs. Returns global_step, or nullopt when the checkpoint has none.
+std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel& model,
+                                      ExponentialMovingAverage* ema);
+// RestoreForEval plus the learner slots; returns the global step (DataLoss when absent).
 int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema);
 

@@ -14,6 +14,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/io/event_file.h"
 #include "glossa/optim/ema.h"
+#include "glossa/runtime/executor.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/saver.h"
 
@@ -68,11 +69,6 @@ DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batche
 
 namespace {
 
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 std::set<std::string> ReadProcessed(const std::string& path) {
   std::set<std::string> out;
   if (!FileExists(path)) return out;
@@ -93,6 +89,12 @@ int64_t StepOf(const std::string& ckpt) {
 
 }  // namespace
 
+std::string ProgramDir(JobKind kind, const std::string& logdir, const std::string& dataset) {
+  std::string lower = dataset;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return JoinPath(logdir, StrCat(kind == JobKind::kEval ? "eval_" : "decoder_", lower));
+}
+
 int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options) {
   if (options.logdir.empty()) throw InvalidArgumentError("job: --logdir is required");
   auto log = [&](const std::string& l) {
@@ -111,21 +113,14 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     }
   };
   const std::string train_dir = JoinPath(options.logdir, "train");
-  const std::string job_dir =
-      JoinPath(options.logdir,
-               StrCat(kind == JobKind::kEval ? "eval_" : "decoder_", Lower(options.dataset)));
+  const std::string job_dir = ProgramDir(kind, options.logdir, options.dataset);
   CreateDirectories(job_dir);
   const std::string processed_file = JoinPath(job_dir, "processed_ckpts.txt");
 
   auto model = InstantiateLayer<BaseModel>(model_params);
   const Params& tp = model->task().train_params();
   const Params& ep = model->task().eval_params();
-  std::shared_ptr<ExponentialMovingAverage> ema;
-  if (tp.GetFloat("ema_decay") > 0 || tp.IsSet("ema_schedule")) {
-    ema = std::make_shared<ExponentialMovingAverage>(ExponentialMovingAverage::Params());
-    ema->Track(*model);
-    model->SetEma(ema);
-  }
+  const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
   const int64_t max_steps = tp.GetInt("max_steps");
   const bool all =
       ep.GetBool(kind == JobKind::kEval ? "eval_all_checkpoints" : "decode_all_checkpoints");
@@ -139,22 +134,8 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   auto process = [&](const std::string& ckpt) {
     const std::string prefix =
         ckpt.find('/') != std::string::npos ? ckpt : JoinPath(train_dir, ckpt);
-    SafetensorsContents contents = LoadCheckpoint(prefix);
-    std::map<std::string, at::Tensor> vars;
-    for (const auto& [info, t] : model->AllVariables()) vars[info.full_name] = t;
-    RestoreVariables(contents, vars);
-    if (ema) {
-      for (const auto& [name, t] : contents.tensors) {
-        const std::string suffix = ExponentialMovingAverage::kSuffix;
-        if (name.size() > suffix.size() &&
-            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-          ema->SetShadow(name, t);
-        }
-      }
-    }
-    const int64_t step = contents.tensors.count("global_step")
-                             ? contents.tensors.at("global_step").item<int64_t>()
-                             : StepOf(ckpt);
+    const SafetensorsContents contents = LoadCheckpoint(prefix);
+    const int64_t step = RestoreForEval(contents, *model, ema.get()).value_or(StepOf(ckpt));
     std::string score;
     if (kind == JobKind::kEval) {
       EvalProgram eval(*model, &writer);

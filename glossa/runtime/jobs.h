@@ -53,6 +53,9 @@ struct JobOptions {
   double max_backoff_seconds = 300;
 };
 
+// "<logdir>/eval_<dataset>" or "<logdir>/decoder_<dataset>" (dataset lower-cased).
+std::string ProgramDir(JobKind kind, const std::string& logdir, const std::string& dataset);
+
 // Returns the number of checkpoints processed in this run.
 int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options);
 

@@ -139,7 +139,7 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
 }
 
 Params ModelParamsFromFlags(const ModelFlags& f) {
-  Params p = GetModelParams(f.model, f.dataset, OverrideText(f.override_text), f.override_file);
+  Params p = GetModelParams(f.model, f.dataset, f.override_text, f.override_file);
   const ParamValue& fprop = p.Get("task.fprop_dtype");
   ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads),
                       !fprop.is_none() && fprop.AsDType() == DType::kBFloat16);
@@ -163,27 +163,11 @@ std::unique_ptr<BaseModel> LoadLatestForEval(const Params& p, const std::string&
   auto latest = Saver::LatestCheckpoint(train_dir);
   if (!latest)
     throw NotFoundError(StrCat("no checkpoint in ", train_dir, " (run `glossa train` first)"));
-  std::shared_ptr<ExponentialMovingAverage> ema;
-  const Params& tp = model->task().train_params();
-  if (tp.GetFloat("ema_decay") > 0) {
-    ema = std::make_shared<ExponentialMovingAverage>(ExponentialMovingAverage::Params());
-    ema->Track(*model);
-    model->SetEma(ema);
-  }
-  SafetensorsContents c = LoadCheckpoint(*latest);
-  std::map<std::string, at::Tensor> vars;
-  for (const auto& [info, t] : model->AllVariables()) vars[info.full_name] = t;
-  RestoreVariables(c, vars);
-  if (ema) {
-    const std::string suffix = ExponentialMovingAverage::kSuffix;
-    for (const auto& [name, t] : c.tensors) {
-      if (name.size() > suffix.size() &&
-          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        ema->SetShadow(name, t);
-      }
-    }
-  }
-  *step = c.tensors.at("global_step").item<int64_t>();
+  const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
+  const std::optional<int64_t> global_step =
+      RestoreForEval(LoadCheckpoint(*latest), *model, ema.get());
+  if (!global_step) throw DataLossError(StrCat(*latest, ": checkpoint has no global_step"));
+  *step = *global_step;
   return model;
 }
 
