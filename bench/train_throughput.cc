@@ -107,8 +107,10 @@ int main(int argc, char** argv) {
   auto train_step = [&] {
     GlobalStepContext ctx(step);
     auto r = task.FPropDefaultTheta(b);
+    // As the trainer's steps between summaries: no var_norm/all pass.
     task.learner().Apply(
-        {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars, step);
+        {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars, step,
+        /*var_norm=*/false);
     ++step;
   };
   train_step();  // warm-up (slot creation, allocator)

@@ -10,6 +10,10 @@ namespace glossa {
 
 at::Tensor ApplyPaddings(const at::Tensor& x, const at::Tensor& paddings) {
   if (!paddings.defined()) return x;
+  // x · 1 is x exactly (values and gradients), so a batch without padding skips the multiply and
+  // its backward: on CPU they cost a few percent of a Transformer step. (Checked on CPU only,
+  // where reading the flag does not stall a device queue.)
+  if (paddings.is_cpu() && !paddings.requires_grad() && !at::any(paddings).item<bool>()) return x;
   at::Tensor p = paddings.to(x.scalar_type());
   while (p.dim() < x.dim()) p = p.unsqueeze(-1);
   return x * (1 - p);

@@ -160,7 +160,7 @@ double SumOfSquares(const at::Tensor& t) {
 }  // namespace
 
 Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
-                       int64_t global_step) {
+                       int64_t global_step, bool var_norm) {
   auto it = metrics.find(loss_name_);
   if (it == metrics.end()) {
     std::vector<std::string> keys;
@@ -226,12 +226,12 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
     bool has_nan = false;
     for (const auto& vg : var_grads) {
       grad_sq += SumOfSquares(vg.grad);
-      var_sq += SumOfSquares(vg.var);
+      if (var_norm) var_sq += SumOfSquares(vg.var);
     }
     // Squares are non-negative, so Σ g² is NaN or Inf exactly when some gradient element is (or
     // when the sum overflows): one check instead of one isfinite pass per variable.
     has_nan = !std::isfinite(grad_sq);
-    const double grad_norm = std::sqrt(grad_sq), var_norm = std::sqrt(var_sq);
+    const double grad_norm = std::sqrt(grad_sq), var_norm_value = std::sqrt(var_sq);
     const bool norm_nan = !std::isfinite(grad_norm);
     has_nan = has_nan || norm_nan;
     out["grad_norm_is_nan_or_inf"] = M(norm_nan ? 1.0 : 0.0);
@@ -251,7 +251,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
       if (tracker_) grad_scale *= tracker_->Update(grad_norm, has_nan);
       if (has_nan) grad_scale = 0.0;
       out["grad_norm/all"] = M(grad_norm);
-      out["var_norm/all"] = M(var_norm);
+      if (var_norm) out["var_norm/all"] = M(var_norm_value);
       out["grad_scale_all"] = M(grad_scale);
       if (grad_scale != 1.0 && grad_scale != 0.0) {
         for (auto& vg : var_grads) vg.grad = vg.grad * grad_scale;

@@ -74,8 +74,10 @@ class Learner {
   // grad_scale_all, has_nan_or_inf, grad_norm_is_nan_or_inf, and l2_loss / l1_loss when used.
   // When the gradient scale is 0 (NaN/Inf gradients, or a norm above grad_norm_to_clip_to_zero,
   // or a tracker rejection), the optimizer is not run: weights and slots stay as they were.
+  // `var_norm` false skips var_norm/all (a full pass over the weights, a few percent of a step);
+  // the trainer asks for it only on steps whose metrics it writes or prints.
   Metrics Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
-                int64_t global_step);
+                int64_t global_step, bool var_norm = true);
 
   // The variables Apply would update (trainable, filter, exclusion).
   std::vector<LearnerVariable> SelectVariables(const std::vector<LearnerVariable>& vars) const;

@@ -93,9 +93,12 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
     Metrics metrics = r.metrics;
     metrics["loss"].value = r.metrics.at("loss").value.detach();
+    // var_norm/all only where it is seen: a summary step, or the loop's last (the console line).
+    const bool summary_step = writer_ && *global_step + 1 - last_summary_step_ >= summary_every;
+    const bool last_step = result.steps + 1 == steps_per_loop || *global_step + 1 >= max_steps;
     Metrics learner_metrics = task.learner().Apply(
         {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars,
-        *global_step);
+        *global_step, summary_step || last_step);
     if (ema_) ema_->Apply(*global_step);
     for (const auto& [k, v] : learner_metrics) metrics[k] = v;
     for (auto& [k, v] : metrics) v.value = v.value.detach();

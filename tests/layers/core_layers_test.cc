@@ -195,6 +195,22 @@ TEST(Projection, ValidatesParamsAndShapes) {
                         "inputs must end in input_dim 2");
 }
 
+TEST(Projection, PaddedRowsAreZeroAndUnpaddedBatchesPassGradientsThrough) {
+  auto fc = Make<FCLayer>(FCLayer::Params(), "input_dim : 2\noutput_dim : 3\nactivation : 'NONE'");
+  at::Tensor x = at::randn({2, 4, 2});
+  at::Tensor none = at::zeros({2, 4}), some = none.clone();
+  some[1][3] = 1.0;
+  at::Tensor y = fc->FProp(fc->theta(), x, some);
+  EXPECT_TRUE(at::equal(y[1][3], at::zeros({3})));
+  EXPECT_TRUE(at::equal(y[0], fc->FProp(fc->theta(), x, none)[0]));
+  EXPECT_FALSE(at::equal(fc->FProp(fc->theta(), x, none)[1][3], at::zeros({3})));
+  // No padding: the same values and weight gradient as with no paddings at all.
+  at::Tensor w = fc->theta().GetTensor("w");
+  at::Tensor g0 = torch::autograd::grad({fc->FProp(fc->theta(), x, none).square().sum()}, {w})[0];
+  at::Tensor g1 = torch::autograd::grad({fc->FProp(fc->theta(), x, {}).square().sum()}, {w})[0];
+  EXPECT_TRUE(at::equal(g0, g1));
+}
+
 TEST(Conv2D, OutputPaddingsFollowTheStride) {
   auto conv = Make<Conv2DLayer>(Conv2DLayer::Params(),
                                 "filter_shape : [3, 1, 1, 2]\nfilter_stride : [2, 1]");

@@ -69,6 +69,20 @@ TEST(Learner, ReportsLingvosMetricsAndScheduledLearningRate) {
   EXPECT_TRUE(at::allclose(w, at::tensor({3.0 * 0.95, 4.0 * 0.95}, at::kDouble)));
 }
 
+TEST(Learner, VarNormCanBeSkippedWithoutChangingTheUpdate) {
+  auto with = SgdLearner(0.5).Instantiate<Learner>();
+  auto without = SgdLearner(0.5).Instantiate<Learner>();
+  at::Tensor w1 = Var({3.0, 4.0}), w2 = Var({3.0, 4.0});
+  Metrics m1 = with->Apply({{"loss", {(w1 * w1).sum() / 2, at::ones({})}}},
+                           {{"w", w1, true, false}}, 0, /*var_norm=*/true);
+  Metrics m2 = without->Apply({{"loss", {(w2 * w2).sum() / 2, at::ones({})}}},
+                              {{"w", w2, true, false}}, 0, /*var_norm=*/false);
+  EXPECT_DOUBLE_EQ(Get(m1, "var_norm/all"), 5.0);
+  EXPECT_FALSE(m2.count("var_norm/all"));
+  EXPECT_DOUBLE_EQ(Get(m2, "grad_norm/all"), 5.0);
+  EXPECT_TRUE(at::equal(w1, w2));
+}
+
 TEST(Learner, GlobalNormClipScalesEveryGradient) {
   Params p = SgdLearner(1.0);
   p.Set("clip_gradient_norm_to_value", 1.0);

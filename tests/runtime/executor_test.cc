@@ -201,6 +201,22 @@ TEST(Executor, TrainsSavesAndLaysOutTheLogDirectory) {
   }
 }
 
+TEST(Executor, SummaryStepsCarryVarNormWithinALoop) {
+  // Summaries every 5 steps inside loops of 10: the learner's var_norm/all pass, skipped on
+  // other steps, must run on each summary step (the first after 4 steps, then every 5).
+  const std::string logdir = LogDir("var_norm");
+  Executor(GetModelParams("test.line.LineModel", "Train", "task.train.steps_per_loop : 10"),
+           {.logdir = logdir, .log = [](const std::string&) {}})
+      .Run();
+  std::map<std::string, std::vector<int64_t>> steps;
+  for (const auto& f : ListDirectory(logdir + "/train")) {
+    if (f.rfind("events.out.tfevents.", 0) != 0) continue;
+    for (const auto& e : ReadEvents(logdir + "/train/" + f)) steps[e.tag].push_back(e.step);
+  }
+  EXPECT_EQ(steps["var_norm/all"], (std::vector<int64_t>{4, 9, 14, 19}));
+  EXPECT_EQ(steps["grad_norm/all"], steps["var_norm/all"]);
+}
+
 TEST(Executor, ResumedRunsMatchUninterruptedRunsBitForBit) {
   const std::string a = LogDir("a"), b = LogDir("b"), c = LogDir("c");
   auto quiet = [](const std::string&) {};
