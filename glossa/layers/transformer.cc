@@ -7,6 +7,7 @@
 #include "glossa/layers/attention.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/linear.h"
+#include "glossa/layers/moe.h"
 #include "glossa/layers/normalization.h"
 
 namespace glossa {
@@ -150,6 +151,11 @@ glossa::Params TransformerLayer::Params() {
   p.Define("relu_dropout_prob", 0.0, "Dropout probability inside the feed-forward block.");
   p.Define("pre_layer_norm", true, "Pre-layer-norm (True) or post-layer-norm (False) blocks.");
   p.Define("activation", "RELU", "Feed-forward non-linearity.");
+  p.Define("tr_fflayer_tpl", nullptr,
+           "Feed-forward block params (None: TransformerFeedForwardLayer). A "
+           "TransformerShardedMoeLayer here makes the layer a Mixture-of-Experts layer; its "
+           "input_dim, dropouts, pre_layer_norm and activation are set from this layer's, and "
+           "hidden_dim when 0.");
   return p;
 }
 
@@ -162,8 +168,12 @@ TransformerLayer::TransformerLayer(const glossa::Params& p) : BaseLayer(p) {
   atten.Set("pre_layer_norm", params().GetBool("pre_layer_norm"));
   CreateChild("self_atten", atten.Copy().Set("is_masked", params().GetBool("mask_self_atten")));
   if (params().GetBool("has_aux_atten")) CreateChild("cross_atten", atten);
-  auto ff = TransformerFeedForwardLayer::Params();
-  ff.Set("input_dim", d).Set("hidden_dim", params().GetInt("hidden_dim"));
+  const ParamValue& tpl = params().Get("tr_fflayer_tpl");
+  auto ff = tpl.is_none() ? TransformerFeedForwardLayer::Params() : tpl.AsParams().Copy();
+  ff.Set("input_dim", d);
+  if (tpl.is_none() || ff.GetInt("hidden_dim") == 0) {
+    ff.Set("hidden_dim", params().GetInt("hidden_dim"));
+  }
   ff.Set("activation", params().GetString("activation"));
   ff.Set("residual_dropout_prob", params().GetFloat("residual_dropout_prob"));
   ff.Set("relu_dropout_prob", params().GetFloat("relu_dropout_prob"));
@@ -186,8 +196,18 @@ std::pair<at::Tensor, at::Tensor> TransformerLayer::FProp(const NestedMap& theta
             .FProp(Sub(theta, "cross_atten"), x, aux_vecs, aux_paddings)
             .first;
   }
-  x = GetChildAs<TransformerFeedForwardLayer>("fflayer").FProp(Sub(theta, "fflayer"), x, paddings);
+  x = FeedForward(theta, x, paddings);
   return {x, probs};
+}
+
+at::Tensor TransformerLayer::FeedForward(const NestedMap& theta, const at::Tensor& x,
+                                         const at::Tensor& paddings, bool one_group) const {
+  const BaseLayer& ff = GetChild("fflayer");
+  if (const auto* moe = dynamic_cast<const TransformerShardedMoeLayer*>(&ff)) {
+    return moe->FProp(Sub(theta, "fflayer"), x, paddings, one_group ? 1 : 0);
+  }
+  return GetChildAs<TransformerFeedForwardLayer>("fflayer").FProp(Sub(theta, "fflayer"), x,
+                                                                  paddings);
 }
 
 NestedMap TransformerLayer::InitStates(int64_t batch_size, at::ScalarType dtype) const {
@@ -204,7 +224,7 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(
             .FProp(Sub(theta, "cross_atten"), x.unsqueeze(1), aux_vecs, aux_paddings)
             .first.squeeze(1);
   }
-  x = GetChildAs<TransformerFeedForwardLayer>("fflayer").FProp(Sub(theta, "fflayer"), x);
+  x = FeedForward(theta, x.unsqueeze(1), {}, /*one_group=*/true).squeeze(1);
   return {x, new_states};
 }
 
@@ -226,6 +246,12 @@ glossa::Params TransformerStack::Params() {
   p.Define("pre_layer_norm", true,
            "Pre-layer-norm layers (with a final layer norm) or post-layer-norm layers.");
   p.Define("activation", "RELU", "Feed-forward non-linearity.");
+  p.Define("moe_tpl", nullptr,
+           "TransformerShardedMoeLayer params for Mixture-of-Experts feed-forward blocks (None: "
+           "all dense).");
+  p.Define("moe_layers_every", 2,
+           "With moe_tpl: layer i uses it when (i + 1) % moe_layers_every == 0 (GShard's every "
+           "other layer with 2).");
   return p;
 }
 
@@ -241,8 +267,19 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
         "relu_dropout_prob", "pre_layer_norm", "activation"}) {
     layer.Set(key, params().Get(key));
   }
+  const ParamValue& moe = params().Get("moe_tpl");
+  const int64_t every = params().GetInt("moe_layers_every");
+  if (!moe.is_none() && every <= 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': moe_layers_every must be > 0"));
+  }
   ParamValue::List layers;
-  for (int64_t i = 0; i < n; ++i) layers.push_back(layer);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!moe.is_none() && (i + 1) % every == 0) {
+      layers.push_back(layer.Copy().Set("tr_fflayer_tpl", moe.AsParams()));
+    } else {
+      layers.push_back(layer);
+    }
+  }
   CreateChild("input_dropout", DropoutParams(params().GetFloat("input_dropout_prob")));
   CreateChildren("x_layers", layers);
   layers_ = GetChildren("x_layers");

@@ -54,7 +54,8 @@ class TransformerAttentionLayer : public BaseLayer {
 class TransformerLayer : public BaseLayer {
  public:
   // + input_dim, num_heads, hidden_dim (feed-forward), mask_self_atten, has_aux_atten,
-  // atten_dropout_prob, residual_dropout_prob, relu_dropout_prob, pre_layer_norm, activation.
+  // atten_dropout_prob, residual_dropout_prob, relu_dropout_prob, pre_layer_norm, activation,
+  // tr_fflayer_tpl (None: dense; TransformerShardedMoeLayer params: MoE).
   static glossa::Params Params();
   explicit TransformerLayer(const glossa::Params& p);
   // inputs [B, T, D], paddings [B, T]; aux_vecs [B, S, D] and aux_paddings [B, S] for the
@@ -69,6 +70,11 @@ class TransformerLayer : public BaseLayer {
                                               const NestedMap& states,
                                               const at::Tensor& aux_vecs = {},
                                               const at::Tensor& aux_paddings = {}) const;
+
+ private:
+  // The dense or MoE feed-forward block; one_group routes a decoding step's tokens together.
+  at::Tensor FeedForward(const NestedMap& theta, const at::Tensor& x, const at::Tensor& paddings,
+                         bool one_group = false) const;
 };
 
 // num_layers TransformerLayers, with a final layer norm when the layers are pre-norm.
@@ -77,7 +83,7 @@ class TransformerStack : public BaseLayer {
  public:
   // + num_layers, model_dim, num_heads, hidden_dim, mask_self_atten, has_aux_atten,
   // atten_dropout_prob, residual_dropout_prob, relu_dropout_prob, input_dropout_prob,
-  // pre_layer_norm (True), activation.
+  // pre_layer_norm (True), activation, moe_tpl (None), moe_layers_every (2).
   static glossa::Params Params();
   explicit TransformerStack(const glossa::Params& p);
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,

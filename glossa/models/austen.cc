@@ -8,6 +8,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/input/input_generator.h"
 #include "glossa/input/tokenizers.h"
+#include "glossa/layers/moe.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/models/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
@@ -97,6 +98,22 @@ class TransformerLmTiny : public AustenLmBase {
   Params Task() const override { return LmTask(128, 2, 4, 512, 1200, 2e-3, 100); }
 };
 GLOSSA_REGISTER_MODEL(TransformerLmTiny, "lm.austen.TransformerLmTiny");
+
+// The tiny model with GShard Mixture-of-Experts feed-forward blocks in its second layer: 4
+// experts of hidden dim 512, top-2 routing over one group per batch.
+class TransformerLmMoeTiny : public AustenLmBase {
+ public:
+  Params Task() const override {
+    Params p = LmTask(128, 2, 4, 512, 1200, 2e-3, 100);
+    p.Set("moe_tpl", TransformerShardedMoeLayer::Params()
+                         .Set("num_experts", 4)
+                         .Set("num_groups", 1)
+                         .Set("expert_capacity_factor", 1.5));
+    p.Set("moe_layers_every", 2).Set("aux_loss_weight", 0.01);
+    return p;
+  }
+};
+GLOSSA_REGISTER_MODEL(TransformerLmMoeTiny, "lm.austen.TransformerLmMoeTiny");
 
 // A larger model (model_dim 512, 6 layers, sequences up to 256): the throughput benchmark's size.
 class TransformerLm512 : public AustenLmBase {

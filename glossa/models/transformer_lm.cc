@@ -10,6 +10,7 @@
 #include "glossa/core/registry.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/embedding.h"
+#include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
 
@@ -28,6 +29,12 @@ glossa::Params TransformerLmTask::Params() {
   p.Define("relu_dropout_prob", 0.0, "Dropout inside the feed-forward blocks.");
   p.Define("input_dropout_prob", 0.0, "Dropout on the embedded inputs.");
   p.Define("label_smoothing", 0.0, "Label smoothing of the training loss.");
+  p.Define("moe_tpl", nullptr,
+           "TransformerShardedMoeLayer params: Mixture-of-Experts feed-forward blocks in every "
+           "moe_layers_every-th layer (None: dense).");
+  p.Define("moe_layers_every", 2, "With moe_tpl: layers i with (i + 1) % this == 0 are MoE.");
+  p.Define("aux_loss_weight", 0.01,
+           "Weight of the MoE load-balancing losses (summed over layers) in the training loss.");
   p.Define("decode_prompt_length", 8,
            "Decode: prompt tokens (including <s>) taken from each example.");
   p.Define("decode_max_new_tokens", 24, "Decode: tokens to sample after the prompt.");
@@ -60,7 +67,9 @@ TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
                            .Set("residual_dropout_prob", p.GetFloat("residual_dropout_prob"))
                            .Set("atten_dropout_prob", p.GetFloat("atten_dropout_prob"))
                            .Set("relu_dropout_prob", p.GetFloat("relu_dropout_prob"))
-                           .Set("input_dropout_prob", p.GetFloat("input_dropout_prob")));
+                           .Set("input_dropout_prob", p.GetFloat("input_dropout_prob"))
+                           .Set("moe_tpl", p.Get("moe_tpl"))
+                           .Set("moe_layers_every", p.GetInt("moe_layers_every")));
   CreateChild("softmax", SimpleFullSoftmax::Params()
                              .Set("input_dim", dim)
                              .Set("num_classes", vocab)
@@ -87,9 +96,12 @@ NestedMap TransformerLmTask::ComputePredictions(const NestedMap& theta,
   x = x + GetChildAs<PositionalEmbeddingLayer>("pos")
               .FProp(theta.at("pos").AsMap(), ids.size(1))
               .to(x.scalar_type());
+  AuxLossContext aux;
   x = GetChildAs<TransformerStack>("stack").FProp(theta.at("stack").AsMap(), x,
                                                   batch.GetTensor("paddings"));
-  return NestedMap{{"encoded", x}};
+  NestedMap out{{"encoded", x}};
+  if (!aux.losses().empty()) out.Set("aux_loss", aux.Sum());
+  return out;
 }
 
 BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
@@ -112,7 +124,13 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
       ((label_lp >= xent.GetTensor("per_example_max_log_prob")).to(at::kFloat) * weights).sum() /
       at::clamp_min(num_tokens, 1);
   LossOutput out;
-  out.metrics["loss"] = Metric{xent.GetTensor("avg_xent"), num_tokens};
+  at::Tensor loss = xent.GetTensor("avg_xent");
+  if (predictions.Has("aux_loss")) {
+    const at::Tensor aux = predictions.GetTensor("aux_loss");
+    loss = loss + params().GetFloat("aux_loss_weight") * aux.to(loss.scalar_type());
+    out.metrics["aux_loss"] = Metric{aux.detach(), at::full({}, 1.0)};
+  }
+  out.metrics["loss"] = Metric{loss, num_tokens};
   // With label smoothing the loss is not the log-perplexity; recompute it from the log-probs.
   at::Tensor log_pplx = xent.GetTensor("avg_xent");
   if (params().GetFloat("label_smoothing") > 0) {

@@ -21,7 +21,8 @@ class TransformerLmTask : public BaseTask {
  public:
   // + vocab_size, model_dim, num_layers, num_heads, hidden_dim, residual_dropout_prob,
   // atten_dropout_prob, relu_dropout_prob, input_dropout_prob, label_smoothing,
-  // decode_prompt_length, decode_max_new_tokens, decode_temperature, decode_top_k.
+  // decode_prompt_length, decode_max_new_tokens, decode_temperature, decode_top_k, moe_tpl
+  // (None: dense), moe_layers_every, aux_loss_weight (MoE: loss = xent + weight · Σ aux losses).
   static glossa::Params Params();
   explicit TransformerLmTask(const glossa::Params& p);
 

@@ -1,0 +1,361 @@
+#include "glossa/layers/moe.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
+#include "glossa/layers/activations.h"
+#include "glossa/layers/dropout.h"
+#include "glossa/layers/normalization.h"
+#include "glossa/layers/weight_init.h"
+#include "glossa/summary/summary.h"
+
+namespace glossa {
+
+// ---- AuxLossContext ----
+
+namespace {
+thread_local AuxLossContext* current_aux_loss_context = nullptr;
+}  // namespace
+
+AuxLossContext::AuxLossContext() : previous_(current_aux_loss_context) {
+  current_aux_loss_context = this;
+}
+
+AuxLossContext::~AuxLossContext() { current_aux_loss_context = previous_; }
+
+AuxLossContext* AuxLossContext::Current() { return current_aux_loss_context; }
+
+void AuxLossContext::AddLoss(const at::Tensor& loss) {
+  if (current_aux_loss_context != nullptr) current_aux_loss_context->losses_.push_back(loss);
+}
+
+at::Tensor AuxLossContext::Sum() const {
+  at::ScalarType dtype = at::kFloat;
+  for (const auto& l : losses_) {
+    if (l.scalar_type() == at::kDouble) dtype = at::kDouble;
+  }
+  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(dtype));
+  for (const auto& l : losses_) sum = sum + l.to(dtype);
+  return sum;
+}
+
+// ---- Top2GatingOnLogits ----
+
+namespace {
+
+std::string ShapeOf(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += StrCat(i ? ", " : "", t.size(i));
+  return s + "]";
+}
+
+at::Tensor OneHot(const at::Tensor& index, int64_t n, at::ScalarType dtype) {
+  return at::one_hot(index, n).to(dtype);
+}
+
+// Exclusive cumulative sum over the group dim (1) of [G, S, E].
+at::Tensor ExclusiveCumsum(const at::Tensor& x) { return at::cumsum(x, 1) - x; }
+
+// Lingvo's over-capacity summary: choices at or past the capacity over max(1, choices).
+at::Tensor OverCapacityRatio(const at::Tensor& mask, const at::Tensor& position, int64_t capacity) {
+  at::Tensor over = (mask * position >= static_cast<double>(capacity)).to(at::kFloat).sum();
+  return over / at::clamp_min(mask.sum().to(at::kFloat), 1.0);
+}
+
+at::Tensor Uniform(std::vector<int64_t> shape, at::ScalarType dtype,
+                   const std::optional<int64_t>& random_seed) {
+  at::Generator gen = MakeSeededGenerator(GenerateStepSeedPair(random_seed));
+  return at::empty(shape, at::TensorOptions().dtype(dtype)).uniform_(0.0, 1.0, gen);
+}
+
+}  // namespace
+
+Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tensor& paddings,
+                                    const Top2GatingOptions& o) {
+  if (logits_in.dim() != 3) {
+    throw InvalidArgumentError(
+        StrCat("Top2GatingOnLogits: logits must be [G, S, E], got rank ", logits_in.dim()));
+  }
+  const int64_t G = logits_in.size(0), S = logits_in.size(1), E = logits_in.size(2);
+  if (E < 2) {
+    throw InvalidArgumentError(StrCat("Top2GatingOnLogits: need at least 2 experts, got ", E));
+  }
+  auto check_gs = [&](const at::Tensor& t, const char* what) {
+    if (t.defined() && (t.dim() != 2 || t.size(0) != G || t.size(1) != S)) {
+      throw InvalidArgumentError(StrCat("Top2GatingOnLogits: ", what, " must be [", G, ", ", S,
+                                        "], got ", ShapeOf(t)));
+    }
+  };
+  check_gs(paddings, "paddings");
+  check_gs(o.importance, "importance");
+  check_gs(o.random_uniform, "random_uniform");
+  if (o.sampling_uniform.defined() && o.sampling_uniform.sizes() != logits_in.sizes()) {
+    throw InvalidArgumentError("Top2GatingOnLogits: sampling_uniform must have the logits' shape");
+  }
+  const std::string& policy = o.second_expert_policy;
+  if (policy != "all" && policy != "sampling" && policy != "random") {
+    throw InvalidArgumentError(StrCat("Top2GatingOnLogits: second_expert_policy must be all, ",
+                                      "sampling or random, got '", policy, "'"));
+  }
+  const at::ScalarType dt = logits_in.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor logits = logits_in.to(dt);
+
+  int64_t C = o.expert_capacity_dim;
+  if (o.capacity_factor && *o.capacity_factor > 0) {
+    int64_t auto_capacity = static_cast<int64_t>((S * *o.capacity_factor) / E);
+    if (auto_capacity == 0) auto_capacity = 4;
+    if (C < auto_capacity) {
+      C = auto_capacity;
+      while (C % 4 != 0) ++C;
+    }
+  }
+  if (C <= 0) {
+    throw InvalidArgumentError(
+        "Top2GatingOnLogits: expert_capacity_dim must be > 0 (or set capacity_factor)");
+  }
+  summary::Scalar("expert_capacity", static_cast<double>(C));
+
+  const at::Tensor raw_gates = at::softmax(logits, -1);
+  const at::Tensor index_1 = raw_gates.argmax(-1);
+  at::Tensor mask_1 = OneHot(index_1, E, dt);
+  at::Tensor density_1_proxy = raw_gates;
+  at::Tensor importance;
+  if (o.importance.defined()) {
+    const at::Tensor is_one = (o.importance == 1.0).to(dt).unsqueeze(-1);
+    mask_1 = mask_1 * is_one;
+    density_1_proxy = density_1_proxy * is_one;
+    importance = o.importance.to(dt);
+  } else {
+    importance = at::ones({G, S}, logits.options());
+    if (paddings.defined()) {
+      const at::Tensor nonpaddings = 1.0 - paddings.to(dt);
+      mask_1 = mask_1 * nonpaddings.unsqueeze(-1);
+      density_1_proxy = density_1_proxy * nonpaddings.unsqueeze(-1);
+      importance = nonpaddings;
+    }
+  }
+  at::Tensor gate_1 = (raw_gates * mask_1).sum(-1);
+  const at::Tensor gates_without_top_1 = raw_gates * (1.0 - mask_1);
+
+  at::Tensor index_2;
+  if (policy == "sampling") {
+    const at::Tensor u = o.sampling_uniform.defined() ? o.sampling_uniform.to(dt)
+                                                      : Uniform({G, S, E}, dt, o.random_seed);
+    const at::Tensor noise = -at::log(-at::log(u));
+    const double very_negative = (dt == at::kDouble ? std::numeric_limits<double>::max()
+                                                    : std::numeric_limits<float>::max()) *
+                                 -0.7;
+    const at::Tensor updated = at::where(mask_1 > 0.0, at::full({}, very_negative, dt), logits);
+    index_2 = (updated + noise).argmax(-1);
+  } else {
+    index_2 = gates_without_top_1.argmax(-1);
+  }
+  at::Tensor mask_2 = OneHot(index_2, E, dt);
+  // As in Lingvo, importance gates the second expert only when paddings are given.
+  if (paddings.defined()) mask_2 = mask_2 * (importance > 0.0).to(dt).unsqueeze(-1);
+  at::Tensor gate_2 = (gates_without_top_1 * mask_2).sum(-1);
+
+  if (o.legacy_mtf_behavior) {
+    const at::Tensor denom = gate_1 + gate_2 + 1e-9;
+    gate_1 = gate_1 / denom;
+    gate_2 = gate_2 / denom;
+  }
+
+  at::Tensor position_in_expert_1 = ExclusiveCumsum(mask_1);
+  // Aux loss, before capacity: mean over experts of (fraction routed first) x (mean gate).
+  at::Tensor density_1 = mask_1.mean(1);
+  at::Tensor proxy = density_1_proxy.mean(1);
+  if (!o.legacy_mtf_behavior) {
+    const at::Tensor denom = importance.mean(1).unsqueeze(1) + 1e-6;
+    density_1 = density_1 / denom;
+    proxy = proxy / denom;
+  }
+  const at::Tensor aux_loss = (proxy * density_1).mean() * static_cast<double>(E * E);
+
+  const at::Tensor over_1 = OverCapacityRatio(mask_1, position_in_expert_1, C);
+  mask_1 = mask_1 * (position_in_expert_1 < static_cast<double>(C)).to(dt);
+  position_in_expert_1 = (position_in_expert_1 * mask_1).sum(-1);
+  const at::Tensor mask_1_count = mask_1.sum(1);  // [G, E]
+  const at::Tensor mask_1_flat = mask_1.sum(-1);  // [G, S]
+
+  if (policy == "random") {
+    const at::Tensor u = o.random_uniform.defined() ? o.random_uniform.to(dt)
+                                                    : Uniform({G, S}, dt, o.random_seed);
+    const at::Tensor sampled =
+        (u < gate_2 / std::max(o.second_expert_threshold, 1e-9)).to(dt).detach();
+    gate_2 = gate_2 * sampled;
+    mask_2 = mask_2 * sampled.unsqueeze(-1);
+  }
+  // Second choices queue behind every first choice of the same expert.
+  at::Tensor position_in_expert_2 = ExclusiveCumsum(mask_2) + mask_1_count.unsqueeze(1);
+  const at::Tensor over_2 = OverCapacityRatio(mask_2, position_in_expert_2, C);
+  mask_2 = mask_2 * (position_in_expert_2 < static_cast<double>(C)).to(dt);
+  position_in_expert_2 = (position_in_expert_2 * mask_2).sum(-1);
+  const at::Tensor mask_2_flat = mask_2.sum(-1);
+
+  gate_1 = gate_1 * mask_1_flat;
+  gate_2 = gate_2 * mask_2_flat;
+  if (!o.legacy_mtf_behavior) {
+    at::Tensor denom = gate_1 + gate_2;
+    denom = at::where(denom > 0.0, denom, at::ones_like(denom));
+    gate_1 = gate_1 / denom;
+    gate_2 = gate_2 / denom;
+  }
+
+  auto part = [&](const at::Tensor& gate, const at::Tensor& flat, const at::Tensor& index,
+                  const at::Tensor& position) {
+    const at::Tensor a = (gate * flat).unsqueeze(-1) * OneHot(index, E, dt);  // [G, S, E]
+    const at::Tensor b = OneHot(position.to(at::kLong), C, dt);                 // [G, S, C]
+    return a.unsqueeze(-1) * b.unsqueeze(2);                                    // [G, S, E, C]
+  };
+  const at::Tensor combine = part(gate_1, mask_1_flat, index_1, position_in_expert_1) +
+                             part(gate_2, mask_2_flat, index_2, position_in_expert_2);
+
+  summary::Scalar("over_capacity_1_ratio", over_1);
+  summary::Scalar("over_capacity_2_ratio", over_2);
+  Top2GatingOutput out;
+  out.aux_loss = aux_loss;
+  out.combine = combine.to(o.fprop_dtype);
+  out.dispatch = (combine != 0.0).to(o.fprop_dtype);
+  out.capacity = C;
+  out.over_capacity_1_ratio = over_1;
+  out.over_capacity_2_ratio = over_2;
+  return out;
+}
+
+// ---- TransformerShardedMoeLayer ----
+
+glossa::Params TransformerShardedMoeLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<TransformerShardedMoeLayer>());
+  p.Define("input_dim", 0, "Dimension of the layer input.");
+  p.Define("output_dim", 0, "Dimension of the layer output (0: input_dim).");
+  p.Define("hidden_dim", 0, "Hidden dimension of each expert.");
+  p.Define("activation", "RELU", "Non-linearity.");
+  p.Define("use_glu", false, "Gated linear unit: wi is [E, M, 2H], h = act(f) * g.");
+  p.Define("residual_dropout_prob", 0.0, "Dropout on the layer's output before the residual.");
+  p.Define("relu_dropout_prob", 0.0, "Dropout on the experts' hidden activations.");
+  p.Define("pre_layer_norm", true, "Layer norm before routing (else after the residual sum).");
+  p.Define("residual_weight", 1.0, "out = x + residual_weight * moe(x).");
+  p.Define("num_experts", 0, "Number of experts.");
+  p.Define("num_groups", 1,
+           "Groups the B*T tokens are split into; each group routes independently.");
+  p.Define("expert_capacity_dim", 0, "Examples per group per expert; 0: from the factor.");
+  p.Define("expert_capacity_factor", 1.5,
+           "Capacity over the uniform share (x2 for the two choices) when expert_capacity_dim "
+           "is 0.");
+  p.Define("second_expert_policy", "all", "How to pick the second expert: all, sampling, random.");
+  return p;
+}
+
+TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) : BaseLayer(p) {
+  const int64_t m = params().GetInt("input_dim"), h = params().GetInt("hidden_dim");
+  const int64_t out = params().GetInt("output_dim") > 0 ? params().GetInt("output_dim") : m;
+  const int64_t e = params().GetInt("num_experts");
+  auto fail = [&](const std::string& what) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ", what));
+  };
+  if (m <= 0 || h <= 0) fail("input_dim and hidden_dim must be > 0");
+  if (e < 2) fail(StrCat("num_experts must be >= 2, got ", e));
+  if (params().GetInt("num_groups") <= 0) fail("num_groups must be > 0");
+  if (params().GetInt("expert_capacity_dim") <= 0 &&
+      params().GetFloat("expert_capacity_factor") < 1.0) {
+    fail("set expert_capacity_dim > 0 or expert_capacity_factor >= 1");
+  }
+  if (out != m) fail("output_dim must equal input_dim (the residual connection)");
+  const std::string policy = params().GetString("second_expert_policy");
+  if (policy != "all" && policy != "sampling" && policy != "random") {
+    fail(StrCat("second_expert_policy must be all, sampling or random, got '", policy, "'"));
+  }
+  CheckActivation(params().GetString("activation"), path());
+  // Lingvo's initialization: uniform with scale sqrt(3 / fan_in).
+  const double gate_scale = std::sqrt(3.0 / static_cast<double>(m));
+  const DType dtype = params().Get("dtype").AsDType();
+  CreateVariable("gate", WeightParams({m, e}, WeightInit::Uniform(gate_scale), dtype));
+  const int64_t wi_out = params().GetBool("use_glu") ? 2 * h : h;
+  CreateVariable("wi", WeightParams({e, m, wi_out}, WeightInit::Uniform(gate_scale), dtype));
+  CreateVariable("wo", WeightParams({e, h, out},
+                                    WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
+                                    dtype));
+  CreateChild("layer_norm", LayerNorm::Params().Set("input_dim", m));
+  CreateChild("residual_dropout", DeterministicDropoutLayer::Params().Set(
+                                      "keep_prob", 1.0 - params().GetFloat("residual_dropout_prob")));
+  CreateChild("relu_dropout", DeterministicDropoutLayer::Params().Set(
+                                  "keep_prob", 1.0 - params().GetFloat("relu_dropout_prob")));
+}
+
+at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
+                                             const at::Tensor& paddings,
+                                             int64_t num_groups) const {
+  const int64_t m = params().GetInt("input_dim");
+  if (inputs.dim() != 3 || inputs.size(2) != m) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [B, T, ", m,
+                                      "], got ", ShapeOf(inputs)));
+  }
+  const int64_t b = inputs.size(0), t = inputs.size(1);
+  if (paddings.defined() && (paddings.dim() != 2 || paddings.size(0) != b || paddings.size(1) != t)) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [", b, ", ", t, "]"));
+  }
+  const int64_t g = num_groups > 0 ? num_groups : params().GetInt("num_groups");
+  if ((b * t) % g != 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ", b * t,
+                                      " tokens do not split into ", g, " groups"));
+  }
+  const int64_t s = b * t / g;
+  const bool pre_ln = params().GetBool("pre_layer_norm");
+  const auto& ln = GetChildAs<LayerNorm>("layer_norm");
+  const at::Tensor x = CastToFPropDtype(inputs);
+  const at::Tensor normalized = pre_ln ? ln.FProp(theta.at("layer_norm").AsMap(), x) : x;
+  const at::Tensor gsm = normalized.reshape({g, s, m});
+  // Gating in float32 for float32/bfloat16/half activations (Lingvo's ComputeGating with
+  // fprop_dtype float32), float64 for float64.
+  const at::ScalarType gating_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor gs_paddings =
+      paddings.defined() ? paddings.reshape({g, s}).to(gating_dtype) : at::Tensor();
+
+  const at::Tensor logits = at::einsum(
+      "gsm,me->gse", {gsm.to(gating_dtype), theta.GetTensor("gate").to(gating_dtype)});
+  Top2GatingOptions o;
+  o.expert_capacity_dim = params().GetInt("expert_capacity_dim");
+  if (o.expert_capacity_dim <= 0) o.capacity_factor = 2.0 * params().GetFloat("expert_capacity_factor");
+  o.second_expert_policy = params().GetString("second_expert_policy");
+  o.legacy_mtf_behavior = true;
+  o.fprop_dtype = x.scalar_type();
+  const ParamValue& seed = params().Get("random_seed");
+  if (!seed.is_none()) o.random_seed = seed.AsInt();
+  Top2GatingOutput gating;
+  {
+    SummaryNameScope scope(path());
+    gating = Top2GatingOnLogits(logits, gs_paddings, o);
+  }
+
+  const at::Tensor wi = theta.GetTensor("wi"), wo = theta.GetTensor("wo");
+  const at::Tensor expert_inputs = at::einsum("gsec,gsm->egcm", {gating.dispatch, gsm});
+  at::Tensor hidden = at::einsum("egcm,emh->egch", {expert_inputs, wi});
+  const std::string act = params().GetString("activation");
+  if (params().GetBool("use_glu")) {
+    auto halves = hidden.chunk(2, -1);
+    hidden = Activate(act, halves[0]) * halves[1];
+  } else {
+    hidden = Activate(act, hidden);
+  }
+  hidden = GetChildAs<DropoutLayer>("relu_dropout").FProp(theta.at("relu_dropout").AsMap(), hidden);
+  const at::Tensor expert_outputs = at::einsum("egch,ehm->gecm", {hidden, wo});
+  at::Tensor combined =
+      at::einsum("gsec,gecm->gsm", {gating.combine, expert_outputs}).reshape({b, t, m});
+  if (paddings.defined()) combined = combined * (1.0 - paddings.to(combined.scalar_type())).unsqueeze(-1);
+  combined = GetChildAs<DropoutLayer>("residual_dropout")
+                 .FProp(theta.at("residual_dropout").AsMap(), combined);
+  at::Tensor out = x + combined * params().GetFloat("residual_weight");
+  if (!pre_ln) out = ln.FProp(theta.at("layer_norm").AsMap(), out);
+  AuxLossContext::AddLoss(gating.aux_loss);
+  return out;
+}
+
+GLOSSA_REGISTER_CLASS(TransformerShardedMoeLayer, "glossa.layers.TransformerShardedMoeLayer");
+
+}  // namespace glossa
