@@ -86,8 +86,8 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tenso
   }
   auto check_gs = [&](const at::Tensor& t, const char* what) {
     if (t.defined() && (t.dim() != 2 || t.size(0) != G || t.size(1) != S)) {
-      throw InvalidArgumentError(StrCat("Top2GatingOnLogits: ", what, " must be [", G, ", ", S,
-                                        "], got ", ShapeOf(t)));
+      throw InvalidArgumentError(
+          StrCat("Top2GatingOnLogits: ", what, " must be [", G, ", ", S, "], got ", ShapeOf(t)));
     }
   };
   check_gs(paddings, "paddings");
@@ -183,8 +183,8 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tenso
   const at::Tensor mask_1_flat = mask_1.sum(-1);  // [G, S]
 
   if (policy == "random") {
-    const at::Tensor u = o.random_uniform.defined() ? o.random_uniform.to(dt)
-                                                    : Uniform({G, S}, dt, o.random_seed);
+    const at::Tensor u =
+        o.random_uniform.defined() ? o.random_uniform.to(dt) : Uniform({G, S}, dt, o.random_seed);
     const at::Tensor sampled =
         (u < gate_2 / std::max(o.second_expert_threshold, 1e-9)).to(dt).detach();
     gate_2 = gate_2 * sampled;
@@ -209,8 +209,8 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tenso
   auto part = [&](const at::Tensor& gate, const at::Tensor& flat, const at::Tensor& index,
                   const at::Tensor& position) {
     const at::Tensor a = (gate * flat).unsqueeze(-1) * OneHot(index, E, dt);  // [G, S, E]
-    const at::Tensor b = OneHot(position.to(at::kLong), C, dt);                 // [G, S, C]
-    return a.unsqueeze(-1) * b.unsqueeze(2);                                    // [G, S, E, C]
+    const at::Tensor b = OneHot(position.to(at::kLong), C, dt);               // [G, S, C]
+    return a.unsqueeze(-1) * b.unsqueeze(2);                                  // [G, S, E, C]
   };
   const at::Tensor combine = part(gate_1, mask_1_flat, index_1, position_in_expert_1) +
                              part(gate_2, mask_2_flat, index_2, position_in_expert_2);
@@ -278,32 +278,33 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   CreateVariable("gate", WeightParams({m, e}, WeightInit::Uniform(gate_scale), dtype));
   const int64_t wi_out = params().GetBool("use_glu") ? 2 * h : h;
   CreateVariable("wi", WeightParams({e, m, wi_out}, WeightInit::Uniform(gate_scale), dtype));
-  CreateVariable("wo", WeightParams({e, h, out},
-                                    WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
-                                    dtype));
+  CreateVariable(
+      "wo", WeightParams({e, h, out}, WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
+                         dtype));
   CreateChild("layer_norm", LayerNorm::Params().Set("input_dim", m));
-  CreateChild("residual_dropout", DeterministicDropoutLayer::Params().Set(
-                                      "keep_prob", 1.0 - params().GetFloat("residual_dropout_prob")));
+  CreateChild("residual_dropout",
+              DeterministicDropoutLayer::Params().Set(
+                  "keep_prob", 1.0 - params().GetFloat("residual_dropout_prob")));
   CreateChild("relu_dropout", DeterministicDropoutLayer::Params().Set(
                                   "keep_prob", 1.0 - params().GetFloat("relu_dropout_prob")));
 }
 
 at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
-                                             const at::Tensor& paddings,
-                                             int64_t num_groups) const {
+                                             const at::Tensor& paddings, int64_t num_groups) const {
   const int64_t m = params().GetInt("input_dim");
   if (inputs.dim() != 3 || inputs.size(2) != m) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [B, T, ", m,
-                                      "], got ", ShapeOf(inputs)));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': inputs must be [B, T, ", m, "], got ", ShapeOf(inputs)));
   }
   const int64_t b = inputs.size(0), t = inputs.size(1);
-  if (paddings.defined() && (paddings.dim() != 2 || paddings.size(0) != b || paddings.size(1) != t)) {
+  if (paddings.defined() &&
+      (paddings.dim() != 2 || paddings.size(0) != b || paddings.size(1) != t)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [", b, ", ", t, "]"));
   }
   const int64_t g = num_groups > 0 ? num_groups : params().GetInt("num_groups");
   if ((b * t) % g != 0) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': ", b * t,
-                                      " tokens do not split into ", g, " groups"));
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': ", b * t, " tokens do not split into ", g, " groups"));
   }
   const int64_t s = b * t / g;
   const bool pre_ln = params().GetBool("pre_layer_norm");
@@ -317,11 +318,12 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
   const at::Tensor gs_paddings =
       paddings.defined() ? paddings.reshape({g, s}).to(gating_dtype) : at::Tensor();
 
-  const at::Tensor logits = at::einsum(
-      "gsm,me->gse", {gsm.to(gating_dtype), theta.GetTensor("gate").to(gating_dtype)});
+  const at::Tensor logits =
+      at::einsum("gsm,me->gse", {gsm.to(gating_dtype), theta.GetTensor("gate").to(gating_dtype)});
   Top2GatingOptions o;
   o.expert_capacity_dim = params().GetInt("expert_capacity_dim");
-  if (o.expert_capacity_dim <= 0) o.capacity_factor = 2.0 * params().GetFloat("expert_capacity_factor");
+  if (o.expert_capacity_dim <= 0)
+    o.capacity_factor = 2.0 * params().GetFloat("expert_capacity_factor");
   o.second_expert_policy = params().GetString("second_expert_policy");
   o.legacy_mtf_behavior = true;
   o.fprop_dtype = x.scalar_type();
@@ -347,7 +349,8 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
   const at::Tensor expert_outputs = at::einsum("egch,ehm->gecm", {hidden, wo});
   at::Tensor combined =
       at::einsum("gsec,gecm->gsm", {gating.combine, expert_outputs}).reshape({b, t, m});
-  if (paddings.defined()) combined = combined * (1.0 - paddings.to(combined.scalar_type())).unsqueeze(-1);
+  if (paddings.defined())
+    combined = combined * (1.0 - paddings.to(combined.scalar_type())).unsqueeze(-1);
   combined = GetChildAs<DropoutLayer>("residual_dropout")
                  .FProp(theta.at("residual_dropout").AsMap(), combined);
   at::Tensor out = x + combined * params().GetFloat("residual_weight");

@@ -5,10 +5,10 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "glossa/base/errors.h"
 #include "glossa/core/step_seed.h"
@@ -146,8 +146,10 @@ TEST(Top2Gating, RejectsBadInputs) {
 std::unique_ptr<TransformerShardedMoeLayer> MakeMoe(const std::string& extra = "") {
   Params p = TransformerShardedMoeLayer::Params();
   p.Set("name", "moe").Set("random_seed", 11).Set("dtype", DType::kFloat64);
-  p.FromText("input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_groups : 2\n"
-             "expert_capacity_dim : 3\n" + extra);
+  p.FromText(
+      "input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_groups : 2\n"
+      "expert_capacity_dim : 3\n" +
+      extra);
   return InstantiateLayer<TransformerShardedMoeLayer>(p);
 }
 
@@ -250,17 +252,18 @@ TEST(TransformerShardedMoeLayer, MoeTransformerLmTrains) {
   p.Set("train.learner.lr_schedule", ConstantSchedule::Params());
   auto lm = InstantiateLayer<TransformerLmTask>(p);
   // Layer 1 of 2 is MoE (every 2nd); layer 0 stays dense.
-  EXPECT_NE(dynamic_cast<TransformerShardedMoeLayer*>(
-                &lm->GetDescendant("stack.x_layers[1].fflayer")),
-            nullptr);
-  EXPECT_EQ(dynamic_cast<TransformerShardedMoeLayer*>(
-                &lm->GetDescendant("stack.x_layers[0].fflayer")),
-            nullptr);
+  EXPECT_NE(
+      dynamic_cast<TransformerShardedMoeLayer*>(&lm->GetDescendant("stack.x_layers[1].fflayer")),
+      nullptr);
+  EXPECT_EQ(
+      dynamic_cast<TransformerShardedMoeLayer*>(&lm->GetDescendant("stack.x_layers[0].fflayer")),
+      nullptr);
   // A cyclic sequence: next token = (token + 1) mod 10 + 1.
   at::Tensor ids = (at::arange(16, at::kLong).view({1, 16}) + at::arange(4, at::kLong).view({4, 1}))
-                       .remainder(10) + 1;
-  NestedMap batch{{"ids", ids}, {"labels", ids.remainder(10) + 1},
-                  {"paddings", at::zeros({4, 16})}};
+                       .remainder(10) +
+                   1;
+  NestedMap batch{
+      {"ids", ids}, {"labels", ids.remainder(10) + 1}, {"paddings", at::zeros({4, 16})}};
   const auto vars = LearnerVariables(*lm);
   const at::Tensor wi_before =
       lm->GetDescendant("stack.x_layers[1].fflayer").vars().GetTensor("wi").clone();

@@ -1,0 +1,220 @@
+#include "glossa/layers/revnet.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <memory>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
+#include "glossa/layers/custom_gradient.h"
+#include "glossa/layers/layer_fn.h"
+
+namespace glossa {
+namespace {
+
+// Fresh leaves that require gradients, for recomputing a block under autograd.
+NestedMap Leaves(const NestedMap& theta) {
+  return theta.Transform([](const NestedValue& v) -> NestedValue {
+    if (!v.is_tensor()) return v;
+    const at::Tensor& t = v.AsTensor();
+    return t.detach().requires_grad_(at::isFloatingType(t.scalar_type()));
+  });
+}
+
+// d(out)/d(inputs) · grad_out, with zeros for inputs the output does not depend on.
+std::vector<at::Tensor> Grads(const at::Tensor& out, const std::vector<at::Tensor>& inputs,
+                              const at::Tensor& grad_out) {
+  std::vector<at::Tensor> wrt, grads(inputs.size());
+  std::vector<size_t> index;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].requires_grad()) {
+      wrt.push_back(inputs[i]);
+      index.push_back(i);
+    }
+  }
+  if (out.requires_grad() && !wrt.empty()) {
+    auto g = torch::autograd::grad({out}, wrt, {grad_out}, /*retain_graph=*/false,
+                                   /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t k = 0; k < g.size(); ++k) grads[index[k]] = g[k];
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!grads[i].defined()) grads[i] = at::zeros_like(inputs[i]);
+  }
+  return grads;
+}
+
+}  // namespace
+
+glossa::Params RevNetLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<RevNetLayer>());
+  p.Define("f_params", nullptr, "Params of the f block (a shape-preserving layer).");
+  p.Define("g_params", nullptr, "Params of the g block (a shape-preserving layer).");
+  return p;
+}
+
+RevNetLayer::RevNetLayer(const glossa::Params& p) : BaseLayer(p) {
+  for (const char* key : {"f_params", "g_params"}) {
+    if (!params().Get(key).is_params()) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ", key, " must be set"));
+    }
+  }
+  CreateChild("f_block", params().Get("f_params").AsParams());
+  CreateChild("g_block", params().Get("g_params").AsParams());
+  for (const char* child : {"f_block", "g_block"}) {
+    if (!HasLayerFn(GetChild(child))) {
+      throw InvalidArgumentError(StrCat("layer '", GetChild(child).path(), "' (",
+                                        GetChild(child).params().ClsKey(),
+                                        ") cannot be a RevNet block; register it with "
+                                        "RegisterLayerFn"));
+    }
+  }
+}
+
+RevNetLayer::Output RevNetLayer::FProp(const NestedMap& theta, const at::Tensor& x1,
+                                       const at::Tensor& x2) const {
+  if (!x1.sizes().equals(x2.sizes())) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': the two halves must have one shape"));
+  }
+  Output out;
+  out.f_seed = GetStepSeed();
+  out.y1 = x1 + ApplyLayerFn(GetChild("f_block"), theta.at("f_block").AsMap(), x2);
+  out.g_seed = GetStepSeed();
+  out.y2 = x2 + ApplyLayerFn(GetChild("g_block"), theta.at("g_block").AsMap(), out.y1);
+  return out;
+}
+
+RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const at::Tensor& y1,
+                                                  const at::Tensor& y2, const at::Tensor& dy1,
+                                                  const at::Tensor& dy2, int64_t f_seed,
+                                                  int64_t g_seed) const {
+  at::AutoGradMode grad_mode(true);
+  const NestedMap theta_f = Leaves(theta.at("f_block").AsMap());
+  const NestedMap theta_g = Leaves(theta.at("g_block").AsMap());
+  // Reverse: x2 = y2 - g(y1), then x1 = y1 - f(x2), replaying each block's step seed.
+  const at::Tensor z1 = y1.detach().requires_grad_(true);
+  ResetStepSeed(g_seed);
+  const at::Tensor gz1 = ApplyLayerFn(GetChild("g_block"), theta_g, z1);
+  const at::Tensor x2 = (y2.detach() - gz1.detach()).requires_grad_(true);
+  ResetStepSeed(f_seed);
+  const at::Tensor fx2 = ApplyLayerFn(GetChild("f_block"), theta_f, x2);
+  Reversed r;
+  r.x1 = z1.detach() - fx2.detach();
+  r.x2 = x2.detach();
+  // Gradients: dz1 = dy1 + (dg/dz1)ᵀ dy2, dx2 = dy2 + (df/dx2)ᵀ dz1.
+  std::vector<at::Tensor> g_in = {z1};
+  for (const auto& t : theta_g.FlattenTensors()) g_in.push_back(t);
+  std::vector<at::Tensor> g_grads = Grads(gz1, g_in, dy2);
+  const at::Tensor dz1 = dy1 + g_grads[0];
+  std::vector<at::Tensor> f_in = {x2};
+  for (const auto& t : theta_f.FlattenTensors()) f_in.push_back(t);
+  std::vector<at::Tensor> f_grads = Grads(fx2, f_in, dz1);
+  r.dx1 = dz1;
+  r.dx2 = dy2 + f_grads[0];
+  r.d_theta.Set("f_block",
+                theta_f.Pack(std::vector<at::Tensor>(f_grads.begin() + 1, f_grads.end())));
+  r.d_theta.Set("g_block",
+                theta_g.Pack(std::vector<at::Tensor>(g_grads.begin() + 1, g_grads.end())));
+  return r;
+}
+
+glossa::Params StackedRevNetLayer::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<StackedRevNetLayer>());
+  p.Define("sub_layer_params", ParamValue::List{}, "A list of RevNetLayer Params.");
+  p.Define("custom_gradient", true,
+           "True: the backward pass rebuilds activations layer by layer from the outputs "
+           "(memory flat in depth); False: plain autograd (for tests and benchmarks).");
+  return p;
+}
+
+StackedRevNetLayer::StackedRevNetLayer(const glossa::Params& p) : BaseLayer(p) {
+  const ParamValue& sub = params().Get("sub_layer_params");
+  if (!sub.is_list() || sub.AsList().empty()) {
+    throw InvalidArgumentError(
+        StrCat("layer '", path(), "': sub_layer_params must be a non-empty list"));
+  }
+  CreateChildren("sub_layers", sub);
+  layers_ = GetChildren("sub_layers");
+  for (const BaseLayer* l : layers_) {
+    if (dynamic_cast<const RevNetLayer*>(l) == nullptr) {
+      throw InvalidArgumentError(StrCat("layer '", l->path(), "' is not a RevNetLayer"));
+    }
+  }
+}
+
+const RevNetLayer& StackedRevNetLayer::Layer(size_t i) const {
+  return *static_cast<const RevNetLayer*>(layers_[i]);
+}
+
+std::pair<at::Tensor, at::Tensor> StackedRevNetLayer::FProp(const NestedMap& theta,
+                                                            const at::Tensor& x1,
+                                                            const at::Tensor& x2) const {
+  const auto& thetas = theta.at("sub_layers").AsList();
+  if (!params().GetBool("custom_gradient")) {
+    at::Tensor a1 = x1, a2 = x2;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      auto out = Layer(i).FProp(thetas[i].AsMap(), a1, a2);
+      a1 = out.y1;
+      a2 = out.y2;
+    }
+    return {a1, a2};
+  }
+  // The forward runs without autograd history; its step seeds are recorded for the backward.
+  struct Seeds {
+    std::vector<std::pair<int64_t, int64_t>> per_layer;
+    int64_t end = 0;
+  };
+  auto seeds = std::make_shared<Seeds>();
+  const int64_t initial_seed = GetStepSeed();
+  NestedMap xs;
+  xs.Set("theta", theta.at("sub_layers"));
+  xs.Set("x1", x1);
+  xs.Set("x2", x2);
+  // The lambdas outlive this call (bak runs in the backward pass): they capture `this` only.
+  auto fwd = [this, seeds, initial_seed](const NestedMap& in) {
+    ResetStepSeed(initial_seed);
+    seeds->per_layer.clear();
+    const auto& th = in.at("theta").AsList();
+    at::Tensor a1 = in.GetTensor("x1"), a2 = in.GetTensor("x2");
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      auto out = Layer(i).FProp(th[i].AsMap(), a1, a2);
+      seeds->per_layer.emplace_back(out.f_seed, out.g_seed);
+      a1 = out.y1;
+      a2 = out.y2;
+    }
+    seeds->end = GetStepSeed();
+    return NestedMap{{"y1", a1}, {"y2", a2}};
+  };
+  auto bak = [this, seeds](const NestedMap& in, const NestedMap& ys, const NestedMap& dys) {
+    const auto& th = in.at("theta").AsList();
+    at::Tensor y1 = ys.GetTensor("y1"), y2 = ys.GetTensor("y2");
+    at::Tensor dy1 = dys.GetTensor("y1"), dy2 = dys.GetTensor("y2");
+    NestedValue::List d_thetas(layers_.size());
+    for (size_t i = layers_.size(); i-- > 0;) {
+      auto r = Layer(i).ReverseAndGrad(th[i].AsMap(), y1, y2, dy1, dy2, seeds->per_layer[i].first,
+                                       seeds->per_layer[i].second);
+      d_thetas[i] = std::move(r.d_theta);
+      y1 = r.x1;
+      y2 = r.x2;
+      dy1 = r.dx1;
+      dy2 = r.dx2;
+    }
+    NestedMap dxs;
+    dxs.Set("theta", std::move(d_thetas));
+    dxs.Set("x1", dy1);
+    dxs.Set("x2", dy2);
+    return dxs;
+  };
+  NestedMap ys = CallWithCustomGradient(fwd, bak, xs);
+  // Leave the step seed where the plain stack would, so later layers draw the same seeds.
+  ResetStepSeed(seeds->end);
+  return {ys.GetTensor("y1"), ys.GetTensor("y2")};
+}
+
+GLOSSA_REGISTER_CLASS(RevNetLayer, "glossa.layers.RevNetLayer");
+GLOSSA_REGISTER_CLASS(StackedRevNetLayer, "glossa.layers.StackedRevNetLayer");
+
+}  // namespace glossa
