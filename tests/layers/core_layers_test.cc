@@ -11,6 +11,7 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/linear.h"
 #include "glossa/layers/normalization.h"
+#include "glossa/layers/revnet.h"
 #include "glossa/layers/rnn.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
@@ -330,6 +331,20 @@ TEST(Registry, EveryRegisteredLayerInstantiatesUnderStubs) {
       {"glossa.layers.LSTMCellSimple", "num_input_nodes : 2\nnum_output_nodes : 2"},
       {"glossa.layers.RNNLayer", "cell.num_input_nodes : 2\ncell.num_output_nodes : 2"},
       {"glossa.layers.StackedRNN", "num_input_nodes : 2\nnum_output_nodes : 2"},
+      {"glossa.layers.TransformerShardedMoeLayer",
+       "input_dim : 2\nhidden_dim : 4\nnum_experts : 2"},
+      {"glossa.layers.GPipeTransformerStack", "model_dim : 2\nhidden_dim : 4"},
+  };
+  // Containers get their sub-layer Params set directly.
+  const Params fc = FCLayer::Params().Set("input_dim", 2).Set("output_dim", 2);
+  const ParamValue::List one_fc = {ParamValue(fc)};
+  const Params rev = RevNetLayer::Params().Set("f_params", fc).Set("g_params", fc);
+  const std::map<std::string, std::function<void(Params&)>> setups = {
+      {"glossa.layers.SequentialLayer", [&](Params& p) { p.Set("sub", one_fc); }},
+      {"glossa.layers.PipeliningLayer", [&](Params& p) { p.Set("cell_tpl", one_fc); }},
+      {"glossa.layers.RevNetLayer", [&](Params& p) { p.Set("f_params", fc).Set("g_params", fc); }},
+      {"glossa.layers.StackedRevNetLayer",
+       [&](Params& p) { p.Set("sub_layer_params", ParamValue::List{ParamValue(rev)}); }},
   };
   VariableStubScope stubs;
   int built = 0;
@@ -338,6 +353,7 @@ TEST(Registry, EveryRegisteredLayerInstantiatesUnderStubs) {
     Params p = ClassRegistry::Get(key).default_params();
     p.Set("name", "x");
     if (dims.count(key)) p.FromText(dims.at(key));
+    if (setups.count(key)) setups.at(key)(p);
     EXPECT_NO_THROW(p.Instantiate<BaseLayer>()) << key;
     ++built;
   }

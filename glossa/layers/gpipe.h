@@ -1,0 +1,61 @@
+// GPipe pipelining (Lingvo's PipeliningLayer and GPipeTransformerStack). The cells (layers applied
+// in order through ApplyLayerFn) are split into stages; the batch is split into micro-batches
+// along batch_dim; each stage runs on its own thread and passes micro-batch activations to the
+// next stage over a Channel, so stages work on different micro-batches at the same time. The
+// backward pass runs the same pipeline in reverse (gradients flow back over channels), recomputing
+// each stage's forward from its saved input micro-batch (GPipe's re-materialization: only stage
+// boundaries are kept between the passes).
+//
+// Randomness: micro-batch t runs with the overwrite global step global_step · num_micro_batches
+// + t, and each cell starts from the step seed GenerateSeedFromName(cell path), so dropout masks
+// differ per micro-batch and replay exactly in the backward pass. Accumulators count once per
+// micro-batch (they are disabled while the backward recomputes).
+//
+//   auto p = GPipeTransformerStack::Params();
+//   p.Set("name", "stack").Set("num_layers", 8).Set("model_dim", 64).Set("num_heads", 4)
+//    .Set("hidden_dim", 256).Set("splits", 4).Set("num_micro_batches", 4);
+//   at::Tensor y = stack->FProp(stack->theta(), x /*[B, T, 64]*/, paddings /*[B, T]*/);
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "glossa/layers/base_layer.h"
+
+namespace glossa {
+
+class PipeliningLayer : public BaseLayer {
+ public:
+  // + cell_tpl (list of cell Params), num_stages (0: one stage per cell; cells split evenly),
+  // stage_ends (increasing cell end indices, the last = the cell count; overrides num_stages),
+  // num_micro_batches (1), micro_batch_size (None: batch / num_micro_batches), batch_dim (0).
+  static glossa::Params Params();
+  explicit PipeliningLayer(const glossa::Params& p);
+
+  // inputs: the batch along batch_dim; paddings ([B, T], or undefined) go to every cell, split
+  // like the inputs. Cells must keep the activation's shape (the channels check it).
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
+                   const at::Tensor& paddings = {}) const;
+
+  int64_t num_stages() const { return static_cast<int64_t>(ends_.size()); }
+  // Cell end index (exclusive) of each stage.
+  const std::vector<int64_t>& stage_ends() const { return ends_; }
+
+ private:
+  std::vector<BaseLayer*> cells_;
+  std::vector<int64_t> ends_;
+};
+
+// A stack of TransformerLayers pipelined over stages.
+class GPipeTransformerStack : public PipeliningLayer {
+ public:
+  // + num_layers, model_dim, num_heads, hidden_dim, mask_self_atten, atten_dropout_prob,
+  // residual_dropout_prob, relu_dropout_prob, pre_layer_norm, activation, splits (an int: that
+  // many stages with the layers split evenly; or a list of increasing end indices whose last is
+  // num_layers), num_micro_batches, micro_batch_size, batch_dim.
+  static glossa::Params Params();
+  explicit GPipeTransformerStack(const glossa::Params& p);
+};
+
+}  // namespace glossa

@@ -1,0 +1,263 @@
+// Channels and GPipe: the pipelined stack against the same cells run one micro-batch at a time
+// (and against the plain whole-batch stack without dropout), outputs and gradients, for 1, 2 and 4
+// stages and 1, 2 and 4 micro-batches, dropout off and on; accumulators, failures, validation.
+#include "glossa/layers/gpipe.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
+#include "glossa/layers/channel.h"
+#include "glossa/layers/layer_fn.h"
+#include "glossa/layers/transformer.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+TEST(Channel, DeliversInOrderAcrossThreads) {
+  Channel ch("a->b", at::kFloat, {2}, "a", "b");
+  std::thread sender([&] {
+    for (int i = 0; i < 50; ++i) ch.Send(at::full({2}, static_cast<double>(i)));
+  });
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(ch.Recv()[0].item<double>(), i);
+  sender.join();
+}
+
+TEST(Channel, ChecksDtypeAndShapeAndUnblocksOnClose) {
+  Channel ch("enc->dec", at::kFloat, {2, 3}, "enc", "dec");
+  EXPECT_ERROR_CONTAINS(ch.Send(at::zeros({2, 4})), InvalidArgumentError,
+                        "channel 'enc->dec' (enc -> dec) carries Float[2, 3], got Float[2, 4]");
+  EXPECT_ERROR_CONTAINS(ch.Send(at::zeros({2, 3}, at::kDouble)), InvalidArgumentError,
+                        "got Double[2, 3]");
+  std::atomic<bool> threw{false};
+  std::thread receiver([&] {
+    try {
+      ch.Recv();
+    } catch (const AbortedError& e) {
+      threw = std::string(e.what()).find("stage 1 failed") != std::string::npos;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ch.Close("stage 1 failed");
+  receiver.join();
+  EXPECT_TRUE(threw);
+}
+
+constexpr int64_t kLayers = 4, kDim = 8;
+
+Params StackParams(int64_t stages, int64_t micro_batches, double dropout) {
+  Params p = GPipeTransformerStack::Params();
+  p.Set("name", "gpipe").Set("random_seed", 9).Set("dtype", DType::kFloat64);
+  p.Set("num_layers", kLayers).Set("model_dim", kDim).Set("num_heads", 2).Set("hidden_dim", 16);
+  p.Set("mask_self_atten", true);
+  p.Set("residual_dropout_prob", dropout).Set("atten_dropout_prob", dropout);
+  p.Set("splits", stages).Set("num_micro_batches", micro_batches);
+  return p;
+}
+
+struct Result {
+  std::vector<at::Tensor> tensors;  // y, dx, then every weight gradient
+};
+
+// Forward and backward of `forward` at global step 3; the loss weights are fixed.
+Result ForwardBackward(
+    const NestedMap& theta, const at::Tensor& x,
+    const std::function<at::Tensor(const NestedMap&, const at::Tensor&)>& forward) {
+  GlobalStepContext step(3);
+  at::Tensor xin = x.detach().requires_grad_(true);
+  at::Tensor y = forward(theta, xin);
+  at::Tensor w = at::cos(at::arange(y.numel(), at::kDouble)).view(y.sizes());
+  std::vector<at::Tensor> wrt = {xin};
+  for (const auto& t : theta.FlattenTensors()) wrt.push_back(t);
+  Result r;
+  r.tensors.push_back(y.detach());
+  for (auto& g : torch::autograd::grad({(y * w).sum()}, wrt)) r.tensors.push_back(g);
+  return r;
+}
+
+// The reference: the same cells, one micro-batch at a time on this thread, with the pipeline's
+// seeds (overwrite global step = step · M + t, each cell from the seed of its name).
+at::Tensor Reference(const PipeliningLayer& layer, const NestedMap& theta, const at::Tensor& x,
+                     const at::Tensor& paddings, int64_t m) {
+  const int64_t size = x.size(0) / m;
+  const auto cells = layer.GetChildren("cells");
+  const auto& thetas = theta.at("cells").AsList();
+  std::vector<at::Tensor> outs;
+  for (int64_t t = 0; t < m; ++t) {
+    SetOverWriteGlobalStep(GetGlobalStep() * m + t);
+    at::Tensor h = x.narrow(0, t * size, size);
+    for (size_t c = 0; c < cells.size(); ++c) {
+      ResetStepSeed(GenerateSeedFromName(cells[c]->path()));
+      h = static_cast<const TransformerLayer*>(cells[c])
+              ->FProp(thetas[c].AsMap(), h, paddings.narrow(0, t * size, size))
+              .first;
+    }
+    ClearOverWriteGlobalStep();
+    outs.push_back(h);
+  }
+  return at::cat(outs, 0);
+}
+
+void ExpectSame(const Result& a, const Result& b) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    EXPECT_TRUE(at::allclose(a.tensors[i], b.tensors[i], 1e-10, 1e-12)) << "tensor " << i;
+  }
+}
+
+TEST(GPipeTransformerStack, MatchesTheCellsRunMicroBatchByMicroBatch) {
+  at::Tensor x = at::randn({4, 5, kDim}, at::kDouble);
+  at::Tensor paddings = at::zeros({4, 5});
+  paddings[1][4] = 1.0;
+  paddings[3][3] = 1.0;
+  for (double dropout : {0.0, 0.3}) {
+    for (int64_t stages : {1, 2, 4}) {
+      for (int64_t m : {1, 2, 4}) {
+        SCOPED_TRACE(StrCat("dropout ", dropout, " stages ", stages, " micro-batches ", m));
+        auto layer = InstantiateLayer<GPipeTransformerStack>(StackParams(stages, m, dropout));
+        ASSERT_EQ(layer->num_stages(), stages);
+        NestedMap theta = layer->theta();
+        Result piped = ForwardBackward(theta, x, [&](const NestedMap& th, const at::Tensor& in) {
+          return layer->FProp(th, in, paddings);
+        });
+        Result ref = ForwardBackward(theta, x, [&](const NestedMap& th, const at::Tensor& in) {
+          return Reference(*layer, th, in, paddings, m);
+        });
+        ExpectSame(piped, ref);
+        if (dropout == 0.0) {
+          // Without dropout, also the plain stack on the whole batch.
+          Result whole = ForwardBackward(theta, x, [&](const NestedMap& th, const at::Tensor& in) {
+            return Reference(*layer, th, in, paddings, 1);
+          });
+          ExpectSame(piped, whole);
+        }
+      }
+    }
+  }
+  // Dropout is on, and its masks differ per micro-batch: 1 and 2 micro-batches differ.
+  auto one = InstantiateLayer<GPipeTransformerStack>(StackParams(2, 1, 0.3));
+  auto two = InstantiateLayer<GPipeTransformerStack>(StackParams(2, 2, 0.3));
+  GlobalStepContext step(3);
+  EXPECT_FALSE(
+      at::allclose(one->FProp(one->theta(), x, paddings), two->FProp(two->theta(), x, paddings)));
+}
+
+TEST(GPipeTransformerStack, SplitsAsEndIndices) {
+  Params p = StackParams(1, 2, 0.0);
+  p.Set("splits", ParamValue::List{ParamValue(int64_t{1}), ParamValue(int64_t{4})});
+  auto layer = InstantiateLayer<GPipeTransformerStack>(p);
+  EXPECT_EQ(layer->stage_ends(), (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(InstantiateLayer<GPipeTransformerStack>(StackParams(3, 1, 0.0))->stage_ends(),
+            (std::vector<int64_t>{2, 3, 4}));
+}
+
+TEST(GPipeTransformerStack, RejectsBadSplitsAndMicroBatches) {
+  Params p = StackParams(1, 1, 0.0);
+  p.Set("splits", ParamValue::List{ParamValue(int64_t{2}), ParamValue(int64_t{2})});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<GPipeTransformerStack>(p), InvalidArgumentError,
+                        "splits must be increasing and > 0, got 2 after 2");
+  p.Set("splits", ParamValue::List{ParamValue(int64_t{1}), ParamValue(int64_t{3})});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<GPipeTransformerStack>(p), InvalidArgumentError,
+                        "the last split must equal num_layers 4, got 3");
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<GPipeTransformerStack>(StackParams(5, 1, 0.0)),
+                        InvalidArgumentError, "splits must be in [1, num_layers 4], got 5");
+  auto three = InstantiateLayer<GPipeTransformerStack>(StackParams(2, 3, 0.0));
+  EXPECT_ERROR_CONTAINS(three->FProp(three->theta(), at::randn({4, 5, kDim}, at::kDouble)),
+                        InvalidArgumentError, "the batch 4 does not split into 3 micro-batches");
+  Params q = StackParams(2, 3, 0.0);
+  q.Set("micro_batch_size", 2);
+  auto mbs = InstantiateLayer<GPipeTransformerStack>(q);
+  EXPECT_ERROR_CONTAINS(mbs->FProp(mbs->theta(), at::randn({4, 5, kDim}, at::kDouble)),
+                        InvalidArgumentError,
+                        "micro_batch_size 2 x num_micro_batches 3 does not match the batch 4");
+  q.Set("num_micro_batches", 1);  // micro_batch_size alone sets the count: 4 / 2
+  auto ok = InstantiateLayer<GPipeTransformerStack>(q);
+  EXPECT_EQ(ok->FProp(ok->theta(), at::randn({4, 5, kDim}, at::kDouble)).sizes(),
+            (std::vector<int64_t>{4, 5, kDim}));
+}
+
+// A cell that multiplies by a weight, counts its calls in an accumulator and can fail.
+class CountingAccumulator : public Accumulator {
+ public:
+  at::Tensor DefaultValue() const override { return at::zeros({}); }
+};
+
+class CountingCell : public BaseLayer {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = BaseLayer::Params();
+    p.Set("cls", ClsOf<CountingCell>());
+    p.Define("fail_after", -1, "Throw on this many-th call (-1: never).");
+    return p;
+  }
+  explicit CountingCell(const glossa::Params& p) : BaseLayer(p) {
+    CreateVariable("w", WeightParams({3}, WeightInit::Constant(2.0)));
+    RegisterAccumulator("count", std::make_unique<CountingAccumulator>());
+  }
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
+    Accumulator& acc = GetAccumulator("count");
+    acc.SetValue(acc.GetValue() + 1);
+    if (++calls_ == params().GetInt("fail_after")) {
+      throw InternalError(StrCat("cell '", path(), "' failed"));
+    }
+    return x * theta.GetTensor("w");
+  }
+
+ private:
+  mutable std::atomic<int64_t> calls_{0};
+};
+GLOSSA_REGISTER_CLASS(CountingCell, "glossa.testing.CountingCell");
+
+const bool kCountingCellRegistered = [] {
+  RegisterLayerFn<CountingCell>([](const CountingCell& l, const NestedMap& theta,
+                                   const at::Tensor& x,
+                                   const at::Tensor&) { return l.FProp(theta, x); });
+  return true;
+}();
+
+std::unique_ptr<PipeliningLayer> CountingPipeline(int64_t fail_after) {
+  ParamValue::List cells;
+  for (int i = 0; i < 3; ++i) cells.push_back(CountingCell::Params().Set("fail_after", fail_after));
+  Params p = PipeliningLayer::Params();
+  p.Set("name", "pipe").Set("cell_tpl", cells).Set("num_stages", 2).Set("num_micro_batches", 3);
+  return InstantiateLayer<PipeliningLayer>(p);
+}
+
+TEST(PipeliningLayer, AccumulatorsCountOncePerMicroBatch) {
+  ASSERT_TRUE(kCountingCellRegistered);
+  auto pipe = CountingPipeline(-1);
+  EXPECT_EQ(pipe->stage_ends(), (std::vector<int64_t>{2, 3}));
+  at::Tensor x = at::ones({6, 3}).requires_grad_(true);
+  at::Tensor y = pipe->FProp(pipe->theta(), x);
+  EXPECT_TRUE(at::allclose(y, at::full({6, 3}, 8.0)));
+  y.sum().backward();  // recomputes every stage: accumulators must not count again
+  EXPECT_TRUE(at::allclose(x.grad(), at::full({6, 3}, 8.0)));
+  const NestedMap acc = pipe->GetAccumulatorValues();
+  for (const auto& v : acc.at("cells").AsList()) {
+    EXPECT_EQ(v.AsMap().GetTensor("count").item<double>(), 3.0);
+  }
+}
+
+TEST(PipeliningLayer, AFailingStageFailsTheCallWithoutHanging) {
+  auto pipe = CountingPipeline(2);  // every cell throws on its second micro-batch
+  EXPECT_ERROR_CONTAINS(pipe->FProp(pipe->theta(), at::ones({6, 3})), InternalError, "failed");
+}
+
+TEST(PipeliningLayer, RejectsCellsThatAreNotBlocks) {
+  Params p = PipeliningLayer::Params();
+  p.Set("name", "pipe")
+      .Set("cell_tpl", ParamValue::List{PipeliningLayer::Params().Set(
+                           "cell_tpl", ParamValue::List{CountingCell::Params()})});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
+                        "cannot be a pipeline cell; register it with RegisterLayerFn");
+}
+
+}  // namespace
+}  // namespace glossa
