@@ -281,14 +281,7 @@ glossa::Params ExpandTransformerStack(const glossa::Params& p) {
   const std::string where = StrCat("GPipeTransformerStack '", p.GetString("name"), "'");
   const int64_t n = p.GetInt("num_layers");
   if (n <= 0) throw InvalidArgumentError(StrCat(where, ": num_layers must be > 0"));
-  auto layer = TransformerLayer::Params();
-  layer.Set("input_dim", p.GetInt("model_dim")).Set("num_heads", p.GetInt("num_heads"));
-  layer.Set("hidden_dim", p.GetInt("hidden_dim"));
-  for (const char* key : {"mask_self_atten", "atten_dropout_prob", "residual_dropout_prob",
-                          "relu_dropout_prob", "pre_layer_norm", "activation"}) {
-    layer.Set(key, p.Get(key));
-  }
-  ParamValue::List cells(static_cast<size_t>(n), ParamValue(layer));
+  ParamValue::List cells(static_cast<size_t>(n), ParamValue(StackLayerParams(p)));
   out.Set("cell_tpl", cells);
   const ParamValue& splits = p.Get("splits");
   ParamValue::List ends;
@@ -325,16 +318,7 @@ glossa::Params ExpandTransformerStack(const glossa::Params& p) {
 glossa::Params GPipeTransformerStack::Params() {
   glossa::Params p = PipeliningLayer::Params();
   p.Set("cls", ClsOf<GPipeTransformerStack>());
-  p.Define("num_layers", 1, "Number of transformer layers.");
-  p.Define("model_dim", 0, "Model dimension.");
-  p.Define("num_heads", 1, "Number of attention heads.");
-  p.Define("hidden_dim", 0, "Hidden dimension of the feed-forward blocks.");
-  p.Define("mask_self_atten", false, "Causal self-attention.");
-  p.Define("atten_dropout_prob", 0.0, "Dropout probability on the attention weights.");
-  p.Define("residual_dropout_prob", 0.0, "Dropout probability on the residual branches.");
-  p.Define("relu_dropout_prob", 0.0, "Dropout probability inside the feed-forward blocks.");
-  p.Define("pre_layer_norm", true, "Pre-layer-norm (True) or post-layer-norm layers.");
-  p.Define("activation", "RELU", "Feed-forward non-linearity.");
+  DefineStackLayerParams(p);
   p.Define("splits", 1,
            "Stages: an int (that many, layers split evenly) or a list of increasing layer end "
            "indices whose last is num_layers.");

@@ -230,22 +230,38 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(
 
 // ---- TransformerStack ----
 
-glossa::Params TransformerStack::Params() {
-  glossa::Params p = BaseLayer::Params();
-  p.Set("cls", ClsOf<TransformerStack>());
+void DefineStackLayerParams(glossa::Params& p) {
   p.Define("num_layers", 1, "Number of transformer layers.");
   p.Define("model_dim", 0, "Model dimension (input and output of every layer).");
   p.Define("num_heads", 1, "Number of attention heads.");
   p.Define("hidden_dim", 0, "Hidden dimension of the feed-forward blocks.");
   p.Define("mask_self_atten", false, "Causal self-attention (decoder).");
-  p.Define("has_aux_atten", false, "Cross-attention to the encoder output (decoder).");
   p.Define("atten_dropout_prob", 0.0, "Dropout probability on the attention weights.");
   p.Define("residual_dropout_prob", 0.0, "Dropout probability on the residual branches.");
   p.Define("relu_dropout_prob", 0.0, "Dropout probability inside the feed-forward blocks.");
-  p.Define("input_dropout_prob", 0.0, "Dropout probability on the stack's input.");
   p.Define("pre_layer_norm", true,
-           "Pre-layer-norm layers (with a final layer norm) or post-layer-norm layers.");
+           "Pre-layer-norm layers (a TransformerStack adds a final layer norm) or "
+           "post-layer-norm layers.");
   p.Define("activation", "RELU", "Feed-forward non-linearity.");
+}
+
+glossa::Params StackLayerParams(const glossa::Params& stack) {
+  auto layer = TransformerLayer::Params();
+  layer.Set("input_dim", stack.GetInt("model_dim")).Set("num_heads", stack.GetInt("num_heads"));
+  layer.Set("hidden_dim", stack.GetInt("hidden_dim"));
+  for (const char* key : {"mask_self_atten", "atten_dropout_prob", "residual_dropout_prob",
+                          "relu_dropout_prob", "pre_layer_norm", "activation"}) {
+    layer.Set(key, stack.Get(key));
+  }
+  return layer;
+}
+
+glossa::Params TransformerStack::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<TransformerStack>());
+  DefineStackLayerParams(p);
+  p.Define("has_aux_atten", false, "Cross-attention to the encoder output (decoder).");
+  p.Define("input_dropout_prob", 0.0, "Dropout probability on the stack's input.");
   p.Define("moe_tpl", nullptr,
            "TransformerShardedMoeLayer params for Mixture-of-Experts feed-forward blocks (None: "
            "all dense).");
@@ -258,15 +274,8 @@ glossa::Params TransformerStack::Params() {
 TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
   const int64_t n = params().GetInt("num_layers");
   if (n <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': num_layers must be > 0"));
-  auto layer = TransformerLayer::Params();
-  layer.Set("input_dim", params().GetInt("model_dim"))
-      .Set("num_heads", params().GetInt("num_heads"));
-  layer.Set("hidden_dim", params().GetInt("hidden_dim"));
-  for (const char* key :
-       {"mask_self_atten", "has_aux_atten", "atten_dropout_prob", "residual_dropout_prob",
-        "relu_dropout_prob", "pre_layer_norm", "activation"}) {
-    layer.Set(key, params().Get(key));
-  }
+  auto layer = StackLayerParams(params());
+  layer.Set("has_aux_atten", params().Get("has_aux_atten"));
   const ParamValue& moe = params().Get("moe_tpl");
   const int64_t every = params().GetInt("moe_layers_every");
   if (!moe.is_none() && every <= 0) {

@@ -77,6 +77,13 @@ class TransformerLayer : public BaseLayer {
                          bool one_group = false) const;
 };
 
+// The fields a stack of TransformerLayers forwards to each layer: num_layers, model_dim,
+// num_heads, hidden_dim, mask_self_atten, atten_dropout_prob, residual_dropout_prob,
+// relu_dropout_prob, pre_layer_norm, activation (TransformerStack, GPipeTransformerStack).
+void DefineStackLayerParams(glossa::Params& p);
+// TransformerLayer Params from a stack's fields (input_dim = model_dim).
+glossa::Params StackLayerParams(const glossa::Params& stack);
+
 // num_layers TransformerLayers, with a final layer norm when the layers are pre-norm.
 // An encoder leaves mask_self_atten and has_aux_atten off; a decoder turns both on.
 class TransformerStack : public BaseLayer {
