@@ -72,6 +72,13 @@ int64_t GetOverWriteGlobalStep() {
   return t_overwrite_global_step ? *t_overwrite_global_step : GetGlobalStep();
 }
 
+OverWriteGlobalStepContext::OverWriteGlobalStepContext(int64_t step)
+    : previous_(t_overwrite_global_step) {
+  t_overwrite_global_step = step;
+}
+
+OverWriteGlobalStepContext::~OverWriteGlobalStepContext() { t_overwrite_global_step = previous_; }
+
 std::array<int64_t, 2> GenerateStepSeedPair(std::optional<int64_t> random_seed,
                                             std::optional<int64_t> op_seed, bool is_inference) {
   if (is_inference && !random_seed) {

@@ -55,6 +55,19 @@ void SetOverWriteGlobalStep(int64_t step);
 void ClearOverWriteGlobalStep();
 int64_t GetOverWriteGlobalStep();
 
+// Sets the overwrite global step for this scope on this thread and restores the previous state
+// (set or not) on exit.
+class OverWriteGlobalStepContext {
+ public:
+  explicit OverWriteGlobalStepContext(int64_t step);
+  ~OverWriteGlobalStepContext();
+  OverWriteGlobalStepContext(const OverWriteGlobalStepContext&) = delete;
+  OverWriteGlobalStepContext& operator=(const OverWriteGlobalStepContext&) = delete;
+
+ private:
+  std::optional<int64_t> previous_;
+};
+
 // (global step, GetIncStepSeed()), each element plus `random_seed` and plus `op_seed` when set.
 // The global step is GetOverWriteGlobalStep(). When `is_inference` and no random_seed is set, the
 // step seed still advances (so other ops' seeds don't shift) and a fresh random pair is returned,

@@ -25,13 +25,23 @@ auto WithFreshStepSeed(F&& f) {
   }
 }
 
+// What the backward needs besides the saved tensors. The templates keep only the NestedMap
+// structure (every tensor leaf undefined): holding the outputs here would tie them to this node
+// and the node to them, a reference cycle that never frees the step's tensors.
 struct CallState : torch::CustomClassHolder {
   CustomFwdFn fwd;
   CustomBakFn bak;
   NestedMap xs_template;
   NestedMap ys_template;
   int64_t global_step = 0;
+  int64_t overwrite_global_step = 0;
 };
+
+NestedMap StructureOnly(const NestedMap& m) {
+  return m.Transform([](const NestedValue& v) -> NestedValue {
+    return v.is_tensor() ? NestedValue(at::Tensor()) : v;
+  });
+}
 
 class CustomGradientFunction : public torch::autograd::Function<CustomGradientFunction> {
  public:
@@ -41,17 +51,21 @@ class CustomGradientFunction : public torch::autograd::Function<CustomGradientFu
     // The inputs arrive as a TensorList: that is what autograd records as differentiable inputs.
     std::vector<at::Tensor> xs = xs_list.vec();
     NestedMap ys = WithFreshStepSeed([&] { return state->fwd(state->xs_template.Pack(xs)); });
-    state->ys_template = ys;
+    state->ys_template = StructureOnly(ys);
     std::vector<at::Tensor> flat_ys = ys.FlattenTensors();
-    ctx->save_for_backward(xs);
-    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     // Outputs that alias inputs confuse autograd's bookkeeping; hand out fresh tensors.
     for (auto& y : flat_ys) {
       for (const auto& x : xs) {
         if (y.defined() && x.defined() && y.is_same(x)) y = y.clone();
       }
     }
-    ctx->saved_data["ys"] = c10::IValue(c10::List<at::Tensor>(flat_ys));
+    // Inputs and outputs both go through save_for_backward, which keeps saved outputs without a
+    // strong reference back to this node.
+    std::vector<at::Tensor> saved = xs;
+    saved.insert(saved.end(), flat_ys.begin(), flat_ys.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["num_xs"] = static_cast<int64_t>(xs.size());
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     return flat_ys;
   }
 
@@ -59,13 +73,15 @@ class CustomGradientFunction : public torch::autograd::Function<CustomGradientFu
                                                  torch::autograd::variable_list dys) {
     auto state =
         c10::static_intrusive_pointer_cast<CallState>(ctx->saved_data["state"].toCapsule());
-    std::vector<at::Tensor> xs = ctx->get_saved_variables();
-    auto ys_list = ctx->saved_data["ys"].toTensorList();
-    std::vector<at::Tensor> ys(ys_list.begin(), ys_list.end());
+    std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const auto num_xs = static_cast<size_t>(ctx->saved_data["num_xs"].toInt());
+    std::vector<at::Tensor> xs(saved.begin(), saved.begin() + num_xs);
+    std::vector<at::Tensor> ys(saved.begin() + num_xs, saved.end());
     for (size_t i = 0; i < dys.size(); ++i) {
       if (!dys[i].defined()) dys[i] = at::zeros_like(ys[i]);
     }
     GlobalStepContext step(state->global_step);
+    OverWriteGlobalStepContext overwrite(state->overwrite_global_step);
     NestedMap dxs = WithFreshStepSeed([&] {
       return state->bak(state->xs_template.Pack(xs), state->ys_template.Pack(ys),
                         state->ys_template.Pack(dys));
@@ -90,8 +106,9 @@ NestedMap CallWithCustomGradient(const CustomFwdFn& fwd, const CustomBakFn& bak,
   auto state = c10::make_intrusive<CallState>();
   state->fwd = fwd;
   state->bak = bak;
-  state->xs_template = xs;
+  state->xs_template = StructureOnly(xs);
   state->global_step = GetGlobalStep();
+  state->overwrite_global_step = GetOverWriteGlobalStep();
   std::vector<at::Tensor> flat_xs = xs.FlattenTensors();
   std::vector<at::Tensor> flat_ys = CustomGradientFunction::apply(state, at::TensorList(flat_xs));
   return state->ys_template.Pack(flat_ys);

@@ -41,19 +41,27 @@ void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
   std::mutex mu;
   std::exception_ptr error;
   std::vector<std::thread> threads;
+  auto fail = [&](int64_t s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!error) error = std::current_exception();
+    for (auto& ch : channels) ch->Close(StrCat("stage ", s, " failed"));
+  };
   for (int64_t s = 0; s < stages; ++s) {
-    threads.emplace_back([&, s] {
-      try {
-        at::ThreadLocalStateGuard tls_guard(tls);
-        EvalModeScope eval_scope(eval);
-        GlobalStepContext step(global_step);
-        fn(s);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-        for (auto& ch : channels) ch->Close(StrCat("stage ", s, " failed"));
-      }
-    });
+    try {
+      threads.emplace_back([&, s] {
+        try {
+          at::ThreadLocalStateGuard tls_guard(tls);
+          EvalModeScope eval_scope(eval);
+          GlobalStepContext step(global_step);
+          fn(s);
+        } catch (...) {
+          fail(s);
+        }
+      });
+    } catch (...) {  // no thread for stage s: stop the others, then report
+      fail(s);
+      break;
+    }
   }
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
@@ -86,6 +94,7 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   CreateChildren("cells", cells);
   cells_ = GetChildren("cells");
   for (const BaseLayer* c : cells_) {
+    CheckReplayable(*c, StrCat("pipeline '", path(), "'"));
     if (!HasLayerFn(*c)) {
       fail(StrCat("cell '", c->path(), "' (", c->params().ClsKey(),
                   ") cannot be a pipeline cell; register it with RegisterLayerFn"));
@@ -137,6 +146,11 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
     }
     size = batch / m;
   }
+  if (paddings.defined() && (dim != 0 || paddings.size(0) != batch)) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must have the batch (", batch,
+                                      ") as dim 0, with batch_dim 0; got paddings of dim 0 size ",
+                                      paddings.size(0), " and batch_dim ", dim));
+  }
   const int64_t stages = num_stages();
 
   struct State {
@@ -154,12 +168,11 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
   // Runs stage s on micro-batch t (cells in order, each from its own step seed).
   auto run_stage = [this, state, m](int64_t s, const NestedValue::List& thetas, at::Tensor x,
                                     int64_t t) {
-    SetOverWriteGlobalStep(state->global_step * m + t);
+    OverWriteGlobalStepContext overwrite(state->global_step * m + t);
     for (int64_t c = s == 0 ? 0 : ends_[s - 1]; c < ends_[s]; ++c) {
       ResetStepSeed(GenerateSeedFromName(cells_[c]->path()));
       x = ApplyLayerFn(*cells_[c], thetas[c].AsMap(), x, state->paddings[t]);
     }
-    ClearOverWriteGlobalStep();
     return x;
   };
   const at::Tensor x = CastToFPropDtype(inputs);
@@ -214,6 +227,7 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
       std::vector<at::Tensor> wrt_w, sums;
       for (int64_t c = first; c < ends_[s]; ++c) {
         NestedMap l = thetas[c].AsMap().Transform([](const NestedValue& v) -> NestedValue {
+          if (!v.is_tensor()) return v;
           const at::Tensor& t = v.AsTensor();
           return t.detach().requires_grad_(at::isFloatingType(t.scalar_type()));
         });
@@ -221,34 +235,52 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
         leaves[c] = std::move(l);
       }
       sums.resize(wrt_w.size());
-      for (int64_t c = first; c < ends_[s]; ++c) cells_[c]->DisableAccumulators();
+      // The recompute must not count again; re-enabled on every exit path.
+      struct AccumulatorsOff {
+        std::vector<BaseLayer*> cells;
+        explicit AccumulatorsOff(std::vector<BaseLayer*> c) : cells(std::move(c)) {
+          for (BaseLayer* l : cells) l->DisableAccumulators();
+        }
+        ~AccumulatorsOff() {
+          for (BaseLayer* l : cells) l->EnableAccumulators();
+        }
+      } accumulators_off(
+          std::vector<BaseLayer*>(cells_.begin() + first, cells_.begin() + ends_[s]));
       for (int64_t t = m - 1; t >= 0; --t) {
         at::Tensor dyt = s + 1 == stages ? dy.narrow(dim, t * size, size) : chs[s]->Recv();
-        at::Tensor xt = state->stage_inputs[s][t].detach().requires_grad_(true);
+        at::Tensor xt = state->stage_inputs[s][t].detach();
+        if (at::isFloatingType(xt.scalar_type())) xt.requires_grad_(true);
         at::Tensor y = run_stage(s, leaves, xt, t);
-        std::vector<at::Tensor> wrt = {xt};
-        std::vector<size_t> used;  // indices into wrt_w that require grad
+        // Differentiate with respect to what requires a gradient: the stage input when it is
+        // floating, and the floating weights.
+        std::vector<at::Tensor> wrt;
+        if (xt.requires_grad()) wrt.push_back(xt);
+        const size_t first_w = wrt.size();
+        std::vector<size_t> used;  // indices into wrt_w
         for (size_t i = 0; i < wrt_w.size(); ++i) {
           if (wrt_w[i].requires_grad()) {
             wrt.push_back(wrt_w[i]);
             used.push_back(i);
           }
         }
-        auto g = torch::autograd::grad({y}, wrt, {dyt}, /*retain_graph=*/false,
-                                       /*create_graph=*/false, /*allow_unused=*/true);
+        std::vector<at::Tensor> g(wrt.size());
+        if (y.requires_grad() && !wrt.empty()) {
+          g = torch::autograd::grad({y}, wrt, {dyt}, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+        }
         for (size_t k = 0; k < used.size(); ++k) {
-          const at::Tensor& gw = g[k + 1];
+          const at::Tensor& gw = g[first_w + k];
           if (!gw.defined()) continue;
           sums[used[k]] = sums[used[k]].defined() ? sums[used[k]] + gw : gw;
         }
-        at::Tensor gx = g[0].defined() ? g[0] : at::zeros_like(xt);
+        const at::Tensor gx_raw = first_w == 1 ? g[0] : at::Tensor();
+        at::Tensor gx = gx_raw.defined() ? gx_raw : at::zeros_like(xt);
         if (s > 0) {
           chs[s - 1]->Send(gx);
         } else {
           dx[t] = gx;
         }
       }
-      for (int64_t c = first; c < ends_[s]; ++c) cells_[c]->EnableAccumulators();
       size_t k = 0;
       for (int64_t c = first; c < ends_[s]; ++c) {
         const NestedMap& l = leaves[c].AsMap();
@@ -260,6 +292,9 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
         d_cells[c] = l.Pack(grads);
       }
     });
+    for (auto& per_stage : state->stage_inputs) {
+      for (auto& t : per_stage) t = at::Tensor();  // the boundaries are not needed any more
+    }
     NestedMap dxs;
     dxs.Set("cells", NestedValue::List(d_cells.begin(), d_cells.end()));
     dxs.Set("x", at::cat(dx, dim));

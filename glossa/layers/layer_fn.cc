@@ -39,12 +39,12 @@ LayerFnRegistry& Registry() {
         [](const BaseLayer& l, const NestedMap& th, const at::Tensor& x, const at::Tensor&) {
           return static_cast<const LayerNorm&>(l).FProp(th, x);
         });
-    for (std::type_index t : {std::type_index(typeid(DropoutLayer)),
-                              std::type_index(typeid(DeterministicDropoutLayer))}) {
-      add(t, [](const BaseLayer& l, const NestedMap& th, const at::Tensor& x, const at::Tensor&) {
-        return static_cast<const DropoutLayer&>(l).FProp(th, x);
-      });
-    }
+    // Only the seeded dropout: containers replay their blocks (RevNet's reverse pass, GPipe's
+    // recompute), and plain dropout would draw new masks there.
+    add(typeid(DeterministicDropoutLayer),
+        [](const BaseLayer& l, const NestedMap& th, const at::Tensor& x, const at::Tensor&) {
+          return static_cast<const DropoutLayer&>(l).FProp(th, x);
+        });
     add(typeid(TransformerFeedForwardLayer),
         [](const BaseLayer& l, const NestedMap& th, const at::Tensor& x, const at::Tensor& pad) {
           return static_cast<const TransformerFeedForwardLayer&>(l).FProp(th, x, pad);
@@ -95,6 +95,26 @@ at::Tensor ApplyLayerFn(const BaseLayer& layer, const NestedMap& theta, const at
     fn = it->second;
   }
   return fn(layer, theta, x, paddings);
+}
+
+void CheckReplayable(const BaseLayer& block, std::string_view container) {
+  std::function<void(const BaseLayer&)> walk = [&](const BaseLayer& l) {
+    if (dynamic_cast<const TransformerShardedMoeLayer*>(&l) != nullptr) {
+      throw InvalidArgumentError(StrCat(
+          "layer '", l.path(), "' (", l.params().ClsKey(), ") cannot be inside ", container,
+          ": its aux loss would be lost (the block runs without gradients or on another thread)"));
+    }
+    if (typeid(l) == typeid(DropoutLayer) && l.params().GetFloat("keep_prob") < 1.0) {
+      throw InvalidArgumentError(StrCat("layer '", l.path(), "' is a plain DropoutLayer inside ",
+                                        container,
+                                        ", whose replay would draw new masks; use "
+                                        "DeterministicDropoutLayer"));
+    }
+    for (const auto& name : l.ChildNames()) {
+      for (const BaseLayer* child : l.GetChildren(name)) walk(*child);
+    }
+  };
+  walk(block);
 }
 
 glossa::Params SequentialLayer::Params() {

@@ -1,7 +1,7 @@
 // Layers as generic tensor → tensor blocks, for containers that hold arbitrary layers: RevNet's f
 // and g blocks, pipeline cells, SequentialLayer. A layer class becomes usable by registering how
-// to apply it; the built-in ones (projections, layer norm, dropout, the Transformer blocks and
-// layers, MoE, SequentialLayer) are registered here.
+// to apply it; the built-in ones (projections, layer norm, deterministic dropout, the Transformer
+// blocks and layers, MoE, SequentialLayer) are registered here.
 //
 //   at::Tensor y = ApplyLayerFn(layer, theta, x, paddings);   // InvalidArgument if unregistered
 //   RegisterLayerFn<MyLayer>([](const MyLayer& l, const NestedMap& theta, const at::Tensor& x,
@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <string_view>
 #include <typeindex>
 
 #include "glossa/layers/base_layer.h"
@@ -40,6 +41,12 @@ bool HasLayerFn(const BaseLayer& layer);
 // when the class is not registered.
 at::Tensor ApplyLayerFn(const BaseLayer& layer, const NestedMap& theta, const at::Tensor& x,
                         const at::Tensor& paddings = {});
+
+// Containers that replay their blocks (RevNet's reverse pass, GPipe's recompute on stage
+// threads) call this on each block: InvalidArgument naming the layer for a MoE layer anywhere in
+// the subtree (its aux loss would be lost) or a plain DropoutLayer with keep_prob < 1 (its replay
+// would draw new masks).
+void CheckReplayable(const BaseLayer& block, std::string_view container);
 
 // Lingvo's SequentialLayer: `sub` (a list of layer Params) applied in order, each through
 // ApplyLayerFn.

@@ -64,6 +64,7 @@ RevNetLayer::RevNetLayer(const glossa::Params& p) : BaseLayer(p) {
   CreateChild("f_block", params().Get("f_params").AsParams());
   CreateChild("g_block", params().Get("g_params").AsParams());
   for (const char* child : {"f_block", "g_block"}) {
+    CheckReplayable(GetChild(child), StrCat("RevNet layer '", path(), "'"));
     if (!HasLayerFn(GetChild(child))) {
       throw InvalidArgumentError(StrCat("layer '", GetChild(child).path(), "' (",
                                         GetChild(child).params().ClsKey(),
@@ -91,6 +92,19 @@ RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const 
                                                   const at::Tensor& dy2, int64_t f_seed,
                                                   int64_t g_seed) const {
   at::AutoGradMode grad_mode(true);
+  // The recompute replays the forward: accumulators must not count it, and the caller's step
+  // seed is restored afterwards (on every exit path).
+  struct Replay {
+    std::vector<BaseLayer*> blocks;
+    int64_t saved_seed = GetStepSeed();
+    explicit Replay(std::vector<BaseLayer*> b) : blocks(std::move(b)) {
+      for (BaseLayer* l : blocks) l->DisableAccumulators();
+    }
+    ~Replay() {
+      for (BaseLayer* l : blocks) l->EnableAccumulators();
+      ResetStepSeed(saved_seed);
+    }
+  } replay({&GetChild("f_block"), &GetChild("g_block")});
   const NestedMap theta_f = Leaves(theta.at("f_block").AsMap());
   const NestedMap theta_g = Leaves(theta.at("g_block").AsMap());
   // Reverse: x2 = y2 - g(y1), then x1 = y1 - f(x2), replaying each block's step seed.

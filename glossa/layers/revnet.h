@@ -37,7 +37,8 @@ class RevNetLayer : public BaseLayer {
     NestedMap d_theta;    // like theta: {f_block, g_block}
   };
   // Algorithm 1 of the RevNet paper: rebuilds the inputs from the outputs (replaying f_seed and
-  // g_seed) and back-propagates dy1, dy2 through the layer.
+  // g_seed) and back-propagates dy1, dy2 through the layer. Accumulators do not count the
+  // recomputation; the caller's step seed is left as it was.
   Reversed ReverseAndGrad(const NestedMap& theta, const at::Tensor& y1, const at::Tensor& y2,
                           const at::Tensor& dy1, const at::Tensor& dy2, int64_t f_seed,
                           int64_t g_seed) const;

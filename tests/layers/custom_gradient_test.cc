@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include "glossa/core/step_seed.h"
 #include "tests/test_util.h"
@@ -34,6 +35,34 @@ TEST(CustomGradient, TwoXSquaredWithAndWithoutBak) {
     return dxs;
   };
   EXPECT_EQ(ValueAndGrad(bak), std::make_pair(18.0, 60.0));
+}
+
+TEST(CustomGradient, TheNodeAndItsTensorsAreFreedWithTheGraph) {
+  // Holding the outputs inside the node would make a cycle (output -> node -> output) that
+  // leaks every step's tensors.
+  auto bak = [](const NestedMap& xs, const NestedMap&, const NestedMap& dys) {
+    return NestedMap{{"x", dys.GetTensor("y") * 4 * xs.GetTensor("x")}};
+  };
+  at::Tensor x = at::full({1000}, 3.0, at::kDouble).requires_grad_(true);
+  std::weak_ptr<torch::autograd::Node> node;
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  std::optional<WeakImpl> y_impl;
+  {
+    at::Tensor y = CallWithCustomGradient(Fwd, bak, NestedMap{{"x", x}}).GetTensor("y");
+    node = y.grad_fn();
+    y_impl.emplace(y.getIntrusivePtr());
+    EXPECT_FALSE(node.expired());
+    y.sum().backward();
+  }
+  EXPECT_TRUE(node.expired());
+  EXPECT_TRUE(y_impl->expired());
+  EXPECT_TRUE(at::allclose(x.grad(), at::full({1000}, 12.0, at::kDouble)));
+  // Without a backward pass, dropping the outputs frees the node too.
+  {
+    at::Tensor y = CallWithCustomGradient(Fwd, bak, NestedMap{{"x", x}}).GetTensor("y");
+    node = y.grad_fn();
+  }
+  EXPECT_TRUE(node.expired());
 }
 
 TEST(CustomGradient, BakReplacesAutodiff) {

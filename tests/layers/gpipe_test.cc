@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <atomic>
 #include <thread>
@@ -14,7 +15,9 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/channel.h"
+#include "glossa/layers/dropout.h"
 #include "glossa/layers/layer_fn.h"
+#include "glossa/layers/moe.h"
 #include "glossa/layers/transformer.h"
 #include "tests/test_util.h"
 
@@ -195,16 +198,22 @@ class CountingCell : public BaseLayer {
     glossa::Params p = BaseLayer::Params();
     p.Set("cls", ClsOf<CountingCell>());
     p.Define("fail_after", -1, "Throw on this many-th call (-1: never).");
+    p.Define("fail_in_replay", false, "Throw when called with accumulators disabled.");
+    p.Define("plain_dropout", false, "Hold a plain DropoutLayer child (keep_prob 0.5).");
     return p;
   }
   explicit CountingCell(const glossa::Params& p) : BaseLayer(p) {
     CreateVariable("w", WeightParams({3}, WeightInit::Constant(2.0)));
     RegisterAccumulator("count", std::make_unique<CountingAccumulator>());
+    if (params().GetBool("plain_dropout")) {
+      CreateChild("dropout", DropoutLayer::Params().Set("keep_prob", 0.5));
+    }
   }
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
     Accumulator& acc = GetAccumulator("count");
     acc.SetValue(acc.GetValue() + 1);
-    if (++calls_ == params().GetInt("fail_after")) {
+    if (++calls_ == params().GetInt("fail_after") ||
+        (params().GetBool("fail_in_replay") && acc.IsDisabled())) {
       throw InternalError(StrCat("cell '", path(), "' failed"));
     }
     return x * theta.GetTensor("w");
@@ -222,9 +231,12 @@ const bool kCountingCellRegistered = [] {
   return true;
 }();
 
-std::unique_ptr<PipeliningLayer> CountingPipeline(int64_t fail_after) {
+std::unique_ptr<PipeliningLayer> CountingPipeline(int64_t fail_after, bool fail_in_replay = false) {
   ParamValue::List cells;
-  for (int i = 0; i < 3; ++i) cells.push_back(CountingCell::Params().Set("fail_after", fail_after));
+  for (int i = 0; i < 3; ++i) {
+    cells.push_back(
+        CountingCell::Params().Set("fail_after", fail_after).Set("fail_in_replay", fail_in_replay));
+  }
   Params p = PipeliningLayer::Params();
   p.Set("name", "pipe").Set("cell_tpl", cells).Set("num_stages", 2).Set("num_micro_batches", 3);
   return InstantiateLayer<PipeliningLayer>(p);
@@ -248,6 +260,57 @@ TEST(PipeliningLayer, AccumulatorsCountOncePerMicroBatch) {
 TEST(PipeliningLayer, AFailingStageFailsTheCallWithoutHanging) {
   auto pipe = CountingPipeline(2);  // every cell throws on its second micro-batch
   EXPECT_ERROR_CONTAINS(pipe->FProp(pipe->theta(), at::ones({6, 3})), InternalError, "failed");
+}
+
+TEST(PipeliningLayer, AFailureInTheBackwardFailsItAndLeavesAccumulatorsWorking) {
+  auto pipe = CountingPipeline(-1, /*fail_in_replay=*/true);  // the backward's recompute throws
+  at::Tensor x = at::ones({6, 3}).requires_grad_(true);
+  at::Tensor y = pipe->FProp(pipe->theta(), x);
+  EXPECT_ERROR_CONTAINS(y.sum().backward(), InternalError, "failed");
+  // The accumulators were re-enabled: another forward counts, and does not fail.
+  pipe->FProp(pipe->theta(), at::ones({6, 3}));
+  const NestedMap acc = pipe->GetAccumulatorValues();
+  for (const auto& v : acc.at("cells").AsList()) {
+    EXPECT_EQ(v.AsMap().GetTensor("count").item<double>(), 6.0);
+  }
+}
+
+TEST(PipeliningLayer, FreesItsSavedBoundariesWithTheGraph) {
+  auto pipe = CountingPipeline(-1);
+  at::Tensor x = at::ones({6, 3}).requires_grad_(true);
+  std::weak_ptr<torch::autograd::Node> node;
+  {
+    at::Tensor y = pipe->FProp(pipe->theta(), x);
+    node = y.grad_fn();
+    y.sum().backward();
+  }
+  EXPECT_TRUE(node.expired());
+}
+
+TEST(PipeliningLayer, RejectsBlocksThatCannotBeReplayed) {
+  Params moe = TransformerShardedMoeLayer::Params();
+  moe.Set("input_dim", 4).Set("hidden_dim", 8).Set("num_experts", 2);
+  Params p = PipeliningLayer::Params();
+  p.Set("name", "pipe").Set("cell_tpl", ParamValue::List{ParamValue(moe)});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
+                        "cannot be inside pipeline 'pipe': its aux loss would be lost");
+  p.Set("cell_tpl",
+        ParamValue::List{ParamValue(CountingCell::Params().Set("plain_dropout", true))});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
+                        "is a plain DropoutLayer inside pipeline 'pipe'");
+  // Plain dropout is not a block on its own either.
+  Params seq = SequentialLayer::Params().Set(
+      "sub", ParamValue::List{ParamValue(DropoutLayer::Params().Set("keep_prob", 0.5))});
+  seq.Set("name", "seq");
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<SequentialLayer>(seq), InvalidArgumentError,
+                        "cannot be used in a SequentialLayer");
+}
+
+TEST(PipeliningLayer, PaddingsMustFollowTheBatch) {
+  auto layer = InstantiateLayer<GPipeTransformerStack>(StackParams(2, 2, 0.0));
+  EXPECT_ERROR_CONTAINS(
+      layer->FProp(layer->theta(), at::randn({4, 5, kDim}, at::kDouble), at::zeros({2, 5})),
+      InvalidArgumentError, "paddings must have the batch (4) as dim 0");
 }
 
 TEST(PipeliningLayer, RejectsCellsThatAreNotBlocks) {

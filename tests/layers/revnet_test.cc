@@ -14,6 +14,7 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/layer_fn.h"
 #include "glossa/layers/linear.h"
+#include "glossa/layers/moe.h"
 #include "glossa/layers/normalization.h"
 #include "tests/test_util.h"
 
@@ -55,9 +56,10 @@ TEST(RevNetLayer, ReverseRebuildsTheInputsReplayingDropout) {
   auto out = layer->FProp(layer->theta(), x1, x2);
   EXPECT_EQ(out.f_seed, 100);
   EXPECT_GT(out.g_seed, out.f_seed);
-  ResetStepSeed(0);  // the reverse must not depend on the current step seed
+  ResetStepSeed(77);  // the reverse must not depend on the current step seed, nor change it
   auto r = layer->ReverseAndGrad(layer->theta(), out.y1, out.y2, at::ones_like(x1),
                                  at::ones_like(x2), out.f_seed, out.g_seed);
+  EXPECT_EQ(GetStepSeed(), 77);
   EXPECT_TRUE(at::allclose(r.x1, x1, 0, 1e-12));
   EXPECT_TRUE(at::allclose(r.x2, x2, 0, 1e-12));
   // With the wrong seeds the dropout masks differ and so does the reconstruction.
@@ -125,6 +127,19 @@ TEST(StackedRevNetLayer, CustomForwardKeepsNoPerLayerGraph) {
   }
 }
 
+TEST(StackedRevNetLayer, FreesTheStepWithTheGraph) {
+  auto stack = Stack(3, 0.7, true);
+  at::Tensor x1 = at::randn({2, 5, kDim}, at::kDouble).requires_grad_(true);
+  std::weak_ptr<torch::autograd::Node> node;
+  {
+    auto [y1, y2] = stack->FProp(stack->theta(), x1, x1 * 2);
+    node = y1.grad_fn();
+    (y1.sum() + y2.sum()).backward();
+  }
+  EXPECT_TRUE(node.expired());
+  EXPECT_TRUE(x1.grad().defined());
+}
+
 TEST(StackedRevNetLayer, RejectsBadConfigs) {
   Params p = StackedRevNetLayer::Params();
   p.Set("name", "rev");
@@ -135,6 +150,12 @@ TEST(StackedRevNetLayer, RejectsBadConfigs) {
   bad.Set("g_params", Block(1.0)).Set("name", "r");
   EXPECT_ERROR_CONTAINS(InstantiateLayer<RevNetLayer>(bad), InvalidArgumentError,
                         "cannot be a RevNet block; register it with RegisterLayerFn");
+  Params moe = TransformerShardedMoeLayer::Params();
+  moe.Set("input_dim", kDim).Set("hidden_dim", 8).Set("num_experts", 2);
+  Params with_moe = RevNetLayer::Params().Set("f_params", Block(1.0)).Set("g_params", moe);
+  with_moe.Set("name", "r");
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<RevNetLayer>(with_moe), InvalidArgumentError,
+                        "cannot be inside RevNet layer 'r': its aux loss would be lost");
   Params no_g = RevNetLayer::Params().Set("f_params", Block(1.0)).Set("name", "r");
   EXPECT_ERROR_CONTAINS(InstantiateLayer<RevNetLayer>(no_g), InvalidArgumentError,
                         "g_params must be set");
