@@ -14,6 +14,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/normalization.h"
 #include "glossa/layers/transformer.h"
+#include "glossa/layers/weight_init.h"
 #include "glossa/models/transformer_lm.h"
 #include "glossa/optim/learner.h"
 #include "glossa/optim/optimizer.h"
@@ -226,6 +227,25 @@ TEST(TransformerShardedMoeLayer, GradientsMatchFiniteDifferencesInFloat64) {
           << "variable " << i << " element " << idx;
     }
   }
+}
+
+TEST(TransformerShardedMoeLayer, Bfloat16ComputeRoutesInFloat32AndTracksFloat32) {
+  Params p = TransformerShardedMoeLayer::Params();
+  p.Set("name", "moe").Set("random_seed", 11);
+  p.FromText(
+      "input_dim : 16\nhidden_dim : 32\nnum_experts : 4\nnum_groups : 2\n"
+      "expert_capacity_dim : 16\npre_layer_norm : False");
+  auto f32 = InstantiateLayer<TransformerShardedMoeLayer>(p);
+  auto bf16 =
+      InstantiateLayer<TransformerShardedMoeLayer>(p.Copy().Set("fprop_dtype", DType::kBFloat16));
+  at::Tensor x = at::randn({2, 8, 16}, MakeSeededGenerator({4, 2}));  // fixed: no near-ties
+  at::Tensor y32 = f32->FProp(f32->theta(), x);
+  AuxLossContext aux;
+  at::Tensor y16 = bf16->FProp(bf16->theta(), x);
+  EXPECT_EQ(y16.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(aux.losses().at(0).scalar_type(), at::kFloat);  // gating ran in float32
+  const double scale = y32.abs().max().item<double>();
+  EXPECT_LT((y16.to(at::kFloat) - y32).abs().max().item<double>(), 0.05 * scale);
 }
 
 TEST(TransformerShardedMoeLayer, ValidatesParamsAndShapes) {
