@@ -4,18 +4,9 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/layers/weight_init.h"
 
 namespace glossa {
-namespace {
-
-std::string Shape(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += StrCat(i ? ", " : "", s[i]);
-  return out + "]";
-}
-
-}  // namespace
-
 Channel::Channel(std::string name, at::ScalarType dtype, std::vector<int64_t> shape,
                  std::string sender, std::string receiver, std::optional<at::Device> device)
     : name_(std::move(name)),
@@ -27,11 +18,11 @@ Channel::Channel(std::string name, at::ScalarType dtype, std::vector<int64_t> sh
 
 void Channel::Send(const at::Tensor& t) {
   if (!t.defined() || t.scalar_type() != dtype_ || !t.sizes().equals(shape_)) {
-    throw InvalidArgumentError(StrCat("channel '", name_, "' (", sender_, " -> ", receiver_,
-                                      ") carries ", c10::toString(dtype_), Shape(shape_), ", got ",
-                                      t.defined()
-                                          ? StrCat(c10::toString(t.scalar_type()), Shape(t.sizes()))
-                                          : "an undefined tensor"));
+    throw InvalidArgumentError(
+        StrCat("channel '", name_, "' (", sender_, " -> ", receiver_, ") carries ",
+               c10::toString(dtype_), ShapeString(shape_), ", got ",
+               t.defined() ? StrCat(c10::toString(t.scalar_type()), ShapeString(t.sizes().vec()))
+                           : "an undefined tensor"));
   }
   at::Tensor value = device_ ? t.to(*device_, /*non_blocking=*/false) : t;
   {

@@ -114,4 +114,12 @@ NestedMap CallWithCustomGradient(const CustomFwdFn& fwd, const CustomBakFn& bak,
   return state->ys_template.Pack(flat_ys);
 }
 
+NestedMap DetachedLeaves(const NestedMap& m) {
+  return m.Transform([](const NestedValue& v) -> NestedValue {
+    if (!v.is_tensor()) return v;
+    const at::Tensor& t = v.AsTensor();
+    return t.detach().requires_grad_(at::isFloatingType(t.scalar_type()));
+  });
+}
+
 }  // namespace glossa

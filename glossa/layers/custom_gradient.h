@@ -25,4 +25,8 @@ using CustomBakFn =
 NestedMap CallWithCustomGradient(const CustomFwdFn& fwd, const CustomBakFn& bak,
                                  const NestedMap& xs);
 
+// For recomputing under autograd inside a `bak`: each tensor detached into a fresh leaf that
+// requires a gradient when it is floating; other leaves unchanged.
+NestedMap DetachedLeaves(const NestedMap& m);
+
 }  // namespace glossa

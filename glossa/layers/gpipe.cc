@@ -226,11 +226,7 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
       NestedValue::List leaves(thetas.size());
       std::vector<at::Tensor> wrt_w, sums;
       for (int64_t c = first; c < ends_[s]; ++c) {
-        NestedMap l = thetas[c].AsMap().Transform([](const NestedValue& v) -> NestedValue {
-          if (!v.is_tensor()) return v;
-          const at::Tensor& t = v.AsTensor();
-          return t.detach().requires_grad_(at::isFloatingType(t.scalar_type()));
-        });
+        NestedMap l = DetachedLeaves(thetas[c].AsMap());
         for (const auto& t : l.FlattenTensors()) wrt_w.push_back(t);
         leaves[c] = std::move(l);
       }

@@ -47,12 +47,6 @@ at::Tensor AuxLossContext::Sum() const {
 
 namespace {
 
-std::string ShapeOf(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += StrCat(i ? ", " : "", t.size(i));
-  return s + "]";
-}
-
 at::Tensor OneHot(const at::Tensor& index, int64_t n, at::ScalarType dtype) {
   return at::one_hot(index, n).to(dtype);
 }
@@ -86,8 +80,8 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tenso
   }
   auto check_gs = [&](const at::Tensor& t, const char* what) {
     if (t.defined() && (t.dim() != 2 || t.size(0) != G || t.size(1) != S)) {
-      throw InvalidArgumentError(
-          StrCat("Top2GatingOnLogits: ", what, " must be [", G, ", ", S, "], got ", ShapeOf(t)));
+      throw InvalidArgumentError(StrCat("Top2GatingOnLogits: ", what, " must be [", G, ", ", S,
+                                        "], got ", ShapeString(t.sizes().vec())));
     }
   };
   check_gs(paddings, "paddings");
@@ -293,8 +287,8 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
                                              const at::Tensor& paddings, int64_t num_groups) const {
   const int64_t m = params().GetInt("input_dim");
   if (inputs.dim() != 3 || inputs.size(2) != m) {
-    throw InvalidArgumentError(
-        StrCat("layer '", path(), "': inputs must be [B, T, ", m, "], got ", ShapeOf(inputs)));
+    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [B, T, ", m, "], got ",
+                                      ShapeString(inputs.sizes().vec())));
   }
   const int64_t b = inputs.size(0), t = inputs.size(1);
   if (paddings.defined() &&

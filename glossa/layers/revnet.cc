@@ -14,15 +14,6 @@
 namespace glossa {
 namespace {
 
-// Fresh leaves that require gradients, for recomputing a block under autograd.
-NestedMap Leaves(const NestedMap& theta) {
-  return theta.Transform([](const NestedValue& v) -> NestedValue {
-    if (!v.is_tensor()) return v;
-    const at::Tensor& t = v.AsTensor();
-    return t.detach().requires_grad_(at::isFloatingType(t.scalar_type()));
-  });
-}
-
 // d(out)/d(inputs) · grad_out, with zeros for inputs the output does not depend on.
 std::vector<at::Tensor> Grads(const at::Tensor& out, const std::vector<at::Tensor>& inputs,
                               const at::Tensor& grad_out) {
@@ -105,8 +96,8 @@ RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const 
       ResetStepSeed(saved_seed);
     }
   } replay({&GetChild("f_block"), &GetChild("g_block")});
-  const NestedMap theta_f = Leaves(theta.at("f_block").AsMap());
-  const NestedMap theta_g = Leaves(theta.at("g_block").AsMap());
+  const NestedMap theta_f = DetachedLeaves(theta.at("f_block").AsMap());
+  const NestedMap theta_g = DetachedLeaves(theta.at("g_block").AsMap());
   // Reverse: x2 = y2 - g(y1), then x1 = y1 - f(x2), replaying each block's step seed.
   const at::Tensor z1 = y1.detach().requires_grad_(true);
   ResetStepSeed(g_seed);

@@ -24,12 +24,6 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::vector<std::string> dims;
-  for (int64_t d : shape) dims.push_back(std::to_string(d));
-  return "[" + Join(dims, ", ") + "]";
-}
-
 // Standard normals redrawn until |z| < 2 (TensorFlow's truncated_normal).
 at::Tensor TruncatedStandardNormal(const std::vector<int64_t>& shape, at::Generator& gen) {
   at::Tensor z = at::normal(0.0, 1.0, shape, gen, at::TensorOptions().dtype(at::kDouble));
@@ -264,6 +258,12 @@ at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed)
     throw InternalError(StrCat("WeightInit method ", m, " has no formula"));
   }
   return v.to(dtype);
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::vector<std::string> dims;
+  for (int64_t d : shape) dims.push_back(std::to_string(d));
+  return "[" + Join(dims, ", ") + "]";
 }
 
 }  // namespace glossa

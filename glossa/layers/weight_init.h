@@ -115,4 +115,7 @@ at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed)
 // A CPU generator keyed by a seed pair; the same pair gives the same stream.
 at::Generator MakeSeededGenerator(std::array<int64_t, 2> seed);
 
+// "[2, 3]": a shape for error messages.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 }  // namespace glossa
