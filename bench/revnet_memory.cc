@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "glossa/core/step_seed.h"
-#include "glossa/layers/layer_fn.h"
+#include "glossa/layers/block.h"
 #include "glossa/layers/linear.h"
 #include "glossa/layers/normalization.h"
 #include "glossa/layers/revnet.h"
@@ -78,7 +78,7 @@ std::map<std::string, int64_t> ParseFlags(int argc, char** argv) {
   return f;
 }
 
-glossa::Params Block(int64_t d, int64_t h) {
+glossa::Params FfnBlock(int64_t d, int64_t h) {
   using namespace glossa;
   ParamValue::List sub;
   sub.push_back(LayerNorm::Params().Set("input_dim", d));
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       ParamValue::List sub;
       for (int i = 0; i < layers; ++i) {
         sub.push_back(
-            RevNetLayer::Params().Set("f_params", Block(d, h)).Set("g_params", Block(d, h)));
+            RevNetLayer::Params().Set("f_params", FfnBlock(d, h)).Set("g_params", FfnBlock(d, h)));
       }
       Params p = StackedRevNetLayer::Params();
       p.Set("name", "rev").Set("random_seed", 1).Set("sub_layer_params", sub);

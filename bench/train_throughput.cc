@@ -81,9 +81,9 @@ int main(int argc, char** argv) {
   const int64_t vocab = std::stoll(f["vocab"]), seq = std::stoll(f["seq"]),
                 batch = std::stoll(f["batch"]);
   const int steps = std::stoi(f["steps"]);
-  Params tp = TransformerLmTask::Params();
-  tp.Set("name", "lm").Set("vocab_size", vocab).Set("model_dim", d).Set("num_layers", layers);
-  tp.Set("num_heads", std::stoll(f["num_heads"])).Set("hidden_dim", hidden).Set("random_seed", 1);
+  Params tp =
+      TransformerLmTask::CommonParams(vocab, d, hidden, std::stoll(f["num_heads"]), layers);
+  tp.Set("name", "lm").Set("random_seed", 1);
   if (f["dtype"] == "bf16") {
     tp.Set("fprop_dtype", DType::kBFloat16);
   } else if (f["dtype"] != "fp32") {

@@ -119,14 +119,18 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
   auto proj = MultiHeadedProjectionLayer::Params();
   proj.Set("input_dim", input_dim_).Set("num_heads", num_heads_).Set("dim_per_head", dim_per_head_);
   proj.Set("use_bias", params().GetBool("use_bias"));
-  for (const char* name : {"query", "key", "value"}) CreateChild(name, proj);
+  query_ = CreateChild<MultiHeadedProjectionLayer>("query", proj);
+  key_ = CreateChild<MultiHeadedProjectionLayer>("key", proj);
+  value_ = CreateChild<MultiHeadedProjectionLayer>("value", proj);
   proj.Set("is_output_projection", true);
-  CreateChild("post", proj);
+  post_ = CreateChild<MultiHeadedProjectionLayer>("post", proj);
   if (per_dim_scale_) {
-    CreateChild("per_dim_scale", PerDimScaleLayer::Params().Set("dim", dim_per_head_));
+    per_dim_scale_layer_ = CreateChild<PerDimScaleLayer>(
+        "per_dim_scale", PerDimScaleLayer::Params().Set("dim", dim_per_head_));
   }
-  CreateChild("atten_dropout", DeterministicDropoutLayer::Params().Set(
-                                   "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
+  atten_dropout_ = CreateChild<DropoutLayer>(
+      "atten_dropout", DeterministicDropoutLayer::Params().Set(
+                           "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
 }
 
 std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& theta, at::Tensor q,
@@ -135,7 +139,7 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
                                                                const at::Tensor& key_mask) const {
   // q [B, T, N, H], k/v [B, S, N, H], key_mask [B or 1, 1, T or 1, S] (true = masked).
   if (per_dim_scale_) {
-    q = GetChildAs<PerDimScaleLayer>("per_dim_scale").FProp(theta.at("per_dim_scale").AsMap(), q);
+    q = per_dim_scale_layer_->FProp(per_dim_scale_layer_.Theta(theta), q);
   } else {
     q = q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
   }
@@ -155,10 +159,9 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
     logits = logits + bias;
   }
   at::Tensor probs = at::softmax(logits, -1);
-  at::Tensor dropped =
-      GetChildAs<DropoutLayer>("atten_dropout").FProp(theta.at("atten_dropout").AsMap(), probs);
+  at::Tensor dropped = atten_dropout_->FProp(atten_dropout_.Theta(theta), probs);
   at::Tensor encoded = at::einsum("bnts,bsnh->btnh", {dropped, v});
-  encoded = GetChildAs<MultiHeadedProjectionLayer>("post").FProp(theta.at("post").AsMap(), encoded);
+  encoded = post_->FProp(post_.Theta(theta), encoded);
   return {encoded, probs};
 }
 
@@ -176,11 +179,10 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': causal attention needs T == S, got ", t, " and ", s));
   }
-  auto proj = [&](const char* name, const at::Tensor& x) {
-    return GetChildAs<MultiHeadedProjectionLayer>(name).FProp(theta.at(name).AsMap(),
-                                                              CastToFPropDtype(x));
+  auto proj = [&](const Child<MultiHeadedProjectionLayer>& p, const at::Tensor& x) {
+    return p->FProp(p.Theta(theta), CastToFPropDtype(x));
   };
-  at::Tensor q = proj("query", query), k = proj("key", key), v = proj("value", value);
+  at::Tensor q = proj(query_, query), k = proj(key_, key), v = proj(value_, value);
   at::Tensor mask;
   if (paddings.defined()) {
     if (paddings.dim() != 2 || paddings.size(0) != key.size(0) || paddings.size(1) != s) {
@@ -215,12 +217,12 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
                                       input_dim_, "], got ", query.sizes()));
   }
   at::Tensor x = CastToFPropDtype(query).unsqueeze(1);  // [B, 1, D]
-  auto proj = [&](const char* name) {
-    return GetChildAs<MultiHeadedProjectionLayer>(name).FProp(theta.at(name).AsMap(), x);
+  auto proj = [&](const Child<MultiHeadedProjectionLayer>& p) {
+    return p->FProp(p.Theta(theta), x);
   };
-  at::Tensor q = proj("query");
-  at::Tensor k = at::cat({cached_states.GetTensor("key").to(q.scalar_type()), proj("key")}, 1);
-  at::Tensor v = at::cat({cached_states.GetTensor("value").to(q.scalar_type()), proj("value")}, 1);
+  at::Tensor q = proj(query_);
+  at::Tensor k = at::cat({cached_states.GetTensor("key").to(q.scalar_type()), proj(key_)}, 1);
+  at::Tensor v = at::cat({cached_states.GetTensor("value").to(q.scalar_type()), proj(value_)}, 1);
   at::Tensor mask;
   if (paddings.defined()) {
     if (paddings.dim() != 2 || paddings.size(1) != k.size(1)) {

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "glossa/layers/base_layer.h"
+#include "glossa/layers/dropout.h"
 
 namespace glossa {
 
@@ -72,6 +73,9 @@ class MultiHeadedAttention : public BaseLayer {
 
   int64_t input_dim_, hidden_dim_, num_heads_, dim_per_head_;
   bool per_dim_scale_;
+  Child<MultiHeadedProjectionLayer> query_, key_, value_, post_;
+  Child<PerDimScaleLayer> per_dim_scale_layer_;
+  Child<DropoutLayer> atten_dropout_;
 };
 
 }  // namespace glossa

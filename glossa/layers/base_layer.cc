@@ -219,6 +219,29 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
   return value;
 }
 
+const NestedMap& ChildTheta(const NestedMap& parent_theta, const BaseLayer& child,
+                            const std::string& key, int64_t index) {
+  auto missing = [&](const std::string& what) -> InvalidArgumentError {
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : parent_theta) keys.push_back(k);
+    return InvalidArgumentError(StrCat("theta of layer '", child.path(), "' is missing: ", what,
+                                       " (the theta given to '",
+                                       child.parent() ? child.parent()->path() : "", "' has: ",
+                                       Join(keys, ", "), ")"));
+  };
+  if (!parent_theta.contains(key)) throw missing(StrCat("no '", key, "'"));
+  const NestedValue& v = parent_theta.at(key);
+  if (index < 0) {
+    if (!v.is_map()) throw missing(StrCat("'", key, "' is a ", v.KindName(), ", not a map"));
+    return v.AsMap();
+  }
+  if (!v.is_list() || index >= static_cast<int64_t>(v.AsList().size()) ||
+      !v.AsList()[index].is_map()) {
+    throw missing(StrCat("'", key, "' has no map at index ", index));
+  }
+  return v.AsList()[index].AsMap();
+}
+
 const at::Tensor& BaseLayer::GetVariable(const std::string& name) const {
   auto it = vars_.find(name);
   if (it == vars_.end()) {

@@ -2,17 +2,25 @@
 // layers during construction, and computes with FProp(theta, ...) on explicit weights, so the same
 // layer runs on any theta (towers, pipeline stages, EMA weights, recomputation, stubs).
 //
-//   class Scale : public BaseLayer {
+//   class ScaledNorm : public BaseLayer {
 //    public:
-//     static glossa::Params Params();       // BaseLayer::Params() + this layer's fields
-//     explicit Scale(const glossa::Params& p) : BaseLayer(p) { CreateVariable("w", {{4}}); }
-//     at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
-//       return x * theta.GetTensor("w");
+//     static glossa::Params Params();       // BaseLayer::Params() + dim, ln_tpl
+//     explicit ScaledNorm(const glossa::Params& p) : BaseLayer(p) {
+//       CreateVariable("w", {{p.GetInt("dim")}});
+//       ln_ = CreateChild<LayerNorm>("ln", p.GetParams("ln_tpl"));  // a typed handle, kept
 //     }
+//     at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
+//       return ln_->FProp(ln_.Theta(theta), x) * theta.GetTensor("w");  // Lingvo: theta.ln
+//     }
+//    private:
+//     Child<LayerNorm> ln_;
 //   };
-//   GLOSSA_REGISTER_CLASS(Scale, "my.layers.Scale");
-//   auto layer = Instantiate<Scale>(Scale::Params().Set("name", "scale"));
+//   GLOSSA_REGISTER_CLASS(ScaledNorm, "my.layers.ScaledNorm");
+//   auto layer = Instantiate<ScaledNorm>(ScaledNorm::Params().Set("name", "sn"));
 //   at::Tensor y = layer->FProp(layer->theta(), x);
+//
+// Params are read into members in the constructor; FProp reads members, never params() (a test,
+// tests/check_fprop_params.py, enforces it for glossa/).
 //
 // Variable full names are scope paths, `root/child/var`; initial values are deterministic given
 // the layer's random_seed (or the WeightInit's seed) and the full name. Without any seed a random
@@ -92,6 +100,37 @@ class Accumulator {
  private:
   at::Tensor value_;
   int disable_count_ = 0;
+};
+
+class BaseLayer;
+
+// Lingvo's theta.<name>: the theta of `child` (created under `key`, element `index` of a list of
+// children when index >= 0) inside its parent's theta. InvalidArgument naming the child's path and
+// the keys present when it is missing.
+const NestedMap& ChildTheta(const NestedMap& parent_theta, const BaseLayer& child,
+                            const std::string& key, int64_t index);
+
+// A typed handle to a child layer, returned by CreateChild<T> and kept as a member: FProp calls
+// the child through it without lookups by name or casts.
+template <typename T>
+class Child {
+ public:
+  Child() = default;
+  Child(const T* layer, std::string key, int64_t index = -1)
+      : layer_(layer), key_(std::move(key)), index_(index) {}
+  const T* operator->() const { return layer_; }
+  const T& operator*() const { return *layer_; }
+  const T* get() const { return layer_; }
+  explicit operator bool() const { return layer_ != nullptr; }
+  // This child's theta inside its parent's theta (Lingvo's theta.<name>).
+  const NestedMap& Theta(const NestedMap& parent_theta) const {
+    return ChildTheta(parent_theta, *layer_, key_, index_);
+  }
+
+ private:
+  const T* layer_ = nullptr;
+  std::string key_;
+  int64_t index_ = -1;
 };
 
 class BaseLayer {
@@ -190,6 +229,23 @@ class BaseLayer {
   T& CreateChildAs(const std::string& name, const glossa::Params& p) {
     return Cast<T>(CreateChild(name, p), name);
   }
+  // The same, returning a typed handle to keep (InvalidArgument naming the child when its class
+  // is not a T).
+  template <typename T>
+  Child<T> CreateChild(const std::string& name, const glossa::Params& p) {
+    return Child<T>(&Cast<T>(CreateChild(name, p), name), name);
+  }
+  // A flat list of children (CreateChildren on a list of Params) as typed handles.
+  template <typename T>
+  std::vector<Child<T>> CreateChildren(const std::string& name, const ParamValue::List& params) {
+    CreateChildren(name, ParamValue(params));
+    std::vector<Child<T>> out;
+    const std::vector<BaseLayer*> layers = GetChildren(name);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      out.emplace_back(&Cast<T>(*layers[i], name), name, static_cast<int64_t>(i));
+    }
+    return out;
+  }
   // A list or (nested) dict of Params; unnamed children are named `name_0`, `name_1`, ... in
   // flatten order (lists by index, dict keys sorted).
   void CreateChildren(const std::string& name, const ParamValue& params_structure);
@@ -233,6 +289,23 @@ T& BaseLayer::Cast(BaseLayer& layer, const std::string& name) {
   if (t == nullptr) CastError(layer, name, typeid(T).name());
   return *t;
 }
+
+// The one call shape containers use for their blocks (SequentialLayer, RevNet's f and g blocks,
+// pipeline cells, a user's container): a layer that is also a Block maps x to a tensor of the same
+// shape, with optional paddings. A user's layer drops into any container by deriving from it:
+//
+//   class MyBlock : public BaseLayer, public Block {
+//     at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+//                           const at::Tensor& paddings) const override { return FProp(theta, x); }
+//   };
+class Block {
+ public:
+  virtual ~Block() = default;
+  // x: [B, T, D] for sequence blocks (any shape for element-wise ones); paddings: [B, T] (1 =
+  // padded) or undefined; blocks without paddings ignore them.
+  virtual at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                                const at::Tensor& paddings) const = 0;
+};
 
 // Builds the layer `p` describes (p.cls) as a root layer.
 template <typename T = BaseLayer>

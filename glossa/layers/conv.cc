@@ -87,6 +87,8 @@ Conv2DLayer::Conv2DLayer(const glossa::Params& p) : BaseLayer(p) {
   stride_ = IntList(params(), "filter_stride", 2, path());
   dilation_ = IntList(params(), "dilation_rate", 2, path());
   same_ = IsSame(params(), path());
+  bias_ = params().GetBool("bias");
+  activation_ = params().GetString("activation");
   CheckActivation(params().GetString("activation"), StrCat("layer '", path(), "'"));
   const DType dtype = params().Get("dtype").AsDType();
   CreateVariable(
@@ -107,10 +109,10 @@ std::pair<at::Tensor, at::Tensor> Conv2DLayer::FProp(const NestedMap& theta,
   at::Tensor x = MaskInput(CastToFPropDtype(inputs), paddings).permute({0, 3, 1, 2});
   if (same_) x = PadSame(x, {filter_shape_[0], filter_shape_[1]}, stride_, dilation_, 0.0);
   at::Tensor w = theta.GetTensor("w").permute({3, 2, 0, 1});  // HWIO -> OIHW
-  at::Tensor b = params().GetBool("bias") ? theta.GetTensor("b") : at::Tensor();
+  at::Tensor b = bias_ ? theta.GetTensor("b") : at::Tensor();
   const std::vector<int64_t> no_padding = {0, 0};
   at::Tensor y = at::conv2d(x, w, b, stride_, no_padding, dilation_).permute({0, 2, 3, 1});
-  y = Activate(params().GetString("activation"), y);
+  y = Activate(activation_, y);
   at::Tensor out_paddings;
   if (paddings.defined()) {
     out_paddings = StridePaddings(paddings, y.size(1), stride_[0]);

@@ -25,7 +25,8 @@ class Conv2DLayer : public BaseLayer {
 
  private:
   std::vector<int64_t> filter_shape_, stride_, dilation_;
-  bool same_;
+  bool same_, bias_;
+  std::string activation_;
 };
 
 class PoolingLayer : public BaseLayer {

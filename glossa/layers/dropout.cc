@@ -50,16 +50,20 @@ glossa::Params DropoutLayer::Params() {
 DropoutLayer::DropoutLayer(const glossa::Params& p) : BaseLayer(p) {
   keep_prob_ = params().GetFloat("keep_prob");
   CheckKeepProb(keep_prob_);
+  dropout_at_eval_ = params().GetBool("dropout_at_eval");
+  if (params().IsSet("noise_shape")) noise_shape_ = IntList(params().Get("noise_shape"));
+  if (params().IsSet("noise_shape_broadcast_dims")) {
+    noise_shape_broadcast_dims_ = IntList(params().Get("noise_shape_broadcast_dims"));
+  }
 }
 
 at::Tensor DropoutLayer::FProp(const NestedMap&, const at::Tensor& x) const {
-  if ((IsEvalMode() && !params().GetBool("dropout_at_eval")) || is_inference()) return x;
+  if ((IsEvalMode() && !dropout_at_eval_) || is_inference()) return x;
   if (keep_prob_ == 1.0) return x;
-  std::optional<std::vector<int64_t>> ns;
-  if (params().IsSet("noise_shape")) ns = IntList(params().Get("noise_shape"));
-  if (params().IsSet("noise_shape_broadcast_dims")) {
+  std::optional<std::vector<int64_t>> ns = noise_shape_;
+  if (!noise_shape_broadcast_dims_.empty()) {
     std::vector<int64_t> shape = ns ? *ns : x.sizes().vec();
-    for (int64_t d : IntList(params().Get("noise_shape_broadcast_dims"))) {
+    for (int64_t d : noise_shape_broadcast_dims_) {
       const int64_t n = static_cast<int64_t>(shape.size());
       if (d >= n || d < -n) {
         throw InvalidArgumentError(StrCat("layer '", path(), "': invalid broadcast dim ", d,
@@ -85,12 +89,15 @@ glossa::Params DeterministicDropoutLayer::Params() {
   return p;
 }
 
+DeterministicDropoutLayer::DeterministicDropoutLayer(const glossa::Params& p) : DropoutLayer(p) {
+  const ParamValue& seed = params().Get("random_seed");
+  if (!seed.is_none()) random_seed_ = seed.AsInt();
+}
+
 at::Tensor DeterministicDropoutLayer::Dropout(
     const at::Tensor& x, double keep_prob,
     const std::optional<std::vector<int64_t>>& noise_shape) const {
-  const ParamValue& seed = params().Get("random_seed");
-  auto seeds = GenerateStepSeedPair(seed.is_none() ? std::nullopt : std::optional(seed.AsInt()),
-                                    std::nullopt, is_inference());
+  auto seeds = GenerateStepSeedPair(random_seed_, std::nullopt, is_inference());
   return DeterministicDropout(x, keep_prob, seeds, noise_shape);
 }
 

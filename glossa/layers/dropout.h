@@ -21,12 +21,16 @@ namespace glossa {
 at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
                                 const std::optional<std::vector<int64_t>>& noise_shape = {});
 
-class DropoutLayer : public BaseLayer {
+class DropoutLayer : public BaseLayer, public Block {
  public:
   // + keep_prob, noise_shape, noise_shape_broadcast_dims, dropout_at_eval.
   static glossa::Params Params();
   explicit DropoutLayer(const glossa::Params& p);
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const;
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor&) const override {
+    return FProp(theta, x);
+  }
 
  protected:
   // The mask-and-scale step; DeterministicDropoutLayer draws from the step seed pair.
@@ -35,16 +39,22 @@ class DropoutLayer : public BaseLayer {
 
  private:
   double keep_prob_;
+  bool dropout_at_eval_;
+  std::optional<std::vector<int64_t>> noise_shape_;
+  std::vector<int64_t> noise_shape_broadcast_dims_;
 };
 
 class DeterministicDropoutLayer : public DropoutLayer {
  public:
   static glossa::Params Params();
-  explicit DeterministicDropoutLayer(const glossa::Params& p) : DropoutLayer(p) {}
+  explicit DeterministicDropoutLayer(const glossa::Params& p);
 
  protected:
   at::Tensor Dropout(const at::Tensor& x, double keep_prob,
                      const std::optional<std::vector<int64_t>>& noise_shape) const override;
+
+ private:
+  std::optional<int64_t> random_seed_;
 };
 
 }  // namespace glossa

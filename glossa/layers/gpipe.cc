@@ -14,7 +14,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/channel.h"
 #include "glossa/layers/custom_gradient.h"
-#include "glossa/layers/layer_fn.h"
+#include "glossa/layers/block.h"
 #include "glossa/layers/transformer.h"
 
 namespace glossa {
@@ -95,10 +95,8 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   cells_ = GetChildren("cells");
   for (const BaseLayer* c : cells_) {
     CheckReplayable(*c, StrCat("pipeline '", path(), "'"));
-    if (!HasLayerFn(*c)) {
-      fail(StrCat("cell '", c->path(), "' (", c->params().ClsKey(),
-                  ") cannot be a pipeline cell; register it with RegisterLayerFn"));
-    }
+    blocks_.push_back(&AsBlock(*c, StrCat("pipeline '", path(), "'")));
+    cell_seeds_.push_back(GenerateSeedFromName(c->path()));
   }
   const int64_t n = static_cast<int64_t>(cells_.size());
   const auto& ends = params().Get("stage_ends").AsList();
@@ -117,22 +115,25 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
     if (stages > n) fail(StrCat("num_stages ", stages, " exceeds the cell count ", n));
     ends_ = EvenEnds(n, stages);
   }
-  if (params().GetInt("num_micro_batches") <= 0) fail("num_micro_batches must be > 0");
+  num_micro_batches_ = params().GetInt("num_micro_batches");
+  if (num_micro_batches_ <= 0) fail("num_micro_batches must be > 0");
+  batch_dim_ = params().GetInt("batch_dim");
+  const ParamValue& mbs = params().Get("micro_batch_size");
+  if (!mbs.is_none()) micro_batch_size_ = mbs.AsInt();
 }
 
 at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
                                   const at::Tensor& paddings) const {
-  const int64_t dim = params().GetInt("batch_dim");
+  const int64_t dim = batch_dim_;
   if (dim < 0 || dim >= inputs.dim()) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': batch_dim ", dim,
                                       " is out of range for inputs of rank ", inputs.dim()));
   }
   const int64_t batch = inputs.size(dim);
-  int64_t m = params().GetInt("num_micro_batches");
+  int64_t m = num_micro_batches_;
   int64_t size = 0;
-  const ParamValue& mbs = params().Get("micro_batch_size");
-  if (!mbs.is_none()) {
-    size = mbs.AsInt();
+  if (micro_batch_size_) {
+    size = *micro_batch_size_;
     if (size <= 0 || (m > 1 && size * m != batch) || batch % size != 0) {
       throw InvalidArgumentError(StrCat("layer '", path(), "': micro_batch_size ", size,
                                         " x num_micro_batches ", m, " does not match the batch ",
@@ -170,8 +171,8 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
                                     int64_t t) {
     OverWriteGlobalStepContext overwrite(state->global_step * m + t);
     for (int64_t c = s == 0 ? 0 : ends_[s - 1]; c < ends_[s]; ++c) {
-      ResetStepSeed(GenerateSeedFromName(cells_[c]->path()));
-      x = ApplyLayerFn(*cells_[c], thetas[c].AsMap(), x, state->paddings[t]);
+      ResetStepSeed(cell_seeds_[c]);
+      x = blocks_[c]->FPropBlock(thetas[c].AsMap(), x, state->paddings[t]);
     }
     return x;
   };
@@ -312,7 +313,12 @@ glossa::Params ExpandTransformerStack(const glossa::Params& p) {
   const std::string where = StrCat("GPipeTransformerStack '", p.GetString("name"), "'");
   const int64_t n = p.GetInt("num_layers");
   if (n <= 0) throw InvalidArgumentError(StrCat(where, ": num_layers must be > 0"));
-  ParamValue::List cells(static_cast<size_t>(n), ParamValue(StackLayerParams(p)));
+  if (p.GetBool("has_aux_atten")) {
+    throw InvalidArgumentError(StrCat(where, ": pipeline cells take no cross-attention inputs "
+                                             "(has_aux_atten must be False)"));
+  }
+  ParamValue::List cells;
+  for (auto& l : TransformerStack::LayerParams(p)) cells.push_back(ParamValue(std::move(l)));
   out.Set("cell_tpl", cells);
   const ParamValue& splits = p.Get("splits");
   ParamValue::List ends;
@@ -349,7 +355,7 @@ glossa::Params ExpandTransformerStack(const glossa::Params& p) {
 glossa::Params GPipeTransformerStack::Params() {
   glossa::Params p = PipeliningLayer::Params();
   p.Set("cls", ClsOf<GPipeTransformerStack>());
-  DefineStackLayerParams(p);
+  TransformerStack::DefineLayerFields(p);
   p.Define("splits", 1,
            "Stages: an int (that many, layers split evenly) or a list of increasing layer end "
            "indices whose last is num_layers.");

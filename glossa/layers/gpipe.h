@@ -1,5 +1,5 @@
-// GPipe pipelining (Lingvo's PipeliningLayer and GPipeTransformerStack). The cells (layers applied
-// in order through ApplyLayerFn) are split into stages; the batch is split into micro-batches
+// GPipe pipelining (Lingvo's PipeliningLayer and GPipeTransformerStack). The cells (Blocks applied
+// in order through FPropBlock) are split into stages; the batch is split into micro-batches
 // along batch_dim; each stage runs on its own thread and passes micro-batch activations to the
 // next stage over a Channel, so stages work on different micro-batches at the same time. The
 // backward pass runs the same pipeline in reverse (gradients flow back over channels), recomputing
@@ -12,10 +12,12 @@
 // micro-batch (they are disabled while the backward recomputes).
 //
 //   auto p = GPipeTransformerStack::Params();
-//   p.Set("name", "stack").Set("num_layers", 8).Set("model_dim", 64).Set("num_heads", 4)
+//   p.Set("name", "stack").Set("num_layers", 8).Set("mdl_dim", 64).Set("num_atten_heads", 4)
 //    .Set("hidden_dim", 256).Set("splits", 4).Set("num_micro_batches", 4);
 //   at::Tensor y = stack->FProp(stack->theta(), x /*[B, T, 64]*/, paddings /*[B, T]*/);
 #pragma once
+
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 
@@ -44,15 +46,20 @@ class PipeliningLayer : public BaseLayer {
 
  private:
   std::vector<BaseLayer*> cells_;
+  std::vector<const Block*> blocks_;
+  std::vector<int64_t> cell_seeds_;
   std::vector<int64_t> ends_;
+  int64_t num_micro_batches_, batch_dim_;
+  std::optional<int64_t> micro_batch_size_;
 };
 
-// A stack of TransformerLayers pipelined over stages.
+// A stack of TransformerLayers pipelined over stages; its layers come from
+// transformer_layer_params_tpl exactly as TransformerStack's do (TransformerStack::LayerParams).
 class GPipeTransformerStack : public PipeliningLayer {
  public:
-  // + num_layers, model_dim, num_heads, hidden_dim, mask_self_atten, atten_dropout_prob,
-  // residual_dropout_prob, relu_dropout_prob, pre_layer_norm, activation, splits (an int: that
-  // many stages with the layers split evenly; or a list of increasing end indices whose last is
+  // + TransformerStack's layer fields (num_layers, mdl_dim, hidden_dim, num_atten_heads,
+  // dropout_prob, mask_self_atten, transformer_layer_params_tpl), splits (an int: that many
+  // stages with the layers split evenly; or a list of increasing end indices whose last is
   // num_layers), num_micro_batches, micro_batch_size, batch_dim.
   static glossa::Params Params();
   explicit GPipeTransformerStack(const glossa::Params& p);

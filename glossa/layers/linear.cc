@@ -81,4 +81,9 @@ glossa::Params FCLayer::Params() {
 GLOSSA_REGISTER_CLASS(ProjectionLayer, "glossa.layers.ProjectionLayer");
 GLOSSA_REGISTER_CLASS(FCLayer, "glossa.layers.FCLayer");
 
+at::Tensor ProjectionLayer::FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                                       const at::Tensor& paddings) const {
+  return FProp(theta, x, paddings.defined() && x.dim() == paddings.dim() + 1 ? paddings : at::Tensor());
+}
+
 }  // namespace glossa

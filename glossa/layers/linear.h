@@ -10,7 +10,7 @@
 
 namespace glossa {
 
-class ProjectionLayer : public BaseLayer {
+class ProjectionLayer : public BaseLayer, public Block {
  public:
   // + input_dim, output_dim, activation ('RELU'), has_bias (False), bias_init (0.0).
   static glossa::Params Params();
@@ -19,6 +19,9 @@ class ProjectionLayer : public BaseLayer {
   // 0.
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
                    const at::Tensor& paddings = {}) const;
+  // As a block, [B, T] paddings apply to [B, T, D] inputs; others are ignored.
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor& paddings) const override;
 
  private:
   int64_t input_dim_, output_dim_;

@@ -243,6 +243,7 @@ glossa::Params TransformerShardedMoeLayer::Params() {
            "Capacity over the uniform share (x2 for the two choices) when expert_capacity_dim "
            "is 0.");
   p.Define("second_expert_policy", "all", "How to pick the second expert: all, sampling, random.");
+  p.Define("ln_tpl", LayerNorm::Params(), "Layer norm params (input_dim is set by this layer).");
   return p;
 }
 
@@ -275,17 +276,32 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   CreateVariable(
       "wo", WeightParams({e, h, out}, WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
                          dtype));
-  CreateChild("layer_norm", LayerNorm::Params().Set("input_dim", m));
-  CreateChild("residual_dropout",
-              DeterministicDropoutLayer::Params().Set(
-                  "keep_prob", 1.0 - params().GetFloat("residual_dropout_prob")));
-  CreateChild("relu_dropout", DeterministicDropoutLayer::Params().Set(
-                                  "keep_prob", 1.0 - params().GetFloat("relu_dropout_prob")));
+  ln_ = CreateChild<LayerNorm>("layer_norm", params().GetParams("ln_tpl").Copy().Set("input_dim", m));
+  residual_dropout_ = CreateChild<DropoutLayer>(
+      "residual_dropout", DeterministicDropoutLayer::Params().Set(
+                              "keep_prob", 1.0 - params().GetFloat("residual_dropout_prob")));
+  relu_dropout_ = CreateChild<DropoutLayer>(
+      "relu_dropout", DeterministicDropoutLayer::Params().Set(
+                          "keep_prob", 1.0 - params().GetFloat("relu_dropout_prob")));
+  input_dim_ = m;
+  num_groups_ = params().GetInt("num_groups");
+  pre_layer_norm_ = params().GetBool("pre_layer_norm");
+  use_glu_ = params().GetBool("use_glu");
+  residual_weight_ = params().GetFloat("residual_weight");
+  activation_ = params().GetString("activation");
+  gating_options_.expert_capacity_dim = params().GetInt("expert_capacity_dim");
+  if (gating_options_.expert_capacity_dim <= 0) {
+    gating_options_.capacity_factor = 2.0 * params().GetFloat("expert_capacity_factor");
+  }
+  gating_options_.second_expert_policy = policy;
+  gating_options_.legacy_mtf_behavior = true;
+  const ParamValue& seed = params().Get("random_seed");
+  if (!seed.is_none()) gating_options_.random_seed = seed.AsInt();
 }
 
 at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
                                              const at::Tensor& paddings, int64_t num_groups) const {
-  const int64_t m = params().GetInt("input_dim");
+  const int64_t m = input_dim_;
   if (inputs.dim() != 3 || inputs.size(2) != m) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [B, T, ", m, "], got ",
                                       ShapeString(inputs.sizes().vec())));
@@ -295,16 +311,14 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
       (paddings.dim() != 2 || paddings.size(0) != b || paddings.size(1) != t)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [", b, ", ", t, "]"));
   }
-  const int64_t g = num_groups > 0 ? num_groups : params().GetInt("num_groups");
+  const int64_t g = num_groups > 0 ? num_groups : num_groups_;
   if ((b * t) % g != 0) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': ", b * t, " tokens do not split into ", g, " groups"));
   }
   const int64_t s = b * t / g;
-  const bool pre_ln = params().GetBool("pre_layer_norm");
-  const auto& ln = GetChildAs<LayerNorm>("layer_norm");
   const at::Tensor x = CastToFPropDtype(inputs);
-  const at::Tensor normalized = pre_ln ? ln.FProp(theta.at("layer_norm").AsMap(), x) : x;
+  const at::Tensor normalized = pre_layer_norm_ ? ln_->FProp(ln_.Theta(theta), x) : x;
   const at::Tensor gsm = normalized.reshape({g, s, m});
   // Gating in float32 for float32/bfloat16/half activations (Lingvo's ComputeGating with
   // fprop_dtype float32), float64 for float64.
@@ -314,15 +328,8 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
 
   const at::Tensor logits =
       at::einsum("gsm,me->gse", {gsm.to(gating_dtype), theta.GetTensor("gate").to(gating_dtype)});
-  Top2GatingOptions o;
-  o.expert_capacity_dim = params().GetInt("expert_capacity_dim");
-  if (o.expert_capacity_dim <= 0)
-    o.capacity_factor = 2.0 * params().GetFloat("expert_capacity_factor");
-  o.second_expert_policy = params().GetString("second_expert_policy");
-  o.legacy_mtf_behavior = true;
+  Top2GatingOptions o = gating_options_;
   o.fprop_dtype = x.scalar_type();
-  const ParamValue& seed = params().Get("random_seed");
-  if (!seed.is_none()) o.random_seed = seed.AsInt();
   Top2GatingOutput gating;
   {
     SummaryNameScope scope(path());
@@ -332,23 +339,21 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
   const at::Tensor wi = theta.GetTensor("wi"), wo = theta.GetTensor("wo");
   const at::Tensor expert_inputs = at::einsum("gsec,gsm->egcm", {gating.dispatch, gsm});
   at::Tensor hidden = at::einsum("egcm,emh->egch", {expert_inputs, wi});
-  const std::string act = params().GetString("activation");
-  if (params().GetBool("use_glu")) {
+  if (use_glu_) {
     auto halves = hidden.chunk(2, -1);
-    hidden = Activate(act, halves[0]) * halves[1];
+    hidden = Activate(activation_, halves[0]) * halves[1];
   } else {
-    hidden = Activate(act, hidden);
+    hidden = Activate(activation_, hidden);
   }
-  hidden = GetChildAs<DropoutLayer>("relu_dropout").FProp(theta.at("relu_dropout").AsMap(), hidden);
+  hidden = relu_dropout_->FProp(relu_dropout_.Theta(theta), hidden);
   const at::Tensor expert_outputs = at::einsum("egch,ehm->gecm", {hidden, wo});
   at::Tensor combined =
       at::einsum("gsec,gecm->gsm", {gating.combine, expert_outputs}).reshape({b, t, m});
   if (paddings.defined())
     combined = combined * (1.0 - paddings.to(combined.scalar_type())).unsqueeze(-1);
-  combined = GetChildAs<DropoutLayer>("residual_dropout")
-                 .FProp(theta.at("residual_dropout").AsMap(), combined);
-  at::Tensor out = x + combined * params().GetFloat("residual_weight");
-  if (!pre_ln) out = ln.FProp(theta.at("layer_norm").AsMap(), out);
+  combined = residual_dropout_->FProp(residual_dropout_.Theta(theta), combined);
+  at::Tensor out = x + combined * residual_weight_;
+  if (!pre_layer_norm_) out = ln_->FProp(ln_.Theta(theta), out);
   AuxLossContext::AddLoss(gating.aux_loss);
   return out;
 }

@@ -89,18 +89,34 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits, const at::Tensor& 
 //   expert_in = einsum(GSEC,GSM->EGCM), h = act(einsum(EGCM,EMH->EGCH)) (GLU: act(f)·g),
 //   expert_out = einsum(EGCH,EHM->EGCM), out = einsum(GSEC,GECM->GSM) · (1 - paddings).
 // The aux loss goes to the current AuxLossContext.
-class TransformerShardedMoeLayer : public BaseLayer {
+class LayerNorm;
+class DropoutLayer;
+
+class TransformerShardedMoeLayer : public BaseLayer, public Block {
  public:
   // + input_dim, output_dim (0: input_dim), hidden_dim, activation ('RELU'), use_glu,
   // residual_dropout_prob, relu_dropout_prob, pre_layer_norm (True), residual_weight (1.0),
   // num_experts, num_groups, expert_capacity_dim (0: from the factor), expert_capacity_factor
-  // (1.5), second_expert_policy ('all').
+  // (1.5), second_expert_policy ('all'), ln_tpl (LayerNorm; input_dim set here).
   static glossa::Params Params();
   explicit TransformerShardedMoeLayer(const glossa::Params& p);
   // inputs [B, T, M], paddings [B, T] (or undefined). B·T must be divisible by the group count
   // (`num_groups` > 0 overrides the params' value, e.g. 1 for one-token decoding steps).
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
                    const at::Tensor& paddings = {}, int64_t num_groups = 0) const;
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor& paddings) const override {
+    return FProp(theta, x, paddings);
+  }
+
+ private:
+  int64_t input_dim_, num_groups_;
+  bool pre_layer_norm_, use_glu_;
+  double residual_weight_;
+  std::string activation_;
+  Top2GatingOptions gating_options_;  // without the per-call fields
+  Child<LayerNorm> ln_;
+  Child<DropoutLayer> residual_dropout_, relu_dropout_;
 };
 
 }  // namespace glossa

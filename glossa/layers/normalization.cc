@@ -65,6 +65,8 @@ BatchNormLayer::BatchNormLayer(const glossa::Params& p) : BaseLayer(p) {
   dim_ = params().GetInt("dim");
   decay_ = params().GetFloat("decay");
   epsilon_ = params().GetFloat("epsilon");
+  set_padded_output_to_zero_ = params().GetBool("set_padded_output_to_zero");
+  use_moving_avg_in_training_ = params().GetBool("use_moving_avg_in_training");
   if (dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': dim must be > 0"));
   const DType dtype = params().Get("dtype").AsDType();
   // As in Lingvo, batch-norm variables are exempt from L1/L2 regularization.
@@ -105,7 +107,7 @@ at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& input
         var_tensor.sub_((var_tensor - stat.detach().to(var_tensor.scalar_type())) * (1 - decay_));
       }
     }
-    if (params().GetBool("use_moving_avg_in_training")) {
+    if (use_moving_avg_in_training_) {
       mean = theta.GetTensor("moving_mean");
       var = theta.GetTensor("moving_variance");
     } else {
@@ -118,7 +120,7 @@ at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& input
   }
   at::Tensor out = (x - mean) * at::rsqrt(var + epsilon_) * (1 + theta.GetTensor("gamma")) +
                    theta.GetTensor("beta");
-  if (paddings.defined() && params().GetBool("set_padded_output_to_zero"))
+  if (paddings.defined() && set_padded_output_to_zero_)
     out = out * (1 - paddings.to(out.scalar_type())).unsqueeze(-1);
   return out;
 }

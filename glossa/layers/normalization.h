@@ -10,12 +10,16 @@ namespace glossa {
 
 // (x - mean) / sqrt(var + epsilon) · (1 + scale) + bias over the last dim; `scale` starts at 0
 // (Lingvo's default, direct_scale = False) or is used directly (direct_scale = True, init 1).
-class LayerNorm : public BaseLayer {
+class LayerNorm : public BaseLayer, public Block {
  public:
   // + input_dim, epsilon (1e-6), direct_scale (False).
   static glossa::Params Params();
   explicit LayerNorm(const glossa::Params& p);
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor&) const override {
+    return FProp(theta, x);
+  }
 
  private:
   int64_t input_dim_;
@@ -41,6 +45,7 @@ class BatchNormLayer : public BaseLayer {
  private:
   int64_t dim_;
   double decay_, epsilon_;
+  bool set_padded_output_to_zero_, use_moving_avg_in_training_;
 };
 
 }  // namespace glossa

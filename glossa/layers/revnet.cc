@@ -9,7 +9,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/custom_gradient.h"
-#include "glossa/layers/layer_fn.h"
+#include "glossa/layers/block.h"
 
 namespace glossa {
 namespace {
@@ -52,17 +52,12 @@ RevNetLayer::RevNetLayer(const glossa::Params& p) : BaseLayer(p) {
       throw InvalidArgumentError(StrCat("layer '", path(), "': ", key, " must be set"));
     }
   }
-  CreateChild("f_block", params().Get("f_params").AsParams());
-  CreateChild("g_block", params().Get("g_params").AsParams());
-  for (const char* child : {"f_block", "g_block"}) {
-    CheckReplayable(GetChild(child), StrCat("RevNet layer '", path(), "'"));
-    if (!HasLayerFn(GetChild(child))) {
-      throw InvalidArgumentError(StrCat("layer '", GetChild(child).path(), "' (",
-                                        GetChild(child).params().ClsKey(),
-                                        ") cannot be a RevNet block; register it with "
-                                        "RegisterLayerFn"));
-    }
-  }
+  f_layer_ = &CreateChild("f_block", params().Get("f_params").AsParams());
+  g_layer_ = &CreateChild("g_block", params().Get("g_params").AsParams());
+  const std::string container = StrCat("RevNet layer '", path(), "'");
+  for (const BaseLayer* block : {f_layer_, g_layer_}) CheckReplayable(*block, container);
+  f_ = &AsBlock(*f_layer_, container);
+  g_ = &AsBlock(*g_layer_, container);
 }
 
 RevNetLayer::Output RevNetLayer::FProp(const NestedMap& theta, const at::Tensor& x1,
@@ -72,9 +67,9 @@ RevNetLayer::Output RevNetLayer::FProp(const NestedMap& theta, const at::Tensor&
   }
   Output out;
   out.f_seed = GetStepSeed();
-  out.y1 = x1 + ApplyLayerFn(GetChild("f_block"), theta.at("f_block").AsMap(), x2);
+  out.y1 = x1 + f_->FPropBlock(ChildTheta(theta, *f_layer_, "f_block", -1), x2, {});
   out.g_seed = GetStepSeed();
-  out.y2 = x2 + ApplyLayerFn(GetChild("g_block"), theta.at("g_block").AsMap(), out.y1);
+  out.y2 = x2 + g_->FPropBlock(ChildTheta(theta, *g_layer_, "g_block", -1), out.y1, {});
   return out;
 }
 
@@ -95,16 +90,16 @@ RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const 
       for (BaseLayer* l : blocks) l->EnableAccumulators();
       ResetStepSeed(saved_seed);
     }
-  } replay({&GetChild("f_block"), &GetChild("g_block")});
-  const NestedMap theta_f = DetachedLeaves(theta.at("f_block").AsMap());
-  const NestedMap theta_g = DetachedLeaves(theta.at("g_block").AsMap());
+  } replay({f_layer_, g_layer_});
+  const NestedMap theta_f = DetachedLeaves(ChildTheta(theta, *f_layer_, "f_block", -1));
+  const NestedMap theta_g = DetachedLeaves(ChildTheta(theta, *g_layer_, "g_block", -1));
   // Reverse: x2 = y2 - g(y1), then x1 = y1 - f(x2), replaying each block's step seed.
   const at::Tensor z1 = y1.detach().requires_grad_(true);
   ResetStepSeed(g_seed);
-  const at::Tensor gz1 = ApplyLayerFn(GetChild("g_block"), theta_g, z1);
+  const at::Tensor gz1 = g_->FPropBlock(theta_g, z1, {});
   const at::Tensor x2 = (y2.detach() - gz1.detach()).requires_grad_(true);
   ResetStepSeed(f_seed);
-  const at::Tensor fx2 = ApplyLayerFn(GetChild("f_block"), theta_f, x2);
+  const at::Tensor fx2 = f_->FPropBlock(theta_f, x2, {});
   Reversed r;
   r.x1 = z1.detach() - fx2.detach();
   r.x2 = x2.detach();
@@ -141,27 +136,17 @@ StackedRevNetLayer::StackedRevNetLayer(const glossa::Params& p) : BaseLayer(p) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': sub_layer_params must be a non-empty list"));
   }
-  CreateChildren("sub_layers", sub);
-  layers_ = GetChildren("sub_layers");
-  for (const BaseLayer* l : layers_) {
-    if (dynamic_cast<const RevNetLayer*>(l) == nullptr) {
-      throw InvalidArgumentError(StrCat("layer '", l->path(), "' is not a RevNetLayer"));
-    }
-  }
-}
-
-const RevNetLayer& StackedRevNetLayer::Layer(size_t i) const {
-  return *static_cast<const RevNetLayer*>(layers_[i]);
+  layers_ = CreateChildren<RevNetLayer>("sub_layers", sub.AsList());
+  custom_gradient_ = params().GetBool("custom_gradient");
 }
 
 std::pair<at::Tensor, at::Tensor> StackedRevNetLayer::FProp(const NestedMap& theta,
                                                             const at::Tensor& x1,
                                                             const at::Tensor& x2) const {
-  const auto& thetas = theta.at("sub_layers").AsList();
-  if (!params().GetBool("custom_gradient")) {
+  if (!custom_gradient_) {
     at::Tensor a1 = x1, a2 = x2;
     for (size_t i = 0; i < layers_.size(); ++i) {
-      auto out = Layer(i).FProp(thetas[i].AsMap(), a1, a2);
+      auto out = Layer(i).FProp(layers_[i].Theta(theta), a1, a2);
       a1 = out.y1;
       a2 = out.y2;
     }

@@ -20,8 +20,8 @@ namespace glossa {
 
 class RevNetLayer : public BaseLayer {
  public:
-  // + f_params, g_params: Params of shape-preserving layers usable through ApplyLayerFn
-  // (layer_fn.h), e.g. a SequentialLayer or a TransformerFeedForwardLayer.
+  // + f_params, g_params: Params of shape-preserving Blocks (base_layer.h), e.g. a
+  // SequentialLayer or a TransformerFeedForwardLayer.
   static glossa::Params Params();
   explicit RevNetLayer(const glossa::Params& p);
 
@@ -42,6 +42,12 @@ class RevNetLayer : public BaseLayer {
   Reversed ReverseAndGrad(const NestedMap& theta, const at::Tensor& y1, const at::Tensor& y2,
                           const at::Tensor& dy1, const at::Tensor& dy2, int64_t f_seed,
                           int64_t g_seed) const;
+
+ private:
+  BaseLayer* f_layer_;
+  BaseLayer* g_layer_;
+  const Block* f_;
+  const Block* g_;
 };
 
 class StackedRevNetLayer : public BaseLayer {
@@ -54,8 +60,9 @@ class StackedRevNetLayer : public BaseLayer {
                                           const at::Tensor& x2) const;
 
  private:
-  const RevNetLayer& Layer(size_t i) const;
-  std::vector<BaseLayer*> layers_;
+  const RevNetLayer& Layer(size_t i) const { return *layers_[i]; }
+  std::vector<Child<RevNetLayer>> layers_;
+  bool custom_gradient_;
 };
 
 }  // namespace glossa

@@ -22,6 +22,9 @@ glossa::Params LSTMCellSimple::Params() {
 LSTMCellSimple::LSTMCellSimple(const glossa::Params& p) : BaseLayer(p) {
   num_input_ = params().GetInt("num_input_nodes");
   num_output_ = params().GetInt("num_output_nodes");
+  forget_gate_bias_ = params().GetFloat("forget_gate_bias");
+  if (params().IsSet("cell_value_cap")) cell_value_cap_ = params().GetFloat("cell_value_cap");
+  output_nonlinearity_ = params().GetBool("output_nonlinearity");
   if (num_input_ <= 0 || num_output_ <= 0) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': num_input_nodes and num_output_nodes must be > 0"));
@@ -52,14 +55,11 @@ NestedMap LSTMCellSimple::FProp(const NestedMap& theta, const NestedMap& state0,
   auto parts = gates.chunk(4, 1);
   const at::Tensor &i_i = parts[0], &i_g = parts[1], &f_g = parts[2], &o_g = parts[3];
   at::Tensor new_c =
-      at::sigmoid(f_g + params().GetFloat("forget_gate_bias")) * c.to(gates.scalar_type()) +
+      at::sigmoid(f_g + forget_gate_bias_) * c.to(gates.scalar_type()) +
       at::sigmoid(i_g) * at::tanh(i_i);
-  if (params().IsSet("cell_value_cap")) {
-    const double cap = params().GetFloat("cell_value_cap");
-    new_c = at::clamp(new_c, -cap, cap);
-  }
+  if (cell_value_cap_) new_c = at::clamp(new_c, -*cell_value_cap_, *cell_value_cap_);
   at::Tensor new_m =
-      at::sigmoid(o_g) * (params().GetBool("output_nonlinearity") ? at::tanh(new_c) : new_c);
+      at::sigmoid(o_g) * (output_nonlinearity_ ? at::tanh(new_c) : new_c);
   if (padding.defined()) {
     at::Tensor pad = padding.to(new_m.scalar_type());
     if (pad.dim() == 1) pad = pad.unsqueeze(1);
@@ -81,7 +81,8 @@ glossa::Params RNNLayer::Params() {
 }
 
 RNNLayer::RNNLayer(const glossa::Params& p) : BaseLayer(p) {
-  CreateChild("cell", params().GetParams("cell"));
+  cell_ = CreateChild<LSTMCellSimple>("cell", params().GetParams("cell"));
+  reverse_ = params().GetBool("reverse");
 }
 
 std::pair<at::Tensor, NestedMap> RNNLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
@@ -91,18 +92,17 @@ std::pair<at::Tensor, NestedMap> RNNLayer::FProp(const NestedMap& theta, const a
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': inputs must be [T, B, D], got ", inputs.sizes()));
   }
-  const auto& cell = GetChildAs<LSTMCellSimple>("cell");
-  const NestedMap& cell_theta = theta.at("cell").AsMap();
+  const LSTMCellSimple& cell = *cell_;
+  const NestedMap& cell_theta = cell_.Theta(theta);
   const int64_t t_len = inputs.size(0), batch = inputs.size(1);
   if (paddings.defined() && (paddings.size(0) != t_len || paddings.size(1) != batch)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [T, B, 1] = [", t_len,
                                       ", ", batch, ", 1], got ", paddings.sizes()));
   }
   NestedMap state = state0.empty() ? cell.ZeroState(batch, fprop_dtype()) : state0;
-  const bool reverse = params().GetBool("reverse");
   std::vector<at::Tensor> outputs(t_len);
   for (int64_t step = 0; step < t_len; ++step) {
-    const int64_t t = reverse ? t_len - 1 - step : step;
+    const int64_t t = reverse_ ? t_len - 1 - step : step;
     at::Tensor pad = paddings.defined() ? paddings[t] : at::Tensor();
     state = cell.FProp(cell_theta, state, inputs[t], pad);
     outputs[t] = state.GetTensor("m");
@@ -135,21 +135,18 @@ StackedRNN::StackedRNN(const glossa::Params& p) : BaseLayer(p) {
     cell.Set("num_output_nodes", params().GetInt("num_output_nodes"));
     rnns.push_back(RNNLayer::Params().Set("cell", cell));
   }
-  CreateChildren("rnn", rnns);
-  rnns_ = GetChildren("rnn");
+  rnns_ = CreateChildren<RNNLayer>("rnn", rnns);
+  skip_start_ = params().IsSet("skip_start") ? params().GetInt("skip_start") : n;
 }
 
 std::pair<at::Tensor, std::vector<NestedMap>> StackedRNN::FProp(const NestedMap& theta,
                                                                 const at::Tensor& inputs,
                                                                 const at::Tensor& paddings) const {
-  const auto& thetas = theta.at("rnn").AsList();
-  const int64_t skip_start = params().IsSet("skip_start") ? params().GetInt("skip_start")
-                                                          : static_cast<int64_t>(rnns_.size());
   at::Tensor x = CastToFPropDtype(inputs);
   std::vector<NestedMap> finals;
   for (size_t i = 0; i < rnns_.size(); ++i) {
-    auto [y, state] = static_cast<const RNNLayer*>(rnns_[i])->FProp(thetas[i].AsMap(), x, paddings);
-    if (static_cast<int64_t>(i) >= skip_start && y.sizes() == x.sizes()) y = y + x;
+    auto [y, state] = rnns_[i]->FProp(rnns_[i].Theta(theta), x, paddings);
+    if (static_cast<int64_t>(i) >= skip_start_ && y.sizes() == x.sizes()) y = y + x;
     x = y;
     finals.push_back(state);
   }

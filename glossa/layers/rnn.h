@@ -5,6 +5,8 @@
 //   auto [outputs, final_state] = rnn->FProp(rnn->theta(), inputs, paddings);
 #pragma once
 
+#include <optional>
+
 #include <utility>
 #include <vector>
 
@@ -30,6 +32,9 @@ class LSTMCellSimple : public BaseLayer {
 
  private:
   int64_t num_input_, num_output_;
+  double forget_gate_bias_;
+  std::optional<double> cell_value_cap_;
+  bool output_nonlinearity_;
 };
 
 // Runs a cell over time.
@@ -43,6 +48,10 @@ class RNNLayer : public BaseLayer {
   std::pair<at::Tensor, NestedMap> FProp(const NestedMap& theta, const at::Tensor& inputs,
                                          const at::Tensor& paddings = {},
                                          const NestedMap& state0 = {}) const;
+
+ private:
+  Child<LSTMCellSimple> cell_;
+  bool reverse_;
 };
 
 // num_layers RNNs, each fed the previous one's outputs; from layer skip_start on, each layer's
@@ -58,7 +67,8 @@ class StackedRNN : public BaseLayer {
                                                       const at::Tensor& paddings = {}) const;
 
  private:
-  std::vector<BaseLayer*> rnns_;
+  std::vector<Child<RNNLayer>> rnns_;
+  int64_t skip_start_;
 };
 
 }  // namespace glossa

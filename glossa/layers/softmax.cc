@@ -25,6 +25,8 @@ SimpleFullSoftmax::SimpleFullSoftmax(const glossa::Params& p) : BaseLayer(p) {
   input_dim_ = params().GetInt("input_dim");
   num_classes_ = params().GetInt("num_classes");
   label_smoothing_ = params().GetFloat("label_smoothing");
+  if (params().IsSet("logits_abs_max")) logits_abs_max_ = params().GetFloat("logits_abs_max");
+  compute_per_example_argmax_ = params().GetBool("compute_per_example_argmax");
   if (input_dim_ <= 0 || num_classes_ <= 0) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': input_dim and num_classes must be > 0"));
@@ -50,10 +52,7 @@ at::Tensor SimpleFullSoftmax::Logits(const NestedMap& theta, const at::Tensor& i
   at::Tensor logits =
       at::addmm(theta.GetTensor("bias_0"), x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"))
           .view(shape);
-  if (params().IsSet("logits_abs_max")) {
-    const double m = params().GetFloat("logits_abs_max");
-    logits = at::clamp(logits, -m, m);
-  }
+  if (logits_abs_max_) logits = at::clamp(logits, -*logits_abs_max_, *logits_abs_max_);
   return logits;
 }
 
@@ -111,7 +110,7 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
   out.Put("logits", logits);
   out.Put("log_probs", log_probs);
   out.Put("per_example_xent", xent);
-  if (params().GetBool("compute_per_example_argmax")) {
+  if (compute_per_example_argmax_) {
     out.Put("per_example_argmax", log_probs.detach().argmax(-1));  // float32: bf16 argmax is slower
   }
   out.Put("per_example_max_log_prob", at::amax(log_probs.detach(), {-1}));

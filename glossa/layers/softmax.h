@@ -6,6 +6,8 @@
 //   at::Tensor loss = out.GetTensor("avg_xent");
 #pragma once
 
+#include <optional>
+
 #include "glossa/layers/base_layer.h"
 
 namespace glossa {
@@ -31,6 +33,8 @@ class SimpleFullSoftmax : public BaseLayer {
  private:
   int64_t input_dim_, num_classes_;
   double label_smoothing_;
+  std::optional<double> logits_abs_max_;
+  bool compute_per_example_argmax_;
 };
 
 }  // namespace glossa

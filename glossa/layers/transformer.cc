@@ -4,11 +4,8 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/attention.h"
-#include "glossa/layers/dropout.h"
-#include "glossa/layers/linear.h"
+#include "glossa/layers/block.h"
 #include "glossa/layers/moe.h"
-#include "glossa/layers/normalization.h"
 
 namespace glossa {
 namespace {
@@ -17,12 +14,22 @@ glossa::Params DropoutParams(double prob) {
   return DeterministicDropoutLayer::Params().Set("keep_prob", 1.0 - prob);
 }
 
-at::Tensor RunDropout(const BaseLayer& owner, const NestedMap& theta, const char* name,
-                      const at::Tensor& x) {
-  return owner.GetChildAs<DropoutLayer>(name).FProp(theta.at(name).AsMap(), x);
+// The template `p.<key>` as a mutable copy with input_dim set.
+glossa::Params BlockParams(const glossa::Params& p, const char* key, int64_t input_dim) {
+  const ParamValue& v = p.Get(key);
+  if (!v.is_params()) {
+    throw InvalidArgumentError(
+        StrCat("layer '", p.GetString("name"), "': ", key, " must be layer Params, got ",
+               v.KindName()));
+  }
+  glossa::Params out = v.AsParams().Copy();
+  if (!out.Contains("input_dim")) {
+    throw InvalidArgumentError(StrCat("layer '", p.GetString("name"), "': ", key, " (",
+                                      out.ClsKey(), ") has no input_dim field"));
+  }
+  out.Set("input_dim", input_dim);
+  return out;
 }
-
-const NestedMap& Sub(const NestedMap& theta, const char* name) { return theta.at(name).AsMap(); }
 
 }  // namespace
 
@@ -38,33 +45,40 @@ glossa::Params TransformerFeedForwardLayer::Params() {
   p.Define("relu_dropout_prob", 0.0, "Dropout probability after the hidden activation.");
   p.Define("pre_layer_norm", true, "Layer norm before the block (else after the residual sum).");
   p.Define("residual_weight", 1.0, "Weight of the residual branch.");
+  p.Define("ln_tpl", LayerNorm::Params(), "Layer norm params (input_dim is set by this layer).");
   return p;
 }
 
 TransformerFeedForwardLayer::TransformerFeedForwardLayer(const glossa::Params& p) : BaseLayer(p) {
-  const int64_t d = params().GetInt("input_dim"), h = params().GetInt("hidden_dim");
-  CreateChild("ln", LayerNorm::Params().Set("input_dim", d));
+  const int64_t d = p.GetInt("input_dim"), h = p.GetInt("hidden_dim");
+  if (d <= 0 || h <= 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim and hidden_dim must be > 0, got ",
+                                      d, " and ", h));
+  }
+  pre_layer_norm_ = p.GetBool("pre_layer_norm");
+  residual_weight_ = p.GetFloat("residual_weight");
+  ln_ = CreateChild<LayerNorm>("ln", p.GetParams("ln_tpl").Copy().Set("input_dim", d));
   auto fc = FCLayer::Params();
-  fc.Set("input_dim", d).Set("output_dim", h).Set("activation", params().GetString("activation"));
-  CreateChild("fc0", fc);
+  fc.Set("input_dim", d).Set("output_dim", h).Set("activation", p.GetString("activation"));
+  fc0_ = CreateChild<FCLayer>("fc0", fc);
   fc.Set("input_dim", h).Set("output_dim", d).Set("activation", "NONE");
-  CreateChild("fc1", fc);
-  CreateChild("relu_dropout", DropoutParams(params().GetFloat("relu_dropout_prob")));
-  CreateChild("residual_dropout", DropoutParams(params().GetFloat("residual_dropout_prob")));
+  fc1_ = CreateChild<FCLayer>("fc1", fc);
+  relu_dropout_ =
+      CreateChild<DropoutLayer>("relu_dropout", DropoutParams(p.GetFloat("relu_dropout_prob")));
+  residual_dropout_ = CreateChild<DropoutLayer>(
+      "residual_dropout", DropoutParams(p.GetFloat("residual_dropout_prob")));
 }
 
 at::Tensor TransformerFeedForwardLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
                                               const at::Tensor& paddings) const {
-  const bool pre_ln = params().GetBool("pre_layer_norm");
-  const auto& ln = GetChildAs<LayerNorm>("ln");
   at::Tensor x = CastToFPropDtype(inputs);
-  at::Tensor h = pre_ln ? ln.FProp(Sub(theta, "ln"), x) : x;
-  h = GetChildAs<FCLayer>("fc0").FProp(Sub(theta, "fc0"), h, paddings);
-  h = RunDropout(*this, theta, "relu_dropout", h);
-  h = GetChildAs<FCLayer>("fc1").FProp(Sub(theta, "fc1"), h, paddings);
-  h = RunDropout(*this, theta, "residual_dropout", h);
-  at::Tensor out = at::add(x, h, params().GetFloat("residual_weight"));  // alpha: no mul when 1
-  return pre_ln ? out : ln.FProp(Sub(theta, "ln"), out);
+  at::Tensor h = pre_layer_norm_ ? ln_->FProp(ln_.Theta(theta), x) : x;
+  h = fc0_->FProp(fc0_.Theta(theta), h, paddings);
+  h = relu_dropout_->FProp(relu_dropout_.Theta(theta), h);
+  h = fc1_->FProp(fc1_.Theta(theta), h, paddings);
+  h = residual_dropout_->FProp(residual_dropout_.Theta(theta), h);
+  at::Tensor out = at::add(x, h, residual_weight_);  // alpha: no mul when 1
+  return pre_layer_norm_ ? out : ln_->FProp(ln_.Theta(theta), out);
 }
 
 // ---- TransformerAttentionLayer ----
@@ -79,31 +93,34 @@ glossa::Params TransformerAttentionLayer::Params() {
   p.Define("atten_dropout_prob", 0.0, "Dropout probability on the attention weights.");
   p.Define("residual_dropout_prob", 0.0, "Dropout probability on the residual branch.");
   p.Define("pre_layer_norm", true, "Layer norm before attention (else after the residual sum).");
-  p.Define("enable_per_dim_scale", true, "Learned per-dim scaling of the queries.");
+  p.Define("atten_tpl", MultiHeadedAttention::Params(),
+           "Multi-headed attention params (input_dim, hidden_dim, num_heads and "
+           "atten_dropout_prob are set by this layer).");
+  p.Define("ln_tpl", LayerNorm::Params(), "Layer norm params (input_dim is set by this layer).");
   return p;
 }
 
 TransformerAttentionLayer::TransformerAttentionLayer(const glossa::Params& p) : BaseLayer(p) {
-  pre_layer_norm_ = params().GetBool("pre_layer_norm");
-  is_masked_ = params().GetBool("is_masked");
-  const int64_t d = params().GetInt("input_dim");
-  CreateChild("ln", LayerNorm::Params().Set("input_dim", d));
-  auto atten = MultiHeadedAttention::Params();
-  atten.Set("input_dim", d).Set("hidden_dim", params().GetInt("hidden_dim"));
-  atten.Set("num_heads", params().GetInt("num_heads"));
-  atten.Set("atten_dropout_prob", params().GetFloat("atten_dropout_prob"));
-  atten.Set("enable_per_dim_scale", params().GetBool("enable_per_dim_scale"));
-  CreateChild("atten", atten);
-  CreateChild("residual_dropout", DropoutParams(params().GetFloat("residual_dropout_prob")));
+  pre_layer_norm_ = p.GetBool("pre_layer_norm");
+  is_masked_ = p.GetBool("is_masked");
+  const int64_t d = p.GetInt("input_dim");
+  ln_ = CreateChild<LayerNorm>("ln", p.GetParams("ln_tpl").Copy().Set("input_dim", d));
+  auto atten = p.GetParams("atten_tpl").Copy();
+  atten.Set("input_dim", d).Set("hidden_dim", p.GetInt("hidden_dim"));
+  atten.Set("num_heads", p.GetInt("num_heads"));
+  atten.Set("atten_dropout_prob", p.GetFloat("atten_dropout_prob"));
+  atten_ = CreateChild<MultiHeadedAttention>("atten", atten);
+  residual_dropout_ = CreateChild<DropoutLayer>(
+      "residual_dropout", DropoutParams(p.GetFloat("residual_dropout_prob")));
 }
 
 at::Tensor TransformerAttentionLayer::Norm(const NestedMap& theta, const at::Tensor& x) const {
-  return GetChildAs<LayerNorm>("ln").FProp(Sub(theta, "ln"), x);
+  return ln_->FProp(ln_.Theta(theta), x);
 }
 
 at::Tensor TransformerAttentionLayer::Residual(const NestedMap& theta, const at::Tensor& x,
                                                const at::Tensor& y) const {
-  at::Tensor out = x + RunDropout(*this, theta, "residual_dropout", y);
+  at::Tensor out = x + residual_dropout_->FProp(residual_dropout_.Theta(theta), y);
   return pre_layer_norm_ ? out : Norm(theta, out);
 }
 
@@ -114,13 +131,13 @@ std::pair<at::Tensor, at::Tensor> TransformerAttentionLayer::FProp(
   at::Tensor q = pre_layer_norm_ ? Norm(theta, x) : x;
   // Cross-attention attends to the source as given; self-attention to the normalized query.
   at::Tensor kv = source.defined() ? CastToFPropDtype(source) : q;
-  auto [encoded, probs] = GetChildAs<MultiHeadedAttention>("atten").FProp(
-      Sub(theta, "atten"), q, kv, kv, paddings, is_masked_ && !source.defined());
+  auto [encoded, probs] =
+      atten_->FProp(atten_.Theta(theta), q, kv, kv, paddings, is_masked_ && !source.defined());
   return {Residual(theta, x, encoded), probs};
 }
 
 NestedMap TransformerAttentionLayer::InitStates(int64_t batch_size, at::ScalarType dtype) const {
-  return GetChildAs<MultiHeadedAttention>("atten").InitStates(batch_size, dtype);
+  return atten_->InitStates(batch_size, dtype);
 }
 
 std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(
@@ -131,8 +148,7 @@ std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(
   }
   at::Tensor x = CastToFPropDtype(query);
   at::Tensor q = pre_layer_norm_ ? Norm(theta, x) : x;
-  auto [encoded, new_states] =
-      GetChildAs<MultiHeadedAttention>("atten").ExtendStep(Sub(theta, "atten"), q, states);
+  auto [encoded, new_states] = atten_->ExtendStep(atten_.Theta(theta), q, states);
   return {Residual(theta, x, encoded), new_states};
 }
 
@@ -141,44 +157,59 @@ std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(
 glossa::Params TransformerLayer::Params() {
   glossa::Params p = BaseLayer::Params();
   p.Set("cls", ClsOf<TransformerLayer>());
-  p.Define("input_dim", 0, "Dimension of the transformer block input.");
-  p.Define("num_heads", 1, "Number of attention heads.");
-  p.Define("hidden_dim", 0, "Hidden dimension of the feed-forward block.");
+  p.Define("input_dim", 0, "Dimension of the transformer block input (set into every block).");
+  p.Define("num_heads", 0,
+           "Number of attention heads set into the attention templates; 0 keeps theirs.");
   p.Define("mask_self_atten", false, "If True, use causal self-attention (decoder).");
   p.Define("has_aux_atten", false, "If True, add cross-attention to aux_vecs (decoder).");
-  p.Define("atten_dropout_prob", 0.0, "Dropout probability on the attention weights.");
-  p.Define("residual_dropout_prob", 0.0, "Dropout probability on the residual branches.");
-  p.Define("relu_dropout_prob", 0.0, "Dropout probability inside the feed-forward block.");
-  p.Define("pre_layer_norm", true, "Pre-layer-norm (True) or post-layer-norm (False) blocks.");
-  p.Define("activation", "RELU", "Feed-forward non-linearity.");
-  p.Define("tr_fflayer_tpl", nullptr,
-           "Feed-forward block params (None: TransformerFeedForwardLayer). A "
-           "TransformerShardedMoeLayer here makes the layer a Mixture-of-Experts layer; its "
-           "input_dim, dropouts, pre_layer_norm and activation are set from this layer's, and "
-           "hidden_dim when 0.");
+  p.Define("tr_atten_tpl", TransformerAttentionLayer::Params(),
+           "Attention block params (TransformerAttentionLayer), for self- and cross-attention.");
+  p.Define("tr_self_atten_tpl", nullptr,
+           "Self-attention block params; None: tr_atten_tpl.");
+  p.Define("tr_aux_atten_tpl", nullptr,
+           "Cross-attention block params (with has_aux_atten); None: tr_atten_tpl.");
+  p.Define("tr_fflayer_tpl", TransformerFeedForwardLayer::Params(),
+           "Feed-forward block params: TransformerFeedForwardLayer (dense), "
+           "TransformerShardedMoeLayer (Mixture-of-Experts) or any Block with an input_dim.");
+  p.Define("ln_tpl", nullptr,
+           "Layer norm params for every block (LayerNorm); None: each block's own ln_tpl.");
+  return p;
+}
+
+glossa::Params& TransformerLayer::SetCanonicalShapeParams(glossa::Params& p, int64_t input_dim,
+                                                          int64_t hidden_dim,
+                                                          int64_t num_heads) {
+  p.Set("input_dim", input_dim);
+  p.Set("tr_atten_tpl.num_heads", num_heads);
+  p.Set("tr_fflayer_tpl.hidden_dim", hidden_dim);
   return p;
 }
 
 TransformerLayer::TransformerLayer(const glossa::Params& p) : BaseLayer(p) {
-  const int64_t d = params().GetInt("input_dim");
-  auto atten = TransformerAttentionLayer::Params();
-  atten.Set("input_dim", d).Set("num_heads", params().GetInt("num_heads"));
-  atten.Set("atten_dropout_prob", params().GetFloat("atten_dropout_prob"));
-  atten.Set("residual_dropout_prob", params().GetFloat("residual_dropout_prob"));
-  atten.Set("pre_layer_norm", params().GetBool("pre_layer_norm"));
-  CreateChild("self_atten", atten.Copy().Set("is_masked", params().GetBool("mask_self_atten")));
-  if (params().GetBool("has_aux_atten")) CreateChild("cross_atten", atten);
-  const ParamValue& tpl = params().Get("tr_fflayer_tpl");
-  auto ff = tpl.is_none() ? TransformerFeedForwardLayer::Params() : tpl.AsParams().Copy();
-  ff.Set("input_dim", d);
-  if (tpl.is_none() || ff.GetInt("hidden_dim") == 0) {
-    ff.Set("hidden_dim", params().GetInt("hidden_dim"));
+  const int64_t d = p.GetInt("input_dim");
+  if (d <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': input_dim must be > 0"));
+  const ParamValue& ln = p.Get("ln_tpl");
+  auto atten_params = [&](const char* key, bool masked) {
+    glossa::Params a = BlockParams(p, key, d);
+    if (p.GetInt("num_heads") > 0) a.Set("num_heads", p.GetInt("num_heads"));
+    a.Set("is_masked", masked);
+    if (!ln.is_none()) a.Set("ln_tpl", ln);
+    return a;
+  };
+  const bool own_self = !p.Get("tr_self_atten_tpl").is_none();
+  self_atten_ = CreateChild<TransformerAttentionLayer>(
+      "self_atten",
+      atten_params(own_self ? "tr_self_atten_tpl" : "tr_atten_tpl", p.GetBool("mask_self_atten")));
+  if (p.GetBool("has_aux_atten")) {
+    const bool own_aux = !p.Get("tr_aux_atten_tpl").is_none();
+    cross_atten_ = CreateChild<TransformerAttentionLayer>(
+        "cross_atten", atten_params(own_aux ? "tr_aux_atten_tpl" : "tr_atten_tpl", false));
   }
-  ff.Set("activation", params().GetString("activation"));
-  ff.Set("residual_dropout_prob", params().GetFloat("residual_dropout_prob"));
-  ff.Set("relu_dropout_prob", params().GetFloat("relu_dropout_prob"));
-  ff.Set("pre_layer_norm", params().GetBool("pre_layer_norm"));
-  CreateChild("fflayer", ff);
+  glossa::Params ff = BlockParams(p, "tr_fflayer_tpl", d);
+  if (!ln.is_none() && ff.Contains("ln_tpl")) ff.Set("ln_tpl", ln);
+  fflayer_ = CreateChild<BaseLayer>("fflayer", ff);
+  ff_block_ = &AsBlock(*fflayer_, StrCat("TransformerLayer '", path(), "' (tr_fflayer_tpl)"));
+  moe_ = dynamic_cast<const TransformerShardedMoeLayer*>(fflayer_.get());
 }
 
 std::pair<at::Tensor, at::Tensor> TransformerLayer::FProp(const NestedMap& theta,
@@ -186,137 +217,144 @@ std::pair<at::Tensor, at::Tensor> TransformerLayer::FProp(const NestedMap& theta
                                                           const at::Tensor& paddings,
                                                           const at::Tensor& aux_vecs,
                                                           const at::Tensor& aux_paddings) const {
-  auto [x, probs] = GetChildAs<TransformerAttentionLayer>("self_atten")
-                        .FProp(Sub(theta, "self_atten"), inputs, {}, paddings);
-  if (HasChild("cross_atten")) {
+  auto [x, probs] = self_atten_->FProp(self_atten_.Theta(theta), inputs, {}, paddings);
+  if (cross_atten_) {
     if (!aux_vecs.defined()) {
       throw InvalidArgumentError(StrCat("layer '", path(), "': has_aux_atten needs aux_vecs"));
     }
-    x = GetChildAs<TransformerAttentionLayer>("cross_atten")
-            .FProp(Sub(theta, "cross_atten"), x, aux_vecs, aux_paddings)
-            .first;
+    x = cross_atten_->FProp(cross_atten_.Theta(theta), x, aux_vecs, aux_paddings).first;
   }
-  x = FeedForward(theta, x, paddings);
+  x = ff_block_->FPropBlock(fflayer_.Theta(theta), x, paddings);
   return {x, probs};
 }
 
-at::Tensor TransformerLayer::FeedForward(const NestedMap& theta, const at::Tensor& x,
-                                         const at::Tensor& paddings, bool one_group) const {
-  const BaseLayer& ff = GetChild("fflayer");
-  if (const auto* moe = dynamic_cast<const TransformerShardedMoeLayer*>(&ff)) {
-    return moe->FProp(Sub(theta, "fflayer"), x, paddings, one_group ? 1 : 0);
-  }
-  return GetChildAs<TransformerFeedForwardLayer>("fflayer").FProp(Sub(theta, "fflayer"), x,
-                                                                  paddings);
-}
-
 NestedMap TransformerLayer::InitStates(int64_t batch_size, at::ScalarType dtype) const {
-  return GetChildAs<TransformerAttentionLayer>("self_atten").InitStates(batch_size, dtype);
+  return self_atten_->InitStates(batch_size, dtype);
 }
 
 std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
     const at::Tensor& aux_vecs, const at::Tensor& aux_paddings) const {
-  auto [x, new_states] = GetChildAs<TransformerAttentionLayer>("self_atten")
-                             .ExtendStep(Sub(theta, "self_atten"), inputs, states);
-  if (HasChild("cross_atten")) {
-    x = GetChildAs<TransformerAttentionLayer>("cross_atten")
-            .FProp(Sub(theta, "cross_atten"), x.unsqueeze(1), aux_vecs, aux_paddings)
+  auto [x, new_states] = self_atten_->ExtendStep(self_atten_.Theta(theta), inputs, states);
+  if (cross_atten_) {
+    x = cross_atten_->FProp(cross_atten_.Theta(theta), x.unsqueeze(1), aux_vecs, aux_paddings)
             .first.squeeze(1);
   }
-  x = FeedForward(theta, x.unsqueeze(1), {}, /*one_group=*/true).squeeze(1);
-  return {x, new_states};
+  const NestedMap& ff_theta = fflayer_.Theta(theta);
+  // A decoding step's tokens route together, as one group.
+  x = moe_ != nullptr ? moe_->FProp(ff_theta, x.unsqueeze(1), {}, /*num_groups=*/1)
+                      : ff_block_->FPropBlock(ff_theta, x.unsqueeze(1), {});
+  return {x.squeeze(1), new_states};
 }
 
 // ---- TransformerStack ----
 
-void DefineStackLayerParams(glossa::Params& p) {
-  p.Define("num_layers", 1, "Number of transformer layers.");
-  p.Define("model_dim", 0, "Model dimension (input and output of every layer).");
-  p.Define("num_heads", 1, "Number of attention heads.");
-  p.Define("hidden_dim", 0, "Hidden dimension of the feed-forward blocks.");
-  p.Define("mask_self_atten", false, "Causal self-attention (decoder).");
-  p.Define("atten_dropout_prob", 0.0, "Dropout probability on the attention weights.");
-  p.Define("residual_dropout_prob", 0.0, "Dropout probability on the residual branches.");
-  p.Define("relu_dropout_prob", 0.0, "Dropout probability inside the feed-forward blocks.");
-  p.Define("pre_layer_norm", true,
-           "Pre-layer-norm layers (a TransformerStack adds a final layer norm) or "
-           "post-layer-norm layers.");
-  p.Define("activation", "RELU", "Feed-forward non-linearity.");
-}
-
-glossa::Params StackLayerParams(const glossa::Params& stack) {
-  auto layer = TransformerLayer::Params();
-  layer.Set("input_dim", stack.GetInt("model_dim")).Set("num_heads", stack.GetInt("num_heads"));
-  layer.Set("hidden_dim", stack.GetInt("hidden_dim"));
-  for (const char* key : {"mask_self_atten", "atten_dropout_prob", "residual_dropout_prob",
-                          "relu_dropout_prob", "pre_layer_norm", "activation"}) {
-    layer.Set(key, stack.Get(key));
-  }
-  return layer;
-}
-
 glossa::Params TransformerStack::Params() {
   glossa::Params p = BaseLayer::Params();
   p.Set("cls", ClsOf<TransformerStack>());
-  DefineStackLayerParams(p);
-  p.Define("has_aux_atten", false, "Cross-attention to the encoder output (decoder).");
+  DefineLayerFields(p);
   p.Define("input_dropout_prob", 0.0, "Dropout probability on the stack's input.");
-  p.Define("moe_tpl", nullptr,
-           "TransformerShardedMoeLayer params for Mixture-of-Experts feed-forward blocks (None: "
-           "all dense).");
-  p.Define("moe_layers_every", 2,
-           "With moe_tpl: layer i uses it when (i + 1) % moe_layers_every == 0 (GShard's every "
-           "other layer with 2).");
+  p.Define("final_layer_norm", true,
+           "A layer norm after the last layer (for pre-layer-norm layers).");
+  p.Define("ln_tpl", LayerNorm::Params(), "The final layer norm's params.");
   return p;
 }
 
-TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
-  const int64_t n = params().GetInt("num_layers");
-  if (n <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': num_layers must be > 0"));
-  auto layer = StackLayerParams(params());
-  layer.Set("has_aux_atten", params().Get("has_aux_atten"));
-  const ParamValue& moe = params().Get("moe_tpl");
-  const int64_t every = params().GetInt("moe_layers_every");
-  if (!moe.is_none() && every <= 0) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': moe_layers_every must be > 0"));
-  }
-  ParamValue::List layers;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!moe.is_none() && (i + 1) % every == 0) {
-      layers.push_back(layer.Copy().Set("tr_fflayer_tpl", moe.AsParams()));
-    } else {
-      layers.push_back(layer);
+void TransformerStack::DefineLayerFields(glossa::Params& p) {
+  p.Define("num_layers", 1, "Number of transformer layers.");
+  p.Define("mdl_dim", 0, "Model dimension set into every layer's input_dim; 0 keeps theirs.");
+  p.Define("hidden_dim", 0,
+           "Feed-forward hidden dimension set into every layer's tr_fflayer_tpl; 0 keeps theirs.");
+  p.Define("num_atten_heads", 0,
+           "Attention heads set into every layer's attention templates; 0 keeps theirs.");
+  p.Define("dropout_prob", nullptr,
+           "When set, the attention, residual and relu dropout probability of every block.");
+  p.Define("mask_self_atten", false, "Causal self-attention in every layer (decoder).");
+  p.Define("has_aux_atten", false, "Cross-attention to the encoder output (decoder).");
+  p.Define("transformer_layer_params_tpl", TransformerLayer::Params(),
+           "TransformerLayer params: one template for every layer, or a list whose length "
+           "divides num_layers (layer i uses entry i / (num_layers / len)), e.g. alternating "
+           "dense and MoE feed-forward templates.");
+}
+
+std::vector<glossa::Params> TransformerStack::LayerParams(const glossa::Params& p) {
+  const std::string where = StrCat("TransformerStack '", p.GetString("name"), "'");
+  const int64_t n = p.GetInt("num_layers");
+  if (n <= 0) throw InvalidArgumentError(StrCat(where, ": num_layers must be > 0, got ", n));
+  const ParamValue& tpl = p.Get("transformer_layer_params_tpl");
+  std::vector<glossa::Params> templates;
+  if (tpl.is_list()) {
+    for (const auto& t : tpl.AsList()) {
+      if (!t.is_params()) {
+        throw InvalidArgumentError(
+            StrCat(where, ": transformer_layer_params_tpl must hold Params, found a ", t.KindName()));
+      }
+      templates.push_back(t.AsParams());
     }
+    if (templates.empty() || n % static_cast<int64_t>(templates.size()) != 0) {
+      throw InvalidArgumentError(StrCat(where, ": transformer_layer_params_tpl has ",
+                                        templates.size(), " templates, which must divide num_layers ",
+                                        n));
+    }
+  } else if (tpl.is_params()) {
+    templates.push_back(tpl.AsParams());
+  } else {
+    throw InvalidArgumentError(StrCat(where, ": transformer_layer_params_tpl must be Params or a "
+                                             "list of Params, got ",
+                                      tpl.KindName()));
   }
-  CreateChild("input_dropout", DropoutParams(params().GetFloat("input_dropout_prob")));
-  CreateChildren("x_layers", layers);
-  layers_ = GetChildren("x_layers");
-  if (params().GetBool("pre_layer_norm")) {
-    CreateChild("final_ln", LayerNorm::Params().Set("input_dim", params().GetInt("model_dim")));
+  const int64_t factor = n / static_cast<int64_t>(templates.size());
+  const ParamValue& dropout = p.Get("dropout_prob");
+  std::vector<glossa::Params> layers;
+  for (int64_t i = 0; i < n; ++i) {
+    glossa::Params l = templates[static_cast<size_t>(i / factor)].Copy();
+    l.Set("name", "");  // children are named x_layers_<i>
+    l.Set("mask_self_atten", p.GetBool("mask_self_atten"));
+    l.Set("has_aux_atten", p.GetBool("has_aux_atten"));
+    if (p.GetInt("mdl_dim") > 0) l.Set("input_dim", p.GetInt("mdl_dim"));
+    if (p.GetInt("num_atten_heads") > 0) l.Set("num_heads", p.GetInt("num_atten_heads"));
+    if (p.GetInt("hidden_dim") > 0) l.Set("tr_fflayer_tpl.hidden_dim", p.GetInt("hidden_dim"));
+    if (!dropout.is_none()) {
+      const double d = dropout.AsFloat();
+      for (const char* a : {"tr_atten_tpl", "tr_self_atten_tpl", "tr_aux_atten_tpl"}) {
+        if (!l.Get(a).is_params()) continue;
+        l.Set(StrCat(a, ".atten_dropout_prob"), d).Set(StrCat(a, ".residual_dropout_prob"), d);
+      }
+      l.Set("tr_fflayer_tpl.residual_dropout_prob", d).Set("tr_fflayer_tpl.relu_dropout_prob", d);
+    }
+    layers.push_back(std::move(l));
+  }
+  return layers;
+}
+
+TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
+  ParamValue::List layers;
+  for (auto& l : LayerParams(p)) layers.push_back(ParamValue(std::move(l)));
+  input_dropout_ = CreateChild<DropoutLayer>("input_dropout",
+                                             DropoutParams(p.GetFloat("input_dropout_prob")));
+  layers_ = CreateChildren<TransformerLayer>("x_layers", layers);
+  model_dim_ = layers_.front()->params().GetInt("input_dim");
+  if (p.GetBool("final_layer_norm")) {
+    final_ln_ =
+        CreateChild<LayerNorm>("final_ln", p.GetParams("ln_tpl").Copy().Set("input_dim", model_dim_));
   }
 }
 
 at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inputs,
                                    const at::Tensor& paddings, const at::Tensor& aux_vecs,
                                    const at::Tensor& aux_paddings) const {
-  at::Tensor x = RunDropout(*this, theta, "input_dropout", CastToFPropDtype(inputs));
-  const auto& layer_thetas = theta.at("x_layers").AsList();
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    x = static_cast<const TransformerLayer*>(layers_[i])
-            ->FProp(layer_thetas[i].AsMap(), x, paddings, aux_vecs, aux_paddings)
-            .first;
+  at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
+  for (const auto& layer : layers_) {
+    x = layer->FProp(layer.Theta(theta), x, paddings, aux_vecs, aux_paddings).first;
   }
-  if (HasChild("final_ln")) x = GetChildAs<LayerNorm>("final_ln").FProp(Sub(theta, "final_ln"), x);
+  if (final_ln_) x = final_ln_->FProp(final_ln_.Theta(theta), x);
   return x;
 }
 
 NestedMap TransformerStack::InitStates(int64_t batch_size, at::ScalarType dtype) const {
   NestedMap states;
   NestedValue::List per_layer;
-  for (const BaseLayer* l : layers_) {
-    per_layer.push_back(static_cast<const TransformerLayer*>(l)->InitStates(batch_size, dtype));
-  }
+  for (const auto& layer : layers_) per_layer.push_back(layer->InitStates(batch_size, dtype));
   states.Put("x_layers", std::move(per_layer));
   return states;
 }
@@ -324,18 +362,16 @@ NestedMap TransformerStack::InitStates(int64_t batch_size, at::ScalarType dtype)
 std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
     const at::Tensor& aux_vecs, const at::Tensor& aux_paddings) const {
-  at::Tensor x = RunDropout(*this, theta, "input_dropout", CastToFPropDtype(inputs));
-  const auto& layer_thetas = theta.at("x_layers").AsList();
+  at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
   const auto& layer_states = states.at("x_layers").AsList();
   NestedValue::List new_states;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    auto [y, s] = static_cast<const TransformerLayer*>(layers_[i])
-                      ->ExtendStep(layer_thetas[i].AsMap(), x, layer_states[i].AsMap(), aux_vecs,
-                                   aux_paddings);
+    auto [y, s] = layers_[i]->ExtendStep(layers_[i].Theta(theta), x, layer_states[i].AsMap(),
+                                         aux_vecs, aux_paddings);
     x = y;
     new_states.push_back(std::move(s));
   }
-  if (HasChild("final_ln")) x = GetChildAs<LayerNorm>("final_ln").FProp(Sub(theta, "final_ln"), x);
+  if (final_ln_) x = final_ln_->FProp(final_ln_.Theta(theta), x);
   NestedMap out;
   out.Put("x_layers", std::move(new_states));
   return {x, out};

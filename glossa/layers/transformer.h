@@ -1,10 +1,14 @@
-// Transformer building blocks (Lingvo's batch-major transformer): the feed-forward block, the
-// attention block, the transformer layer (self-attention, optional cross-attention, feed-forward;
-// pre- or post-layer-norm, residual dropout), and encoder/decoder stacks.
+// Transformer building blocks (Lingvo's batch-major transformer), composed from templates as in
+// Lingvo: a TransformerLayer is built from tr_atten_tpl (self- and cross-attention) and
+// tr_fflayer_tpl (a dense TransformerFeedForwardLayer, a TransformerShardedMoeLayer, or any
+// Block); a TransformerStack (Lingvo's StackedTransformerLayers) from
+// transformer_layer_params_tpl, one template or a list of them. Every field of every block stays
+// reachable by its path, e.g. `stack.transformer_layer_params_tpl.tr_fflayer_tpl.activation`.
 //
 //   auto p = TransformerStack::Params();
-//   p.Set("name", "enc").Set("num_layers", 6).Set("model_dim", 512).Set("num_heads", 8)
+//   p.Set("name", "enc").Set("num_layers", 6).Set("mdl_dim", 512).Set("num_atten_heads", 8)
 //    .Set("hidden_dim", 2048);
+//   p.GetParams("transformer_layer_params_tpl.tr_fflayer_tpl").Set("activation", "GELU");
 //   at::Tensor enc_out = enc->FProp(enc->theta(), x, paddings);
 //   // decoder: mask_self_atten and has_aux_atten; FProp(theta, y, y_paddings, enc_out, paddings)
 #pragma once
@@ -12,34 +16,58 @@
 #include <utility>
 #include <vector>
 
+#include "glossa/layers/attention.h"
 #include "glossa/layers/base_layer.h"
+#include "glossa/layers/dropout.h"
+#include "glossa/layers/linear.h"
+#include "glossa/layers/normalization.h"
 
 namespace glossa {
 
+class TransformerShardedMoeLayer;
+
 // out = x + residual_weight · dropout(fc1(relu_dropout(act(fc0(norm(x)))))) (pre-norm), or
 // norm(x + ...) without norm inside (post-norm).
-class TransformerFeedForwardLayer : public BaseLayer {
+class TransformerFeedForwardLayer : public BaseLayer, public Block {
  public:
   // + input_dim, hidden_dim, activation ('RELU'), residual_dropout_prob, relu_dropout_prob,
-  // pre_layer_norm (True), residual_weight (1.0).
+  // pre_layer_norm (True), residual_weight (1.0), ln_tpl (LayerNorm; input_dim set here).
   static glossa::Params Params();
   explicit TransformerFeedForwardLayer(const glossa::Params& p);
   // inputs [B, T, D]; paddings [B, T] zero the padded positions of the block's output.
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
                    const at::Tensor& paddings = {}) const;
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor& paddings) const override {
+    return FProp(theta, x, paddings);
+  }
+
+ private:
+  bool pre_layer_norm_;
+  double residual_weight_;
+  Child<LayerNorm> ln_;
+  Child<FCLayer> fc0_, fc1_;
+  Child<DropoutLayer> relu_dropout_, residual_dropout_;
 };
 
 // Self- or cross-attention with layer norm, residual dropout and the residual connection.
-class TransformerAttentionLayer : public BaseLayer {
+class TransformerAttentionLayer : public BaseLayer, public Block {
  public:
   // + input_dim, num_heads, hidden_dim (0: input_dim), is_masked (causal self-attention),
-  // atten_dropout_prob, residual_dropout_prob, pre_layer_norm (True), enable_per_dim_scale.
+  // atten_dropout_prob, residual_dropout_prob, pre_layer_norm (True), atten_tpl
+  // (MultiHeadedAttention; input_dim, hidden_dim, num_heads and atten_dropout_prob set here),
+  // ln_tpl (LayerNorm; input_dim set here).
   static glossa::Params Params();
   explicit TransformerAttentionLayer(const glossa::Params& p);
   // Self-attention when source is undefined; returns (output [B, T, D], probs [B, N, T, S]).
   std::pair<at::Tensor, at::Tensor> FProp(const NestedMap& theta, const at::Tensor& query,
                                           const at::Tensor& source = {},
                                           const at::Tensor& paddings = {}) const;
+  // Self-attention as a block (paddings mask the keys).
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor& paddings) const override {
+    return FProp(theta, x, {}, paddings).first;
+  }
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
   // One step of masked self-attention: query [B, D] -> (output [B, D], new states).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
@@ -49,14 +77,23 @@ class TransformerAttentionLayer : public BaseLayer {
   at::Tensor Norm(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor Residual(const NestedMap& theta, const at::Tensor& x, const at::Tensor& y) const;
   bool pre_layer_norm_, is_masked_;
+  Child<LayerNorm> ln_;
+  Child<MultiHeadedAttention> atten_;
+  Child<DropoutLayer> residual_dropout_;
 };
 
-class TransformerLayer : public BaseLayer {
+// Self-attention, optional cross-attention, then the feed-forward block (Lingvo's batch-major
+// TransformerLayer).
+class TransformerLayer : public BaseLayer, public Block {
  public:
-  // + input_dim, num_heads, hidden_dim (feed-forward), mask_self_atten, has_aux_atten,
-  // atten_dropout_prob, residual_dropout_prob, relu_dropout_prob, pre_layer_norm, activation,
-  // tr_fflayer_tpl (None: dense; TransformerShardedMoeLayer params: MoE).
+  // + input_dim, num_heads (0: the templates' own), mask_self_atten, has_aux_atten,
+  // tr_atten_tpl (TransformerAttentionLayer), tr_self_atten_tpl (None: tr_atten_tpl),
+  // tr_aux_atten_tpl (None: tr_atten_tpl), tr_fflayer_tpl (TransformerFeedForwardLayer,
+  // TransformerShardedMoeLayer or any Block with an input_dim), ln_tpl (None: each block's own).
   static glossa::Params Params();
+  // Lingvo's SetCanonicalShapeParams: input_dim, num_heads and the feed-forward hidden_dim.
+  static glossa::Params& SetCanonicalShapeParams(glossa::Params& p, int64_t input_dim,
+                                                 int64_t hidden_dim, int64_t num_heads);
   explicit TransformerLayer(const glossa::Params& p);
   // inputs [B, T, D], paddings [B, T]; aux_vecs [B, S, D] and aux_paddings [B, S] for the
   // cross-attention. Returns (output [B, T, D], self-attention probs).
@@ -64,6 +101,11 @@ class TransformerLayer : public BaseLayer {
                                           const at::Tensor& paddings = {},
                                           const at::Tensor& aux_vecs = {},
                                           const at::Tensor& aux_paddings = {}) const;
+  // A layer without cross-attention as a block.
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor& paddings) const override {
+    return FProp(theta, x, paddings).first;
+  }
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
   // One decoding step: inputs [B, D] -> (output [B, D], new states).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
@@ -72,39 +114,52 @@ class TransformerLayer : public BaseLayer {
                                               const at::Tensor& aux_paddings = {}) const;
 
  private:
-  // The dense or MoE feed-forward block; one_group routes a decoding step's tokens together.
-  at::Tensor FeedForward(const NestedMap& theta, const at::Tensor& x, const at::Tensor& paddings,
-                         bool one_group = false) const;
+  Child<TransformerAttentionLayer> self_atten_, cross_atten_;
+  Child<BaseLayer> fflayer_;
+  const Block* ff_block_ = nullptr;
+  // Set when the feed-forward block is MoE: a decoding step routes its tokens as one group.
+  const TransformerShardedMoeLayer* moe_ = nullptr;
 };
 
-// The fields a stack of TransformerLayers forwards to each layer: num_layers, model_dim,
-// num_heads, hidden_dim, mask_self_atten, atten_dropout_prob, residual_dropout_prob,
-// relu_dropout_prob, pre_layer_norm, activation (TransformerStack, GPipeTransformerStack).
-void DefineStackLayerParams(glossa::Params& p);
-// TransformerLayer Params from a stack's fields (input_dim = model_dim).
-glossa::Params StackLayerParams(const glossa::Params& stack);
-
-// num_layers TransformerLayers, with a final layer norm when the layers are pre-norm.
-// An encoder leaves mask_self_atten and has_aux_atten off; a decoder turns both on.
-class TransformerStack : public BaseLayer {
+// Lingvo's StackedTransformerLayers: num_layers TransformerLayers from
+// transformer_layer_params_tpl (one template, or a list whose length divides num_layers: layer i
+// uses template i / (num_layers / len)), then an optional final layer norm. The stack's fields
+// set the corresponding template fields of every layer when given (mdl_dim > 0, hidden_dim > 0,
+// num_atten_heads > 0, dropout_prob not None); mask_self_atten and has_aux_atten always do.
+class TransformerStack : public BaseLayer, public Block {
  public:
-  // + num_layers, model_dim, num_heads, hidden_dim, mask_self_atten, has_aux_atten,
-  // atten_dropout_prob, residual_dropout_prob, relu_dropout_prob, input_dropout_prob,
-  // pre_layer_norm (True), activation, moe_tpl (None), moe_layers_every (2).
+  // + num_layers, mdl_dim, hidden_dim, num_atten_heads, dropout_prob, mask_self_atten,
+  // has_aux_atten, input_dropout_prob, final_layer_norm (True), ln_tpl,
+  // transformer_layer_params_tpl.
   static glossa::Params Params();
+  // Defines the fields LayerParams reads (every field above but input_dropout_prob,
+  // final_layer_norm and ln_tpl), for other stacks of TransformerLayers (GPipeTransformerStack).
+  static void DefineLayerFields(glossa::Params& p);
   explicit TransformerStack(const glossa::Params& p);
+  // The TransformerLayer Params of every layer, after the stack's fields are applied
+  // (InvalidArgument naming the field for a bad num_layers or template list).
+  static std::vector<glossa::Params> LayerParams(const glossa::Params& stack);
+
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
                    const at::Tensor& paddings = {}, const at::Tensor& aux_vecs = {},
                    const at::Tensor& aux_paddings = {}) const;
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor& paddings) const override {
+    return FProp(theta, x, paddings);
+  }
   // Per-layer decoding caches.
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
                                               const NestedMap& states,
                                               const at::Tensor& aux_vecs = {},
                                               const at::Tensor& aux_paddings = {}) const;
+  int64_t model_dim() const { return model_dim_; }
 
  private:
-  std::vector<BaseLayer*> layers_;
+  int64_t model_dim_;
+  Child<DropoutLayer> input_dropout_;
+  std::vector<Child<TransformerLayer>> layers_;
+  Child<LayerNorm> final_ln_;
 };
 
 class TransformerEncoder : public TransformerStack {

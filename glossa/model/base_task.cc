@@ -56,7 +56,8 @@ glossa::Params BaseTask::Params() {
 
 BaseTask::BaseTask(const glossa::Params& p) : BaseLayer(p) {
   if (params().IsSet("input")) CreateChild("input", params().GetParams("input"));
-  if (params().GetInt("num_splits") < 1) {
+  num_splits_ = params().GetInt("num_splits");
+  if (num_splits_ < 1) {
     throw InvalidArgumentError(StrCat("task '", path(), "': num_splits must be >= 1"));
   }
   learner_ = train_params().GetParams("learner").Instantiate<Learner>();
@@ -82,7 +83,7 @@ Metrics CombineMetrics(const std::vector<Metrics>& towers) {
 }
 
 BaseTask::FPropResult BaseTask::FProp(const NestedMap& theta, const NestedMap& batch) const {
-  const int64_t n = params().GetInt("num_splits");
+  const int64_t n = num_splits_;
   std::vector<NestedMap> towers =
       n == 1 ? std::vector<NestedMap>{batch} : BaseInputGenerator::SplitInputBatch(batch, n);
   std::vector<Metrics> tower_metrics;

@@ -77,6 +77,7 @@ class BaseTask : public BaseLayer {
 
  private:
   std::unique_ptr<Learner> learner_;
+  int64_t num_splits_;
 };
 
 // Combines per-tower metrics by weighted average (weights summed).

@@ -68,15 +68,13 @@ class AustenLmBase : public ModelParamsBase {
 
 Params LmTask(int64_t dim, int64_t layers, int64_t heads, int64_t hidden, int64_t max_steps,
               double lr, int64_t warmup) {
-  Params p = TransformerLmTask::Params();
+  Params p = TransformerLmTask::CommonParams(kVocabSize, dim, hidden, heads, layers);
   p.Set("name", "lm");
-  p.Set("vocab_size", kVocabSize)
-      .Set("model_dim", dim)
-      .Set("num_layers", layers)
-      .Set("num_heads", heads);
-  p.Set("hidden_dim", hidden);
-  p.Set("residual_dropout_prob", 0.1).Set("atten_dropout_prob", 0.0).Set("relu_dropout_prob", 0.0);
-  p.Set("label_smoothing", 0.0);
+  // Residual dropout 0.1 in the attention and feed-forward blocks; none on the attention weights
+  // or the hidden activations.
+  Params& layer = p.GetParams("stack.transformer_layer_params_tpl");
+  layer.Set("tr_atten_tpl.residual_dropout_prob", 0.1);
+  layer.Set("tr_fflayer_tpl.residual_dropout_prob", 0.1);
   Params& tp = p.GetParams("train");
   tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
   tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 5);
@@ -105,11 +103,17 @@ class TransformerLmMoeTiny : public AustenLmBase {
  public:
   Params Task() const override {
     Params p = LmTask(128, 2, 4, 512, 1200, 2e-3, 100);
-    p.Set("moe_tpl", TransformerShardedMoeLayer::Params()
-                         .Set("num_experts", 4)
-                         .Set("num_groups", 1)
-                         .Set("expert_capacity_factor", 1.5));
-    p.Set("moe_layers_every", 2).Set("aux_loss_weight", 0.01);
+    // Layer 0 dense, layer 1 MoE: a list of two layer templates (GShard's every other layer).
+    const Params dense = p.GetParams("stack.transformer_layer_params_tpl");
+    Params moe = dense.Copy();
+    moe.Set("tr_fflayer_tpl", TransformerShardedMoeLayer::Params()
+                                  .Set("hidden_dim", 512)
+                                  .Set("residual_dropout_prob", 0.1)
+                                  .Set("num_experts", 4)
+                                  .Set("num_groups", 1)
+                                  .Set("expert_capacity_factor", 1.5));
+    p.Set("stack.transformer_layer_params_tpl", ParamValue::List{dense, moe});
+    p.Set("aux_loss_weight", 0.01);
     return p;
   }
 };

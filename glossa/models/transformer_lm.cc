@@ -19,20 +19,15 @@ namespace glossa {
 glossa::Params TransformerLmTask::Params() {
   glossa::Params p = BaseTask::Params();
   p.Set("cls", ClsOf<TransformerLmTask>());
-  p.Define("vocab_size", 0, "Vocabulary size (the tokenizer's).");
-  p.Define("model_dim", 0, "Model dimension.");
-  p.Define("num_layers", 1, "Number of transformer layers.");
-  p.Define("num_heads", 1, "Number of attention heads.");
-  p.Define("hidden_dim", 0, "Hidden dimension of the feed-forward blocks.");
-  p.Define("residual_dropout_prob", 0.0, "Dropout on the residual branches.");
-  p.Define("atten_dropout_prob", 0.0, "Dropout on the attention weights.");
-  p.Define("relu_dropout_prob", 0.0, "Dropout inside the feed-forward blocks.");
-  p.Define("input_dropout_prob", 0.0, "Dropout on the embedded inputs.");
-  p.Define("label_smoothing", 0.0, "Label smoothing of the training loss.");
-  p.Define("moe_tpl", nullptr,
-           "TransformerShardedMoeLayer params: Mixture-of-Experts feed-forward blocks in every "
-           "moe_layers_every-th layer (None: dense).");
-  p.Define("moe_layers_every", 2, "With moe_tpl: layers i with (i + 1) % this == 0 are MoE.");
+  p.Define("emb", EmbeddingLayer::Params().Set("scale_sqrt_depth", true),
+           "Token embedding params (vocab_size, embedding_dim).");
+  p.Define("position_emb", PositionalEmbeddingLayer::Params(),
+           "Sinusoidal position embedding params (embedding_dim).");
+  p.Define("stack", TransformerStack::Params().Set("mask_self_atten", true),
+           "The causal TransformerStack (its transformer_layer_params_tpl holds the attention "
+           "and feed-forward templates).");
+  p.Define("softmax", SimpleFullSoftmax::Params().Set("compute_per_example_argmax", false),
+           "Softmax params (input_dim, num_classes, label_smoothing).");
   p.Define("aux_loss_weight", 0.01,
            "Weight of the MoE load-balancing losses (summed over layers) in the training loss.");
   p.Define("decode_prompt_length", 8,
@@ -43,62 +38,63 @@ glossa::Params TransformerLmTask::Params() {
   return p;
 }
 
+glossa::Params TransformerLmTask::CommonParams(int64_t vocab_size, int64_t model_dim,
+                                               int64_t hidden_dim, int64_t num_heads,
+                                               int64_t num_layers) {
+  glossa::Params p = Params();
+  p.Set("emb.vocab_size", vocab_size).Set("emb.embedding_dim", model_dim);
+  p.Set("emb.params_init",
+        WeightInit::Gaussian(1.0 / std::sqrt(static_cast<double>(model_dim))).ToParams());
+  p.Set("position_emb.embedding_dim", model_dim);
+  p.Set("stack.num_layers", num_layers);
+  TransformerLayer::SetCanonicalShapeParams(p.GetParams("stack.transformer_layer_params_tpl"),
+                                            model_dim, hidden_dim, num_heads);
+  p.Set("softmax.input_dim", model_dim).Set("softmax.num_classes", vocab_size);
+  return p;
+}
+
 TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
-  const int64_t vocab = p.GetInt("vocab_size"), dim = p.GetInt("model_dim");
-  if (vocab <= 0 || dim <= 0) {
-    throw InvalidArgumentError(StrCat("task '", path(),
-                                      "': vocab_size and model_dim must be positive, got ", vocab,
-                                      " and ", dim));
-  }
-  CreateChild("emb",
-              EmbeddingLayer::Params()
-                  .Set("vocab_size", vocab)
-                  .Set("embedding_dim", dim)
-                  .Set("scale_sqrt_depth", true)
-                  .Set("params_init",
-                       WeightInit::Gaussian(1.0 / std::sqrt(static_cast<double>(dim))).ToParams()));
-  CreateChild("pos", PositionalEmbeddingLayer::Params().Set("embedding_dim", dim));
-  CreateChild("stack", TransformerStack::Params()
-                           .Set("num_layers", p.GetInt("num_layers"))
-                           .Set("model_dim", dim)
-                           .Set("num_heads", p.GetInt("num_heads"))
-                           .Set("hidden_dim", p.GetInt("hidden_dim"))
-                           .Set("mask_self_atten", true)
-                           .Set("residual_dropout_prob", p.GetFloat("residual_dropout_prob"))
-                           .Set("atten_dropout_prob", p.GetFloat("atten_dropout_prob"))
-                           .Set("relu_dropout_prob", p.GetFloat("relu_dropout_prob"))
-                           .Set("input_dropout_prob", p.GetFloat("input_dropout_prob"))
-                           .Set("moe_tpl", p.Get("moe_tpl"))
-                           .Set("moe_layers_every", p.GetInt("moe_layers_every")));
-  CreateChild("softmax", SimpleFullSoftmax::Params()
-                             .Set("input_dim", dim)
-                             .Set("num_classes", vocab)
-                             .Set("label_smoothing", p.GetFloat("label_smoothing"))
-                             .Set("compute_per_example_argmax", false));
+  emb_ = CreateChild<EmbeddingLayer>("emb", p.GetParams("emb"));
+  position_emb_ = CreateChild<PositionalEmbeddingLayer>("position_emb", p.GetParams("position_emb"));
+  stack_ = CreateChild<TransformerStack>("stack", p.GetParams("stack"));
+  softmax_ = CreateChild<SimpleFullSoftmax>("softmax", p.GetParams("softmax"));
+  vocab_size_ = p.GetInt("emb.vocab_size");
+  const int64_t dim = p.GetInt("emb.embedding_dim");
+  auto check = [&](const char* key, int64_t value, const char* what, int64_t want) {
+    if (value != want) {
+      throw InvalidArgumentError(StrCat("task '", path(), "': ", key, " (", value,
+                                        ") must equal ", what, " (", want, ")"));
+    }
+  };
+  check("position_emb.embedding_dim", p.GetInt("position_emb.embedding_dim"),
+        "emb.embedding_dim", dim);
+  check("the stack's model dim (stack.mdl_dim or its layers' input_dim)", stack_->model_dim(),
+        "emb.embedding_dim", dim);
+  check("softmax.input_dim", p.GetInt("softmax.input_dim"), "emb.embedding_dim", dim);
+  check("softmax.num_classes", p.GetInt("softmax.num_classes"), "emb.vocab_size", vocab_size_);
+  label_smoothing_ = p.GetFloat("softmax.label_smoothing");
+  aux_loss_weight_ = p.GetFloat("aux_loss_weight");
+  decode_prompt_length_ = p.GetInt("decode_prompt_length");
+  decode_max_new_tokens_ = p.GetInt("decode_max_new_tokens");
+  decode_temperature_ = p.GetFloat("decode_temperature");
+  decode_top_k_ = p.GetInt("decode_top_k");
 }
 
 at::Tensor TransformerLmTask::Logits(const NestedMap& theta, const at::Tensor& ids,
                                      const at::Tensor& paddings) const {
-  const auto& emb = GetChildAs<EmbeddingLayer>("emb");
-  at::Tensor x = emb.FProp(theta.at("emb").AsMap(), ids);
-  x = x + GetChildAs<PositionalEmbeddingLayer>("pos")
-              .FProp(theta.at("pos").AsMap(), ids.size(1))
-              .to(x.scalar_type());
-  x = GetChildAs<TransformerStack>("stack").FProp(theta.at("stack").AsMap(), x, paddings);
-  return GetChildAs<SimpleFullSoftmax>("softmax").Logits(theta.at("softmax").AsMap(), x);
+  at::Tensor x = emb_->FProp(emb_.Theta(theta), ids);
+  x = x + position_emb_->FProp(position_emb_.Theta(theta), ids.size(1)).to(x.scalar_type());
+  x = stack_->FProp(stack_.Theta(theta), x, paddings);
+  return softmax_->Logits(softmax_.Theta(theta), x);
 }
 
 NestedMap TransformerLmTask::ComputePredictions(const NestedMap& theta,
                                                 const NestedMap& batch) const {
-  const auto& emb = GetChildAs<EmbeddingLayer>("emb");
   const at::Tensor& ids = batch.GetTensor("ids");
-  at::Tensor x = emb.FProp(theta.at("emb").AsMap(), ids);
-  x = x + GetChildAs<PositionalEmbeddingLayer>("pos")
-              .FProp(theta.at("pos").AsMap(), ids.size(1))
-              .to(x.scalar_type());
+  at::Tensor x = emb_->FProp(emb_.Theta(theta), ids);
+  x = x + position_emb_->FProp(position_emb_.Theta(theta), ids.size(1)).to(x.scalar_type());
   AuxLossContext aux;
-  x = GetChildAs<TransformerStack>("stack").FProp(theta.at("stack").AsMap(), x,
-                                                  batch.GetTensor("paddings"));
+  x = stack_->FProp(stack_.Theta(theta), x, batch.GetTensor("paddings"));
   NestedMap out{{"encoded", x}};
   if (!aux.losses().empty()) out.Set("aux_loss", aux.Sum());
   return out;
@@ -111,8 +107,8 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   at::Tensor weights =
       batch.Has("weights") ? batch.GetTensor("weights") : at::ones(labels.sizes(), at::kFloat);
   weights = weights * (1 - batch.GetTensor("paddings").to(at::kFloat));
-  NestedMap xent = GetChildAs<SimpleFullSoftmax>("softmax").FProp(
-      theta.at("softmax").AsMap(), predictions.GetTensor("encoded"), labels, weights);
+  NestedMap xent = softmax_->FProp(softmax_.Theta(theta), predictions.GetTensor("encoded"),
+                                   labels, weights);
   const at::Tensor num_tokens = xent.GetTensor("total_weight").detach();
   // A prediction is correct when the label's log-prob is the maximum (exact ties, which have
   // probability zero, count as correct): a max over the classes instead of an argmax.
@@ -127,13 +123,13 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   at::Tensor loss = xent.GetTensor("avg_xent");
   if (predictions.Has("aux_loss")) {
     const at::Tensor aux = predictions.GetTensor("aux_loss");
-    loss = loss + params().GetFloat("aux_loss_weight") * aux.to(loss.scalar_type());
+    loss = loss + aux_loss_weight_ * aux.to(loss.scalar_type());
     out.metrics["aux_loss"] = Metric{aux.detach(), at::full({}, 1.0)};
   }
   out.metrics["loss"] = Metric{loss, num_tokens};
   // With label smoothing the loss is not the log-perplexity; recompute it from the log-probs.
   at::Tensor log_pplx = xent.GetTensor("avg_xent");
-  if (params().GetFloat("label_smoothing") > 0) {
+  if (label_smoothing_ > 0) {
     at::Tensor lp = xent.GetTensor("log_probs").gather(-1, labels.unsqueeze(-1)).squeeze(-1);
     log_pplx = -(lp * weights).sum() / at::clamp_min(num_tokens, 1);
   }
@@ -150,27 +146,27 @@ at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& p
                                      uint64_t seed) const {
   at::NoGradGuard no_grad;
   EvalModeScope eval;
-  const auto& emb = GetChildAs<EmbeddingLayer>("emb");
-  const auto& pos = GetChildAs<PositionalEmbeddingLayer>("pos");
-  const auto& stack = GetChildAs<TransformerStack>("stack");
-  const auto& softmax = GetChildAs<SimpleFullSoftmax>("softmax");
   const int64_t b = prompts.size(0), p_len = prompts.size(1);
   const int64_t eos = 2;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::Tensor positions = pos.FProp(theta.at("pos").AsMap(), p_len + max_new_tokens);
-  NestedMap states = stack.InitStates(b, at::kFloat);
+  at::Tensor positions =
+      position_emb_->FProp(position_emb_.Theta(theta), p_len + max_new_tokens);
+  const NestedMap& emb_theta = emb_.Theta(theta);
+  const NestedMap& stack_theta = stack_.Theta(theta);
+  const NestedMap& softmax_theta = softmax_.Theta(theta);
+  NestedMap states = stack_->InitStates(b, at::kFloat);
   std::vector<at::Tensor> out = {prompts};
   at::Tensor done = at::zeros({b}, at::kBool);
   at::Tensor token = prompts.select(1, 0);
   for (int64_t t = 0; t < p_len + max_new_tokens - 1; ++t) {
-    at::Tensor x = emb.FProp(theta.at("emb").AsMap(), token.unsqueeze(1)).squeeze(1) + positions[t];
-    auto [y, new_states] = stack.ExtendStep(theta.at("stack").AsMap(), x, states);
+    at::Tensor x = emb_->FProp(emb_theta, token.unsqueeze(1)).squeeze(1) + positions[t];
+    auto [y, new_states] = stack_->ExtendStep(stack_theta, x, states);
     states = std::move(new_states);
     if (t + 1 < p_len) {
       token = prompts.select(1, t + 1);
       continue;
     }
-    at::Tensor logits = softmax.Logits(theta.at("softmax").AsMap(), y).to(at::kFloat);
+    at::Tensor logits = softmax_->Logits(softmax_theta, y).to(at::kFloat);
     at::Tensor next;
     if (temperature <= 0) {
       next = logits.argmax(-1);
@@ -194,14 +190,13 @@ at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& p
 NestedMap TransformerLmTask::Decode(const NestedMap& batch) {
   const at::Tensor& ids = batch.GetTensor("ids");
   const at::Tensor lengths = (1 - batch.GetTensor("paddings").to(at::kFloat)).sum(1).to(at::kLong);
-  const int64_t p_len = std::min<int64_t>(params().GetInt("decode_prompt_length"), ids.size(1));
+  const int64_t p_len = std::min<int64_t>(decode_prompt_length_, ids.size(1));
   const uint64_t seed = static_cast<uint64_t>(GenerateSeedFromName(path())) ^
                         static_cast<uint64_t>(GetGlobalStep()) ^
                         static_cast<uint64_t>(GetIncStepSeed());
   at::Tensor prompts = ids.slice(1, 0, p_len);
   at::Tensor samples =
-      Sample(theta(), prompts, params().GetInt("decode_max_new_tokens"),
-             params().GetFloat("decode_temperature"), params().GetInt("decode_top_k"), seed);
+      Sample(theta(), prompts, decode_max_new_tokens_, decode_temperature_, decode_top_k_, seed);
   NestedMap out;
   out.Put("prompt_ids", prompts);
   out.Put("prompt_lengths", at::clamp_max(lengths, p_len));

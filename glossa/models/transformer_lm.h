@@ -1,12 +1,15 @@
-// A decoder-only Transformer language model task (Lingvo's lm TransformerLm): token embedding
-// (scaled by sqrt(model_dim)) + sinusoidal positions → causal TransformerStack → full softmax.
-// Metrics: loss = log_pplx (per-token cross-entropy, weighted by tokens) and
-// fraction_of_correct_next_step_preds. Decode samples continuations of the batch's prompts (its
-// first `decode_prompt_length` tokens) with temperature and top-k.
+// A decoder-only Transformer language model task (Lingvo's lm TransformerLm), composed from
+// sub-Params: `emb` (token embedding, scaled by sqrt(dim)) + `position_emb` (sinusoidal) →
+// `stack` (a causal TransformerStack) → `softmax` (full softmax). Metrics: loss = log_pplx
+// (per-token cross-entropy, weighted by tokens) and fraction_of_correct_next_step_preds. Decode
+// samples continuations of the batch's prompts (its first `decode_prompt_length` tokens) with
+// temperature and top-k.
 //
-//   auto p = TransformerLmTask::Params();
-//   p.Set("vocab_size", 2000).Set("model_dim", 128).Set("num_layers", 2).Set("num_heads", 4)
-//    .Set("hidden_dim", 512).Set("input", TextLmInput::Params()...);
+//   auto p = TransformerLmTask::CommonParams(/*vocab_size=*/2000, /*model_dim=*/128,
+//                                            /*hidden_dim=*/512, /*num_heads=*/4,
+//                                            /*num_layers=*/2);
+//   p.Set("stack.transformer_layer_params_tpl.tr_fflayer_tpl.activation", "GELU");
+//   p.Set("input", TextLmInput::Params()...);
 #pragma once
 
 #include <map>
@@ -17,14 +20,26 @@
 
 namespace glossa {
 
+class EmbeddingLayer;
+class PositionalEmbeddingLayer;
+class TransformerStack;
+class SimpleFullSoftmax;
+
 class TransformerLmTask : public BaseTask {
  public:
-  // + vocab_size, model_dim, num_layers, num_heads, hidden_dim, residual_dropout_prob,
-  // atten_dropout_prob, relu_dropout_prob, input_dropout_prob, label_smoothing,
-  // decode_prompt_length, decode_max_new_tokens, decode_temperature, decode_top_k, moe_tpl
-  // (None: dense), moe_layers_every, aux_loss_weight (MoE: loss = xent + weight · Σ aux losses).
+  // + emb (EmbeddingLayer), position_emb (PositionalEmbeddingLayer), stack (TransformerStack),
+  // softmax (SimpleFullSoftmax; its label_smoothing smooths the training loss), aux_loss_weight
+  // (MoE: loss = xent + weight · Σ aux losses), decode_prompt_length, decode_max_new_tokens,
+  // decode_temperature, decode_top_k. The dimensions must agree (emb.embedding_dim =
+  // position_emb.embedding_dim = the stack's model dim = softmax.input_dim, emb.vocab_size =
+  // softmax.num_classes): InvalidArgument naming the fields otherwise.
   static glossa::Params Params();
+  // Lingvo's TransformerLm.CommonParams: every sub-Params filled in for a causal LM of the given
+  // shape (pre-layer-norm layers, a final layer norm, dropouts 0).
+  static glossa::Params CommonParams(int64_t vocab_size, int64_t model_dim, int64_t hidden_dim,
+                                     int64_t num_heads, int64_t num_layers);
   explicit TransformerLmTask(const glossa::Params& p);
+  int64_t vocab_size() const { return vocab_size_; }
 
   // Logits [B, T, vocab] of ids [B, T].
   at::Tensor Logits(const NestedMap& theta, const at::Tensor& ids,
@@ -45,6 +60,16 @@ class TransformerLmTask : public BaseTask {
   std::vector<std::string> PostProcessDecodeOut(const NestedMap& decode_out,
                                                 std::map<std::string, double>& metrics) override;
   void DecodeFinalize(std::map<std::string, double>& metrics) override;
+
+ private:
+  int64_t vocab_size_;
+  double label_smoothing_, aux_loss_weight_;
+  int64_t decode_prompt_length_, decode_max_new_tokens_, decode_top_k_;
+  double decode_temperature_;
+  Child<EmbeddingLayer> emb_;
+  Child<PositionalEmbeddingLayer> position_emb_;
+  Child<TransformerStack> stack_;
+  Child<SimpleFullSoftmax> softmax_;
 };
 
 // Unigram baseline: token frequencies (add-one smoothed) counted over `train` batches' labels,

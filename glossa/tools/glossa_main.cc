@@ -187,7 +187,7 @@ int Report(const ModelFlags& f, int64_t num_samples) {
   tp.Set("task.input.repeat_count", 1);
   tp.Set("task.input.require_sequential_order", true);
   auto train_input = InstantiateLayer<BaseInputGenerator>(tp.GetParams("task.input"));
-  UnigramBaseline unigram(p.GetInt("task.vocab_size"));
+  UnigramBaseline unigram(lm->vocab_size());
   int64_t batches = 0;
   std::fprintf(stderr, "counting unigrams over Train: ");
   while (true) {

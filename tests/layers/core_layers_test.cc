@@ -6,7 +6,9 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "glossa/core/step_seed.h"
+#include "glossa/base/strings.h"
 #include "glossa/layers/attention.h"
+#include "glossa/layers/block.h"
 #include "glossa/layers/conv.h"
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/linear.h"
@@ -81,7 +83,7 @@ TEST(MultiHeadedAttention, AttentionDropoutOnlyInTraining) {
 
 TEST(TransformerStack, DecoderExtendStepMatchesFProp) {
   auto dec = Make<TransformerStack>(TransformerDecoder::Params(),
-                                    "num_layers : 2\nmodel_dim : 8\nnum_heads : 2\n"
+                                    "num_layers : 2\nmdl_dim : 8\nnum_atten_heads : 2\n"
                                     "hidden_dim : 16\ndtype : float64");
   at::Tensor y = at::randn({2, 4, 8}, at::kDouble), enc = at::randn({2, 3, 8}, at::kDouble);
   at::Tensor enc_paddings = at::zeros({2, 3}, at::kDouble);
@@ -99,7 +101,7 @@ TEST(TransformerStack, DecoderExtendStepMatchesFProp) {
 TEST(TransformerStack, EncoderIsNotCausalAndVariablesAreNamed) {
   auto enc =
       Make<TransformerStack>(TransformerEncoder::Params(),
-                             "num_layers : 2\nmodel_dim : 8\nnum_heads : 2\nhidden_dim : 16");
+                             "num_layers : 2\nmdl_dim : 8\nnum_atten_heads : 2\nhidden_dim : 16");
   at::Tensor x = at::randn({1, 4, 8});
   at::Tensor out = enc->FProp(enc->theta(), x);
   at::Tensor x2 = x.clone();
@@ -260,8 +262,8 @@ class TinyLm : public BaseLayer {
     p.Define("encoder",
              TransformerEncoder::Params()
                  .Set("num_layers", 2)
-                 .Set("model_dim", 8)
-                 .Set("num_heads", 2)
+                 .Set("mdl_dim", 8)
+                 .Set("num_atten_heads", 2)
                  .Set("hidden_dim", 16),
              "Encoder stack.");
     p.Define("softmax", SimpleFullSoftmax::Params().Set("input_dim", 8).Set("num_classes", 11),
@@ -323,17 +325,17 @@ TEST(Registry, EveryRegisteredLayerInstantiatesUnderStubs) {
       {"glossa.layers.MultiHeadedAttention", "input_dim : 2"},
       {"glossa.layers.TransformerFeedForwardLayer", "input_dim : 2\nhidden_dim : 4"},
       {"glossa.layers.TransformerAttentionLayer", "input_dim : 2"},
-      {"glossa.layers.TransformerLayer", "input_dim : 2\nhidden_dim : 4"},
-      {"glossa.layers.TransformerStack", "model_dim : 2\nhidden_dim : 4"},
-      {"glossa.layers.TransformerEncoder", "model_dim : 2\nhidden_dim : 4"},
-      {"glossa.layers.TransformerDecoder", "model_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.TransformerLayer", "input_dim : 2\ntr_fflayer_tpl.hidden_dim : 4"},
+      {"glossa.layers.TransformerStack", "mdl_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.TransformerEncoder", "mdl_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.TransformerDecoder", "mdl_dim : 2\nhidden_dim : 4"},
       {"glossa.layers.SimpleFullSoftmax", "input_dim : 2\nnum_classes : 3"},
       {"glossa.layers.LSTMCellSimple", "num_input_nodes : 2\nnum_output_nodes : 2"},
       {"glossa.layers.RNNLayer", "cell.num_input_nodes : 2\ncell.num_output_nodes : 2"},
       {"glossa.layers.StackedRNN", "num_input_nodes : 2\nnum_output_nodes : 2"},
       {"glossa.layers.TransformerShardedMoeLayer",
        "input_dim : 2\nhidden_dim : 4\nnum_experts : 2"},
-      {"glossa.layers.GPipeTransformerStack", "model_dim : 2\nhidden_dim : 4"},
+      {"glossa.layers.GPipeTransformerStack", "mdl_dim : 2\nhidden_dim : 4"},
   };
   // Containers get their sub-layer Params set directly.
   const Params fc = FCLayer::Params().Set("input_dim", 2).Set("output_dim", 2);
@@ -372,6 +374,105 @@ TEST(Docs, LayersGuideShowsTheCompiledExampleVerbatim) {
   const std::string example = testing::ReadSourceFile("docs/examples/gated_ffn_example.cc");
   EXPECT_NE(doc.find("```cpp\n" + example + "```"), std::string::npos)
       << "docs/layers.md must contain docs/examples/gated_ffn_example.cc in a cpp block";
+  const std::string model = testing::ReadSourceFile("docs/examples/tagger_model_example.cc");
+  EXPECT_NE(doc.find("```cpp\n" + model + "```"), std::string::npos)
+      << "docs/layers.md must contain docs/examples/tagger_model_example.cc in a cpp block";
+}
+
+
+// ---- Composition: typed children, theta paths, the Block interface, layer templates ----
+
+TEST(Composition, MissingChildThetaNamesThePath) {
+  auto enc = Make<TransformerStack>(TransformerEncoder::Params(),
+                                    "num_layers : 2\nmdl_dim : 8\nnum_atten_heads : 2\nhidden_dim : 16");
+  NestedMap theta = enc->theta();
+  NestedMap self_atten = theta.GetItem("x_layers[1].self_atten").AsMap();
+  self_atten.erase("ln");
+  theta.Set("x_layers[1].self_atten", self_atten);
+  EXPECT_ERROR_CONTAINS(enc->FProp(theta, at::randn({1, 3, 8})), InvalidArgumentError,
+                        "theta of layer 'layer.x_layers[1].self_atten.ln' is missing: no 'ln'");
+}
+
+// A user's layer becomes a block of any container by implementing Block: no registration.
+class Shift : public BaseLayer, public Block {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = BaseLayer::Params();
+    p.Set("cls", ClsOf<Shift>());
+    p.Define("by", 1.0, "Added to the input.");
+    return p;
+  }
+  explicit Shift(const glossa::Params& p) : BaseLayer(p), by_(p.GetFloat("by")) {}
+  at::Tensor FPropBlock(const NestedMap&, const at::Tensor& x,
+                        const at::Tensor& paddings) const override {
+    at::Tensor y = x + by_;
+    return paddings.defined() ? y * (1 - paddings).unsqueeze(-1) : y;
+  }
+
+ private:
+  double by_;
+};
+GLOSSA_REGISTER_CLASS(Shift, "glossa.testing.Shift");
+
+TEST(Composition, UserBlocksDropIntoContainers) {
+  Params seq = SequentialLayer::Params();
+  seq.Set("name", "seq").Set("sub", ParamValue::List{Shift::Params().Set("by", 2.0),
+                                                      LayerNorm::Params().Set("input_dim", 3),
+                                                      Shift::Params().Set("by", -1.0)});
+  auto layer = InstantiateLayer<SequentialLayer>(seq);
+  at::Tensor x = at::randn({2, 4, 3});
+  at::Tensor paddings = at::zeros({2, 4});
+  paddings[1][3] = 1;
+  const NestedMap theta = layer->theta();
+  const auto& ln = dynamic_cast<const LayerNorm&>(*layer->GetChildren("sub")[1]);
+  at::Tensor want = (ln.FProp(theta.GetItem("sub[1]").AsMap(), x + 2.0) - 1.0) *
+                    (1 - paddings).unsqueeze(-1);
+  EXPECT_TRUE(at::allclose(layer->FProp(theta, x, paddings), want, 1e-6, 1e-6));
+  // The same block as a Transformer layer's feed-forward template.
+  Params tl = TransformerLayer::Params();
+  tl.Set("name", "tl").Set("input_dim", 4).Set("num_heads", 2);
+  Params shift = Shift::Params();
+  shift.Define("input_dim", 0, "Set by the layer.");
+  tl.Set("tr_fflayer_tpl", shift);
+  auto t = InstantiateLayer<TransformerLayer>(tl);
+  EXPECT_FALSE(t->HasChild("fflayer") && t->GetChild("fflayer").HasChild("fc0"));
+  at::Tensor y = at::randn({2, 3, 4});
+  auto [with_shift, probs] = t->FProp(t->theta(), y);
+  Params no_ff = tl.Copy();
+  no_ff.Set("tr_fflayer_tpl", Shift::Params().Set("by", 0.0));
+  no_ff.GetParams("tr_fflayer_tpl").Define("input_dim", 0, "");
+  auto t0 = InstantiateLayer<TransformerLayer>(no_ff);
+  EXPECT_TRUE(at::allclose(with_shift, t0->FProp(t0->theta(), y).first + 1.0, 1e-6, 1e-6));
+}
+
+TEST(Composition, StackTemplateListsFollowLingvo) {
+  // A list of 2 templates over 4 layers: layers 0-1 use the first, 2-3 the second.
+  Params stack = TransformerStack::Params();
+  stack.Set("name", "s").Set("num_layers", 4).Set("mdl_dim", 8).Set("num_atten_heads", 2);
+  Params relu = TransformerLayer::Params();
+  relu.Set("tr_fflayer_tpl.hidden_dim", 16);
+  Params gelu = relu.Copy();
+  gelu.Set("tr_fflayer_tpl.activation", "GELU").Set("tr_fflayer_tpl.hidden_dim", 12);
+  stack.Set("transformer_layer_params_tpl", ParamValue::List{relu, gelu});
+  auto s = InstantiateLayer<TransformerStack>(stack);
+  for (int i = 0; i < 4; ++i) {
+    const BaseLayer& fc0 = s->GetDescendant(StrCat("x_layers[", i, "].fflayer.fc0"));
+    EXPECT_EQ(fc0.params().GetString("activation"), i < 2 ? "RELU" : "GELU") << i;
+    EXPECT_EQ(fc0.params().GetInt("output_dim"), i < 2 ? 16 : 12) << i;
+  }
+  // The stack's hidden_dim, when set, overrides every template's.
+  stack.Set("hidden_dim", 20);
+  auto s20 = InstantiateLayer<TransformerStack>(stack);
+  EXPECT_EQ(s20->GetDescendant("x_layers[3].fflayer.fc0").params().GetInt("output_dim"), 20);
+  // A list that does not divide num_layers.
+  stack.Set("num_layers", 3);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerStack>(stack), InvalidArgumentError,
+                        "transformer_layer_params_tpl has 2 templates, which must divide "
+                        "num_layers 3");
+  // Params text round trip of the list template.
+  Params back = TransformerStack::Params();
+  back.FromText(stack.ToText());
+  EXPECT_EQ(back.ToText(), stack.ToText());
 }
 
 }  // namespace

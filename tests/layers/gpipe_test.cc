@@ -16,7 +16,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/channel.h"
 #include "glossa/layers/dropout.h"
-#include "glossa/layers/layer_fn.h"
+#include "glossa/layers/block.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/transformer.h"
 #include "tests/test_util.h"
@@ -58,9 +58,8 @@ constexpr int64_t kLayers = 4, kDim = 8;
 Params StackParams(int64_t stages, int64_t micro_batches, double dropout) {
   Params p = GPipeTransformerStack::Params();
   p.Set("name", "gpipe").Set("random_seed", 9).Set("dtype", DType::kFloat64);
-  p.Set("num_layers", kLayers).Set("model_dim", kDim).Set("num_heads", 2).Set("hidden_dim", 16);
-  p.Set("mask_self_atten", true);
-  p.Set("residual_dropout_prob", dropout).Set("atten_dropout_prob", dropout);
+  p.Set("num_layers", kLayers).Set("mdl_dim", kDim).Set("num_atten_heads", 2).Set("hidden_dim", 16);
+  p.Set("mask_self_atten", true).Set("dropout_prob", dropout);
   p.Set("splits", stages).Set("num_micro_batches", micro_batches);
   return p;
 }
@@ -192,7 +191,7 @@ class CountingAccumulator : public Accumulator {
   at::Tensor DefaultValue() const override { return at::zeros({}); }
 };
 
-class CountingCell : public BaseLayer {
+class CountingCell : public BaseLayer, public Block {
  public:
   static glossa::Params Params() {
     glossa::Params p = BaseLayer::Params();
@@ -205,6 +204,8 @@ class CountingCell : public BaseLayer {
   explicit CountingCell(const glossa::Params& p) : BaseLayer(p) {
     CreateVariable("w", WeightParams({3}, WeightInit::Constant(2.0)));
     RegisterAccumulator("count", std::make_unique<CountingAccumulator>());
+    fail_after_ = p.GetInt("fail_after");
+    fail_in_replay_ = p.GetBool("fail_in_replay");
     if (params().GetBool("plain_dropout")) {
       CreateChild("dropout", DropoutLayer::Params().Set("keep_prob", 0.5));
     }
@@ -212,24 +213,22 @@ class CountingCell : public BaseLayer {
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
     Accumulator& acc = GetAccumulator("count");
     acc.SetValue(acc.GetValue() + 1);
-    if (++calls_ == params().GetInt("fail_after") ||
-        (params().GetBool("fail_in_replay") && acc.IsDisabled())) {
+    if (++calls_ == fail_after_ || (fail_in_replay_ && acc.IsDisabled())) {
       throw InternalError(StrCat("cell '", path(), "' failed"));
     }
     return x * theta.GetTensor("w");
   }
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor&) const override {
+    return FProp(theta, x);
+  }
 
  private:
   mutable std::atomic<int64_t> calls_{0};
+  int64_t fail_after_;
+  bool fail_in_replay_;
 };
 GLOSSA_REGISTER_CLASS(CountingCell, "glossa.testing.CountingCell");
-
-const bool kCountingCellRegistered = [] {
-  RegisterLayerFn<CountingCell>([](const CountingCell& l, const NestedMap& theta,
-                                   const at::Tensor& x,
-                                   const at::Tensor&) { return l.FProp(theta, x); });
-  return true;
-}();
 
 std::unique_ptr<PipeliningLayer> CountingPipeline(int64_t fail_after, bool fail_in_replay = false) {
   ParamValue::List cells;
@@ -243,7 +242,6 @@ std::unique_ptr<PipeliningLayer> CountingPipeline(int64_t fail_after, bool fail_
 }
 
 TEST(PipeliningLayer, AccumulatorsCountOncePerMicroBatch) {
-  ASSERT_TRUE(kCountingCellRegistered);
   auto pipe = CountingPipeline(-1);
   EXPECT_EQ(pipe->stage_ends(), (std::vector<int64_t>{2, 3}));
   at::Tensor x = at::ones({6, 3}).requires_grad_(true);
@@ -298,12 +296,15 @@ TEST(PipeliningLayer, RejectsBlocksThatCannotBeReplayed) {
         ParamValue::List{ParamValue(CountingCell::Params().Set("plain_dropout", true))});
   EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
                         "is a plain DropoutLayer inside pipeline 'pipe'");
-  // Plain dropout is not a block on its own either.
+  // Plain dropout is a block of a SequentialLayer, which runs once, but not inside a replaying
+  // pipeline, however deep.
   Params seq = SequentialLayer::Params().Set(
       "sub", ParamValue::List{ParamValue(DropoutLayer::Params().Set("keep_prob", 0.5))});
   seq.Set("name", "seq");
-  EXPECT_ERROR_CONTAINS(InstantiateLayer<SequentialLayer>(seq), InvalidArgumentError,
-                        "cannot be used in a SequentialLayer");
+  EXPECT_NO_THROW(InstantiateLayer<SequentialLayer>(seq));
+  p.Set("cell_tpl", ParamValue::List{ParamValue(seq)});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
+                        "is a plain DropoutLayer inside pipeline 'pipe'");
 }
 
 TEST(PipeliningLayer, PaddingsMustFollowTheBatch) {
@@ -319,7 +320,8 @@ TEST(PipeliningLayer, RejectsCellsThatAreNotBlocks) {
       .Set("cell_tpl", ParamValue::List{PipeliningLayer::Params().Set(
                            "cell_tpl", ParamValue::List{CountingCell::Params()})});
   EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
-                        "cannot be a pipeline cell; register it with RegisterLayerFn");
+                        "cannot be a block of pipeline 'pipe': its class does not implement the "
+                        "Block interface");
 }
 
 }  // namespace

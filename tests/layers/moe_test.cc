@@ -261,13 +261,19 @@ TEST(TransformerShardedMoeLayer, ValidatesParamsAndShapes) {
 }
 
 TEST(TransformerShardedMoeLayer, MoeTransformerLmTrains) {
-  Params p = TransformerLmTask::Params();
-  p.Set("name", "lm").Set("vocab_size", 12).Set("model_dim", 16).Set("num_layers", 2);
-  p.Set("num_heads", 2).Set("hidden_dim", 32).Set("random_seed", 3);
-  p.Set("moe_tpl", TransformerShardedMoeLayer::Params()
-                       .Set("num_experts", 4)
-                       .Set("num_groups", 2)
-                       .Set("expert_capacity_factor", 1.5));
+  Params p = TransformerLmTask::CommonParams(/*vocab_size=*/12, /*model_dim=*/16,
+                                            /*hidden_dim=*/32, /*num_heads=*/2,
+                                            /*num_layers=*/2);
+  p.Set("name", "lm").Set("random_seed", 3);
+  // MoE in every 2nd layer: a list of [dense, MoE] layer templates.
+  const Params dense = p.GetParams("stack.transformer_layer_params_tpl");
+  Params moe = dense.Copy();
+  moe.Set("tr_fflayer_tpl", TransformerShardedMoeLayer::Params()
+                                .Set("hidden_dim", 32)
+                                .Set("num_experts", 4)
+                                .Set("num_groups", 2)
+                                .Set("expert_capacity_factor", 1.5));
+  p.Set("stack.transformer_layer_params_tpl", ParamValue::List{dense, moe});
   p.Set("train.learner.learning_rate", 3e-3);
   p.Set("train.learner.lr_schedule", ConstantSchedule::Params());
   auto lm = InstantiateLayer<TransformerLmTask>(p);

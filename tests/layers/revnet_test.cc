@@ -1,6 +1,6 @@
 // RevNet: reconstruction, and the memory-saving custom backward against plain autograd (outputs,
 // input and weight gradients), with and without deterministic dropout in f and g; SequentialLayer
-// and ApplyLayerFn.
+// and the Block interface.
 #include "glossa/layers/revnet.h"
 
 #include <ATen/ATen.h>
@@ -12,7 +12,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/embedding.h"
-#include "glossa/layers/layer_fn.h"
+#include "glossa/layers/block.h"
 #include "glossa/layers/linear.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/normalization.h"
@@ -24,7 +24,7 @@ namespace {
 constexpr int64_t kDim = 6;
 
 // f or g: layer norm → tanh projection → deterministic dropout.
-Params Block(double keep_prob) {
+Params SeqBlock(double keep_prob) {
   ParamValue::List sub;
   sub.push_back(LayerNorm::Params().Set("input_dim", kDim));
   sub.push_back(
@@ -34,7 +34,7 @@ Params Block(double keep_prob) {
 }
 
 Params RevLayer(double keep_prob) {
-  return RevNetLayer::Params().Set("f_params", Block(keep_prob)).Set("g_params", Block(keep_prob));
+  return RevNetLayer::Params().Set("f_params", SeqBlock(keep_prob)).Set("g_params", SeqBlock(keep_prob));
 }
 
 std::unique_ptr<StackedRevNetLayer> Stack(int layers, double keep_prob, bool custom) {
@@ -147,22 +147,23 @@ TEST(StackedRevNetLayer, RejectsBadConfigs) {
                         "sub_layer_params must be a non-empty list");
   Params bad = RevNetLayer::Params().Set(
       "f_params", EmbeddingLayer::Params().Set("vocab_size", 4).Set("embedding_dim", 2));
-  bad.Set("g_params", Block(1.0)).Set("name", "r");
+  bad.Set("g_params", SeqBlock(1.0)).Set("name", "r");
   EXPECT_ERROR_CONTAINS(InstantiateLayer<RevNetLayer>(bad), InvalidArgumentError,
-                        "cannot be a RevNet block; register it with RegisterLayerFn");
+                        "cannot be a block of RevNet layer 'r': its class does not implement the "
+                        "Block interface");
   Params moe = TransformerShardedMoeLayer::Params();
   moe.Set("input_dim", kDim).Set("hidden_dim", 8).Set("num_experts", 2);
-  Params with_moe = RevNetLayer::Params().Set("f_params", Block(1.0)).Set("g_params", moe);
+  Params with_moe = RevNetLayer::Params().Set("f_params", SeqBlock(1.0)).Set("g_params", moe);
   with_moe.Set("name", "r");
   EXPECT_ERROR_CONTAINS(InstantiateLayer<RevNetLayer>(with_moe), InvalidArgumentError,
                         "cannot be inside RevNet layer 'r': its aux loss would be lost");
-  Params no_g = RevNetLayer::Params().Set("f_params", Block(1.0)).Set("name", "r");
+  Params no_g = RevNetLayer::Params().Set("f_params", SeqBlock(1.0)).Set("name", "r");
   EXPECT_ERROR_CONTAINS(InstantiateLayer<RevNetLayer>(no_g), InvalidArgumentError,
                         "g_params must be set");
 }
 
 TEST(SequentialLayer, AppliesSubLayersInOrder) {
-  Params p = Block(1.0);
+  Params p = SeqBlock(1.0);
   p.Set("name", "seq").Set("random_seed", 2).Set("dtype", DType::kFloat64);
   auto seq = InstantiateLayer<SequentialLayer>(p);
   at::Tensor x = at::randn({3, kDim}, at::kDouble);
@@ -171,7 +172,8 @@ TEST(SequentialLayer, AppliesSubLayersInOrder) {
   at::Tensor want = static_cast<LayerNorm*>(seq->GetChildren("sub")[0])->FProp(sub[0].AsMap(), x);
   want = at::tanh(at::matmul(want, sub[1].AsMap().GetTensor("w")) + sub[1].AsMap().GetTensor("b"));
   EXPECT_TRUE(at::allclose(seq->FProp(theta, x), want, 1e-12, 1e-12));
-  EXPECT_TRUE(at::allclose(ApplyLayerFn(*seq, theta, x), want, 1e-12, 1e-12));
+  const Block& block = AsBlock(*seq, "the test");
+  EXPECT_TRUE(at::allclose(block.FPropBlock(theta, x, {}), want, 1e-12, 1e-12));
 }
 
 }  // namespace

@@ -8,19 +8,21 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/runtime/jobs.h"
+#include "tests/test_util.h"
 
 namespace glossa {
 namespace {
 
 std::unique_ptr<TransformerLmTask> TinyLm() {
-  Params p = TransformerLmTask::Params();
-  p.Set("name", "lm")
-      .Set("vocab_size", 11)
-      .Set("model_dim", 8)
-      .Set("num_layers", 2)
-      .Set("num_heads", 2);
-  p.Set("hidden_dim", 16).Set("random_seed", 7);
-  return InstantiateLayer<TransformerLmTask>(p);
+Params TinyLmParams() {
+  Params p = TransformerLmTask::CommonParams(/*vocab_size=*/11, /*model_dim=*/8,
+                                             /*hidden_dim=*/16, /*num_heads=*/2, /*num_layers=*/2);
+  p.Set("name", "lm").Set("random_seed", 7);
+  return p;
+}
+
+std::unique_ptr<TransformerLmTask> TinyLm() {
+  return InstantiateLayer<TransformerLmTask>(TinyLmParams());
 }
 
 NestedMap Batch() {
@@ -84,8 +86,49 @@ TEST(TransformerLm, SamplingMatchesFullForwardAndIsDeterministic) {
 
 TEST(TransformerLm, RejectsBadConfigs) {
   Params p = TransformerLmTask::Params();
-  p.Set("name", "lm").Set("vocab_size", 0).Set("model_dim", 8);
+  p.Set("name", "lm");
   EXPECT_THROW(InstantiateLayer<TransformerLmTask>(p), InvalidArgumentError);
+  // Sub-Params whose dimensions disagree: the error names both fields.
+  Params q = TinyLmParams();
+  q.Set("softmax.input_dim", 9);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerLmTask>(q), InvalidArgumentError,
+                        "softmax.input_dim (9) must equal emb.embedding_dim (8)");
+  q = TinyLmParams();
+  q.Set("softmax.num_classes", 12);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerLmTask>(q), InvalidArgumentError,
+                        "softmax.num_classes (12) must equal emb.vocab_size (11)");
+}
+
+// Every field of every sublayer is reachable by its path: the feed-forward activation deep in the
+// LM changes the output, and a misspelled path names the near keys.
+TEST(TransformerLm, DeepOverridesReachEverySublayer) {
+  const NestedMap batch = Batch();
+  auto base = TinyLm();
+  const at::Tensor logits = base->Logits(base->theta(), batch.GetTensor("ids"),
+                                         batch.GetTensor("paddings"));
+  Params p = TinyLmParams();
+  p.FromText("stack.transformer_layer_params_tpl.tr_fflayer_tpl.activation : 'GELU'\n");
+  auto gelu = InstantiateLayer<TransformerLmTask>(p);
+  // Same weights (same seed and names), another non-linearity.
+  EXPECT_TRUE(at::equal(gelu->vars().GetTensor("stack.x_layers[0].fflayer.fc0.w"),
+                        base->vars().GetTensor("stack.x_layers[0].fflayer.fc0.w")));
+  const at::Tensor gelu_logits =
+      gelu->Logits(gelu->theta(), batch.GetTensor("ids"), batch.GetTensor("paddings"));
+  EXPECT_FALSE(at::allclose(gelu_logits, logits, 1e-4, 1e-4));
+  EXPECT_EQ(gelu->GetDescendant("stack.x_layers[1].fflayer.fc0").params().GetString("activation"),
+            "GELU");
+  // Post-layer-norm attention, reached the same way.
+  p = TinyLmParams();
+  p.FromText("stack.transformer_layer_params_tpl.tr_atten_tpl.pre_layer_norm : False\n");
+  auto post = InstantiateLayer<TransformerLmTask>(p);
+  EXPECT_FALSE(at::allclose(
+      post->Logits(post->theta(), batch.GetTensor("ids"), batch.GetTensor("paddings")), logits,
+      1e-4, 1e-4));
+  // A misspelled path: did-you-mean.
+  p = TinyLmParams();
+  EXPECT_ERROR_CONTAINS(
+      p.FromText("stack.transformer_layer_params_tpl.tr_fflayer_tpl.activaton : 'GELU'\n"),
+      NotFoundError, "did you mean: [activation]");
 }
 
 TEST(UnigramBaseline, AddOneSmoothedLogPerplexity) {
@@ -117,8 +160,8 @@ TEST(CheckpointJob, BacksOffWhileWaitingForCheckpoints) {
   };
   o.stop = &stop;
   Params mp = SingleTaskModel::Params();
-  Params tp = TransformerLmTask::Params();
-  tp.Set("name", "lm").Set("vocab_size", 5).Set("model_dim", 4).Set("hidden_dim", 8);
+  Params tp = TransformerLmTask::CommonParams(5, 4, 8, 1, 1);
+  tp.Set("name", "lm");
   mp.Set("task", tp);
   EXPECT_EQ(RunCheckpointJob(JobKind::kEval, mp, o), 0);
   EXPECT_EQ(sleeps, (std::vector<double>{1, 2, 4, 8, 16, 32, 64, 128, 256, 300}));

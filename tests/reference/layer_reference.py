@@ -268,8 +268,8 @@ for pre_ln in (True, False):
        int_inputs=('paddings',))
 
 case('transformer_decoder_layer', 'glossa.layers.TransformerLayer',
-     f'input_dim : {d}\nnum_heads : {n}\nhidden_dim : 12\nmask_self_atten : True\n'
-     'has_aux_atten : True',
+     f'input_dim : {d}\nnum_heads : {n}\ntr_fflayer_tpl.hidden_dim : 12\n'
+     'mask_self_atten : True\nhas_aux_atten : True',
      {'x': rnd(2, 3, d), 'paddings': paddings(2, 3, [3, 2]), 'aux': rnd(2, 4, d),
       'aux_paddings': paddings(2, 4, [4, 3])},
      layer_theta('', d, n, 12, True),
@@ -277,7 +277,8 @@ case('transformer_decoder_layer', 'glossa.layers.TransformerLayer',
                                           i['aux_paddings'], True, True, True)[0]},
      int_inputs=('paddings', 'aux_paddings'))
 case('transformer_encoder_layer_post_ln', 'glossa.layers.TransformerLayer',
-     f'input_dim : {d}\nnum_heads : {n}\nhidden_dim : 12\npre_layer_norm : False',
+     f'input_dim : {d}\nnum_heads : {n}\ntr_fflayer_tpl.hidden_dim : 12\n'
+     'tr_atten_tpl.pre_layer_norm : False\ntr_fflayer_tpl.pre_layer_norm : False',
      {'x': rnd(2, 3, d), 'paddings': paddings(2, 3, [3, 2])},
      layer_theta('', d, n, 12, False),
      lambda i, t: {'y': transformer_layer(t, '', i['x'], i['paddings'], None, None, False, False,
@@ -299,7 +300,7 @@ def decoder_stack(i, t):
 
 
 case('transformer_decoder_stack', 'glossa.layers.TransformerDecoder',
-     f'num_layers : 2\nmodel_dim : {d}\nnum_heads : {n}\nhidden_dim : 12',
+     f'num_layers : 2\nmdl_dim : {d}\nnum_atten_heads : {n}\nhidden_dim : 12',
      {'x': rnd(2, 3, d), 'paddings': paddings(2, 3, [3, 2]), 'aux': rnd(2, 4, d),
       'aux_paddings': paddings(2, 4, [4, 3])}, dec_theta, decoder_stack,
      int_inputs=('paddings', 'aux_paddings'))

@@ -11,7 +11,7 @@ check() {  # check <description> <command...>
   local what="$1"; shift
   if ! "$@"; then echo "FAIL: $what"; fail=1; fi
 }
-small='task.model_dim : 16; task.hidden_dim : 32; task.num_layers : 1; task.num_heads : 2;'
+small='task.emb.embedding_dim : 16; task.position_emb.embedding_dim : 16; task.softmax.input_dim : 16; task.stack.num_layers : 1; task.stack.mdl_dim : 16; task.stack.hidden_dim : 32; task.stack.num_atten_heads : 2;'
 small+=' task.train.steps_per_loop : 5; task.train.save_interval_steps : 5; task.train.summary_interval_steps : 5;'
 small+=' task.eval.samples_per_summary : 64; task.eval.decoder_samples_per_summary : 16;'
 small+=' task.decode_max_new_tokens : 6'
