@@ -290,9 +290,11 @@ SafetensorsContents LoadLatestCheckpoint(const std::string& dir) {
 void RestoreVariables(const SafetensorsContents& ckpt,
                       const std::map<std::string, at::Tensor>& variables) {
   std::vector<std::string> problems;
+  bool missing = false;
   for (const auto& [name, var] : variables) {
     auto it = ckpt.tensors.find(name);
     if (it == ckpt.tensors.end()) {
+      missing = true;
       problems.push_back(StrCat("'", name, "' is missing from the checkpoint"));
     } else if (it->second.sizes() != var.sizes()) {
       problems.push_back(StrCat("'", name, "' has shape ", it->second.sizes(),
@@ -304,8 +306,12 @@ void RestoreVariables(const SafetensorsContents& ckpt,
     }
   }
   if (!problems.empty()) {
-    throw InvalidArgumentError(StrCat("cannot restore the checkpoint: ", problems.size(),
-                                      " problem(s): ", Join(problems, "; ")));
+    throw InvalidArgumentError(StrCat(
+        "cannot restore the checkpoint: ", problems.size(), " problem(s): ", Join(problems, "; "),
+        missing ? ". To start from a checkpoint whose variable names differ (another model, or an "
+                  "older layout), map its names with task.train.init_from_checkpoint_rules in a "
+                  "fresh logdir (docs/formats.md, 'Variable names')"
+                : ""));
   }
   at::NoGradGuard no_grad;
   for (const auto& [name, var] : variables) var.copy_(ckpt.tensors.at(name));

@@ -38,3 +38,14 @@ if ! grep -q "lm/lm/emb/emb_var" "$tmp/bad.log"; then
   echo "FAIL: the shape error does not name the variable:"; cat "$tmp/bad.log"; exit 1
 fi
 echo "legacy checkpoint: log_pplx $got (wave 1: 7.613638126590431)"
+# Warm start from it through init_from_checkpoint_rules (docs/formats.md, 'Variable names'):
+# every variable of layer 0 and the embedding comes from the checkpoint, the rest is initialized.
+rules="task.train.init_from_checkpoint_rules : {\"$tmp/lm/train/ckpt-00000003\": [[(\"lm/lm/(emb|stack/x_layers_0/self_atten)/(.*)\", \"lm/lm/%s/%s\")], []]}"
+if ! "$glossa" train --model=lm.austen.TransformerLmTiny --logdir="$tmp/warm" --max_steps=1 \
+    --intra_op_threads=1 "--model_params_override=$shape; $rules" > "$tmp/warm.log" 2>&1; then
+  echo "FAIL: warm start from the wave-1 checkpoint failed:"; cat "$tmp/warm.log"; exit 1
+fi
+if ! grep -q "initialized 12 variables from init_from_checkpoint_rules" "$tmp/warm.log"; then
+  echo "FAIL: expected 12 variables initialized from the rules:"; cat "$tmp/warm.log"; exit 1
+fi
+echo "warm start: $(grep -o 'initialized [0-9]* variables[^"]*' "$tmp/warm.log")"
