@@ -16,26 +16,26 @@ using glossa::NestedMap;
 
 class TaggerTask : public glossa::BaseTask {
  public:
-  // Every sublayer is a template: `encoder.transformer_layer_params_tpl.tr_fflayer_tpl.activation`
+  // Every sublayer is a template: `enc.transformer_layer_params_tpl.tr_fflayer_tpl.activation`
   // is as reachable as `softmax.num_classes`.
   static glossa::Params Params() {
     glossa::Params p = BaseTask::Params();
     p.Set("cls", glossa::ClsOf<TaggerTask>());
     p.Define("emb", glossa::EmbeddingLayer::Params(), "Token embedding.");
-    p.Define("encoder", glossa::TransformerEncoder::Params(), "Transformer encoder.");
+    p.Define("enc", glossa::TransformerEncoder::Params(), "Transformer encoder (BaseTask already has an `encoder` field).");
     p.Define("softmax", glossa::SimpleFullSoftmax::Params(), "Per-token tag softmax.");
     return p;
   }
 
   explicit TaggerTask(const glossa::Params& p) : BaseTask(p) {
     emb_ = CreateChild<glossa::EmbeddingLayer>("emb", p.GetParams("emb"));
-    encoder_ = CreateChild<glossa::TransformerStack>("encoder", p.GetParams("encoder"));
+    enc_ = CreateChild<glossa::TransformerStack>("enc", p.GetParams("enc"));
     softmax_ = CreateChild<glossa::SimpleFullSoftmax>("softmax", p.GetParams("softmax"));
   }
 
   NestedMap ComputePredictions(const NestedMap& theta, const NestedMap& batch) const override {
     at::Tensor x = emb_->FProp(emb_.Theta(theta), batch.GetTensor("ids"));
-    x = encoder_->FProp(encoder_.Theta(theta), x, batch.GetTensor("paddings"));
+    x = enc_->FProp(enc_.Theta(theta), x, batch.GetTensor("paddings"));
     return NestedMap{{"encoded", x}};
   }
 
@@ -50,7 +50,7 @@ class TaggerTask : public glossa::BaseTask {
 
  private:
   glossa::Child<glossa::EmbeddingLayer> emb_;
-  glossa::Child<glossa::TransformerStack> encoder_;
+  glossa::Child<glossa::TransformerStack> enc_;
   glossa::Child<glossa::SimpleFullSoftmax> softmax_;
 };
 GLOSSA_REGISTER_CLASS(TaggerTask, "example.TaggerTask");
@@ -62,18 +62,18 @@ TEST(DocsExample, TaggerTaskComposesTrainsAndOverridesDeepFields) {
     random_seed : 1
     emb.vocab_size : 10
     emb.embedding_dim : 8
-    encoder.num_layers : 2
-    encoder.mdl_dim : 8
-    encoder.num_atten_heads : 2
-    encoder.hidden_dim : 16
-    encoder.transformer_layer_params_tpl.tr_fflayer_tpl.activation : 'GELU'
+    enc.num_layers : 2
+    enc.mdl_dim : 8
+    enc.num_atten_heads : 2
+    enc.hidden_dim : 16
+    enc.transformer_layer_params_tpl.tr_fflayer_tpl.activation : 'GELU'
     softmax.input_dim : 8
     softmax.num_classes : 3
     train.learner.learning_rate : 0.01
   )");
   p.Set("train.learner.lr_schedule", glossa::ConstantSchedule::Params());
   auto task = glossa::InstantiateLayer<TaggerTask>(p);
-  EXPECT_EQ(task->GetDescendant("encoder.x_layers[1].fflayer.fc0").params().GetString("activation"),
+  EXPECT_EQ(task->GetDescendant("enc.x_layers[1].fflayer.fc0").params().GetString("activation"),
             "GELU");
 
   // Tag = token id mod 3.

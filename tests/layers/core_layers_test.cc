@@ -390,7 +390,9 @@ TEST(Composition, MissingChildThetaNamesThePath) {
   self_atten.erase("ln");
   theta.Set("x_layers[1].self_atten", self_atten);
   EXPECT_ERROR_CONTAINS(enc->FProp(theta, at::randn({1, 3, 8})), InvalidArgumentError,
-                        "theta of layer 'layer.x_layers[1].self_atten.ln' is missing: no 'ln'");
+                        "theta of layer 'layer.x_layers_1.self_atten.ln' is missing: no 'ln' (the "
+                        "theta given to 'layer.x_layers_1.self_atten' has: atten, "
+                        "residual_dropout)");
 }
 
 // A user's layer becomes a block of any container by implementing Block: no registration.
@@ -469,8 +471,14 @@ TEST(Composition, StackTemplateListsFollowLingvo) {
   EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerStack>(stack), InvalidArgumentError,
                         "transformer_layer_params_tpl has 2 templates, which must divide "
                         "num_layers 3");
-  // Params text round trip of the list template.
-  Params back = TransformerStack::Params();
+  // A list entry is reachable by its index in params text, and the text round-trips.
+  stack.Set("num_layers", 4).Set("hidden_dim", 0);
+  stack.FromText("transformer_layer_params_tpl[1].tr_fflayer_tpl.activation : 'RELU'\n");
+  auto relu4 = InstantiateLayer<TransformerStack>(stack);
+  EXPECT_EQ(relu4->GetDescendant("x_layers[3].fflayer.fc0").params().GetString("activation"),
+            "RELU");
+  Params back = stack.Copy();
+  back.Set("transformer_layer_params_tpl[0].tr_fflayer_tpl.hidden_dim", 99);
   back.FromText(stack.ToText());
   EXPECT_EQ(back.ToText(), stack.ToText());
 }

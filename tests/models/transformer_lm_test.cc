@@ -13,7 +13,6 @@
 namespace glossa {
 namespace {
 
-std::unique_ptr<TransformerLmTask> TinyLm() {
 Params TinyLmParams() {
   Params p = TransformerLmTask::CommonParams(/*vocab_size=*/11, /*model_dim=*/8,
                                              /*hidden_dim=*/16, /*num_heads=*/2, /*num_layers=*/2);
