@@ -31,6 +31,10 @@ SummaryContext::~SummaryContext() { t_context = nullptr; }
 SummaryContext* SummaryContext::Current() { return t_context; }
 
 void SummaryContext::Record(Entry entry) {
+  if (entry.kind == Entry::Kind::kPerExample) {
+    per_example_.push_back(std::move(entry));
+    return;
+  }
   if (loops_.empty()) {
     entries_.push_back(std::move(entry));
     return;
@@ -61,9 +65,8 @@ std::map<std::string, at::Tensor> SummaryContext::MergeAll() const {
 }
 
 std::map<std::string, at::Tensor> SummaryContext::MergeAllPerExample() const {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& e : entries_) {
-    if (e.kind != Entry::Kind::kPerExample) continue;
+  std::map<std::string, std::vector<at::Tensor>> parts;
+  for (const auto& e : per_example_) {
     std::string key = e.scope.empty() ? e.name : e.scope + "/" + e.name;
     std::string flat;
     for (char c : key) {
@@ -73,8 +76,18 @@ std::map<std::string, at::Tensor> SummaryContext::MergeAllPerExample() const {
         flat += c;
       }
     }
-    out[flat] = e.value;
+    parts[flat].push_back(e.value.dim() == 0 ? e.value.unsqueeze(0) : e.value);
   }
+  std::map<std::string, at::Tensor> out;
+  for (auto& [key, values] : parts) {
+    out[key] = values.size() == 1 ? values[0] : at::cat(values, 0);
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> SummaryContext::TakePerExample() {
+  std::map<std::string, at::Tensor> out = MergeAllPerExample();
+  per_example_.clear();
   return out;
 }
 
@@ -104,7 +117,16 @@ SummaryLoop::~SummaryLoop() {
                     ? sum
                     : sum / static_cast<double>(std::max<size_t>(1, var.values.size()));
     } else {
-      e.value = at::stack(var.values);
+      bool same_shape = true;
+      for (const auto& v : var.values)
+        same_shape = same_shape && v.sizes() == var.values[0].sizes();
+      if (same_shape) {
+        e.value = at::stack(var.values);
+      } else {  // e.g. activations of batches with different lengths
+        std::vector<at::Tensor> flat;
+        for (const auto& v : var.values) flat.push_back(v.reshape({-1}));
+        e.value = at::cat(flat);
+      }
     }
     ctx_->Record(std::move(e));  // into the enclosing loop, or the context
   }
