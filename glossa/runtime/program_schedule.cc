@@ -21,11 +21,17 @@ ProgramSchedule::ProgramSchedule(BaseModel& model,
       logdir_(std::move(logdir)),
       log_(std::move(log)),
       clock_(std::move(clock)) {
-  const std::string task_path = EvalTaskParamsPath(model_);
-  const std::string input_path = task_path + ".input";
-  // The model's Params are frozen at their top level only: the task's are still mutable.
-  Params trained = model_.params().Copy();
-  trained.GetParams(task_path).Set("input", nullptr);
+  const std::string input_path = EvalTaskParamsPath(model_) + ".input";
+  // A dataset gives every task its input; the programs read the eval task's. The model's Params
+  // are frozen at their top level only: the tasks' are still mutable.
+  auto without_inputs = [&](Params p) {
+    for (const auto& name : model_.task_names()) {
+      p.GetParams(model_.is_multi_task() ? StrCat("task_params.", name) : name)
+          .Set("input", nullptr);
+    }
+    return p;
+  };
+  const Params trained = without_inputs(model_.params().Copy());
   for (const auto& v : sched_.Get("eval_dataset_names").AsList()) {
     const std::string ds = v.AsString();
     auto it = dataset_params.find(ds);
@@ -33,16 +39,15 @@ ProgramSchedule::ProgramSchedule(BaseModel& model,
       throw InvalidArgumentError(StrCat("program_schedule.eval_dataset_names has '", ds,
                                         "' but the executor was given no model params for it"));
     }
-    Params rest = it->second.Copy();
-    if (!rest.IsSet(input_path)) {
+    if (!it->second.IsSet(input_path)) {
       throw InvalidArgumentError(StrCat("dataset ", ds, ": its model params have no ", input_path));
     }
-    input_params_[ds] = rest.GetParams(input_path).Copy();
-    rest.GetParams(task_path).Set("input", nullptr);
-    // The programs run the trained task: a dataset may change its input only.
+    input_params_[ds] = it->second.GetParams(input_path).Copy();
+    // The programs run the trained tasks: a dataset may change their inputs only.
+    const Params rest = without_inputs(it->second.Copy());
     if (!(rest == trained)) {
       throw InvalidArgumentError(StrCat("dataset ", ds, ": model params differ from the trained ",
-                                        "model's beyond ", input_path, ":\n",
+                                        "model's beyond the tasks' inputs:\n",
                                         rest.TextDiff(trained)));
     }
   }

@@ -86,6 +86,23 @@ TEST(ProgramSchedule, ADatasetMayChangeTheInputOnly) {
   }
 }
 
+TEST(ProgramSchedule, AMultiTaskModelsDatasetGivesEveryTaskItsInput) {
+  // Each task's input changes with the dataset; the eval runs the main task (a) on its input.
+  const std::string logdir = LogDir("multi");
+  std::vector<std::string> lines;
+  ExecutorOptions o;
+  o.logdir = logdir;
+  o.log = [&](const std::string& l) { lines.push_back(l); };
+  Params fixed = GetModelParams("test.line.TwoLineModel", "Train", kEvalFixedEachLoop);
+  for (const char* task : {"a", "b"}) {
+    fixed.Set(StrCat("task_params.", task, ".input"),
+              DatasetInput::ParamsFor("test.StepLine").Set("name", "input"));
+  }
+  o.dataset_params["Fixed"] = fixed;
+  Executor(GetModelParams("test.line.TwoLineModel", "Train", kEvalFixedEachLoop), o).Run();
+  EXPECT_GT(LossOfLine(lines, "eval Fixed step 20, "), 0.0);
+}
+
 TEST(ProgramSchedule, RunsEveryTrainExecutionsPerEvalLoopsAndAfterTheLast) {
   auto model = InstantiateLayer<BaseModel>(GetModelParams(
       "test.line.LineModel", "Train",
