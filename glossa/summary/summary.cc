@@ -46,8 +46,10 @@ void SummaryContext::Record(Entry entry) {
   if (it == loop.end()) {
     if (static_cast<int64_t>(loop.size()) >= max_loop_vars_) {
       ++dropped_;
-      LOG(WARNING) << "summary '" << Key(entry.name, entry.scope) << "' dropped: more than "
-                   << max_loop_vars_ << " summaries in a loop (max_loop_vars)";
+      if (loop_dropped_.back().insert(key).second) {  // once per summary and loop, not per step
+        LOG(WARNING) << "summary '" << Key(entry.name, entry.scope) << "' dropped: more than "
+                     << max_loop_vars_ << " summaries in a loop (max_loop_vars)";
+      }
       return;
     }
     loop_order_.back().push_back(key);
@@ -99,6 +101,7 @@ SummaryLoop::SummaryLoop() : ctx_(t_context) {
   if (ctx_) {
     ctx_->loops_.emplace_back();
     ctx_->loop_order_.emplace_back();
+    ctx_->loop_dropped_.emplace_back();
   }
 }
 
@@ -108,6 +111,7 @@ SummaryLoop::~SummaryLoop() {
   auto order = std::move(ctx_->loop_order_.back());
   ctx_->loops_.pop_back();
   ctx_->loop_order_.pop_back();
+  ctx_->loop_dropped_.pop_back();
   for (const auto& key : order) {
     auto& var = loop.at(key);
     SummaryContext::Entry e = var.entry;

@@ -25,6 +25,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,7 @@ class SummaryContext {
   };
   std::vector<std::map<std::string, LoopVar>> loops_;
   std::vector<std::vector<std::string>> loop_order_;
+  std::vector<std::set<std::string>> loop_dropped_;  // keys dropped (and logged) per loop
   int64_t max_loop_vars_;
   int64_t dropped_ = 0;
 };
