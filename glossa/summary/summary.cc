@@ -55,7 +55,9 @@ void SummaryContext::Record(Entry entry) {
     loop_order_.back().push_back(key);
     it = loop.emplace(key, LoopVar{entry, {}}).first;
   }
-  it->second.values.push_back(entry.value.detach());
+  // A scalar is often a view of a larger tensor (x[0][0]): copy it so the loop holds no more.
+  it->second.values.push_back(entry.kind == Entry::Kind::kScalar ? entry.value.detach().clone()
+                                                                 : entry.value.detach());
 }
 
 std::map<std::string, at::Tensor> SummaryContext::MergeAll() const {
