@@ -113,6 +113,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   // context with its while-loop rewrite).
   SummaryContext summaries;
   std::optional<SummaryLoop> summary_loop(std::in_place);
+  std::map<std::string, std::vector<at::Tensor>> per_example;  // also written as histograms
   const auto start = std::chrono::steady_clock::now();
   while (result.steps < steps_per_loop) {
     if (*global_step >= max_steps) {  // Lingvo checks before each step
@@ -153,7 +154,9 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     loop_metrics.Add(metrics);
     NestedMap step_outfeed = r.per_example.Transform(
         [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); });
-    AddPerExampleSummaries(summaries.TakePerExample(), step_outfeed,
+    std::map<std::string, at::Tensor> step_per_example = summaries.TakePerExample();
+    for (const auto& [k, v] : step_per_example) per_example[k].push_back(v.reshape({-1}));
+    AddPerExampleSummaries(std::move(step_per_example), step_outfeed,
                            StrCat("task '", task.path(), "'"));
     if (!step_outfeed.empty()) outfeed[&task].push_back(std::move(step_outfeed));
     const int64_t n =
@@ -181,7 +184,9 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     if (writer_) {
       writer_->WriteScalar("global_step/sec", result.steps_per_sec, *global_step);
       writer_->WriteScalar("examples/sec", result.examples_per_sec, *global_step);
-      WriteSummaries(*writer_, summaries.MergeAll(), *global_step);
+      std::map<std::string, at::Tensor> all = summaries.MergeAll();
+      for (auto& [k, v] : per_example) all[k] = at::cat(v);
+      WriteSummaries(*writer_, all, *global_step);
     }
     if (log_)
       log_(FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,

@@ -7,9 +7,9 @@
 // its steps, so what layers record in FProp (e.g. the MoE layers' over_capacity_1_ratio) is
 // reduced over the loop (scalars by mean or sum, tensors stacked) and written at the loop's end:
 // scalars as scalar events (and metrics.jsonl lines), tensors as histograms. Per-example
-// summaries go with the step's per-example outputs: the train outfeed (ProcessFPropResults), the
-// decode output each PostProcessDecodeOut call sees; eval has no outfeed, so the eval program
-// writes them as histograms (concatenated over its batches).
+// summaries go with the step's per-example outputs — the train outfeed (ProcessFPropResults), the
+// decode output each PostProcessDecodeOut call sees — and train and eval write them as histograms
+// too (concatenated over the loop), so a task that keeps no outfeed still shows them.
 //
 //   TrainProgram train(model, &writer, ema.get());
 //   TrainProgram::LoopResult r = train.RunLoop(&global_step);   // advances global_step

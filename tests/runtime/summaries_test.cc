@@ -253,6 +253,13 @@ TEST(TrainSummaries, AUserLayersSummariesAreReducedOverEachTrainLoop) {
     ++histograms;
   }
   EXPECT_EQ(histograms, 2);
+  // The per-example summary (8 values a step) is also written: a histogram of the loop's 40.
+  std::vector<double> per_example_counts;
+  for (const auto& e : events) {
+    if (e.kind == EventRecord::Kind::kHistogram && e.tag == "probe__abs_x")
+      per_example_counts.push_back(e.histogram_count);
+  }
+  EXPECT_EQ(per_example_counts, (std::vector<double>{40.0, 40.0}));
   std::set<std::string> logged;
   for (const auto& j : MetricsLog(logdir + "/train")) logged.insert(j.at("tag"));
   EXPECT_TRUE(logged.count("global_step/probe"));
