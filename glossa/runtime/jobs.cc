@@ -11,7 +11,6 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
-#include "glossa/core/step_seed.h"
 #include "glossa/io/event_file.h"
 #include "glossa/optim/ema.h"
 #include "glossa/runtime/checkpointer.h"
