@@ -134,6 +134,25 @@ BaseTask::FPropResult BaseTask::FProp(const NestedMap& theta, const NestedMap& b
   return result;
 }
 
+std::string BaseTask::Report(const ReportInputs& in) {
+  std::string out = StrCat(in.model_key, " step ", in.global_step, " on ", in.dataset, ":\n");
+  for (const auto& [name, m] : in.eval_metrics) {
+    out += StrCat("  ", name, ": ", PyFloatRepr(m.first), "\n");
+  }
+  if (!in.decode_lines.empty()) out += "decoded:\n";
+  for (int64_t i = 0; i < in.num_samples && i < static_cast<int64_t>(in.decode_lines.size()); ++i) {
+    out += StrCat("  ", in.decode_lines[static_cast<size_t>(i)], "\n");
+  }
+  return out;
+}
+
+TaskInputScope::TaskInputScope(BaseTask& task, BaseInputGenerator& input)
+    : task_(task), previous_(task.input_override_) {
+  task_.input_override_ = &input;
+}
+
+TaskInputScope::~TaskInputScope() { task_.input_override_ = previous_; }
+
 NestedMap BaseTask::Decode(const NestedMap&) {
   throw UnimplementedError(StrCat("task '", path(), "' does not implement Decode"));
 }

@@ -10,6 +10,7 @@
 //   r.loss.backward();
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,15 +70,54 @@ class BaseTask : public BaseLayer {
     (void)per_example;
   }
 
-  bool has_input() const { return HasChild("input"); }
-  BaseInputGenerator& input() const { return GetChildAs<BaseInputGenerator>("input"); }
+  // What `glossa report` prints for the latest checkpoint on one dataset. The runtime fills in
+  // what every task has (eval metrics, a decoded batch); a task adds what its field compares
+  // against (the LM: a unigram baseline counted over train_input()).
+  struct ReportInputs {
+    std::string model_key;  // e.g. "lm.austen.TransformerLmTiny"
+    std::string dataset;    // the dataset input() reads
+    int64_t global_step = 0;
+    std::map<std::string, std::pair<double, double>> eval_metrics;  // name -> (mean, weight)
+    std::vector<std::string> decode_lines;  // one decoded batch; empty when the task cannot decode
+    int64_t num_samples = 5;                // decode lines to show
+    // The Train dataset's input for one sequential pass (null when not available).
+    std::function<std::unique_ptr<BaseInputGenerator>()> train_input;
+  };
+  // Default: the eval metrics, one per line, then up to num_samples decode lines.
+  virtual std::string Report(const ReportInputs& in);
+
+  // The task's input: its "input" child, or the input a TaskInputScope installed.
+  bool has_input() const { return input_override_ != nullptr || HasChild("input"); }
+  BaseInputGenerator& input() const {
+    return input_override_ != nullptr ? *input_override_ : GetChildAs<BaseInputGenerator>("input");
+  }
   Learner& learner() { return *learner_; }
   const glossa::Params& train_params() const { return params().GetParams("train"); }
   const glossa::Params& eval_params() const { return params().GetParams("eval"); }
 
  private:
+  friend class TaskInputScope;
   std::unique_ptr<Learner> learner_;
   int64_t num_splits_;
+  BaseInputGenerator* input_override_ = nullptr;
+};
+
+// While alive, `task.input()` is `input`: an eval or decode program runs the trained task (its
+// weights, or their EMA in eval mode) on another dataset without a second copy of the model.
+// Not thread-safe: the programs of one executor run one at a time on its thread.
+//
+//   TaskInputScope dev(model.task(), *dev_input);
+//   EvalProgram(model, &writer).Run(global_step);   // reads dev_input
+class TaskInputScope {
+ public:
+  TaskInputScope(BaseTask& task, BaseInputGenerator& input);
+  ~TaskInputScope();
+  TaskInputScope(const TaskInputScope&) = delete;
+  TaskInputScope& operator=(const TaskInputScope&) = delete;
+
+ private:
+  BaseTask& task_;
+  BaseInputGenerator* previous_;
 };
 
 // Combines per-tower metrics by weighted average (weights summed).

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -271,5 +273,58 @@ std::pair<double, double> UnigramBaseline::Score(const NestedMap& batch) const {
 }
 
 GLOSSA_REGISTER_CLASS(TransformerLmTask, "glossa.models.TransformerLmTask");
+
+std::string TransformerLmTask::Report(const ReportInputs& in) {
+  for (const char* metric : {"log_pplx", "fraction_of_correct_next_step_preds"}) {
+    if (!in.eval_metrics.count(metric))
+      throw InvalidArgumentError(StrCat("report: the eval metrics lack ", metric));
+  }
+  if (!in.train_input) throw FailedPreconditionError("report: no Train input for the unigram");
+  // The unigram baseline: token counts over one pass of Train, scored on the same split.
+  std::unique_ptr<BaseInputGenerator> train_input = in.train_input();
+  UnigramBaseline unigram(vocab_size_);
+  int64_t batches = 0;
+  std::fprintf(stderr, "counting unigrams over Train: ");
+  while (true) {
+    try {
+      unigram.Count(train_input->GetPreprocessedInputBatch());
+    } catch (const OutOfRangeError&) {
+      break;
+    }
+    if (++batches % 50 == 0) std::fprintf(stderr, ".");
+  }
+  std::fprintf(stderr, " %lld tokens\n",
+               static_cast<long long>(unigram.total - static_cast<double>(unigram.counts.size())));
+  input().Reset();
+  double nll = 0, n = 0;
+  while (true) {
+    try {
+      auto [a, b] = unigram.Score(input().GetPreprocessedInputBatch());
+      nll += a;
+      n += b;
+    } catch (const OutOfRangeError&) {
+      break;
+    }
+  }
+  const double model_pplx = in.eval_metrics.at("log_pplx").first;
+  const double unigram_pplx = nll / std::max(n, 1.0);
+  char buf[512];
+  std::string out;
+  std::snprintf(buf, sizeof(buf), "%s step %lld on %s (%.0f tokens):\n", in.model_key.c_str(),
+                static_cast<long long>(in.global_step), in.dataset.c_str(), n);
+  out += buf;
+  std::snprintf(buf, sizeof(buf),
+                "  model   log_pplx: %.4f  (fraction_of_correct_next_step_preds: %.4f)\n",
+                model_pplx, in.eval_metrics.at("fraction_of_correct_next_step_preds").first);
+  out += buf;
+  std::snprintf(buf, sizeof(buf), "  unigram log_pplx: %.4f\n  ratio model/unigram: %.3f\n",
+                unigram_pplx, model_pplx / unigram_pplx);
+  out += buf;
+  out += "sampled continuations (prompt ||| sample):\n";
+  for (int64_t i = 0; i < in.num_samples && i < static_cast<int64_t>(in.decode_lines.size()); ++i) {
+    out += StrCat("  ", in.decode_lines[static_cast<size_t>(i)], "\n");
+  }
+  return out;
+}
 
 }  // namespace glossa

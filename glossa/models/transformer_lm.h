@@ -60,6 +60,9 @@ class TransformerLmTask : public BaseTask {
   std::vector<std::string> PostProcessDecodeOut(const NestedMap& decode_out,
                                                 std::map<std::string, double>& metrics) override;
   void DecodeFinalize(std::map<std::string, double>& metrics) override;
+  // `glossa report`: log_pplx beside a unigram baseline counted over in.train_input(), then
+  // sampled continuations.
+  std::string Report(const ReportInputs& in) override;
 
  private:
   int64_t vocab_size_;

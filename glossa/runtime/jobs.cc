@@ -11,61 +11,12 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
-#include "glossa/core/step_seed.h"
 #include "glossa/io/event_file.h"
 #include "glossa/optim/ema.h"
-#include "glossa/runtime/executor.h"
+#include "glossa/runtime/checkpointer.h"
 #include "glossa/runtime/program.h"
-#include "glossa/runtime/saver.h"
 
 namespace glossa {
-
-DecodeProgram::DecodeProgram(BaseModel& model, EventWriter* writer)
-    : model_(model), writer_(writer) {}
-
-DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batches,
-                                         const std::string& out_dir) {
-  BaseTask& task = model_.task();
-  try {
-    task.input().Reset();
-  } catch (const UnimplementedError&) {
-  }
-  EvalModeScope eval;
-  at::NoGradGuard no_grad;
-  GlobalStepContext step(global_step);
-  ResetStepSeed();
-  Result r;
-  r.metrics = task.CreateDecoderMetrics();
-  const int64_t want_samples = task.eval_params().GetInt("decoder_samples_per_summary");
-  int64_t samples = 0;
-  while (max_batches < 0 || r.batches < max_batches) {
-    if (want_samples > 0 && samples >= want_samples) break;
-    NestedMap batch;
-    try {
-      batch = task.input().GetPreprocessedInputBatch();
-    } catch (const OutOfRangeError&) {
-      break;
-    }
-    NestedMap out = task.Decode(batch);
-    std::vector<std::string> lines = task.PostProcessDecodeOut(out, r.metrics);
-    samples += static_cast<int64_t>(lines.size());
-    r.lines.insert(r.lines.end(), lines.begin(), lines.end());
-    ++r.batches;
-  }
-  task.DecodeFinalize(r.metrics);
-  if (writer_) {
-    for (const auto& [k, v] : r.metrics) writer_->WriteScalar(k, v, global_step);
-    writer_->Flush();
-  }
-  if (!out_dir.empty()) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "decoder_out_%09lld", static_cast<long long>(global_step));
-    std::string text;
-    for (const auto& l : r.lines) text += l + "\n";
-    AtomicWriteFile(JoinPath(out_dir, name), text);
-  }
-  return r;
-}
 
 namespace {
 
@@ -88,12 +39,6 @@ int64_t StepOf(const std::string& ckpt) {
 }
 
 }  // namespace
-
-std::string ProgramDir(JobKind kind, const std::string& logdir, const std::string& dataset) {
-  std::string lower = dataset;
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return JoinPath(logdir, StrCat(kind == JobKind::kEval ? "eval_" : "decoder_", lower));
-}
 
 int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options) {
   if (options.logdir.empty()) throw InvalidArgumentError("job: --logdir is required");

@@ -1,8 +1,4 @@
-// Decoding and the evaler/decoder jobs (Lingvo's decoder and evaler runners).
-//
-// DecodeProgram runs a task's Decode over steps_per_loop batches (-1: until OutOfRange), hands each
-// batch's output to PostProcessDecodeOut, and writes the lines to `decoder_out_%09d` and the
-// decoder metrics as summaries.
+// The evaler and decoder jobs (Lingvo's evaler and decoder runners), apart from the trainer.
 //
 // RunCheckpointJob polls <logdir>/train for new checkpoints (backoff 1 s doubling to 5 min), runs
 // the eval or decode program on each (the newest only, unless eval_all_checkpoints /
@@ -14,35 +10,14 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
-#include <map>
 #include <string>
-#include <vector>
 
 #include "glossa/core/params.h"
-#include "glossa/model/model_registry.h"
+#include "glossa/runtime/program.h"  // JobKind, ProgramDir
 
 namespace glossa {
-
-class EventWriter;
-
-class DecodeProgram {
- public:
-  DecodeProgram(BaseModel& model, EventWriter* writer);
-  struct Result {
-    std::map<std::string, double> metrics;
-    std::vector<std::string> lines;
-    int64_t batches = 0;
-  };
-  // `max_batches` -1: until OutOfRange. Writes `out_dir`/decoder_out_%09d when out_dir is set.
-  Result Run(int64_t global_step, int64_t max_batches, const std::string& out_dir = "");
-
- private:
-  BaseModel& model_;
-  EventWriter* writer_;
-};
-
-enum class JobKind { kEval, kDecode };
 
 struct JobOptions {
   std::string logdir;
@@ -52,9 +27,6 @@ struct JobOptions {
   const std::atomic<bool>* stop = nullptr;      // returns when set
   double max_backoff_seconds = 300;
 };
-
-// "<logdir>/eval_<dataset>" or "<logdir>/decoder_<dataset>" (dataset lower-cased).
-std::string ProgramDir(JobKind kind, const std::string& logdir, const std::string& dataset);
 
 // Returns the number of checkpoints processed in this run.
 int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options);

@@ -2,12 +2,16 @@
 
 #include <ATen/ATen.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/summary/summary.h"
 
 namespace glossa {
 
@@ -43,6 +47,39 @@ std::string FormatStepLine(int64_t step, double steps_per_sec, double examples_p
   return line;
 }
 
+void WriteSummaries(EventWriter& writer, const std::map<std::string, at::Tensor>& summaries,
+                    int64_t step) {
+  for (const auto& [tag, value] : summaries) {
+    if (value.numel() == 1) {
+      writer.WriteScalar(tag, value.to(at::kDouble).item<double>(), step);
+    } else if (value.numel() > 0) {
+      writer.WriteHistogram(tag, value, step);
+    }
+  }
+}
+
+std::string ProgramDir(JobKind kind, const std::string& logdir, const std::string& dataset) {
+  std::string lower = dataset;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return JoinPath(logdir, StrCat(kind == JobKind::kEval ? "eval_" : "decoder_", lower));
+}
+
+namespace {
+
+// Adds per-example summaries to a step's per-example outputs (InvalidArgument on a name clash).
+void AddPerExampleSummaries(std::map<std::string, at::Tensor> summaries, NestedMap& out,
+                            const std::string& what) {
+  for (auto& [key, value] : summaries) {
+    if (out.Has(key)) {
+      throw InvalidArgumentError(StrCat("per-example summary '", key, "' has the name of one of ",
+                                        what, "'s per-example outputs"));
+    }
+    out.Put(key, std::move(value));
+  }
+}
+
+}  // namespace
+
 TrainProgram::TrainProgram(BaseModel& model, EventWriter* writer, ExponentialMovingAverage* ema,
                            std::function<void(const std::string&)> log)
     : model_(model), writer_(writer), ema_(ema), log_(std::move(log)) {
@@ -72,6 +109,11 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   }
   std::map<BaseTask*, std::vector<NestedMap>> outfeed;
   int64_t examples = 0;
+  // What layers record during the loop's steps, reduced over the loop (Lingvo's tpu_summary
+  // context with its while-loop rewrite).
+  SummaryContext summaries;
+  std::optional<SummaryLoop> summary_loop(std::in_place);
+  std::map<std::string, std::vector<at::Tensor>> per_example;  // also written as histograms
   const auto start = std::chrono::steady_clock::now();
   while (result.steps < steps_per_loop) {
     if (*global_step >= max_steps) {  // Lingvo checks before each step
@@ -110,9 +152,13 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       metrics = std::move(prefixed);
     }
     loop_metrics.Add(metrics);
-    if (!r.per_example.empty())
-      outfeed[&task].push_back(r.per_example.Transform(
-          [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); }));
+    NestedMap step_outfeed = r.per_example.Transform(
+        [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); });
+    std::map<std::string, at::Tensor> step_per_example = summaries.TakePerExample();
+    for (const auto& [k, v] : step_per_example) per_example[k].push_back(v.reshape({-1}));
+    AddPerExampleSummaries(std::move(step_per_example), step_outfeed,
+                           StrCat("task '", task.path(), "'"));
+    if (!step_outfeed.empty()) outfeed[&task].push_back(std::move(step_outfeed));
     const int64_t n =
         static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());
     examples += n;
@@ -130,6 +176,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary_loop.reset();  // reduces the loop's summaries
   result.metrics = loop_metrics.Means();
   result.steps_per_sec = result.steps / std::max(secs, 1e-9);
   result.examples_per_sec = examples / std::max(secs, 1e-9);
@@ -137,6 +184,9 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     if (writer_) {
       writer_->WriteScalar("global_step/sec", result.steps_per_sec, *global_step);
       writer_->WriteScalar("examples/sec", result.examples_per_sec, *global_step);
+      std::map<std::string, at::Tensor> all = summaries.MergeAll();
+      for (auto& [k, v] : per_example) all[k] = at::cat(v);
+      WriteSummaries(*writer_, all, *global_step);
     }
     if (log_)
       log_(FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,
@@ -160,6 +210,9 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
   at::NoGradGuard no_grad;
   GlobalStepContext step(global_step);
   MetricsAccumulator acc;
+  SummaryContext summaries;
+  std::optional<SummaryLoop> summary_loop(std::in_place);
+  std::map<std::string, std::vector<at::Tensor>> per_example;
   int64_t samples = 0, batches = 0;
   while ((want <= 0 || samples < want) && (max_batches < 0 || batches++ < max_batches)) {
     NestedMap batch;
@@ -171,13 +224,71 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
     BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
     acc.Add(r.metrics);
     samples += static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());
+    for (auto& [k, v] : summaries.TakePerExample()) per_example[k].push_back(v.reshape({-1}));
   }
+  summary_loop.reset();
   auto means = acc.Means();
   if (writer_) {
     for (const auto& [k, v] : means) writer_->WriteScalar(k, v.first, global_step);
+    std::map<std::string, at::Tensor> all = summaries.MergeAll();
+    for (auto& [k, v] : per_example) all[k] = at::cat(v);
+    WriteSummaries(*writer_, all, global_step);
     writer_->Flush();
   }
   return means;
+}
+
+DecodeProgram::DecodeProgram(BaseModel& model, EventWriter* writer)
+    : model_(model), writer_(writer) {}
+
+DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batches,
+                                         const std::string& out_dir) {
+  BaseTask& task = model_.task();
+  try {
+    task.input().Reset();
+  } catch (const UnimplementedError&) {
+  }
+  EvalModeScope eval;
+  at::NoGradGuard no_grad;
+  GlobalStepContext step(global_step);
+  ResetStepSeed();
+  Result r;
+  r.metrics = task.CreateDecoderMetrics();
+  const int64_t want_samples = task.eval_params().GetInt("decoder_samples_per_summary");
+  int64_t samples = 0;
+  SummaryContext summaries;
+  std::optional<SummaryLoop> summary_loop(std::in_place);
+  while (max_batches < 0 || r.batches < max_batches) {
+    if (want_samples > 0 && samples >= want_samples) break;
+    NestedMap batch;
+    try {
+      batch = task.input().GetPreprocessedInputBatch();
+    } catch (const OutOfRangeError&) {
+      break;
+    }
+    NestedMap out = task.Decode(batch);
+    AddPerExampleSummaries(summaries.TakePerExample(), out,
+                           StrCat("task '", task.path(), "' Decode"));
+    std::vector<std::string> lines = task.PostProcessDecodeOut(out, r.metrics);
+    samples += static_cast<int64_t>(lines.size());
+    r.lines.insert(r.lines.end(), lines.begin(), lines.end());
+    ++r.batches;
+  }
+  summary_loop.reset();
+  task.DecodeFinalize(r.metrics);
+  if (writer_) {
+    for (const auto& [k, v] : r.metrics) writer_->WriteScalar(k, v, global_step);
+    WriteSummaries(*writer_, summaries.MergeAll(), global_step);
+    writer_->Flush();
+  }
+  if (!out_dir.empty()) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "decoder_out_%09lld", static_cast<long long>(global_step));
+    std::string text;
+    for (const auto& l : r.lines) text += l + "\n";
+    AtomicWriteFile(JoinPath(out_dir, name), text);
+  }
+  return r;
 }
 
 }  // namespace glossa

@@ -1,9 +1,18 @@
 // Programs (Lingvo's program.py): a TrainProgram runs steps_per_loop training steps (input →
 // FProp → loss → learner → EMA → global step), accumulating weighted metrics over the loop and
-// writing summaries; an EvalProgram averages a model's weighted metrics over an eval set.
+// writing summaries; an EvalProgram averages a model's weighted metrics over an eval set; a
+// DecodeProgram runs the task's Decode over decode batches and writes its metrics and lines.
+//
+// Each program run opens a SummaryContext (glossa/summary/summary.h) with one SummaryLoop around
+// its steps, so what layers record in FProp (e.g. the MoE layers' over_capacity_1_ratio) is
+// reduced over the loop (scalars by mean or sum, tensors stacked) and written at the loop's end:
+// scalars as scalar events (and metrics.jsonl lines), tensors as histograms. Per-example
+// summaries go with the step's per-example outputs — the train outfeed (ProcessFPropResults), the
+// decode output each PostProcessDecodeOut call sees — and train and eval write them as histograms
+// too (concatenated over the loop), so a task that keeps no outfeed still shows them.
 //
 //   TrainProgram train(model, &writer, ema.get());
-//   TrainProgram::LoopResult r = train.RunLoop(global_step);   // advances global_step
+//   TrainProgram::LoopResult r = train.RunLoop(&global_step);   // advances global_step
 #pragma once
 
 #include <cstdint>
@@ -11,9 +20,10 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "glossa/io/event_file.h"
-#include "glossa/model/model_registry.h"
+#include "glossa/model/base_model.h"
 #include "glossa/optim/ema.h"
 
 namespace glossa {
@@ -72,6 +82,35 @@ class EvalProgram {
   BaseModel& model_;
   EventWriter* writer_;
 };
+
+class DecodeProgram {
+ public:
+  DecodeProgram(BaseModel& model, EventWriter* writer);
+  struct Result {
+    std::map<std::string, double> metrics;
+    std::vector<std::string> lines;
+    int64_t batches = 0;
+  };
+  // Runs the task's Decode and PostProcessDecodeOut over `max_batches` batches (-1: until
+  // OutOfRange or decoder_samples_per_summary lines), in eval mode; writes the decoder metrics and
+  // summaries at `global_step`, and the lines to `out_dir`/decoder_out_%09d when out_dir is set.
+  Result Run(int64_t global_step, int64_t max_batches, const std::string& out_dir = "");
+
+ private:
+  BaseModel& model_;
+  EventWriter* writer_;
+};
+
+enum class JobKind { kEval, kDecode };
+
+// A program's directory (Lingvo's "<program>_<dataset>"): "<logdir>/eval_<dataset>" or
+// "<logdir>/decoder_<dataset>", the dataset lower-cased.
+std::string ProgramDir(JobKind kind, const std::string& logdir, const std::string& dataset);
+
+// Writes summaries merged from a SummaryContext at `step`: one-element tensors as scalars, others
+// as histograms.
+void WriteSummaries(EventWriter& writer, const std::map<std::string, at::Tensor>& summaries,
+                    int64_t step);
 
 // Lingvo's console line: "step: 1200, steps/sec: 3.41, examples/sec: 54.6, loss: 2.3141, ...".
 std::string FormatStepLine(int64_t step, double steps_per_sec, double examples_per_sec,

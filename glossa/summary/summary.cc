@@ -31,6 +31,10 @@ SummaryContext::~SummaryContext() { t_context = nullptr; }
 SummaryContext* SummaryContext::Current() { return t_context; }
 
 void SummaryContext::Record(Entry entry) {
+  if (entry.kind == Entry::Kind::kPerExample) {
+    per_example_.push_back(std::move(entry));
+    return;
+  }
   if (loops_.empty()) {
     entries_.push_back(std::move(entry));
     return;
@@ -42,14 +46,18 @@ void SummaryContext::Record(Entry entry) {
   if (it == loop.end()) {
     if (static_cast<int64_t>(loop.size()) >= max_loop_vars_) {
       ++dropped_;
-      LOG(WARNING) << "summary '" << Key(entry.name, entry.scope) << "' dropped: more than "
-                   << max_loop_vars_ << " summaries in a loop (max_loop_vars)";
+      if (loop_dropped_.back().insert(key).second) {  // once per summary and loop, not per step
+        LOG(WARNING) << "summary '" << Key(entry.name, entry.scope) << "' dropped: more than "
+                     << max_loop_vars_ << " summaries in a loop (max_loop_vars)";
+      }
       return;
     }
     loop_order_.back().push_back(key);
     it = loop.emplace(key, LoopVar{entry, {}}).first;
   }
-  it->second.values.push_back(entry.value.detach());
+  // A scalar is often a view of a larger tensor (x[0][0]): copy it so the loop holds no more.
+  it->second.values.push_back(entry.kind == Entry::Kind::kScalar ? entry.value.detach().clone()
+                                                                 : entry.value.detach());
 }
 
 std::map<std::string, at::Tensor> SummaryContext::MergeAll() const {
@@ -61,9 +69,8 @@ std::map<std::string, at::Tensor> SummaryContext::MergeAll() const {
 }
 
 std::map<std::string, at::Tensor> SummaryContext::MergeAllPerExample() const {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& e : entries_) {
-    if (e.kind != Entry::Kind::kPerExample) continue;
+  std::map<std::string, std::vector<at::Tensor>> parts;
+  for (const auto& e : per_example_) {
     std::string key = e.scope.empty() ? e.name : e.scope + "/" + e.name;
     std::string flat;
     for (char c : key) {
@@ -73,8 +80,18 @@ std::map<std::string, at::Tensor> SummaryContext::MergeAllPerExample() const {
         flat += c;
       }
     }
-    out[flat] = e.value;
+    parts[flat].push_back(e.value.dim() == 0 ? e.value.unsqueeze(0) : e.value);
   }
+  std::map<std::string, at::Tensor> out;
+  for (auto& [key, values] : parts) {
+    out[key] = values.size() == 1 ? values[0] : at::cat(values, 0);
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> SummaryContext::TakePerExample() {
+  std::map<std::string, at::Tensor> out = MergeAllPerExample();
+  per_example_.clear();
   return out;
 }
 
@@ -86,6 +103,7 @@ SummaryLoop::SummaryLoop() : ctx_(t_context) {
   if (ctx_) {
     ctx_->loops_.emplace_back();
     ctx_->loop_order_.emplace_back();
+    ctx_->loop_dropped_.emplace_back();
   }
 }
 
@@ -95,6 +113,7 @@ SummaryLoop::~SummaryLoop() {
   auto order = std::move(ctx_->loop_order_.back());
   ctx_->loops_.pop_back();
   ctx_->loop_order_.pop_back();
+  ctx_->loop_dropped_.pop_back();
   for (const auto& key : order) {
     auto& var = loop.at(key);
     SummaryContext::Entry e = var.entry;
@@ -104,7 +123,16 @@ SummaryLoop::~SummaryLoop() {
                     ? sum
                     : sum / static_cast<double>(std::max<size_t>(1, var.values.size()));
     } else {
-      e.value = at::stack(var.values);
+      bool same_shape = true;
+      for (const auto& v : var.values)
+        same_shape = same_shape && v.sizes() == var.values[0].sizes();
+      if (same_shape) {
+        e.value = at::stack(var.values);
+      } else {  // e.g. activations of batches with different lengths
+        std::vector<at::Tensor> flat;
+        for (const auto& v : var.values) flat.push_back(v.reshape({-1}));
+        e.value = at::cat(flat);
+      }
     }
     ctx_->Record(std::move(e));  // into the enclosing loop, or the context
   }

@@ -3,19 +3,29 @@
 //
 //   SummaryContext ctx;                        // thread-local, not re-entrant
 //   { SummaryNameScope s("enc");  summary::Scalar("over_capacity", ratio); }
-//   { SummaryLoop loop;  for (...) { loop.NextIteration(); summary::Scalar("loss", l); } }
+//   { SummaryLoop loop;  for (...) summary::Scalar("loss", l); }   // reduced when `loop` ends
 //   std::map<std::string, at::Tensor> all = ctx.MergeAll();   // {"loss": mean,
 //   "over_capacity/enc": ...}
 //
 // In a loop region values accumulate per iteration and are reduced when the loop ends: scalars by
-// mean (sum / max(1, count)) or sum, tensors stacked along a new dim 0. At most max_loop_vars
-// distinct summaries accumulate in a loop; later ones are dropped (counted), as in Lingvo.
+// mean (sum / max(1, count)) or sum, tensors stacked along a new dim 0 (flattened and concatenated
+// when the iterations' shapes differ). At most max_loop_vars distinct summaries accumulate in a
+// loop; later ones are dropped (counted and logged), as in Lingvo.
+//
+// Per-example tensors ([batch, ...]) are not loop-reduced: they belong to the step that recorded
+// them. A program takes them after each step (TakePerExample) and hands them on with the step's
+// other per-example outputs (the train outfeed, a decode batch's output); values recorded under
+// one key in the same step (one per tower) are concatenated along dim 0.
+//
+// The context is thread-local: summaries recorded on other threads (input processors, GPipe stage
+// threads) see no context and are dropped. docs/training.md lists where the programs open one.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,8 +46,11 @@ class SummaryContext {
 
   // "name/scope" (or "name" without a scope) -> value, in recording order of first appearance.
   std::map<std::string, at::Tensor> MergeAll() const;
-  // Per-example tensors: "scope__name" with '/' replaced by "__" -> value.
+  // Per-example tensors not yet taken: "scope__name" with '/' replaced by "__" -> value (entries
+  // under one key concatenated along dim 0).
   std::map<std::string, at::Tensor> MergeAllPerExample() const;
+  // MergeAllPerExample, then forgets them: what a program calls after each step.
+  std::map<std::string, at::Tensor> TakePerExample();
   int64_t num_dropped_loop_vars() const { return dropped_; }
 
   struct Entry {
@@ -53,6 +66,7 @@ class SummaryContext {
   friend void RecordSummary(SummaryContext::Entry entry);
   void Record(Entry entry);
   std::vector<Entry> entries_;
+  std::vector<Entry> per_example_;
   // Loop accumulation: key -> values per iteration.
   struct LoopVar {
     Entry entry;
@@ -60,6 +74,7 @@ class SummaryContext {
   };
   std::vector<std::map<std::string, LoopVar>> loops_;
   std::vector<std::vector<std::string>> loop_order_;
+  std::vector<std::set<std::string>> loop_dropped_;  // keys dropped (and logged) per loop
   int64_t max_loop_vars_;
   int64_t dropped_ = 0;
 };

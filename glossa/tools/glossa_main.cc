@@ -8,7 +8,7 @@
 //   glossa train --model=lm.austen.TransformerLmTiny --logdir=/tmp/austen
 //   glossa eval --model=... --logdir=... --dataset=Dev [--once]    # the evaler job
 //   glossa decode --model=... --logdir=... --dataset=Dev [--once]  # the decoder job
-//   glossa report --model=... --logdir=... --dataset=Dev           # LM: vs unigram, samples
+//   glossa report --model=... --logdir=... --dataset=Dev           # the task's Report hook
 //   --flagfile=f: one --flag=value per line, expanded in place.
 //
 // Errors print one line naming what was wrong and exit non-zero.
@@ -30,8 +30,8 @@
 #include "glossa/core/params.h"
 #include "glossa/core/registry.h"
 #include "glossa/model/model_registry.h"
-#include "glossa/models/transformer_lm.h"
 #include "glossa/optim/ema.h"
+#include "glossa/runtime/checkpointer.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/jobs.h"
@@ -171,60 +171,32 @@ std::unique_ptr<BaseModel> LoadLatestForEval(const Params& p, const std::string&
   return model;
 }
 
+// `report`: the task's Report hook on the latest checkpoint, given the eval metrics on
+// f.dataset, one decoded batch (when the task decodes) and a way to read Train once.
 int Report(const ModelFlags& f, int64_t num_samples) {
   Params p = ModelParamsFromFlags(f);
   int64_t step = 0;
   auto model = LoadLatestForEval(p, f.logdir, &step);
-  auto* lm = dynamic_cast<TransformerLmTask*>(&model->task());
-  if (lm == nullptr)
-    throw InvalidArgumentError(StrCat("report: model ", f.model, " is not a TransformerLmTask"));
-  EvalProgram eval(*model, nullptr);
-  const auto metrics = eval.Run(step);
-  // The unigram baseline: token counts over one pass of Train, scored on the same split.
-  ModelFlags train_flags = f;
-  train_flags.dataset = "Train";
-  Params tp = ModelParamsFromFlags(train_flags);
-  tp.Set("task.input.repeat_count", 1);
-  tp.Set("task.input.require_sequential_order", true);
-  auto train_input = InstantiateLayer<BaseInputGenerator>(tp.GetParams("task.input"));
-  UnigramBaseline unigram(lm->vocab_size());
-  int64_t batches = 0;
-  std::fprintf(stderr, "counting unigrams over Train: ");
-  while (true) {
-    try {
-      unigram.Count(train_input->GetPreprocessedInputBatch());
-    } catch (const OutOfRangeError&) {
-      break;
-    }
-    if (++batches % 50 == 0) std::fprintf(stderr, ".");
+  BaseTask::ReportInputs in;
+  in.model_key = f.model;
+  in.dataset = f.dataset;
+  in.global_step = step;
+  in.num_samples = num_samples;
+  in.eval_metrics = EvalProgram(*model, nullptr).Run(step);
+  try {
+    in.decode_lines = DecodeProgram(*model, nullptr).Run(step, 1).lines;
+  } catch (const UnimplementedError&) {  // a task without Decode reports its metrics only
   }
-  std::fprintf(stderr, " %lld tokens\n",
-               static_cast<long long>(unigram.total - static_cast<double>(unigram.counts.size())));
-  model->task().input().Reset();
-  double nll = 0, n = 0;
-  while (true) {
-    try {
-      auto [a, b] = unigram.Score(model->task().input().GetPreprocessedInputBatch());
-      nll += a;
-      n += b;
-    } catch (const OutOfRangeError&) {
-      break;
-    }
-  }
-  const double model_pplx = metrics.at("log_pplx").first;
-  const double unigram_pplx = nll / std::max(n, 1.0);
-  std::printf("%s step %lld on %s (%.0f tokens):\n", f.model.c_str(), static_cast<long long>(step),
-              f.dataset.c_str(), n);
-  std::printf("  model   log_pplx: %.4f  (fraction_of_correct_next_step_preds: %.4f)\n", model_pplx,
-              metrics.at("fraction_of_correct_next_step_preds").first);
-  std::printf("  unigram log_pplx: %.4f\n", unigram_pplx);
-  std::printf("  ratio model/unigram: %.3f\n", model_pplx / unigram_pplx);
-  DecodeProgram decode(*model, nullptr);
-  auto d = decode.Run(step, 1);
-  std::printf("sampled continuations (prompt ||| sample):\n");
-  for (int64_t i = 0; i < num_samples && i < static_cast<int64_t>(d.lines.size()); ++i) {
-    std::printf("  %s\n", d.lines[static_cast<size_t>(i)].c_str());
-  }
+  const std::string input_path = EvalTaskParamsPath(*model) + ".input";
+  in.train_input = [f, input_path]() {
+    ModelFlags train_flags = f;
+    train_flags.dataset = "Train";
+    Params ip = ModelParamsFromFlags(train_flags).GetParams(input_path).Copy();
+    if (ip.Contains("repeat_count")) ip.Set("repeat_count", 1);
+    if (ip.Contains("require_sequential_order")) ip.Set("require_sequential_order", true);
+    return InstantiateLayer<BaseInputGenerator>(ip);
+  };
+  std::printf("%s", model->task().Report(in).c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -260,8 +232,8 @@ int Run(int argc, char** argv) {
   AddModelFlags(decode, decode_f, true, "Dev");
   decode->add_flag("--once", decode_f.once, "Decode the latest checkpoint once and exit.");
   auto* report = app.add_subcommand("report",
-                                    "Language models: the latest checkpoint's log-perplexity "
-                                    "beside a unigram baseline, and samples.");
+                                    "The latest checkpoint's report (the task's Report hook): "
+                                    "eval metrics and samples; LMs add a unigram baseline.");
   AddModelFlags(report, report_f, true, "Dev");
   int64_t report_samples = 5;
   report->add_option("--num_samples", report_samples, "Sampled continuations to print.")

@@ -15,6 +15,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/io/event_file.h"
 #include "glossa/layers/linear.h"
+#include "glossa/model/model_registry.h"
 #include "glossa/runtime/program.h"
 #include "tests/test_util.h"
 

@@ -70,5 +70,38 @@ TEST(Summary, MaxLoopVarsDropsExtras) {
   EXPECT_TRUE(ctx.MergeAll().count("c"));
 }
 
+TEST(Summary, PerExampleTensorsSkipLoopsAndAreTakenStepByStep) {
+  SummaryContext ctx;
+  SummaryLoop loop;
+  for (int step = 0; step < 2; ++step) {
+    {
+      SummaryNameScope scope("enc");
+      // Two towers record the same key: concatenated along dim 0.
+      summary::PerExampleTensor("score", at::full({2}, static_cast<double>(step)));
+      summary::PerExampleTensor("score", at::full({3}, 10.0 + step));
+    }
+    auto taken = ctx.TakePerExample();
+    ASSERT_EQ(taken.size(), 1u);
+    const at::Tensor score = taken.at("enc__score");
+    ASSERT_EQ(score.sizes(), (std::vector<int64_t>{5}));
+    EXPECT_EQ(score[0].item<double>(), step);
+    EXPECT_EQ(score[4].item<double>(), 10.0 + step);
+    EXPECT_TRUE(ctx.TakePerExample().empty());  // taken once
+  }
+  EXPECT_TRUE(ctx.MergeAll().empty());  // never loop-reduced into the context's summaries
+}
+
+TEST(Summary, TensorsWhoseShapeChangesInALoopAreFlattenedAndConcatenated) {
+  SummaryContext ctx;
+  {
+    SummaryLoop loop;
+    summary::Tensor("activations", at::ones({2, 2}));
+    summary::Tensor("activations", at::zeros({3}));
+  }
+  const at::Tensor a = ctx.MergeAll().at("activations");
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{7}));
+  EXPECT_EQ(a.sum().item<double>(), 4.0);
+}
+
 }  // namespace
 }  // namespace glossa

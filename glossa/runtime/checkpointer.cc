@@ -1,0 +1,176 @@
+#include "glossa/runtime/checkpointer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <set>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+namespace {
+
+bool IsEmaName(const std::string& name) {
+  const std::string suffix = ExponentialMovingAverage::kSuffix;
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> CheckpointTensors(const BaseModel& model,
+                                                    const ExponentialMovingAverage* ema,
+                                                    int64_t global_step) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [info, t] : model.AllVariables()) out[info.full_name] = t;
+  // Learner slots; a multi-task model's under "<task>/" (each task has its own learner).
+  for (const auto& task_name : model.task_names()) {
+    const std::string prefix = model.is_multi_task() ? task_name + "/" : "";
+    for (const auto& [name, t] : model.GetTask(task_name).learner().Slots()) out[prefix + name] = t;
+  }
+  if (ema) {
+    for (const auto& [name, t] : ema->Shadows()) out[name] = t;
+  }
+  out["global_step"] = at::full({}, global_step, at::kLong);
+  return out;
+}
+
+std::shared_ptr<ExponentialMovingAverage> MakeModelEma(BaseModel& model) {
+  const Params& tp = model.task().train_params();
+  if (!(tp.GetFloat("ema_decay") > 0) && !tp.IsSet("ema_schedule")) return nullptr;
+  Params ep = ExponentialMovingAverage::Params();
+  ep.Set("decay", tp.GetFloat("ema_decay") > 0 ? tp.GetFloat("ema_decay") : 0.999);
+  if (tp.IsSet("ema_schedule")) ep.Set("ema_schedule", tp.Get("ema_schedule"));
+  auto ema = std::make_shared<ExponentialMovingAverage>(ep);
+  ema->Track(model);
+  model.SetEma(ema);
+  return ema;
+}
+
+std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel& model,
+                                      ExponentialMovingAverage* ema) {
+  std::map<std::string, at::Tensor> vars;
+  for (const auto& [info, t] : model.AllVariables()) vars[info.full_name] = t;
+  RestoreVariables(ckpt, vars);
+  if (ema) {
+    for (const auto& [name, t] : ckpt.tensors) {
+      if (IsEmaName(name)) ema->SetShadow(name, t);
+    }
+  }
+  auto it = ckpt.tensors.find("global_step");
+  if (it == ckpt.tensors.end()) return std::nullopt;
+  return it->second.item<int64_t>();
+}
+
+int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
+                          ExponentialMovingAverage* ema) {
+  const std::optional<int64_t> step = RestoreForEval(ckpt, model, ema);
+  if (!step) throw DataLossError("checkpoint has no global_step");
+  std::set<std::string> vars;
+  for (const auto& [info, t] : model.AllVariables()) vars.insert(info.full_name);
+  for (const auto& [name, t] : ckpt.tensors) {
+    if (vars.count(name) || name == "global_step" || IsEmaName(name)) continue;
+    // Optimizer slots and tracker state.
+    if (!model.is_multi_task()) {
+      model.task().learner().SetSlot(name, t);
+      continue;
+    }
+    const auto slash = name.find('/');
+    const std::string task_name = slash == std::string::npos ? "" : name.substr(0, slash);
+    const auto names = model.task_names();
+    if (std::find(names.begin(), names.end(), task_name) == names.end()) {
+      throw DataLossError(
+          StrCat("checkpoint tensor '", name, "' is neither a variable nor a task's learner slot"));
+    }
+    model.GetTask(task_name).learner().SetSlot(name.substr(slash + 1), t);
+  }
+  return *step;
+}
+
+std::map<std::string, InitRules> ParseInitFromCheckpointRules(const ParamValue& value) {
+  std::map<std::string, InitRules> rules;
+  for (const auto& [ckpt, v] : value.AsDict()) {
+    const std::string where = StrCat("init_from_checkpoint_rules['", ckpt, "']");
+    const auto& pair = v.AsList();
+    if (pair.size() != 2) {
+      throw InvalidArgumentError(StrCat(where,
+                                        " must be [[(regex, format), ...], [ignore, ...]], got ",
+                                        pair.size(), " elements"));
+    }
+    InitRules r;
+    for (const auto& rule : pair[0].AsList()) {
+      const auto& rf = rule.AsList();
+      if (rf.size() != 2) {
+        throw InvalidArgumentError(
+            StrCat(where, ": each rule must be a (var_regex, name_format) pair"));
+      }
+      r.rules.emplace_back(rf[0].AsString(), rf[1].AsString());
+    }
+    for (const auto& ig : pair[1].AsList()) r.ignore.push_back(ig.AsString());
+    rules[ckpt] = std::move(r);
+  }
+  return rules;
+}
+
+Checkpointer::Checkpointer(const std::string& train_dir, BaseModel& model,
+                           ExponentialMovingAverage* ema, std::function<double()> clock)
+    : train_dir_(train_dir), model_(model), ema_(ema), clock_(std::move(clock)) {
+  const Params& tp = model_.task().train_params();
+  SaverOptions so;
+  so.dir = train_dir_;
+  so.keep_latest_n = tp.GetInt("save_max_to_keep");
+  so.keep_every_n_hours = tp.GetFloat("save_keep_checkpoint_every_n_hours");
+  so.async = tp.GetBool("async_checkpointing");
+  so.clock = clock_;
+  saver_ = std::make_unique<Saver>(so);
+  if (tp.GetBool("checkpoint_finite_check")) saver_->AddIsFiniteCheck(".*");
+  saver_->AddInRangeCheck(
+      "global_step", 0, static_cast<double>(tp.GetInt("max_steps") + tp.GetInt("steps_per_loop")));
+  if (tp.IsSet("save_interval_steps")) save_interval_steps_ = tp.GetInt("save_interval_steps");
+  save_interval_seconds_ = tp.GetFloat("save_interval_seconds");
+  last_save_time_ = clock_();
+}
+
+Checkpointer::~Checkpointer() = default;
+
+int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::string&)>& log) {
+  int64_t step = 0;
+  if (auto latest = Saver::LatestCheckpoint(train_dir_)) {
+    step = RestoreCheckpoint(LoadCheckpoint(*latest), model_, ema_);
+    log(StrCat("restored ", *latest, " at step ", step));
+  } else {
+    const ParamValue& rules = model_.task().train_params().Get("init_from_checkpoint_rules");
+    if (!rules.AsDict().empty()) {
+      std::map<std::string, at::Tensor> vars;
+      for (const auto& [info, t] : model_.AllVariables()) vars[info.full_name] = t;
+      const auto done = InitFromCheckpointRules(ParseInitFromCheckpointRules(rules), vars);
+      log(StrCat("initialized ", done.size(), " variables from init_from_checkpoint_rules"));
+    }
+  }
+  last_save_step_ = step;
+  last_save_time_ = clock_();
+  return step;
+}
+
+bool Checkpointer::MaybeSave(int64_t global_step) {
+  const bool due = save_interval_steps_ ? global_step - last_save_step_ >= *save_interval_steps_
+                                        : clock_() - last_save_time_ >= save_interval_seconds_;
+  if (!due) return false;
+  Save(global_step);
+  return true;
+}
+
+void Checkpointer::SaveIfNew(int64_t global_step) {
+  if (global_step != last_save_step_ || !Saver::LatestCheckpoint(train_dir_)) Save(global_step);
+}
+
+void Checkpointer::Save(int64_t global_step) {
+  saver_->Save(global_step, CheckpointTensors(model_, ema_, global_step));
+  last_save_step_ = global_step;
+  last_save_time_ = clock_();
+}
+
+void Checkpointer::Wait() { saver_->Wait(); }
+
+}  // namespace glossa
