@@ -16,6 +16,7 @@
 #include "glossa/layers/custom_gradient.h"
 #include "glossa/layers/block.h"
 #include "glossa/layers/transformer.h"
+#include "glossa/summary/summary.h"
 
 namespace glossa {
 namespace {
@@ -197,8 +198,19 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
     const at::Tensor xin = in.GetTensor("x");
     std::vector<at::Tensor> outputs(m);
     auto chs = make_channels(false);  // chs[s]: stage s -> s + 1
+    // Summaries the cells record on the stage threads reach the caller's context, under the
+    // caller's name scope, in stage order (the backward's recompute records none).
+    SummaryContext* caller_summaries = SummaryContext::Current();
+    const std::string summary_scope = SummaryNameScope::Current();
+    std::vector<std::vector<SummaryContext::Entry>> stage_summaries(stages);
     RunStages(stages, chs, [&](int64_t s) {
       at::NoGradGuard no_grad;
+      std::optional<SummaryContext> summaries;
+      std::optional<SummaryNameScope> scope;
+      if (caller_summaries != nullptr) {
+        summaries.emplace();
+        if (!summary_scope.empty()) scope.emplace(summary_scope);
+      }
       for (int64_t t = 0; t < m; ++t) {
         at::Tensor xt = s == 0 ? xin.narrow(dim, t * size, size) : chs[s - 1]->Recv();
         state->stage_inputs[s][t] = xt;
@@ -209,7 +221,11 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
           outputs[t] = y;
         }
       }
+      if (summaries) stage_summaries[s] = summaries->TakeEntries();
     });
+    if (caller_summaries != nullptr) {
+      for (auto& entries : stage_summaries) caller_summaries->RecordEntries(std::move(entries));
+    }
     return NestedMap{{"y", at::cat(outputs, dim)}};
   };
 

@@ -48,7 +48,7 @@ glossa::Params SingleTaskModel::Params() {
 SingleTaskModel::SingleTaskModel(const glossa::Params& p) : BaseModel(p) {
   if (!params().IsSet("task"))
     throw InvalidArgumentError(StrCat("model '", path(), "': task is not set"));
-  CreateChild("task", params().GetParams("task"));
+  task_ = &CreateChildAs<BaseTask>("task", params().GetParams("task"));
 }
 
 glossa::Params MultiTaskModel::Params() {
@@ -93,14 +93,18 @@ MultiTaskModel::MultiTaskModel(const glossa::Params& p) : BaseModel(p) {
         StrCat("model '", path(), "': main_task ", KeyErrorString(main_task_, names_)));
   }
   seed_ = p.IsSet("random_seed") ? static_cast<uint64_t>(p.GetInt("random_seed")) : 0;
-  for (const auto& name : names_) CreateChild(name, tasks.GetParams(name));
+  for (const auto& name : names_) {
+    tasks_.push_back(&CreateChildAs<BaseTask>(name, tasks.GetParams(name)));
+    if (name == main_task_) main_ = tasks_.back();
+  }
 }
 
 BaseTask& MultiTaskModel::GetTask(const std::string& name) const {
-  if (std::find(names_.begin(), names_.end(), name) == names_.end()) {
+  auto it = std::find(names_.begin(), names_.end(), name);
+  if (it == names_.end()) {
     throw NotFoundError(StrCat("model '", path(), "': no task ", KeyErrorString(name, names_)));
   }
-  return GetChildAs<BaseTask>(name);
+  return *tasks_[static_cast<size_t>(it - names_.begin())];
 }
 
 BaseTask& MultiTaskModel::SampleTask(int64_t global_step) const {
@@ -114,10 +118,10 @@ BaseTask& MultiTaskModel::SampleTask(int64_t global_step) const {
   double acc = 0;
   for (size_t i = 0; i < names_.size(); ++i) {
     acc += probs_[i];
-    if (u < acc && probs_[i] > 0) return GetChildAs<BaseTask>(names_[i]);
+    if (u < acc && probs_[i] > 0) return *tasks_[i];
   }
   for (size_t i = names_.size(); i-- > 0;) {
-    if (probs_[i] > 0) return GetChildAs<BaseTask>(names_[i]);
+    if (probs_[i] > 0) return *tasks_[i];
   }
   return task();
 }

@@ -52,9 +52,14 @@ class SingleTaskModel : public BaseModel {
   // + task.
   static glossa::Params Params();
   explicit SingleTaskModel(const glossa::Params& p);
-  BaseTask& task() const override { return GetChildAs<BaseTask>("task"); }
+  BaseTask& task() const override { return *task_; }
   std::vector<std::string> task_names() const override { return {"task"}; }
-  BaseTask& GetTask(const std::string& name) const override { return GetChildAs<BaseTask>(name); }
+  BaseTask& GetTask(const std::string& name) const override {
+    return name == "task" ? *task_ : GetChildAs<BaseTask>(name);  // NotFound for other names
+  }
+
+ private:
+  BaseTask* task_;
 };
 
 // Lingvo's MultiTaskModel: tasks from task_params (name -> task Params), each a child under its
@@ -66,7 +71,7 @@ class MultiTaskModel : public BaseModel {
   // + task_params, task_probs, main_task.
   static glossa::Params Params();
   explicit MultiTaskModel(const glossa::Params& p);
-  BaseTask& task() const override { return GetChildAs<BaseTask>(main_task_); }
+  BaseTask& task() const override { return *main_; }
   std::vector<std::string> task_names() const override { return names_; }
   BaseTask& GetTask(const std::string& name) const override;
   BaseTask& SampleTask(int64_t global_step) const override;
@@ -75,6 +80,8 @@ class MultiTaskModel : public BaseModel {
 
  private:
   std::vector<std::string> names_;
+  std::vector<BaseTask*> tasks_;  // in names_ order
+  BaseTask* main_ = nullptr;
   std::vector<double> probs_;  // normalized, in names_ order
   std::string main_task_;
   uint64_t seed_ = 0;

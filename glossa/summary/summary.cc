@@ -95,6 +95,18 @@ std::map<std::string, at::Tensor> SummaryContext::TakePerExample() {
   return out;
 }
 
+std::vector<SummaryContext::Entry> SummaryContext::TakeEntries() {
+  std::vector<Entry> out = std::move(entries_);
+  for (auto& e : per_example_) out.push_back(std::move(e));
+  entries_.clear();
+  per_example_.clear();
+  return out;
+}
+
+void SummaryContext::RecordEntries(std::vector<Entry> entries) {
+  for (auto& e : entries) Record(std::move(e));
+}
+
 SummaryNameScope::SummaryNameScope(const std::string& name) { t_scopes.push_back(name); }
 SummaryNameScope::~SummaryNameScope() { t_scopes.pop_back(); }
 std::string SummaryNameScope::Current() { return Join(t_scopes, "/"); }

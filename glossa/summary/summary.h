@@ -60,6 +60,11 @@ class SummaryContext {
     enum class Kind { kScalar, kTensor, kPerExample } kind;
     SummaryReduce reduce = SummaryReduce::kMean;
   };
+  // For work on other threads (pipeline stages): each thread records into a context of its own,
+  // whose entries (outside loops, per-example ones included) are taken with TakeEntries and
+  // recorded, scopes kept, into the caller's context with RecordEntries on the caller's thread.
+  std::vector<Entry> TakeEntries();
+  void RecordEntries(std::vector<Entry> entries);
 
  private:
   friend class SummaryLoop;

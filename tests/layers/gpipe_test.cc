@@ -19,6 +19,7 @@
 #include "glossa/layers/block.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/transformer.h"
+#include "glossa/summary/summary.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -213,6 +214,7 @@ class CountingCell : public BaseLayer, public Block {
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
     Accumulator& acc = GetAccumulator("count");
     acc.SetValue(acc.GetValue() + 1);
+    summary::Scalar("cell_calls", 1.0, SummaryReduce::kSum);
     if (++calls_ == fail_after_ || (fail_in_replay_ && acc.IsDisabled())) {
       throw InternalError(StrCat("cell '", path(), "' failed"));
     }
@@ -253,6 +255,21 @@ TEST(PipeliningLayer, AccumulatorsCountOncePerMicroBatch) {
   for (const auto& v : acc.at("cells").AsList()) {
     EXPECT_EQ(v.AsMap().GetTensor("count").item<double>(), 3.0);
   }
+}
+
+TEST(PipeliningLayer, SummariesFromStageThreadsReachTheCallersContext) {
+  auto pipe = CountingPipeline(-1);
+  SummaryContext ctx;
+  at::Tensor x = at::ones({6, 3}).requires_grad_(true);
+  {
+    SummaryNameScope scope("outer");
+    SummaryLoop loop;
+    at::Tensor y = pipe->FProp(pipe->theta(), x);
+    y.sum().backward();  // the recompute records nothing
+  }
+  const auto all = ctx.MergeAll();
+  ASSERT_TRUE(all.count("cell_calls/outer"));
+  EXPECT_EQ(all.at("cell_calls/outer").item<double>(), 9.0);  // 3 cells x 3 micro-batches
 }
 
 TEST(PipeliningLayer, AFailingStageFailsTheCallWithoutHanging) {
