@@ -100,6 +100,11 @@ glossa::Params MultiHeadedAttention::Params() {
   p.Define("enable_per_dim_scale", true,
            "Whether to use a learned per-dim scale on the queries (else 1/sqrt(dim_per_head)).");
   p.Define("use_bias", true, "Whether to use bias in the projections.");
+  p.Define("proj_tpl", MultiHeadedProjectionLayer::Params(),
+           "Params of the query, key, value and post projections (input_dim, num_heads, "
+           "dim_per_head, use_bias and is_output_projection are set by this layer).");
+  p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
+           "Params of the attention-weight dropout (keep_prob is set from atten_dropout_prob).");
   return p;
 }
 
@@ -116,7 +121,7 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
   }
   dim_per_head_ = hidden_dim_ / num_heads_;
   per_dim_scale_ = params().GetBool("enable_per_dim_scale");
-  auto proj = MultiHeadedProjectionLayer::Params();
+  glossa::Params proj = params().GetParams("proj_tpl").Copy();
   proj.Set("input_dim", input_dim_).Set("num_heads", num_heads_).Set("dim_per_head", dim_per_head_);
   proj.Set("use_bias", params().GetBool("use_bias"));
   query_ = CreateChild<MultiHeadedProjectionLayer>("query", proj);
@@ -129,7 +134,7 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
         "per_dim_scale", PerDimScaleLayer::Params().Set("dim", dim_per_head_));
   }
   atten_dropout_ = CreateChild<DropoutLayer>(
-      "atten_dropout", DeterministicDropoutLayer::Params().Set(
+      "atten_dropout", params().GetParams("dropout_tpl").Copy().Set(
                            "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
 }
 

@@ -219,8 +219,13 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
   return value;
 }
 
-const NestedMap& ChildTheta(const NestedMap& parent_theta, const BaseLayer& child,
+const NestedMap& ChildTheta(const NestedMap& parent_theta, const BaseLayer* child_ptr,
                             const std::string& key, int64_t index) {
+  if (child_ptr == nullptr) {
+    throw FailedPreconditionError(
+        StrCat("Theta() of an empty child handle ('", key, "'): the child was never created"));
+  }
+  const BaseLayer& child = *child_ptr;
   auto missing = [&](const std::string& what) -> InvalidArgumentError {
     std::vector<std::string> keys;
     for (const auto& [k, v] : parent_theta) keys.push_back(k);
@@ -275,6 +280,16 @@ std::unique_ptr<BaseLayer> BaseLayer::BuildChild(const glossa::Params& p,
   } catch (...) {
     t_constructing_parents.pop_back();
     throw;
+  }
+}
+
+void BaseLayer::CheckFlatParamsList(const std::string& name,
+                                    const ParamValue::List& params) const {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].is_params()) {
+      throw InvalidArgumentError(StrCat("layer '", path_, "': ", name, "[", i,
+                                        "] must be layer Params, found a ", params[i].KindName()));
+    }
   }
 }
 

@@ -20,7 +20,7 @@
 //   at::Tensor y = layer->FProp(layer->theta(), x);
 //
 // Params are read into members in the constructor; FProp reads members, never params() (a test,
-// tests/check_fprop_params.py, enforces it for glossa/).
+// tests/lint/check_fprop_params.py, enforces it for glossa/).
 //
 // Variable full names are scope paths, `root/child/var`; initial values are deterministic given
 // the layer's random_seed (or the WeightInit's seed) and the full name. Without any seed a random
@@ -106,8 +106,8 @@ class BaseLayer;
 
 // Lingvo's theta.<name>: the theta of `child` (created under `key`, element `index` of a list of
 // children when index >= 0) inside its parent's theta. InvalidArgument naming the child's path and
-// the keys present when it is missing.
-const NestedMap& ChildTheta(const NestedMap& parent_theta, const BaseLayer& child,
+// the keys present when it is missing; FailedPrecondition for a null child (an empty handle).
+const NestedMap& ChildTheta(const NestedMap& parent_theta, const BaseLayer* child,
                             const std::string& key, int64_t index);
 
 // A typed handle to a child layer, returned by CreateChild<T> and kept as a member: FProp calls
@@ -124,7 +124,7 @@ class Child {
   explicit operator bool() const { return layer_ != nullptr; }
   // This child's theta inside its parent's theta (Lingvo's theta.<name>).
   const NestedMap& Theta(const NestedMap& parent_theta) const {
-    return ChildTheta(parent_theta, *layer_, key_, index_);
+    return ChildTheta(parent_theta, layer_, key_, index_);
   }
 
  private:
@@ -235,14 +235,17 @@ class BaseLayer {
   Child<T> CreateChild(const std::string& name, const glossa::Params& p) {
     return Child<T>(&Cast<T>(CreateChild(name, p), name), name);
   }
-  // A flat list of children (CreateChildren on a list of Params) as typed handles.
+  // A flat list of children (CreateChildren on a list of Params) as typed handles. InvalidArgument
+  // naming `name[i]` for an element that is not Params or whose class is not a T.
   template <typename T>
   std::vector<Child<T>> CreateChildren(const std::string& name, const ParamValue::List& params) {
+    CheckFlatParamsList(name, params);
     CreateChildren(name, ParamValue(params));
     std::vector<Child<T>> out;
     const std::vector<BaseLayer*> layers = GetChildren(name);
     for (size_t i = 0; i < layers.size(); ++i) {
-      out.emplace_back(&Cast<T>(*layers[i], name), name, static_cast<int64_t>(i));
+      const std::string element = name + "[" + std::to_string(i) + "]";
+      out.emplace_back(&Cast<T>(*layers[i], element), name, static_cast<int64_t>(i));
     }
     return out;
   }
@@ -259,6 +262,7 @@ class BaseLayer {
   [[noreturn]] static void CastError(const BaseLayer& layer, const std::string& name,
                                      const char* type);
   void CheckName(const std::string& name, const char* what) const;
+  void CheckFlatParamsList(const std::string& name, const ParamValue::List& params) const;
   void CheckConstructing(const char* what) const;
   std::unique_ptr<BaseLayer> BuildChild(const glossa::Params& p, const std::string& default_name);
   const ChildTree& FindChildTree(const std::string& name) const;

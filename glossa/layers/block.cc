@@ -7,6 +7,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/gpipe.h"
 #include "glossa/layers/moe.h"
 
 namespace glossa {
@@ -29,9 +30,15 @@ void CheckReplayable(const BaseLayer& block, std::string_view container) {
           "layer '", l.path(), "' (", l.params().ClsKey(), ") cannot be inside ", container,
           ": its aux loss would be lost (the block runs without gradients or on another thread)"));
     }
-    if (typeid(l) == typeid(DropoutLayer) && l.params().GetFloat("keep_prob") < 1.0) {
-      throw InvalidArgumentError(StrCat("layer '", l.path(), "' is a plain DropoutLayer inside ",
-                                        container,
+    if (dynamic_cast<const PipeliningLayer*>(&l) != nullptr) {
+      throw InvalidArgumentError(StrCat(
+          "layer '", l.path(), "' (", l.params().ClsKey(), ") cannot be inside ", container,
+          ": a pipeline's stage threads and recompute do not nest in a replaying container"));
+    }
+    const auto* dropout = dynamic_cast<const DropoutLayer*>(&l);
+    if (dropout != nullptr && !dropout->ReplaysMasks() && dropout->keep_prob() < 1.0) {
+      throw InvalidArgumentError(StrCat("layer '", l.path(), "' (", l.params().ClsKey(),
+                                        ") is plain dropout inside ", container,
                                         ", whose replay would draw new masks; use "
                                         "DeterministicDropoutLayer"));
     }

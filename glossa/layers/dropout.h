@@ -31,6 +31,10 @@ class DropoutLayer : public BaseLayer, public Block {
                         const at::Tensor&) const override {
     return FProp(theta, x);
   }
+  double keep_prob() const { return keep_prob_; }
+  // Whether running the layer again under the same step seed draws the same mask (what RevNet's
+  // backward replay and pipelined re-runs need): false for plain dropout.
+  virtual bool ReplaysMasks() const { return false; }
 
  protected:
   // The mask-and-scale step; DeterministicDropoutLayer draws from the step seed pair.
@@ -48,6 +52,7 @@ class DeterministicDropoutLayer : public DropoutLayer {
  public:
   static glossa::Params Params();
   explicit DeterministicDropoutLayer(const glossa::Params& p);
+  bool ReplaysMasks() const override { return true; }
 
  protected:
   at::Tensor Dropout(const at::Tensor& x, double keep_prob,

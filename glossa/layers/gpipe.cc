@@ -224,6 +224,8 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
       if (summaries) stage_summaries[s] = summaries->TakeEntries();
     });
     if (caller_summaries != nullptr) {
+      // One value per pipeline call: the micro-batches' values reduce as a loop's do.
+      SummaryLoop micro_batches;
       for (auto& entries : stage_summaries) caller_summaries->RecordEntries(std::move(entries));
     }
     return NestedMap{{"y", at::cat(outputs, dim)}};

@@ -27,7 +27,8 @@
 
 namespace glossa {
 
-class PipeliningLayer : public BaseLayer {
+// A Block itself: a pipeline can be a block of a SequentialLayer, say.
+class PipeliningLayer : public BaseLayer, public Block {
  public:
   // + cell_tpl (list of cell Params), num_stages (0: one stage per cell; cells split evenly),
   // stage_ends (increasing cell end indices, the last = the cell count; overrides num_stages),
@@ -39,6 +40,10 @@ class PipeliningLayer : public BaseLayer {
   // like the inputs. Cells must keep the activation's shape (the channels check it).
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
                    const at::Tensor& paddings = {}) const;
+  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
+                        const at::Tensor& paddings) const override {
+    return FProp(theta, x, paddings);
+  }
 
   int64_t num_stages() const { return static_cast<int64_t>(ends_.size()); }
   // Cell end index (exclusive) of each stage.

@@ -244,6 +244,8 @@ glossa::Params TransformerShardedMoeLayer::Params() {
            "is 0.");
   p.Define("second_expert_policy", "all", "How to pick the second expert: all, sampling, random.");
   p.Define("ln_tpl", LayerNorm::Params(), "Layer norm params (input_dim is set by this layer).");
+  p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
+           "Params of the relu and residual dropouts (keep_prob is set from the *_prob fields).");
   return p;
 }
 
@@ -278,10 +280,10 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
                          dtype));
   ln_ = CreateChild<LayerNorm>("layer_norm", params().GetParams("ln_tpl").Copy().Set("input_dim", m));
   residual_dropout_ = CreateChild<DropoutLayer>(
-      "residual_dropout", DeterministicDropoutLayer::Params().Set(
+      "residual_dropout", params().GetParams("dropout_tpl").Copy().Set(
                               "keep_prob", 1.0 - params().GetFloat("residual_dropout_prob")));
   relu_dropout_ = CreateChild<DropoutLayer>(
-      "relu_dropout", DeterministicDropoutLayer::Params().Set(
+      "relu_dropout", params().GetParams("dropout_tpl").Copy().Set(
                           "keep_prob", 1.0 - params().GetFloat("relu_dropout_prob")));
   input_dim_ = m;
   num_groups_ = params().GetInt("num_groups");

@@ -10,6 +10,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/custom_gradient.h"
 #include "glossa/layers/block.h"
+#include "glossa/summary/summary.h"
 
 namespace glossa {
 namespace {
@@ -67,9 +68,9 @@ RevNetLayer::Output RevNetLayer::FProp(const NestedMap& theta, const at::Tensor&
   }
   Output out;
   out.f_seed = GetStepSeed();
-  out.y1 = x1 + f_->FPropBlock(ChildTheta(theta, *f_layer_, "f_block", -1), x2, {});
+  out.y1 = x1 + f_->FPropBlock(ChildTheta(theta, f_layer_, "f_block", -1), x2, {});
   out.g_seed = GetStepSeed();
-  out.y2 = x2 + g_->FPropBlock(ChildTheta(theta, *g_layer_, "g_block", -1), out.y1, {});
+  out.y2 = x2 + g_->FPropBlock(ChildTheta(theta, g_layer_, "g_block", -1), out.y1, {});
   return out;
 }
 
@@ -83,6 +84,7 @@ RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const 
   struct Replay {
     std::vector<BaseLayer*> blocks;
     int64_t saved_seed = GetStepSeed();
+    SummarySuppressScope no_summaries;  // the forward already recorded them
     explicit Replay(std::vector<BaseLayer*> b) : blocks(std::move(b)) {
       for (BaseLayer* l : blocks) l->DisableAccumulators();
     }
@@ -91,8 +93,8 @@ RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const 
       ResetStepSeed(saved_seed);
     }
   } replay({f_layer_, g_layer_});
-  const NestedMap theta_f = DetachedLeaves(ChildTheta(theta, *f_layer_, "f_block", -1));
-  const NestedMap theta_g = DetachedLeaves(ChildTheta(theta, *g_layer_, "g_block", -1));
+  const NestedMap theta_f = DetachedLeaves(ChildTheta(theta, f_layer_, "f_block", -1));
+  const NestedMap theta_g = DetachedLeaves(ChildTheta(theta, g_layer_, "g_block", -1));
   // Reverse: x2 = y2 - g(y1), then x1 = y1 - f(x2), replaying each block's step seed.
   const at::Tensor z1 = y1.detach().requires_grad_(true);
   ResetStepSeed(g_seed);

@@ -10,8 +10,11 @@
 namespace glossa {
 namespace {
 
-glossa::Params DropoutParams(double prob) {
-  return DeterministicDropoutLayer::Params().Set("keep_prob", 1.0 - prob);
+// The dropout template `p.dropout_tpl` with keep_prob = 1 - p.<prob_key>.
+glossa::Params DropoutParams(const glossa::Params& p, const char* prob_key) {
+  glossa::Params out = p.GetParams("dropout_tpl").Copy();
+  out.Set("keep_prob", 1.0 - p.GetFloat(prob_key));
+  return out;
 }
 
 // The template `p.<key>` as a mutable copy with input_dim set.
@@ -46,6 +49,11 @@ glossa::Params TransformerFeedForwardLayer::Params() {
   p.Define("pre_layer_norm", true, "Layer norm before the block (else after the residual sum).");
   p.Define("residual_weight", 1.0, "Weight of the residual branch.");
   p.Define("ln_tpl", LayerNorm::Params(), "Layer norm params (input_dim is set by this layer).");
+  p.Define("fc_tpl", FCLayer::Params(),
+           "Params of the two projections fc0 and fc1 (input_dim, output_dim and activation are "
+           "set by this layer).");
+  p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
+           "Params of the relu and residual dropouts (keep_prob is set from the *_prob fields).");
   return p;
 }
 
@@ -58,15 +66,14 @@ TransformerFeedForwardLayer::TransformerFeedForwardLayer(const glossa::Params& p
   pre_layer_norm_ = p.GetBool("pre_layer_norm");
   residual_weight_ = p.GetFloat("residual_weight");
   ln_ = CreateChild<LayerNorm>("ln", p.GetParams("ln_tpl").Copy().Set("input_dim", d));
-  auto fc = FCLayer::Params();
+  glossa::Params fc = p.GetParams("fc_tpl").Copy();
   fc.Set("input_dim", d).Set("output_dim", h).Set("activation", p.GetString("activation"));
   fc0_ = CreateChild<FCLayer>("fc0", fc);
   fc.Set("input_dim", h).Set("output_dim", d).Set("activation", "NONE");
   fc1_ = CreateChild<FCLayer>("fc1", fc);
-  relu_dropout_ =
-      CreateChild<DropoutLayer>("relu_dropout", DropoutParams(p.GetFloat("relu_dropout_prob")));
-  residual_dropout_ = CreateChild<DropoutLayer>(
-      "residual_dropout", DropoutParams(p.GetFloat("residual_dropout_prob")));
+  relu_dropout_ = CreateChild<DropoutLayer>("relu_dropout", DropoutParams(p, "relu_dropout_prob"));
+  residual_dropout_ =
+      CreateChild<DropoutLayer>("residual_dropout", DropoutParams(p, "residual_dropout_prob"));
 }
 
 at::Tensor TransformerFeedForwardLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
@@ -97,6 +104,8 @@ glossa::Params TransformerAttentionLayer::Params() {
            "Multi-headed attention params (input_dim, hidden_dim, num_heads and "
            "atten_dropout_prob are set by this layer).");
   p.Define("ln_tpl", LayerNorm::Params(), "Layer norm params (input_dim is set by this layer).");
+  p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
+           "Params of the residual dropout (keep_prob is set from residual_dropout_prob).");
   return p;
 }
 
@@ -110,8 +119,8 @@ TransformerAttentionLayer::TransformerAttentionLayer(const glossa::Params& p) : 
   atten.Set("num_heads", p.GetInt("num_heads"));
   atten.Set("atten_dropout_prob", p.GetFloat("atten_dropout_prob"));
   atten_ = CreateChild<MultiHeadedAttention>("atten", atten);
-  residual_dropout_ = CreateChild<DropoutLayer>(
-      "residual_dropout", DropoutParams(p.GetFloat("residual_dropout_prob")));
+  residual_dropout_ =
+      CreateChild<DropoutLayer>("residual_dropout", DropoutParams(p, "residual_dropout_prob"));
 }
 
 at::Tensor TransformerAttentionLayer::Norm(const NestedMap& theta, const at::Tensor& x) const {
@@ -191,6 +200,13 @@ TransformerLayer::TransformerLayer(const glossa::Params& p) : BaseLayer(p) {
   const ParamValue& ln = p.Get("ln_tpl");
   auto atten_params = [&](const char* key, bool masked) {
     glossa::Params a = BlockParams(p, key, d);
+    for (const char* field : {"is_masked", "num_heads"}) {
+      if (!a.Contains(field)) {
+        throw InvalidArgumentError(StrCat("layer '", path(), "': ", key, " (", a.ClsKey(),
+                                          ") has no ", field,
+                                          " field; use TransformerAttentionLayer Params"));
+      }
+    }
     if (p.GetInt("num_heads") > 0) a.Set("num_heads", p.GetInt("num_heads"));
     a.Set("is_masked", masked);
     if (!ln.is_none()) a.Set("ln_tpl", ln);
@@ -254,9 +270,12 @@ glossa::Params TransformerStack::Params() {
   p.Set("cls", ClsOf<TransformerStack>());
   DefineLayerFields(p);
   p.Define("input_dropout_prob", 0.0, "Dropout probability on the stack's input.");
-  p.Define("final_layer_norm", true,
-           "A layer norm after the last layer (for pre-layer-norm layers).");
+  p.Define("final_layer_norm", nullptr,
+           "A layer norm after the last layer. None: when the first layer's self-attention is "
+           "pre-layer-norm (Lingvo's default is False; post-norm layers end normalized already).");
   p.Define("ln_tpl", LayerNorm::Params(), "The final layer norm's params.");
+  p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
+           "Params of the input dropout (keep_prob is set from input_dropout_prob).");
   return p;
 }
 
@@ -273,12 +292,12 @@ void TransformerStack::DefineLayerFields(glossa::Params& p) {
   p.Define("has_aux_atten", false, "Cross-attention to the encoder output (decoder).");
   p.Define("transformer_layer_params_tpl", TransformerLayer::Params(),
            "TransformerLayer params: one template for every layer, or a list whose length "
-           "divides num_layers (layer i uses entry i / (num_layers / len)), e.g. alternating "
-           "dense and MoE feed-forward templates.");
+           "divides num_layers (layer i uses entry i / (num_layers / len)): with [dense, moe] and 4 "
+           "layers, layers 0-1 are dense and 2-3 MoE, as in Lingvo.");
 }
 
 std::vector<glossa::Params> TransformerStack::LayerParams(const glossa::Params& p) {
-  const std::string where = StrCat("TransformerStack '", p.GetString("name"), "'");
+  const std::string where = StrCat("layer '", p.GetString("name"), "' (", p.ClsKey(), ")");
   const int64_t n = p.GetInt("num_layers");
   if (n <= 0) throw InvalidArgumentError(StrCat(where, ": num_layers must be > 0, got ", n));
   const ParamValue& tpl = p.Get("transformer_layer_params_tpl");
@@ -307,7 +326,24 @@ std::vector<glossa::Params> TransformerStack::LayerParams(const glossa::Params& 
   const ParamValue& dropout = p.Get("dropout_prob");
   std::vector<glossa::Params> layers;
   for (int64_t i = 0; i < n; ++i) {
-    glossa::Params l = templates[static_cast<size_t>(i / factor)].Copy();
+    const size_t t = static_cast<size_t>(i / factor);
+    glossa::Params l = templates[t].Copy();
+    const std::string which =
+        tpl.is_list() ? StrCat("transformer_layer_params_tpl[", t, "]")
+                      : std::string("transformer_layer_params_tpl");
+    for (const char* field : {"mask_self_atten", "has_aux_atten", "tr_fflayer_tpl"}) {
+      if (!l.Contains(field)) {
+        throw InvalidArgumentError(StrCat(where, ": ", which, " (", l.ClsKey(), ") has no ", field,
+                                          " field; use TransformerLayer Params"));
+      }
+    }
+    if (p.GetInt("hidden_dim") > 0 &&
+        !(l.Get("tr_fflayer_tpl").is_params() &&
+          l.GetParams("tr_fflayer_tpl").Contains("hidden_dim"))) {
+      throw InvalidArgumentError(StrCat(
+          where, ": hidden_dim is set but ", which,
+          ".tr_fflayer_tpl has no hidden_dim field; set hidden_dim to 0 to keep the template's"));
+    }
     l.Set("name", "");  // children are named x_layers_<i>
     l.Set("mask_self_atten", p.GetBool("mask_self_atten"));
     l.Set("has_aux_atten", p.GetBool("has_aux_atten"));
@@ -330,11 +366,29 @@ std::vector<glossa::Params> TransformerStack::LayerParams(const glossa::Params& 
 TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
   ParamValue::List layers;
   for (auto& l : LayerParams(p)) layers.push_back(ParamValue(std::move(l)));
-  input_dropout_ = CreateChild<DropoutLayer>("input_dropout",
-                                             DropoutParams(p.GetFloat("input_dropout_prob")));
+  input_dropout_ =
+      CreateChild<DropoutLayer>("input_dropout", DropoutParams(p, "input_dropout_prob"));
   layers_ = CreateChildren<TransformerLayer>("x_layers", layers);
   model_dim_ = layers_.front()->params().GetInt("input_dim");
-  if (p.GetBool("final_layer_norm")) {
+  for (size_t i = 1; i < layers_.size(); ++i) {
+    const int64_t d = layers_[i]->params().GetInt("input_dim");
+    if (d != model_dim_) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': layer ", i, " has input_dim ", d,
+                                        " but layer 0 has ", model_dim_,
+                                        "; set mdl_dim to give every layer one width"));
+    }
+  }
+  const ParamValue& final_ln = p.Get("final_layer_norm");
+  bool use_final_ln;
+  if (final_ln.is_none()) {
+    const glossa::Params& l0 = layers_.front()->params();
+    const ParamValue& self = l0.Get("tr_self_atten_tpl");
+    const glossa::Params& atten = self.is_params() ? self.AsParams() : l0.GetParams("tr_atten_tpl");
+    use_final_ln = atten.Contains("pre_layer_norm") && atten.GetBool("pre_layer_norm");
+  } else {
+    use_final_ln = final_ln.AsBool();
+  }
+  if (use_final_ln) {
     final_ln_ =
         CreateChild<LayerNorm>("final_ln", p.GetParams("ln_tpl").Copy().Set("input_dim", model_dim_));
   }

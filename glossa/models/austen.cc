@@ -103,7 +103,9 @@ class TransformerLmMoeTiny : public AustenLmBase {
  public:
   Params Task() const override {
     Params p = LmTask(128, 2, 4, 512, 1200, 2e-3, 100);
-    // Layer 0 dense, layer 1 MoE: a list of two layer templates (GShard's every other layer).
+    // A list of two layer templates over 2 layers: layer 0 dense, layer 1 MoE. (A list splits
+    // the layers into equal runs, as in Lingvo: over 4 layers, 0-1 dense and 2-3 MoE; MoE in
+    // every other layer takes a list as long as num_layers.)
     const Params dense = p.GetParams("stack.transformer_layer_params_tpl");
     Params moe = dense.Copy();
     moe.Set("tr_fflayer_tpl", TransformerShardedMoeLayer::Params()

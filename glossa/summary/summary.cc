@@ -11,6 +11,7 @@ namespace {
 
 thread_local SummaryContext* t_context = nullptr;
 thread_local std::vector<std::string> t_scopes;
+thread_local int t_suppressed = 0;
 
 std::string Key(const std::string& name, const std::string& scope) {
   return scope.empty() ? name : name + "/" + scope;
@@ -150,8 +151,11 @@ SummaryLoop::~SummaryLoop() {
   }
 }
 
+SummarySuppressScope::SummarySuppressScope() { ++t_suppressed; }
+SummarySuppressScope::~SummarySuppressScope() { --t_suppressed; }
+
 void RecordSummary(SummaryContext::Entry entry) {
-  if (t_context == nullptr) return;
+  if (t_context == nullptr || t_suppressed > 0) return;
   entry.scope = SummaryNameScope::Current();
   t_context->Record(std::move(entry));
 }

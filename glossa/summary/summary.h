@@ -106,6 +106,17 @@ class SummaryLoop {
   SummaryContext* ctx_;
 };
 
+// While alive on this thread (nesting allowed), summaries recorded on it are dropped: for replays
+// of a forward pass (RevNet's reverse pass rebuilding activations in the backward), which must not
+// count their summaries twice.
+class SummarySuppressScope {
+ public:
+  SummarySuppressScope();
+  ~SummarySuppressScope();
+  SummarySuppressScope(const SummarySuppressScope&) = delete;
+  SummarySuppressScope& operator=(const SummarySuppressScope&) = delete;
+};
+
 namespace summary {
 void Scalar(const std::string& name, const at::Tensor& value,
             SummaryReduce reduce = SummaryReduce::kMean);

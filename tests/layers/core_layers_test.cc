@@ -483,5 +483,91 @@ TEST(Composition, StackTemplateListsFollowLingvo) {
   EXPECT_EQ(back.ToText(), stack.ToText());
 }
 
+TEST(Composition, FinalLayerNormFollowsTheLayersNorm) {
+  Params stack = TransformerStack::Params();
+  stack.Set("name", "s").Set("num_layers", 2).Set("mdl_dim", 8).Set("num_atten_heads", 2);
+  stack.Set("hidden_dim", 16);
+  // Pre-norm layers leave the residual stream unnormalized: a final layer norm by default.
+  EXPECT_TRUE(InstantiateLayer<TransformerStack>(stack)->vars().Has("final_ln"));
+  // Post-norm layers end normalized: none by default (as before templates), one when asked.
+  Params post = stack.Copy();
+  post.Set("transformer_layer_params_tpl.tr_atten_tpl.pre_layer_norm", false);
+  post.Set("transformer_layer_params_tpl.tr_fflayer_tpl.pre_layer_norm", false);
+  auto s = InstantiateLayer<TransformerStack>(post);
+  EXPECT_FALSE(s->vars().Has("final_ln"));
+  at::Tensor y = s->FProp(s->theta(), at::randn({2, 3, 8}));
+  // The last block (post-norm feed-forward) normalizes: zero mean over the model dimension.
+  EXPECT_TRUE(at::allclose(y.mean(-1), at::zeros({2, 3}), 1e-5, 1e-5));
+  post.Set("final_layer_norm", true);
+  EXPECT_TRUE(InstantiateLayer<TransformerStack>(post)->vars().Has("final_ln"));
+  stack.Set("final_layer_norm", false);
+  EXPECT_FALSE(InstantiateLayer<TransformerStack>(stack)->vars().Has("final_ln"));
+}
+
+TEST(Composition, EverySublayerHasATemplate) {
+  Params stack = TransformerStack::Params();
+  stack.Set("name", "s").Set("num_layers", 1).Set("mdl_dim", 8).Set("num_atten_heads", 2);
+  stack.Set("hidden_dim", 16).Set("input_dropout_prob", 0.1).Set("dropout_prob", 0.2);
+  stack.FromText(
+      "dropout_tpl.dropout_at_eval : True\n"
+      "transformer_layer_params_tpl.tr_fflayer_tpl.fc_tpl.has_bias : True\n"
+      "transformer_layer_params_tpl.tr_fflayer_tpl.dropout_tpl.dropout_at_eval : True\n"
+      "transformer_layer_params_tpl.tr_atten_tpl.dropout_tpl.dropout_at_eval : True\n"
+      "transformer_layer_params_tpl.tr_atten_tpl.atten_tpl.dropout_tpl.dropout_at_eval : True\n"
+      "transformer_layer_params_tpl.tr_atten_tpl.atten_tpl.proj_tpl.params_init.scale : 0.25\n");
+  auto s = InstantiateLayer<TransformerStack>(stack);
+  EXPECT_TRUE(s->vars().Has("x_layers[0].fflayer.fc0.b"));
+  // Each dropout took its template and its own keep_prob.
+  for (const auto& [path, keep] : std::vector<std::pair<std::string, double>>{
+           {"input_dropout", 0.9},
+           {"x_layers[0].fflayer.relu_dropout", 0.8},
+           {"x_layers[0].fflayer.residual_dropout", 0.8},
+           {"x_layers[0].self_atten.residual_dropout", 0.8},
+           {"x_layers[0].self_atten.atten.atten_dropout", 0.8}}) {
+    const BaseLayer& d = s->GetDescendant(path);
+    EXPECT_TRUE(d.params().GetBool("dropout_at_eval")) << path;
+    EXPECT_NEAR(d.params().GetFloat("keep_prob"), keep, 1e-12) << path;
+  }
+  for (const char* proj : {"query", "key", "value", "post"}) {
+    EXPECT_EQ(s->GetDescendant(StrCat("x_layers[0].self_atten.atten.", proj))
+                  .params()
+                  .GetFloat("params_init.scale"),
+              0.25)
+        << proj;
+  }
+  // The defaults build the same variables, initialized the same, as the fixed sublayers did:
+  // a checkpoint written before the templates still loads (tests/tools/legacy_checkpoint_test.sh).
+}
+
+TEST(Composition, TemplatesOfTheWrongClassAreNamed) {
+  Params stack = TransformerStack::Params();
+  stack.Set("name", "s").Set("num_layers", 2).Set("mdl_dim", 8).Set("num_atten_heads", 2);
+  stack.Set("hidden_dim", 16);
+  Params wrong = stack.Copy();
+  wrong.Set("transformer_layer_params_tpl",
+            ParamValue::List{TransformerLayer::Params(), LayerNorm::Params()});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerStack>(wrong), InvalidArgumentError,
+                        "transformer_layer_params_tpl[1] (glossa.layers.LayerNorm) has no "
+                        "mask_self_atten field; use TransformerLayer Params");
+  wrong = stack.Copy();
+  wrong.Set("transformer_layer_params_tpl.tr_atten_tpl", TransformerFeedForwardLayer::Params());
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerStack>(wrong), InvalidArgumentError,
+                        "tr_atten_tpl (glossa.layers.TransformerFeedForwardLayer) has no "
+                        "is_masked field");
+  wrong = stack.Copy();
+  wrong.Set("transformer_layer_params_tpl.tr_fflayer_tpl", SequentialLayer::Params());
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerStack>(wrong), InvalidArgumentError,
+                        "hidden_dim is set but transformer_layer_params_tpl.tr_fflayer_tpl has no "
+                        "hidden_dim field");
+  // Layers of different widths in one stack.
+  Params narrow = TransformerLayer::Params();
+  TransformerLayer::SetCanonicalShapeParams(narrow, 4, 8, 2);
+  Params wide = narrow.Copy().Set("input_dim", 8);
+  wrong = stack.Copy().Set("mdl_dim", 0).Set("hidden_dim", 0);
+  wrong.Set("transformer_layer_params_tpl", ParamValue::List{narrow, wide});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerStack>(wrong), InvalidArgumentError,
+                        "layer 1 has input_dim 8 but layer 0 has 4");
+}
+
 }  // namespace
 }  // namespace glossa

@@ -16,6 +16,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/channel.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/embedding.h"
 #include "glossa/layers/block.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/transformer.h"
@@ -272,6 +273,16 @@ TEST(PipeliningLayer, SummariesFromStageThreadsReachTheCallersContext) {
   EXPECT_EQ(all.at("cell_calls/outer").item<double>(), 9.0);  // 3 cells x 3 micro-batches
 }
 
+TEST(PipeliningLayer, OneSummaryValuePerPipelineCallOutsideALoop) {
+  auto pipe = CountingPipeline(-1);
+  SummaryContext ctx;
+  pipe->FProp(pipe->theta(), at::ones({6, 3}));
+  // The micro-batches reduce as a loop: 9 calls summed, not the last micro-batch's value.
+  const auto all = ctx.MergeAll();
+  ASSERT_TRUE(all.count("cell_calls"));
+  EXPECT_EQ(all.at("cell_calls").item<double>(), 9.0);
+}
+
 TEST(PipeliningLayer, AFailingStageFailsTheCallWithoutHanging) {
   auto pipe = CountingPipeline(2);  // every cell throws on its second micro-batch
   EXPECT_ERROR_CONTAINS(pipe->FProp(pipe->theta(), at::ones({6, 3})), InternalError, "failed");
@@ -312,7 +323,7 @@ TEST(PipeliningLayer, RejectsBlocksThatCannotBeReplayed) {
   p.Set("cell_tpl",
         ParamValue::List{ParamValue(CountingCell::Params().Set("plain_dropout", true))});
   EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
-                        "is a plain DropoutLayer inside pipeline 'pipe'");
+                        "is plain dropout inside pipeline 'pipe'");
   // Plain dropout is a block of a SequentialLayer, which runs once, but not inside a replaying
   // pipeline, however deep.
   Params seq = SequentialLayer::Params().Set(
@@ -321,7 +332,7 @@ TEST(PipeliningLayer, RejectsBlocksThatCannotBeReplayed) {
   EXPECT_NO_THROW(InstantiateLayer<SequentialLayer>(seq));
   p.Set("cell_tpl", ParamValue::List{ParamValue(seq)});
   EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
-                        "is a plain DropoutLayer inside pipeline 'pipe'");
+                        "is plain dropout inside pipeline 'pipe'");
 }
 
 TEST(PipeliningLayer, PaddingsMustFollowTheBatch) {
@@ -331,14 +342,24 @@ TEST(PipeliningLayer, PaddingsMustFollowTheBatch) {
       InvalidArgumentError, "paddings must have the batch (4) as dim 0");
 }
 
-TEST(PipeliningLayer, RejectsCellsThatAreNotBlocks) {
+TEST(PipeliningLayer, RejectsCellsThatAreNotBlocksOrPipelines) {
   Params p = PipeliningLayer::Params();
-  p.Set("name", "pipe")
-      .Set("cell_tpl", ParamValue::List{PipeliningLayer::Params().Set(
-                           "cell_tpl", ParamValue::List{CountingCell::Params()})});
+  p.Set("name", "pipe").Set("cell_tpl", ParamValue::List{EmbeddingLayer::Params()
+                                                               .Set("vocab_size", 4)
+                                                               .Set("embedding_dim", 3)});
   EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
                         "cannot be a block of pipeline 'pipe': its class does not implement the "
                         "Block interface");
+  // A pipeline is a block (of a SequentialLayer, say), but not a cell of another pipeline.
+  const Params inner =
+      PipeliningLayer::Params().Set("cell_tpl", ParamValue::List{CountingCell::Params()});
+  Params seq = SequentialLayer::Params().Set("sub", ParamValue::List{inner});
+  seq.Set("name", "seq");
+  auto s = InstantiateLayer<SequentialLayer>(seq);
+  EXPECT_TRUE(at::allclose(s->FProp(s->theta(), at::ones({2, 3})), at::full({2, 3}, 2.0)));
+  p.Set("cell_tpl", ParamValue::List{inner});
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
+                        "cannot be inside pipeline 'pipe': a pipeline's stage threads");
 }
 
 }  // namespace

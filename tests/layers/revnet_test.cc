@@ -16,6 +16,7 @@
 #include "glossa/layers/linear.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/normalization.h"
+#include "glossa/summary/summary.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -138,6 +139,49 @@ TEST(StackedRevNetLayer, FreesTheStepWithTheGraph) {
   }
   EXPECT_TRUE(node.expired());
   EXPECT_TRUE(x1.grad().defined());
+}
+
+// A block that counts its calls in a summary.
+class SummaryCountingBlock : public BaseLayer, public Block {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = BaseLayer::Params();
+    p.Set("cls", ClsOf<SummaryCountingBlock>());
+    return p;
+  }
+  explicit SummaryCountingBlock(const glossa::Params& p) : BaseLayer(p) {}
+  at::Tensor FPropBlock(const NestedMap&, const at::Tensor& x, const at::Tensor&) const override {
+    summary::Scalar("block_calls", 1.0, SummaryReduce::kSum);
+    return at::tanh(x);
+  }
+};
+GLOSSA_REGISTER_CLASS(SummaryCountingBlock, "glossa.testing.SummaryCountingBlock");
+
+TEST(StackedRevNetLayer, TheBackwardReplayRecordsNoSummaries) {
+  for (bool custom : {true, false}) {
+    SCOPED_TRACE(custom);
+    ParamValue::List sub;
+    for (int i = 0; i < 3; ++i) {
+      sub.push_back(RevNetLayer::Params()
+                        .Set("f_params", SummaryCountingBlock::Params())
+                        .Set("g_params", SummaryCountingBlock::Params()));
+    }
+    Params p = StackedRevNetLayer::Params();
+    p.Set("name", "rev").Set("dtype", DType::kFloat64);
+    p.Set("sub_layer_params", sub).Set("custom_gradient", custom);
+    auto stack = InstantiateLayer<StackedRevNetLayer>(p);
+    SummaryContext ctx;
+    at::Tensor x = at::randn({2, 5, kDim}, at::kDouble).requires_grad_(true);
+    {
+      SummaryLoop loop;
+      auto [y1, y2] = stack->FProp(stack->theta(), x, x * 2);
+      (y1.sum() + y2.sum()).backward();  // the custom backward replays f and g of every layer
+    }
+    ASSERT_TRUE(x.grad().defined());
+    const auto all = ctx.MergeAll();
+    ASSERT_TRUE(all.count("block_calls"));
+    EXPECT_EQ(all.at("block_calls").item<double>(), 6.0);  // 3 layers x (f, g), forward only
+  }
 }
 
 TEST(StackedRevNetLayer, RejectsBadConfigs) {

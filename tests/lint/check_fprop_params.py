@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Keeps Params lookups out of the computation: no `params()` inside the bodies of FProp,
-FPropBlock, ExtendStep, ComputePredictions, ComputeLoss or Logits anywhere under glossa/.
+"""Keeps Params and child lookups out of the computation: no `params()`, `train_params()`,
+`GetChild(`, `GetChildAs<` or `GetChildren(` inside the bodies of FProp, FPropBlock, ExtendStep,
+ComputePredictions, ComputeLoss, Logits or the helpers they call (Norm, Residual, Attend, Dropout,
+Sample, ReverseAndGrad) anywhere under glossa/.
 
 Layers read their Params into members in the constructor (Lingvo's __init__); the per-call path
 reads members only. Usage: check_fprop_params.py <source root>; exits 1 listing each offence as
@@ -10,7 +12,12 @@ import pathlib
 import re
 import sys
 
-FUNCS = r"(FProp\w*|ExtendStep|ComputePredictions|ComputeLoss|Logits)"
+FUNCS = (r"(FProp\w*|ExtendStep|ComputePredictions|ComputeLoss|Logits|Norm|Residual|Attend|"
+         r"Dropout|Sample|ReverseAndGrad)")
+# What the per-call path must not do: look up Params, or find children by name (keep the typed
+# handles CreateChild<T> returns instead).
+FORBIDDEN = re.compile(r"\b(?:train_params|params)\(\)|\bGetChild\s*\(|\bGetChildAs\s*<|"
+                       r"\bGetChildren\s*\(")
 # A definition: `Class::Name(` (out of line) or `Name(` in a class body followed by a body.
 DEF = re.compile(r"\b(?:\w+::)?" + FUNCS + r"\s*\(")
 
@@ -85,16 +92,18 @@ def main():
     for path in files:
         src = strip_comments_and_strings(path.read_text())
         for name, pos, body in bodies(src):
-            if "params()" in body:
+            found = sorted({m.group(0).rstrip("(< ") for m in FORBIDDEN.finditer(body)})
+            if found:
                 line = src.count("\n", 0, pos) + 1
-                offences.append(f"{path.relative_to(root)}:{line}: {name} reads params()")
+                offences.append(
+                    f"{path.relative_to(root)}:{line}: {name} calls {', '.join(found)}")
     for o in offences:
         print(o)
     if offences:
-        print(f"{len(offences)} FProp bodies read params(); read them into members in the "
-              "constructor instead", file=sys.stderr)
+        print(f"{len(offences)} FProp bodies look up Params or children; read Params into "
+              "members and keep CreateChild<T> handles in the constructor instead", file=sys.stderr)
         return 1
-    print(f"check_fprop_params: {len(files)} files, no params() in FProp bodies")
+    print(f"check_fprop_params: {len(files)} files, no Params or child lookups in FProp bodies")
     return 0
 
 
