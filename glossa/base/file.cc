@@ -1,6 +1,7 @@
 #include "glossa/base/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -120,6 +121,95 @@ void CreateDirectories(const std::string& dir) {
 std::string JoinPath(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
   return a.back() == '/' ? a + b : a + "/" + b;
+}
+
+
+uint64_t TruncateTornLastLine(const std::string& path) {
+  if (!FileExists(path)) return 0;
+  const uint64_t size = FileSize(path);
+  if (size == 0) return 0;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw AbortedError(StrCat("cannot open '", path, "': ", Errno()));
+  // Scan back from the end for the last newline, a block at a time.
+  uint64_t keep = 0;
+  char buf[4096];
+  uint64_t end = size;
+  bool found = false;
+  while (end > 0 && !found) {
+    const uint64_t start = end > sizeof(buf) ? end - sizeof(buf) : 0;
+    const ssize_t n = ::pread(fd, buf, end - start, static_cast<off_t>(start));
+    if (n != static_cast<ssize_t>(end - start)) {
+      ::close(fd);
+      throw AbortedError(StrCat("cannot read '", path, "': ", Errno()));
+    }
+    for (ssize_t i = n - 1; i >= 0; --i) {
+      if (buf[i] == '\n') {
+        keep = start + static_cast<uint64_t>(i) + 1;
+        found = true;
+        break;
+      }
+    }
+    end = start;
+  }
+  if (keep == size) {
+    ::close(fd);
+    return 0;
+  }
+  if (::ftruncate(fd, static_cast<off_t>(keep)) != 0) {
+    const std::string err = Errno();
+    ::close(fd);
+    throw AbortedError(StrCat("cannot truncate '", path, "': ", err));
+  }
+  ::close(fd);
+  return size - keep;
+}
+
+std::vector<std::string> RemoveStaleTempFiles(const std::string& dir) {
+  std::vector<std::string> removed;
+  for (const auto& name : ListDirectory(dir)) {
+    // "<name>.tmp.<pid>.<counter>", as AtomicWriteFileWith names them.
+    const size_t pos = name.rfind(".tmp.");
+    if (pos == std::string::npos || pos == 0) continue;
+    const std::string tail = name.substr(pos + 5);
+    const size_t dot = tail.find('.');
+    auto digits = [](std::string_view s) {
+      return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    if (dot == std::string::npos || !digits(std::string_view(tail).substr(0, dot)) ||
+        !digits(std::string_view(tail).substr(dot + 1))) {
+      continue;
+    }
+    RemoveFileIfExists(JoinPath(dir, name));
+    removed.push_back(name);
+  }
+  return removed;
+}
+
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& name,
+                             const std::string& what) {
+  CreateDirectories(dir);
+  const std::string path = JoinPath(dir, name);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw AbortedError(StrCat("cannot open lock file '", path, "': ", Errno()));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {0};
+    const ssize_t n = ::pread(fd_, pid, sizeof(pid) - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    throw FailedPreconditionError(
+        StrCat("'", dir, "' is in use by another ", what,
+               n > 0 ? StrCat(" (pid ", std::string(Strip(std::string_view(pid, static_cast<size_t>(n)))), ")") : "",
+               ": two ", what, "s on one directory would overwrite each other's files (lock file '",
+               path, "')"));
+  }
+  const std::string mine = StrCat(::getpid(), "\n");
+  if (::ftruncate(fd_, 0) == 0) {
+    (void)!::pwrite(fd_, mine.data(), mine.size(), 0);
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 }  // namespace glossa

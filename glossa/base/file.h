@@ -30,4 +30,26 @@ void RemoveFileIfExists(const std::string& path);
 void CreateDirectories(const std::string& dir);
 std::string JoinPath(const std::string& a, const std::string& b);
 
+// Truncates a line-oriented file after its last newline (a line torn by a crash mid-write).
+// Returns the number of bytes removed; 0 when the file is absent or ends with a newline.
+uint64_t TruncateTornLastLine(const std::string& path);
+// Removes the temporary files AtomicWriteFile leaves behind when killed ("<name>.tmp.<pid>.<n>")
+// in `dir` (not recursive). Returns the names removed. Only for directories this process owns
+// (hold a DirectoryLock).
+std::vector<std::string> RemoveStaleTempFiles(const std::string& dir);
+
+// An exclusive advisory lock (flock) on `<dir>/<name>`, held for the object's life and released
+// by the kernel if the process dies. FailedPrecondition naming the holder's pid when another
+// process holds it.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& dir, const std::string& name, const std::string& what);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace glossa

@@ -90,6 +90,9 @@ struct RecordBatcher::State {
   bool flushed_at_end = false;
   std::exception_ptr error;
   std::atomic<int64_t> too_long{0}, dropped{0}, processed{0};
+  // The yielder's epoch when an example last went into a bucket (mu held): once a whole epoch
+  // has passed since, no record of the input can make a batch, and waiting would never end.
+  int64_t last_accept_epoch = -1;
 
   // Emits bucket i as a batch (mu held).
   void Emit(size_t i) {
@@ -119,7 +122,10 @@ struct RecordBatcher::State {
         }
         auto result = processor(record);
         const int64_t n = ++processed;
+        const int64_t epoch = yielder->current_epoch();
         std::lock_guard<std::mutex> lock(mu);
+        if (last_accept_epoch < 0) last_accept_epoch = epoch;
+        bool accepted = false;
         if (result) {
           const int64_t key = result->second;
           const auto& bounds = options.bucket_upper_bound;
@@ -131,12 +137,21 @@ struct RecordBatcher::State {
               ++too_long;
             } else {
               const size_t b = it - bounds.begin();
+              accepted = true;
               buckets[b].push_back(std::move(result->first));
               if (static_cast<int64_t>(buckets[b].size()) >= options.bucket_batch_limit[b]) Emit(b);
             }
           }
         } else {
           ++dropped;
+        }
+        if (accepted) {
+          last_accept_epoch = epoch;
+        } else if (epoch >= last_accept_epoch + 2) {
+          throw InvalidArgumentError(StrCat(
+              "input: a full pass over the data gave no example a batch: ", too_long.load(),
+              " longer than the last bucket_upper_bound (", options.bucket_upper_bound.back(),
+              "), ", dropped.load(), " dropped by the processor, of ", n, " records read"));
         }
         if (options.flush_every_n > 0 && n % options.flush_every_n == 0) {
           for (size_t b = 0; b < buckets.size(); ++b) Emit(b);

@@ -104,6 +104,8 @@ struct RecordYielder::Source {
   std::exception_ptr error;
   std::mt19937_64 rng;
   std::atomic<int64_t> corrupt{0};
+  int64_t epoch_records = 0;  // records the current epoch's readers queued (under mu)
+  std::string pattern;        // for errors
 
   Source(FileList f, const YielderOptions& o, int id, uint64_t s)
       : files(std::move(f)), options(o), source_id(id), seed(s), rng(s) {}
@@ -132,6 +134,7 @@ struct RecordYielder::Source {
       std::shuffle(epoch_files.begin(), epoch_files.end(), file_rng);
     }
     next_file = 0;
+    epoch_records = 0;
     const int n = options.require_sequential_order
                       ? 1
                       : static_cast<int>(std::max<int64_t>(
@@ -173,6 +176,7 @@ struct RecordYielder::Source {
           });
           if (stop) return;
           queue.push_back(std::move(record));
+          ++epoch_records;
           cv.notify_all();
         }
         corrupt += reader->num_corrupt_skipped();
@@ -224,6 +228,17 @@ struct RecordYielder::Source {
         return true;
       }
       if (epoch_done) {
+        if (epoch_records == 0) {
+          // Another pass would yield nothing either: fail instead of spinning forever.
+          throw InvalidArgumentError(StrCat(
+              "input '", pattern, "': a full pass over ", files.files.size(),
+              " file(s) yielded no records",
+              corrupt.load() > 0 ? StrCat(" (", corrupt.load(), " corrupt records skipped)") : "",
+              options.num_input_replicas > 1
+                  ? StrCat(" for input replica ", options.input_replica_id, " of ",
+                           options.num_input_replicas)
+                  : ""));
+        }
         // Every record of this epoch was yielded: start the next one.
         lock.unlock();
         const bool more = StartEpoch();
@@ -275,6 +290,7 @@ RecordYielder::RecordYielder(const YielderOptions& options) : state_(std::make_u
     s.sources.push_back(std::make_unique<Source>(ExpandFilePattern(options.file_pattern[i]),
                                                  options, static_cast<int>(i),
                                                  seed + 1000003ULL * i));
+    s.sources.back()->pattern = options.file_pattern[i];
   }
   s.weights = options.input_source_weights.empty() ? std::vector<double>{1.0}
                                                    : options.input_source_weights;

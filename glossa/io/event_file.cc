@@ -1,6 +1,7 @@
 #include "glossa/io/event_file.h"
 
 #include <ATen/ATen.h>
+#include <glog/logging.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -70,6 +71,10 @@ EventWriter::EventWriter(const std::string& logdir, double flush_secs,
   if (FileExists(path_)) path_ += StrCat(".", ::getpid());
   impl_->writer = std::make_unique<TFRecordWriter>(path_);
   metrics_path_ = JoinPath(logdir, "metrics.jsonl");
+  // A run killed mid-line left a torn last line: drop it rather than append onto it.
+  if (const uint64_t torn = TruncateTornLastLine(metrics_path_); torn > 0) {
+    LOG(WARNING) << "dropped a torn last line (" << torn << " bytes) of " << metrics_path_;
+  }
   impl_->metrics = std::fopen(metrics_path_.c_str(), "a");
   if (!impl_->metrics)
     throw AbortedError(StrCat("cannot open '", metrics_path_, "' for appending"));

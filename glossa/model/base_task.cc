@@ -12,6 +12,10 @@ glossa::Params BaseTask::TrainParams() {
   glossa::Params tp;
   tp.Define("max_steps", 4000000, "Maximum number of training steps.");
   tp.Define("steps_per_loop", 100, "Training steps per train-program loop.");
+  tp.Define("max_consecutive_skipped_steps", 100,
+            "Stop with an error (training diverged) after this many consecutive steps whose "
+            "update was skipped: a non-finite loss or gradient, or a gradient norm over "
+            "grad_norm_to_clip_to_zero. 0 never stops.");
   tp.Define("learner", Learner::Params(), "The learner (optimizer, schedule, clipping, ...).");
   tp.Define("save_interval_seconds", 600, "Save a checkpoint roughly this often.");
   tp.Define("save_interval_steps", nullptr,

@@ -259,6 +259,11 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
     }
   }
   out["learning_rate"] = M(lr);
+  // A non-finite loss is a diverged step whatever its gradients say (and without
+  // scale_gradients nothing else would catch it).
+  const bool loss_nan = !std::isfinite(loss.detach().to(at::kDouble).item<double>());
+  if (loss_nan) grad_scale = 0.0;
+  last_step_skipped_ = grad_scale == 0.0;
   if (grad_scale == 0.0) {
     ++num_skipped_steps_;
   } else if (!var_grads.empty()) {

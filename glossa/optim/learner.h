@@ -89,8 +89,10 @@ class Learner {
   // Optimizer slots and tracker state, by name, for checkpoints.
   std::map<std::string, at::Tensor> Slots() const;
   void SetSlot(const std::string& name, const at::Tensor& value);
-  // Steps skipped because their gradient scale was 0.
+  // Steps skipped because their gradient scale was 0 (a non-finite loss or gradient, or a
+  // gradient norm over grad_norm_to_clip_to_zero), and whether the last Apply skipped.
   int64_t num_skipped_steps() const { return num_skipped_steps_; }
+  bool last_step_skipped() const { return last_step_skipped_; }
 
  private:
   glossa::Params params_;
@@ -99,6 +101,7 @@ class Learner {
   std::unique_ptr<BaseSchedule> schedule_;
   std::unique_ptr<GradNormTracker> tracker_;
   int64_t num_skipped_steps_ = 0;
+  bool last_step_skipped_ = false;
 };
 
 }  // namespace glossa

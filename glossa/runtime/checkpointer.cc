@@ -153,20 +153,22 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
   return step;
 }
 
-bool Checkpointer::MaybeSave(int64_t global_step) {
+bool Checkpointer::MaybeSave(int64_t global_step, bool healthy) {
   const bool due = save_interval_steps_ ? global_step - last_save_step_ >= *save_interval_steps_
                                         : clock_() - last_save_time_ >= save_interval_seconds_;
   if (!due) return false;
-  Save(global_step);
+  Save(global_step, healthy);
   return true;
 }
 
-void Checkpointer::SaveIfNew(int64_t global_step) {
-  if (global_step != last_save_step_ || !Saver::LatestCheckpoint(train_dir_)) Save(global_step);
+bool Checkpointer::SaveIfNew(int64_t global_step, bool healthy) {
+  if (global_step == last_save_step_ && Saver::LatestCheckpoint(train_dir_)) return false;
+  Save(global_step, healthy);
+  return true;
 }
 
-void Checkpointer::Save(int64_t global_step) {
-  saver_->Save(global_step, CheckpointTensors(model_, ema_, global_step));
+void Checkpointer::Save(int64_t global_step, bool healthy) {
+  saver_->Save(global_step, CheckpointTensors(model_, ema_, global_step), {}, healthy);
   last_save_step_ = global_step;
   last_save_time_ = clock_();
 }

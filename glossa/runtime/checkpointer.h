@@ -63,10 +63,12 @@ class Checkpointer {
   int64_t RestoreOrInitialize(const std::function<void(const std::string&)>& log);
   // Saves when save_interval_steps (or, unset, save_interval_seconds) have passed since the last
   // save or the restore. Returns whether it saved.
-  bool MaybeSave(int64_t global_step);
+  // `healthy`: no step was skipped since the previous save (Saver::Save).
+  bool MaybeSave(int64_t global_step, bool healthy = true);
   // Saves unless `global_step` is already the latest checkpoint (the end of a run).
-  void SaveIfNew(int64_t global_step);
-  void Save(int64_t global_step);
+  // Returns whether it saved.
+  bool SaveIfNew(int64_t global_step, bool healthy = true);
+  void Save(int64_t global_step, bool healthy = true);
   // Waits for an asynchronous save; rethrows its error.
   void Wait();
   const std::string& train_dir() const { return train_dir_; }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -18,6 +19,42 @@ namespace {
 
 double SystemNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// What would make training lie or fail late, refused before anything is written.
+void ValidateTrainParams(BaseModel& model) {
+  for (const auto& name : model.task_names()) {
+    BaseTask& task = model.GetTask(name);
+    const std::string where = model.is_multi_task() ? StrCat("task '", name, "': ") : "";
+    const Params& tp = task.train_params();
+    const double lr = task.learner().params().GetFloat("learning_rate");
+    if (!std::isfinite(lr) || lr <= 0) {
+      throw InvalidArgumentError(StrCat(where, "train.learner.learning_rate must be finite and > 0, got ",
+                                        PyFloatRepr(lr)));
+    }
+    const int64_t max_steps = tp.GetInt("max_steps"), per_loop = tp.GetInt("steps_per_loop");
+    // Checkpoint names and the global-step range check add these: keep them far from overflow.
+    constexpr int64_t kMaxSteps = int64_t{1} << 53;
+    if (max_steps < 0 || max_steps > kMaxSteps) {
+      throw InvalidArgumentError(
+          StrCat(where, "train.max_steps must be in [0, 2^53], got ", max_steps));
+    }
+    if (per_loop < 1 || per_loop > kMaxSteps) {
+      throw InvalidArgumentError(
+          StrCat(where, "train.steps_per_loop must be in [1, 2^53], got ", per_loop));
+    }
+    if (tp.GetInt("summary_interval_steps") < 1) {
+      throw InvalidArgumentError(StrCat(where, "train.summary_interval_steps must be >= 1, got ",
+                                        tp.GetInt("summary_interval_steps")));
+    }
+    if (tp.IsSet("save_interval_steps") && tp.GetInt("save_interval_steps") < 1) {
+      throw InvalidArgumentError(StrCat(where, "train.save_interval_steps must be >= 1, got ",
+                                        tp.GetInt("save_interval_steps")));
+    }
+    if (tp.GetInt("max_consecutive_skipped_steps") < 0) {
+      throw InvalidArgumentError(StrCat(where, "train.max_consecutive_skipped_steps must be >= 0"));
+    }
+  }
 }
 
 }  // namespace
@@ -39,10 +76,19 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
     : params_(model_params.Copy()), options_(std::move(options)) {
   if (options_.logdir.empty()) throw InvalidArgumentError("executor: --logdir is required");
   if (!options_.clock) options_.clock = SystemNow;
+  model_ = InstantiateLayer<BaseModel>(params_);
+  ValidateTrainParams(*model_);
   train_dir_ = JoinPath(options_.logdir, "train");
   CreateDirectories(train_dir_);
+  lock_ = std::make_unique<DirectoryLock>(train_dir_, ".trainer.lock", "trainer");
+  // What a killed run left half-written: temporary files of atomic writes (checkpoints among
+  // them), and a torn last line of metrics.jsonl (the event writer drops it when it opens).
+  const std::vector<std::string> stale = RemoveStaleTempFiles(train_dir_);
+  if (!stale.empty()) {
+    Log(StrCat("removed ", stale.size(), " temporary file(s) an interrupted run left in ",
+               train_dir_, " (", stale.front(), stale.size() > 1 ? ", ..." : "", ")"));
+  }
   CreateDirectories(JoinPath(options_.logdir, "control"));
-  model_ = InstantiateLayer<BaseModel>(params_);
   ema_ = MakeModelEma(*model_);
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), params_.ToText());
@@ -70,10 +116,26 @@ int64_t Executor::Run() {
   TrainProgram train(*model_, &writer, ema_.get(), log);
   const int64_t max_steps = tp.GetInt("max_steps");
   bool ml_success = false;
+  int64_t skipped_since_save = 0;
   schedule.RunStart();
   while (global_step_ < max_steps && !stop_.load()) {
     schedule.BeforeTrainLoop(global_step_);
-    auto r = train.RunLoop(&global_step_, [this] { return stop_.load(); });
+    TrainProgram::LoopResult r;
+    try {
+      r = train.RunLoop(&global_step_, [this] { return stop_.load(); });
+    } catch (const TrainingDivergedError& e) {
+      // No final save: the diverged weights must not become the latest checkpoint.
+      checkpointer_->Wait();
+      writer.Close();
+      const auto healthy = Saver::LastHealthyCheckpoint(train_dir_);
+      throw TrainingDivergedError(StrCat(
+          e.message(), ". The last checkpoint of healthy training is ",
+          healthy ? *healthy : std::string("none (it diverged before the first save)"),
+          healthy ? "; to go on from it, train in a new logdir with "
+                    "task.train.init_from_checkpoint_rules (docs/training.md, 'Failure behaviour')"
+                  : ""));
+    }
+    skipped_since_save += r.skipped_steps;
     if (schedule.AfterTrainLoop(global_step_, r.steps, global_step_ >= max_steps)) {
       ml_success = true;
       Log(StrCat("decoder metric reached its threshold at step ", global_step_, "; stopping"));
@@ -83,15 +145,22 @@ int64_t Executor::Run() {
       Log(StrCat("training input exhausted at step ", global_step_));
       break;
     }
-    if (global_step_ < max_steps) checkpointer_->MaybeSave(global_step_);
+    if (global_step_ < max_steps && checkpointer_->MaybeSave(global_step_, skipped_since_save == 0)) {
+      skipped_since_save = 0;
+    }
     if (r.steps == 0) break;
   }
   schedule.RunStop(ml_success);
-  checkpointer_->SaveIfNew(global_step_);
+  const bool saved = checkpointer_->SaveIfNew(global_step_, skipped_since_save == 0);
   checkpointer_->Wait();
   writer.Close();
-  Log(StrCat("saved ", Saver::CheckpointPrefix(train_dir_, global_step_),
-             stop_.load() ? " (stopped)" : ""));
+  const std::string prefix = Saver::CheckpointPrefix(train_dir_, global_step_);
+  if (saved) {
+    // The files written, as they are on disk now.
+    Log(StrCat("saved ", Join(SafetensorsFiles(prefix), ", "), stop_.load() ? " (stopped)" : ""));
+  } else {
+    Log(StrCat("checkpoint ", prefix, " is already the latest", stop_.load() ? " (stopped)" : ""));
+  }
   return global_step_;
 }
 

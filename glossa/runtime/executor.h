@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "glossa/base/file.h"
 #include "glossa/model/base_model.h"
 #include "glossa/optim/ema.h"
 #include "glossa/runtime/checkpointer.h"
@@ -55,6 +56,7 @@ class Executor {
   void Log(const std::string& line);
   Params params_;
   ExecutorOptions options_;
+  std::unique_ptr<DirectoryLock> lock_;  // one trainer per logdir
   std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;

@@ -60,6 +60,8 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   const std::string train_dir = JoinPath(options.logdir, "train");
   const std::string job_dir = ProgramDir(kind, options.logdir, options.dataset);
   CreateDirectories(job_dir);
+  const DirectoryLock lock(job_dir, ".job.lock", kind == JobKind::kEval ? "evaler" : "decoder");
+  RemoveStaleTempFiles(job_dir);
   const std::string processed_file = JoinPath(job_dir, "processed_ckpts.txt");
 
   auto model = InstantiateLayer<BaseModel>(model_params);

@@ -95,6 +95,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   const int64_t max_steps = tp.GetInt("max_steps");
   const int64_t steps_per_loop = std::max<int64_t>(1, tp.GetInt("steps_per_loop"));
   const int64_t summary_every = std::max<int64_t>(1, tp.GetInt("summary_interval_steps"));
+  const int64_t max_skipped = tp.GetInt("max_consecutive_skipped_steps");
   LoopResult result;
   MetricsAccumulator loop_metrics;
   // Each task's learner updates that task's variables (all of a single-task model's).
@@ -142,6 +143,12 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
         {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars,
         *global_step, summary_step || last_step);
     if (ema_) ema_->Apply(*global_step);
+    const bool skipped = task.learner().last_step_skipped();
+    consecutive_skipped_ = skipped ? consecutive_skipped_ + 1 : 0;
+    if (skipped) {
+      ++result.skipped_steps;
+      ++total_skipped_;
+    }
     for (const auto& [k, v] : learner_metrics) metrics[k] = v;
     for (auto& [k, v] : metrics) v.value = v.value.detach();
     if (multi) {  // "<task>/<metric>", plus the step's loss as "loss"
@@ -173,6 +180,19 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       writer_->WriteScalar("total_num_params", static_cast<double>(total_num_params_),
                            *global_step);
     }
+    if (max_skipped > 0 && consecutive_skipped_ >= max_skipped) {
+      if (writer_) {
+        writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), *global_step);
+        writer_->Flush();
+      }
+      throw TrainingDivergedError(StrCat(
+          "training diverged: ", consecutive_skipped_,
+          " consecutive steps were skipped (non-finite loss or gradients, or a gradient norm over "
+          "grad_norm_to_clip_to_zero), the last at step ", *global_step - 1, " with loss ",
+          PyFloatRepr(metrics.at("loss").value.to(at::kDouble).item<double>()),
+          " (task.train.max_consecutive_skipped_steps: ", max_skipped,
+          "); lower the learning rate or clip the gradients"));
+    }
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -184,13 +204,22 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     if (writer_) {
       writer_->WriteScalar("global_step/sec", result.steps_per_sec, *global_step);
       writer_->WriteScalar("examples/sec", result.examples_per_sec, *global_step);
+      writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), *global_step);
       std::map<std::string, at::Tensor> all = summaries.MergeAll();
       for (auto& [k, v] : per_example) all[k] = at::cat(v);
       WriteSummaries(*writer_, all, *global_step);
+      writer_->Flush();  // every loop's events reach the disk, whatever kills the run next
     }
-    if (log_)
-      log_(FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,
-                          result.metrics));
+    if (log_) {
+      std::string line =
+          FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,
+                         result.metrics);
+      if (total_skipped_ > 0) {
+        line += StrCat(", skipped_steps: ", result.skipped_steps, " (", total_skipped_,
+                       " in this run)");
+      }
+      log_(line);
+    }
     for (auto& [t, feed] : outfeed) t->ProcessFPropResults(*global_step, result.metrics, feed);
   }
   return result;

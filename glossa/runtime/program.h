@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "glossa/base/errors.h"
 #include "glossa/io/event_file.h"
 #include "glossa/model/base_model.h"
 #include "glossa/optim/ema.h"
@@ -50,11 +51,15 @@ class TrainProgram {
     int64_t steps = 0;
     bool reached_max_steps = false;
     bool input_exhausted = false;
+    // Steps whose update was skipped (non-finite loss or gradients, or a gradient norm over
+    // grad_norm_to_clip_to_zero); a loop with none is healthy, and its checkpoint a good one.
+    int64_t skipped_steps = 0;
     std::map<std::string, std::pair<double, double>> metrics;  // loop means and weights
     double steps_per_sec = 0, examples_per_sec = 0;
   };
   // Runs up to steps_per_loop steps from *global_step (stopping at max_steps, or early when
-  // `stop()` returns true), incrementing it after each step.
+  // `stop()` returns true), incrementing it after each step. Aborted ("training diverged") after
+  // task.train.max_consecutive_skipped_steps skipped steps in a row.
   LoopResult RunLoop(int64_t* global_step, const std::function<bool()>& stop = nullptr);
   int64_t total_samples() const { return total_samples_; }
   int64_t total_num_params() const { return total_num_params_; }
@@ -67,6 +72,13 @@ class TrainProgram {
   int64_t total_samples_ = 0;
   int64_t total_num_params_ = 0;
   int64_t last_summary_step_ = -1;
+  int64_t consecutive_skipped_ = 0, total_skipped_ = 0;
+};
+
+// Raised by TrainProgram::RunLoop when training diverged (Aborted).
+class TrainingDivergedError : public AbortedError {
+ public:
+  using AbortedError::AbortedError;
 };
 
 class EvalProgram {

@@ -178,13 +178,14 @@ void Saver::Wait() {
 }
 
 std::string Saver::Save(int64_t global_step, const std::map<std::string, at::Tensor>& tensors,
-                        std::map<std::string, std::string> metadata) {
+                        std::map<std::string, std::string> metadata, bool healthy) {
   Wait();  // the previous asynchronous save, if any, first
   const std::string prefix = CheckpointPrefix(options_.dir, global_step);
   std::map<std::string, at::Tensor> copy;
   for (const auto& [k, t] : tensors) copy[k] = t.detach().to(at::kCPU).clone();
   if (!copy.count("global_step")) copy["global_step"] = at::full({}, global_step, at::kLong);
   metadata["format_version"] = kCheckpointFormatVersion;
+  if (!healthy) metadata["healthy"] = "false";
   // Sanity checks, before anything becomes visible.
   for (const auto& check : checks_) {
     for (const auto& [name, t] : copy) {
@@ -212,15 +213,15 @@ std::string Saver::Save(int64_t global_step, const std::map<std::string, at::Ten
   }
   const double timestamp = options_.clock();
   if (!options_.async) {
-    Write(prefix, std::move(copy), std::move(metadata), timestamp);
+    Write(prefix, std::move(copy), std::move(metadata), timestamp, healthy);
     return prefix;
   }
   pending_ = std::make_unique<Pending>();
   Pending* p = pending_.get();
   p->thread = std::thread([this, p, prefix, copy = std::move(copy), metadata = std::move(metadata),
-                           timestamp]() mutable {
+                           timestamp, healthy]() mutable {
     try {
-      Write(prefix, std::move(copy), std::move(metadata), timestamp);
+      Write(prefix, std::move(copy), std::move(metadata), timestamp, healthy);
     } catch (...) {
       p->error = std::current_exception();
     }
@@ -229,7 +230,7 @@ std::string Saver::Save(int64_t global_step, const std::map<std::string, at::Ten
 }
 
 void Saver::Write(std::string prefix, std::map<std::string, at::Tensor> tensors,
-                  std::map<std::string, std::string> metadata, double timestamp) {
+                  std::map<std::string, std::string> metadata, double timestamp, bool healthy) {
   SaveSafetensorsSharded(prefix, tensors, metadata, options_.max_shard_bytes);
   // The state file is re-read so that retention survives restarts.
   CheckpointState state = ReadCheckpointState(options_.dir);
@@ -243,8 +244,19 @@ void Saver::Write(std::string prefix, std::map<std::string, at::Tensor> tensors,
                      state.all_model_checkpoint_paths[i]);
   }
   all.emplace_back(timestamp, name);
-  const std::vector<std::string> keep =
+  std::vector<std::string> keep =
       CheckpointsToKeep(all, options_.keep_latest_n, options_.keep_every_n_hours);
+  // The newest checkpoint of healthy training survives any number of unhealthy ones.
+  const std::string healthy_file = JoinPath(options_.dir, "healthy_checkpoint");
+  std::string protect = name;
+  if (!healthy) {
+    protect.clear();
+    if (auto h = LastHealthyCheckpoint(options_.dir)) protect = h->substr(h->rfind('/') + 1);
+  }
+  if (!protect.empty() && std::find(keep.begin(), keep.end(), protect) == keep.end() &&
+      std::any_of(all.begin(), all.end(), [&](const auto& a) { return a.second == protect; })) {
+    keep.push_back(protect);
+  }
   CheckpointState next;
   next.model_checkpoint_path = name;
   next.last_preserved_timestamp = state.last_preserved_timestamp;
@@ -258,6 +270,7 @@ void Saver::Write(std::string prefix, std::map<std::string, at::Tensor> tensors,
         std::max(next.last_preserved_timestamp, next.all_model_checkpoint_timestamps.front());
   }
   AtomicWriteFile(JoinPath(options_.dir, "checkpoint"), FormatCheckpointState(next));
+  if (healthy) AtomicWriteFile(healthy_file, name + "\n");
   // Delete the files of checkpoints no longer kept (only files named ckpt-<digits>...).
   for (const auto& [ts, path] : all) {
     if (std::find(keep.begin(), keep.end(), path) != keep.end()) continue;
@@ -275,6 +288,14 @@ std::optional<std::string> Saver::LatestCheckpoint(const std::string& dir) {
   const CheckpointState s = ReadCheckpointState(dir);
   if (s.model_checkpoint_path.empty()) return std::nullopt;
   return JoinPath(dir, s.model_checkpoint_path);
+}
+
+std::optional<std::string> Saver::LastHealthyCheckpoint(const std::string& dir) {
+  const std::string path = JoinPath(dir, "healthy_checkpoint");
+  if (!FileExists(path)) return std::nullopt;
+  const std::string name(Strip(ReadFileToString(path, 4096)));
+  if (!IsCheckpointFile(name) || name.find('/') != std::string::npos) return std::nullopt;
+  return JoinPath(dir, name);
 }
 
 SafetensorsContents LoadCheckpoint(const std::string& prefix) {

@@ -77,19 +77,24 @@ class Saver {
 
   // Saves `tensors` as checkpoint `global_step` and applies retention. Returns the prefix
   // ("<dir>/ckpt-%08d"). Adds "global_step" when absent.
+  // `healthy`: training was sound when it was taken (no skipped steps since the previous save).
+  // The newest healthy checkpoint is named in `<dir>/healthy_checkpoint` and retention never
+  // deletes it, however many unhealthy ones follow.
   std::string Save(int64_t global_step, const std::map<std::string, at::Tensor>& tensors,
-                   std::map<std::string, std::string> metadata = {});
+                   std::map<std::string, std::string> metadata = {}, bool healthy = true);
   // Waits for a pending asynchronous save; rethrows its error.
   void Wait();
 
   // The latest checkpoint prefix of `dir` per its state file, if any.
   static std::optional<std::string> LatestCheckpoint(const std::string& dir);
+  // The prefix of the newest checkpoint saved while training was healthy, if any.
+  static std::optional<std::string> LastHealthyCheckpoint(const std::string& dir);
   // "<dir>/ckpt-%08d" for a step.
   static std::string CheckpointPrefix(const std::string& dir, int64_t step);
 
  private:
   void Write(std::string prefix, std::map<std::string, at::Tensor> tensors,
-             std::map<std::string, std::string> metadata, double timestamp);
+             std::map<std::string, std::string> metadata, double timestamp, bool healthy);
   struct Check {
     std::regex regex;
     std::string pattern;

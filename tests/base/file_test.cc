@@ -7,6 +7,8 @@
 #include <stdexcept>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "tests/test_util.h"
 
 namespace glossa {
 namespace {
@@ -65,6 +67,35 @@ TEST(File, ListCreateRemoveAndJoin) {
   EXPECT_EQ(JoinPath("a", "b"), "a/b");
   EXPECT_EQ(JoinPath("a/", "b"), "a/b");
   EXPECT_EQ(JoinPath("", "b"), "b");
+}
+
+TEST(File, TruncateTornLastLineKeepsCompleteLines) {
+  const std::string dir = TempDir("torn");
+  const std::string path = dir + "/m.jsonl";
+  EXPECT_EQ(TruncateTornLastLine(path), 0u);  // absent
+  AtomicWriteFile(path, "a\nbb\n");
+  EXPECT_EQ(TruncateTornLastLine(path), 0u);
+  EXPECT_EQ(ReadFileToString(path), "a\nbb\n");
+  AtomicWriteFile(path, "a\nbb\nccc");
+  EXPECT_EQ(TruncateTornLastLine(path), 3u);
+  EXPECT_EQ(ReadFileToString(path), "a\nbb\n");
+  // A torn line longer than the scan block, and a file with no newline at all.
+  AtomicWriteFile(path, "x\n" + std::string(10000, 'y'));
+  EXPECT_EQ(TruncateTornLastLine(path), 10000u);
+  EXPECT_EQ(ReadFileToString(path), "x\n");
+  AtomicWriteFile(path, "no newline");
+  EXPECT_EQ(TruncateTornLastLine(path), 10u);
+  EXPECT_EQ(ReadFileToString(path), "");
+}
+
+TEST(File, DirectoryLockIsExclusiveAndReleasedWithTheObject) {
+  const std::string dir = TempDir("lock");
+  {
+    DirectoryLock first(dir, ".lock", "trainer");
+    EXPECT_ERROR_CONTAINS(DirectoryLock(dir, ".lock", "trainer"), FailedPreconditionError,
+                          StrCat("is in use by another trainer (pid ", ::getpid(), ")"));
+  }
+  EXPECT_NO_THROW(DirectoryLock(dir, ".lock", "trainer"));
 }
 
 }  // namespace

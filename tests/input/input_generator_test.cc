@@ -238,5 +238,24 @@ TEST(TextLmInput, TokenizesBucketsAndPads) {
   EXPECT_ERROR_CONTAINS(missing->GetPreprocessedInputBatch(), NotFoundError, "matches no files");
 }
 
+TEST(TextLmInput, InputThatCanNeverMakeABatchIsAnErrorNotAHang) {
+  const fs::path empty = Dir() / "empty_lm.txt";
+  std::ofstream(empty).close();
+  Params p = TextLmInput::Params();
+  p.Set("name", "lm").Set("file_pattern", "text:" + empty.string()).Set("repeat_count", -1);
+  p.Set("bucket_upper_bound", ParamValue::List{5}).Set("bucket_batch_limit", ParamValue::List{2});
+  auto none = InstantiateLayer<TextLmInput>(p);
+  EXPECT_ERROR_CONTAINS(none->GetPreprocessedInputBatch(), InvalidArgumentError,
+                        "a full pass over 1 file(s) yielded no records");
+  // Records, but every one longer than the largest bucket.
+  const fs::path long_lines = Dir() / "long_lm.txt";
+  std::ofstream(long_lines) << "the quick brown fox\njumps over the lazy dog\n";
+  p.Set("file_pattern", "text:" + long_lines.string());
+  auto too_long = InstantiateLayer<TextLmInput>(p);
+  EXPECT_ERROR_CONTAINS(too_long->GetPreprocessedInputBatch(), InvalidArgumentError,
+                        "a full pass over the data gave no example a batch");
+  EXPECT_GE(too_long->num_skipped_too_long(), 2);
+}
+
 }  // namespace
 }  // namespace glossa

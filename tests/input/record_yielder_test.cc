@@ -189,5 +189,33 @@ TEST(RecordYielder, ReadsTextFiles) {
   EXPECT_THROW(y.Next(), OutOfRangeError);
 }
 
+TEST(RecordYielder, AFullPassWithNoRecordsIsAnErrorNotAHang) {
+  fs::path dir = fs::temp_directory_path() / ("glossa_yielder_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "empty.txt").close();
+  YielderOptions o;
+  o.file_pattern = {"text:" + (dir / "empty.txt").string()};
+  o.repeat_count = -1;  // forever: used to restart empty epochs without end
+  RecordYielder empty(o);
+  EXPECT_ERROR_CONTAINS(empty.Next(), InvalidArgumentError,
+                        "empty.txt': a full pass over 1 file(s) yielded no records");
+  EXPECT_THROW(empty.Next(), InvalidArgumentError);  // and again, not a hang
+  // Every record corrupt, skipped: the same, with the count.
+  const std::string base = MakeShards("all_corrupt", 1, 1);
+  const std::string path = base + "-00000-of-00001";
+  std::string data;
+  {
+    std::ifstream in(path, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  data[12 + 1] ^= 0x40;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+  o.file_pattern = {"tfrecord:" + path};
+  o.skip_corrupt_records = true;
+  RecordYielder corrupt(o);
+  EXPECT_ERROR_CONTAINS(corrupt.Next(), InvalidArgumentError,
+                        "yielded no records (1 corrupt records skipped)");
+}
+
 }  // namespace
 }  // namespace glossa

@@ -253,6 +253,39 @@ TEST(Executor, StopsCleanlyWhenAsked) {
             step);
 }
 
+TEST(Executor, OneTrainerPerLogdirAndAKilledRunsLeftoversAreCleaned) {
+  const std::string logdir = LogDir("leftovers");
+  const std::string train = logdir + "/train";
+  CreateDirectories(train);
+  // What kill -9 leaves: temporary files of atomic writes and a torn metrics line.
+  AtomicWriteFile(train + "/ckpt-00000005.safetensors.tmp.999.0", "half a checkpoint");
+  AtomicWriteFile(train + "/checkpoint.tmp.12.3", "half a state file");
+  AtomicWriteFile(train + "/keep.tmp.txt", "not ours");
+  AtomicWriteFile(train + "/metrics.jsonl",
+                  "{\"step\": 1, \"tag\": \"loss\", \"value\": 1.0}\n{\"step\": 2, \"tag\": \"num_samp");
+  std::vector<std::string> lines;
+  Executor ex(GetModelParams("test.line.LineModel", "Train"),
+              {.logdir = logdir, .log = [&](const std::string& l) { lines.push_back(l); }});
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("removed 2 temporary file(s)"), std::string::npos) << lines[0];
+  EXPECT_FALSE(FileExists(train + "/ckpt-00000005.safetensors.tmp.999.0"));
+  EXPECT_FALSE(FileExists(train + "/checkpoint.tmp.12.3"));
+  EXPECT_TRUE(FileExists(train + "/keep.tmp.txt"));
+  // A second trainer on the same logdir is refused while the first lives.
+  EXPECT_ERROR_CONTAINS(Executor(GetModelParams("test.line.LineModel", "Train"),
+                                 {.logdir = logdir, .log = [](const std::string&) {}}),
+                        FailedPreconditionError, "is in use by another trainer (pid ");
+  ex.Run();
+  // Every line of metrics.jsonl parses: the torn one was dropped, not appended onto.
+  int n = 0;
+  for (const auto& line : Split(ReadFileToString(train + "/metrics.jsonl"), '\n')) {
+    if (line.empty()) continue;
+    EXPECT_TRUE(nlohmann::json::accept(line)) << line;
+    ++n;
+  }
+  EXPECT_GT(n, 2);
+}
+
 TEST(MetricsAccumulator, WeightedMeansOverALoop) {
   MetricsAccumulator acc;
   acc.Add({{"loss", Metric{at::full({}, 1.0), at::full({}, 1.0)}}});

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "glossa/base/file.h"
@@ -224,7 +225,10 @@ TEST(SaverCrash, ChildSavesForever) {
 }
 
 TEST(SaverCrash, KilledMidSaveLeavesOnlyCompleteCheckpoints) {
-  for (int round = 0; round < 3; ++round) {
+  // Kill points are random offsets after the child's first complete save, whatever the load:
+  // waiting for that event (not a fixed delay) keeps the test honest on a busy machine.
+  std::mt19937 rng(std::random_device{}());
+  for (int round = 0; round < 5; ++round) {
     const std::string dir = NewDir(StrCat("crash", round));
     std::string filter = "--gtest_filter=SaverCrash.ChildSavesForever";
     std::string env_dir = "GLOSSA_SAVER_CRASH_DIR=" + dir;
@@ -236,7 +240,13 @@ TEST(SaverCrash, KilledMidSaveLeavesOnlyCompleteCheckpoints) {
     char* argv[] = {self.data(), filter.data(), nullptr};
     pid_t pid;
     ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(700 + 150 * round));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    while (!FileExists(dir + "/checkpoint") && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    // Somewhere within the next few saves (each writes ~1 MB in 2 shards, state file, deletes).
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, 200000)(rng)));
     ::kill(pid, SIGKILL);
     int status;
     ::waitpid(pid, &status, 0);

@@ -221,7 +221,8 @@ class ProbeModel : public ModelParamsBase {
     p.Set("random_seed", 5);
     p.FromText(
         "train.max_steps : 10\ntrain.steps_per_loop : 5\ntrain.summary_interval_steps : 5\n"
-        "train.save_interval_steps : 10\ntrain.async_checkpointing : False\n");
+        "train.save_interval_steps : 10\ntrain.async_checkpointing : False\n"
+        "train.learner.learning_rate : 0.01\n");
     return p;
   }
   std::map<std::string, std::function<glossa::Params()>> Datasets() const override {
