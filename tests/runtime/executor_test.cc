@@ -286,6 +286,63 @@ TEST(Executor, OneTrainerPerLogdirAndAKilledRunsLeftoversAreCleaned) {
   EXPECT_GT(n, 2);
 }
 
+TEST(Executor, ADivergedRunFailsAndKeepsItsLastHealthyCheckpoint) {
+  const std::string logdir = LogDir("diverged");
+  auto quiet = [](const std::string&) {};
+  // Healthy training to step 10 (checkpoint 10), then a learning rate that blows up.
+  Executor(GetModelParams("test.line.LineModel", "Train", "task.train.max_steps : 10"),
+           {.logdir = logdir, .log = quiet})
+      .Run();
+  const SafetensorsContents good = LoadLatestCheckpoint(logdir + "/train");
+  std::vector<std::string> lines;
+  Executor ex(GetModelParams("test.line.LineModel", "Train",
+                             "task.train.max_steps : 1000\n"
+                             "task.train.learner.learning_rate : 1e30\n"
+                             "task.train.save_interval_steps : 5\n"
+                             "task.train.save_max_to_keep : 2\n"
+                             "task.train.max_consecutive_skipped_steps : 30\n"),
+              {.logdir = logdir, .log = [&](const std::string& l) { lines.push_back(l); }});
+  EXPECT_ERROR_CONTAINS(ex.Run(), AbortedError,
+                        "training diverged: 30 consecutive steps were skipped");
+  EXPECT_ERROR_CONTAINS(ex.Run(), AbortedError,
+                        "The last checkpoint of healthy training is " + logdir +
+                            "/train/ckpt-00000010");
+  // Retention kept the healthy checkpoint beside the latest two (unhealthy) ones.
+  const CheckpointState state = ReadCheckpointState(logdir + "/train");
+  ASSERT_EQ(state.all_model_checkpoint_paths.size(), 3u);
+  EXPECT_EQ(state.all_model_checkpoint_paths.front(), "ckpt-00000010");
+  const SafetensorsContents kept = LoadCheckpoint(logdir + "/train/ckpt-00000010");
+  EXPECT_TRUE(at::equal(kept.tensors.at("test/task/proj/w"), good.tensors.at("test/task/proj/w")));
+  EXPECT_EQ(LoadLatestCheckpoint(logdir + "/train").metadata.at("healthy"), "false");
+  // The step line and the summaries count the skipped steps.
+  bool counted = false;
+  for (const auto& l : lines) counted = counted || l.find("skipped_steps: 5 (") != std::string::npos;
+  EXPECT_TRUE(counted);
+  EXPECT_NE(ReadFileToString(logdir + "/train/metrics.jsonl").find("\"tag\":\"skipped_steps\""),
+            std::string::npos);
+}
+
+TEST(Executor, RefusesBadLearningRatesAndStepLimitsBeforeWritingAnything) {
+  const std::string logdir = LogDir("limits");
+  auto make = [&](const std::string& override_text) {
+    return Executor(GetModelParams("test.line.LineModel", "Train", override_text),
+                    {.logdir = logdir, .log = [](const std::string&) {}});
+  };
+  EXPECT_ERROR_CONTAINS(make("task.train.learner.learning_rate : 0.0"), InvalidArgumentError,
+                        "train.learner.learning_rate must be finite and > 0, got 0.0");
+  EXPECT_ERROR_CONTAINS(make("task.train.learner.learning_rate : -1.0"), InvalidArgumentError,
+                        "got -1.0");
+  EXPECT_ERROR_CONTAINS(make("task.train.learner.learning_rate : nan"),
+                        InvalidArgumentError, "got nan");
+  EXPECT_ERROR_CONTAINS(make("task.train.max_steps : 9223372036854775807"), InvalidArgumentError,
+                        "train.max_steps must be in [0, 2^53]");
+  EXPECT_ERROR_CONTAINS(make("task.train.steps_per_loop : -3"), InvalidArgumentError,
+                        "train.steps_per_loop must be in [1, 2^53], got -3");
+  EXPECT_ERROR_CONTAINS(make("task.train.steps_per_loop : 9223372036854775807"),
+                        InvalidArgumentError, "train.steps_per_loop must be in [1, 2^53]");
+  EXPECT_FALSE(fs::exists(logdir)) << "a refused run wrote to its logdir";
+}
+
 TEST(MetricsAccumulator, WeightedMeansOverALoop) {
   MetricsAccumulator acc;
   acc.Add({{"loss", Metric{at::full({}, 1.0), at::full({}, 1.0)}}});
