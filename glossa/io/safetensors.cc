@@ -3,9 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "glossa/base/crc32c.h"
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
@@ -44,12 +47,42 @@ const DTypeInfo& InfoForScalarType(at::ScalarType t, const std::string& name) {
 
 constexpr uint64_t kMaxHeaderSize = 100 << 20;
 
+// The per-tensor CRC32C checksums Glossa writes into __metadata__ (a JSON object of name -> hex),
+// verified on load so that flipped bits are DataLoss, not silently wrong weights.
+constexpr const char* kChecksumKey = "glossa.crc32c";
+
+std::string Hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+// 8-bit floats (OFP8), widened to float32: E4M3 ("fn": no infinities, S.1111.111 is NaN) and
+// E5M2 (IEEE-like: infinities and NaNs at exponent 31).
+float Fp8ToFloat(uint8_t b, bool e4m3) {
+  const bool neg = (b & 0x80) != 0;
+  const int exp_bits = e4m3 ? 4 : 5, man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int exp = (b >> man_bits) & ((1 << exp_bits) - 1);
+  const int man = b & ((1 << man_bits) - 1);
+  float v;
+  if (e4m3 && exp == 15 && man == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (!e4m3 && exp == 31) {
+    if (man != 0) return std::numeric_limits<float>::quiet_NaN();
+    v = std::numeric_limits<float>::infinity();
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(man), 1 - bias - man_bits);
+  } else {
+    v = std::ldexp(static_cast<float>((1 << man_bits) + man), exp - bias - man_bits);
+  }
+  return neg ? -v : v;
+}
+
 }  // namespace
 
 void SaveSafetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                      const std::map<std::string, std::string>& metadata) {
   json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  json checksums = json::object();
   std::vector<at::Tensor> contiguous;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -61,8 +94,12 @@ void SaveSafetensors(const std::string& path, const std::map<std::string, at::Te
                     {"shape", c.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    checksums[name] = Hex32(Crc32c(c.data_ptr(), c.nbytes()));
     contiguous.push_back(c);
   }
+  std::map<std::string, std::string> meta = metadata;
+  meta[kChecksumKey] = checksums.dump();
+  header["__metadata__"] = meta;
   std::string header_text = header.dump();
   // Pad the header with spaces so the data starts 8-byte aligned (allowed by the format).
   while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
@@ -123,10 +160,23 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
       throw fail(StrCat("tensor '", name, "' needs dtype, shape and data_offsets [begin, end]"));
     }
     const std::string dtype = e["dtype"].get<std::string>();
-    auto info = std::find_if(DTypes().begin(), DTypes().end(),
-                             [&](const DTypeInfo& d) { return dtype == d.name; });
-    if (info == DTypes().end())
-      throw fail(StrCat("tensor '", name, "' has unknown dtype '", dtype, "'"));
+    static const DTypeInfo kFp8[] = {{"F8_E4M3", at::kByte, at::kFloat, 1},
+                                     {"F8_E5M2", at::kByte, at::kFloat, 1}};
+    const DTypeInfo* info = nullptr;
+    for (const auto& d : DTypes()) {
+      if (dtype == d.name) info = &d;
+    }
+    for (const auto& d : kFp8) {
+      if (dtype == d.name) info = &d;
+    }
+    if (info == nullptr) {
+      // A well-formed file with a type of the format we cannot represent (F8_E8M0, F4, ...):
+      // not corrupt, just unsupported.
+      throw UnimplementedError(StrCat("safetensors file '", path, "': tensor '", name,
+                                      "' has dtype '", dtype,
+                                      "', which Glossa cannot load (supported: BOOL, U8, I8, I16, "
+                                      "U16, I32, U32, I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2)"));
+    }
     std::vector<int64_t> shape;
     uint64_t numel = 1;
     for (const auto& d : e["shape"]) {
@@ -156,6 +206,13 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
     if (end > begin) std::memcpy(t.data_ptr(), base + begin, end - begin);
     if (dtype == "U16") t = t.to(at::kInt).bitwise_and(static_cast<int64_t>(0xFFFF));
     if (dtype == "U32") t = t.to(at::kLong).bitwise_and(static_cast<int64_t>(0xFFFFFFFFLL));
+    if (dtype == "F8_E4M3" || dtype == "F8_E5M2") {
+      at::Tensor widened = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+      const uint8_t* src = t.data_ptr<uint8_t>();
+      float* dst = widened.data_ptr<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) dst[i] = Fp8ToFloat(src[i], dtype == "F8_E4M3");
+      t = widened;
+    }
     out.tensors[name] = t;
   }
   std::sort(spans.begin(), spans.end(),
@@ -170,6 +227,30 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
   }
   if (expected != data_size) {
     throw fail(StrCat(data_size - expected, " trailing bytes after the last tensor"));
+  }
+  // Checksums, when the writer left them (Glossa always does).
+  auto sums = out.metadata.find(kChecksumKey);
+  if (sums != out.metadata.end()) {
+    json parsed;
+    try {
+      parsed = json::parse(sums->second);
+    } catch (const json::exception&) {
+      throw fail(StrCat("__metadata__ '", kChecksumKey, "' is not a JSON object"));
+    }
+    if (!parsed.is_object()) throw fail(StrCat("__metadata__ '", kChecksumKey, "' is not an object"));
+    for (const auto& s : spans) {
+      if (!parsed.contains(s.name) || !parsed[s.name].is_string()) {
+        throw fail(StrCat("tensor '", s.name, "' has no checksum in '", kChecksumKey, "'"));
+      }
+      const std::string want = parsed[s.name].get<std::string>();
+      const std::string got = Hex32(Crc32c(base + s.begin, s.end - s.begin));
+      if (want != got) {
+        throw fail(StrCat("tensor '", s.name, "' fails its CRC32C checksum (stored ", want,
+                          ", computed ", got, " over data bytes [", s.begin, ", ", s.end,
+                          ")): the file is corrupt"));
+      }
+    }
+    out.metadata.erase(sums);
   }
   return out;
 }

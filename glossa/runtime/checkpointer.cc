@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 
 namespace glossa {
@@ -67,10 +69,22 @@ int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema) {
   const std::optional<int64_t> step = RestoreForEval(ckpt, model, ema);
   if (!step) throw DataLossError("checkpoint has no global_step");
-  std::set<std::string> vars;
-  for (const auto& [info, t] : model.AllVariables()) vars.insert(info.full_name);
+  std::map<std::string, at::Tensor> vars;
+  for (const auto& [info, t] : model.AllVariables()) vars[info.full_name] = t;
   for (const auto& [name, t] : ckpt.tensors) {
     if (vars.count(name) || name == "global_step" || IsEmaName(name)) continue;
+    // A slot of a variable ("<var>/<optimizer>/<slot>") must match it in dtype and shape.
+    for (auto v = vars.upper_bound(name); v != vars.begin();) {
+      --v;
+      if (name.rfind(v->first + "/", 0) != 0) continue;
+      if (t.scalar_type() != v->second.scalar_type() || t.sizes() != v->second.sizes()) {
+        throw InvalidArgumentError(StrCat(
+            "checkpoint tensor '", name, "' (a learner slot of '", v->first, "') is ",
+            c10::toString(t.scalar_type()), " ", t.sizes(), ", but the variable is ",
+            c10::toString(v->second.scalar_type()), " ", v->second.sizes()));
+      }
+      break;
+    }
     // Optimizer slots and tracker state.
     if (!model.is_multi_task()) {
       model.task().learner().SetSlot(name, t);
@@ -136,9 +150,85 @@ Checkpointer::~Checkpointer() = default;
 
 int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::string&)>& log) {
   int64_t step = 0;
-  if (auto latest = Saver::LatestCheckpoint(train_dir_)) {
-    step = RestoreCheckpoint(LoadCheckpoint(*latest), model_, ema_);
-    log(StrCat("restored ", *latest, " at step ", step));
+  const std::string state_path = JoinPath(train_dir_, "checkpoint");
+  // The state file lists the checkpoints. Missing, empty or unreadable while checkpoint files
+  // exist, it is rebuilt from them: a run never starts over on top of its checkpoints.
+  CheckpointState state;
+  std::string state_problem;
+  try {
+    state = ReadCheckpointState(train_dir_);
+    if (state.model_checkpoint_path.empty()) {
+      state_problem = FileExists(state_path) ? "is empty" : "is missing";
+    }
+  } catch (const DataLossError& e) {
+    state_problem = StrCat("is unreadable (", e.message(), ")");
+  }
+  if (!state_problem.empty()) {
+    CheckpointState rebuilt = CheckpointStateFromFiles(train_dir_);
+    if (!rebuilt.model_checkpoint_path.empty()) {
+      log(StrCat("WARNING: the checkpoint state file ", state_path, " ", state_problem,
+                 "; rebuilt it from the ", rebuilt.all_model_checkpoint_paths.size(),
+                 " checkpoint(s) on disk"));
+      AtomicWriteFile(state_path, FormatCheckpointState(rebuilt));
+      state = rebuilt;
+    } else if (state_problem.rfind("is unreadable", 0) == 0) {
+      throw DataLossError(StrCat("the checkpoint state file ", state_path, " ", state_problem,
+                                 " and no checkpoint files are in ", train_dir_,
+                                 "; remove it to start from step 0"));
+    }
+  }
+  if (!state.model_checkpoint_path.empty()) {
+    // Newest first: a corrupt or missing latest checkpoint falls back to the newest good one.
+    std::vector<std::string> candidates = {state.model_checkpoint_path};
+    for (auto it = state.all_model_checkpoint_paths.rbegin();
+         it != state.all_model_checkpoint_paths.rend(); ++it) {
+      if (*it != state.model_checkpoint_path) candidates.push_back(*it);
+    }
+    std::vector<std::string> bad;  // "name: why"
+    std::optional<std::string> restored;
+    for (const auto& name : candidates) {
+      const std::string prefix = JoinPath(train_dir_, name);
+      try {
+        step = RestoreCheckpoint(LoadCheckpoint(prefix), model_, ema_);
+        restored = name;
+        break;
+      } catch (const DataLossError& e) {
+        bad.push_back(StrCat(name, ": ", e.message()));
+      } catch (const NotFoundError& e) {
+        bad.push_back(StrCat(name, ": ", e.message()));
+      }
+    }
+    if (!restored) {
+      throw DataLossError(StrCat("no checkpoint in ", train_dir_, " can be restored (",
+                                 Join(bad, "; "), "); nothing was changed"));
+    }
+    if (!bad.empty()) {
+      // Set the bad ones aside (renamed, not deleted) and drop them from the state file.
+      CheckpointState next;
+      next.last_preserved_timestamp = state.last_preserved_timestamp;
+      next.model_checkpoint_path = *restored;
+      for (size_t i = 0; i < state.all_model_checkpoint_paths.size(); ++i) {
+        const std::string& p = state.all_model_checkpoint_paths[i];
+        if (std::any_of(bad.begin(), bad.end(),
+                        [&](const std::string& b) { return b.rfind(p + ": ", 0) == 0; })) {
+          continue;
+        }
+        next.all_model_checkpoint_paths.push_back(p);
+        if (i < state.all_model_checkpoint_timestamps.size()) {
+          next.all_model_checkpoint_timestamps.push_back(state.all_model_checkpoint_timestamps[i]);
+        }
+      }
+      for (const auto& b : bad) {
+        const std::string name = b.substr(0, b.find(": "));
+        for (const auto& file : SafetensorsFiles(JoinPath(train_dir_, name))) {
+          std::rename(file.c_str(), (file + ".corrupt").c_str());
+        }
+        log(StrCat("WARNING: checkpoint ", JoinPath(train_dir_, name), " cannot be restored (",
+                   b.substr(b.find(": ") + 2), "); set aside as *.corrupt"));
+      }
+      AtomicWriteFile(state_path, FormatCheckpointState(next));
+    }
+    log(StrCat("restored ", JoinPath(train_dir_, *restored), " at step ", step));
   } else {
     const ParamValue& rules = model_.task().train_params().Get("init_from_checkpoint_rules");
     if (!rules.AsDict().empty()) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <sys/stat.h>
+
 #include <exception>
 #include <sstream>
 #include <thread>
@@ -288,6 +290,36 @@ std::optional<std::string> Saver::LatestCheckpoint(const std::string& dir) {
   const CheckpointState s = ReadCheckpointState(dir);
   if (s.model_checkpoint_path.empty()) return std::nullopt;
   return JoinPath(dir, s.model_checkpoint_path);
+}
+
+CheckpointState CheckpointStateFromFiles(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const auto& file : ListDirectory(dir)) {
+    if (!IsCheckpointFile(file)) continue;
+    std::string name;
+    for (const char* suffix : {".safetensors", ".safetensors.index.json"}) {
+      const std::string s = suffix;
+      if (file.size() > s.size() && file.compare(file.size() - s.size(), s.size(), s) == 0) {
+        name = file.substr(0, file.size() - s.size());
+      }
+    }
+    // Only whole names "ckpt-<digits>" (not shards "ckpt-<digits>-00000-of-00002").
+    if (name.empty() || name.find('-', 5) != std::string::npos) continue;
+    found.emplace_back(std::stoll(name.substr(5)), name);
+  }
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  CheckpointState s;
+  for (const auto& [step, name] : found) {
+    s.all_model_checkpoint_paths.push_back(name);
+    const std::string file = JoinPath(dir, name + ".safetensors");
+    const std::string path = FileExists(file) ? file : file + ".index.json";
+    struct stat st;
+    s.all_model_checkpoint_timestamps.push_back(
+        ::stat(path.c_str(), &st) == 0 ? static_cast<double>(st.st_mtime) : 0.0);
+  }
+  if (!found.empty()) s.model_checkpoint_path = found.back().second;
+  return s;
 }
 
 std::optional<std::string> Saver::LastHealthyCheckpoint(const std::string& dir) {

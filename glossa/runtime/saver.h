@@ -107,6 +107,11 @@ class Saver {
   std::unique_ptr<Pending> pending_;
 };
 
+// The state a directory's checkpoint files imply (`ckpt-<step>.safetensors` or its index; files
+// set aside as `*.corrupt` ignored), oldest first, timestamps from the files' modification times:
+// for a state file that is missing, empty or unreadable while checkpoints exist.
+CheckpointState CheckpointStateFromFiles(const std::string& dir);
+
 // Loads a checkpoint by prefix ("<dir>/ckpt-00001000"), or the latest in a directory.
 SafetensorsContents LoadCheckpoint(const std::string& prefix);
 SafetensorsContents LoadLatestCheckpoint(const std::string& dir);  // NotFound when none

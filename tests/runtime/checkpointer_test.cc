@@ -6,6 +6,8 @@
 
 #include <filesystem>
 
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
 #include "glossa/layers/linear.h"
 #include "glossa/model/model_registry.h"
 #include "tests/test_util.h"
@@ -151,6 +153,93 @@ TEST(Checkpointer, MalformedInitRulesNameTheCheckpoint) {
   EXPECT_EQ(parsed.at("/ckpts/c").rules,
             (std::vector<std::pair<std::string, std::string>>{{"a/(.*)", "b/%s"}}));
   EXPECT_EQ(parsed.at("/ckpts/c").ignore, (std::vector<std::string>{"ignored.*"}));
+}
+
+// Three checkpoints (10, 20, 30) of models with seeds 10, 20, 30 in `dir`.
+void SaveThree(const std::string& dir, const std::string& text) {
+  for (int64_t step : {10, 20, 30}) {
+    auto m = Model(text, step);
+    Checkpointer ckpt(dir, *m, nullptr, [] { return 0.0; });
+    ckpt.Save(step);
+    ckpt.Wait();
+  }
+}
+
+TEST(Checkpointer, FallsBackFromACorruptLatestCheckpointAndSetsItAside) {
+  const std::string dir = Dir("fallback");
+  const std::string text = "task.train.async_checkpointing : False\ntask.train.max_steps : 100";
+  SaveThree(dir, text);
+  // Flip one bit of the latest checkpoint's data (the file's last byte): a checksum failure.
+  const std::string latest = dir + "/ckpt-00000030.safetensors";
+  std::string data = ReadFileToString(latest);
+  data.back() ^= 0x01;
+  AtomicWriteFile(latest, data);
+  auto model = Model(text, 99);
+  Checkpointer ckpt(dir, *model, nullptr, [] { return 0.0; });
+  std::vector<std::string> log;
+  EXPECT_EQ(ckpt.RestoreOrInitialize([&](const std::string& l) { log.push_back(l); }), 20);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_NE(log[0].find("WARNING: checkpoint " + dir + "/ckpt-00000030 cannot be restored"),
+            std::string::npos)
+      << log[0];
+  EXPECT_NE(log[0].find("CRC32C"), std::string::npos) << log[0];
+  EXPECT_EQ(log[1], "restored " + dir + "/ckpt-00000020 at step 20");
+  EXPECT_TRUE(FileExists(latest + ".corrupt"));  // set aside, not deleted
+  EXPECT_FALSE(FileExists(latest));
+  EXPECT_EQ(ReadCheckpointState(dir).all_model_checkpoint_paths,
+            (std::vector<std::string>{"ckpt-00000010", "ckpt-00000020"}));
+  auto seed20 = Model(text, 20);
+  for (const auto& [name, t] : Vars(*seed20)) EXPECT_TRUE(at::equal(t, Vars(*model).at(name)));
+  // Every checkpoint bad: an error naming them, and nothing moved.
+  const std::string all_bad = Dir("all_bad");
+  SaveThree(all_bad, text);
+  for (int64_t step : {10, 20, 30}) {
+    AtomicWriteFile(StrCat(all_bad, "/ckpt-000000", step, ".safetensors"), "garbage");
+  }
+  Checkpointer none(all_bad, *model, nullptr, [] { return 0.0; });
+  EXPECT_ERROR_CONTAINS(none.RestoreOrInitialize([](const std::string&) {}), DataLossError,
+                        "no checkpoint in " + all_bad + " can be restored (ckpt-00000030: ");
+  EXPECT_TRUE(FileExists(all_bad + "/ckpt-00000030.safetensors"));
+}
+
+TEST(Checkpointer, AnEmptyOrUnreadableStateFileIsRebuiltNotAFreshStart) {
+  const std::string text = "task.train.async_checkpointing : False\ntask.train.max_steps : 100";
+  for (const std::string& state : {std::string(""), std::string("model_checkpoint_path: \"ck"),
+                                   std::string("\x01\x02 garbage\n")}) {
+    SCOPED_TRACE(state);
+    const std::string dir = Dir("state");
+    SaveThree(dir, text);
+    AtomicWriteFile(dir + "/checkpoint", state);
+    auto model = Model(text, 99);
+    Checkpointer ckpt(dir, *model, nullptr, [] { return 0.0; });
+    std::vector<std::string> log;
+    EXPECT_EQ(ckpt.RestoreOrInitialize([&](const std::string& l) { log.push_back(l); }), 30);
+    ASSERT_EQ(log.size(), 2u);
+    EXPECT_NE(log[0].find("rebuilt it from the 3 checkpoint(s) on disk"), std::string::npos)
+        << log[0];
+    EXPECT_EQ(ReadCheckpointState(dir).all_model_checkpoint_paths,
+              (std::vector<std::string>{"ckpt-00000010", "ckpt-00000020", "ckpt-00000030"}));
+  }
+  // Unreadable and no checkpoints: an error, not a silent start.
+  const std::string empty = Dir("state_only");
+  AtomicWriteFile(empty + "/checkpoint", "bogus");
+  auto model = Model(text, 1);
+  Checkpointer ckpt(empty, *model, nullptr, [] { return 0.0; });
+  EXPECT_ERROR_CONTAINS(ckpt.RestoreOrInitialize([](const std::string&) {}), DataLossError,
+                        "and no checkpoint files are in");
+}
+
+TEST(Checkpointer, ALearnerSlotOfTheWrongDtypeNamesTheTensor) {
+  const std::string dir = Dir("slot_dtype");
+  const std::string text = "task.train.async_checkpointing : False\ntask.train.max_steps : 100";
+  auto model = Model(text, 1);
+  std::map<std::string, at::Tensor> tensors = Vars(*model);
+  tensors["m/task/proj/w/Adam/m"] = at::zeros({2, 2}, at::kDouble);
+  Saver({.dir = dir}).Save(5, tensors);
+  Checkpointer ckpt(dir, *model, nullptr, [] { return 0.0; });
+  EXPECT_ERROR_CONTAINS(ckpt.RestoreOrInitialize([](const std::string&) {}), InvalidArgumentError,
+                        "checkpoint tensor 'm/task/proj/w/Adam/m' (a learner slot of "
+                        "'m/task/proj/w') is Double [2, 2], but the variable is Float [2, 2]");
 }
 
 }  // namespace
