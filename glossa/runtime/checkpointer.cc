@@ -51,13 +51,34 @@ std::shared_ptr<ExponentialMovingAverage> MakeModelEma(BaseModel& model) {
 }
 
 std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel& model,
-                                      ExponentialMovingAverage* ema) {
+                                      ExponentialMovingAverage* ema,
+                                      bool missing_shadows_from_variables) {
   std::map<std::string, at::Tensor> vars;
   for (const auto& [info, t] : model.AllVariables()) vars[info.full_name] = t;
   RestoreVariables(ckpt, vars);
   if (ema) {
-    for (const auto& [name, t] : ckpt.tensors) {
-      if (IsEmaName(name)) ema->SetShadow(name, t);
+    std::vector<std::string> missing;
+    for (const auto& [name, shadow] : ema->Shadows()) {
+      auto it = ckpt.tensors.find(name);
+      if (it != ckpt.tensors.end()) {
+        ema->SetShadow(name, it->second);
+        continue;
+      }
+      const std::string var = name.substr(0, name.size() - std::string(ExponentialMovingAverage::kSuffix).size());
+      if (missing_shadows_from_variables && vars.count(var)) {
+        ema->SetShadow(name, vars.at(var));
+      } else {
+        missing.push_back(var);
+      }
+    }
+    if (!missing.empty()) {
+      const size_t shown = std::min<size_t>(missing.size(), 5);
+      throw NotFoundError(StrCat(
+          "the checkpoint has no ExponentialMovingAverage for ", missing.size(), " variable(s) (",
+          Join(std::vector<std::string>(missing.begin(), missing.begin() + shown), ", "),
+          missing.size() > shown ? ", ..." : "",
+          "): it was saved without EMA; evaluating would score the averages' initial values. "
+          "Evaluate its raw weights with task.train.ema_decay : 0"));
     }
   }
   auto it = ckpt.tensors.find("global_step");
@@ -67,7 +88,8 @@ std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel
 
 int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema) {
-  const std::optional<int64_t> step = RestoreForEval(ckpt, model, ema);
+  const std::optional<int64_t> step =
+      RestoreForEval(ckpt, model, ema, /*missing_shadows_from_variables=*/true);
   if (!step) throw DataLossError("checkpoint has no global_step");
   std::map<std::string, at::Tensor> vars;
   for (const auto& [info, t] : model.AllVariables()) vars[info.full_name] = t;

@@ -35,8 +35,12 @@ std::map<std::string, at::Tensor> CheckpointTensors(const BaseModel& model,
 std::shared_ptr<ExponentialMovingAverage> MakeModelEma(BaseModel& model);
 // Restores variables (names, shapes, dtypes checked; every mismatch reported) and, with `ema`, its
 // shadows: what evaluation needs. Returns global_step, or nullopt when the checkpoint has none.
+// A shadow missing from the checkpoint is NotFound naming the variables (evaluating the shadows'
+// initial values would score untrained weights, as Lingvo's EMA saver refuses to); with
+// `missing_shadows_from_variables` (resuming training) it starts from the restored variable.
 std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel& model,
-                                      ExponentialMovingAverage* ema);
+                                      ExponentialMovingAverage* ema,
+                                      bool missing_shadows_from_variables = false);
 // RestoreForEval plus the learner slots; returns the global step (DataLoss when absent).
 int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema);

@@ -75,6 +75,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
       ep.GetInt(kind == JobKind::kEval ? "start_eval_after" : "start_decoder_after");
   EventWriter writer(job_dir);
   std::set<std::string> processed = ReadProcessed(processed_file);
+  std::set<std::string> gone;  // deleted by retention before we got to them
   int64_t count = 0;
   double backoff = 1;
 
@@ -118,7 +119,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     CheckpointState state = ReadCheckpointState(train_dir);
     std::vector<std::string> todo;
     for (const auto& c : state.all_model_checkpoint_paths) {
-      if (!processed.count(c) && StepOf(c) >= start_after) todo.push_back(c);
+      if (!processed.count(c) && !gone.count(c) && StepOf(c) >= start_after) todo.push_back(c);
     }
     // Without *_all_checkpoints only the newest checkpoint matters, processed or not.
     if (!all) {
@@ -130,7 +131,16 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     }
     bool finished = false;
     for (const auto& c : todo) {
-      if (process(c) >= max_steps) finished = true;
+      // Retention may delete a checkpoint between reading the state file and loading it (the
+      // trainer keeps the latest N): skip it and go on.
+      try {
+        if (process(c) >= max_steps) finished = true;
+      } catch (const NotFoundError& e) {
+        if (!SafetensorsFiles(JoinPath(train_dir, c)).empty()) throw;
+        log(StrCat("skipped ", c, ": removed by the trainer's retention before it was ",
+                   kind == JobKind::kEval ? "evaluated" : "decoded", " (", e.message(), ")"));
+        gone.insert(c);
+      }
     }
     // Done once the final checkpoint has been processed (now or in an earlier run).
     for (const auto& c : processed) {

@@ -16,6 +16,7 @@
 #include "glossa/io/event_file.h"
 #include "glossa/layers/linear.h"
 #include "glossa/model/model_registry.h"
+#include "glossa/runtime/jobs.h"
 #include "glossa/runtime/program.h"
 #include "tests/test_util.h"
 
@@ -519,6 +520,49 @@ TEST(MultiTaskModel, ATaskWithZeroProbabilityNeverTrains) {
       if (info.full_name == "test/a/proj/w") return t;
     return at::Tensor();
   }()));
+}
+
+TEST(CheckpointJob, SkipsACheckpointRetentionRemovedAndGoesOn) {
+  const std::string logdir = LogDir("job_gone");
+  auto quiet = [](const std::string&) {};
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = logdir, .log = quiet}).Run();
+  // The state file still lists ckpt-10, but retention deleted its files meanwhile.
+  for (const auto& f : SafetensorsFiles(logdir + "/train/ckpt-00000010")) RemoveFileIfExists(f);
+  std::vector<std::string> lines;
+  const Params p = GetModelParams("test.line.LineModel", "Train",
+                                  "task.eval.eval_all_checkpoints : True\n"
+                                  "task.eval.samples_per_summary : 8");
+  JobOptions o{.logdir = logdir, .dataset = "Train",
+               .log = [&](const std::string& l) { lines.push_back(l); }};
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);  // ckpt-20 evaluated
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("skipped ckpt-00000010: removed by the trainer's retention", 0), 0u)
+      << lines[0];
+}
+
+TEST(CheckpointJob, EmaEvaluationRefusesACheckpointWithoutAverages) {
+  const std::string logdir = LogDir("job_no_ema");
+  auto quiet = [](const std::string&) {};
+  // Trained without EMA...
+  Executor(GetModelParams("test.line.LineModel", "Train", "task.train.ema_decay : 0.0"),
+           {.logdir = logdir, .log = quiet})
+      .Run();
+  // ...evaluated by a model that keeps one: an error naming the variables, not a score of the
+  // averages' initial values.
+  JobOptions o{.logdir = logdir, .dataset = "Train", .log = quiet};
+  EXPECT_ERROR_CONTAINS(RunCheckpointJob(JobKind::kEval, GetModelParams("test.line.LineModel",
+                                                                        "Train"),
+                                         o),
+                        NotFoundError,
+                        "the checkpoint has no ExponentialMovingAverage for 2 variable(s) "
+                        "(test/task/proj/b, test/task/proj/w)");
+  // Resuming training with EMA turned on starts the averages from the restored weights.
+  Executor resumed(GetModelParams("test.line.LineModel", "Train", "task.train.max_steps : 25"),
+                   {.logdir = logdir, .log = quiet});
+  EXPECT_EQ(resumed.Run(), 25);
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, GetModelParams("test.line.LineModel", "Train"),
+                             o),
+            1);
 }
 
 }  // namespace
