@@ -71,7 +71,23 @@ void AtomicWriteFile(const std::string& path, std::string_view data) {
   AtomicWriteFileWith(path, [&](int fd) { WriteAll(fd, data, path); });
 }
 
+void CheckRegularFile(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    throw NotFoundError(StrCat(what, " '", path, "' does not exist (", Errno(), ")"));
+  }
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a pipe"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  throw InvalidArgumentError(StrCat(what, " '", path, "' is ", kind, ", not a regular file"));
+}
+
 std::string ReadFileToString(const std::string& path, uint64_t max_size) {
+  CheckRegularFile(path, "file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw NotFoundError(StrCat("cannot open '", path, "'"));
   in.seekg(0, std::ios::end);

@@ -20,7 +20,11 @@ void AtomicWriteFileWith(const std::string& path, const std::function<void(int f
 // Writes all of `data` to `fd`; Aborted naming `path` on error (ENOSPC included).
 void WriteAll(int fd, std::string_view data, const std::string& path);
 
-// Reads a whole file; NotFound when it cannot be opened, DataLoss when larger than `max_size`.
+// InvalidArgument naming `path` and `what` it is for unless it is a regular file (a directory,
+// /dev/zero or a FIFO would be read forever or not at all); NotFound when it does not exist.
+void CheckRegularFile(const std::string& path, const std::string& what);
+// Reads a whole regular file (CheckRegularFile); NotFound when it cannot be opened, DataLoss when
+// larger than `max_size`.
 std::string ReadFileToString(const std::string& path, uint64_t max_size = uint64_t{1} << 34);
 bool FileExists(const std::string& path);
 uint64_t FileSize(const std::string& path);

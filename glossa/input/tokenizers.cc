@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 
 extern char** environ;
@@ -282,6 +283,11 @@ SentencePieceTokenizer::SentencePieceTokenizer(const glossa::Params& p) : BaseTo
     throw InvalidArgumentError(StrCat("tokenizer '", path(), "': spm_model_file is required"));
   }
   const std::string file = params().GetString("spm_model_file");
+  CheckRegularFile(file, StrCat("tokenizer '", path(), "': spm_model_file"));
+  if (FileSize(file) > (uint64_t{1} << 30)) {
+    throw InvalidArgumentError(StrCat("tokenizer '", path(), "': spm_model_file '", file,
+                                      "' is over 1 GiB: not a SentencePiece model"));
+  }
   const SpmModule& spm = Spm();
   sp_ = spm.create();
   char err[512] = {0};

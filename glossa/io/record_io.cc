@@ -9,6 +9,7 @@
 
 #include "glossa/base/crc32c.h"
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 
 namespace glossa {
@@ -149,6 +150,7 @@ class TFRecordReader : public RecordReader {
 
 class TextLineReader : public RecordReader {
  public:
+  static constexpr size_t kMaxLineBytes = size_t{64} << 20;
   TextLineReader(const std::string& path, const RecordReaderOptions& options)
       : RecordReader(path), source_(path, false, options.buffer_size) {}
   bool Next(std::string* record) override {
@@ -179,6 +181,11 @@ class TextLineReader : public RecordReader {
       record->append(begin, buffer_.size() - pos_);
       partial_ = true;
       pos_ = buffer_.size();
+      if (record->size() > kMaxLineBytes) {
+        throw DataLossError(StrCat("text file '", path(), "': the line at byte offset ", offset_,
+                                   " is longer than ", kMaxLineBytes,
+                                   " bytes (not a text file?)"));
+      }
     }
   }
   uint64_t offset() const override { return offset_; }
@@ -195,6 +202,7 @@ class TextLineReader : public RecordReader {
 
 std::unique_ptr<RecordReader> RecordReader::Open(std::string_view type, const std::string& path,
                                                  const RecordReaderOptions& options) {
+  CheckRegularFile(path, "record file");
   if (type == "tfrecord") return std::make_unique<TFRecordReader>(path, false, options);
   if (type == "tfrecord_gzip") return std::make_unique<TFRecordReader>(path, true, options);
   if (type == "text") return std::make_unique<TextLineReader>(path, options);

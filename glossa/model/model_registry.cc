@@ -60,6 +60,28 @@ std::unique_ptr<ModelParamsBase> GetModelParamsClass(const std::string& key) {
 
 Params ModelParamsBase::ProgramSchedule() const { return SimpleProgramScheduleParams(); }
 
+std::string OverrideLines(const std::string& text) {
+  std::string out = text;
+  char quote = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char c = out[i];
+    if (quote != 0) {
+      if (c == '\\') {
+        ++i;  // the escaped character, whatever it is
+      } else if (c == quote) {
+        quote = 0;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == ';') {
+      out[i] = '\n';
+    } else if (c == '\n') {
+      quote = 0;
+    }
+  }
+  return out;
+}
+
 Params GetModelParams(const std::string& key, const std::string& dataset,
                       const std::string& override_text, const std::string& override_file) {
   if (!override_text.empty() && !override_file.empty()) {
@@ -94,12 +116,8 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
   p.Set("name", key.substr(0, key.find('.')));
   p.Set("program_schedule", model->ProgramSchedule());
   if (!override_text.empty()) {
-    std::string text = override_text;
-    for (char& c : text) {
-      if (c == ';') c = '\n';
-    }
     try {
-      p.FromText(text);
+      p.FromText(OverrideLines(override_text));
     } catch (const Error& e) {
       ThrowError(e.code(), StrCat("--model_params_override: ", e.message()));
     }

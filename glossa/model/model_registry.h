@@ -49,6 +49,10 @@ std::unique_ptr<ModelParamsBase> GetModelParamsClass(const std::string& key);
 // SingleTaskModel Params for `key` with task.input from `dataset`, then the overrides:
 // `override_text` ("key : value" lines separated by newlines or ';') or the file
 // `override_file` (both given: InvalidArgument). Unknown dataset: NotFound with near names.
+// `--model_params_override` text as params text lines: ';' separates lines outside quoted
+// strings ('...' or "...", backslash escapes), and is kept inside them.
+std::string OverrideLines(const std::string& text);
+
 Params GetModelParams(const std::string& key, const std::string& dataset,
                       const std::string& override_text = "", const std::string& override_file = "");
 

@@ -17,11 +17,14 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "glossa/base/errors.h"
@@ -41,22 +44,9 @@
 namespace glossa {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw NotFoundError(StrCat("cannot open params file '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
-// `--params_override` takes `key : value` lines separated by newlines or ';'.
-std::string OverrideText(const std::string& s) {
-  std::string out = s;
-  for (char& c : out) {
-    if (c == ';') c = '\n';
-  }
-  return out;
-}
+// `--params_override` takes `key : value` lines separated by newlines or ';' (outside quotes).
+std::string OverrideText(const std::string& s) { return OverrideLines(s); }
 
 std::atomic<bool> g_stop{false};
 Executor* g_executor = nullptr;
@@ -90,7 +80,14 @@ std::vector<std::string> ExpandFlagfiles(const std::vector<std::string>& args, i
     }
     std::vector<std::string> lines;
     int n = 0;
-    for (const auto& raw : Split(ReadFile(file), '\n')) {
+    // A flag file is small text: a directory, /dev/zero or a huge file is an error, not a hang.
+    std::string text;
+    try {
+      text = ReadFileToString(file, 1 << 20);
+    } catch (const Error& e) {
+      ThrowError(e.code(), StrCat("--flagfile: ", e.message()));
+    }
+    for (const auto& raw : Split(text, '\n')) {
       ++n;
       std::string line(Strip(raw));
       if (line.empty() || line[0] == '#') continue;
@@ -107,10 +104,32 @@ std::vector<std::string> ExpandFlagfiles(const std::vector<std::string>& args, i
 
 struct ModelFlags {
   std::string model, logdir, dataset = "Train", override_text, override_file;
-  int64_t max_steps = -1, saver_max_to_keep = -1, intra_op_threads = 0, random_seed = -1;
+  int64_t max_steps = -1, saver_max_to_keep = -1, intra_op_threads = 0;
+  int64_t random_seed = -1;  // -1: not given (a given value is checked to be >= 0)
   double keep_every_n_hours = -1;
   bool once = false;
 };
+
+// An integer flag parsed exactly: out-of-range values (beyond int64 too) are errors naming the
+// flag, never clamped.
+void AddIntFlag(CLI::App* cmd, const std::string& name, int64_t& target, int64_t lo, int64_t hi,
+                const std::string& doc) {
+  cmd->add_option_function<std::string>(
+         name,
+         [&target, name, lo, hi](const std::string& text) {
+           errno = 0;
+           char* end = nullptr;
+           const long long v = std::strtoll(text.c_str(), &end, 10);
+           if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < lo ||
+               v > hi) {
+             throw CLI::ValidationError(
+                 name, StrCat("must be an integer in [", lo, ", ", hi, "], got '", text, "'"));
+           }
+           target = v;
+         },
+         doc)
+      ->type_name("INT");
+}
 
 void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
                    const std::string& default_dataset) {
@@ -127,15 +146,17 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
                   "'key : value' lines (';' or newline separated) applied to the model params.");
   cmd->add_option("--model_params_file_override", f.override_file,
                   "A params text file applied to the model params.");
-  cmd->add_option("--max_steps", f.max_steps, "Overrides task.train.max_steps.");
-  cmd->add_option("--saver_max_to_keep", f.saver_max_to_keep,
-                  "Overrides task.train.save_max_to_keep.");
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  AddIntFlag(cmd, "--max_steps", f.max_steps, 0, int64_t{1} << 53,
+             "Overrides task.train.max_steps.");
+  AddIntFlag(cmd, "--saver_max_to_keep", f.saver_max_to_keep, 0, kMax,
+             "Overrides task.train.save_max_to_keep.");
   cmd->add_option("--saver_keep_checkpoint_every_n_hours", f.keep_every_n_hours,
                   "Overrides task.train.save_keep_checkpoint_every_n_hours.");
-  cmd->add_option("--intra_op_threads", f.intra_op_threads,
-                  "ATen intra-op threads; 0: the layout of glossa/runtime/cpu_runtime.h.");
-  cmd->add_option("--random_seed", f.random_seed,
-                  "Overrides the model's random_seed (deterministic runs).");
+  AddIntFlag(cmd, "--intra_op_threads", f.intra_op_threads, 0, 1024,
+             "ATen intra-op threads; 0: the layout of glossa/runtime/cpu_runtime.h.");
+  AddIntFlag(cmd, "--random_seed", f.random_seed, 0, kMax,
+             "Overrides the model's random_seed (deterministic runs).");
 }
 
 Params ModelParamsFromFlags(const ModelFlags& f) {
@@ -203,6 +224,10 @@ int Report(const ModelFlags& f, int64_t num_samples) {
 
 int Run(int argc, char** argv) {
   CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models."};
+  // Flag errors are one line, like every other error.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string(e.what()) + " (see --help)\n";
+  });
   app.require_subcommand(1);
 
   auto* list = app.add_subcommand("list", "List the registered classes.");
@@ -321,7 +346,10 @@ int Run(int argc, char** argv) {
     Params p = entry.default_params();
     if (!params_file.empty()) {
       try {
-        p.FromText(ReadFile(params_file));
+        if (!FileExists(params_file)) {
+          throw NotFoundError(StrCat("cannot open params file '", params_file, "'"));
+        }
+        p.FromText(ReadFileToString(params_file, 64 << 20));
       } catch (const Error& e) {
         ThrowError(e.code(), StrCat(params_file, ": ", e.message()));
       }

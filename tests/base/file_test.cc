@@ -98,5 +98,17 @@ TEST(File, DirectoryLockIsExclusiveAndReleasedWithTheObject) {
   EXPECT_NO_THROW(DirectoryLock(dir, ".lock", "trainer"));
 }
 
+TEST(File, OnlyRegularFilesAreRead) {
+  const std::string dir = TempDir("regular");
+  EXPECT_ERROR_CONTAINS(ReadFileToString(dir), InvalidArgumentError,
+                        "file '" + dir + "' is a directory, not a regular file");
+  EXPECT_ERROR_CONTAINS(ReadFileToString("/dev/zero"), InvalidArgumentError,
+                        "'/dev/zero' is a character device");
+  EXPECT_ERROR_CONTAINS(CheckRegularFile(dir + "/none", "record file"), NotFoundError,
+                        "record file '" + dir + "/none' does not exist");
+  AtomicWriteFile(dir + "/f", "x");
+  EXPECT_NO_THROW(CheckRegularFile(dir + "/f", "record file"));
+}
+
 }  // namespace
 }  // namespace glossa

@@ -96,6 +96,32 @@ one_line_error "task.nope" inspect_model --model=lm.austen.TransformerLmTiny "--
 printf "bad line\n" > "$tmp/bad.flags"
 one_line_error "bad.flags:1" inspect_model --flagfile="$tmp/bad.flags"
 one_line_error "no checkpoint" eval --model=lm.austen.TransformerLmTiny --logdir="$tmp/empty" --once
+# Limits: files that are not small text files, out-of-range integers (never clamped), ';' inside
+# a quoted override value.
+mkdir -p "$tmp/flagdir"
+one_line_error "--flagfile: file '$tmp/flagdir' is a directory" inspect_model --flagfile="$tmp/flagdir"
+one_line_error "--flagfile: file '/dev/zero' is a character device" inspect_model --flagfile=/dev/zero
+one_line_error "--random_seed: must be an integer in \[0, 9223372036854775807\], got '99999999999999999999'" \
+  train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" --random_seed=99999999999999999999
+one_line_error "--random_seed: must be an integer in .* got '-2'" \
+  train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" --random_seed=-2
+one_line_error "--intra_op_threads: must be an integer in \[0, 1024\]" \
+  train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" --intra_op_threads=100000
+one_line_error "--max_steps: must be an integer in \[0, 9007199254740992\]" \
+  train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" --max_steps=9223372036854775807
+one_line_error "steps_per_loop must be in \[1, 2\^53\], got -5" \
+  train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" "--model_params_override=task.train.steps_per_loop : -5"
+one_line_error "learning_rate must be finite and > 0, got inf" \
+  train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" "--model_params_override=task.train.learner.learning_rate : inf"
+check "refused runs leave no logdir" test ! -e "$tmp/x"
+check "';' inside quotes stays in the value" bash -c "'$glossa' inspect_model --model=lm.austen.TransformerLmTiny \"--model_params_override=task.input.file_pattern : 'text:/a;b.txt'; task.train.max_steps : 7\" | grep -qx \"task.input.file_pattern : 'text:/a;b.txt'\""
+# Divergence: a huge learning rate stops the run with an error and a non-zero exit.
+if "$glossa" train "${base_flags[@]/--logdir=$logdir/--logdir=$tmp/diverge}" --max_steps=200 \
+    "--model_params_override=$small; task.train.learner.learning_rate : 1e30; task.train.max_consecutive_skipped_steps : 10" \
+    > "$tmp/diverge.log" 2>&1; then
+  echo "FAIL: a diverging run exited 0: $(tail -3 "$tmp/diverge.log")"; fail=1
+fi
+check "divergence is named: $(tail -2 "$tmp/diverge.log")" grep -q "training diverged: 10 consecutive steps were skipped" "$tmp/diverge.log"
 
 [ "$fail" -eq 0 ] && echo "trainer e2e: all checks passed"
 exit "$fail"
