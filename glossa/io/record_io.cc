@@ -202,6 +202,11 @@ class TextLineReader : public RecordReader {
 
 std::unique_ptr<RecordReader> RecordReader::Open(std::string_view type, const std::string& path,
                                                  const RecordReaderOptions& options) {
+  if (type != "tfrecord" && type != "tfrecord_gzip" && type != "text") {
+    throw InvalidArgumentError(StrCat("unknown record file type '", type,
+                                      "' (expected tfrecord, tfrecord_gzip or text) for '", path,
+                                      "'"));
+  }
   CheckRegularFile(path, "record file");
   if (type == "tfrecord") return std::make_unique<TFRecordReader>(path, false, options);
   if (type == "tfrecord_gzip") return std::make_unique<TFRecordReader>(path, true, options);

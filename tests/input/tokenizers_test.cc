@@ -106,7 +106,10 @@ TEST(SentencePieceTokenizer, TrainsAModelFromText) {
                         InvalidArgumentError, "SentencePiece training on '/no/corpus.txt' failed");
   EXPECT_ERROR_CONTAINS(Make<SentencePieceTokenizer>(
                             SentencePieceTokenizer::Params().Set("spm_model_file", "/no/model")),
-                        NotFoundError, "cannot load SentencePiece model '/no/model'");
+                        NotFoundError, "spm_model_file '/no/model' does not exist");
+  EXPECT_ERROR_CONTAINS(Make<SentencePieceTokenizer>(
+                            SentencePieceTokenizer::Params().Set("spm_model_file", "/dev/zero")),
+                        InvalidArgumentError, "spm_model_file '/dev/zero' is a character device");
 }
 
 }  // namespace

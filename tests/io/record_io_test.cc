@@ -117,7 +117,10 @@ TEST(TFRecord, CorruptAndTruncatedRecordsAreDataLossWithFileAndOffset) {
   small.max_record_size = 3;
   EXPECT_ERROR_CONTAINS(ReadAll("tfrecord", dir + "/truncated", small), DataLossError,
                         "exceeds max_record_size 3");
-  EXPECT_ERROR_CONTAINS(ReadAll("tfrecord", dir + "/missing"), NotFoundError, "cannot open");
+  EXPECT_ERROR_CONTAINS(ReadAll("tfrecord", dir + "/missing"), NotFoundError,
+                        "record file '" + dir + "/missing' does not exist");
+  EXPECT_ERROR_CONTAINS(ReadAll("text", "/dev/zero"), InvalidArgumentError,
+                        "record file '/dev/zero' is a character device, not a regular file");
   EXPECT_ERROR_CONTAINS(RecordReader::Open("csv", dir + "/x"), InvalidArgumentError,
                         "unknown record file type 'csv'");
   WriteFile(dir + "/not_gzip", "this is not gzip data at all, but gzread passes it through");
