@@ -74,6 +74,18 @@ void BaseInputGenerator::Reset() {
   throw UnimplementedError(StrCat("input generator '", path(), "' cannot be reset"));
 }
 
+void BaseInputGenerator::SkipBatches(int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      GetPreprocessedInputBatch();
+    } catch (const OutOfRangeError&) {
+      throw OutOfRangeError(StrCat("input '", path(), "': the data ended after ", i, " of the ", n,
+                                   " batches to skip to the checkpoint's input position"));
+    }
+    ++position_;
+  }
+}
+
 // ---- BaseSequenceInputGenerator ----
 
 glossa::Params BaseSequenceInputGenerator::Params() {

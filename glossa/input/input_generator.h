@@ -46,6 +46,23 @@ class BaseInputGenerator : public BaseLayer {
   int64_t GlobalBatchSize() const;
   // Starts the data over (Unimplemented for generators that cannot).
   virtual void Reset();
+
+  // The training position: batches the trainer has taken (TakeTrainBatch). Checkpoints store it,
+  // and a resumed run skips that many batches (SkipBatches) to go on where the saved one stopped,
+  // as tf.data's iterator checkpoints do: bit for bit when the stream is deterministic given its
+  // seeds (one reader, one batcher thread, a fixed file_random_seed), otherwise without replaying
+  // the data the run already trained on.
+  NestedMap TakeTrainBatch() {
+    NestedMap batch = GetPreprocessedInputBatch();
+    ++position_;
+    return batch;
+  }
+  int64_t position() const { return position_; }
+  // Reads and drops n batches and adds them to the position (OutOfRange when the data ends first).
+  virtual void SkipBatches(int64_t n);
+
+ private:
+  int64_t position_ = 0;
 };
 
 class BaseSequenceInputGenerator : public BaseInputGenerator {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <set>
 
@@ -12,6 +13,9 @@
 
 namespace glossa {
 namespace {
+
+// The training input's position, per task ("<task>/" prefix in a multi-task model).
+constexpr const char* kInputPosition = "__input_position__";
 
 bool IsEmaName(const std::string& name) {
   const std::string suffix = ExponentialMovingAverage::kSuffix;
@@ -33,6 +37,12 @@ std::map<std::string, at::Tensor> CheckpointTensors(const BaseModel& model,
   }
   if (ema) {
     for (const auto& [name, t] : ema->Shadows()) out[name] = t;
+  }
+  for (const auto& task_name : model.task_names()) {
+    const std::string prefix = model.is_multi_task() ? task_name + "/" : "";
+    if (!model.GetTask(task_name).has_input()) continue;
+    out[prefix + kInputPosition] =
+        at::full({}, model.GetTask(task_name).input().position(), at::kLong);
   }
   out["global_step"] = at::full({}, global_step, at::kLong);
   return out;
@@ -95,6 +105,11 @@ int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
   for (const auto& [info, t] : model.AllVariables()) vars[info.full_name] = t;
   for (const auto& [name, t] : ckpt.tensors) {
     if (vars.count(name) || name == "global_step" || IsEmaName(name)) continue;
+    const std::string pos_suffix = kInputPosition;
+    if (name.size() >= pos_suffix.size() &&
+        name.compare(name.size() - pos_suffix.size(), pos_suffix.size(), pos_suffix) == 0) {
+      continue;  // the input position: RestoreInputPositions
+    }
     // A slot of a variable ("<var>/<optimizer>/<slot>") must match it in dtype and shape.
     for (auto v = vars.upper_bound(name); v != vars.begin();) {
       --v;
@@ -208,10 +223,12 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
     }
     std::vector<std::string> bad;  // "name: why"
     std::optional<std::string> restored;
+    SafetensorsContents contents;
     for (const auto& name : candidates) {
       const std::string prefix = JoinPath(train_dir_, name);
       try {
-        step = RestoreCheckpoint(LoadCheckpoint(prefix), model_, ema_);
+        contents = LoadCheckpoint(prefix);
+        step = RestoreCheckpoint(contents, model_, ema_);
         restored = name;
         break;
       } catch (const DataLossError& e) {
@@ -251,6 +268,7 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
       AtomicWriteFile(state_path, FormatCheckpointState(next));
     }
     log(StrCat("restored ", JoinPath(train_dir_, *restored), " at step ", step));
+    RestoreInputPositions(contents, log);
   } else {
     const ParamValue& rules = model_.task().train_params().Get("init_from_checkpoint_rules");
     if (!rules.AsDict().empty()) {
@@ -263,6 +281,26 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
   last_save_step_ = step;
   last_save_time_ = clock_();
   return step;
+}
+
+void Checkpointer::RestoreInputPositions(const SafetensorsContents& ckpt,
+                                         const std::function<void(const std::string&)>& log) {
+  for (const auto& task_name : model_.task_names()) {
+    const std::string key = (model_.is_multi_task() ? task_name + "/" : "") + kInputPosition;
+    auto it = ckpt.tensors.find(key);
+    if (it == ckpt.tensors.end() || !model_.GetTask(task_name).has_input()) continue;
+    const int64_t n = it->second.item<int64_t>();
+    BaseInputGenerator& input = model_.GetTask(task_name).input();
+    if (n <= input.position()) continue;
+    const auto start = std::chrono::steady_clock::now();
+    input.SkipBatches(n - input.position());
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f", secs);
+    log(StrCat("input", model_.is_multi_task() ? StrCat(" of task ", task_name) : std::string(),
+               ": skipped ", n, " batches to the checkpoint's input position (", buf, " s)"));
+  }
 }
 
 bool Checkpointer::MaybeSave(int64_t global_step, bool healthy) {

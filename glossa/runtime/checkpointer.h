@@ -78,6 +78,10 @@ class Checkpointer {
   const std::string& train_dir() const { return train_dir_; }
 
  private:
+  // Skips every task's training input to the position saved in `ckpt` (older checkpoints hold
+  // none: the input starts over).
+  void RestoreInputPositions(const SafetensorsContents& ckpt,
+                             const std::function<void(const std::string&)>& log);
   std::string train_dir_;
   BaseModel& model_;
   ExponentialMovingAverage* ema_;

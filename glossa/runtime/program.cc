@@ -126,7 +126,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     const auto& vars = task_vars.at(&task);
     NestedMap batch;
     try {
-      batch = task.input().GetPreprocessedInputBatch();
+      batch = task.input().TakeTrainBatch();
     } catch (const OutOfRangeError&) {
       result.input_exhausted = true;
       break;

@@ -77,6 +77,14 @@ for run in a b c; do
 done
 check "same seed, bit-identical checkpoints" cmp -s "$tmp/det_a/train/ckpt-00000010.safetensors" "$tmp/det_b/train/ckpt-00000010.safetensors"
 check "another seed differs" bash -c "! cmp -s '$tmp/det_a/train/ckpt-00000010.safetensors' '$tmp/det_c/train/ckpt-00000010.safetensors'"
+# A run interrupted at step 7 and resumed to 10 equals the uninterrupted one bit for bit: the
+# checkpoint holds the input position, and the resumed reader skips what was trained on.
+"$glossa" train --model=lm.austen.TransformerLmTiny --logdir="$tmp/det_r" --random_seed=5 \
+  --max_steps=7 "--model_params_override=$small" > /dev/null 2>&1
+"$glossa" train --model=lm.austen.TransformerLmTiny --logdir="$tmp/det_r" --random_seed=5 \
+  --max_steps=10 "--model_params_override=$small" > "$tmp/det_r.log" 2>&1
+check "resume skips to the input position: $(head -3 "$tmp/det_r.log")" grep -q "input: skipped 7 batches to the checkpoint's input position" "$tmp/det_r.log"
+check "interrupted and resumed equals uninterrupted, bit for bit" cmp -s "$tmp/det_a/train/ckpt-00000010.safetensors" "$tmp/det_r/train/ckpt-00000010.safetensors"
 
 # 6. Flags: --flagfile, --help lists flags with docs, and clear one-line errors.
 printf -- "--model=lm.austen.TransformerLmTiny\n# a comment\n--dataset=Dev\n" > "$tmp/flags.txt"
