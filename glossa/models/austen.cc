@@ -1,10 +1,17 @@
 // lm.austen.*: Transformer language models on Jane Austen's six novels (data/austen/, produced by
 // scripts/prepare_austen.sh from Debian's r-cran-janeaustenr; split by chapter), with the
 // SentencePiece vocabulary data/austen/spm_2k.model trained on the Train split. The data directory
-// is $GLOSSA_DATA_DIR/austen when GLOSSA_DATA_DIR is set, else the source tree's data/austen.
+// is $GLOSSA_DATA_DIR/austen when GLOSSA_DATA_DIR is set, else the installation's
+// <prefix>/share/glossa/austen (found from libglossa's own location, so an installed tree works
+// wherever it is moved), else the source tree's data/austen (a build tree).
+#include <dlfcn.h>
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/input/input_generator.h"
 #include "glossa/input/tokenizers.h"
@@ -21,9 +28,31 @@
 namespace glossa {
 namespace {
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 std::string AustenDir() {
   const char* env = std::getenv("GLOSSA_DATA_DIR");
-  return StrCat(env != nullptr && *env != '\0' ? env : GLOSSA_DEFAULT_DATA_DIR, "/austen");
+  if (env != nullptr && *env != '\0') return StrCat(env, "/austen");  // as given, checked on use
+  std::vector<std::string> tried;
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&AustenDir), &info) != 0 && info.dli_fname != nullptr) {
+    // <prefix>/lib/libglossa.so, resolved (the loader may report <prefix>/bin/../lib/...).
+    char* real = ::realpath(info.dli_fname, nullptr);
+    std::string lib = real != nullptr ? real : info.dli_fname;
+    std::free(real);
+    lib = lib.substr(0, lib.rfind('/'));
+    const std::string installed = StrCat(lib.substr(0, lib.rfind('/') + 1), "share/glossa/austen");
+    if (IsDirectory(installed)) return installed;
+    tried.push_back(installed);
+  }
+  const std::string source = StrCat(GLOSSA_DEFAULT_DATA_DIR, "/austen");
+  if (IsDirectory(source)) return source;
+  tried.push_back(source);
+  throw NotFoundError(StrCat("the Austen data is in none of ", Join(tried, ", "),
+                             "; set GLOSSA_DATA_DIR to the directory holding austen/"));
 }
 
 constexpr int64_t kVocabSize = 2000;

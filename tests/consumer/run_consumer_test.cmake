@@ -31,3 +31,25 @@ run("${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${WORK_DIR}/build"
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
 message(STATUS "consumer output: ${LAST_OUTPUT}")
+
+# The installed program needs nothing from the source or build tree: move the installation
+# elsewhere and train the default model from it; its data must come from the moved share/glossa.
+set(moved "${WORK_DIR}/moved")
+file(RENAME "${prefix}" "${moved}")
+if(NOT EXISTS "${moved}/share/glossa/austen/train.txt")
+  message(FATAL_ERROR "the install has no share/glossa/austen/train.txt")
+endif()
+run("${moved}/bin/glossa" inspect_model --model=lm.austen.TransformerLmTiny)
+string(FIND "${LAST_OUTPUT}" "text:${moved}/share/glossa/austen/train.txt" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the installed glossa does not read its installed data:\n${LAST_OUTPUT}")
+endif()
+set(small "task.emb.embedding_dim : 16; task.position_emb.embedding_dim : 16; task.softmax.input_dim : 16; task.stack.num_layers : 1; task.stack.mdl_dim : 16; task.stack.hidden_dim : 32; task.stack.num_atten_heads : 2; task.train.steps_per_loop : 2")
+execute_process(COMMAND "${moved}/bin/glossa" train --model=lm.austen.TransformerLmTiny
+                        "--logdir=${WORK_DIR}/logdir" --max_steps=2 "--model_params_override=${small}"
+                WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK_DIR}/logdir/train/ckpt-00000002.safetensors")
+  message(FATAL_ERROR "glossa train from the moved installation failed (${rc}):\n${out}\n${err}")
+endif()
+message(STATUS "trained 2 steps from the moved installation")
