@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "glossa/base/errors.h"
+#include "glossa/summary/summary.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 
@@ -96,8 +97,17 @@ BaseTask::FPropResult BaseTask::FProp(const NestedMap& theta, const NestedMap& b
   bool added_samples = false;
   for (const auto& tower : towers) {
     ResetStepSeed();
+    TpuSummaryTensorContext tpu_summary_tensors;
     NestedMap predictions = ComputePredictions(theta, tower);
     LossOutput out = ComputeLoss(theta, predictions, tower);
+    // What the layers added with summary::AddTpuSummaryTensor, as (value, weight) metrics.
+    for (auto& [key, vw] : summary::GetTpuSummaryTensors()) {
+      if (out.metrics.count(key)) {
+        throw InvalidArgumentError(StrCat("task '", path(), "': tpu summary tensor '", key,
+                                          "' has the name of one of ComputeLoss's metrics"));
+      }
+      out.metrics[key] = Metric{vw.first.detach().to(at::kDouble), vw.second};
+    }
     if (!out.metrics.count("loss")) {
       throw InvalidArgumentError(StrCat("task '", path(), "': ComputeLoss must report 'loss'"));
     }

@@ -13,9 +13,8 @@ thread_local SummaryContext* t_context = nullptr;
 thread_local std::vector<std::string> t_scopes;
 thread_local int t_suppressed = 0;
 
-std::string Key(const std::string& name, const std::string& scope) {
-  return scope.empty() ? name : name + "/" + scope;
-}
+// Lingvo's merge_all key: "<name>/<name scope>", the scope a suffix ("name/" at the root).
+std::string Key(const std::string& name, const std::string& scope) { return name + "/" + scope; }
 
 }  // namespace
 
@@ -63,16 +62,17 @@ void SummaryContext::Record(Entry entry) {
 
 std::map<std::string, at::Tensor> SummaryContext::MergeAll() const {
   std::map<std::string, at::Tensor> out;
-  for (const auto& e : entries_) {
-    if (e.kind != Entry::Kind::kPerExample) out[Key(e.name, e.scope)] = e.value;
-  }
+  for (const auto& e : entries_) out[Key(e.name, e.scope)] = e.value;
+  // merge_all covers per-example tensors too (those not yet taken).
+  for (const auto& e : per_example_) out[Key(e.name, e.scope)] = e.value;
   return out;
 }
 
 std::map<std::string, at::Tensor> SummaryContext::MergeAllPerExample() const {
   std::map<std::string, std::vector<at::Tensor>> parts;
   for (const auto& e : per_example_) {
-    std::string key = e.scope.empty() ? e.name : e.scope + "/" + e.name;
+    // merge_all_pw_tensor: "<scope>/<name>" with every '/' as "__" ("__name" at the root).
+    std::string key = e.scope + "/" + e.name;
     std::string flat;
     for (char c : key) {
       if (c == '/') {
@@ -164,6 +164,10 @@ namespace summary {
 
 void Scalar(const std::string& name, const at::Tensor& value, SummaryReduce reduce) {
   if (!SummaryContext::Current()) return;
+  if (value.dim() != 0) {
+    throw InvalidArgumentError(StrCat("summary::Scalar('", name, "') takes a scalar (rank 0), got "
+                                      "shape ", value.sizes(), ": use summary::Tensor() instead"));
+  }
   RecordSummary({name, "", value.detach(), SummaryContext::Entry::Kind::kScalar, reduce});
 }
 void Scalar(const std::string& name, double value, SummaryReduce reduce) {
@@ -181,5 +185,55 @@ void PerExampleTensor(const std::string& name, const at::Tensor& value) {
       {name, "", value.detach(), SummaryContext::Entry::Kind::kPerExample, SummaryReduce::kMean});
 }
 
+namespace {
+struct TpuSummaryTensor {
+  std::string name, scope;
+  at::Tensor value, weight;
+};
+thread_local std::vector<TpuSummaryTensor> t_tpu_tensors;                 // outside contexts
+thread_local std::vector<std::vector<TpuSummaryTensor>> t_tpu_contexts;  // innermost last
+
+std::vector<TpuSummaryTensor>& TpuTensors() {
+  return t_tpu_contexts.empty() ? t_tpu_tensors : t_tpu_contexts.back();
+}
+
+std::string SanitizeScopeKey(std::string scope) {
+  if (!scope.empty() && scope[0] == '_') scope.erase(0, 1);
+  std::string out;
+  for (char c : scope) {
+    if (c == '[') {
+      out += '_';
+    } else if (c != ']') {
+      out += c;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+void AddTpuSummaryTensor(const std::string& name, const at::Tensor& value, double weight) {
+  if (value.numel() != 1) {
+    throw InvalidArgumentError(StrCat("AddTpuSummaryTensor('", name, "') takes a scalar, got shape ",
+                                      value.sizes()));
+  }
+  TpuTensors().push_back({name, SummaryNameScope::Current(), value,
+                          at::full({}, weight, at::TensorOptions().dtype(at::kDouble))});
+}
+
+std::map<std::string, std::pair<at::Tensor, at::Tensor>> GetTpuSummaryTensors() {
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> out;
+  for (const auto& t : TpuTensors()) {
+    out[t.name + "/" + SanitizeScopeKey(t.scope)] = {t.value, t.weight};
+  }
+  return out;
+}
+
+void ClearTpuSummaryTensors() { TpuTensors().clear(); }
+
 }  // namespace summary
+}  // namespace glossa
+
+namespace glossa {
+TpuSummaryTensorContext::TpuSummaryTensorContext() { summary::t_tpu_contexts.emplace_back(); }
+TpuSummaryTensorContext::~TpuSummaryTensorContext() { summary::t_tpu_contexts.pop_back(); }
 }  // namespace glossa

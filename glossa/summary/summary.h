@@ -125,4 +125,25 @@ void Tensor(const std::string& name, const at::Tensor& value);
 void PerExampleTensor(const std::string& name, const at::Tensor& value);
 }  // namespace summary
 
+// Lingvo's py_utils.AddTpuSummaryTensor / GetTpuSummaryTensors / ClearTpuSummaryTensors: named
+// (value, weight) pairs a layer adds during FProp, which the task reports as metrics (weighted
+// means over towers, loop steps and eval batches, as Lingvo's eval metrics are). Keys are
+// "<name>/<scope>" with the scope sanitized as Lingvo's SanitizeScopeKey does (one leading '_'
+// dropped, '[' -> '_', ']' removed); a later value under one key replaces the earlier. Storage is
+// per thread: the innermost TpuSummaryTensorContext, else a thread-wide list. BaseTask::FProp
+// opens a context per tower and adds what its layers recorded to the tower's metrics.
+namespace summary {
+void AddTpuSummaryTensor(const std::string& name, const at::Tensor& value, double weight = 1.0);
+std::map<std::string, std::pair<at::Tensor, at::Tensor>> GetTpuSummaryTensors();
+void ClearTpuSummaryTensors();
+}  // namespace summary
+
+class TpuSummaryTensorContext {
+ public:
+  TpuSummaryTensorContext();
+  ~TpuSummaryTensorContext();
+  TpuSummaryTensorContext(const TpuSummaryTensorContext&) = delete;
+  TpuSummaryTensorContext& operator=(const TpuSummaryTensorContext&) = delete;
+};
+
 }  // namespace glossa

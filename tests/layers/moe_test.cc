@@ -123,9 +123,9 @@ TEST(Top2Gating, RandomPoliciesReplayWithTheStepSeedAndSummariesAreRecorded) {
   SummaryContext ctx;
   Top2GatingOnLogits(logits, {}, o);
   auto all = ctx.MergeAll();
-  EXPECT_TRUE(all.count("over_capacity_1_ratio"));
-  EXPECT_TRUE(all.count("over_capacity_2_ratio"));
-  EXPECT_EQ(all.at("expert_capacity").item<double>(), 6.0);
+  EXPECT_TRUE(all.count("over_capacity_1_ratio/"));
+  EXPECT_TRUE(all.count("over_capacity_2_ratio/"));
+  EXPECT_EQ(all.at("expert_capacity/").item<double>(), 6.0);
 }
 
 TEST(Top2Gating, RejectsBadInputs) {

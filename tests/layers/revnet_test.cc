@@ -179,8 +179,8 @@ TEST(StackedRevNetLayer, TheBackwardReplayRecordsNoSummaries) {
     }
     ASSERT_TRUE(x.grad().defined());
     const auto all = ctx.MergeAll();
-    ASSERT_TRUE(all.count("block_calls"));
-    EXPECT_EQ(all.at("block_calls").item<double>(), 6.0);  // 3 layers x (f, g), forward only
+    ASSERT_TRUE(all.count("block_calls/"));
+    EXPECT_EQ(all.at("block_calls/").item<double>(), 6.0);  // 3 layers x (f, g), forward only
   }
 }
 

@@ -186,6 +186,7 @@ class ProbeTask : public BaseTask {
     summary::Scalar("x_first", x[0][0]);
     summary::Tensor("predictions", y);
     summary::PerExampleTensor("abs_x", x.abs().squeeze(1));
+    summary::AddTpuSummaryTensor("x_mean", x.mean(), static_cast<double>(x.size(0)));
     return NestedMap{{"y", y}};
   }
   LossOutput ComputeLoss(const NestedMap&, const NestedMap& preds,
@@ -278,6 +279,18 @@ TEST(TrainSummaries, PerExampleSummariesJoinTheOutfeed) {
     ASSERT_TRUE(m.Has("probe__abs_x"));
     EXPECT_EQ(m.GetTensor("probe__abs_x").sizes(), (std::vector<int64_t>{8}));
   }
+}
+
+TEST(TrainSummaries, TpuSummaryTensorsBecomeWeightedTaskMetrics) {
+  auto model = InstantiateLayer<BaseModel>(GetModelParams("test.summaries.ProbeModel", "Train",
+                                                          "task.num_splits : 2"));
+  const NestedMap batch = model->task().input().GetPreprocessedInputBatch();
+  const BaseTask::FPropResult r = model->task().FPropDefaultTheta(batch);
+  // Two towers of 4: the weighted mean of their means is the batch mean, with weight 8.
+  ASSERT_TRUE(r.metrics.count("x_mean/probe"));
+  EXPECT_NEAR(r.metrics.at("x_mean/probe").value.item<double>(),
+              batch.GetTensor("x").mean().item<double>(), 1e-6);
+  EXPECT_EQ(r.metrics.at("x_mean/probe").weight.item<double>(), 8.0);
 }
 
 TEST(EvalSummaries, EvalReducesSummariesOverItsBatches) {
