@@ -27,6 +27,20 @@ Params SimpleProgramScheduleParams() {
             "Stop with status success once the metric reaches it.");
   ml.Define("steps_per_epoch", 0,
             "Steps per epoch for epoch numbers (0: train_executions_per_eval loops).");
+  ml.Define("max_steps_to_train", nullptr,
+            "Stop with run_stop status abort once a run starts at or past this step "
+            "(None: task.train.max_steps).");
+  ml.Define("global_batch_size", nullptr,
+            "Logged as global_batch_size (None: the training input's global batch size).");
+  ml.Define("max_sequence_length", nullptr,
+            "Logged as max_sequence_length with {method: discard} (None: not logged).");
+  ml.Define("optimizer_name", nullptr,
+            "Logged as opt_name (None: the learner's optimizer, e.g. adam).");
+  ml.Define("base_learning_rate", nullptr,
+            "Logged as opt_base_learning_rate (None: the learner's learning_rate).");
+  ml.Define("warmup_steps", nullptr, "Logged as opt_learning_rate_warmup_steps (None: 0).");
+  ml.Define("train_samples", nullptr, "Logged as train_samples (None: not logged).");
+  ml.Define("eval_samples", nullptr, "Logged as eval_samples (None: not logged).");
   p.Define("ml_perf", ml, "MLPerf logging (Lingvo's TrainAndDecodeProgram).");
   return p;
 }

@@ -115,7 +115,6 @@ int64_t Executor::Run() {
   EventWriter writer(train_dir_, 10.0, options_.clock);
   TrainProgram train(*model_, &writer, ema_.get(), log);
   const int64_t max_steps = tp.GetInt("max_steps");
-  bool ml_success = false;
   int64_t skipped_since_save = 0;
   schedule.RunStart();
   while (global_step_ < max_steps && !stop_.load()) {
@@ -137,8 +136,9 @@ int64_t Executor::Run() {
     }
     skipped_since_save += r.skipped_steps;
     if (schedule.AfterTrainLoop(global_step_, r.steps, global_step_ >= max_steps)) {
-      ml_success = true;
-      Log(StrCat("decoder metric reached its threshold at step ", global_step_, "; stopping"));
+      Log(schedule.ml_success()
+              ? StrCat("decoder metric passed its threshold at step ", global_step_, "; stopping")
+              : StrCat("MLPerf: max_steps_to_train reached at step ", global_step_, "; stopping"));
       break;
     }
     if (r.input_exhausted) {
@@ -150,7 +150,7 @@ int64_t Executor::Run() {
     }
     if (r.steps == 0) break;
   }
-  schedule.RunStop(ml_success);
+  schedule.RunStop();
   const bool saved = checkpointer_->SaveIfNew(global_step_, skipped_since_save == 0);
   checkpointer_->Wait();
   writer.Close();

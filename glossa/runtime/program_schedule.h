@@ -13,13 +13,14 @@
 //   schedule.RunStart();
 //   while (...) { schedule.BeforeTrainLoop(step); train.RunLoop(&step);
 //                 if (schedule.AfterTrainLoop(step, steps, last)) break; }   // MLPerf target
-//   schedule.RunStop(success);
+//   schedule.RunStop();
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "glossa/core/params.h"
@@ -46,22 +47,31 @@ class ProgramSchedule {
 
   // True when the schedule runs any eval or decode program.
   bool has_programs() const { return has_programs_; }
-  // MLPerf run_start (no-op without ml_perf.enabled).
+  // MLPerf (ml_perf.enabled; Lingvo's MLPerfTrainDecodeProgram, line for line): the
+  // hyper-parameters, init_stop and run_start. No-op without ml_perf.
   void RunStart();
-  // MLPerf block_start before the first train loop of each block.
+  // Before each train loop; at the start of a run of train_executions_per_eval loops, MLPerf
+  // block_start {first_epoch_num: epoch + 1, epoch_count: 1} when a new epoch began.
   void BeforeTrainLoop(int64_t global_step);
   // After a train loop of `steps` steps ending at `global_step` (`last`: the run ends after it):
-  // runs the eval and decode programs when due. True when an MLPerf run reached its target.
+  // runs the eval and decode programs when due (MLPerf eval_start, eval_stop, eval_accuracy).
+  // True when MLPerf says stop: the metric went past its threshold (run_stop success), or the run
+  // started at or past max_steps_to_train (run_stop abort).
   bool AfterTrainLoop(int64_t global_step, int64_t steps, bool last);
-  // MLPerf run_stop with status success or aborted.
-  void RunStop(bool success);
+  // MLPerf run_stop {status: abort} when no run_stop was logged yet.
+  void RunStop();
+  // Whether an MLPerf run_stop {status: success} was logged.
+  bool ml_success() const { return ml_success_; }
 
-  // Runs every dataset's eval and decode program now; true when the MLPerf target was reached.
-  bool RunEvalPrograms(int64_t global_step, int64_t epoch);
+  // Runs every dataset's eval and decode program now; returns the MLPerf decoder metric of the
+  // last dataset decoded (when ml_perf is on and one was decoded).
+  std::optional<double> RunEvalPrograms(int64_t global_step);
 
  private:
-  void MlLog(const std::string& key, const std::string& event_type, const std::string& value_json,
-             const std::string& metadata_json = "{}");
+  // One ":::MLLOG {...}" line in Lingvo's format (ml_perf_log.py): time_ms, key, value, metadata
+  // with lineno and file appended.
+  void MlLog(const std::string& key, const std::string& value_json,
+             const std::string& metadata_json = "{}", int line = 0);
   BaseInputGenerator& Input(const std::string& dataset);
   EventWriter& Writer(const std::string& dir);
 
@@ -79,6 +89,10 @@ class ProgramSchedule {
   int64_t steps_per_loop_ = 1;
   int64_t steps_per_epoch_ = 1;
   int64_t loops_ = 0;
+  int64_t max_steps_to_train_ = 0;
+  int64_t run_start_step_ = 0;  // the global step before the current run's training
+  int64_t ml_epoch_ = -1;
+  bool run_stopped_ = false, ml_success_ = false;
 };
 
 }  // namespace glossa

@@ -380,23 +380,70 @@ TEST(Executor, TrainAndDecodeStopsAtTheMlPerfTargetWithMlLogLines) {
   const int64_t final_step = ex.Run();
   EXPECT_LT(final_step, 400);  // stopped at the target
   std::vector<std::string> keys;
+  std::vector<nlohmann::ordered_json> events;
   for (const auto& l : lines) {
     if (l.rfind(":::MLLOG ", 0) != 0) continue;
-    auto j = nlohmann::json::parse(l.substr(9));
+    auto j = nlohmann::ordered_json::parse(l.substr(9));
+    // Lingvo's line: time_ms, key, value, metadata (no namespace or event_type), metadata ending
+    // with lineno and file.
+    std::vector<std::string> fields;
+    for (auto it = j.begin(); it != j.end(); ++it) fields.push_back(it.key());
+    EXPECT_EQ(fields, (std::vector<std::string>{"time_ms", "key", "value", "metadata"})) << l;
+    EXPECT_TRUE(j.at("time_ms").is_number_integer()) << l;
+    const auto& meta = j.at("metadata");
+    ASSERT_GE(meta.size(), 2u) << l;
+    EXPECT_EQ(std::prev(meta.end()).key(), "file") << l;
+    EXPECT_EQ(std::prev(meta.end(), 2).key(), "lineno") << l;
     keys.push_back(j.at("key").get<std::string>());
-    if (keys.back() == "eval_accuracy") {
-      EXPECT_TRUE(j.at("value").is_number()) << l;
-    }
-    if (keys.back() == "run_stop") {
-      EXPECT_EQ(j.at("metadata").at("status"), "success") << l;
-    }
+    events.push_back(j);
   }
-  ASSERT_GE(keys.size(), 5u);
-  EXPECT_EQ(keys.front(), "run_start");
-  EXPECT_EQ(keys[1], "block_start");
-  EXPECT_EQ(keys[2], "block_stop");
-  EXPECT_EQ(keys[3], "eval_accuracy");
+  // The hyper-parameters (Lingvo's five, then what MLPerf's checker also wants), init_stop,
+  // run_start; then per run of train_executions_per_eval loops: block_start on a new epoch,
+  // eval_start, eval_stop, eval_accuracy; run_stop success once the metric is strictly past the
+  // threshold.
+  const std::vector<std::string> head = {
+      "global_batch_size", "opt_name",        "opt_base_learning_rate",
+      "opt_learning_rate_warmup_steps", "opt_adam_beta_1", "opt_adam_beta_2",
+      "opt_adam_epsilon",  "max_steps_to_train", "init_stop", "run_start", "block_start",
+      "eval_start",        "eval_stop",       "eval_accuracy"};
+  ASSERT_GE(keys.size(), head.size() + 1);
+  EXPECT_EQ(std::vector<std::string>(keys.begin(), keys.begin() + head.size()), head);
+  EXPECT_TRUE(events[0].at("value").is_number_integer());  // the input's global batch size
+  EXPECT_EQ(events[1].at("value"), "adam");
+  EXPECT_EQ(events[2].at("value"), 0.1);
+  EXPECT_EQ(events[7].at("value"), 400);
+  // Epochs are 1-based in block_start/eval_start/eval_stop, 0-based in eval_accuracy (Lingvo's).
+  EXPECT_EQ(events[10].at("metadata").at("first_epoch_num"), 1);
+  EXPECT_EQ(events[10].at("metadata").at("epoch_count"), 1);
+  EXPECT_EQ(events[11].at("metadata").at("first_epoch_num"), 1);
+  EXPECT_EQ(events[12].at("metadata").at("epoch_num"), 1);
+  EXPECT_EQ(events[13].at("metadata").at("epoch_num"), 0);
+  EXPECT_TRUE(events[13].at("value").is_number());
   EXPECT_EQ(keys.back(), "run_stop");
+  EXPECT_EQ(events.back().at("metadata").at("status"), "success");
+  EXPECT_GT(events[events.size() - 2].at("value").get<double>(), 0.9);
+  EXPECT_EQ(std::count(keys.begin(), keys.end(), "block_stop"), 0);
+  // An unreachable threshold: run_stop abort once a run starts at max_steps_to_train.
+  std::vector<std::string> abort_lines;
+  ExecutorOptions ao;
+  ao.logdir = LogDir("mlperf_abort");
+  ao.log = [&](const std::string& l) { abort_lines.push_back(l); };
+  const std::string abort_sched = sched +
+                                  "program_schedule.ml_perf.decoder_metric_success_threshold : 2.0\n"
+                                  "program_schedule.ml_perf.max_steps_to_train : 20\n"
+                                  "program_schedule.ml_perf.global_batch_size : 8\n";
+  ao.dataset_params["Train"] = GetModelParams("test.line.LineModel", "Train", abort_sched);
+  Executor aborted(GetModelParams("test.line.LineModel", "Train", abort_sched), ao);
+  EXPECT_EQ(aborted.Run(), 30);  // the run starting at step 20 trains its loops, then aborts
+  nlohmann::json first, last;
+  for (const auto& l : abort_lines) {
+    if (l.rfind(":::MLLOG ", 0) != 0) continue;
+    if (first.is_null()) first = nlohmann::json::parse(l.substr(9));
+    last = nlohmann::json::parse(l.substr(9));
+  }
+  EXPECT_EQ(first.at("value"), 8);
+  EXPECT_EQ(last.at("key"), "run_stop");
+  EXPECT_EQ(last.at("metadata").at("status"), "abort");
   // The in-trainer eval and decode programs wrote their directories.
   EXPECT_FALSE(ListDirectory(logdir + "/eval_train").empty());
   char name[64];
