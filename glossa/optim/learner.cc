@@ -1,6 +1,8 @@
 #include "glossa/optim/learner.h"
 
 #include <ATen/ATen.h>
+
+#include <atomic>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
@@ -159,6 +161,13 @@ double SumOfSquares(const at::Tensor& t) {
 }
 }  // namespace
 
+namespace {
+std::atomic<bool> g_check_numerics{false};
+}  // namespace
+
+void SetCheckNumerics(bool enabled) { g_check_numerics.store(enabled); }
+bool CheckNumericsEnabled() { return g_check_numerics.load(); }
+
 Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
                        int64_t global_step, bool var_norm) {
   auto it = metrics.find(loss_name_);
@@ -187,6 +196,13 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
     for (size_t i = 0; i < selected.size(); ++i) {
       if (!grads[i].defined()) continue;  // not connected to the loss: dropped, as in Lingvo
       var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach()});
+    }
+  }
+  if (CheckNumericsEnabled()) {
+    for (const auto& vg : var_grads) {
+      if (!at::isfinite(vg.grad).all().item<bool>()) {
+        throw InvalidArgumentError(StrCat("Gradient for ", vg.name, " is not finite."));
+      }
     }
   }
   // Regularization adjusts the gradients (the loss itself is unchanged, as in Lingvo).

@@ -59,6 +59,13 @@ class GradNormTracker {
   std::map<std::string, double> state_;
 };
 
+// Lingvo's --enable_check_numerics: when on, a gradient with NaN or Inf values is an error
+// ("Gradient for <var> is not finite.") instead of a skipped step. Process-wide; off by default
+// (Lingvo's default is on; Glossa's default skips such steps and stops after
+// max_consecutive_skipped_steps of them).
+void SetCheckNumerics(bool enabled);
+bool CheckNumericsEnabled();
+
 class Learner {
  public:
   // name ('loss'), loss_name (None: name), learning_rate, lr_schedule, optimizer,

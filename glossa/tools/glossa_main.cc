@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <regex>
 #include <sstream>
 
 #include "glossa/base/errors.h"
@@ -32,7 +33,9 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/params.h"
 #include "glossa/core/registry.h"
+#include "glossa/io/safetensors.h"
 #include "glossa/model/model_registry.h"
+#include "glossa/optim/learner.h"
 #include "glossa/optim/ema.h"
 #include "glossa/runtime/checkpointer.h"
 #include "glossa/runtime/cpu_runtime.h"
@@ -106,6 +109,10 @@ struct ModelFlags {
   std::string model, logdir, dataset = "Train", override_text, override_file;
   int64_t max_steps = -1, saver_max_to_keep = -1, intra_op_threads = 0;
   int64_t random_seed = -1;  // -1: not given (a given value is checked to be >= 0)
+  std::string model_task_name, checkpoint;
+  bool enable_check_numerics = false;
+  std::vector<std::string> part_regex;
+  int64_t topn = 0;
   double keep_every_n_hours = -1;
   bool once = false;
 };
@@ -157,10 +164,53 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
              "ATen intra-op threads; 0: the layout of glossa/runtime/cpu_runtime.h.");
   AddIntFlag(cmd, "--random_seed", f.random_seed, 0, kMax,
              "Overrides the model's random_seed (deterministic runs).");
+  cmd->add_option("--model_task_name", f.model_task_name,
+                  "For multitask models: select task to train/evaluate/decode. Empty means to "
+                  "sample a task (training only).");
+  cmd->add_flag("--enable_check_numerics", f.enable_check_numerics,
+                "A gradient with NaN or Inf values is an error (instead of a skipped step).");
 }
 
-Params ModelParamsFromFlags(const ModelFlags& f) {
+Params ModelParamsFromFlags(const ModelFlags& f, bool training = false) {
   Params p = GetModelParams(f.model, f.dataset, f.override_text, f.override_file);
+  SetCheckNumerics(f.enable_check_numerics);
+  if (!f.model_task_name.empty()) {
+    if (!p.Contains("task_params")) {
+      throw InvalidArgumentError(StrCat("--model_task_name is for multi-task models; ", f.model,
+                                        " has a single task"));
+    }
+    std::vector<std::string> names;
+    for (const auto& name : p.GetParams("task_params").Keys()) names.push_back(name);
+    if (std::find(names.begin(), names.end(), f.model_task_name) == names.end()) {
+      throw NotFoundError(StrCat("--model_task_name '", f.model_task_name, "': ", f.model,
+                                 " has tasks [", Join(names, ", "), "]"));
+    }
+    p.Set("main_task", f.model_task_name);
+    if (training) {  // train that task only
+      for (const auto& name : names) {
+        p.Set(StrCat("task_probs.", name), name == f.model_task_name ? 1.0 : 0.0);
+      }
+    }
+  }
+  if (!f.checkpoint.empty()) {
+    std::string prefix = f.checkpoint;
+    for (const std::string suffix : {".safetensors.index.json", ".safetensors"}) {
+      if (prefix.size() > suffix.size() &&
+          prefix.compare(prefix.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        prefix.resize(prefix.size() - suffix.size());
+      }
+    }
+    const std::string dir = prefix.rfind('/') == std::string::npos
+                                ? std::string(".")
+                                : prefix.substr(0, prefix.rfind('/') + 1);
+    if (!FileExists(dir) || SafetensorsFiles(prefix).empty()) {
+      throw NotFoundError(StrCat("--checkpoint: no checkpoint files at '", prefix, "'"));
+    }
+    p.Set(p.Contains("task") ? "task.eval.load_checkpoint_from"
+                             : StrCat("task_params.", p.GetString("main_task"),
+                                      ".eval.load_checkpoint_from"),
+          prefix);
+  }
   const ParamValue& fprop = p.Get("task.fprop_dtype");
   ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads),
                       !fprop.is_none() && fprop.AsDType() == DType::kBFloat16);
@@ -245,6 +295,12 @@ int Run(int argc, char** argv) {
   auto* inspect_model =
       app.add_subcommand("inspect_model", "Print a model's params and its variables.");
   AddModelFlags(inspect_model, inspect_f, false, "Train");
+  inspect_model->add_option(
+      "--inspect_model_part_regex", inspect_f.part_regex,
+      "name:regex (repeatable): count the params of the variables whose name matches regex as "
+      "part `name`, e.g. --inspect_model_part_regex=stack:.*/stack/.*");
+  AddIntFlag(inspect_model, "--inspect_model_topn", inspect_f.topn, 0, 1000000,
+             "Print the topn largest variables.");
   auto* train = app.add_subcommand(
       "train", "Train a model in --logdir (resumes from its latest checkpoint).");
   AddModelFlags(train, train_f, true, "Train");
@@ -252,10 +308,15 @@ int Run(int argc, char** argv) {
       app.add_subcommand("eval", "The evaler job: evaluate new checkpoints of <logdir>/train.");
   AddModelFlags(eval, eval_f, true, "Dev");
   eval->add_flag("--once", eval_f.once, "Evaluate the latest checkpoint once and exit.");
+  eval->add_option("--checkpoint", eval_f.checkpoint,
+                   "Evaluate this checkpoint (a prefix such as <logdir>/train/ckpt-00001000) "
+                   "once and exit (task.eval.load_checkpoint_from).");
   auto* decode =
       app.add_subcommand("decode", "The decoder job: decode new checkpoints of <logdir>/train.");
   AddModelFlags(decode, decode_f, true, "Dev");
   decode->add_flag("--once", decode_f.once, "Decode the latest checkpoint once and exit.");
+  decode->add_option("--checkpoint", decode_f.checkpoint,
+                     "Decode this checkpoint once and exit (task.eval.load_checkpoint_from).");
   auto* report = app.add_subcommand("report",
                                     "The latest checkpoint's report (the task's Report hook): "
                                     "eval metrics and samples; LMs add a unigram baseline.");
@@ -281,19 +342,50 @@ int Run(int argc, char** argv) {
   }
   if (*inspect_model) {
     Params p = ModelParamsFromFlags(inspect_f);
+    std::vector<std::pair<std::string, std::regex>> parts;
+    for (const auto& spec : inspect_f.part_regex) {
+      const size_t colon = spec.find(':');
+      if (colon == std::string::npos || colon == 0) {
+        throw InvalidArgumentError(
+            StrCat("--inspect_model_part_regex: expected name:regex, got '", spec, "'"));
+      }
+      try {
+        parts.emplace_back(spec.substr(0, colon), std::regex(spec.substr(colon + 1)));
+      } catch (const std::regex_error& e) {
+        throw InvalidArgumentError(StrCat("--inspect_model_part_regex '", spec,
+                                          "': bad regex: ", e.what()));
+      }
+    }
     std::cout << p.ToText() << "\n";
     auto model = InstantiateLayer<BaseModel>(p);
     std::cout << ModelAnalysis(*model);
+    std::vector<std::pair<int64_t, std::string>> sizes;
+    for (const auto& [info, t] : model->AllVariables()) sizes.emplace_back(t.numel(), info.full_name);
+    for (const auto& [name, re] : parts) {
+      int64_t n = 0;
+      for (const auto& [numel, var] : sizes) {
+        if (std::regex_match(var, re)) n += numel;
+      }
+      std::cout << "#params of " << name << ": " << n << "\n";
+    }
+    if (inspect_f.topn > 0) {
+      std::stable_sort(sizes.begin(), sizes.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::cout << "top " << inspect_f.topn << " variables by size:\n";
+      for (int64_t i = 0; i < std::min<int64_t>(inspect_f.topn, sizes.size()); ++i) {
+        std::cout << "  " << sizes[i].second << "    " << sizes[i].first << "\n";
+      }
+    }
     return 0;
   }
   if (*train) {
-    Params p = ModelParamsFromFlags(train_f);
+    Params p = ModelParamsFromFlags(train_f, /*training=*/true);
     ExecutorOptions eo;
     eo.logdir = train_f.logdir;
     for (const auto& ds : p.Get("program_schedule.eval_dataset_names").AsList()) {
       ModelFlags df = train_f;
       df.dataset = ds.AsString();
-      eo.dataset_params[df.dataset] = ModelParamsFromFlags(df);
+      eo.dataset_params[df.dataset] = ModelParamsFromFlags(df, /*training=*/true);
     }
     Executor ex(p, eo);
     g_executor = &ex;

@@ -123,6 +123,20 @@ one_line_error "learning_rate must be finite and > 0, got inf" \
   train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" "--model_params_override=task.train.learner.learning_rate : inf"
 check "refused runs leave no logdir" test ! -e "$tmp/x"
 check "';' inside quotes stays in the value" bash -c "'$glossa' inspect_model --model=lm.austen.TransformerLmTiny \"--model_params_override=task.input.file_pattern : 'text:/a;b.txt'; task.train.max_steps : 7\" | grep -qx \"task.input.file_pattern : 'text:/a;b.txt'\""
+# Lingvo's trainer flags.
+check "inspect_model part counts and topn" bash -c "'$glossa' inspect_model --model=lm.austen.TransformerLmTiny --inspect_model_part_regex='stack:.*/stack/.*' --inspect_model_part_regex='softmax:.*softmax.*' --inspect_model_topn=2 > '$tmp/inspect.log' && grep -qE '^#params of stack: [0-9]+$' '$tmp/inspect.log' && grep -qE '^#params of softmax: [0-9]+$' '$tmp/inspect.log' && grep -A2 '^top 2 variables by size:' '$tmp/inspect.log' | grep -q 'emb'"
+one_line_error "--inspect_model_part_regex: expected name:regex" inspect_model --model=lm.austen.TransformerLmTiny --inspect_model_part_regex=nocolon
+one_line_error "--model_task_name is for multi-task models" inspect_model --model=lm.austen.TransformerLmTiny --model_task_name=lm
+first_ckpt=$(printf "%s/train/ckpt-%08d" "$logdir" "$stopped_at")
+if [ -f "$first_ckpt.safetensors" ]; then
+  check "eval --checkpoint evaluates that checkpoint" bash -c "'$glossa' eval ${flags[*]@Q} --dataset=Test --checkpoint='$first_ckpt' > '$tmp/eval_ckpt.log' 2>&1 && test -f \"\$(printf '%s/eval_test/score-%08d.txt' '$logdir' '$stopped_at')\""
+fi
+one_line_error "--checkpoint: no checkpoint files at" eval "${flags[@]}" --checkpoint="$tmp/none/ckpt-1"
+if "$glossa" train "${base_flags[@]/--logdir=$logdir/--logdir=$tmp/numerics}" --max_steps=50 --enable_check_numerics \
+    "--model_params_override=$small; task.train.learner.learning_rate : 1e30" > "$tmp/numerics.log" 2>&1; then
+  echo "FAIL: --enable_check_numerics let a non-finite gradient pass"; fail=1
+fi
+check "check numerics names the gradient: $(tail -1 "$tmp/numerics.log")" grep -qE "Gradient for .* is not finite\." "$tmp/numerics.log"
 # Divergence: a huge learning rate stops the run with an error and a non-zero exit.
 if "$glossa" train "${base_flags[@]/--logdir=$logdir/--logdir=$tmp/diverge}" --max_steps=200 \
     "--model_params_override=$small; task.train.learner.learning_rate : 1e30; task.train.max_consecutive_skipped_steps : 10" \
