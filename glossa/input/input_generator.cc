@@ -161,11 +161,15 @@ int64_t BaseSequenceInputGenerator::InfeedBatchSize() const {
   return limits.empty() ? 0 : *std::max_element(limits.begin(), limits.end());
 }
 
-void BaseSequenceInputGenerator::Reset() {
+void BaseSequenceInputGenerator::Reset() { StopReading(); }
+
+void BaseSequenceInputGenerator::StopReading() {
   std::lock_guard<std::mutex> lock(mu_);
   batcher_.reset();
   yielder_.reset();
 }
+
+BaseSequenceInputGenerator::~BaseSequenceInputGenerator() { StopReading(); }
 
 NestedMap BaseSequenceInputGenerator::StringsToIds(const std::vector<std::string>& strs,
                                                    bool is_source) const {

@@ -73,12 +73,15 @@ class BaseSequenceInputGenerator : public BaseInputGenerator {
   // flush_every_n, prefetch, source_max_length, target_max_length, tokenizer.
   static glossa::Params Params();
   explicit BaseSequenceInputGenerator(const glossa::Params& p);
+  ~BaseSequenceInputGenerator() override;
 
   NestedMap GetPreprocessedInputBatch() override;
   int64_t InfeedBatchSize() const override;
   void Reset() override;
 
-  // Record -> (example, bucket key); nullopt drops it. Called from batcher threads.
+  // Record -> (example, bucket key); nullopt drops it. Called from batcher threads: a subclass's
+  // destructor must call StopReading() first, so that no thread calls it on a half-destroyed
+  // object.
   virtual std::optional<std::pair<NestedMap, int64_t>> ProcessRecord(
       const Record& record) const = 0;
 
@@ -91,6 +94,8 @@ class BaseSequenceInputGenerator : public BaseInputGenerator {
   int64_t num_skipped_too_long() const;
 
  protected:
+  // Stops and joins the reader and batcher threads (the next batch starts them again).
+  void StopReading();
   std::map<std::string, double> pad_values_;
 
  private:
@@ -106,6 +111,7 @@ class TextLmInput : public BaseSequenceInputGenerator {
  public:
   static glossa::Params Params();
   explicit TextLmInput(const glossa::Params& p);
+  ~TextLmInput() override { StopReading(); }
   std::optional<std::pair<NestedMap, int64_t>> ProcessRecord(const Record& record) const override;
 };
 
