@@ -49,16 +49,15 @@ class LineDataset : public glossa::Dataset {
         return std::make_unique<LineDataset>(args.GetInt("batch_size"), args.GetFloat("slope"),
                                              args.GetInt("num_batches"), args.GetInt("seed"));
       },
-      "Noisy points on a line.");
+      "Noisy points on a line.",
+      // The generator's batch_size feeds the function's batch_size (so it is not in p.args).
+      {.map_args = {{"batch_size", "batch_size"}}});
   return true;
 }();
 
 TEST(DocsExample, LineDatasetAsAnInputGenerator) {
   glossa::Params p = glossa::DatasetInput::ParamsFor("example.Line");
-  // The layer's batch_size feeds the function's batch_size argument.
-  p.Set("name", "line")
-      .Set("batch_size", 32)
-      .Set("map_args", glossa::ParamValue::Dict{{"batch_size", "batch_size"}});
+  p.Set("name", "line").Set("batch_size", 32);  // also the function's batch_size (map_args)
   p.FromText("args.slope : -3.0\nargs.num_batches : 5\n");  // overrides, as from a params file
   auto input = glossa::InstantiateLayer<glossa::BaseInputGenerator>(p);
   int batches = 0;

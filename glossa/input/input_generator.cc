@@ -222,6 +222,7 @@ struct DatasetFnEntry {
   std::vector<DatasetArg> args;
   DatasetFn fn;
   std::string doc;
+  DatasetFnOptions options;
 };
 
 std::mutex& DatasetMutex() {
@@ -272,14 +273,40 @@ class RangeDataset : public Dataset {
 }  // namespace
 
 void RegisterDatasetFn(const std::string& key, std::vector<DatasetArg> args, DatasetFn fn,
-                       std::string doc) {
+                       std::string doc, DatasetFnOptions options) {
   Params check;
   for (const auto& a : args) check.Define(a.name, nullptr, "");  // validates the names
+  auto find = [&](const std::string& name) {
+    return std::find_if(args.begin(), args.end(),
+                        [&](const DatasetArg& a) { return a.name == name; });
+  };
+  for (const auto& name : options.ignore_args) {
+    auto a = find(name);
+    if (a == args.end()) {
+      throw InvalidArgumentError(StrCat("dataset function '", key, "': ignore_args names '", name,
+                                        "', which is not one of its arguments"));
+    }
+    if (!a->default_value || a->default_value->is_none()) {
+      throw InvalidArgumentError(StrCat("dataset function '", key, "': ignore_args '", name,
+                                        "' has no default to apply"));
+    }
+  }
+  for (const auto& [name, layer_param] : options.map_args) {
+    if (find(name) == args.end()) {
+      throw InvalidArgumentError(StrCat("dataset function '", key, "': map_args names '", name,
+                                        "', which is not one of its arguments"));
+    }
+    if (layer_param.empty()) {
+      throw InvalidArgumentError(
+          StrCat("dataset function '", key, "': map_args '", name, "' names no layer param"));
+    }
+  }
   std::lock_guard<std::mutex> lock(DatasetMutex());
   if (DatasetFns().count(key)) {
     throw InvalidArgumentError(StrCat("dataset function '", key, "' is already registered"));
   }
-  DatasetFns()[key] = DatasetFnEntry{std::move(args), std::move(fn), std::move(doc)};
+  DatasetFns()[key] =
+      DatasetFnEntry{std::move(args), std::move(fn), std::move(doc), std::move(options)};
 }
 
 std::vector<std::string> DatasetFnKeys() {
@@ -294,9 +321,11 @@ glossa::Params DatasetInput::Params() {
   p.Set("cls", ClsOf<DatasetInput>());
   p.Define("dataset_fn", "", "Registry key of the dataset function.");
   p.Define("args", glossa::Params(), "The dataset function's arguments.");
-  p.Define("ignore_args", ParamValue::List{}, "Arguments not passed to the function.");
+  p.Define("ignore_args", ParamValue::List{},
+           "Arguments not passed to the function (their defaults apply); from its definition.");
   p.Define("map_args", ParamValue::Dict{},
-           "{function argument: layer param}: arguments taken from this layer's params.");
+           "{function argument: layer param}: arguments taken from this layer's params; from "
+           "its definition.");
   return p;
 }
 
@@ -304,11 +333,23 @@ glossa::Params DatasetInput::ParamsFor(const std::string& dataset_fn) {
   const auto& entry = FindDatasetFn(dataset_fn);
   glossa::Params p = Params();
   p.Set("dataset_fn", dataset_fn);
+  const auto& opt = entry.options;
   glossa::Params args;
   for (const auto& a : entry.args) {
+    if (std::find(opt.ignore_args.begin(), opt.ignore_args.end(), a.name) !=
+            opt.ignore_args.end() ||
+        opt.map_args.count(a.name)) {
+      continue;  // Lingvo: 'end' not in p.args for map_args={'end': 'num_samples'}
+    }
     args.Define(a.name, a.default_value ? *a.default_value : ParamValue(), a.doc);
   }
   p.Set("args", args);
+  ParamValue::List ignore;
+  for (const auto& name : opt.ignore_args) ignore.push_back(ParamValue(name));
+  ParamValue::Dict map;
+  for (const auto& [name, layer_param] : opt.map_args) map[name] = ParamValue(layer_param);
+  p.Set("ignore_args", ignore);
+  p.Set("map_args", map);
   return p;
 }
 
@@ -320,18 +361,39 @@ glossa::Params DatasetInput::ResolvedArgs() const {
   const auto& entry = FindDatasetFn(params().GetString("dataset_fn"));
   glossa::Params args = params().GetParams("args").Copy();
   std::vector<std::string> ignore;
-  for (const auto& v : params().Get("ignore_args").AsList()) ignore.push_back(v.AsString());
+  for (const auto& v : params().Get("ignore_args").AsList()) {
+    ignore.push_back(v.AsString());
+    if (args.Contains(ignore.back())) {
+      throw InvalidArgumentError(StrCat("input '", path(), "': ignored argument '", ignore.back(),
+                                        "' must not be in p.args"));
+    }
+  }
+  std::map<std::string, ParamValue> mapped;
   for (const auto& [arg, layer_param] : params().Get("map_args").AsDict()) {
-    if (!args.Contains(arg)) {
+    const bool declared = std::any_of(entry.args.begin(), entry.args.end(),
+                                      [&](const DatasetArg& a) { return a.name == arg; });
+    if (!declared) {
       throw InvalidArgumentError(StrCat("input '", path(), "': map_args names '", arg,
                                         "', which is not an argument of ",
                                         params().GetString("dataset_fn")));
     }
-    args.Set(arg, params().Get(layer_param.AsString()));
+    if (args.Contains(arg)) {
+      throw InvalidArgumentError(StrCat("input '", path(), "': argument '", arg,
+                                        "' is taken from p.", layer_param.AsString(),
+                                        " (map_args) and must not be in p.args"));
+    }
+    mapped[arg] = params().Get(layer_param.AsString());
   }
   glossa::Params resolved;
   for (const auto& a : entry.args) {
-    if (std::find(ignore.begin(), ignore.end(), a.name) != ignore.end()) continue;
+    if (std::find(ignore.begin(), ignore.end(), a.name) != ignore.end()) {
+      if (a.default_value) resolved.Define(a.name, *a.default_value, a.doc);  // the default applies
+      continue;
+    }
+    if (mapped.count(a.name)) {
+      resolved.Define(a.name, mapped.at(a.name), a.doc);
+      continue;
+    }
     if (!args.Contains(a.name) || args.Get(a.name).is_none()) {
       if (a.default_value && !a.default_value->is_none()) {
         resolved.Define(a.name, *a.default_value, a.doc);

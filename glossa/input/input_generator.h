@@ -131,17 +131,27 @@ struct DatasetArg {
 };
 using DatasetFn = std::function<std::unique_ptr<Dataset>(const Params& args)>;
 
+// Part of a dataset function's definition, as in Lingvo's DefineTFDataInput: ignore_args are
+// never passed (their defaults apply) and map_args {argument: layer param} take an argument from
+// a param of the input generator (e.g. end <- num_samples). Neither appears in p.args.
+struct DatasetFnOptions {
+  std::vector<std::string> ignore_args;
+  std::map<std::string, std::string> map_args;
+};
+
 // Registers a dataset function under `key` with its declared arguments (InvalidArgument for a
-// duplicate key or bad argument names). The function may be bound to an object (a lambda or
+// duplicate key, bad argument names, ignore_args or map_args naming undeclared arguments, or an
+// ignored argument without a default). The function may be bound to an object (a lambda or
 // std::bind capturing it): only the declared arguments are exposed.
 void RegisterDatasetFn(const std::string& key, std::vector<DatasetArg> args, DatasetFn fn,
-                       std::string doc = "");
+                       std::string doc = "", DatasetFnOptions options = {});
 std::vector<std::string> DatasetFnKeys();
 
 // A dataset function as an input generator: p.dataset_fn names it and p.args holds one entry per
-// argument (defaulted, or None when it has no default and must be set). ignore_args are not passed;
-// map_args {fn_arg: layer_param} take an argument from a param of this layer (e.g. end <-
-// num_samples). Each GetPreprocessedInputBatch returns the dataset's next element.
+// argument (defaulted, or None when it has no default and must be set), except the definition's
+// ignore_args and map_args (recorded in p.ignore_args and p.map_args; a mapped or ignored
+// argument found in p.args is an InvalidArgument, as Lingvo asserts). Each
+// GetPreprocessedInputBatch returns the dataset's next element.
 class DatasetInput : public BaseInputGenerator {
  public:
   // + dataset_fn, args, ignore_args, map_args.

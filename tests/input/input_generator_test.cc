@@ -64,14 +64,6 @@ TEST(DatasetInput, ArgsRoundTripThroughProtoAndStillInstantiate) {
   EXPECT_EQ(Values(*input), (std::vector<int64_t>{3, 4, 5, 6, 7, 8, 9}));
 }
 
-TEST(DatasetInput, MapArgsTakeLayerParams) {
-  Params p = DatasetInput::ParamsFor("glossa.input.Range");
-  p.Set("name", "range")
-      .Set("num_samples", 20)
-      .Set("map_args", ParamValue::Dict{{"end", "num_samples"}});
-  auto input = InstantiateLayer<BaseInputGenerator>(p);
-  EXPECT_EQ(Values(*input), Range(20));
-}
 
 // A dataset function bound to an object: only its declared argument is exposed.
 class CountingSource {
@@ -102,18 +94,20 @@ class CountingSource {
 
 TEST(DatasetInput, BoundFunctionsRequiredArgsIgnoreArgsAndRepeat) {
   static CountingSource source(100);
-  RegisterDatasetFn("glossa.testing.Counting",
-                    {{"n", std::nullopt, "How many."},
-                     {"repeat", ParamValue(false), "Repeat forever."},
-                     {"unused", ParamValue(1), "Ignored."}},
-                    [](const Params& args) { return source.Make(args); });
+  const std::vector<DatasetArg> args = {{"n", std::nullopt, "How many."},
+                                         {"repeat", ParamValue(false), "Repeat forever."},
+                                         {"unused", ParamValue(1), "Ignored."}};
+  RegisterDatasetFn(
+      "glossa.testing.Counting", args, [](const Params& a) { return source.Make(a); }, "",
+      {.ignore_args = {"unused"}});
   Params p = DatasetInput::ParamsFor("glossa.testing.Counting");
   p.Set("name", "count");
   EXPECT_TRUE(p.Get("args.n").is_none());
   EXPECT_FALSE(p.GetParams("args").Contains("self"));
+  EXPECT_FALSE(p.GetParams("args").Contains("unused"));  // ignored by the definition
   EXPECT_ERROR_CONTAINS(InstantiateLayer<BaseInputGenerator>(p), InvalidArgumentError,
                         "argument 'n' of glossa.testing.Counting has no default and must be set");
-  p.Set("args.n", 3).Set("ignore_args", ParamValue::List{"unused"});
+  p.Set("args.n", 3);
   auto once = InstantiateLayer<BaseInputGenerator>(p);
   EXPECT_EQ(Values(*once), (std::vector<int64_t>{100, 101, 102}));
   p.Set("args.repeat", true);
@@ -124,6 +118,31 @@ TEST(DatasetInput, BoundFunctionsRequiredArgsIgnoreArgsAndRepeat) {
   EXPECT_ERROR_CONTAINS(DatasetInput::ParamsFor("glossa.testing.Countin"), NotFoundError,
                         "did you mean");
   EXPECT_THROW(RegisterDatasetFn("glossa.testing.Counting", {}, nullptr), InvalidArgumentError);
+  // map_args belong to the definition: the mapped argument leaves p.args (Lingvo asserts
+  // 'end' not in p.args) and takes the layer param's value.
+  RegisterDatasetFn(
+      "glossa.testing.CountingToNumSamples", args, [](const Params& a) { return source.Make(a); },
+      "", {.ignore_args = {"unused"}, .map_args = {{"n", "num_samples"}}});
+  Params mapped = DatasetInput::ParamsFor("glossa.testing.CountingToNumSamples");
+  EXPECT_FALSE(mapped.GetParams("args").Contains("n"));
+  EXPECT_EQ(mapped.Get("map_args").AsDict().at("n").AsString(), "num_samples");
+  mapped.Set("name", "mapped").Set("num_samples", 4);
+  auto four = InstantiateLayer<BaseInputGenerator>(mapped);
+  EXPECT_EQ(Values(*four), (std::vector<int64_t>{100, 101, 102, 103}));
+  // A mapped argument that is also in p.args is an error, as is a bad definition.
+  Params both = mapped.Copy();
+  Params with_n = both.GetParams("args").Copy();
+  with_n.Define("n", 2, "");
+  both.Set("args", with_n);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<BaseInputGenerator>(both), InvalidArgumentError,
+                        "argument 'n' is taken from p.num_samples (map_args) and must not be in "
+                        "p.args");
+  EXPECT_ERROR_CONTAINS(RegisterDatasetFn("glossa.testing.Bad1", args, nullptr, "",
+                                          {.map_args = {{"nope", "num_samples"}}}),
+                        InvalidArgumentError, "map_args names 'nope'");
+  EXPECT_ERROR_CONTAINS(
+      RegisterDatasetFn("glossa.testing.Bad2", args, nullptr, "", {.ignore_args = {"n"}}),
+      InvalidArgumentError, "ignore_args 'n' has no default to apply");
 }
 
 TEST(InputGenerator, SplitInputBatchAndBatchSizes) {
