@@ -62,22 +62,22 @@ RevNetLayer::RevNetLayer(const glossa::Params& p) : BaseLayer(p) {
 }
 
 RevNetLayer::Output RevNetLayer::FProp(const NestedMap& theta, const at::Tensor& x1,
-                                       const at::Tensor& x2) const {
+                                       const at::Tensor& x2, const at::Tensor& extra) const {
   if (!x1.sizes().equals(x2.sizes())) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': the two halves must have one shape"));
   }
   Output out;
   out.f_seed = GetStepSeed();
-  out.y1 = x1 + f_->FPropBlock(ChildTheta(theta, f_layer_, "f_block", -1), x2, {});
+  out.y1 = x1 + f_->FPropBlock(ChildTheta(theta, f_layer_, "f_block", -1), x2, extra);
   out.g_seed = GetStepSeed();
-  out.y2 = x2 + g_->FPropBlock(ChildTheta(theta, g_layer_, "g_block", -1), out.y1, {});
+  out.y2 = x2 + g_->FPropBlock(ChildTheta(theta, g_layer_, "g_block", -1), out.y1, extra);
   return out;
 }
 
 RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const at::Tensor& y1,
                                                   const at::Tensor& y2, const at::Tensor& dy1,
                                                   const at::Tensor& dy2, int64_t f_seed,
-                                                  int64_t g_seed) const {
+                                                  int64_t g_seed, const at::Tensor& extra) const {
   at::AutoGradMode grad_mode(true);
   // The recompute replays the forward: accumulators must not count it, and the caller's step
   // seed is restored afterwards (on every exit path).
@@ -98,10 +98,11 @@ RevNetLayer::Reversed RevNetLayer::ReverseAndGrad(const NestedMap& theta, const 
   // Reverse: x2 = y2 - g(y1), then x1 = y1 - f(x2), replaying each block's step seed.
   const at::Tensor z1 = y1.detach().requires_grad_(true);
   ResetStepSeed(g_seed);
-  const at::Tensor gz1 = g_->FPropBlock(theta_g, z1, {});
+  const at::Tensor ex = extra.defined() ? extra.detach() : extra;  // no gradient for it
+  const at::Tensor gz1 = g_->FPropBlock(theta_g, z1, ex);
   const at::Tensor x2 = (y2.detach() - gz1.detach()).requires_grad_(true);
   ResetStepSeed(f_seed);
-  const at::Tensor fx2 = f_->FPropBlock(theta_f, x2, {});
+  const at::Tensor fx2 = f_->FPropBlock(theta_f, x2, ex);
   Reversed r;
   r.x1 = z1.detach() - fx2.detach();
   r.x2 = x2.detach();
@@ -144,11 +145,12 @@ StackedRevNetLayer::StackedRevNetLayer(const glossa::Params& p) : BaseLayer(p) {
 
 std::pair<at::Tensor, at::Tensor> StackedRevNetLayer::FProp(const NestedMap& theta,
                                                             const at::Tensor& x1,
-                                                            const at::Tensor& x2) const {
+                                                            const at::Tensor& x2,
+                                                            const at::Tensor& extra) const {
   if (!custom_gradient_) {
     at::Tensor a1 = x1, a2 = x2;
     for (size_t i = 0; i < layers_.size(); ++i) {
-      auto out = Layer(i).FProp(layers_[i].Theta(theta), a1, a2);
+      auto out = Layer(i).FProp(layers_[i].Theta(theta), a1, a2, extra);
       a1 = out.y1;
       a2 = out.y2;
     }
@@ -166,13 +168,14 @@ std::pair<at::Tensor, at::Tensor> StackedRevNetLayer::FProp(const NestedMap& the
   xs.Set("x1", x1);
   xs.Set("x2", x2);
   // The lambdas outlive this call (bak runs in the backward pass): they capture `this` only.
-  auto fwd = [this, seeds, initial_seed](const NestedMap& in) {
+  const at::Tensor ex = extra.defined() ? extra.detach() : extra;  // no gradient, as in Lingvo
+  auto fwd = [this, seeds, initial_seed, ex](const NestedMap& in) {
     ResetStepSeed(initial_seed);
     seeds->per_layer.clear();
     const auto& th = in.at("theta").AsList();
     at::Tensor a1 = in.GetTensor("x1"), a2 = in.GetTensor("x2");
     for (size_t i = 0; i < layers_.size(); ++i) {
-      auto out = Layer(i).FProp(th[i].AsMap(), a1, a2);
+      auto out = Layer(i).FProp(th[i].AsMap(), a1, a2, ex);
       seeds->per_layer.emplace_back(out.f_seed, out.g_seed);
       a1 = out.y1;
       a2 = out.y2;
@@ -180,14 +183,14 @@ std::pair<at::Tensor, at::Tensor> StackedRevNetLayer::FProp(const NestedMap& the
     seeds->end = GetStepSeed();
     return NestedMap{{"y1", a1}, {"y2", a2}};
   };
-  auto bak = [this, seeds](const NestedMap& in, const NestedMap& ys, const NestedMap& dys) {
+  auto bak = [this, seeds, ex](const NestedMap& in, const NestedMap& ys, const NestedMap& dys) {
     const auto& th = in.at("theta").AsList();
     at::Tensor y1 = ys.GetTensor("y1"), y2 = ys.GetTensor("y2");
     at::Tensor dy1 = dys.GetTensor("y1"), dy2 = dys.GetTensor("y2");
     NestedValue::List d_thetas(layers_.size());
     for (size_t i = layers_.size(); i-- > 0;) {
       auto r = Layer(i).ReverseAndGrad(th[i].AsMap(), y1, y2, dy1, dy2, seeds->per_layer[i].first,
-                                       seeds->per_layer[i].second);
+                                       seeds->per_layer[i].second, ex);
       d_thetas[i] = std::move(r.d_theta);
       y1 = r.x1;
       y2 = r.x2;

@@ -29,7 +29,10 @@ class RevNetLayer : public BaseLayer {
     at::Tensor y1, y2;
     int64_t f_seed = 0, g_seed = 0;  // the step seeds at the start of f and of g
   };
-  Output FProp(const NestedMap& theta, const at::Tensor& x1, const at::Tensor& x2) const;
+  // `extra` (optional; Lingvo's *extra_inputs): passed to both f and g as their FPropBlock's
+  // second input, e.g. paddings [B, T], in the forward and in the reverse pass.
+  Output FProp(const NestedMap& theta, const at::Tensor& x1, const at::Tensor& x2,
+               const at::Tensor& extra = {}) const;
 
   struct Reversed {
     at::Tensor x1, x2;    // the reconstructed inputs
@@ -41,7 +44,7 @@ class RevNetLayer : public BaseLayer {
   // recomputation; the caller's step seed is left as it was.
   Reversed ReverseAndGrad(const NestedMap& theta, const at::Tensor& y1, const at::Tensor& y2,
                           const at::Tensor& dy1, const at::Tensor& dy2, int64_t f_seed,
-                          int64_t g_seed) const;
+                          int64_t g_seed, const at::Tensor& extra = {}) const;
 
  private:
   BaseLayer* f_layer_;
@@ -56,8 +59,12 @@ class StackedRevNetLayer : public BaseLayer {
   // backward; False: plain autograd through every layer).
   static glossa::Params Params();
   explicit StackedRevNetLayer(const glossa::Params& p);
+  // `extra` goes to every layer's f and g (RevNetLayer::FProp). With custom_gradient it gets no
+  // gradient, as in Lingvo ("No gradient will be computed for these inputs"); plain autograd
+  // differentiates it like any input.
   std::pair<at::Tensor, at::Tensor> FProp(const NestedMap& theta, const at::Tensor& x1,
-                                          const at::Tensor& x2) const;
+                                          const at::Tensor& x2,
+                                          const at::Tensor& extra = {}) const;
 
  private:
   const RevNetLayer& Layer(size_t i) const { return *layers_[i]; }

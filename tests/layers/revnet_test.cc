@@ -16,6 +16,7 @@
 #include "glossa/layers/linear.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/normalization.h"
+#include "glossa/layers/transformer.h"
 #include "glossa/summary/summary.h"
 #include "tests/test_util.h"
 
@@ -182,6 +183,50 @@ TEST(StackedRevNetLayer, TheBackwardReplayRecordsNoSummaries) {
     ASSERT_TRUE(all.count("block_calls/"));
     EXPECT_EQ(all.at("block_calls/").item<double>(), 6.0);  // 3 layers x (f, g), forward only
   }
+}
+
+TEST(StackedRevNetLayer, ExtraInputsReachFAndGForwardAndInReverse) {
+  // f and g are feed-forward blocks that zero padded positions: the paddings are the extra input.
+  Params ff = TransformerFeedForwardLayer::Params();
+  ff.Set("input_dim", kDim).Set("hidden_dim", 8).Set("relu_dropout_prob", 0.3);
+  ff.Set("dropout_tpl", DeterministicDropoutLayer::Params());
+  auto make = [&](bool custom) {
+    ParamValue::List sub;
+    for (int i = 0; i < 3; ++i) {
+      sub.push_back(RevNetLayer::Params().Set("f_params", ff).Set("g_params", ff));
+    }
+    Params p = StackedRevNetLayer::Params();
+    p.Set("name", "rev").Set("random_seed", 3).Set("dtype", DType::kFloat64);
+    p.Set("sub_layer_params", sub).Set("custom_gradient", custom);
+    return InstantiateLayer<StackedRevNetLayer>(p);
+  };
+  auto custom = make(true), plain = make(false);
+  const at::Tensor x1 = at::randn({2, 5, kDim}, at::kDouble), x2 = at::randn({2, 5, kDim}, at::kDouble);
+  const at::Tensor paddings = at::tensor({0, 0, 0, 1, 1, 0, 0, 0, 0, 1}, at::kDouble).view({2, 5});
+  auto run = [&](const StackedRevNetLayer& stack, const at::Tensor& extra) {
+    GlobalStepContext step(4);
+    ResetStepSeed(0);
+    at::Tensor a = x1.detach().requires_grad_(true), b = x2.detach().requires_grad_(true);
+    NestedMap theta = stack.theta();
+    auto [y1, y2] = stack.FProp(theta, a, b, extra);
+    at::Tensor loss = (y1 * y1).sum() + (y2 * at::linspace(-1, 1, y2.numel(), at::kDouble)
+                                                    .view(y2.sizes()))
+                                            .sum();
+    std::vector<at::Tensor> wrt = {a, b};
+    for (const auto& t : theta.FlattenTensors()) wrt.push_back(t);
+    std::vector<at::Tensor> out = {y1.detach(), y2.detach()};
+    for (auto& g : torch::autograd::grad({loss}, wrt)) out.push_back(g);
+    return out;
+  };
+  const auto c = run(*custom, paddings), p = run(*plain, paddings);
+  ASSERT_EQ(c.size(), p.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_TRUE(at::allclose(c[i], p[i], 1e-10, 1e-11)) << "tensor " << i;
+  }
+  // The paddings changed what f and g computed (at the padded positions only).
+  const auto without = run(*custom, {});
+  EXPECT_FALSE(at::allclose(c[0], without[0]));
+  EXPECT_TRUE(at::allclose(c[0][0].narrow(0, 0, 3), without[0][0].narrow(0, 0, 3)));
 }
 
 TEST(StackedRevNetLayer, RejectsBadConfigs) {
