@@ -13,6 +13,25 @@ glossa::Params BaseTask::TrainParams() {
   glossa::Params tp;
   tp.Define("max_steps", 4000000, "Maximum number of training steps.");
   tp.Define("steps_per_loop", 100, "Training steps per train-program loop.");
+  {
+    // Lingvo's EarlyStop with its MetricHistory (glossa/runtime/metric_history.h).
+    glossa::Params history;
+    history.Define("jobname", "eval_dev", "The job whose metric is tracked, e.g. eval_dev.");
+    history.Define("metric", "log_pplx", "The metric tracked.");
+    history.Define("minimize", true,
+                   "If True, training minimizes the metric. If False, training maximizes the "
+                   "metric.");
+    glossa::Params es;
+    es.Define("window", 0,
+              "Stop training when the last evaluated step is more than this past the best; 0: "
+              "never (and no history is written).");
+    es.Define("tolerance", 0.0, "An improvement must exceed this to make a new best step.");
+    es.Define("min_steps", 0, "Do not stop before this step.");
+    es.Define("verbose", true, "Log each early-stop check.");
+    es.Define("metric_history", history,
+              "<logdir>/<jobname>/<metric>.history.txt, appended by that evaler or decoder.");
+    tp.Define("early_stop", es, "Early stopping on a metric history (Lingvo's EarlyStop).");
+  }
   tp.Define("max_consecutive_skipped_steps", 100,
             "Stop with an error (training diverged) after this many consecutive steps whose "
             "update was skipped: a non-finite loss or gradient, or a gradient norm over "

@@ -11,6 +11,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
+#include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/program_schedule.h"
 
@@ -107,6 +108,22 @@ void Executor::Log(const std::string& line) {
   }
 }
 
+bool Executor::EarlyStopCheck() {
+  const Params& es = model_->task().train_params().GetParams("early_stop");
+  if (es.GetInt("window") <= 0) return false;
+  const std::string path =
+      MetricHistoryPath(options_.logdir, es.GetString("metric_history.jobname"),
+                        es.GetString("metric_history.metric"));
+  const BestStep b =
+      ComputeBestStep(path, es.GetFloat("tolerance"), es.GetBool("metric_history.minimize"));
+  const bool stop = ShouldStopEarly(b, es.GetInt("window"), es.GetInt("min_steps"));
+  if (es.GetBool("verbose")) {
+    Log(StrCat("early stop check: best_step=", b.best_step, ", last_step=", b.last_step,
+               ", stop=", stop ? 1 : 0));
+  }
+  return stop;
+}
+
 int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
@@ -141,6 +158,7 @@ int64_t Executor::Run() {
               : StrCat("MLPerf: max_steps_to_train reached at step ", global_step_, "; stopping"));
       break;
     }
+    if (EarlyStopCheck()) break;
     if (r.input_exhausted) {
       Log(StrCat("training input exhausted at step ", global_step_));
       break;

@@ -54,6 +54,8 @@ class Executor {
 
  private:
   void Log(const std::string& line);
+  // Lingvo's EarlyStop over task.train.early_stop's metric history; true: stop training.
+  bool EarlyStopCheck();
   Params params_;
   ExecutorOptions options_;
   std::unique_ptr<DirectoryLock> lock_;  // one trainer per logdir

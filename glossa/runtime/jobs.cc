@@ -14,6 +14,7 @@
 #include "glossa/io/event_file.h"
 #include "glossa/optim/ema.h"
 #include "glossa/runtime/checkpointer.h"
+#include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 
 namespace glossa {
@@ -97,6 +98,15 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     char name[64];
     std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(step));
     AtomicWriteFile(JoinPath(job_dir, name), score);
+    // The metric history early stopping reads (Lingvo's MetricHistory.ConditionalAppend).
+    std::map<std::string, double> values;
+    for (const auto& line : Split(score, '\n')) {
+      const std::string l(line);
+      const size_t colon = l.find(": ");
+      if (colon != std::string::npos) values[l.substr(0, colon)] = std::stod(l.substr(colon + 2));
+    }
+    MaybeAppendMetricHistory(tp.GetParams("early_stop"), options.logdir,
+                             job_dir.substr(job_dir.rfind('/') + 1), step, values);
     processed.insert(ckpt);
     std::string all_processed;
     for (const auto& p : processed) all_processed += p + "\n";

@@ -11,6 +11,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
+#include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 
 namespace glossa {
@@ -213,10 +214,16 @@ std::optional<double> ProgramSchedule::RunEvalPrograms(int64_t global_step) {
     const std::string ds = v.AsString();
     TaskInputScope scope(model_.task(), Input(ds));
     if (eval_steps != 0) {
-      EvalProgram eval(model_, &Writer(ProgramDir(JobKind::kEval, logdir_, ds)));
+      const std::string dir = ProgramDir(JobKind::kEval, logdir_, ds);
+      EvalProgram eval(model_, &Writer(dir));
       std::string line;
-      for (const auto& [k, m] : eval.Run(global_step, eval_steps))
+      std::map<std::string, double> values;
+      for (const auto& [k, m] : eval.Run(global_step, eval_steps)) {
         line += StrCat(", ", k, ": ", PyFloatRepr(m.first));
+        values[k] = m.first;
+      }
+      MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
+                               dir.substr(dir.rfind('/') + 1), global_step, values);
       log_(StrCat("eval ", ds, " step ", global_step, line));
     }
     if (decode_steps == 0) continue;
@@ -224,6 +231,8 @@ std::optional<double> ProgramSchedule::RunEvalPrograms(int64_t global_step) {
     CreateDirectories(dir);
     DecodeProgram decode(model_, &Writer(dir));
     auto r = decode.Run(global_step, decode_steps, dir);
+    MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
+                             dir.substr(dir.rfind('/') + 1), global_step, r.metrics);
     std::string line;
     for (const auto& [k, m] : r.metrics) line += StrCat(", ", k, ": ", PyFloatRepr(m));
     log_(StrCat("decode ", ds, " step ", global_step, line));

@@ -17,6 +17,7 @@
 #include "glossa/layers/linear.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/runtime/jobs.h"
+#include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "tests/test_util.h"
 
@@ -610,6 +611,39 @@ TEST(CheckpointJob, EmaEvaluationRefusesACheckpointWithoutAverages) {
   EXPECT_EQ(RunCheckpointJob(JobKind::kEval, GetModelParams("test.line.LineModel", "Train"),
                              o),
             1);
+}
+
+TEST(Executor, EarlyStopsOnTheEvalersMetricHistory) {
+  const std::string logdir = LogDir("early_stop");
+  auto quiet = [](const std::string&) {};
+  const std::string es =
+      "task.train.early_stop.window : 10\n"
+      "task.train.early_stop.metric_history.jobname : 'eval_train'\n"
+      "task.train.early_stop.metric_history.metric : 'loss'\n"
+      "task.eval.eval_all_checkpoints : True\ntask.eval.samples_per_summary : 8\n";
+  Executor(GetModelParams("test.line.LineModel", "Train", es), {.logdir = logdir, .log = quiet})
+      .Run();
+  // The evaler appends the tracked metric for each checkpoint it evaluates.
+  JobOptions o{.logdir = logdir, .dataset = "Train", .log = quiet};
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, GetModelParams("test.line.LineModel", "Train", es), o),
+            2);
+  const std::string history = logdir + "/eval_train/loss.history.txt";
+  const auto lines = Split(ReadFileToString(history), '\n');
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(std::string(lines[0]).rfind("10 ", 0), 0u);
+  EXPECT_EQ(std::string(lines[1]).rfind("20 ", 0), 0u);
+  // A history whose best is long past: training stops at its first check.
+  AppendMetricHistory(history, 200, 1e9);
+  AppendMetricHistory(history, 300, 1e9);
+  std::vector<std::string> log;
+  Executor more(GetModelParams("test.line.LineModel", "Train", es + "task.train.max_steps : 1000"),
+                {.logdir = logdir, .log = [&](const std::string& l) { log.push_back(l); }});
+  EXPECT_EQ(more.Run(), 25);  // one loop of 5 after the restore at 20
+  bool checked = false;
+  for (const auto& l : log) {
+    checked = checked || l.find("early stop check: best_step=") != std::string::npos;
+  }
+  EXPECT_TRUE(checked);
 }
 
 }  // namespace

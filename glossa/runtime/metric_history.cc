@@ -1,0 +1,98 @@
+#include "glossa/runtime/metric_history.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+
+std::string MetricHistoryPath(const std::string& logdir, const std::string& jobname,
+                              const std::string& metric) {
+  return JoinPath(JoinPath(logdir, jobname), metric + ".history.txt");
+}
+
+void AppendMetricHistory(const std::string& path, int64_t step, double value) {
+  char line[64];
+  const int n = std::snprintf(line, sizeof(line), "%lld %f\n", static_cast<long long>(step), value);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw AbortedError(StrCat("cannot open '", path, "' for appending: ", std::strerror(errno)));
+  }
+  try {
+    WriteAll(fd, std::string_view(line, static_cast<size_t>(n)), path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void MaybeAppendMetricHistory(const Params& early_stop, const std::string& logdir,
+                              const std::string& job, int64_t step,
+                              const std::map<std::string, double>& metrics) {
+  if (early_stop.GetInt("window") <= 0) return;
+  const std::string jobname = early_stop.GetString("metric_history.jobname");
+  const std::string metric = early_stop.GetString("metric_history.metric");
+  if (job != jobname) return;
+  auto it = metrics.find(metric);
+  if (it == metrics.end()) return;
+  AppendMetricHistory(MetricHistoryPath(logdir, jobname, metric), step, it->second);
+}
+
+BestStep ComputeBestStep(const std::string& path, double tolerance, bool minimize) {
+  if (!(tolerance >= 0)) {
+    throw InvalidArgumentError(StrCat("best step: tolerance must be >= 0, got ", tolerance));
+  }
+  BestStep out;
+  if (!FileExists(path)) return out;
+  std::map<int64_t, double> records;
+  int line_no = 0;
+  for (const auto& raw : Split(ReadFileToString(path, 256 << 20), '\n')) {
+    ++line_no;
+    const std::string line(raw);
+    if (line.empty()) continue;
+    const std::vector<std::string> fields = [&] {
+      std::vector<std::string> f;
+      for (const auto& x : Split(line, ' ')) f.emplace_back(x);
+      return f;
+    }();
+    auto bad = [&](const std::string& why) {
+      return DataLossError(StrCat("metric history '", path, "' line ", line_no, ": ", why,
+                                  " (expected '<step> <value>', got '", line, "')"));
+    };
+    if (fields.size() != 2) throw bad("not two fields");
+    char* end = nullptr;
+    errno = 0;
+    const long long step = std::strtoll(fields[0].c_str(), &end, 10);
+    if (fields[0].empty() || *end != '\0' || errno == ERANGE) throw bad("bad step");
+    const double value = std::strtod(fields[1].c_str(), &end);
+    if (fields[1].empty() || *end != '\0') throw bad("bad value");
+    records.emplace(step, minimize ? value : -value);  // the first record of a step wins
+  }
+  double best = 0;
+  for (const auto& [step, value] : records) {
+    out.last_step = step;
+    if (out.best_step == 0 || value + tolerance < best) {
+      out.best_step = step;
+      best = value;
+    }
+  }
+  return out;
+}
+
+bool ShouldStopEarly(const BestStep& b, int64_t window, int64_t min_steps) {
+  return window > 0 && b.last_step - b.best_step > window && b.last_step >= min_steps;
+}
+
+}  // namespace glossa
