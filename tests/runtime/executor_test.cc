@@ -470,6 +470,22 @@ TEST(Executor, ScheduleWithAnUnknownDatasetIsAnError) {
 namespace glossa {
 namespace {
 
+TEST(TrainProgram, EveryLoopsEventsReachTheDiskAtTheLoopsEnd) {
+  const std::string dir = LogDir("flush");
+  Params p = GetModelParams("test.line.LineModel", "Train", "task.train.steps_per_loop : 4");
+  auto model = InstantiateLayer<SingleTaskModel>(p);
+  EventWriter writer(dir, /*flush_secs=*/1e9);  // the timer never flushes in this test
+  TrainProgram train(*model, &writer, nullptr);
+  int64_t step = 0;
+  train.RunLoop(&step);
+  // Without Close: what a kill -9 after the loop would leave on disk.
+  std::set<std::string> tags;
+  for (const auto& e : ReadEvents(writer.path())) tags.insert(e.tag);
+  EXPECT_TRUE(tags.count("global_step/sec"));
+  EXPECT_TRUE(tags.count("skipped_steps"));
+  EXPECT_NE(ReadFileToString(dir + "/metrics.jsonl").find("\"examples/sec\""), std::string::npos);
+}
+
 TEST(TrainProgram, HandsTheOutfeedToTheTaskAfterEachLoop) {
   Params p = GetModelParams("test.line.LineModel", "Train", "task.train.steps_per_loop : 4");
   auto model = InstantiateLayer<SingleTaskModel>(p);
