@@ -1,5 +1,6 @@
 #include "glossa/model/model_registry.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "glossa/base/errors.h"
@@ -59,6 +60,22 @@ std::unique_ptr<ModelParamsBase> GetModelParamsClass(const std::string& key) {
 }
 
 Params ModelParamsBase::ProgramSchedule() const { return SimpleProgramScheduleParams(); }
+
+void SelectModelTask(Params& p, const std::string& task, bool training) {
+  if (!p.Contains("task_params")) {
+    throw InvalidArgumentError(StrCat("--model_task_name is for multi-task models; this model ('",
+                                      p.GetString("name"), "') has a single task"));
+  }
+  const std::vector<std::string> names = p.GetParams("task_params").Keys();
+  if (std::find(names.begin(), names.end(), task) == names.end()) {
+    throw NotFoundError(StrCat("--model_task_name '", task, "': the model has tasks [",
+                               Join(names, ", "), "]"));
+  }
+  p.Set("main_task", task);
+  if (training) {
+    for (const auto& name : names) p.Set(StrCat("task_probs.", name), name == task ? 1.0 : 0.0);
+  }
+}
 
 std::string OverrideLines(const std::string& text) {
   std::string out = text;

@@ -49,6 +49,11 @@ std::unique_ptr<ModelParamsBase> GetModelParamsClass(const std::string& key);
 // SingleTaskModel Params for `key` with task.input from `dataset`, then the overrides:
 // `override_text` ("key : value" lines separated by newlines or ';') or the file
 // `override_file` (both given: InvalidArgument). Unknown dataset: NotFound with near names.
+// Lingvo's --model_task_name on a MultiTaskModel's Params: `task` becomes the main task (the one
+// eval and decode run) and, when `training`, the only task trained (the others' task_probs 0).
+// InvalidArgument for a single-task model, NotFound (listing the tasks) for an unknown task.
+void SelectModelTask(Params& model_params, const std::string& task, bool training);
+
 // `--model_params_override` text as params text lines: ';' separates lines outside quoted
 // strings ('...' or "...", backslash escapes), and is kept inside them.
 std::string OverrideLines(const std::string& text);

@@ -174,24 +174,7 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
 Params ModelParamsFromFlags(const ModelFlags& f, bool training = false) {
   Params p = GetModelParams(f.model, f.dataset, f.override_text, f.override_file);
   SetCheckNumerics(f.enable_check_numerics);
-  if (!f.model_task_name.empty()) {
-    if (!p.Contains("task_params")) {
-      throw InvalidArgumentError(StrCat("--model_task_name is for multi-task models; ", f.model,
-                                        " has a single task"));
-    }
-    std::vector<std::string> names;
-    for (const auto& name : p.GetParams("task_params").Keys()) names.push_back(name);
-    if (std::find(names.begin(), names.end(), f.model_task_name) == names.end()) {
-      throw NotFoundError(StrCat("--model_task_name '", f.model_task_name, "': ", f.model,
-                                 " has tasks [", Join(names, ", "), "]"));
-    }
-    p.Set("main_task", f.model_task_name);
-    if (training) {  // train that task only
-      for (const auto& name : names) {
-        p.Set(StrCat("task_probs.", name), name == f.model_task_name ? 1.0 : 0.0);
-      }
-    }
-  }
+  if (!f.model_task_name.empty()) SelectModelTask(p, f.model_task_name, training);
   if (!f.checkpoint.empty()) {
     std::string prefix = f.checkpoint;
     for (const std::string suffix : {".safetensors.index.json", ".safetensors"}) {

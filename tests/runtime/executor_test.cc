@@ -662,5 +662,33 @@ TEST(Executor, EarlyStopsOnTheEvalersMetricHistory) {
   EXPECT_TRUE(checked);
 }
 
+TEST(MultiTaskModel, ModelTaskNameSelectsTheTaskToTrainAndEvaluate) {
+  Params p = GetModelParams("test.line.TwoLineModel", "Train");
+  Params train = p.Copy();
+  SelectModelTask(train, "b", /*training=*/true);
+  EXPECT_EQ(train.GetString("main_task"), "b");
+  EXPECT_EQ(train.GetFloat("task_probs.a"), 0.0);
+  EXPECT_EQ(train.GetFloat("task_probs.b"), 1.0);
+  const std::string logdir = LogDir("task_name");
+  Executor ex(train, {.logdir = logdir, .log = [](const std::string&) {}});
+  ex.Run();
+  // Only b trained: a's weights are still their initial values.
+  auto fresh = InstantiateLayer<BaseModel>(p);
+  const SafetensorsContents c = LoadLatestCheckpoint(logdir + "/train");
+  for (const auto& [info, t] : fresh->AllVariables()) {
+    const bool is_a = info.full_name.find("/a/") != std::string::npos;
+    EXPECT_EQ(at::equal(c.tensors.at(info.full_name), t), is_a) << info.full_name;
+  }
+  Params eval = p.Copy();
+  SelectModelTask(eval, "a", /*training=*/false);
+  EXPECT_EQ(eval.GetString("main_task"), "a");
+  EXPECT_EQ(eval.GetFloat("task_probs.b"), 1.0);  // sampling unchanged outside training
+  EXPECT_ERROR_CONTAINS(SelectModelTask(eval, "c", false), NotFoundError,
+                        "--model_task_name 'c': the model has tasks [a, b]");
+  Params single = GetModelParams("test.line.LineModel", "Train");
+  EXPECT_ERROR_CONTAINS(SelectModelTask(single, "task", true), InvalidArgumentError,
+                        "is for multi-task models");
+}
+
 }  // namespace
 }  // namespace glossa

@@ -128,7 +128,7 @@ check "';' inside quotes stays in the value" bash -c "'$glossa' inspect_model --
 # Lingvo's trainer flags.
 check "inspect_model part counts and topn" bash -c "'$glossa' inspect_model --model=lm.austen.TransformerLmTiny --inspect_model_part_regex='stack:.*/stack/.*' --inspect_model_part_regex='softmax:.*softmax.*' --inspect_model_topn=2 > '$tmp/inspect.log' && grep -qE '^#params of stack: [0-9]+$' '$tmp/inspect.log' && grep -qE '^#params of softmax: [0-9]+$' '$tmp/inspect.log' && grep -A2 '^top 2 variables by size:' '$tmp/inspect.log' | grep -q 'emb'"
 one_line_error "--inspect_model_part_regex: expected name:regex" inspect_model --model=lm.austen.TransformerLmTiny --inspect_model_part_regex=nocolon
-one_line_error "--model_task_name is for multi-task models" inspect_model --model=lm.austen.TransformerLmTiny --model_task_name=lm
+one_line_error "--model_task_name is for multi-task models; this model \('lm'\) has a single task" inspect_model --model=lm.austen.TransformerLmTiny --model_task_name=lm
 first_ckpt=$(printf "%s/train/ckpt-%08d" "$logdir" "$stopped_at")
 if [ -f "$first_ckpt.safetensors" ]; then
   check "eval --checkpoint evaluates that checkpoint" bash -c "'$glossa' eval ${flags[*]@Q} --dataset=Test --checkpoint='$first_ckpt' > '$tmp/eval_ckpt.log' 2>&1 && test -f \"\$(printf '%s/eval_test/score-%08d.txt' '$logdir' '$stopped_at')\""
