@@ -33,6 +33,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/params.h"
 #include "glossa/core/registry.h"
+#include "glossa/inference/bundle.h"
 #include "glossa/io/safetensors.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/optim/learner.h"
@@ -274,7 +275,7 @@ int Run(int argc, char** argv) {
                       "'key : value' lines (';' or newline separated) applied last.");
 
   auto* list_models = app.add_subcommand("list_models", "List the registered models.");
-  ModelFlags inspect_f, train_f, eval_f, decode_f, report_f;
+  ModelFlags inspect_f, train_f, eval_f, decode_f, report_f, export_f;
   auto* inspect_model =
       app.add_subcommand("inspect_model", "Print a model's params and its variables.");
   AddModelFlags(inspect_model, inspect_f, false, "Train");
@@ -300,6 +301,15 @@ int Run(int argc, char** argv) {
   decode->add_flag("--once", decode_f.once, "Decode the latest checkpoint once and exit.");
   decode->add_option("--checkpoint", decode_f.checkpoint,
                      "Decode this checkpoint once and exit (task.eval.load_checkpoint_from).");
+  auto* export_cmd = app.add_subcommand(
+      "export", "Write an inference bundle (docs/inference.md) from a checkpoint of <logdir>/train.");
+  AddModelFlags(export_cmd, export_f, true, "Train");
+  export_cmd->add_option("--checkpoint", export_f.checkpoint,
+                         "The checkpoint prefix to export (default: the latest).");
+  std::string export_out, export_dtype = "float32";
+  export_cmd->add_option("--out", export_out, "The bundle directory (new or empty).")->required();
+  export_cmd->add_option("--dtype", export_dtype, "Weights: float32 or bfloat16.")
+      ->capture_default_str();
   auto* report = app.add_subcommand("report",
                                     "The latest checkpoint's report (the task's Report hook): "
                                     "eval metrics and samples; LMs add a unigram baseline.");
@@ -399,6 +409,24 @@ int Run(int argc, char** argv) {
     o.dataset = f.dataset;
     o.stop = &g_stop;
     RunCheckpointJob(is_eval ? JobKind::kEval : JobKind::kDecode, p, o);
+    return 0;
+  }
+  if (*export_cmd) {
+    ModelFlags f = export_f;
+    const std::string checkpoint = f.checkpoint;
+    f.checkpoint.clear();  // not an eval override here
+    Params p = ModelParamsFromFlags(f);
+    std::string ckpt = checkpoint;
+    if (ckpt.empty()) {
+      const std::string train_dir = JoinPath(f.logdir, "train");
+      auto latest = Saver::LatestCheckpoint(train_dir);
+      if (!latest) throw NotFoundError(StrCat("no checkpoint in ", train_dir));
+      ckpt = *latest;
+    }
+    const int64_t step =
+        ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = export_out,
+                      .dtype = export_dtype});
+    std::cout << "exported " << ckpt << " (step " << step << ") to " << export_out << "\n";
     return 0;
   }
   if (*report) {

@@ -66,6 +66,20 @@ out=$(printf "%s/decoder_dev/decoder_out_%09d" "$logdir" "$target")
 check "decoder output $out" test "$(grep -c ' ||| ' "$out" 2>/dev/null)" -ge 16
 check "decoder score" grep -q "^num_samples_in_batch: " "$(printf "%s/decoder_dev/score-%08d.txt" "$logdir" "$target")"
 
+# 3b. export: an inference bundle of the final checkpoint; never over an existing one.
+check "export" "$glossa" export "${flags[@]}" --max_steps=$target --out="$tmp/bundle" > "$tmp/export.log" 2>&1
+check "export names the checkpoint: $(cat "$tmp/export.log")" grep -q "exported .*$final (step $target) to $tmp/bundle" "$tmp/export.log"
+check "bundle manifest and weights" test -s "$tmp/bundle/MANIFEST.json" -a -s "$tmp/bundle/weights.safetensors" -a -s "$tmp/bundle/assets/spm_2k.model"
+one_line_error() {  # one_line_error <pattern> <args...>
+  local pattern="$1"; shift
+  local out
+  if out=$("$glossa" "$@" 2>&1); then echo "FAIL: glossa $* succeeded"; fail=1; return; fi
+  if ! grep -qE -- "$pattern" <<<"$out"; then echo "FAIL: glossa $*: no '$pattern' in: $out"; fail=1; fi
+  if [ "$(grep -vc '^[IW][0-9]\{8\} \|WARNING: Logging' <<<"$out")" -ne 1 ]; then echo "FAIL: glossa $*: not one line: $out"; fail=1; fi
+}
+one_line_error "exists and is not empty" export "${flags[@]}" --out="$tmp/bundle"
+one_line_error "dtype must be float32 or bfloat16" export "${flags[@]}" --out="$tmp/bundle16" --dtype=float16
+
 # 4. report: model vs unigram, and samples.
 check "report" "$glossa" report "${flags[@]}" --dataset=Dev > "$tmp/report.log" 2>/dev/null
 check "report lines: $(cat "$tmp/report.log")" grep -q "unigram log_pplx: " "$tmp/report.log"
@@ -92,13 +106,6 @@ check "interrupted and resumed equals uninterrupted, bit for bit" cmp -s "$tmp/d
 printf -- "--model=lm.austen.TransformerLmTiny\n# a comment\n--dataset=Dev\n" > "$tmp/flags.txt"
 check "flagfile" bash -c "'$glossa' inspect_model --flagfile='$tmp/flags.txt' | grep -q 'total #params:'"
 check "train --help documents --max_steps" bash -c "'$glossa' train --help | grep -q -- '--max_steps.*max_steps'"
-one_line_error() {  # one_line_error <pattern> <args...>
-  local pattern="$1"; shift
-  local out
-  if out=$("$glossa" "$@" 2>&1); then echo "FAIL: glossa $* succeeded"; fail=1; return; fi
-  if ! grep -qE -- "$pattern" <<<"$out"; then echo "FAIL: glossa $*: no '$pattern' in: $out"; fail=1; fi
-  if [ "$(grep -vc '^[IW][0-9]\{8\} \|WARNING: Logging' <<<"$out")" -ne 1 ]; then echo "FAIL: glossa $*: not one line: $out"; fail=1; fi
-}
 one_line_error "no.such.Model" train --model=no.such.Model --logdir="$tmp/x"
 one_line_error "TransformerLmTiny" inspect_model --model=lm.austen.TransformerLmTin
 one_line_error "Dvv" inspect_model --model=lm.austen.TransformerLmTiny --dataset=Dvv

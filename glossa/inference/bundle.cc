@@ -1,0 +1,233 @@
+#include "glossa/inference/bundle.h"
+
+#include <ATen/ATen.h>
+#include <openssl/evp.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+#include "glossa/io/safetensors.h"
+#include "glossa/optim/ema.h"
+#include "glossa/runtime/checkpointer.h"
+#include "glossa/runtime/saver.h"
+
+namespace glossa {
+namespace {
+
+using json = nlohmann::json;
+constexpr const char* kFormat = "glossa-inference-bundle";
+constexpr const char* kManifest = "MANIFEST.json";
+
+std::string Sha256File(const std::string& path) {
+  CheckRegularFile(path, "bundle file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NotFoundError(StrCat("cannot open '", path, "'"));
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (in.gcount() > 0) EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, digest, &len);
+  EVP_MD_CTX_free(ctx);
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i) {
+    out += kHex[digest[i] >> 4];
+    out += kHex[digest[i] & 15];
+  }
+  return out;
+}
+
+// The Params paths of every task's training input, and the main task's tokenizer.
+std::vector<std::string> TaskPaths(const Params& p) {
+  if (p.Contains("task")) return {"task"};
+  std::vector<std::string> out;
+  for (const auto& name : p.GetParams("task_params").Keys()) out.push_back("task_params." + name);
+  return out;
+}
+std::string MainTaskPath(const Params& p) {
+  return p.Contains("task") ? "task" : "task_params." + p.GetString("main_task");
+}
+
+std::string NowIso8601() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+int64_t ExportBundle(const ExportOptions& o) {
+  if (o.dtype != "float32" && o.dtype != "bfloat16") {
+    throw InvalidArgumentError(
+        StrCat("export: dtype must be float32 or bfloat16, got '", o.dtype, "'"));
+  }
+  if (o.out_dir.empty()) throw InvalidArgumentError("export: the output directory is not set");
+  if (FileExists(o.out_dir) && !ListDirectory(o.out_dir).empty()) {
+    throw InvalidArgumentError(StrCat("export: '", o.out_dir,
+                                      "' exists and is not empty; bundles are never overwritten"));
+  }
+  // The model without its training inputs; the main task's tokenizer kept apart.
+  Params p = o.model_params.Copy();
+  std::optional<Params> tokenizer;
+  const std::string main_input = MainTaskPath(p) + ".input";
+  if (p.IsSet(main_input) && p.GetParams(main_input).Contains("tokenizer") &&
+      p.IsSet(main_input + ".tokenizer")) {
+    tokenizer = p.GetParams(main_input + ".tokenizer").Copy();
+  }
+  for (const auto& task : TaskPaths(p)) p.Set(task + ".input", nullptr);
+  auto model = InstantiateLayer<BaseModel>(p);
+  const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
+  const SafetensorsContents ckpt = LoadCheckpoint(o.checkpoint);
+  const std::optional<int64_t> step = RestoreForEval(ckpt, *model, ema.get());
+  if (!step) throw DataLossError(StrCat("export: checkpoint '", o.checkpoint, "' has no global_step"));
+  // The weights: EMA averages when the model keeps them (what evaluation uses), else the variables.
+  std::map<std::string, at::Tensor> weights;
+  const auto shadows = ema ? ema->Shadows() : std::map<std::string, at::Tensor>{};
+  for (const auto& [info, t] : model->AllVariables()) {
+    auto s = shadows.find(info.full_name + ExponentialMovingAverage::kSuffix);
+    at::Tensor w = s != shadows.end() ? s->second : t;
+    if (o.dtype == "bfloat16" && w.is_floating_point()) w = w.to(at::kBFloat16);
+    weights[info.full_name] = w.detach();
+  }
+  if (o.dtype == "bfloat16") p.Set("dtype", DType::kBFloat16);
+  CreateDirectories(o.out_dir);
+  json files = json::object();
+  auto add = [&](const std::string& name) {
+    const std::string path = JoinPath(o.out_dir, name);
+    files[name] = {{"bytes", FileSize(path)}, {"sha256", Sha256File(path)}};
+  };
+  if (tokenizer) {
+    // Files the tokenizer reads become assets/<name>, found relative to the bundle.
+    for (const auto& key : tokenizer->Keys()) {
+      const ParamValue& v = tokenizer->Get(key);
+      if (v.kind() != ParamValue::Kind::kString || v.AsString().empty()) continue;
+      const std::string src = v.AsString();
+      if (!FileExists(src) || std::filesystem::is_directory(src)) continue;
+      const std::string name = "assets/" + std::filesystem::path(src).filename().string();
+      CreateDirectories(JoinPath(o.out_dir, "assets"));
+      AtomicWriteFile(JoinPath(o.out_dir, name), ReadFileToString(src, uint64_t{1} << 32));
+      tokenizer->Set(key, name);
+      add(name);
+    }
+    AtomicWriteFile(JoinPath(o.out_dir, "tokenizer_params.pb"), tokenizer->ToProtoBytes());
+    add("tokenizer_params.pb");
+  }
+  AtomicWriteFile(JoinPath(o.out_dir, "model_params.pb"), p.ToProtoBytes());
+  add("model_params.pb");
+  AtomicWriteFile(JoinPath(o.out_dir, "model_params.txt"), p.ToText());
+  add("model_params.txt");
+  SaveSafetensors(JoinPath(o.out_dir, "weights.safetensors"), weights,
+                  {{"global_step", std::to_string(*step)}});
+  add("weights.safetensors");
+  json manifest = {{"format", kFormat},
+                   {"format_version", kBundleFormatVersion},
+                   {"created", NowIso8601()},
+                   {"source_checkpoint", o.checkpoint},
+                   {"global_step", *step},
+                   {"dtype", o.dtype},
+                   {"files", files}};
+  AtomicWriteFile(JoinPath(o.out_dir, kManifest), manifest.dump(2) + "\n");
+  return *step;
+}
+
+std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
+  const std::string path = JoinPath(dir, kManifest);
+  if (!FileExists(path)) {
+    throw DataLossError(StrCat("bundle '", dir, "' has no ", kManifest,
+                               " (not a bundle, or its export did not finish)"));
+  }
+  json m;
+  try {
+    m = json::parse(ReadFileToString(path, 16 << 20));
+  } catch (const json::exception& e) {
+    throw DataLossError(StrCat("bundle manifest '", path, "' is not valid JSON: ", e.what()));
+  }
+  auto field = [&](const char* key, bool (json::*is)() const noexcept) -> const json& {
+    if (!m.is_object() || !m.contains(key) || !(m[key].*is)()) {
+      throw DataLossError(StrCat("bundle manifest '", path, "': missing or malformed '", key, "'"));
+    }
+    return m[key];
+  };
+  if (field("format", &json::is_string).get<std::string>() != kFormat) {
+    throw DataLossError(StrCat("bundle manifest '", path, "': format is not '", kFormat, "'"));
+  }
+  const int64_t version = field("format_version", &json::is_number_integer).get<int64_t>();
+  if (version != kBundleFormatVersion) {
+    throw InvalidArgumentError(StrCat("bundle '", dir, "' has format_version ", version,
+                                      "; this Glossa reads version ", kBundleFormatVersion));
+  }
+  const json& files = field("files", &json::is_object);
+  for (const char* required : {"model_params.pb", "weights.safetensors"}) {
+    if (!files.contains(required)) {
+      throw DataLossError(StrCat("bundle manifest '", path, "' lists no ", required));
+    }
+  }
+  for (auto it = files.begin(); it != files.end(); ++it) {
+    const std::string name = it.key();
+    if (name.find("..") != std::string::npos || name.empty() || name[0] == '/') {
+      throw DataLossError(StrCat("bundle manifest '", path, "': bad file name '", name, "'"));
+    }
+    const std::string file = JoinPath(dir, name);
+    if (!FileExists(file)) {
+      throw DataLossError(StrCat("bundle '", dir, "': ", name, " is missing"));
+    }
+    if (!it.value().is_object() || !it.value().contains("bytes") ||
+        !it.value().contains("sha256")) {
+      throw DataLossError(StrCat("bundle manifest '", path, "': entry '", name, "' is malformed"));
+    }
+    const uint64_t bytes = it.value()["bytes"].get<uint64_t>();
+    if (FileSize(file) != bytes) {
+      throw DataLossError(StrCat("bundle '", dir, "': ", name, " is ", FileSize(file),
+                                 " bytes, the manifest says ", bytes, " (truncated or replaced)"));
+    }
+    if (Sha256File(file) != it.value()["sha256"].get<std::string>()) {
+      throw DataLossError(
+          StrCat("bundle '", dir, "': ", name, " does not match its SHA-256 in the manifest"));
+    }
+  }
+  std::map<std::string, std::string> out;
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    if (it.value().is_string()) out[it.key()] = it.value().get<std::string>();
+    if (it.value().is_number_integer()) out[it.key()] = std::to_string(it.value().get<int64_t>());
+  }
+  return out;
+}
+
+LoadedBundle LoadBundle(const std::string& dir) {
+  LoadedBundle b;
+  b.dir = dir;
+  b.manifest = VerifyBundle(dir);
+  b.global_step = std::stoll(b.manifest.at("global_step"));
+  b.model_params = Params::FromProtoBytes(ReadFileToString(JoinPath(dir, "model_params.pb")));
+  b.model_params.Set("is_inference", true);
+  b.model = InstantiateLayer<BaseModel>(b.model_params);
+  std::map<std::string, at::Tensor> vars;
+  for (const auto& [info, t] : b.model->AllVariables()) vars[info.full_name] = t;
+  RestoreVariables(LoadSafetensors(JoinPath(dir, "weights.safetensors")), vars);
+  const std::string tok = JoinPath(dir, "tokenizer_params.pb");
+  if (FileExists(tok)) {
+    Params tp = Params::FromProtoBytes(ReadFileToString(tok));
+    for (const auto& key : tp.Keys()) {
+      const ParamValue& v = tp.Get(key);
+      if (v.kind() == ParamValue::Kind::kString && v.AsString().rfind("assets/", 0) == 0) {
+        tp.Set(key, JoinPath(dir, v.AsString()));
+      }
+    }
+    b.tokenizer = InstantiateLayer<BaseTokenizer>(tp);
+  }
+  return b;
+}
+
+}  // namespace glossa

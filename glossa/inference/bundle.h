@@ -1,0 +1,62 @@
+// Inference bundles: what `glossa export` writes from a trained checkpoint, and what serving
+// loads, with no logdir, training data, registry of datasets or source tree.
+//
+//   <bundle>/MANIFEST.json         format, format_version, created, source_checkpoint,
+//                                  global_step, dtype, and every other file with its size and
+//                                  SHA-256
+//   <bundle>/model_params.pb       the model's Params (Lingvo's Hyperparam proto), the tasks'
+//                                  training inputs removed
+//   <bundle>/model_params.txt      the same as params text, for people
+//   <bundle>/tokenizer_params.pb   the main task's tokenizer Params (when its input had one),
+//                                  file paths rewritten to assets/<name>
+//   <bundle>/weights.safetensors   the variables (their EMA averages when the model keeps an
+//                                  EMA; no optimizer slots), in the exported dtype
+//   <bundle>/assets/...            the tokenizer's files (e.g. the SentencePiece model)
+//
+// LoadBundle verifies every file against the manifest before using any: a missing file, a size
+// or hash mismatch (a truncated or edited file), an unknown format version or a malformed
+// manifest is DataLoss (InvalidArgument for a version this build cannot read) naming the file.
+//
+//   ExportBundle({.model_params = p, .checkpoint = "/logdir/train/ckpt-00001200",
+//                 .out_dir = "/models/lm"});
+//   LoadedBundle b = LoadBundle("/models/lm");   // b.model in inference mode, b.tokenizer
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "glossa/core/params.h"
+#include "glossa/input/tokenizers.h"
+#include "glossa/model/base_model.h"
+
+namespace glossa {
+
+inline constexpr int64_t kBundleFormatVersion = 1;
+
+struct ExportOptions {
+  Params model_params;      // as trained (GetModelParams(key, dataset, overrides))
+  std::string checkpoint;   // a checkpoint prefix, e.g. <logdir>/train/ckpt-00001200
+  std::string out_dir;      // created; must not exist or be empty
+  std::string dtype = "float32";  // float32 or bfloat16 (the weights and fprop_dtype)
+};
+// Writes the bundle (files first, the manifest last and atomically, so a bundle without a
+// manifest is incomplete). Returns the bundle's global step.
+int64_t ExportBundle(const ExportOptions& options);
+
+struct LoadedBundle {
+  std::string dir;
+  Params model_params;
+  std::unique_ptr<BaseModel> model;          // weights loaded, is_inference set
+  std::unique_ptr<BaseTokenizer> tokenizer;  // null when the model has none
+  std::map<std::string, std::string> manifest;  // the manifest's scalar fields
+  int64_t global_step = 0;
+};
+LoadedBundle LoadBundle(const std::string& dir);
+
+// Verifies `dir` against its manifest (LoadBundle does this first). Returns the manifest's
+// scalar fields.
+std::map<std::string, std::string> VerifyBundle(const std::string& dir);
+
+}  // namespace glossa
