@@ -195,4 +195,10 @@ std::vector<std::string> BaseTask::PostProcessDecodeOut(const NestedMap&,
   throw UnimplementedError(StrCat("task '", path(), "' does not implement PostProcessDecodeOut"));
 }
 
+InferenceMap BaseTask::RunInference(const std::string& subgraph, const InferenceMap&,
+                                    const BaseTokenizer*) const {
+  throw UnimplementedError(StrCat("task '", path(), "' has no inference subgraph '", subgraph,
+                                  "'"));
+}
+
 }  // namespace glossa

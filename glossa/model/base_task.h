@@ -19,9 +19,12 @@
 
 #include "glossa/input/input_generator.h"
 #include "glossa/layers/base_layer.h"
+#include "glossa/model/inference_spec.h"
 #include "glossa/optim/learner.h"
 
 namespace glossa {
+
+class BaseTokenizer;
 
 class BaseTask : public BaseLayer {
  public:
@@ -85,6 +88,14 @@ class BaseTask : public BaseLayer {
   };
   // Default: the eval metrics, one per line, then up to num_samples decode lines.
   virtual std::string Report(const ReportInputs& in);
+
+  // Lingvo's Inference(): the subgraphs this task serves (none by default), and one run of a
+  // subgraph on feeds already checked against its spec (Predictor does). `tokenizer` turns
+  // strings into ids and back (the bundle's; null when there is none). Thread-safe: inference
+  // reads the weights only. Unimplemented by default.
+  virtual std::map<std::string, InferenceSubgraphSpec> Inference() const { return {}; }
+  virtual InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
+                                    const BaseTokenizer* tokenizer) const;
 
   // The task's input: its "input" child, or the input a TaskInputScope installed.
   bool has_input() const { return input_override_ != nullptr || HasChild("input"); }

@@ -11,6 +11,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/input/tokenizers.h"
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
@@ -187,6 +188,94 @@ at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& p
     if (done.all().item<bool>()) break;
   }
   return at::cat(out, 1);
+}
+
+std::map<std::string, InferenceSubgraphSpec> TransformerLmTask::Inference() const {
+  std::map<std::string, InferenceSubgraphSpec> out;
+  InferenceSubgraphSpec& score = out["default"];
+  score.doc = "Scores text: the log-probability of each token and of </s>.";
+  score.feeds["text"] = {"string", 1, false, "Sentences to score."};
+  score.fetches["log_probs"] = {"float32", 2, false, "[B, T] per token and </s>; 0 past the end."};
+  score.fetches["total_log_prob"] = {"float32", 1, false, "[B] the sentence's log-probability."};
+  score.fetches["ids"] = {"int64", 2, false, "[B, T] the token ids and </s>."};
+  score.fetches["lengths"] = {"int64", 1, false, "[B] tokens + 1 (</s>)."};
+  InferenceSubgraphSpec& gen = out["generate"];
+  gen.doc = "Samples a continuation of each prompt.";
+  gen.feeds["prompt"] = {"string", 1, false, "Prompts to continue."};
+  gen.feeds["max_new_tokens"] = {"int64", 0, true, "Default: decode_max_new_tokens."};
+  gen.feeds["temperature"] = {"float32", 0, true, "0: greedy. Default: decode_temperature."};
+  gen.feeds["top_k"] = {"int64", 0, true, "0: all. Default: decode_top_k."};
+  gen.feeds["seed"] = {"int64", 0, true, "Sampling seed (default 0): same seed, same text."};
+  gen.fetches["text"] = {"string", 1, false, "[B] the continuations."};
+  gen.fetches["ids"] = {"int64", 2, false, "[B, T] their ids, </s>-padded."};
+  return out;
+}
+
+InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const InferenceMap& feeds,
+                                             const BaseTokenizer* tokenizer) const {
+  if (tokenizer == nullptr) {
+    throw FailedPreconditionError(StrCat("task '", path(), "': inference needs a tokenizer"));
+  }
+  at::NoGradGuard no_grad;
+  EvalModeScope eval;
+  const NestedMap theta = this->theta();
+  InferenceMap out;
+  if (subgraph == "default") {
+    const auto& text = feeds.at("text").strings;
+    int64_t longest = 0;
+    for (const auto& t : text) {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(tokenizer->StringToIds(t).size()));
+    }
+    const NestedMap b = tokenizer->StringsToIds(text, longest + 1);
+    const at::Tensor ids = b.GetTensor("ids"), labels = b.GetTensor("labels");
+    const at::Tensor paddings = b.GetTensor("paddings").to(at::kFloat);
+    const at::Tensor logits = Logits(theta, ids, paddings).to(at::kFloat);
+    const at::Tensor log_probs =
+        at::log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1) * (1 - paddings);
+    out["log_probs"] = InferenceValue::Of(log_probs);
+    out["total_log_prob"] = InferenceValue::Of(log_probs.sum(1));
+    out["ids"] = InferenceValue::Of(labels);
+    out["lengths"] = InferenceValue::Of((1 - paddings).sum(1).to(at::kLong));
+    return out;
+  }
+  if (subgraph == "generate") {
+    auto option = [&](const char* key, double fallback) {
+      auto it = feeds.find(key);
+      return it == feeds.end() ? fallback : it->second.tensor.to(at::kDouble).item<double>();
+    };
+    const int64_t max_new = static_cast<int64_t>(option("max_new_tokens", decode_max_new_tokens_));
+    const double temperature = option("temperature", decode_temperature_);
+    const int64_t top_k = static_cast<int64_t>(option("top_k", decode_top_k_));
+    const uint64_t seed = static_cast<uint64_t>(option("seed", 0));
+    std::vector<std::string> texts;
+    std::vector<at::Tensor> rows;
+    int64_t width = 1;
+    for (const auto& prompt : feeds.at("prompt").strings) {
+      std::vector<int64_t> ids = {tokenizer->sos_id()};
+      for (int64_t id : tokenizer->StringToIds(prompt)) ids.push_back(id);
+      const at::Tensor prompt_ids = at::tensor(ids, at::kLong).unsqueeze(0);
+      const at::Tensor sample = Sample(theta, prompt_ids, max_new, temperature, top_k, seed);
+      at::Tensor cont = sample[0].narrow(0, prompt_ids.size(1), sample.size(1) - prompt_ids.size(1));
+      std::vector<int64_t> new_ids;
+      for (int64_t i = 0; i < cont.size(0); ++i) {
+        const int64_t id = cont[i].item<int64_t>();
+        if (id == tokenizer->eos_id()) break;
+        new_ids.push_back(id);
+      }
+      texts.push_back(tokenizer->IdsToString(new_ids));
+      rows.push_back(cont);
+      width = std::max<int64_t>(width, cont.size(0));
+    }
+    at::Tensor ids = at::full({static_cast<int64_t>(rows.size()), width}, tokenizer->eos_id(),
+                              at::kLong);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ids[static_cast<int64_t>(i)].narrow(0, 0, rows[i].size(0)).copy_(rows[i]);
+    }
+    out["text"] = InferenceValue::Strings(std::move(texts));
+    out["ids"] = InferenceValue::Of(ids);
+    return out;
+  }
+  return BaseTask::RunInference(subgraph, feeds, tokenizer);
 }
 
 NestedMap TransformerLmTask::Decode(const NestedMap& batch) {

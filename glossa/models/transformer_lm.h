@@ -63,6 +63,13 @@ class TransformerLmTask : public BaseTask {
   // `glossa report`: log_pplx beside a unigram baseline counted over in.train_input(), then
   // sampled continuations.
   std::string Report(const ReportInputs& in) override;
+  // "default": text [B] -> log_probs [B, T] (of each token and </s>; 0 past the end),
+  // total_log_prob [B], ids [B, T] (the tokens and </s>), lengths [B].
+  // "generate": prompt [B] (+ optional max_new_tokens, temperature, top_k, seed) -> text [B]
+  // (the continuation), ids [B, T] (the continuation's ids, </s>-padded).
+  std::map<std::string, InferenceSubgraphSpec> Inference() const override;
+  InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
+                            const BaseTokenizer* tokenizer) const override;
 
  private:
   int64_t vocab_size_;

@@ -2,6 +2,10 @@
 // damaged bundles naming the file.
 #include "glossa/inference/bundle.h"
 
+#include <thread>
+
+#include "glossa/inference/predictor.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -139,6 +143,157 @@ TEST(Bundle, DamagedBundlesAreRefusedNamingTheFile) {
   AtomicWriteFile(d + "/MANIFEST.json", m.dump());
   EXPECT_ERROR_CONTAINS(LoadBundle(d), DataLossError, "bad file name '../escape'");
   EXPECT_ERROR_CONTAINS(LoadBundle(Dir("nothing")), DataLossError, "has no MANIFEST.json");
+}
+
+const std::string& ExportedBundle() {
+  static const std::string dir = [] {
+    const std::string d = Dir("predictor");
+    ExportBundle({.model_params = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall),
+                  .checkpoint = *Saver::LatestCheckpoint(TrainedLogdir() + "/train"),
+                  .out_dir = d});
+    return d;
+  }();
+  return dir;
+}
+
+const std::vector<std::string> kTexts = {"It is a truth universally acknowledged",
+                                         "that a single man in possession of a good fortune",
+                                         "must be in want of a wife."};
+
+TEST(Predictor, ScoresAsTheEvalModelDoes) {
+  Predictor predictor(ExportedBundle());
+  EXPECT_EQ(predictor.global_step(), 3);
+  const auto specs = predictor.ListSubgraphs();
+  ASSERT_TRUE(specs.count("default"));
+  ASSERT_TRUE(specs.count("generate"));
+  EXPECT_EQ(specs.at("default").feeds.at("text").dtype, "string");
+  InferenceMap out = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
+  // The eval model on the same tokens.
+  const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  auto model = InstantiateLayer<BaseModel>(p);
+  auto ema = MakeModelEma(*model);
+  RestoreForEval(LoadCheckpoint(*Saver::LatestCheckpoint(TrainedLogdir() + "/train")), *model,
+                 ema.get());
+  auto tok = model->task().input().params().GetParams("tokenizer").Instantiate<BaseTokenizer>();
+  int64_t longest = 0;
+  for (const auto& t : kTexts) longest = std::max<int64_t>(longest, tok->StringToIds(t).size());
+  const NestedMap b = tok->StringsToIds(kTexts, longest + 1);
+  auto& lm = dynamic_cast<TransformerLmTask&>(model->task());
+  at::Tensor want;
+  {
+    EvalModeScope eval;
+    at::NoGradGuard no_grad;
+    const at::Tensor pad = b.GetTensor("paddings").to(at::kFloat);
+    want = (at::log_softmax(lm.Logits(lm.theta(), b.GetTensor("ids"), pad), -1)
+                .gather(-1, b.GetTensor("labels").unsqueeze(-1))
+                .squeeze(-1) *
+            (1 - pad))
+               .sum(1);
+  }
+  EXPECT_TRUE(at::equal(out.at("total_log_prob").tensor, want));
+  EXPECT_TRUE(at::equal(out.at("ids").tensor, b.GetTensor("labels")));
+  EXPECT_EQ(out.at("lengths").tensor[0].item<int64_t>(),
+            static_cast<int64_t>(tok->StringToIds(kTexts[0]).size()) + 1);
+  // Generation: strings in, strings out; the same seed gives the same text.
+  InferenceMap g1 = predictor.Run(
+      "generate", {{"prompt", InferenceValue::Strings({"Elizabeth", "Mr. Darcy"})},
+                   {"max_new_tokens", InferenceValue::Of(at::scalar_tensor(8, at::kLong))},
+                   {"seed", InferenceValue::Of(at::scalar_tensor(5, at::kLong))}});
+  InferenceMap g2 = predictor.Run(
+      "generate", {{"prompt", InferenceValue::Strings({"Elizabeth", "Mr. Darcy"})},
+                   {"max_new_tokens", InferenceValue::Of(at::scalar_tensor(8, at::kLong))},
+                   {"seed", InferenceValue::Of(at::scalar_tensor(5, at::kLong))}});
+  ASSERT_EQ(g1.at("text").strings.size(), 2u);
+  EXPECT_EQ(g1.at("text").strings, g2.at("text").strings);
+  EXPECT_LE(g1.at("ids").tensor.size(1), 8);
+  // fetch_keys select.
+  InferenceMap only = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}},
+                                    {"total_log_prob"});
+  EXPECT_EQ(only.size(), 1u);
+}
+
+TEST(Predictor, BadFeedsAreInvalidArgumentsNamingTheFeed) {
+  PredictorOptions o;
+  o.max_input_tokens = 6;
+  o.max_batch_size = 2;
+  Predictor predictor(ExportedBundle(), o);
+  auto text = [](std::vector<std::string> s) { return InferenceValue::Strings(std::move(s)); };
+  EXPECT_ERROR_CONTAINS(predictor.Run("scores", {}), NotFoundError,
+                        "no subgraph 'scores' (subgraphs: default, generate)");
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {{"txt", text({"a"})}}), InvalidArgumentError,
+                        "unknown feed 'txt' (its feeds: text)");
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {}), InvalidArgumentError,
+                        "missing feed 'text' (string, rank 1)");
+  EXPECT_ERROR_CONTAINS(
+      predictor.Run("default", {{"text", InferenceValue::Of(at::ones({2}, at::kLong))}}),
+      InvalidArgumentError, "feed 'text' must be strings, got a tensor");
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {{"text", text({})}}), InvalidArgumentError,
+                        "feed 'text' is an empty batch");
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {{"text", text({"a", "b", "c"})}}),
+                        InvalidArgumentError, "has 3 examples, more than max_batch_size 2");
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {{"text", text({kTexts[1]})}}),
+                        InvalidArgumentError, "feed 'text'[0] is ");
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {{"text", text({kTexts[1]})}}),
+                        InvalidArgumentError, "more than max_input_tokens 6");
+  EXPECT_ERROR_CONTAINS(
+      predictor.Run("generate", {{"prompt", text({"a"})},
+                                 {"max_new_tokens", InferenceValue::Of(at::tensor(2.5))}}),
+      InvalidArgumentError, "feed 'max_new_tokens' must be int64, got Double");
+  EXPECT_ERROR_CONTAINS(
+      predictor.Run("generate", {{"prompt", text({"a"})},
+                                 {"seed", InferenceValue::Of(at::ones({2}, at::kLong))}}),
+      InvalidArgumentError, "feed 'seed' must have rank 0, got shape [2]");
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {{"text", text({"a"})}}, {"logits"}),
+                        InvalidArgumentError, "unknown fetch 'logits'");
+  EXPECT_EQ(predictor.Run("default", {{"text", text({"a"})}}, {"logits"}, false).size(), 0u);
+  PredictorOptions only;
+  only.subgraphs = {"generate"};
+  Predictor gen_only(ExportedBundle(), only);
+  EXPECT_EQ(gen_only.ListSubgraphs().size(), 1u);
+  only.subgraphs = {"translate"};
+  EXPECT_ERROR_CONTAINS(Predictor(ExportedBundle(), only), NotFoundError,
+                        "has no subgraph 'translate' (it has: default, generate)");
+}
+
+TEST(Predictor, ThreadsGetTheSequentialResultsWhileWeightsReload) {
+  Predictor predictor(ExportedBundle());
+  // Mixed requests: scoring each text, and generation with per-request seeds.
+  auto request = [&](int i) {
+    if (i % 2 == 0) {
+      return predictor.Run("default", {{"text", InferenceValue::Strings({kTexts[i % 3]})}})
+          .at("total_log_prob")
+          .tensor[0]
+          .item<double>();
+    }
+    InferenceMap g = predictor.Run(
+        "generate", {{"prompt", InferenceValue::Strings({kTexts[i % 3]})},
+                     {"max_new_tokens", InferenceValue::Of(at::scalar_tensor(4, at::kLong))},
+                     {"temperature", InferenceValue::Of(at::scalar_tensor(1.0, at::kFloat))},
+                     {"seed", InferenceValue::Of(at::scalar_tensor(static_cast<int64_t>(i), at::kLong))}});
+    return static_cast<double>(g.at("ids").tensor.sum().item<int64_t>());
+  };
+  constexpr int kRequests = 48, kThreads = 8;
+  std::vector<double> sequential(kRequests);
+  for (int i = 0; i < kRequests; ++i) sequential[i] = request(i);
+  std::vector<double> parallel(kRequests);
+  std::atomic<int> next{0};
+  std::atomic<bool> done{false};
+  // A reloader swaps in the same checkpoint's weights again and again: no request may fail or
+  // see a half-loaded model.
+  std::thread reloader([&] {
+    const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+    while (!done.load()) predictor.Load(ckpt);
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = next++; i < kRequests; i = next++) parallel[i] = request(i);
+    });
+  }
+  for (auto& th : threads) th.join();
+  done.store(true);
+  reloader.join();
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(parallel[i], sequential[i]) << i;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // incremental decoding, training versus eval statistics, padding semantics, errors, and a small
 // model built from nested Params and trained one step.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -294,8 +295,11 @@ TEST(Model, NestedParamsInstantiateListVariablesAndTrainOneStep) {
   EXPECT_EQ(shapes.at("lm/encoder/x_layers_0/fflayer/fc0/w"), (std::vector<int64_t>{8, 12}));
   EXPECT_EQ(shapes.at("lm/softmax/weight_0"), (std::vector<int64_t>{8, 11}));
   EXPECT_EQ(shapes.count("lm/encoder/x_layers_1/fflayer/fc0/w"), 0u);
-  at::Tensor ids = at::randint(0, 11, {4, 6}, at::kLong);
-  at::Tensor labels = at::randint(0, 11, {4, 6}, at::kLong);
+  // Fixed data (not the global generator, which other tests advance) and a small step: one
+  // gradient step must lower the loss.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor ids = at::randint(0, 11, {4, 6}, gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor labels = at::randint(0, 11, {4, 6}, gen, at::TensorOptions().dtype(at::kLong));
   at::Tensor loss0 = model->Loss(model->theta(), ids, labels);
   std::vector<at::Tensor> vars;
   for (const auto& [info, t] : model->AllVariables()) {
@@ -304,7 +308,7 @@ TEST(Model, NestedParamsInstantiateListVariablesAndTrainOneStep) {
   auto grads = torch::autograd::grad({loss0}, vars);
   {
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < vars.size(); ++i) vars[i].sub_(grads[i] * 0.5);
+    for (size_t i = 0; i < vars.size(); ++i) vars[i].sub_(grads[i] * 0.1);
   }
   at::Tensor loss1 = model->Loss(model->theta(), ids, labels);
   EXPECT_LT(loss1.item<double>(), loss0.item<double>());

@@ -1,0 +1,187 @@
+#include "glossa/inference/predictor.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/optim/ema.h"
+#include "glossa/runtime/checkpointer.h"
+#include "glossa/runtime/saver.h"
+
+namespace glossa {
+
+struct Predictor::Loaded {
+  std::unique_ptr<BaseModel> owned;  // null for the bundle's own model
+  const BaseModel* model = nullptr;
+  int64_t global_step = 0;
+};
+
+namespace {
+
+std::string Names(const std::map<std::string, InferenceSubgraphSpec>& m) {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : m) n.push_back(k);
+  return Join(n, ", ");
+}
+
+std::string FeedNames(const std::map<std::string, TensorSpec>& m) {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : m) n.push_back(k);
+  return Join(n, ", ");
+}
+
+std::unique_ptr<BaseModel> ModelFromCheckpoint(const Params& bundle_params,
+                                               const std::string& checkpoint, int64_t* step) {
+  auto model = InstantiateLayer<BaseModel>(bundle_params);
+  const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
+  const std::optional<int64_t> s = RestoreForEval(LoadCheckpoint(checkpoint), *model, ema.get());
+  *step = s.value_or(0);
+  if (ema) {  // serve the averages: copy them into the variables
+    at::NoGradGuard no_grad;
+    const auto shadows = ema->Shadows();
+    for (const auto& [info, t] : model->AllVariables()) {
+      auto it = shadows.find(info.full_name + ExponentialMovingAverage::kSuffix);
+      if (it != shadows.end()) const_cast<at::Tensor&>(t).copy_(it->second);
+    }
+  }
+  return model;
+}
+
+}  // namespace
+
+Predictor::Predictor(const std::string& bundle_dir, PredictorOptions options)
+    : bundle_(LoadBundle(bundle_dir)), options_(std::move(options)) {
+  const auto all = bundle_.model->task().Inference();
+  if (all.empty()) {
+    throw FailedPreconditionError(StrCat("bundle '", bundle_dir, "': its task declares no "
+                                         "inference subgraphs"));
+  }
+  if (options_.subgraphs.empty()) {
+    specs_ = all;
+  } else {
+    for (const auto& name : options_.subgraphs) {
+      auto it = all.find(name);
+      if (it == all.end()) {
+        throw NotFoundError(StrCat("bundle '", bundle_dir, "' has no subgraph '", name,
+                                   "' (it has: ", Names(all), ")"));
+      }
+      specs_[name] = it->second;
+    }
+  }
+  auto loaded = std::make_shared<Loaded>();
+  loaded->model = bundle_.model.get();
+  loaded->global_step = bundle_.global_step;
+  current_ = loaded;
+  if (!options_.checkpoint.empty()) Load(options_.checkpoint);
+}
+
+Predictor::~Predictor() = default;
+
+std::shared_ptr<const Predictor::Loaded> Predictor::Current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_;
+}
+
+int64_t Predictor::global_step() const { return Current()->global_step; }
+
+void Predictor::Load(const std::string& checkpoint) {
+  auto loaded = std::make_shared<Loaded>();
+  loaded->owned = ModelFromCheckpoint(bundle_.model_params, checkpoint, &loaded->global_step);
+  loaded->model = loaded->owned.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  current_ = std::move(loaded);
+}
+
+void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphSpec& spec,
+                           const InferenceMap& feeds, const BaseTokenizer* tokenizer) const {
+  const std::string where = StrCat("subgraph '", subgraph, "'");
+  for (const auto& [name, value] : feeds) {
+    if (!spec.feeds.count(name)) {
+      throw InvalidArgumentError(StrCat(where, ": unknown feed '", name, "' (its feeds: ",
+                                        FeedNames(spec.feeds), ")"));
+    }
+  }
+  int64_t batch = -1;
+  for (const auto& [name, s] : spec.feeds) {
+    auto it = feeds.find(name);
+    if (it == feeds.end()) {
+      if (s.optional) continue;
+      throw InvalidArgumentError(StrCat(where, ": missing feed '", name, "' (", s.dtype, ", rank ",
+                                        s.rank, ")"));
+    }
+    const InferenceValue& v = it->second;
+    const std::string what = StrCat(where, ": feed '", name, "'");
+    int64_t n = -1;
+    if (s.dtype == "string") {
+      if (!v.is_strings()) throw InvalidArgumentError(StrCat(what, " must be strings, got a tensor"));
+      n = static_cast<int64_t>(v.strings.size());
+      if (tokenizer != nullptr) {
+        for (size_t i = 0; i < v.strings.size(); ++i) {
+          const auto len = static_cast<int64_t>(tokenizer->StringToIds(v.strings[i]).size());
+          if (len > options_.max_input_tokens) {
+            throw InvalidArgumentError(StrCat(what, "[", i, "] is ", len,
+                                              " tokens, more than max_input_tokens ",
+                                              options_.max_input_tokens));
+          }
+        }
+      }
+    } else {
+      if (v.is_strings()) {
+        throw InvalidArgumentError(StrCat(what, " must be a ", s.dtype, " tensor, got strings"));
+      }
+      const at::ScalarType want = s.dtype == "int64" ? at::kLong : at::kFloat;
+      const bool ok_type = s.dtype == "int64" ? !v.tensor.is_floating_point() &&
+                                                    v.tensor.scalar_type() != at::kBool
+                                              : v.tensor.is_floating_point();
+      if (!ok_type) {
+        throw InvalidArgumentError(StrCat(what, " must be ", s.dtype, ", got ",
+                                          c10::toString(v.tensor.scalar_type())));
+      }
+      (void)want;
+      if (v.tensor.dim() != s.rank) {
+        throw InvalidArgumentError(StrCat(what, " must have rank ", s.rank, ", got shape ",
+                                          v.tensor.sizes()));
+      }
+      if (s.rank > 0) n = v.tensor.size(0);
+    }
+    if (s.rank == 0) continue;
+    if (n == 0) throw InvalidArgumentError(StrCat(what, " is an empty batch"));
+    if (n > options_.max_batch_size) {
+      throw InvalidArgumentError(StrCat(what, " has ", n, " examples, more than max_batch_size ",
+                                        options_.max_batch_size));
+    }
+    if (batch >= 0 && n != batch) {
+      throw InvalidArgumentError(StrCat(what, " has ", n, " examples, the other feeds ", batch));
+    }
+    batch = n;
+  }
+}
+
+InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& feeds,
+                            const std::vector<std::string>& fetch_keys,
+                            bool validate_fetches) const {
+  auto it = specs_.find(subgraph);
+  if (it == specs_.end()) {
+    throw NotFoundError(StrCat("no subgraph '", subgraph, "' (subgraphs: ", Names(specs_), ")"));
+  }
+  for (const auto& key : fetch_keys) {
+    if (validate_fetches && !it->second.fetches.count(key)) {
+      throw InvalidArgumentError(StrCat("subgraph '", subgraph, "': unknown fetch '", key,
+                                        "' (its fetches: ", FeedNames(it->second.fetches), ")"));
+    }
+  }
+  CheckFeeds(subgraph, it->second, feeds, bundle_.tokenizer.get());
+  const std::shared_ptr<const Loaded> loaded = Current();  // this Run's weights, whatever Load does
+  InferenceMap all = loaded->model->task().RunInference(subgraph, feeds, bundle_.tokenizer.get());
+  if (fetch_keys.empty()) return all;
+  InferenceMap out;
+  for (const auto& key : fetch_keys) {
+    auto f = all.find(key);
+    if (f != all.end()) out[key] = f->second;
+  }
+  return out;
+}
+
+}  // namespace glossa

@@ -1,0 +1,66 @@
+// Lingvo's Predictor: loads an inference bundle (glossa/inference/bundle.h) and runs its task's
+// named subgraphs (BaseTask::Inference) on named feeds, safely from many threads.
+//
+//   Predictor predictor("/models/austen_tiny");
+//   InferenceMap out = predictor.Run("default",
+//       {{"text", InferenceValue::Strings({"It is a truth universally acknowledged"})}});
+//   double lp = out.at("total_log_prob").tensor[0].item<double>();
+//   predictor.Load("/logdir/train/ckpt-00002000");   // new weights; Run keeps working meanwhile
+//
+// Feeds are checked before anything runs, each failure an InvalidArgument naming the feed:
+// unknown names (the valid ones listed), a missing required feed, a wrong dtype or rank, an empty
+// batch, more than max_batch_size examples, and inputs longer than max_input_tokens tokens. An
+// unknown subgraph is NotFound listing the subgraphs. Run is thread-safe and re-entrant; Load
+// swaps the weights atomically (a Run sees the old or the new weights, never a mix).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "glossa/inference/bundle.h"
+#include "glossa/model/inference_spec.h"
+
+namespace glossa {
+
+struct PredictorOptions {
+  // The subgraphs to serve (empty: all the task declares); others are NotFound.
+  std::vector<std::string> subgraphs;
+  // A training checkpoint to load instead of the bundle's weights (Lingvo's `checkpoint`).
+  std::string checkpoint;
+  int64_t max_batch_size = 1024;
+  int64_t max_input_tokens = 4096;
+};
+
+class Predictor {
+ public:
+  explicit Predictor(const std::string& bundle_dir, PredictorOptions options = {});
+  ~Predictor();
+
+  std::map<std::string, InferenceSubgraphSpec> ListSubgraphs() const { return specs_; }
+  // fetch_keys: the fetches to return (empty: all); with validate_fetches an unknown key is
+  // InvalidArgument, without it unknown keys are skipped.
+  InferenceMap Run(const std::string& subgraph, const InferenceMap& feeds,
+                   const std::vector<std::string>& fetch_keys = {},
+                   bool validate_fetches = true) const;
+  // Loads a training checkpoint's weights (its EMA averages when the model keeps an EMA) into a
+  // new copy of the model and swaps it in; Runs in flight finish on the old one.
+  void Load(const std::string& checkpoint);
+  int64_t global_step() const;
+  const std::map<std::string, std::string>& manifest() const { return bundle_.manifest; }
+
+ private:
+  struct Loaded;
+  std::shared_ptr<const Loaded> Current() const;
+  void CheckFeeds(const std::string& subgraph, const InferenceSubgraphSpec& spec,
+                  const InferenceMap& feeds, const BaseTokenizer* tokenizer) const;
+  LoadedBundle bundle_;
+  PredictorOptions options_;
+  std::map<std::string, InferenceSubgraphSpec> specs_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const Loaded> current_;
+};
+
+}  // namespace glossa
