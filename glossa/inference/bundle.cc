@@ -212,6 +212,8 @@ LoadedBundle LoadBundle(const std::string& dir) {
   b.global_step = std::stoll(b.manifest.at("global_step"));
   b.model_params = Params::FromProtoBytes(ReadFileToString(JoinPath(dir, "model_params.pb")));
   b.model_params.Set("is_inference", true);
+  // Initial values are overwritten by the weights: a fixed seed spares the "no random_seed" note.
+  if (!b.model_params.IsSet("random_seed")) b.model_params.Set("random_seed", 0);
   b.model = InstantiateLayer<BaseModel>(b.model_params);
   std::map<std::string, at::Tensor> vars;
   for (const auto& [info, t] : b.model->AllVariables()) vars[info.full_name] = t;

@@ -34,7 +34,9 @@ std::string FeedNames(const std::map<std::string, TensorSpec>& m) {
 
 std::unique_ptr<BaseModel> ModelFromCheckpoint(const Params& bundle_params,
                                                const std::string& checkpoint, int64_t* step) {
-  auto model = InstantiateLayer<BaseModel>(bundle_params);
+  Params p = bundle_params.Copy();
+  if (!p.IsSet("random_seed")) p.Set("random_seed", 0);  // overwritten by the checkpoint
+  auto model = InstantiateLayer<BaseModel>(p);
   const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
   const std::optional<int64_t> s = RestoreForEval(LoadCheckpoint(checkpoint), *model, ema.get());
   *step = s.value_or(0);

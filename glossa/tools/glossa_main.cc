@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -34,6 +35,7 @@
 #include "glossa/core/params.h"
 #include "glossa/core/registry.h"
 #include "glossa/inference/bundle.h"
+#include "glossa/inference/predictor.h"
 #include "glossa/io/safetensors.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/optim/learner.h"
@@ -256,6 +258,165 @@ int Report(const ModelFlags& f, int64_t num_samples) {
   return 0;
 }
 
+// `predict`: JSON lines (one example per line: {"feed": value, ...}), or plain text lines when the
+// subgraph has a single string feed, through the Predictor in batches of `batch_size`; one JSON
+// object of fetches per input line (row i of each batched fetch).
+struct PredictFlags {
+  std::string bundle, subgraph = "default", input, output;
+  int64_t batch_size = 32;
+};
+
+nlohmann::json RowToJson(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  if (c.dim() == 0) {
+    return c.is_floating_point() ? nlohmann::json(c.to(at::kDouble).item<double>())
+                                 : nlohmann::json(c.to(at::kLong).item<int64_t>());
+  }
+  nlohmann::json a = nlohmann::json::array();
+  for (int64_t i = 0; i < c.size(0); ++i) a.push_back(RowToJson(c[i]));
+  return a;
+}
+
+int Predict(const PredictFlags& f) {
+  PredictorOptions po;
+  po.subgraphs = {f.subgraph};
+  Predictor predictor(f.bundle, po);
+  const InferenceSubgraphSpec spec = predictor.ListSubgraphs().at(f.subgraph);
+  std::vector<std::string> string_feeds;
+  for (const auto& [name, s] : spec.feeds) {
+    if (s.dtype == "string") string_feeds.push_back(name);
+  }
+  const bool plain_text_ok = string_feeds.size() == 1;
+  std::ifstream in_file;
+  if (!f.input.empty()) {
+    CheckRegularFile(f.input, "--input");
+    in_file.open(f.input);
+  }
+  std::istream& in = f.input.empty() ? std::cin : in_file;
+  std::ofstream out_file;
+  if (!f.output.empty()) {
+    out_file.open(f.output, std::ios::trunc);
+    if (!out_file) throw AbortedError(StrCat("--output: cannot write '", f.output, "'"));
+  }
+  std::ostream& out = f.output.empty() ? std::cout : out_file;
+  const std::string source = f.input.empty() ? "stdin" : f.input;
+  // A batch: examples with the same non-string feeds (options such as max_new_tokens).
+  std::vector<std::map<std::string, std::string>> batch_strings;
+  std::string batch_options;
+  InferenceMap options;
+  auto flush = [&]() {
+    if (batch_strings.empty()) return;
+    InferenceMap feeds = options;
+    for (const auto& name : string_feeds) {
+      std::vector<std::string> column;
+      bool any = false;
+      for (const auto& ex : batch_strings) {
+        auto it = ex.find(name);
+        any = any || it != ex.end();
+        column.push_back(it == ex.end() ? std::string() : it->second);
+      }
+      if (any) feeds[name] = InferenceValue::Strings(std::move(column));
+    }
+    const InferenceMap fetches = predictor.Run(f.subgraph, feeds);
+    // Per-token fetches [B, T] are cut to each example's length when the subgraph reports one.
+    const auto lengths = fetches.find("lengths");
+    for (size_t i = 0; i < batch_strings.size(); ++i) {
+      nlohmann::ordered_json row = nlohmann::ordered_json::object();
+      for (const auto& [name, v] : fetches) {
+        if (v.is_strings()) {
+          row[name] = v.strings.at(i);
+        } else if (v.tensor.dim() > 0) {
+          at::Tensor r = v.tensor[static_cast<int64_t>(i)];
+          if (lengths != fetches.end() && v.tensor.dim() == 2) {
+            r = r.narrow(0, 0, lengths->second.tensor[static_cast<int64_t>(i)].item<int64_t>());
+          }
+          row[name] = RowToJson(r);
+        }
+      }
+      out << row.dump() << "\n";
+    }
+    out.flush();
+    batch_strings.clear();
+  };
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.size() > (size_t{16} << 20)) {
+      throw InvalidArgumentError(StrCat(source, ":", line_no, ": line longer than 16 MiB"));
+    }
+    std::map<std::string, std::string> strings;
+    InferenceMap line_options;
+    std::string options_key;
+    const bool json_line = !line.empty() && line[0] == '{';
+    if (!json_line) {
+      if (!plain_text_ok) {
+        throw InvalidArgumentError(StrCat(source, ":", line_no, ": expected a JSON object ",
+                                          "(subgraph '", f.subgraph, "' has ",
+                                          string_feeds.size(), " string feeds)"));
+      }
+      strings[string_feeds[0]] = line;
+    } else {
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw InvalidArgumentError(StrCat(source, ":", line_no, ": not valid JSON: ", e.what()));
+      }
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        auto s = spec.feeds.find(it.key());
+        if (s == spec.feeds.end()) {
+          std::vector<std::string> names;
+          for (const auto& [n, v] : spec.feeds) names.push_back(n);
+          throw InvalidArgumentError(StrCat(source, ":", line_no, ": unknown feed '", it.key(),
+                                            "' (feeds: ", Join(names, ", "), ")"));
+        }
+        const TensorSpec& ts = s->second;
+        if (ts.dtype == "string") {
+          if (!it.value().is_string()) {
+            throw InvalidArgumentError(
+                StrCat(source, ":", line_no, ": feed '", it.key(), "' must be a string"));
+          }
+          strings[it.key()] = it.value().get<std::string>();
+        } else if (ts.rank == 0 && it.value().is_number()) {
+          line_options[it.key()] = InferenceValue::Of(
+              ts.dtype == "int64"
+                  ? at::scalar_tensor(it.value().get<int64_t>(), at::kLong)
+                  : at::scalar_tensor(it.value().get<double>(), at::kFloat));
+          options_key += it.key() + "=" + it.value().dump() + ";";
+        } else {
+          throw InvalidArgumentError(StrCat(source, ":", line_no, ": feed '", it.key(), "' must be a ",
+                                            ts.rank == 0 ? "number" : "string"));
+        }
+      }
+    }
+    if (!batch_strings.empty() &&
+        (options_key != batch_options ||
+         static_cast<int64_t>(batch_strings.size()) >= f.batch_size)) {
+      flush();
+    }
+    if (batch_strings.empty()) {
+      batch_options = options_key;
+      options = line_options;
+    }
+    batch_strings.push_back(std::move(strings));
+    if (static_cast<int64_t>(batch_strings.size()) >= f.batch_size) {
+      try {
+        flush();
+      } catch (const Error& e) {
+        ThrowError(e.code(), StrCat(source, " (the batch ending at line ", line_no, "): ",
+                                    e.message()));
+      }
+    }
+  }
+  try {
+    flush();
+  } catch (const Error& e) {
+    ThrowError(e.code(), StrCat(source, " (the batch ending at line ", line_no, "): ", e.message()));
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models."};
   // Flag errors are one line, like every other error.
@@ -310,6 +471,18 @@ int Run(int argc, char** argv) {
   export_cmd->add_option("--out", export_out, "The bundle directory (new or empty).")->required();
   export_cmd->add_option("--dtype", export_dtype, "Weights: float32 or bfloat16.")
       ->capture_default_str();
+  PredictFlags predict_f;
+  auto* predict = app.add_subcommand(
+      "predict", "Run an inference bundle's subgraph on JSON lines (or text lines) from stdin or "
+                 "--input; JSON lines of fetches to stdout or --output.");
+  predict->add_option("--bundle", predict_f.bundle, "The bundle directory (glossa export).")
+      ->required();
+  predict->add_option("--subgraph", predict_f.subgraph, "The subgraph to run.")
+      ->capture_default_str();
+  predict->add_option("--input", predict_f.input, "Input file (default: stdin).");
+  predict->add_option("--output", predict_f.output, "Output file (default: stdout).");
+  AddIntFlag(predict, "--batch_size", predict_f.batch_size, 1, 65536,
+             "Lines run together (default 32).");
   auto* report = app.add_subcommand("report",
                                     "The latest checkpoint's report (the task's Report hook): "
                                     "eval metrics and samples; LMs add a unigram baseline.");
@@ -411,6 +584,7 @@ int Run(int argc, char** argv) {
     RunCheckpointJob(is_eval ? JobKind::kEval : JobKind::kDecode, p, o);
     return 0;
   }
+  if (*predict) return Predict(predict_f);
   if (*export_cmd) {
     ModelFlags f = export_f;
     const std::string checkpoint = f.checkpoint;

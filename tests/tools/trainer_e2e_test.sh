@@ -78,6 +78,17 @@ one_line_error() {  # one_line_error <pattern> <args...>
   if [ "$(grep -vc '^[IW][0-9]\{8\} \|WARNING: Logging' <<<"$out")" -ne 1 ]; then echo "FAIL: glossa $*: not one line: $out"; fail=1; fi
 }
 one_line_error "exists and is not empty" export "${flags[@]}" --out="$tmp/bundle"
+# predict: text lines (one string feed) and JSON lines, in batches; errors name the line.
+printf 'It is a truth universally acknowledged\nthat a single man\nmust be in want of a wife\n' > "$tmp/texts.txt"
+check "predict scores text lines" bash -c "'$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' --batch_size=2 > '$tmp/scores.jsonl' && test \$(wc -l < '$tmp/scores.jsonl') -eq 3 && grep -q '\"total_log_prob\":-' '$tmp/scores.jsonl'"
+printf '{"prompt": "Elizabeth", "max_new_tokens": 4, "seed": 1}\n{"prompt": "Mr. Darcy", "max_new_tokens": 4, "seed": 1}\n' > "$tmp/prompts.jsonl"
+check "predict generates from JSON lines" bash -c "'$glossa' predict --bundle='$tmp/bundle' --subgraph=generate < '$tmp/prompts.jsonl' > '$tmp/gen.jsonl' && test \$(wc -l < '$tmp/gen.jsonl') -eq 2 && grep -q '\"text\":' '$tmp/gen.jsonl'"
+printf 'fine\n{"txt": "x"}\n' > "$tmp/bad_feed.jsonl"
+one_line_error "bad_feed.jsonl:2: unknown feed 'txt' \(feeds: text\)" predict --bundle="$tmp/bundle" --input="$tmp/bad_feed.jsonl"
+printf '{"prompt": 3}\n' > "$tmp/bad_type.jsonl"
+one_line_error "bad_type.jsonl:1: feed 'prompt' must be a string" predict --bundle="$tmp/bundle" --subgraph=generate --input="$tmp/bad_type.jsonl"
+one_line_error "has no subgraph 'translate'" predict --bundle="$tmp/bundle" --subgraph=translate --input="$tmp/texts.txt"
+one_line_error "has no MANIFEST.json" predict --bundle="$tmp" --input="$tmp/texts.txt"
 one_line_error "dtype must be float32 or bfloat16" export "${flags[@]}" --out="$tmp/bundle16" --dtype=float16
 
 # 4. report: model vs unigram, and samples.
