@@ -9,7 +9,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <google/protobuf/text_format.h>
+
 #include "glossa/base/errors.h"
+#include "glossa/inference/inference_graph.pb.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/safetensors.h"
@@ -124,6 +127,41 @@ int64_t ExportBundle(const ExportOptions& o) {
     AtomicWriteFile(JoinPath(o.out_dir, "tokenizer_params.pb"), tokenizer->ToProtoBytes());
     add("tokenizer_params.pb");
   }
+  // The inference graph: the task's subgraphs (those asked for) and the params text.
+  const auto declared = model->task().Inference();
+  if (declared.empty()) {
+    throw FailedPreconditionError(
+        StrCat("export: the task of this model declares no inference subgraphs"));
+  }
+  proto::InferenceGraph graph;
+  graph.set_model_params(p.ToText());
+  auto to_proto = [](const TensorSpec& s, proto::TensorSpec* out) {
+    out->set_dtype(s.dtype);
+    out->set_rank(s.rank);
+    out->set_optional(s.optional);
+    out->set_doc(s.doc);
+  };
+  std::vector<std::string> wanted = o.subgraphs;
+  if (wanted.empty()) {
+    for (const auto& [name, spec] : declared) wanted.push_back(name);
+  }
+  for (const auto& name : wanted) {
+    auto it = declared.find(name);
+    if (it == declared.end()) {
+      std::vector<std::string> names;
+      for (const auto& [n, s] : declared) names.push_back(n);
+      throw NotFoundError(StrCat("export: the task has no subgraph '", name, "' (it has: ",
+                                 Join(names, ", "), ")"));
+    }
+    proto::InferenceSubgraph& sg = (*graph.mutable_subgraphs())[name];
+    sg.set_doc(it->second.doc);
+    for (const auto& [k, s] : it->second.feeds) to_proto(s, &(*sg.mutable_feeds())[k]);
+    for (const auto& [k, s] : it->second.fetches) to_proto(s, &(*sg.mutable_fetches())[k]);
+  }
+  std::string graph_text;
+  google::protobuf::TextFormat::PrintToString(graph, &graph_text);
+  AtomicWriteFile(JoinPath(o.out_dir, "inference_graph.pbtxt"), graph_text);
+  add("inference_graph.pbtxt");
   AtomicWriteFile(JoinPath(o.out_dir, "model_params.pb"), p.ToProtoBytes());
   add("model_params.pb");
   AtomicWriteFile(JoinPath(o.out_dir, "model_params.txt"), p.ToText());
@@ -169,7 +207,7 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
                                       "; this Glossa reads version ", kBundleFormatVersion));
   }
   const json& files = field("files", &json::is_object);
-  for (const char* required : {"model_params.pb", "weights.safetensors"}) {
+  for (const char* required : {"model_params.pb", "weights.safetensors", "inference_graph.pbtxt"}) {
     if (!files.contains(required)) {
       throw DataLossError(StrCat("bundle manifest '", path, "' lists no ", required));
     }
@@ -211,6 +249,20 @@ LoadedBundle LoadBundle(const std::string& dir) {
   b.manifest = VerifyBundle(dir);
   b.global_step = std::stoll(b.manifest.at("global_step"));
   b.model_params = Params::FromProtoBytes(ReadFileToString(JoinPath(dir, "model_params.pb")));
+  proto::InferenceGraph graph;
+  if (!google::protobuf::TextFormat::ParseFromString(
+          ReadFileToString(JoinPath(dir, "inference_graph.pbtxt")), &graph)) {
+    throw DataLossError(StrCat("bundle '", dir, "': inference_graph.pbtxt does not parse"));
+  }
+  auto from_proto = [](const proto::TensorSpec& s) {
+    return TensorSpec{s.dtype(), s.rank(), s.optional(), s.doc()};
+  };
+  for (const auto& [name, sg] : graph.subgraphs()) {
+    InferenceSubgraphSpec& spec = b.subgraphs[name];
+    spec.doc = sg.doc();
+    for (const auto& [k, s] : sg.feeds()) spec.feeds[k] = from_proto(s);
+    for (const auto& [k, s] : sg.fetches()) spec.fetches[k] = from_proto(s);
+  }
   b.model_params.Set("is_inference", true);
   // Initial values are overwritten by the weights: a fixed seed spares the "no random_seed" note.
   if (!b.model_params.IsSet("random_seed")) b.model_params.Set("random_seed", 0);

@@ -7,6 +7,9 @@
 //   <bundle>/model_params.pb       the model's Params (Lingvo's Hyperparam proto), the tasks'
 //                                  training inputs removed
 //   <bundle>/model_params.txt      the same as params text, for people
+//   <bundle>/inference_graph.pbtxt the task's inference subgraphs with their typed feeds and
+//                                  fetches, and the params text (Lingvo's InferenceGraph,
+//                                  glossa/inference/inference_graph.proto, text format)
 //   <bundle>/tokenizer_params.pb   the main task's tokenizer Params (when its input had one),
 //                                  file paths rewritten to assets/<name>
 //   <bundle>/weights.safetensors   the variables (their EMA averages when the model keeps an
@@ -30,6 +33,7 @@
 #include "glossa/core/params.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/model/base_model.h"
+#include "glossa/model/inference_spec.h"
 
 namespace glossa {
 
@@ -40,6 +44,7 @@ struct ExportOptions {
   std::string checkpoint;   // a checkpoint prefix, e.g. <logdir>/train/ckpt-00001200
   std::string out_dir;      // created; must not exist or be empty
   std::string dtype = "float32";  // float32 or bfloat16 (the weights and fprop_dtype)
+  std::vector<std::string> subgraphs;  // the subgraphs to export (empty: all the task declares)
 };
 // Writes the bundle (files first, the manifest last and atomically, so a bundle without a
 // manifest is incomplete). Returns the bundle's global step.
@@ -51,6 +56,8 @@ struct LoadedBundle {
   std::unique_ptr<BaseModel> model;          // weights loaded, is_inference set
   std::unique_ptr<BaseTokenizer> tokenizer;  // null when the model has none
   std::map<std::string, std::string> manifest;  // the manifest's scalar fields
+  // The exported subgraphs, from inference_graph.pbtxt.
+  std::map<std::string, InferenceSubgraphSpec> subgraphs;
   int64_t global_step = 0;
 };
 LoadedBundle LoadBundle(const std::string& dir);

@@ -55,10 +55,14 @@ std::unique_ptr<BaseModel> ModelFromCheckpoint(const Params& bundle_params,
 
 Predictor::Predictor(const std::string& bundle_dir, PredictorOptions options)
     : bundle_(LoadBundle(bundle_dir)), options_(std::move(options)) {
-  const auto all = bundle_.model->task().Inference();
-  if (all.empty()) {
-    throw FailedPreconditionError(StrCat("bundle '", bundle_dir, "': its task declares no "
-                                         "inference subgraphs"));
+  // What the bundle exported (its inference graph), each of which the task must still run.
+  const auto& all = bundle_.subgraphs;
+  const auto declared = bundle_.model->task().Inference();
+  for (const auto& [name, spec] : all) {
+    if (!declared.count(name)) {
+      throw FailedPreconditionError(StrCat("bundle '", bundle_dir, "': its inference graph has "
+                                           "subgraph '", name, "', which the task does not run"));
+    }
   }
   if (options_.subgraphs.empty()) {
     specs_ = all;

@@ -468,6 +468,10 @@ int Run(int argc, char** argv) {
   export_cmd->add_option("--checkpoint", export_f.checkpoint,
                          "The checkpoint prefix to export (default: the latest).");
   std::string export_out, export_dtype = "float32";
+  std::vector<std::string> export_subgraphs;
+  export_cmd->add_option("--subgraphs", export_subgraphs,
+                         "Subgraphs to export, comma-separated (default: all the task declares).")
+      ->delimiter(',');
   export_cmd->add_option("--out", export_out, "The bundle directory (new or empty).")->required();
   export_cmd->add_option("--dtype", export_dtype, "Weights: float32 or bfloat16.")
       ->capture_default_str();
@@ -599,7 +603,7 @@ int Run(int argc, char** argv) {
     }
     const int64_t step =
         ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = export_out,
-                      .dtype = export_dtype});
+                      .dtype = export_dtype, .subgraphs = export_subgraphs});
     std::cout << "exported " << ckpt << " (step " << step << ") to " << export_out << "\n";
     return 0;
   }

@@ -87,6 +87,13 @@ TEST(Bundle, ExportedModelScoresExactlyAsTheEvalModel) {
             eval_model->task().input().params().GetParams("tokenizer").Instantiate<BaseTokenizer>()
                 ->StringToIds("It is a truth universally acknowledged"));
   EXPECT_TRUE(FileExists(moved + "/assets/spm_2k.model"));
+  // The inference graph lists the task's subgraphs with their specs.
+  ASSERT_EQ(b.subgraphs.size(), 2u);
+  EXPECT_EQ(b.subgraphs.at("default").feeds.at("text").dtype, "string");
+  EXPECT_EQ(b.subgraphs.at("generate").feeds.at("seed").rank, 0);
+  EXPECT_TRUE(b.subgraphs.at("generate").feeds.at("seed").optional);
+  EXPECT_NE(ReadFileToString(moved + "/inference_graph.pbtxt").find("key: \"default\""),
+            std::string::npos);
   // Exports never overwrite.
   EXPECT_ERROR_CONTAINS(ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = moved}),
                         InvalidArgumentError, "exists and is not empty");
@@ -210,6 +217,20 @@ TEST(Predictor, ScoresAsTheEvalModelDoes) {
   InferenceMap only = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}},
                                     {"total_log_prob"});
   EXPECT_EQ(only.size(), 1u);
+}
+
+TEST(Predictor, ServesTheSubgraphsTheBundleExported) {
+  const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+  const std::string out = Dir("generate_only");
+  ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = out, .subgraphs = {"generate"}});
+  Predictor predictor(out);
+  EXPECT_EQ(predictor.ListSubgraphs().size(), 1u);
+  EXPECT_ERROR_CONTAINS(predictor.Run("default", {}), NotFoundError,
+                        "no subgraph 'default' (subgraphs: generate)");
+  EXPECT_ERROR_CONTAINS(ExportBundle({.model_params = p, .checkpoint = ckpt,
+                                      .out_dir = Dir("nope"), .subgraphs = {"translate"}}),
+                        NotFoundError, "the task has no subgraph 'translate'");
 }
 
 TEST(Predictor, BadFeedsAreInvalidArgumentsNamingTheFeed) {
