@@ -137,7 +137,6 @@ void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphS
       if (v.is_strings()) {
         throw InvalidArgumentError(StrCat(what, " must be a ", s.dtype, " tensor, got strings"));
       }
-      const at::ScalarType want = s.dtype == "int64" ? at::kLong : at::kFloat;
       const bool ok_type = s.dtype == "int64" ? !v.tensor.is_floating_point() &&
                                                     v.tensor.scalar_type() != at::kBool
                                               : v.tensor.is_floating_point();
@@ -145,7 +144,6 @@ void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphS
         throw InvalidArgumentError(StrCat(what, " must be ", s.dtype, ", got ",
                                           c10::toString(v.tensor.scalar_type())));
       }
-      (void)want;
       if (v.tensor.dim() != s.rank) {
         throw InvalidArgumentError(StrCat(what, " must have rank ", s.rank, ", got shape ",
                                           v.tensor.sizes()));

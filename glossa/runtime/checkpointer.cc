@@ -110,10 +110,12 @@ int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
         name.compare(name.size() - pos_suffix.size(), pos_suffix.size(), pos_suffix) == 0) {
       continue;  // the input position: RestoreInputPositions
     }
-    // A slot of a variable ("<var>/<optimizer>/<slot>") must match it in dtype and shape.
-    for (auto v = vars.upper_bound(name); v != vars.begin();) {
-      --v;
-      if (name.rfind(v->first + "/", 0) != 0) continue;
+    // A slot of a variable ("<var>/<optimizer>/<slot>") must match it in dtype and shape: look
+    // the name's prefixes up, longest first.
+    for (size_t slash = name.rfind('/'); slash != std::string::npos && slash > 0;
+         slash = name.rfind('/', slash - 1)) {
+      auto v = vars.find(name.substr(0, slash));
+      if (v == vars.end()) continue;
       if (t.scalar_type() != v->second.scalar_type() || t.sizes() != v->second.sizes()) {
         throw InvalidArgumentError(StrCat(
             "checkpoint tensor '", name, "' (a learner slot of '", v->first, "') is ",

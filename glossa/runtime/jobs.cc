@@ -85,26 +85,20 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
         ckpt.find('/') != std::string::npos ? ckpt : JoinPath(train_dir, ckpt);
     const SafetensorsContents contents = LoadCheckpoint(prefix);
     const int64_t step = RestoreForEval(contents, *model, ema.get()).value_or(StepOf(ckpt));
-    std::string score;
+    std::map<std::string, double> values;
     if (kind == JobKind::kEval) {
       EvalProgram eval(*model, &writer);
-      for (const auto& [k, v] : eval.Run(step))
-        score += StrCat(k, ": ", PyFloatRepr(v.first), "\n");
+      for (const auto& [k, v] : eval.Run(step)) values[k] = v.first;
     } else {
       DecodeProgram decode(*model, &writer);
-      for (const auto& [k, v] : decode.Run(step, -1, job_dir).metrics)
-        score += StrCat(k, ": ", PyFloatRepr(v), "\n");
+      values = decode.Run(step, -1, job_dir).metrics;
     }
+    std::string score;
+    for (const auto& [k, v] : values) score += StrCat(k, ": ", PyFloatRepr(v), "\n");
     char name[64];
     std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(step));
     AtomicWriteFile(JoinPath(job_dir, name), score);
     // The metric history early stopping reads (Lingvo's MetricHistory.ConditionalAppend).
-    std::map<std::string, double> values;
-    for (const auto& line : Split(score, '\n')) {
-      const std::string l(line);
-      const size_t colon = l.find(": ");
-      if (colon != std::string::npos) values[l.substr(0, colon)] = std::stod(l.substr(colon + 2));
-    }
     MaybeAppendMetricHistory(tp.GetParams("early_stop"), options.logdir,
                              job_dir.substr(job_dir.rfind('/') + 1), step, values);
     processed.insert(ckpt);
