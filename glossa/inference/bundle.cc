@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <openssl/evp.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -90,7 +92,9 @@ int64_t ExportBundle(const ExportOptions& o) {
     tokenizer = p.GetParams(main_input + ".tokenizer").Copy();
   }
   for (const auto& task : TaskPaths(p)) p.Set(task + ".input", nullptr);
-  auto model = InstantiateLayer<BaseModel>(p);
+  // (Seeded only to build it: the checkpoint overwrites every variable.)
+  auto model = InstantiateLayer<BaseModel>(
+      p.IsSet("random_seed") ? p : p.Copy().Set("random_seed", 0));
   const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
   const SafetensorsContents ckpt = LoadCheckpoint(o.checkpoint);
   const std::optional<int64_t> step = RestoreForEval(ckpt, *model, ema.get());
@@ -105,10 +109,25 @@ int64_t ExportBundle(const ExportOptions& o) {
     weights[info.full_name] = w.detach();
   }
   if (o.dtype == "bfloat16") p.Set("dtype", DType::kBFloat16);
-  CreateDirectories(o.out_dir);
+  // Everything is written to a staging directory beside out_dir and renamed into place at the end:
+  // an export that fails leaves nothing under out_dir (one that is killed, a "<out_dir>.partial-
+  // <pid>" directory beside it).
+  std::string target = o.out_dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  const std::string dir = StrCat(target, ".partial-", ::getpid());
+  std::filesystem::remove_all(dir);
+  CreateDirectories(dir);
+  struct Cleanup {
+    std::string dir;
+    bool armed = true;
+    ~Cleanup() {
+      std::error_code ec;
+      if (armed) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
   json files = json::object();
   auto add = [&](const std::string& name) {
-    const std::string path = JoinPath(o.out_dir, name);
+    const std::string path = JoinPath(dir, name);
     files[name] = {{"bytes", FileSize(path)}, {"sha256", Sha256File(path)}};
   };
   if (tokenizer) {
@@ -119,12 +138,12 @@ int64_t ExportBundle(const ExportOptions& o) {
       const std::string src = v.AsString();
       if (!FileExists(src) || std::filesystem::is_directory(src)) continue;
       const std::string name = "assets/" + std::filesystem::path(src).filename().string();
-      CreateDirectories(JoinPath(o.out_dir, "assets"));
-      AtomicWriteFile(JoinPath(o.out_dir, name), ReadFileToString(src, uint64_t{1} << 32));
+      CreateDirectories(JoinPath(dir, "assets"));
+      AtomicWriteFile(JoinPath(dir, name), ReadFileToString(src, uint64_t{1} << 32));
       tokenizer->Set(key, name);
       add(name);
     }
-    AtomicWriteFile(JoinPath(o.out_dir, "tokenizer_params.pb"), tokenizer->ToProtoBytes());
+    AtomicWriteFile(JoinPath(dir, "tokenizer_params.pb"), tokenizer->ToProtoBytes());
     add("tokenizer_params.pb");
   }
   // The inference graph: the task's subgraphs (those asked for) and the params text.
@@ -160,13 +179,26 @@ int64_t ExportBundle(const ExportOptions& o) {
   }
   std::string graph_text;
   google::protobuf::TextFormat::PrintToString(graph, &graph_text);
-  AtomicWriteFile(JoinPath(o.out_dir, "inference_graph.pbtxt"), graph_text);
+  AtomicWriteFile(JoinPath(dir, "inference_graph.pbtxt"), graph_text);
   add("inference_graph.pbtxt");
-  AtomicWriteFile(JoinPath(o.out_dir, "model_params.pb"), p.ToProtoBytes());
+  AtomicWriteFile(JoinPath(dir, "model_params.pb"), p.ToProtoBytes());
   add("model_params.pb");
-  AtomicWriteFile(JoinPath(o.out_dir, "model_params.txt"), p.ToText());
+  AtomicWriteFile(JoinPath(dir, "model_params.txt"), p.ToText());
   add("model_params.txt");
-  SaveSafetensors(JoinPath(o.out_dir, "weights.safetensors"), weights,
+  if (o.torchscript) {
+    // The task exports from its variables: give them the exported (EMA) weights in float32.
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& [info, t] : model->AllVariables()) {
+        auto it = weights.find(info.full_name);
+        if (it != weights.end()) const_cast<at::Tensor&>(t).copy_(it->second.to(t.scalar_type()));
+      }
+    }
+    for (const auto& name : model->task().ExportTorchScript(JoinPath(dir, "torchscript"))) {
+      add("torchscript/" + name);
+    }
+  }
+  SaveSafetensors(JoinPath(dir, "weights.safetensors"), weights,
                   {{"global_step", std::to_string(*step)}});
   add("weights.safetensors");
   json manifest = {{"format", kFormat},
@@ -176,7 +208,10 @@ int64_t ExportBundle(const ExportOptions& o) {
                    {"global_step", *step},
                    {"dtype", o.dtype},
                    {"files", files}};
-  AtomicWriteFile(JoinPath(o.out_dir, kManifest), manifest.dump(2) + "\n");
+  AtomicWriteFile(JoinPath(dir, kManifest), manifest.dump(2) + "\n");
+  if (FileExists(target)) std::filesystem::remove(target);  // empty (checked above)
+  std::filesystem::rename(dir, target);
+  cleanup.armed = false;
   return *step;
 }
 

@@ -15,6 +15,7 @@
 //   <bundle>/weights.safetensors   the variables (their EMA averages when the model keeps an
 //                                  EMA; no optimizer slots), in the exported dtype
 //   <bundle>/assets/...            the tokenizer's files (e.g. the SentencePiece model)
+//   <bundle>/torchscript/*.pt      with --torchscript: the networks as TorchScript modules
 //
 // LoadBundle verifies every file against the manifest before using any: a missing file, a size
 // or hash mismatch (a truncated or edited file), an unknown format version or a malformed
@@ -45,6 +46,9 @@ struct ExportOptions {
   std::string out_dir;      // created; must not exist or be empty
   std::string dtype = "float32";  // float32 or bfloat16 (the weights and fprop_dtype)
   std::vector<std::string> subgraphs;  // the subgraphs to export (empty: all the task declares)
+  // Also write torchscript/<name>.pt, the task's TorchScript modules (BaseTask::ExportTorchScript;
+  // float32, from the float32 weights).
+  bool torchscript = false;
 };
 // Writes the bundle (files first, the manifest last and atomically, so a bundle without a
 // manifest is incomplete). Returns the bundle's global step.

@@ -163,9 +163,9 @@ void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphS
   }
 }
 
-InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& feeds,
-                            const std::vector<std::string>& fetch_keys,
-                            bool validate_fetches) const {
+void Predictor::Validate(const std::string& subgraph, const InferenceMap& feeds,
+                         const std::vector<std::string>& fetch_keys,
+                         bool validate_fetches) const {
   auto it = specs_.find(subgraph);
   if (it == specs_.end()) {
     throw NotFoundError(StrCat("no subgraph '", subgraph, "' (subgraphs: ", Names(specs_), ")"));
@@ -177,7 +177,14 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
     }
   }
   CheckFeeds(subgraph, it->second, feeds, bundle_.tokenizer.get());
+}
+
+InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& feeds,
+                            const std::vector<std::string>& fetch_keys, bool validate_fetches,
+                            int64_t* global_step) const {
+  Validate(subgraph, feeds, fetch_keys, validate_fetches);
   const std::shared_ptr<const Loaded> loaded = Current();  // this Run's weights, whatever Load does
+  if (global_step != nullptr) *global_step = loaded->global_step;
   InferenceMap all = loaded->model->task().RunInference(subgraph, feeds, bundle_.tokenizer.get());
   if (fetch_keys.empty()) return all;
   InferenceMap out;

@@ -42,9 +42,15 @@ class Predictor {
   std::map<std::string, InferenceSubgraphSpec> ListSubgraphs() const { return specs_; }
   // fetch_keys: the fetches to return (empty: all); with validate_fetches an unknown key is
   // InvalidArgument, without it unknown keys are skipped.
+  // *global_step (when given) is the step of the weights this Run used.
   InferenceMap Run(const std::string& subgraph, const InferenceMap& feeds,
-                   const std::vector<std::string>& fetch_keys = {},
-                   bool validate_fetches = true) const;
+                   const std::vector<std::string>& fetch_keys = {}, bool validate_fetches = true,
+                   int64_t* global_step = nullptr) const;
+  // The checks Run makes before it runs anything (NotFound, InvalidArgument), alone.
+  void Validate(const std::string& subgraph, const InferenceMap& feeds,
+                const std::vector<std::string>& fetch_keys = {},
+                bool validate_fetches = true) const;
+  const PredictorOptions& options() const { return options_; }
   // Loads a training checkpoint's weights (its EMA averages when the model keeps an EMA) into a
   // new copy of the model and swaps it in; Runs in flight finish on the old one.
   void Load(const std::string& checkpoint);

@@ -55,6 +55,13 @@ int glossa_spm_decode(void* p, const int* ids, int n, char* out, int cap, char* 
   return static_cast<int>(text.size());
 }
 
+// The piece of `id` (its length; writes at most `cap` bytes).
+int glossa_spm_id_to_piece(void* p, int id, char* out, int cap) {
+  const std::string& piece = Sp(p)->IdToPiece(id);
+  std::memcpy(out, piece.data(), std::min<size_t>(piece.size(), static_cast<size_t>(cap)));
+  return static_cast<int>(piece.size());
+}
+
 int glossa_spm_piece_size(void* p) { return Sp(p)->GetPieceSize(); }
 int glossa_spm_bos_id(void* p) { return Sp(p)->bos_id(); }
 int glossa_spm_eos_id(void* p) { return Sp(p)->eos_id(); }

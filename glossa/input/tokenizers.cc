@@ -227,6 +227,7 @@ struct SpmModule {
   int (*load)(void*, const char*, char*, int);
   int (*encode)(void*, const char*, int, int*, int, char*, int);
   int (*decode)(void*, const int*, int, char*, int, char*, int);
+  int (*id_to_piece)(void*, int, char*, int);
   int (*piece_size)(void*);
   int (*bos_id)(void*);
   int (*eos_id)(void*);
@@ -260,6 +261,8 @@ const SpmModule& Spm() {
         sym("glossa_spm_encode"));
     m.decode = reinterpret_cast<int (*)(void*, const int*, int, char*, int, char*, int)>(
         sym("glossa_spm_decode"));
+    m.id_to_piece =
+        reinterpret_cast<int (*)(void*, int, char*, int)>(sym("glossa_spm_id_to_piece"));
     m.piece_size = reinterpret_cast<int (*)(void*)>(sym("glossa_spm_piece_size"));
     m.bos_id = reinterpret_cast<int (*)(void*)>(sym("glossa_spm_bos_id"));
     m.eos_id = reinterpret_cast<int (*)(void*)>(sym("glossa_spm_eos_id"));
@@ -381,5 +384,29 @@ void TrainSentencePiece(const std::string& input_text_file, const std::string& m
 GLOSSA_REGISTER_CLASS(AsciiTokenizer, "glossa.input.AsciiTokenizer");
 GLOSSA_REGISTER_CLASS(VocabFileTokenizer, "glossa.input.VocabFileTokenizer");
 GLOSSA_REGISTER_CLASS(SentencePieceTokenizer, "glossa.input.SentencePieceTokenizer");
+
+
+std::string AsciiTokenizer::IdToPiece(int64_t id) const {
+  const auto& tokens = AsciiTokens();
+  return id >= 0 && id < static_cast<int64_t>(tokens.size()) ? tokens[id] : tokens[0];
+}
+
+std::string VocabFileTokenizer::IdToPiece(int64_t id) const {
+  if (id >= 0 && id < vocab_size()) return tokens_[id];
+  return unk_id_ >= 0 && unk_id_ < vocab_size() ? tokens_[unk_id_] : std::string("<unk>");
+}
+
+std::string SentencePieceTokenizer::IdToPiece(int64_t id) const {
+  const int size = Spm().piece_size(sp_);
+  const int i = id >= 0 && id < size ? static_cast<int>(id) : Spm().unk_id(sp_);
+  std::string out(64, '\0');
+  int n = Spm().id_to_piece(sp_, i, out.data(), static_cast<int>(out.size()));
+  if (n > static_cast<int>(out.size())) {
+    out.resize(n);
+    n = Spm().id_to_piece(sp_, i, out.data(), n);
+  }
+  out.resize(n);
+  return out;
+}
 
 }  // namespace glossa

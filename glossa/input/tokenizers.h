@@ -25,6 +25,9 @@ class BaseTokenizer : public BaseLayer {
   virtual std::vector<int64_t> StringToIds(const std::string& s) const = 0;
   // The string of token ids (ids outside the vocabulary read as the unknown token).
   virtual std::string IdsToString(const std::vector<int64_t>& ids) const = 0;
+  // The vocabulary entry of one id as written in the vocabulary ("▁the" for SentencePiece, "a"
+  // for ASCII, "<unk>" for ids outside it).
+  virtual std::string IdToPiece(int64_t id) const { return IdsToString({id}); }
 
   // {ids, labels, paddings}, each [batch, max_length] (or the longest, without
   // pad_to_max_length); sequences longer than max_length are truncated.
@@ -48,6 +51,7 @@ class AsciiTokenizer : public BaseTokenizer {
   explicit AsciiTokenizer(const glossa::Params& p) : BaseTokenizer(p) {}
   std::vector<int64_t> StringToIds(const std::string& s) const override;
   std::string IdsToString(const std::vector<int64_t>& ids) const override;
+  std::string IdToPiece(int64_t id) const override;
 };
 
 // A vocabulary file: one token per line, or "token<TAB>score" (SentencePiece .vocab files); ids
@@ -59,6 +63,7 @@ class VocabFileTokenizer : public BaseTokenizer {
   explicit VocabFileTokenizer(const glossa::Params& p);
   std::vector<int64_t> StringToIds(const std::string& s) const override;
   std::string IdsToString(const std::vector<int64_t>& ids) const override;
+  std::string IdToPiece(int64_t id) const override;
   int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
 
  private:
@@ -75,6 +80,7 @@ class SentencePieceTokenizer : public BaseTokenizer {
   ~SentencePieceTokenizer() override;
   std::vector<int64_t> StringToIds(const std::string& s) const override;
   std::string IdsToString(const std::vector<int64_t>& ids) const override;
+  std::string IdToPiece(int64_t id) const override;
   int64_t vocab_size() const;
 
  private:

@@ -195,6 +195,10 @@ std::vector<std::string> BaseTask::PostProcessDecodeOut(const NestedMap&,
   throw UnimplementedError(StrCat("task '", path(), "' does not implement PostProcessDecodeOut"));
 }
 
+std::vector<std::string> BaseTask::ExportTorchScript(const std::string&) const {
+  throw UnimplementedError(StrCat("task '", path(), "' has no TorchScript export"));
+}
+
 InferenceMap BaseTask::RunInference(const std::string& subgraph, const InferenceMap&,
                                     const BaseTokenizer*) const {
   throw UnimplementedError(StrCat("task '", path(), "' has no inference subgraph '", subgraph,

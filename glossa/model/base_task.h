@@ -96,6 +96,11 @@ class BaseTask : public BaseLayer {
   virtual std::map<std::string, InferenceSubgraphSpec> Inference() const { return {}; }
   virtual InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
                                     const BaseTokenizer* tokenizer) const;
+  // `glossa export --torchscript`: the tensor-in/tensor-out parts of the subgraphs (the network
+  // from ids to log-probs; tokenizers stay outside) as TorchScript modules that stock PyTorch
+  // loads with torch.jit.load, written under `dir` from the current weights. Returns the files
+  // written, relative to `dir`. Unimplemented by default.
+  virtual std::vector<std::string> ExportTorchScript(const std::string& dir) const;
 
   // The task's input: its "input" child, or the input a TaskInputScope installed.
   bool has_input() const { return input_override_ != nullptr || HasChild("input"); }

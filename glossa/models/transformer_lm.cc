@@ -199,6 +199,8 @@ std::map<std::string, InferenceSubgraphSpec> TransformerLmTask::Inference() cons
   score.fetches["total_log_prob"] = {"float32", 1, false, "[B] the sentence's log-probability."};
   score.fetches["ids"] = {"int64", 2, false, "[B, T] the token ids and </s>."};
   score.fetches["lengths"] = {"int64", 1, false, "[B] tokens + 1 (</s>)."};
+  score.fetches["pieces"] = {"string", 1, false,
+                             "[B] the vocabulary pieces of ids, separated by spaces."};
   InferenceSubgraphSpec& gen = out["generate"];
   gen.doc = "Samples a continuation of each prompt.";
   gen.feeds["prompt"] = {"string", 1, false, "Prompts to continue."};
@@ -208,6 +210,7 @@ std::map<std::string, InferenceSubgraphSpec> TransformerLmTask::Inference() cons
   gen.feeds["seed"] = {"int64", 0, true, "Sampling seed (default 0): same seed, same text."};
   gen.fetches["text"] = {"string", 1, false, "[B] the continuations."};
   gen.fetches["ids"] = {"int64", 2, false, "[B, T] their ids, </s>-padded."};
+  gen.fetches["lengths"] = {"int64", 1, false, "[B] the continuations' ids before </s>."};
   return out;
 }
 
@@ -235,7 +238,21 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     out["log_probs"] = InferenceValue::Of(log_probs);
     out["total_log_prob"] = InferenceValue::Of(log_probs.sum(1));
     out["ids"] = InferenceValue::Of(labels);
-    out["lengths"] = InferenceValue::Of((1 - paddings).sum(1).to(at::kLong));
+    const at::Tensor lengths = (1 - paddings).sum(1).to(at::kLong);
+    out["lengths"] = InferenceValue::Of(lengths);
+    std::vector<std::string> pieces;
+    const at::Tensor labels_c = labels.contiguous(), lengths_c = lengths.contiguous();
+    const auto l = labels_c.accessor<int64_t, 2>();
+    const auto n = lengths_c.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < labels.size(0); ++i) {
+      std::string row;
+      for (int64_t t = 0; t < n[i]; ++t) {
+        if (t > 0) row += ' ';
+        row += tokenizer->IdToPiece(l[i][t]);
+      }
+      pieces.push_back(std::move(row));
+    }
+    out["pieces"] = InferenceValue::Strings(std::move(pieces));
     return out;
   }
   if (subgraph == "generate") {
@@ -249,6 +266,7 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     const uint64_t seed = static_cast<uint64_t>(option("seed", 0));
     std::vector<std::string> texts;
     std::vector<at::Tensor> rows;
+    std::vector<int64_t> lengths;
     int64_t width = 1;
     for (const auto& prompt : feeds.at("prompt").strings) {
       std::vector<int64_t> ids = {tokenizer->sos_id()};
@@ -262,6 +280,7 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
         if (id == tokenizer->eos_id()) break;
         new_ids.push_back(id);
       }
+      lengths.push_back(static_cast<int64_t>(new_ids.size()));
       texts.push_back(tokenizer->IdsToString(new_ids));
       rows.push_back(cont);
       width = std::max<int64_t>(width, cont.size(0));
@@ -273,6 +292,7 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     }
     out["text"] = InferenceValue::Strings(std::move(texts));
     out["ids"] = InferenceValue::Of(ids);
+    out["lengths"] = InferenceValue::Of(at::tensor(lengths, at::kLong));
     return out;
   }
   return BaseTask::RunInference(subgraph, feeds, tokenizer);

@@ -68,6 +68,9 @@ class TransformerLmTask : public BaseTask {
   // "generate": prompt [B] (+ optional max_new_tokens, temperature, top_k, seed) -> text [B]
   // (the continuation), ids [B, T] (the continuation's ids, </s>-padded).
   std::map<std::string, InferenceSubgraphSpec> Inference() const override;
+  // network.pt: forward(ids [B, T] int64, paddings [B, T] float32) -> log-probs [B, T, V]
+  // (glossa/models/transformer_lm_torchscript.cc).
+  std::vector<std::string> ExportTorchScript(const std::string& dir) const override;
   InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
 

@@ -35,7 +35,9 @@
 #include "glossa/core/params.h"
 #include "glossa/core/registry.h"
 #include "glossa/inference/bundle.h"
+#include "glossa/inference/json_io.h"
 #include "glossa/inference/predictor.h"
+#include "glossa/inference/server.h"
 #include "glossa/io/safetensors.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/optim/learner.h"
@@ -266,17 +268,6 @@ struct PredictFlags {
   int64_t batch_size = 32;
 };
 
-nlohmann::json RowToJson(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  if (c.dim() == 0) {
-    return c.is_floating_point() ? nlohmann::json(c.to(at::kDouble).item<double>())
-                                 : nlohmann::json(c.to(at::kLong).item<int64_t>());
-  }
-  nlohmann::json a = nlohmann::json::array();
-  for (int64_t i = 0; i < c.size(0); ++i) a.push_back(RowToJson(c[i]));
-  return a;
-}
-
 int Predict(const PredictFlags& f) {
   PredictorOptions po;
   po.subgraphs = {f.subgraph};
@@ -318,21 +309,9 @@ int Predict(const PredictFlags& f) {
       if (any) feeds[name] = InferenceValue::Strings(std::move(column));
     }
     const InferenceMap fetches = predictor.Run(f.subgraph, feeds);
-    // Per-token fetches [B, T] are cut to each example's length when the subgraph reports one.
-    const auto lengths = fetches.find("lengths");
+    // Per-token fetches [B, T] are cut to each example's length (json_io.h).
     for (size_t i = 0; i < batch_strings.size(); ++i) {
-      nlohmann::ordered_json row = nlohmann::ordered_json::object();
-      for (const auto& [name, v] : fetches) {
-        if (v.is_strings()) {
-          row[name] = v.strings.at(i);
-        } else if (v.tensor.dim() > 0) {
-          at::Tensor r = v.tensor[static_cast<int64_t>(i)];
-          if (lengths != fetches.end() && v.tensor.dim() == 2) {
-            r = r.narrow(0, 0, lengths->second.tensor[static_cast<int64_t>(i)].item<int64_t>());
-          }
-          row[name] = RowToJson(r);
-        }
-      }
+      const nlohmann::ordered_json row = FetchRowToJson(fetches, static_cast<int64_t>(i));
       out << row.dump() << "\n";
     }
     out.flush();
@@ -417,6 +396,65 @@ int Predict(const PredictFlags& f) {
   return 0;
 }
 
+// `serve`: the bundle's subgraphs over HTTP until SIGTERM or SIGINT, which stop accepting, finish
+// the requests in flight and exit 0.
+struct ServeFlags {
+  std::string bundle, checkpoint, port_file;
+  std::vector<std::string> subgraphs;
+  ServeOptions options;
+  int64_t port = 0, max_batch_size = 32, batch_timeout_micros = 2000, max_enqueued = 256;
+  int64_t batch_threads = 1, http_threads = 32, max_body_bytes = 4 << 20, intra_op_threads = 0;
+  int64_t max_input_tokens = 4096;
+  bool no_batching = false;
+};
+
+int Serve(ServeFlags& f) {
+  // Block the stop signals in every thread; this one waits for them with sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads), false);
+  PredictorOptions po;
+  po.subgraphs = f.subgraphs;
+  po.checkpoint = f.checkpoint;
+  po.max_input_tokens = f.max_input_tokens;
+  po.max_batch_size = std::max<int64_t>(f.max_batch_size, po.max_batch_size);
+  Predictor predictor(f.bundle, po);
+  ServeOptions& o = f.options;
+  o.port = static_cast<int>(f.port);
+  o.enable_batching = !f.no_batching;
+  o.max_batch_size = f.max_batch_size;
+  o.batch_timeout_micros = f.batch_timeout_micros;
+  o.max_enqueued_requests = f.max_enqueued;
+  o.num_batch_threads = static_cast<int>(f.batch_threads);
+  o.num_http_threads = static_cast<int>(f.http_threads);
+  o.max_body_bytes = static_cast<size_t>(f.max_body_bytes);
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  std::cout << "serving " << f.bundle << " (global step " << predictor.global_step()
+            << ") on http://" << o.host << ":" << port << std::endl;
+  if (!f.port_file.empty()) {  // written whole, then renamed: a reader never sees half of it
+    const std::string tmp = f.port_file + ".tmp";
+    {
+      std::ofstream pf(tmp, std::ios::trunc);
+      pf << port << "\n";
+      if (!pf) throw AbortedError(StrCat("--port_file: cannot write '", tmp, "'"));
+    }
+    if (std::rename(tmp.c_str(), f.port_file.c_str()) != 0) {
+      throw AbortedError(StrCat("--port_file: cannot rename '", tmp, "' to '", f.port_file, "'"));
+    }
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::cout << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
+            << ": finishing the requests in flight" << std::endl;
+  server.Stop();
+  std::cout << "stopped" << std::endl;
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models."};
   // Flag errors are one line, like every other error.
@@ -475,6 +513,47 @@ int Run(int argc, char** argv) {
   export_cmd->add_option("--out", export_out, "The bundle directory (new or empty).")->required();
   export_cmd->add_option("--dtype", export_dtype, "Weights: float32 or bfloat16.")
       ->capture_default_str();
+  bool export_torchscript = false;
+  export_cmd->add_flag("--torchscript", export_torchscript,
+                       "Also write torchscript/network.pt (ids to log-probs) for torch.jit.load.");
+  ServeFlags serve_f;
+  auto* serve = app.add_subcommand(
+      "serve", "Serve an inference bundle over HTTP/JSON with dynamic batching (docs/inference.md).");
+  serve->add_option("--bundle", serve_f.bundle, "The bundle directory (glossa export).")
+      ->required();
+  serve->add_option("--host", serve_f.options.host, "The address to listen on.")
+      ->capture_default_str();
+  AddIntFlag(serve, "--port", serve_f.port, 0, 65535, "The port (0: a free one, printed).");
+  serve->add_option("--port_file", serve_f.port_file, "Write the port to this file once listening.");
+  serve->add_option("--subgraphs", serve_f.subgraphs,
+                    "Subgraphs to serve, comma-separated (default: all the bundle has).")
+      ->delimiter(',');
+  serve->add_option("--checkpoint", serve_f.checkpoint,
+                    "Serve this training checkpoint's weights instead of the bundle's.");
+  serve->add_option("--watch_logdir", serve_f.options.watch_logdir,
+                    "Reload the latest checkpoint of <dir>/train whenever it changes.");
+  serve->add_option("--watch_interval_secs", serve_f.options.watch_interval_secs,
+                    "How often to look at --watch_logdir.")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 86400.0));
+  serve->add_flag("--no_batching", serve_f.no_batching,
+                  "Run each request alone on its HTTP thread (no dynamic batching).");
+  AddIntFlag(serve, "--max_batch_size", serve_f.max_batch_size, 1, 4096,
+             "Most examples merged into one run.");
+  AddIntFlag(serve, "--batch_timeout_micros", serve_f.batch_timeout_micros, 0, 10000000,
+             "How long the first request of a batch waits for others.");
+  AddIntFlag(serve, "--max_enqueued_requests", serve_f.max_enqueued, 1, 1000000,
+             "Requests that may wait for a batch; more are answered 503.");
+  AddIntFlag(serve, "--num_batch_threads", serve_f.batch_threads, 1, 256,
+             "Threads running batches.");
+  AddIntFlag(serve, "--num_http_threads", serve_f.http_threads, 1, 4096,
+             "Threads answering connections.");
+  AddIntFlag(serve, "--max_body_bytes", serve_f.max_body_bytes, 1, int64_t{1} << 31,
+             "Larger request bodies are answered 413.");
+  AddIntFlag(serve, "--max_input_tokens", serve_f.max_input_tokens, 1, int64_t{1} << 24,
+             "Longer inputs are answered 400.");
+  AddIntFlag(serve, "--intra_op_threads", serve_f.intra_op_threads, 0, 1024,
+             "Threads per op (0: the machine's cores).");
   PredictFlags predict_f;
   auto* predict = app.add_subcommand(
       "predict", "Run an inference bundle's subgraph on JSON lines (or text lines) from stdin or "
@@ -589,6 +668,7 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (*predict) return Predict(predict_f);
+  if (*serve) return Serve(serve_f);
   if (*export_cmd) {
     ModelFlags f = export_f;
     const std::string checkpoint = f.checkpoint;
@@ -603,7 +683,8 @@ int Run(int argc, char** argv) {
     }
     const int64_t step =
         ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = export_out,
-                      .dtype = export_dtype, .subgraphs = export_subgraphs});
+                      .dtype = export_dtype, .subgraphs = export_subgraphs,
+                      .torchscript = export_torchscript});
     std::cout << "exported " << ckpt << " (step " << step << ") to " << export_out << "\n";
     return 0;
   }

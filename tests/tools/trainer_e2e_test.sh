@@ -67,7 +67,7 @@ check "decoder output $out" test "$(grep -c ' ||| ' "$out" 2>/dev/null)" -ge 16
 check "decoder score" grep -q "^num_samples_in_batch: " "$(printf "%s/decoder_dev/score-%08d.txt" "$logdir" "$target")"
 
 # 3b. export: an inference bundle of the final checkpoint; never over an existing one.
-check "export" "$glossa" export "${flags[@]}" --max_steps=$target --out="$tmp/bundle" > "$tmp/export.log" 2>&1
+check "export" "$glossa" export "${flags[@]}" --max_steps=$target --out="$tmp/bundle" --torchscript > "$tmp/export.log" 2>&1
 check "export names the checkpoint: $(cat "$tmp/export.log")" grep -q "exported .*$final (step $target) to $tmp/bundle" "$tmp/export.log"
 check "bundle manifest and weights" test -s "$tmp/bundle/MANIFEST.json" -a -s "$tmp/bundle/weights.safetensors" -a -s "$tmp/bundle/assets/spm_2k.model"
 one_line_error() {  # one_line_error <pattern> <args...>
@@ -81,6 +81,9 @@ one_line_error "exists and is not empty" export "${flags[@]}" --out="$tmp/bundle
 # predict: text lines (one string feed) and JSON lines, in batches; errors name the line.
 printf 'It is a truth universally acknowledged\nthat a single man\nmust be in want of a wife\n' > "$tmp/texts.txt"
 check "predict scores text lines" bash -c "'$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' --batch_size=2 > '$tmp/scores.jsonl' && test \$(wc -l < '$tmp/scores.jsonl') -eq 3 && grep -q '\"total_log_prob\":-' '$tmp/scores.jsonl'"
+# The TorchScript network, run by stock PyTorch, gives predict's log-probs bit for bit.
+"$glossa" predict --bundle="$tmp/bundle" --input="$tmp/texts.txt" > "$tmp/scores_one_batch.jsonl" 2>/dev/null
+check "torchscript = predict" /usr/bin/python3 "$(dirname "$0")/../reference/check_torchscript.py" "$tmp/bundle" "$tmp/scores_one_batch.jsonl"
 printf '{"prompt": "Elizabeth", "max_new_tokens": 4, "seed": 1}\n{"prompt": "Mr. Darcy", "max_new_tokens": 4, "seed": 1}\n' > "$tmp/prompts.jsonl"
 check "predict generates from JSON lines" bash -c "'$glossa' predict --bundle='$tmp/bundle' --subgraph=generate < '$tmp/prompts.jsonl' > '$tmp/gen.jsonl' && test \$(wc -l < '$tmp/gen.jsonl') -eq 2 && grep -q '\"text\":' '$tmp/gen.jsonl'"
 printf 'fine\n{"txt": "x"}\n' > "$tmp/bad_feed.jsonl"
@@ -90,6 +93,56 @@ one_line_error "bad_type.jsonl:1: feed 'prompt' must be a string" predict --bund
 one_line_error "has no subgraph 'translate'" predict --bundle="$tmp/bundle" --subgraph=translate --input="$tmp/texts.txt"
 one_line_error "has no MANIFEST.json" predict --bundle="$tmp" --input="$tmp/texts.txt"
 one_line_error "dtype must be float32 or bfloat16" export "${flags[@]}" --out="$tmp/bundle16" --dtype=float16
+
+# serve: HTTP on a free 127.0.0.1 port, driven by curl: answers, errors, concurrent clients, a 10 MB
+# body, and SIGTERM with requests in flight (they finish, the server exits 0).
+wait_for() {  # wait_for <description> <command...>: polls for an event, gives up after 60 s
+  local what="$1"; shift
+  for _ in $(seq 1 1200); do "$@" && return 0; sleep 0.05; done
+  echo "FAIL: timed out waiting for $what"; fail=1; return 1
+}
+"$glossa" serve --bundle="$tmp/bundle" --port=0 --port_file="$tmp/port" --max_body_bytes=1000000 \
+  > "$tmp/serve.log" 2>&1 &
+serve_pid=$!
+if wait_for "the port file" test -s "$tmp/port"; then
+  url="http://127.0.0.1:$(cat "$tmp/port")"
+  check "serve: subgraphs" bash -c "curl -sf '$url/v1/subgraphs' | grep -q '\"generate\"'"
+  check "serve: healthz" bash -c "curl -sf '$url/healthz' | grep -q '\"status\":\"ok\"'"
+  score=$(curl -s -X POST "$url/v1/subgraphs/default:run" -d '{"feeds": {"text": ["It is a truth universally acknowledged"]}}')
+  predicted=$(head -1 "$tmp/scores.jsonl" | sed 's/.*"total_log_prob":\([-0-9.e]*\).*/\1/')
+  check "serve scores as predict does ($score vs $predicted)" grep -q "\"total_log_prob\":\[$predicted\]" <<<"$score"
+  code() { curl -s -o "$tmp/body" -w '%{http_code}' -X POST "$url$1" "${@:2}"; }
+  check "serve: malformed body is 400" test "$(code /v1/subgraphs/default:run -d '{"feeds": ')" = 400
+  check "serve: 400 names the JSON error" grep -q 'not valid JSON' "$tmp/body"
+  check "serve: unknown subgraph is 404" test "$(code /v1/subgraphs/translate:run -d '{}')" = 404
+  check "serve: bad feed is 400" test "$(code /v1/subgraphs/default:run -d '{"feeds": {"txt": ["a"]}}')" = 400
+  check "serve: bad feed message" grep -q "unknown feed 'txt' (feeds: text)" "$tmp/body"
+  head -c 10000000 /dev/zero | tr '\0' 'x' > "$tmp/big.json"
+  check "serve: a 10 MB body is 413" test "$(code /v1/subgraphs/default:run --data-binary @"$tmp/big.json")" = 413
+  # 16 concurrent clients, then SIGTERM while 4 long generations are in flight.
+  for i in $(seq 1 16); do
+    curl -s -o "$tmp/c$i.json" -w '%{http_code}\n' -X POST "$url/v1/subgraphs/default:run" \
+      -d "{\"feeds\": {\"text\": [\"client $i\"]}}" > "$tmp/c$i.code" &
+  done
+  wait_for "16 clients" bash -c "test \$(cat '$tmp'/c*.code 2>/dev/null | grep -c '^200$') -eq 16"
+  check "serve: 16 clients scored" bash -c "grep -l total_log_prob '$tmp'/c*.json | wc -l | grep -qx 16"
+  for i in 1 2 3 4; do
+    curl -s -o "$tmp/g$i.json" -w '%{http_code}' -X POST "$url/v1/subgraphs/generate:run" \
+      -d "{\"feeds\": {\"prompt\": [\"Elizabeth\"], \"max_new_tokens\": 300, \"seed\": $i}}" > "$tmp/g$i.code" &
+  done
+  wait_for "4 requests in flight" bash -c "curl -s '$url/metrics' | grep -q '^glossa_serve_in_flight_requests 4$'"
+  kill -TERM "$serve_pid"
+  wait "$serve_pid"; serve_rc=$?
+  check "serve exits 0 on SIGTERM (rc $serve_rc)" test "$serve_rc" -eq 0
+  for i in 1 2 3 4; do wait_for "generation $i" test -s "$tmp/g$i.code"; done
+  check "serve: requests in flight at SIGTERM finish ($(cat "$tmp"/g*.code))" test "$(cat "$tmp"/g*.code)" = 200200200200
+  check "serve: drained" grep -q "finishing the requests in flight" "$tmp/serve.log"
+  check "serve: stopped" bash -c "! curl -s '$url/healthz'"
+else
+  kill "$serve_pid" 2>/dev/null
+fi
+one_line_error "cannot listen on 203.0.113.7:1" serve --bundle="$tmp/bundle" --host=203.0.113.7 --port=1
+one_line_error "--port: must be an integer in \\[0, 65535\\], got '70000'" serve --bundle="$tmp/bundle" --port=70000
 
 # 4. report: model vs unigram, and samples.
 check "report" "$glossa" report "${flags[@]}" --dataset=Dev > "$tmp/report.log" 2>/dev/null

@@ -1,0 +1,627 @@
+#include "glossa/inference/server.h"
+
+#include <ATen/ATen.h>
+#include <glog/logging.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+#include "glossa/inference/json_io.h"
+#include "glossa/inference/predictor.h"
+#include "glossa/runtime/saver.h"
+
+namespace glossa {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A full queue or a stopping server: HTTP 503.
+class UnavailableError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+int HttpStatus(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kDataLoss:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kUnimplemented:
+      return 501;
+    default:
+      return 500;
+  }
+}
+
+std::string ErrorBody(std::string_view code, const std::string& message) {
+  nlohmann::json j;
+  j["error"] = {{"code", code}, {"message", message}};
+  return j.dump();
+}
+
+// A Prometheus histogram (cumulative buckets when printed).
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // per bucket, plus +Inf
+  double sum = 0;
+  int64_t count = 0;
+  explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void Observe(double v) {
+    size_t i = 0;
+    while (i < bounds.size() && v > bounds[i]) ++i;
+    ++counts[i];
+    sum += v;
+    ++count;
+  }
+  void Print(std::ostringstream& out, const std::string& name, const std::string& labels) const {
+    const std::string sep = labels.empty() ? "" : ",";
+    int64_t cumulative = 0;
+    for (size_t i = 0; i <= bounds.size(); ++i) {
+      cumulative += counts[i];
+      std::ostringstream le;
+      if (i < bounds.size()) {
+        le << bounds[i];
+      } else {
+        le << "+Inf";
+      }
+      out << name << "_bucket{" << labels << sep << "le=\"" << le.str() << "\"} " << cumulative
+          << "\n";
+    }
+    const std::string braces = labels.empty() ? "" : "{" + labels + "}";
+    out << name << "_sum" << braces << " " << sum << "\n";
+    out << name << "_count" << braces << " " << count << "\n";
+  }
+};
+
+const std::vector<double> kLatencyBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                            0.25,  0.5,    1,     2.5,  5,     10,   30};
+const std::vector<double> kBatchBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+
+// One request waiting for a batch.
+struct Pending {
+  std::string subgraph, key;
+  InferenceMap feeds;
+  int64_t n = 0;
+  Clock::time_point enqueued;
+  std::promise<std::pair<InferenceMap, int64_t>> done;  // fetches, global step
+};
+
+int64_t BatchSize(const InferenceMap& feeds) {
+  for (const auto& [name, v] : feeds) {
+    if (v.is_strings()) return static_cast<int64_t>(v.strings.size());
+    if (v.tensor.dim() > 0) return v.tensor.size(0);
+  }
+  return 1;
+}
+
+// Requests merge when they run the same subgraph with the same feed names, the same option
+// values (rank 0) and the same non-batch dims and dtypes.
+std::string MergeKey(const std::string& subgraph, const InferenceMap& feeds) {
+  std::string key = subgraph;
+  for (const auto& [name, v] : feeds) {
+    key += "|" + name + ":";
+    if (v.is_strings()) {
+      key += "s";
+    } else if (v.tensor.dim() == 0) {
+      key += TensorToJson(v.tensor).dump() + c10::toString(v.tensor.scalar_type());
+    } else {
+      key += StrCat(c10::toString(v.tensor.scalar_type()), v.tensor.sizes().slice(1));
+    }
+  }
+  return key;
+}
+
+InferenceMap MergeFeeds(const std::vector<std::shared_ptr<Pending>>& batch) {
+  InferenceMap out;
+  for (const auto& [name, first] : batch[0]->feeds) {
+    if (first.is_strings()) {
+      std::vector<std::string> all;
+      for (const auto& p : batch) {
+        const auto& s = p->feeds.at(name).strings;
+        all.insert(all.end(), s.begin(), s.end());
+      }
+      out[name] = InferenceValue::Strings(std::move(all));
+    } else if (first.tensor.dim() == 0) {
+      out[name] = first;
+    } else {
+      std::vector<at::Tensor> parts;
+      for (const auto& p : batch) parts.push_back(p->feeds.at(name).tensor);
+      out[name] = InferenceValue::Of(at::cat(parts, 0));
+    }
+  }
+  return out;
+}
+
+// Rows [offset, offset + n) of every batched fetch of a run over `total` examples.
+InferenceMap SliceFetches(const InferenceMap& all, int64_t offset, int64_t n, int64_t total) {
+  InferenceMap out;
+  for (const auto& [name, v] : all) {
+    if (v.is_strings()) {
+      if (static_cast<int64_t>(v.strings.size()) == total) {
+        out[name] = InferenceValue::Strings(std::vector<std::string>(
+            v.strings.begin() + offset, v.strings.begin() + offset + n));
+      } else {
+        out[name] = v;
+      }
+    } else if (v.tensor.dim() > 0 && v.tensor.size(0) == total) {
+      out[name] = InferenceValue::Of(v.tensor.narrow(0, offset, n));
+    } else {
+      out[name] = v;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+struct InferenceServer::Impl {
+  Predictor* predictor;
+  ServeOptions options;
+  httplib::Server http;
+  std::thread listen_thread, watch_thread;
+  std::vector<std::thread> batch_threads;
+  std::atomic<bool> started{false}, stopping{false}, stopped{false};
+  std::atomic<int64_t> in_flight{0};
+  std::mutex stop_mu;
+
+  // The batch queue.
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Pending>> queue;
+  bool paused = false, batch_stop = false;
+
+  // The watched logdir.
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool watch_stop = false;
+  std::string last_watched;
+
+  // Metrics.
+  mutable std::mutex metrics_mu;
+  std::map<std::pair<std::string, int>, int64_t> requests;
+  std::map<std::string, Histogram> latency;
+  Histogram batch_sizes{kBatchBounds};
+  int64_t reloads_ok = 0, reloads_failed = 0;
+
+  const std::map<std::string, InferenceSubgraphSpec> specs;
+
+  Impl(Predictor* p, ServeOptions o)
+      : predictor(p), options(std::move(o)), specs(p->ListSubgraphs()) {}
+
+  void Count(const std::string& subgraph, int status, double seconds) {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    ++requests[{subgraph, status}];
+    latency.try_emplace(subgraph, kLatencyBounds).first->second.Observe(seconds);
+  }
+
+  // --- batching -----------------------------------------------------------------------------
+
+  std::future<std::pair<InferenceMap, int64_t>> Enqueue(const std::string& subgraph,
+                                                        InferenceMap feeds) {
+    auto p = std::make_shared<Pending>();
+    p->subgraph = subgraph;
+    p->key = MergeKey(subgraph, feeds);
+    p->n = BatchSize(feeds);
+    p->feeds = std::move(feeds);
+    p->enqueued = Clock::now();
+    auto future = p->done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (batch_stop) throw UnavailableError("the server is stopping");
+      if (static_cast<int64_t>(queue.size()) >= options.max_enqueued_requests) {
+        throw UnavailableError(StrCat("the queue is full (", options.max_enqueued_requests,
+                                      " requests wait); retry later"));
+      }
+      queue.push_back(std::move(p));
+    }
+    cv.notify_all();
+    return future;
+  }
+
+  void BatchLoop() {
+    for (;;) {
+      std::vector<std::shared_ptr<Pending>> batch;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return (!queue.empty() && !paused) || (batch_stop && queue.empty()); });
+        if (queue.empty()) return;  // batch_stop
+        batch.push_back(queue.front());
+        queue.pop_front();
+        int64_t n = batch[0]->n;
+        const auto deadline = batch[0]->enqueued + std::chrono::microseconds(
+                                                       options.batch_timeout_micros);
+        while (n < options.max_batch_size) {
+          auto it = std::find_if(queue.begin(), queue.end(), [&](const auto& p) {
+            return p->key == batch[0]->key && n + p->n <= options.max_batch_size;
+          });
+          if (it != queue.end()) {
+            n += (*it)->n;
+            batch.push_back(*it);
+            queue.erase(it);
+            continue;
+          }
+          if (batch_stop || Clock::now() >= deadline) break;
+          cv.wait_until(lock, deadline);
+        }
+      }
+      RunBatch(batch);
+    }
+  }
+
+  void RunBatch(const std::vector<std::shared_ptr<Pending>>& batch) {
+    int64_t total = 0;
+    for (const auto& p : batch) total += p->n;
+    {
+      std::lock_guard<std::mutex> lock(metrics_mu);
+      batch_sizes.Observe(static_cast<double>(total));
+    }
+    if (batch.size() > 1) {
+      try {
+        int64_t step = 0;
+        const InferenceMap all =
+            predictor->Run(batch[0]->subgraph, MergeFeeds(batch), {}, true, &step);
+        int64_t offset = 0;
+        for (const auto& p : batch) {
+          p->done.set_value({SliceFetches(all, offset, p->n, total), step});
+          offset += p->n;
+        }
+        return;
+      } catch (const std::exception& e) {
+        // One request must not fail the others: run each alone below.
+        LOG(WARNING) << "a merged batch of " << batch.size()
+                     << " requests failed; running them one by one: " << e.what();
+      }
+    }
+    for (const auto& p : batch) {
+      try {
+        int64_t step = 0;
+        InferenceMap fetches = predictor->Run(p->subgraph, p->feeds, {}, true, &step);
+        p->done.set_value({std::move(fetches), step});
+      } catch (...) {
+        p->done.set_exception(std::current_exception());
+      }
+    }
+  }
+
+  // --- HTTP ---------------------------------------------------------------------------------
+
+  void HandleRun(const httplib::Request& req, httplib::Response& res) {
+    const auto start = Clock::now();
+    ++in_flight;
+    std::string subgraph = req.matches[1];
+    const std::string label = specs.count(subgraph) ? subgraph : std::string("(unknown)");
+    try {
+      if (stopping) throw UnavailableError("the server is stopping");
+      auto spec = specs.find(subgraph);
+      if (spec == specs.end()) predictor->Validate(subgraph, {});  // NotFound listing subgraphs
+      nlohmann::json body;
+      try {
+        body = nlohmann::json::parse(req.body);
+      } catch (const nlohmann::json::exception& e) {
+        throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
+      }
+      if (!body.is_object()) {
+        throw InvalidArgumentError(StrCat("the request body must be a JSON object, got ",
+                                          body.type_name()));
+      }
+      for (auto it = body.begin(); it != body.end(); ++it) {
+        if (it.key() != "feeds" && it.key() != "fetch_keys") {
+          throw InvalidArgumentError(StrCat("unknown request field '", it.key(),
+                                            "' (fields: feeds, fetch_keys)"));
+        }
+      }
+      if (!body.contains("feeds")) throw InvalidArgumentError("the request has no \"feeds\"");
+      std::vector<std::string> fetch_keys;
+      if (body.contains("fetch_keys")) {
+        const auto& k = body["fetch_keys"];
+        if (!k.is_array()) throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
+        for (const auto& e : k) {
+          if (!e.is_string()) {
+            throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
+          }
+          fetch_keys.push_back(e.get<std::string>());
+        }
+      }
+      InferenceMap feeds =
+          FeedsFromJson(body["feeds"], spec->second, StrCat("subgraph '", subgraph, "'"));
+      predictor->Validate(subgraph, feeds, fetch_keys);
+      std::pair<InferenceMap, int64_t> result;
+      if (options.enable_batching) {
+        result = Enqueue(subgraph, std::move(feeds)).get();
+      } else {
+        result.first = predictor->Run(subgraph, feeds, {}, true, &result.second);
+      }
+      // Convert all fetches (per-token rows are cut by "lengths"), then keep the asked ones.
+      nlohmann::ordered_json all = FetchesToJson(result.first);
+      nlohmann::ordered_json out;
+      if (fetch_keys.empty()) {
+        out["fetches"] = std::move(all);
+      } else {
+        out["fetches"] = nlohmann::ordered_json::object();
+        for (const auto& k : fetch_keys) out["fetches"][k] = all[k];
+      }
+      out["global_step"] = result.second;
+      res.status = 200;
+      res.set_content(out.dump(), "application/json");
+    } catch (const Error& e) {
+      res.status = HttpStatus(e.code());
+      res.set_content(ErrorBody(StatusCodeName(e.code()), e.message()), "application/json");
+    } catch (const UnavailableError& e) {
+      res.status = 503;
+      res.set_content(ErrorBody("UNAVAILABLE", e.what()), "application/json");
+    } catch (const std::exception& e) {
+      res.status = 500;
+      res.set_content(ErrorBody("INTERNAL", e.what()), "application/json");
+      LOG(ERROR) << "request to subgraph '" << subgraph << "' failed: " << e.what();
+    }
+    Count(label, res.status, std::chrono::duration<double>(Clock::now() - start).count());
+    --in_flight;
+  }
+
+  void HandleSubgraphs(httplib::Response& res) {
+    nlohmann::ordered_json out;
+    out["subgraphs"] = nlohmann::ordered_json::object();
+    for (const auto& [name, spec] : specs) {
+      out["subgraphs"][name] = SpecToJson(spec);
+    }
+    out["global_step"] = predictor->global_step();
+    res.set_content(out.dump(), "application/json");
+  }
+
+  void HandleReload(const httplib::Request& req, httplib::Response& res, InferenceServer* self) {
+    try {
+      nlohmann::json body = nlohmann::json::object();
+      if (!req.body.empty()) {
+        try {
+          body = nlohmann::json::parse(req.body);
+        } catch (const nlohmann::json::exception& e) {
+          throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
+        }
+      }
+      if (!body.is_object() || (body.contains("checkpoint") && !body["checkpoint"].is_string())) {
+        throw InvalidArgumentError("expected {\"checkpoint\": \"PATH\"} or {}");
+      }
+      const std::string checkpoint = body.value("checkpoint", std::string());
+      const int64_t step = self->Reload(checkpoint);
+      res.set_content(nlohmann::json({{"global_step", step}}).dump(), "application/json");
+    } catch (const Error& e) {
+      res.status = HttpStatus(e.code());
+      res.set_content(ErrorBody(StatusCodeName(e.code()), e.message()), "application/json");
+    } catch (const std::exception& e) {
+      res.status = 500;
+      res.set_content(ErrorBody("INTERNAL", e.what()), "application/json");
+    }
+  }
+
+  std::string Metrics() const {
+    std::ostringstream out;
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    out << "# HELP glossa_serve_requests_total Requests to :run, by subgraph and HTTP status.\n"
+        << "# TYPE glossa_serve_requests_total counter\n";
+    for (const auto& [key, n] : requests) {
+      out << "glossa_serve_requests_total{subgraph=\"" << key.first << "\",code=\"" << key.second
+          << "\"} " << n << "\n";
+    }
+    out << "# HELP glossa_serve_request_duration_seconds Time from receiving a :run request to "
+           "its answer.\n# TYPE glossa_serve_request_duration_seconds histogram\n";
+    for (const auto& [subgraph, h] : latency) {
+      h.Print(out, "glossa_serve_request_duration_seconds", "subgraph=\"" + subgraph + "\"");
+    }
+    out << "# HELP glossa_serve_batch_size Examples per run of the model (merged requests).\n"
+           "# TYPE glossa_serve_batch_size histogram\n";
+    batch_sizes.Print(out, "glossa_serve_batch_size", "");
+    out << "# HELP glossa_serve_queue_depth Requests waiting for a batch.\n"
+           "# TYPE glossa_serve_queue_depth gauge\nglossa_serve_queue_depth "
+        << Queued() << "\n";
+    out << "# HELP glossa_serve_in_flight_requests Requests received and not yet answered.\n"
+           "# TYPE glossa_serve_in_flight_requests gauge\nglossa_serve_in_flight_requests "
+        << in_flight.load() << "\n";
+    out << "# HELP glossa_serve_model_global_step The global step of the weights served.\n"
+           "# TYPE glossa_serve_model_global_step gauge\nglossa_serve_model_global_step "
+        << predictor->global_step() << "\n";
+    out << "# HELP glossa_serve_reloads_total Weight reloads, by result.\n"
+           "# TYPE glossa_serve_reloads_total counter\n"
+        << "glossa_serve_reloads_total{result=\"ok\"} " << reloads_ok << "\n"
+        << "glossa_serve_reloads_total{result=\"error\"} " << reloads_failed << "\n";
+    return out.str();
+  }
+
+  int64_t Queued() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<int64_t>(queue.size());
+  }
+
+  void WatchLoop(InferenceServer* self) {
+    const std::string dir = JoinPath(options.watch_logdir, "train");
+    std::string failed;  // the last checkpoint that failed to load (reported once)
+    std::unique_lock<std::mutex> lock(watch_mu);
+    while (!watch_stop) {
+      lock.unlock();
+      try {
+        const auto latest = Saver::LatestCheckpoint(dir);
+        if (latest && *latest != last_watched && *latest != failed) {
+          self->Reload(*latest);
+        }
+      } catch (const std::exception& e) {
+        const auto latest = Saver::LatestCheckpoint(dir);
+        failed = latest.value_or("");
+        LOG(WARNING) << "watching '" << dir << "': " << e.what();
+      }
+      lock.lock();
+      watch_cv.wait_for(lock, std::chrono::duration<double>(options.watch_interval_secs),
+                        [&] { return watch_stop; });
+    }
+  }
+};
+
+InferenceServer::InferenceServer(Predictor* predictor, ServeOptions options)
+    : impl_(std::make_unique<Impl>(predictor, std::move(options))) {
+  const ServeOptions& o = impl_->options;
+  if (o.num_http_threads < 1 || o.num_batch_threads < 1 || o.max_batch_size < 1 ||
+      o.batch_timeout_micros < 0 || o.max_enqueued_requests < 1 || o.max_body_bytes < 1 ||
+      o.watch_interval_secs <= 0) {
+    throw InvalidArgumentError(
+        "serve: num_http_threads, num_batch_threads, max_batch_size, max_enqueued_requests, "
+        "max_body_bytes and watch_interval_secs must be positive, batch_timeout_micros >= 0");
+  }
+  if (o.enable_batching && o.max_batch_size > predictor->options().max_batch_size) {
+    throw InvalidArgumentError(StrCat("serve: max_batch_size ", o.max_batch_size,
+                                      " is more than the predictor's max_batch_size ",
+                                      predictor->options().max_batch_size));
+  }
+}
+
+InferenceServer::~InferenceServer() { Stop(); }
+
+int InferenceServer::Start() {
+  Impl& m = *impl_;
+  if (m.started.exchange(true)) throw FailedPreconditionError("serve: Start() called twice");
+  auto& http = m.http;
+  const int threads = m.options.num_http_threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(m.options.max_body_bytes);
+  http.set_keep_alive_timeout(2);
+  http.set_read_timeout(30);
+  http.Post(R"(/v1/subgraphs/([^/]+):run)",
+            [&m](const httplib::Request& req, httplib::Response& res) { m.HandleRun(req, res); });
+  http.Get("/v1/subgraphs",
+           [&m](const httplib::Request&, httplib::Response& res) { m.HandleSubgraphs(res); });
+  http.Post("/v1/admin/reload", [this](const httplib::Request& req, httplib::Response& res) {
+    impl_->HandleReload(req, res, this);
+  });
+  http.Get("/healthz", [&m](const httplib::Request&, httplib::Response& res) {
+    const bool ok = !m.stopping;
+    res.status = ok ? 200 : 503;
+    res.set_content(nlohmann::json({{"status", ok ? "ok" : "stopping"},
+                                    {"global_step", m.predictor->global_step()}})
+                        .dump(),
+                    "application/json");
+  });
+  http.Get("/metrics", [&m](const httplib::Request&, httplib::Response& res) {
+    res.set_content(m.Metrics(), "text/plain; version=0.0.4");
+  });
+  // Answers cpp-httplib makes itself (unknown paths 404, oversized bodies 413) get a JSON body.
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string code = "INVALID_ARGUMENT", message = StrCat("HTTP ", res.status);
+    if (res.status == 404) {
+      code = "NOT_FOUND";
+      message = StrCat("no endpoint ", req.method, " ", req.path,
+                       " (endpoints: GET /v1/subgraphs, POST /v1/subgraphs/NAME:run, "
+                       "POST /v1/admin/reload, GET /healthz, GET /metrics)");
+    } else if (res.status == 413) {
+      code = "RESOURCE_EXHAUSTED";
+      message = "the request body is larger than the server's max_body_bytes";
+    }
+    res.set_content(ErrorBody(code, message), "application/json");
+  });
+  const int port = m.options.port == 0 ? http.bind_to_any_port(m.options.host)
+                                       : (http.bind_to_port(m.options.host, m.options.port)
+                                              ? m.options.port
+                                              : -1);
+  if (port < 0) {
+    throw AbortedError(StrCat("serve: cannot listen on ", m.options.host, ":", m.options.port,
+                              " (in use, or not an address of this machine)"));
+  }
+  if (m.options.enable_batching) {
+    for (int i = 0; i < m.options.num_batch_threads; ++i) {
+      m.batch_threads.emplace_back([&m] { m.BatchLoop(); });
+    }
+  }
+  m.listen_thread = std::thread([&m] { m.http.listen_after_bind(); });
+  if (!m.options.watch_logdir.empty()) {
+    m.watch_thread = std::thread([this] { impl_->WatchLoop(this); });
+  }
+  return port;
+}
+
+void InferenceServer::Stop() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> stop_lock(m.stop_mu);
+  if (!m.started || m.stopped) return;
+  m.stopping = true;
+  m.http.stop();  // no new connections; the handlers in flight run to their end
+  ResumeBatching();
+  if (m.listen_thread.joinable()) m.listen_thread.join();  // joins the HTTP worker threads
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.batch_stop = true;
+  }
+  m.cv.notify_all();
+  for (auto& t : m.batch_threads) t.join();
+  {
+    std::lock_guard<std::mutex> lock(m.watch_mu);
+    m.watch_stop = true;
+  }
+  m.watch_cv.notify_all();
+  if (m.watch_thread.joinable()) m.watch_thread.join();
+  m.stopped = true;
+}
+
+int64_t InferenceServer::Reload(const std::string& checkpoint) {
+  Impl& m = *impl_;
+  std::string path = checkpoint;
+  if (path.empty()) {
+    if (m.options.watch_logdir.empty()) {
+      throw InvalidArgumentError("reload: give a \"checkpoint\" (the server watches no logdir)");
+    }
+    const std::string dir = JoinPath(m.options.watch_logdir, "train");
+    const auto latest = Saver::LatestCheckpoint(dir);
+    if (!latest) throw NotFoundError(StrCat("reload: no checkpoint in '", dir, "'"));
+    path = *latest;
+  }
+  try {
+    m.predictor->Load(path);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(m.metrics_mu);
+    ++m.reloads_failed;
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.watch_mu);
+    m.last_watched = path;
+  }
+  const int64_t step = m.predictor->global_step();
+  std::lock_guard<std::mutex> lock(m.metrics_mu);
+  ++m.reloads_ok;
+  LOG(INFO) << "serving the weights of '" << path << "' (global step " << step << ")";
+  return step;
+}
+
+std::string InferenceServer::MetricsText() const { return impl_->Metrics(); }
+int64_t InferenceServer::in_flight() const { return impl_->in_flight.load(); }
+int64_t InferenceServer::queued() const { return impl_->Queued(); }
+
+void InferenceServer::PauseBatching() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->paused = true;
+}
+
+void InferenceServer::ResumeBatching() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->paused = false;
+  }
+  impl_->cv.notify_all();
+}
+
+}  // namespace glossa

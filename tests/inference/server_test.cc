@@ -1,0 +1,425 @@
+// `glossa serve`'s server on an ephemeral 127.0.0.1 port, driven by cpp-httplib's client:
+// answers equal the Predictor's, bad requests get their status and message, queued requests are
+// merged into one batch, a full queue answers 503, Stop() finishes requests in flight and reloads
+// swap weights without failing requests.
+#include "glossa/inference/server.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "glossa/inference/json_io.h"
+#include "glossa/inference/predictor.h"
+#include "tests/inference/test_bundle.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+using nlohmann::json;
+
+// Waits for `ready` (an event, not a duration); fails the test after a minute.
+template <typename F>
+void WaitFor(F ready, const char* what) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (!ready()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "timed out waiting for " << what;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+struct Answer {
+  int status = 0;
+  json body;
+};
+
+Answer Post(int port, const std::string& path, const std::string& body) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120);
+  auto res = cli.Post(path.c_str(), body, "application/json");
+  if (!res) return {-1, json(httplib::to_string(res.error()))};
+  Answer a{res->status, json()};
+  try {
+    a.body = json::parse(res->body);
+  } catch (...) {
+    a.body = res->body;
+  }
+  return a;
+}
+
+Answer Get(int port, const std::string& path) {
+  httplib::Client cli("127.0.0.1", port);
+  auto res = cli.Get(path.c_str());
+  if (!res) return {-1, json()};
+  Answer a{res->status, json()};
+  try {
+    a.body = json::parse(res->body);
+  } catch (...) {
+    a.body = res->body;
+  }
+  return a;
+}
+
+json ScoreRequest(const std::vector<std::string>& texts) {
+  return {{"feeds", {{"text", texts}}}};
+}
+
+json GenerateRequest(const std::string& prompt, int64_t seed, int64_t max_new = 4) {
+  return {{"feeds", {{"prompt", {prompt}}, {"max_new_tokens", max_new}, {"seed", seed},
+                     {"temperature", 1.0}}}};
+}
+
+std::vector<double> Numbers(const json& j) {
+  if (!j.is_array()) return {j.get<double>()};
+  std::vector<double> out;
+  for (const auto& e : j) {
+    const auto n = Numbers(e);
+    out.insert(out.end(), n.begin(), n.end());
+  }
+  return out;
+}
+
+// A Prometheus sample's value ("name{labels}" exactly), or -1.
+double Metric(const std::string& text, const std::string& sample) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(sample + " ", 0) == 0) return std::stod(line.substr(sample.size() + 1));
+  }
+  return -1;
+}
+
+TEST(Serve, AnswersAsThePredictorDoes) {
+  Predictor predictor(ExportedBundle());
+  InferenceServer server(&predictor, {});
+  const int port = server.Start();
+  ASSERT_GT(port, 0);
+  const Answer specs = Get(port, "/v1/subgraphs");
+  ASSERT_EQ(specs.status, 200);
+  EXPECT_EQ(specs.body["global_step"], 3);
+  EXPECT_EQ(specs.body["subgraphs"]["default"]["feeds"]["text"]["dtype"], "string");
+  EXPECT_EQ(specs.body["subgraphs"]["generate"]["feeds"]["seed"]["optional"], true);
+
+  const Answer a = Post(port, "/v1/subgraphs/default:run", ScoreRequest(kTexts).dump());
+  ASSERT_EQ(a.status, 200) << a.body;
+  const InferenceMap want = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
+  EXPECT_EQ(a.body["fetches"], json::parse(FetchesToJson(want).dump()));
+  for (size_t i = 0; i < kTexts.size(); ++i) {  // the float32 values themselves
+    EXPECT_EQ(a.body["fetches"]["total_log_prob"][i].get<double>(),
+              want.at("total_log_prob").tensor[static_cast<int64_t>(i)].item<float>());
+    // Per-token rows are cut to their lengths.
+    EXPECT_EQ(a.body["fetches"]["log_probs"][i].size(),
+              want.at("lengths").tensor[static_cast<int64_t>(i)].item<int64_t>());
+  }
+  EXPECT_EQ(a.body["global_step"], 3);
+  // Generation with a seed gives the Predictor's text; fetch_keys select.
+  json g = GenerateRequest("Elizabeth", 11);
+  g["fetch_keys"] = {"text"};
+  const Answer ga = Post(port, "/v1/subgraphs/generate:run", g.dump());
+  ASSERT_EQ(ga.status, 200) << ga.body;
+  EXPECT_EQ(ga.body["fetches"].size(), 1u);
+  const InferenceMap gw = predictor.Run(
+      "generate", {{"prompt", InferenceValue::Strings({"Elizabeth"})},
+                   {"max_new_tokens", InferenceValue::Of(at::scalar_tensor(4, at::kLong))},
+                   {"seed", InferenceValue::Of(at::scalar_tensor(11, at::kLong))},
+                   {"temperature", InferenceValue::Of(at::scalar_tensor(1.0, at::kFloat))}});
+  EXPECT_EQ(ga.body["fetches"]["text"][0], gw.at("text").strings[0]);
+
+  const Answer health = Get(port, "/healthz");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body["status"], "ok");
+  const std::string metrics = server.MetricsText();
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_requests_total{subgraph="default",code="200"})"), 1);
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_requests_total{subgraph="generate",code="200"})"), 1);
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_request_duration_seconds_count{subgraph="default"})"),
+            1);
+  EXPECT_EQ(Metric(metrics, "glossa_serve_model_global_step"), 3);
+  EXPECT_EQ(Get(port, "/metrics").body.get<std::string>(), server.MetricsText());
+  server.Stop();
+}
+
+TEST(Serve, BadRequestsGetTheirStatusAndMessage) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.max_body_bytes = 1 << 20;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  auto expect = [&](const std::string& path, const std::string& body, int status,
+                    const std::string& code, const std::string& message) {
+    const Answer a = Post(port, path, body);
+    EXPECT_EQ(a.status, status) << body.substr(0, 80) << " -> " << a.body;
+    ASSERT_TRUE(a.body.is_object()) << a.body;
+    EXPECT_EQ(a.body["error"]["code"], code) << body.substr(0, 80);
+    EXPECT_NE(a.body["error"]["message"].get<std::string>().find(message), std::string::npos)
+        << a.body["error"]["message"] << " lacks " << message;
+  };
+  const std::string run = "/v1/subgraphs/default:run";
+  expect(run, "{\"feeds\": {\"text\": [\"a\"]", 400, "INVALID_ARGUMENT", "not valid JSON");
+  expect(run, "[1, 2]", 400, "INVALID_ARGUMENT", "must be a JSON object, got array");
+  expect(run, "{}", 400, "INVALID_ARGUMENT", "the request has no \"feeds\"");
+  expect(run, R"({"feeds": {}, "inputs": 1})", 400, "INVALID_ARGUMENT",
+         "unknown request field 'inputs'");
+  expect(run, R"({"feeds": {"txt": ["a"]}})", 400, "INVALID_ARGUMENT",
+         "unknown feed 'txt' (feeds: text)");
+  expect(run, R"({"feeds": {"text": "a"}})", 400, "INVALID_ARGUMENT",
+         "feed 'text' must be an array of strings, got string");
+  expect(run, R"({"feeds": {"text": ["a", 3]}})", 400, "INVALID_ARGUMENT",
+         "feed 'text'[1] must be a string, got number");
+  expect(run, R"({"feeds": {"text": []}})", 400, "INVALID_ARGUMENT", "is an empty batch");
+  expect(run, R"({"feeds": {}})", 400, "INVALID_ARGUMENT", "missing feed 'text'");
+  expect(run, R"({"feeds": {"text": ["a"]}, "fetch_keys": ["logits"]})", 400,
+         "INVALID_ARGUMENT", "unknown fetch 'logits'");
+  expect("/v1/subgraphs/generate:run", R"({"feeds": {"prompt": ["a"], "max_new_tokens": 2.5}})",
+         400, "INVALID_ARGUMENT", "feed 'max_new_tokens' must hold integers, got 2.5");
+  expect("/v1/subgraphs/generate:run", R"({"feeds": {"prompt": ["a"], "seed": [1, 2]}})", 400,
+         "INVALID_ARGUMENT", "feed 'seed' must have rank 0, got rank 1");
+  expect("/v1/subgraphs/translate:run", R"({"feeds": {}})", 404, "NOT_FOUND",
+         "no subgraph 'translate' (subgraphs: default, generate)");
+  expect("/v1/models", "{}", 404, "NOT_FOUND", "no endpoint POST /v1/models");
+  // A 10 MB body over the 1 MiB limit: 413, and the connection is not left broken.
+  expect(run, std::string(10 << 20, 'x'), 413, "RESOURCE_EXHAUSTED", "larger than");
+  expect("/v1/admin/reload", R"({"checkpoint": "/no/such/ckpt-1"})", 404, "NOT_FOUND",
+         "/no/such/ckpt-1");
+  expect("/v1/admin/reload", R"({})", 400, "INVALID_ARGUMENT", "watches no logdir");
+  // Still serving, on the same weights.
+  const Answer ok = Post(port, run, ScoreRequest({"a"}).dump());
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.body["global_step"], 3);
+  EXPECT_EQ(Metric(server.MetricsText(), R"(glossa_serve_reloads_total{result="error"})"), 1);
+}
+
+TEST(Serve, ConcurrentClientsGetTheSequentialResults) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.max_batch_size = 8;
+  o.batch_timeout_micros = 5000;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  // 200 mixed requests: scoring one or two texts, and seeded generation.
+  constexpr int kRequests = 200, kClients = 8;
+  auto request = [](int i) -> std::pair<std::string, json> {
+    if (i % 3 == 2) return {"generate", GenerateRequest(kTexts[i % 3], i)};
+    std::vector<std::string> texts = {kTexts[i % 3]};
+    if (i % 2) texts.push_back(kTexts[(i + 1) % 3]);
+    return {"default", ScoreRequest(texts)};
+  };
+  std::vector<json> sequential(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    const auto [subgraph, req] = request(i);
+    InferenceMap feeds =
+        FeedsFromJson(req["feeds"], predictor.ListSubgraphs().at(subgraph), "test");
+    sequential[i] = json::parse(FetchesToJson(predictor.Run(subgraph, feeds)).dump());
+  }
+  std::vector<Answer> answers(kRequests);
+  std::atomic<int> next{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&] {
+      for (int i = next++; i < kRequests; i = next++) {
+        const auto [subgraph, req] = request(i);
+        answers[i] = Post(port, "/v1/subgraphs/" + subgraph + ":run", req.dump());
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_EQ(answers[i].status, 200) << i << ": " << answers[i].body;
+    const json& got = answers[i].body["fetches"];
+    const json& want = sequential[i];
+    ASSERT_EQ(got.size(), want.size()) << i;
+    for (auto it = want.begin(); it != want.end(); ++it) {
+      // A merged batch pads differently: scores agree to float rounding, the rest exactly.
+      if (it.key() == "total_log_prob" || it.key() == "log_probs") {
+        const auto g = at::tensor(Numbers(got[it.key()]), at::kDouble);
+        const auto w = at::tensor(Numbers(it.value()), at::kDouble);
+        ASSERT_EQ(g.numel(), w.numel()) << i << " " << it.key();
+        EXPECT_TRUE(at::allclose(g, w, 1e-5, 1e-4)) << i << " " << it.key();
+      } else {
+        EXPECT_EQ(got[it.key()], it.value()) << i << " " << it.key();
+      }
+    }
+  }
+  const std::string metrics = server.MetricsText();
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_requests_total{subgraph="default",code="200"})") +
+                Metric(metrics, R"(glossa_serve_requests_total{subgraph="generate",code="200"})"),
+            kRequests);
+  EXPECT_LE(Metric(metrics, "glossa_serve_batch_size_count"), kRequests);
+}
+
+TEST(Serve, QueuedRequestsMergeIntoOneBatchPerOptions) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.max_batch_size = 16;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  server.PauseBatching();
+  // Four scoring requests (5 texts) and two generations with different max_new_tokens.
+  std::vector<std::pair<std::string, json>> reqs = {
+      {"default", ScoreRequest({kTexts[0]})},
+      {"default", ScoreRequest({kTexts[1], kTexts[2]})},
+      {"generate", GenerateRequest("Elizabeth", 1, 3)},
+      {"default", ScoreRequest({kTexts[2]})},
+      {"generate", GenerateRequest("Elizabeth", 1, 5)},
+      {"default", ScoreRequest({kTexts[0]})}};
+  std::vector<Answer> answers(reqs.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    clients.emplace_back([&, i] {
+      answers[i] = Post(port, "/v1/subgraphs/" + reqs[i].first + ":run", reqs[i].second.dump());
+    });
+  }
+  WaitFor([&] { return server.queued() == static_cast<int64_t>(reqs.size()); }, "6 queued");
+  EXPECT_EQ(Metric(server.MetricsText(), "glossa_serve_queue_depth"), 6);
+  server.ResumeBatching();
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(answers[i].status, 200) << answers[i].body;
+    const InferenceMap feeds =
+        FeedsFromJson(reqs[i].second["feeds"], predictor.ListSubgraphs().at(reqs[i].first), "t");
+    const json want =
+        json::parse(FetchesToJson(predictor.Run(reqs[i].first, feeds)).dump());
+    if (reqs[i].first == "generate") {
+      EXPECT_EQ(answers[i].body["fetches"], want);
+    } else {
+      EXPECT_EQ(answers[i].body["fetches"]["ids"], want["ids"]);
+      EXPECT_NEAR(answers[i].body["fetches"]["total_log_prob"][0].get<double>(),
+                  want["total_log_prob"][0].get<double>(), 1e-4);
+    }
+  }
+  // One batch of 5 texts, and one per generation (their option feeds differ).
+  const std::string metrics = server.MetricsText();
+  EXPECT_EQ(Metric(metrics, "glossa_serve_batch_size_count"), 3);
+  EXPECT_EQ(Metric(metrics, "glossa_serve_batch_size_sum"), 7);
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_batch_size_bucket{le="4"})"), 2);
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_batch_size_bucket{le="8"})"), 3);
+}
+
+TEST(Serve, AFullQueueAnswers503) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.max_enqueued_requests = 1;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  server.PauseBatching();
+  Answer first;
+  std::thread client([&] { first = Post(port, "/v1/subgraphs/default:run",
+                                        ScoreRequest({"a"}).dump()); });
+  WaitFor([&] { return server.queued() == 1; }, "a queued request");
+  const Answer second = Post(port, "/v1/subgraphs/default:run", ScoreRequest({"b"}).dump());
+  EXPECT_EQ(second.status, 503);
+  EXPECT_EQ(second.body["error"]["code"], "UNAVAILABLE");
+  EXPECT_NE(second.body["error"]["message"].get<std::string>().find("the queue is full"),
+            std::string::npos);
+  server.ResumeBatching();
+  client.join();
+  EXPECT_EQ(first.status, 200);
+  EXPECT_EQ(Metric(server.MetricsText(),
+                   R"(glossa_serve_requests_total{subgraph="default",code="503"})"),
+            1);
+}
+
+TEST(Serve, StopFinishesTheRequestsInFlight) {
+  Predictor predictor(ExportedBundle());
+  auto server = std::make_unique<InferenceServer>(&predictor, ServeOptions{});
+  const int port = server->Start();
+  server->PauseBatching();
+  std::vector<Answer> answers(3);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&, i] {
+      answers[i] = Post(port, "/v1/subgraphs/generate:run", GenerateRequest(kTexts[i], i).dump());
+    });
+  }
+  WaitFor([&] { return server->in_flight() == 3 && server->queued() == 3; }, "3 in flight");
+  server->Stop();  // stops accepting, then lets the three finish
+  for (auto& t : clients) t.join();
+  for (const auto& a : answers) {
+    EXPECT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(a.body["fetches"]["text"].size(), 1u);
+  }
+  EXPECT_EQ(Post(port, "/v1/subgraphs/default:run", ScoreRequest({"a"}).dump()).status, -1);
+  server.reset();
+}
+
+// The logdir of the small LM trained on to step 6 (a second checkpoint to reload).
+const std::string& LaterLogdir() {
+  static const std::string logdir = [] {
+    const std::string d = Dir("later");
+    fs::copy(TrainedLogdir(), d, fs::copy_options::recursive);
+    Executor(GetModelParams("lm.austen.TransformerLmTiny", "Train",
+                            std::string(kSmall) + "task.train.max_steps : 6\n"),
+             {.logdir = d, .log = [](const std::string&) {}})
+        .Run();
+    return d;
+  }();
+  return logdir;
+}
+
+TEST(Serve, ReloadsSwapWeightsWithoutFailingRequests) {
+  const std::string ckpt3 = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+  const std::string ckpt6 = *Saver::LatestCheckpoint(LaterLogdir() + "/train");
+  ASSERT_NE(ckpt3, ckpt6);
+  Predictor predictor(ExportedBundle());
+  InferenceServer server(&predictor, {});
+  const int port = server.Start();
+  std::atomic<bool> done{false};
+  std::atomic<int> served{0};
+  std::vector<Answer> failures;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      while (!done) {
+        const Answer a = Post(port, "/v1/subgraphs/default:run", ScoreRequest({kTexts[c % 3]}).dump());
+        const int64_t step = a.status == 200 ? a.body["global_step"].get<int64_t>() : -1;
+        if (step != 3 && step != 6) {
+          std::lock_guard<std::mutex> lock(mu);
+          failures.push_back(a);
+        }
+        ++served;
+      }
+    });
+  }
+  for (int r = 0; r < 4; ++r) {
+    const int before = served;
+    const std::string ckpt = r % 2 == 0 ? ckpt6 : ckpt3;
+    const Answer a = Post(port, "/v1/admin/reload", json({{"checkpoint", ckpt}}).dump());
+    EXPECT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(a.body["global_step"], r % 2 == 0 ? 6 : 3);
+    WaitFor([&] { return served >= before + 8; }, "requests after a reload");
+  }
+  done = true;
+  for (auto& t : clients) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, e.g. " << failures[0].body;
+  EXPECT_EQ(Metric(server.MetricsText(), R"(glossa_serve_reloads_total{result="ok"})"), 4);
+  server.Stop();
+
+  // A watched logdir: the server picks up its latest checkpoint by itself, and answers with it.
+  Predictor watched(ExportedBundle());
+  ServeOptions o;
+  o.watch_logdir = LaterLogdir();
+  o.watch_interval_secs = 0.05;
+  InferenceServer watching(&watched, o);
+  const int wport = watching.Start();
+  WaitFor([&] { return watched.global_step() == 6; }, "the watched checkpoint");
+  const Answer a = Post(wport, "/v1/subgraphs/default:run", ScoreRequest({kTexts[0]}).dump());
+  EXPECT_EQ(a.body["global_step"], 6);
+  PredictorOptions at6;
+  at6.checkpoint = ckpt6;
+  const InferenceMap want =
+      Predictor(ExportedBundle(), at6).Run("default", {{"text", InferenceValue::Strings({kTexts[0]})}});
+  EXPECT_EQ(a.body["fetches"]["total_log_prob"][0].get<double>(),
+            want.at("total_log_prob").tensor[0].item<float>());
+  const Answer again = Post(wport, "/v1/admin/reload", "");
+  EXPECT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.body["global_step"], 6);
+}
+
+}  // namespace
+}  // namespace glossa
