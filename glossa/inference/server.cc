@@ -188,6 +188,7 @@ struct InferenceServer::Impl {
   std::condition_variable cv;
   std::deque<std::shared_ptr<Pending>> queue;
   bool paused = false, batch_stop = false;
+  bool draining = false;  // stopping: run what is queued without waiting for more
 
   // The watched logdir.
   std::mutex watch_mu;
@@ -259,7 +260,7 @@ struct InferenceServer::Impl {
             queue.erase(it);
             continue;
           }
-          if (batch_stop || Clock::now() >= deadline) break;
+          if (batch_stop || draining || Clock::now() >= deadline) break;
           cv.wait_until(lock, deadline);
         }
       }
@@ -560,7 +561,12 @@ void InferenceServer::Stop() {
   if (!m.started || m.stopped) return;
   m.stopping = true;
   m.http.stop();  // no new connections; the handlers in flight run to their end
-  ResumeBatching();
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.draining = true;
+    m.paused = false;
+  }
+  m.cv.notify_all();
   if (m.listen_thread.joinable()) m.listen_thread.join();  // joins the HTTP worker threads
   {
     std::lock_guard<std::mutex> lock(m.mu);

@@ -540,7 +540,7 @@ int Run(int argc, char** argv) {
                   "Run each request alone on its HTTP thread (no dynamic batching).");
   AddIntFlag(serve, "--max_batch_size", serve_f.max_batch_size, 1, 4096,
              "Most examples merged into one run.");
-  AddIntFlag(serve, "--batch_timeout_micros", serve_f.batch_timeout_micros, 0, 10000000,
+  AddIntFlag(serve, "--batch_timeout_micros", serve_f.batch_timeout_micros, 0, 3600000000,
              "How long the first request of a batch waits for others.");
   AddIntFlag(serve, "--max_enqueued_requests", serve_f.max_enqueued, 1, 1000000,
              "Requests that may wait for a batch; more are answered 503.");

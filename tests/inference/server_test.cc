@@ -326,14 +326,17 @@ TEST(Serve, AFullQueueAnswers503) {
 
 TEST(Serve, StopFinishesTheRequestsInFlight) {
   Predictor predictor(ExportedBundle());
-  auto server = std::make_unique<InferenceServer>(&predictor, ServeOptions{});
+  // Batches wait up to a minute for more requests: Stop() must not wait for that.
+  ServeOptions o;
+  o.batch_timeout_micros = 60'000'000;
+  auto server = std::make_unique<InferenceServer>(&predictor, o);
   const int port = server->Start();
   server->PauseBatching();
   std::vector<Answer> answers(3);
   std::vector<std::thread> clients;
   for (int i = 0; i < 3; ++i) {
     clients.emplace_back([&, i] {
-      answers[i] = Post(port, "/v1/subgraphs/generate:run", GenerateRequest(kTexts[i], i).dump());
+      answers[i] = Post(port, "/v1/subgraphs/generate:run", GenerateRequest(kTexts[i], 1).dump());
     });
   }
   WaitFor([&] { return server->in_flight() == 3 && server->queued() == 3; }, "3 in flight");

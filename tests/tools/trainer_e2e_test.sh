@@ -119,25 +119,40 @@ if wait_for "the port file" test -s "$tmp/port"; then
   check "serve: bad feed message" grep -q "unknown feed 'txt' (feeds: text)" "$tmp/body"
   head -c 10000000 /dev/zero | tr '\0' 'x' > "$tmp/big.json"
   check "serve: a 10 MB body is 413" test "$(code /v1/subgraphs/default:run --data-binary @"$tmp/big.json")" = 413
-  # 16 concurrent clients, then SIGTERM while 4 long generations are in flight.
+  # 16 concurrent clients, then SIGTERM.
   for i in $(seq 1 16); do
     curl -s -o "$tmp/c$i.json" -w '%{http_code}\n' -X POST "$url/v1/subgraphs/default:run" \
       -d "{\"feeds\": {\"text\": [\"client $i\"]}}" > "$tmp/c$i.code" &
   done
   wait_for "16 clients" bash -c "test \$(cat '$tmp'/c*.code 2>/dev/null | grep -c '^200$') -eq 16"
   check "serve: 16 clients scored" bash -c "grep -l total_log_prob '$tmp'/c*.json | wc -l | grep -qx 16"
+  kill -TERM "$serve_pid"
+  wait "$serve_pid"; serve_rc=$?
+  check "serve exits 0 on SIGTERM (rc $serve_rc)" test "$serve_rc" -eq 0
+  check "serve: stopped" bash -c "! curl -s '$url/healthz'"
+else
+  kill "$serve_pid" 2>/dev/null
+fi
+# SIGTERM with 4 requests in flight: batches of 4 with a minute's timeout hold the first three
+# until the fourth arrives, so all four are in flight together (an event, not a race).
+rm -f "$tmp/port"
+"$glossa" serve --bundle="$tmp/bundle" --port=0 --port_file="$tmp/port" --max_batch_size=4 \
+  --batch_timeout_micros=60000000 > "$tmp/serve2.log" 2>&1 &
+serve_pid=$!
+if wait_for "the port file" test -s "$tmp/port"; then
+  url="http://127.0.0.1:$(cat "$tmp/port")"
   for i in 1 2 3 4; do
     curl -s -o "$tmp/g$i.json" -w '%{http_code}' -X POST "$url/v1/subgraphs/generate:run" \
-      -d "{\"feeds\": {\"prompt\": [\"Elizabeth\"], \"max_new_tokens\": 300, \"seed\": $i}}" > "$tmp/g$i.code" &
+      -d '{"feeds": {"prompt": ["Elizabeth"], "max_new_tokens": 8, "seed": 1}}' > "$tmp/g$i.code" &
   done
   wait_for "4 requests in flight" bash -c "curl -s '$url/metrics' | grep -q '^glossa_serve_in_flight_requests 4$'"
   kill -TERM "$serve_pid"
   wait "$serve_pid"; serve_rc=$?
-  check "serve exits 0 on SIGTERM (rc $serve_rc)" test "$serve_rc" -eq 0
+  check "serve exits 0 on SIGTERM with requests in flight (rc $serve_rc)" test "$serve_rc" -eq 0
   for i in 1 2 3 4; do wait_for "generation $i" test -s "$tmp/g$i.code"; done
   check "serve: requests in flight at SIGTERM finish ($(cat "$tmp"/g*.code))" test "$(cat "$tmp"/g*.code)" = 200200200200
-  check "serve: drained" grep -q "finishing the requests in flight" "$tmp/serve.log"
-  check "serve: stopped" bash -c "! curl -s '$url/healthz'"
+  check "serve: in-flight answers are generations" bash -c "grep -l '\"text\"' '$tmp'/g*.json | wc -l | grep -qx 4"
+  check "serve: drained" grep -q "finishing the requests in flight" "$tmp/serve2.log"
 else
   kill "$serve_pid" 2>/dev/null
 fi

@@ -1,0 +1,123 @@
+// Predictor LM scoring throughput: Glossa's Predictor (strings in: tokenization, the network and
+// the fetches included) scoring Austen sentences in batches of --batch, tokens/s median over runs.
+// Run by predictor_throughput.sh beside the same network in PyTorch eager (predictor_throughput.py),
+// which reads the bundle's weights and the ids this program writes.
+//   bench_predictor --workdir=/tmp/glossa_bench_predictor --sentences=200 --batch=1 --runs=3
+// The first run trains lm.austen.TransformerLmTiny one step and exports <workdir>/bundle.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "glossa/base/file.h"
+#include "glossa/inference/bundle.h"
+#include "glossa/inference/predictor.h"
+#include "glossa/model/model_registry.h"
+#include "glossa/runtime/cpu_runtime.h"
+#include "glossa/runtime/executor.h"
+#include "glossa/runtime/saver.h"
+
+namespace {
+
+std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
+  std::map<std::string, std::string> f = {{"workdir", "/tmp/glossa_bench_predictor"},
+                                          {"sentences", "200"},
+                                          {"batch", "1"},
+                                          {"runs", "3"},
+                                          {"threads", "0"}};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const auto eq = a.find('=');
+    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (a.rfind("--", 0) != 0 || !f.count(k) || eq == std::string::npos) {
+      std::fprintf(stderr, "bad flag %s (flags: --workdir --sentences --batch --runs --threads)\n",
+                   a.c_str());
+      std::exit(2);
+    }
+    f[k] = a.substr(eq + 1);
+  }
+  return f;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace glossa;
+  auto f = ParseFlags(argc, argv);
+  const std::string work = f["workdir"];
+  const int64_t num_sentences = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
+  const int runs = std::stoi(f["runs"]);
+  ConfigureCpuRuntime(std::stoi(f["threads"]), false);
+  const std::string bundle = JoinPath(work, "bundle");
+  const Params dev = GetModelParams("lm.austen.TransformerLmTiny", "Dev",
+                                    "random_seed : 1\ntask.random_seed : 1\n");
+  if (!FileExists(JoinPath(bundle, "MANIFEST.json"))) {
+    const std::string logdir = JoinPath(work, "lm");
+    Executor(GetModelParams("lm.austen.TransformerLmTiny", "Train",
+                            "random_seed : 1\ntask.random_seed : 1\ntask.train.max_steps : 1\n"
+                            "task.train.steps_per_loop : 1\n"),
+             {.logdir = logdir, .log = [](const std::string&) {}})
+        .Run();
+    ExportBundle({.model_params = dev,
+                  .checkpoint = *Saver::LatestCheckpoint(JoinPath(logdir, "train")),
+                  .out_dir = bundle});
+  }
+  // Sentences: the first non-empty lines of the Dev text.
+  std::string pattern = dev.GetString("task.input.file_pattern");
+  pattern = pattern.substr(pattern.find(':') + 1);
+  std::ifstream in(pattern);
+  std::vector<std::string> sentences;
+  for (std::string line; std::getline(in, line) && static_cast<int64_t>(sentences.size()) <
+                                                        num_sentences;) {
+    if (!line.empty()) sentences.push_back(line);
+  }
+  Predictor predictor(bundle);
+  auto pass = [&](std::vector<glossa::InferenceMap>* outs) {
+    int64_t tokens = 0;
+    for (size_t i = 0; i < sentences.size(); i += batch) {
+      std::vector<std::string> b(sentences.begin() + i,
+                                 sentences.begin() + std::min(sentences.size(), i + batch));
+      InferenceMap out = predictor.Run("default", {{"text", InferenceValue::Strings(b)}});
+      tokens += out.at("lengths").tensor.sum().item<int64_t>();
+      if (outs) outs->push_back(std::move(out));
+    }
+    return tokens;
+  };
+  std::vector<InferenceMap> outs;
+  pass(&outs);  // warm-up, and the ids and scores for the peer
+  {
+    std::ofstream ids(JoinPath(work, "ids.jsonl"), std::ios::trunc);
+    for (const auto& out : outs) {
+      const at::Tensor l = out.at("ids").tensor, n = out.at("lengths").tensor;
+      for (int64_t r = 0; r < l.size(0); ++r) {
+        const int64_t len = n[r].item<int64_t>();
+        std::vector<int64_t> row(l[r].data_ptr<int64_t>(), l[r].data_ptr<int64_t>() + len);
+        ids << nlohmann::json({{"ids", row},
+                               {"total_log_prob", out.at("total_log_prob").tensor[r].item<double>()}})
+                   .dump()
+            << "\n";
+      }
+    }
+  }
+  std::vector<double> rates;
+  for (int r = 0; r < runs; ++r) {
+    const double t0 = Now();
+    const int64_t tokens = pass(nullptr);
+    rates.push_back(static_cast<double>(tokens) / (Now() - t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  std::printf("glossa_tokens_per_sec %.1f sentences %zu batch %lld\n", rates[rates.size() / 2],
+              sentences.size(), static_cast<long long>(batch));
+  return 0;
+}
