@@ -125,6 +125,8 @@ void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphS
       n = static_cast<int64_t>(v.strings.size());
       if (tokenizer != nullptr) {
         for (size_t i = 0; i < v.strings.size(); ++i) {
+          // Every tokenizer makes at most one token per byte: short strings need no count.
+          if (static_cast<int64_t>(v.strings[i].size()) <= options_.max_input_tokens) continue;
           const auto len = static_cast<int64_t>(tokenizer->StringToIds(v.strings[i]).size());
           if (len > options_.max_input_tokens) {
             throw InvalidArgumentError(StrCat(what, "[", i, "] is ", len,

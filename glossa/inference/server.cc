@@ -501,6 +501,7 @@ int InferenceServer::Start() {
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(m.options.max_body_bytes);
   http.set_keep_alive_timeout(2);
+  http.set_tcp_nodelay(true);  // no Nagle delay between the header and body writes
   http.set_read_timeout(30);
   http.Post(R"(/v1/subgraphs/([^/]+):run)",
             [&m](const httplib::Request& req, httplib::Response& res) { m.HandleRun(req, res); });

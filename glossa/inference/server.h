@@ -40,7 +40,8 @@ struct ServeOptions {
   // Dynamic batching (TF Serving's BatchingParameters); off: each request runs on its own thread.
   bool enable_batching = true;
   int64_t max_batch_size = 32;
-  int64_t batch_timeout_micros = 2000;
+  int64_t batch_timeout_micros = 0;  // 0: run what is queued at once (under load, requests
+                                     // queue while a batch runs and merge)
   int64_t max_enqueued_requests = 256;
   int num_batch_threads = 1;
   // Reload the latest checkpoint of <watch_logdir>/train when it changes (empty: no watching).

@@ -39,8 +39,8 @@ BaseTokenizer::BaseTokenizer(const glossa::Params& p) : BaseLayer(p) {
   eos_id_ = params().GetInt("target_eos_id");
 }
 
-NestedMap BaseTokenizer::StringsToIds(const std::vector<std::string>& strs,
-                                      int64_t max_length) const {
+NestedMap BaseTokenizer::StringsToIds(const std::vector<std::string>& strs, int64_t max_length,
+                                      bool pad_to_longest) const {
   if (max_length <= 0) throw InvalidArgumentError("StringsToIds: max_length must be > 0");
   const bool append_eos = params().GetBool("append_eos");
   std::vector<std::vector<int64_t>> ids(strs.size()), labels(strs.size());
@@ -58,16 +58,22 @@ NestedMap BaseTokenizer::StringsToIds(const std::vector<std::string>& strs,
     longest = std::max<int64_t>(longest, ids[i].size());
   }
   const int64_t width =
-      params().GetBool("pad_to_max_length") ? max_length : std::max<int64_t>(longest, 1);
+      params().GetBool("pad_to_max_length") && !pad_to_longest ? max_length
+                                                               : std::max<int64_t>(longest, 1);
   const int64_t b = static_cast<int64_t>(strs.size());
   at::Tensor t_ids = at::full({b, width}, eos_id_, at::kLong);
   at::Tensor t_labels = at::full({b, width}, eos_id_, at::kLong);
   at::Tensor t_pad = at::ones({b, width}, at::kFloat);
+  // Filled through raw pointers (the tensors are fresh and contiguous): indexing element by
+  // element would cost several ATen ops per token.
+  int64_t* id_data = t_ids.data_ptr<int64_t>();
+  int64_t* label_data = t_labels.data_ptr<int64_t>();
+  float* pad_data = t_pad.data_ptr<float>();
   for (int64_t i = 0; i < b; ++i) {
     for (size_t j = 0; j < ids[i].size(); ++j) {
-      t_ids[i][j] = ids[i][j];
-      t_labels[i][j] = labels[i][j];
-      t_pad[i][j] = 0.0f;
+      id_data[i * width + static_cast<int64_t>(j)] = ids[i][j];
+      label_data[i * width + static_cast<int64_t>(j)] = labels[i][j];
+      pad_data[i * width + static_cast<int64_t>(j)] = 0.0f;
     }
   }
   return NestedMap{{"ids", t_ids}, {"labels", t_labels}, {"paddings", t_pad}};

@@ -31,7 +31,9 @@ class BaseTokenizer : public BaseLayer {
 
   // {ids, labels, paddings}, each [batch, max_length] (or the longest, without
   // pad_to_max_length); sequences longer than max_length are truncated.
-  NestedMap StringsToIds(const std::vector<std::string>& strs, int64_t max_length) const;
+  // pad_to_longest: pad to the longest sequence whatever pad_to_max_length says.
+  NestedMap StringsToIds(const std::vector<std::string>& strs, int64_t max_length,
+                         bool pad_to_longest = false) const;
   // Strings of ids [batch, time] with lengths [batch].
   std::vector<std::string> IdsToStrings(const at::Tensor& ids, const at::Tensor& lens) const;
 

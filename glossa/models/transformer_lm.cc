@@ -225,11 +225,11 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
   InferenceMap out;
   if (subgraph == "default") {
     const auto& text = feeds.at("text").strings;
+    // No string is longer in tokens than in bytes: a bound for StringsToIds without tokenizing
+    // twice (padded to the longest sequence, not to the bound).
     int64_t longest = 0;
-    for (const auto& t : text) {
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(tokenizer->StringToIds(t).size()));
-    }
-    const NestedMap b = tokenizer->StringsToIds(text, longest + 1);
+    for (const auto& t : text) longest = std::max<int64_t>(longest, static_cast<int64_t>(t.size()));
+    const NestedMap b = tokenizer->StringsToIds(text, longest + 1, /*pad_to_longest=*/true);
     const at::Tensor ids = b.GetTensor("ids"), labels = b.GetTensor("labels");
     const at::Tensor paddings = b.GetTensor("paddings").to(at::kFloat);
     const at::Tensor logits = Logits(theta, ids, paddings).to(at::kFloat);

@@ -402,7 +402,7 @@ struct ServeFlags {
   std::string bundle, checkpoint, port_file;
   std::vector<std::string> subgraphs;
   ServeOptions options;
-  int64_t port = 0, max_batch_size = 32, batch_timeout_micros = 2000, max_enqueued = 256;
+  int64_t port = 0, max_batch_size = 32, batch_timeout_micros = 0, max_enqueued = 256;
   int64_t batch_threads = 1, http_threads = 32, max_body_bytes = 4 << 20, intra_op_threads = 0;
   int64_t max_input_tokens = 4096;
   bool no_batching = false;

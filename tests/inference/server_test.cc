@@ -42,6 +42,7 @@ struct Answer {
 Answer Post(int port, const std::string& path, const std::string& body) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(120);
+  cli.set_tcp_nodelay(true);
   auto res = cli.Post(path.c_str(), body, "application/json");
   if (!res) return {-1, json(httplib::to_string(res.error()))};
   Answer a{res->status, json()};
