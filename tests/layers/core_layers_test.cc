@@ -373,6 +373,13 @@ TEST(Docs, InputGuideShowsTheCompiledExampleVerbatim) {
       << "docs/input.md must contain docs/examples/dataset_fn_example.cc in a cpp block";
 }
 
+TEST(Docs, InferenceGuideShowsTheCompiledExampleVerbatim) {
+  const std::string doc = testing::ReadSourceFile("docs/inference.md");
+  const std::string example = testing::ReadSourceFile("docs/examples/serving_example.cc");
+  EXPECT_NE(doc.find("```cpp\n" + example + "```"), std::string::npos)
+      << "docs/inference.md must contain docs/examples/serving_example.cc in a cpp block";
+}
+
 TEST(Docs, LayersGuideShowsTheCompiledExampleVerbatim) {
   const std::string doc = testing::ReadSourceFile("docs/layers.md");
   const std::string example = testing::ReadSourceFile("docs/examples/gated_ffn_example.cc");
