@@ -138,6 +138,64 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
                            "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
 }
 
+namespace {
+
+// The key mask [B or 1, 1, T or 1, S] (true = masked) of padded keys and, when causal, future
+// keys. Every layer of a stack attends over the same paddings: the last mask is kept per thread,
+// with the paddings tensor it came from (held, so its address cannot be reused by another tensor
+// while cached) and that tensor's version (an in-place write makes the entry stale).
+at::Tensor KeyMask(const at::Tensor& paddings, int64_t t, int64_t s, bool causal,
+                   at::Device device) {
+  struct Entry {
+    at::Tensor paddings, mask;
+    int64_t version = 0;
+    int64_t t = 0, s = 0;
+    bool causal = false;
+  };
+  thread_local Entry last;
+  if (last.mask.defined() && last.t == t && last.s == s && last.causal == causal &&
+      last.mask.device() == device &&
+      (paddings.defined() ? last.paddings.defined() &&
+                                last.paddings.unsafeGetTensorImpl() ==
+                                    paddings.unsafeGetTensorImpl() &&
+                                last.version == paddings._version()
+                          : !last.paddings.defined())) {
+    return last.mask;
+  }
+  at::Tensor mask;
+  if (paddings.defined()) mask = (paddings > 0.5).view({paddings.size(0), 1, 1, s});
+  if (causal) {
+    at::Tensor future = at::ones({t, s}, at::TensorOptions().dtype(at::kBool).device(device))
+                            .triu(1)
+                            .view({1, 1, t, s});
+    mask = mask.defined() ? (mask | future) : future;
+  }
+  last = Entry{paddings, mask, paddings.defined() ? paddings._version() : int64_t{0}, t, s, causal};
+  return mask;
+}
+
+// The additive bias of a key mask in `dtype`: the dtype's lowest value where masked, else 0
+// (cached per thread for the last mask, which KeyMask hands to every layer of a stack).
+at::Tensor MaskBias(const at::Tensor& key_mask, const at::TensorOptions& options) {
+  thread_local at::Tensor last_mask, last_bias;
+  if (last_bias.defined() && last_mask.unsafeGetTensorImpl() == key_mask.unsafeGetTensorImpl() &&
+      last_bias.scalar_type() == options.dtype().toScalarType() &&
+      last_bias.device() == options.device()) {
+    return last_bias;
+  }
+  const at::ScalarType dtype = options.dtype().toScalarType();
+  // Masked logits become the dtype's lowest value, so their probability is exactly 0.
+  const double lowest = dtype == at::kDouble     ? std::numeric_limits<double>::lowest()
+                        : dtype == at::kBFloat16 ? -3.38e38
+                        : dtype == at::kHalf     ? -65504.0
+                                                 : std::numeric_limits<float>::lowest();
+  last_bias = at::zeros(key_mask.sizes(), options).masked_fill_(key_mask, lowest);
+  last_mask = key_mask;
+  return last_bias;
+}
+
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& theta, at::Tensor q,
                                                                const at::Tensor& k,
                                                                const at::Tensor& v,
@@ -150,18 +208,10 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
   }
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
   if (key_mask.defined()) {
-    // Masked logits become the dtype's lowest value, so their probability is exactly 0.
-    const double lowest =
-        logits.scalar_type() == at::kDouble     ? std::numeric_limits<double>::lowest()
-        : logits.scalar_type() == at::kBFloat16 ? -3.38e38
-        : logits.scalar_type() == at::kHalf     ? -65504.0
-                                                : std::numeric_limits<float>::lowest();
     // Added as a bias built on the (small, broadcast) mask: a masked_fill over the full
     // [B, N, T, S] logits, and its backward, cost ~10x more on CPU. logit + lowest rounds to
     // lowest for any finite logit of sane size, so the result is the same.
-    const at::Tensor bias =
-        at::zeros(key_mask.sizes(), logits.options()).masked_fill_(key_mask, lowest);
-    logits = logits + bias;
+    logits = logits + MaskBias(key_mask, logits.options());
   }
   at::Tensor probs = at::softmax(logits, -1);
   at::Tensor dropped = atten_dropout_->FProp(atten_dropout_.Theta(theta), probs);
@@ -188,22 +238,12 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
     return p->FProp(p.Theta(theta), CastToFPropDtype(x));
   };
   at::Tensor q = proj(query_, query), k = proj(key_, key), v = proj(value_, value);
-  at::Tensor mask;
-  if (paddings.defined()) {
-    if (paddings.dim() != 2 || paddings.size(0) != key.size(0) || paddings.size(1) != s) {
-      throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [B, S] = [",
-                                        key.size(0), ", ", s, "], got ", paddings.sizes()));
-    }
-    mask = (paddings > 0.5).view({paddings.size(0), 1, 1, s});
+  if (paddings.defined() &&
+      (paddings.dim() != 2 || paddings.size(0) != key.size(0) || paddings.size(1) != s)) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [B, S] = [",
+                                      key.size(0), ", ", s, "], got ", paddings.sizes()));
   }
-  if (causal) {
-    at::Tensor future =
-        at::ones({t, s}, at::TensorOptions().dtype(at::kBool).device(query.device()))
-            .triu(1)
-            .view({1, 1, t, s});
-    mask = mask.defined() ? (mask | future) : future;
-  }
-  return Attend(theta, q, k, v, mask);
+  return Attend(theta, q, k, v, KeyMask(paddings, t, s, causal, query.device()));
 }
 
 NestedMap MultiHeadedAttention::InitStates(int64_t batch_size, at::ScalarType dtype) const {

@@ -8,12 +8,29 @@
 
 namespace glossa {
 
+bool AnyPadding(const at::Tensor& paddings) {
+  // The layers of a stack ask about the same paddings tensor again and again: remember the last
+  // answer per thread. The entry holds the tensor (its address cannot be reused by another while
+  // cached) and its version (an in-place write makes the entry stale).
+  thread_local at::Tensor last;
+  thread_local int64_t last_version = 0;
+  thread_local bool last_any = false;
+  if (last.defined() && last.unsafeGetTensorImpl() == paddings.unsafeGetTensorImpl() &&
+      last_version == paddings._version()) {
+    return last_any;
+  }
+  last_any = at::any(paddings).item<bool>();
+  last = paddings;
+  last_version = paddings._version();
+  return last_any;
+}
+
 at::Tensor ApplyPaddings(const at::Tensor& x, const at::Tensor& paddings) {
   if (!paddings.defined()) return x;
   // x · 1 is x exactly (values and gradients), so a batch without padding skips the multiply and
   // its backward: on CPU they cost a few percent of a Transformer step. (Checked on CPU only,
   // where reading the flag does not stall a device queue.)
-  if (paddings.is_cpu() && !paddings.requires_grad() && !at::any(paddings).item<bool>()) return x;
+  if (paddings.is_cpu() && !paddings.requires_grad() && !AnyPadding(paddings)) return x;
   at::Tensor p = paddings.to(x.scalar_type());
   while (p.dim() < x.dim()) p = p.unsqueeze(-1);
   return x * (1 - p);

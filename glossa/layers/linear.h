@@ -39,5 +39,7 @@ class FCLayer : public ProjectionLayer {
 // Zeroes padded positions: x · (1 - paddings), with paddings broadcast over x's trailing dims.
 // Returns x itself when no position is padded (CPU).
 at::Tensor ApplyPaddings(const at::Tensor& x, const at::Tensor& paddings);
+// Whether `paddings` (on the CPU) has any non-zero entry; the last answer is cached per thread.
+bool AnyPadding(const at::Tensor& paddings);
 
 }  // namespace glossa
