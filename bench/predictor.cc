@@ -54,6 +54,7 @@ double Now() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  glossa::UseBestBlasKernels(argv);
   using namespace glossa;
   auto f = ParseFlags(argc, argv);
   const std::string work = f["workdir"];
@@ -98,6 +99,8 @@ int main(int argc, char** argv) {
   std::vector<InferenceMap> outs;
   pass(&outs);  // warm-up, and the ids and scores for the peer
   {
+    std::ofstream text(JoinPath(work, "sentences.txt"), std::ios::trunc);
+    for (const auto& s : sentences) text << s << "\n";
     std::ofstream ids(JoinPath(work, "ids.jsonl"), std::ios::trunc);
     for (const auto& out : outs) {
       const at::Tensor l = out.at("ids").tensor, n = out.at("lengths").tensor;
@@ -141,8 +144,8 @@ int main(int argc, char** argv) {
   std::sort(rates.begin(), rates.end());
   std::sort(net_rates.begin(), net_rates.end());
 
-  std::printf("glossa_tokens_per_sec %.1f network_only %.1f sentences %zu batch %lld\n",
+  std::printf("glossa_tokens_per_sec %.1f network_only %.1f sentences %zu batch %lld blas_core %s\n",
               rates[rates.size() / 2], net_rates[net_rates.size() / 2], sentences.size(),
-              static_cast<long long>(batch));
+              static_cast<long long>(batch), BlasCoreName());
   return 0;
 }

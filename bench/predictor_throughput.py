@@ -2,9 +2,12 @@
 """The PyTorch eager peer of bench_predictor: the same Transformer LM network (token embedding x
 sqrt(d) + sinusoidal positions, pre-layer-norm layers of causal multi-head attention with a
 learned per-dim query scale and a ReLU feed-forward block, final layer norm, full softmax), its
-weights read from the bundle's weights.safetensors, scoring the same token ids in batches under
-torch.inference_mode: tokens/s, median over runs. It first checks that its sentence scores equal
-Glossa's (so both run the same model). Run with Debian's python3-torch:
+weights read from the bundle's weights.safetensors, scoring the same sentences in batches under
+torch.inference_mode. Like Glossa's Predictor it takes strings: it tokenizes them with the
+bundle's SentencePiece model (Debian's python3-sentencepiece) and returns per-token and total
+log-probs, ids, lengths and pieces. Prints tokens/s (median over runs) for that whole path and for
+the network alone on prebuilt tensors. It first checks that its ids and sentence scores equal
+Glossa's (so both run the same model on the same tokens). Run with Debian's python3-torch:
   /usr/bin/python3 bench/predictor_throughput.py --workdir=/tmp/glossa_bench_predictor --batch=1"""
 import argparse
 import json
@@ -14,6 +17,7 @@ import struct
 import sys
 import time
 
+import sentencepiece
 import torch
 import torch.nn.functional as F
 
@@ -86,7 +90,8 @@ inc = math.log(1e4) / max(d // 2 - 1, 1)
 inv = torch.exp(torch.arange(d // 2, dtype=torch.float64) * -inc)
 
 
-def score(ids, labels, paddings):
+def network(ids, paddings):
+    """Token ids [B, T] and paddings -> log P(next token) [B, T, V]."""
     b, t = ids.shape
     pos = torch.arange(t, dtype=torch.float64)[:, None] * inv
     x = emb[ids] * math.sqrt(d) + torch.cat([torch.sin(pos), torch.cos(pos)], 1).float()
@@ -94,37 +99,69 @@ def score(ids, labels, paddings):
     bias = torch.zeros(mask.shape).masked_fill(mask, torch.finfo(torch.float32).min)
     for layer in layers:
         x = layer(x, bias)
-    logits = F.linear(F.layer_norm(x, (d,), *final_ln, eps), sm_w, sm_b)
-    lp = torch.log_softmax(logits, -1).gather(-1, labels[..., None])[..., 0] * (1 - paddings)
-    return lp.sum(1)
+    return torch.log_softmax(F.linear(F.layer_norm(x, (d,), *final_ln, eps), sm_w, sm_b), -1)
+
+
+def log_probs(ids, labels, paddings):
+    return network(ids, paddings).gather(-1, labels[..., None])[..., 0] * (1 - paddings)
+
+
+def tensors(token_lists):
+    t = max(len(r) for r in token_lists) + 1
+    ids = torch.full((len(token_lists), t), 2, dtype=torch.long)
+    labels = torch.full((len(token_lists), t), 2, dtype=torch.long)
+    paddings = torch.ones(len(token_lists), t)
+    for j, toks in enumerate(token_lists):
+        n = len(toks) + 1
+        labels[j, :n - 1] = torch.tensor(toks, dtype=torch.long)
+        ids[j, 0] = 1
+        ids[j, 1:n] = labels[j, :n - 1]
+        paddings[j, :n] = 0
+    return ids, labels, paddings
+
+
+sp = sentencepiece.SentencePieceProcessor(model_file=f"{a.workdir}/bundle/assets/spm_2k.model")
+
+
+def score_text(texts):
+    """Strings in, the fetches of Glossa's "default" subgraph out."""
+    toks = sp.encode(texts)
+    ids, labels, paddings = tensors(toks)
+    lp = log_probs(ids, labels, paddings)
+    lengths = (1 - paddings).sum(1).long()
+    pieces = [" ".join(sp.id_to_piece(toks[j]) + ["</s>"]) for j in range(len(texts))]
+    return {"log_probs": lp, "total_log_prob": lp.sum(1), "ids": labels, "lengths": lengths,
+            "pieces": pieces}
 
 
 rows = [json.loads(line) for line in open(f"{a.workdir}/ids.jsonl")]
-batches = []
-for i in range(0, len(rows), a.batch):
-    chunk = rows[i:i + a.batch]
-    t = max(len(r["ids"]) for r in chunk)
-    ids = torch.full((len(chunk), t), 2, dtype=torch.long)
-    labels = torch.full((len(chunk), t), 2, dtype=torch.long)
-    paddings = torch.ones(len(chunk), t)
-    for j, r in enumerate(chunk):
-        n = len(r["ids"])
-        labels[j, :n] = torch.tensor(r["ids"])
-        ids[j, 0] = 1
-        ids[j, 1:n] = torch.tensor(r["ids"][:-1])
-        paddings[j, :n] = 0
-    batches.append((ids, labels, paddings, [r["total_log_prob"] for r in chunk]))
+texts = [line for line in open(f"{a.workdir}/sentences.txt", encoding="utf-8").read().split("\n")
+         if line]
+assert len(texts) == len(rows), (len(texts), len(rows))
+text_batches = [texts[i:i + a.batch] for i in range(0, len(texts), a.batch)]
 tokens = sum(len(r["ids"]) for r in rows)
 with torch.inference_mode():
-    worst = 0.0
-    for ids, labels, paddings, want in batches:  # the same model as Glossa's, and a warm-up
-        worst = max(worst, (score(ids, labels, paddings) - torch.tensor(want)).abs().max().item())
+    worst, k = 0.0, 0
+    for chunk in text_batches:  # the same tokens and model as Glossa's, and a warm-up
+        out = score_text(chunk)
+        for j in range(len(chunk)):
+            n = int(out["lengths"][j])
+            if out["ids"][j, :n].tolist() != rows[k]["ids"]:
+                sys.exit(f"sentence {k}: SentencePiece gives other ids than Glossa's tokenizer")
+            worst = max(worst, abs(out["total_log_prob"][j].item() - rows[k]["total_log_prob"]))
+            k += 1
     if worst > 1e-3 * max(1.0, max(abs(r["total_log_prob"]) for r in rows) / 100):
         sys.exit(f"the PyTorch network scores differently from Glossa's: {worst}")
-    rates = []
+    prebuilt = [tensors(sp.encode(chunk)) for chunk in text_batches]
+    rates, net_rates = [], []
     for _ in range(a.runs):
         t0 = time.perf_counter()
-        for ids, labels, paddings, _ in batches:
-            score(ids, labels, paddings)
+        for chunk in text_batches:
+            score_text(chunk)
         rates.append(tokens / (time.perf_counter() - t0))
-print(f"torch_tokens_per_sec {statistics.median(rates):.1f} max_abs_diff {worst:.2e}")
+        t0 = time.perf_counter()
+        for ids, labels, paddings in prebuilt:
+            network(ids, paddings)
+        net_rates.append(tokens / (time.perf_counter() - t0))
+print(f"torch_tokens_per_sec {statistics.median(rates):.1f} network_only "
+      f"{statistics.median(net_rates):.1f} max_abs_diff {worst:.2e}")

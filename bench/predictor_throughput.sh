@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Predictor LM scoring throughput: Glossa's Predictor (strings in, fetches out: tokenization, the
-# network, log-probs, ids and pieces) against the same network in PyTorch eager under
-# torch.inference_mode (Debian's python3-torch, reading the bundle's weights and Glossa's token
-# ids, so it skips tokenization), in one run, at batch 1 and 8. Both get the same thread layout
-# (1 ATen thread + OpenBLAS on every core, glossa/runtime/cpu_runtime.h). The peer first checks
-# that its sentence scores equal Glossa's. Prints tokens/s medians and their ratio.
+# network, log-probs, ids and pieces) against the same model in PyTorch eager under
+# torch.inference_mode (Debian's python3-torch and python3-sentencepiece, reading the bundle's
+# weights and SentencePiece model), in one run, at batch 1 and 8; and the two networks alone on
+# prebuilt tensors. Both get the same thread layout (1 ATen thread + OpenBLAS on every core,
+# glossa/runtime/cpu_runtime.h). Glossa's programs pick OpenBLAS's best kernels for the CPU
+# (UseBestBlasKernels); stock PyTorch keeps what OpenBLAS detected, so the peer also runs a second
+# time with OPENBLAS_CORETYPE set to Glossa's choice (torch_same_blas). The peer first checks that
+# its ids and sentence scores equal Glossa's. Prints tokens/s medians and the ratios.
 #   bash bench/predictor_throughput.sh [runs=3] [build_dir=build] [reps=3] [sentences=200]
 # Each framework is invoked `reps` times, alternating, each invocation timing `runs` passes.
 set -euo pipefail
@@ -18,17 +21,20 @@ bin="$build/bin/bench_predictor"
 work="${TMPDIR:-/tmp}/glossa_bench_predictor"
 cores=$(nproc)
 export OPENBLAS_NUM_THREADS=$cores
-printf "%-6s %14s %16s %14s %7s\n" batch glossa_tok/s "(network_only)" torch_tok/s ratio
+printf "%-6s %13s %13s %7s %16s %7s %15s %15s %7s\n" batch glossa_tok/s torch_tok/s ratio torch_same_blas ratio glossa_network torch_network ratio
 for batch in 1 8; do
-  gs=(); ns=(); ps=()
+  gs=(); ns=(); ps=(); pn=(); qs=()
   for _ in $(seq "$reps"); do
     g=$("$bin" --workdir="$work" --sentences="$sentences" --batch=$batch --runs="$runs" 2>/dev/null | grep glossa_tokens_per_sec)
-    gs+=("$(awk '{print $2}' <<<"$g")"); ns+=("$(awk '{print $4}' <<<"$g")")
+    gs+=("$(awk '{print $2}' <<<"$g")"); ns+=("$(awk '{print $4}' <<<"$g")"); core=$(awk '{print $10}' <<<"$g")
     p=$(/usr/bin/python3 bench/predictor_throughput.py --workdir="$work" --batch=$batch --runs="$runs" --threads=1)
-    ps+=("$(awk '{print $2}' <<<"$p")")
+    ps+=("$(awk '{print $2}' <<<"$p")"); pn+=("$(awk '{print $4}' <<<"$p")")
+    q=$(OPENBLAS_CORETYPE="$core" /usr/bin/python3 bench/predictor_throughput.py --workdir="$work" --batch=$batch --runs="$runs" --threads=1)
+    qs+=("$(awk '{print $2}' <<<"$q")")
   done
   med() { printf "%s\n" "$@" | sort -g | sed -n "$(( (reps + 1) / 2 ))p"; }
-  awk -v b=$batch -v g="$(med "${gs[@]}")" -v n="$(med "${ns[@]}")" -v p="$(med "${ps[@]}")" 'BEGIN {
-    printf "%-6s %14.1f %16.1f %14.1f %7.2f\n", b, g, n, p, g / p }'
+  awk -v b=$batch -v g="$(med "${gs[@]}")" -v n="$(med "${ns[@]}")" -v p="$(med "${ps[@]}")" -v q="$(med "${pn[@]}")" -v s="$(med "${qs[@]}")" 'BEGIN {
+    printf "%-6s %13.1f %13.1f %7.2f %16.1f %7.2f %15.1f %15.1f %7.2f\n", b, g, p, g / p, s, g / s, n, q, n / q }'
 done
+echo "OpenBLAS kernels: glossa $core, stock PyTorch $(/usr/bin/python3 -c 'import ctypes; l = ctypes.CDLL("libopenblas.so.0"); l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())')"
 echo "reproduce: bash bench/predictor_throughput.sh $runs $build $reps $sentences"

@@ -60,6 +60,7 @@ double Now() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  glossa::UseBestBlasKernels(argv);
   using namespace glossa;
   auto f = ParseFlags(argc, argv);
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");

@@ -11,7 +11,7 @@ PACKAGES=(
   libssl-dev zlib1g-dev
   nlohmann-json3-dev libcli11-dev libgoogle-glog-dev
   libsentencepiece-dev sentencepiece libgloo-dev
-  libcpp-httplib-dev curl
+  libcpp-httplib-dev curl python3-sentencepiece
 )
 
 missing=()

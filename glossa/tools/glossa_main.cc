@@ -733,6 +733,7 @@ int Run(int argc, char** argv) {
 }  // namespace glossa
 
 int main(int argc, char** argv) {
+  glossa::UseBestBlasKernels(argv);  // may re-execute this program (glossa/runtime/cpu_runtime.h)
   std::ios::sync_with_stdio(true);
   try {
     return glossa::Run(argc, argv);
