@@ -12,6 +12,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libgoogle-glog-dev
   libsentencepiece-dev sentencepiece libgloo-dev
   libcpp-httplib-dev curl python3-sentencepiece
+  sword-text-kjv sword-text-sparv libsword-utils
 )
 
 missing=()
