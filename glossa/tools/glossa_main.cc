@@ -9,6 +9,7 @@
 //   glossa eval --model=... --logdir=... --dataset=Dev [--once]    # the evaler job
 //   glossa decode --model=... --logdir=... --dataset=Dev [--once]  # the decoder job
 //   glossa report --model=... --logdir=... --dataset=Dev           # the task's Report hook
+//   glossa bleu --ref=test.es --hyp=out.es                          # corpus BLEU
 //   --flagfile=f: one --flag=value per line, expanded in place.
 //
 // Errors print one line naming what was wrong and exit non-zero.
@@ -39,6 +40,7 @@
 #include "glossa/inference/predictor.h"
 #include "glossa/inference/server.h"
 #include "glossa/io/safetensors.h"
+#include "glossa/metrics/bleu.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/optim/learner.h"
 #include "glossa/optim/ema.h"
@@ -257,6 +259,39 @@ int Report(const ModelFlags& f, int64_t num_samples) {
   };
   std::printf("%s", model->task().Report(in).c_str());
   std::fflush(stdout);
+  return 0;
+}
+
+// `bleu`: corpus BLEU of two line-aligned files, printed as BLEU = 100 x score with the n-gram
+// statistics (as Lingvo's decoder reports it).
+int Bleu(const std::string& ref, const std::string& hyp, int max_ngram,
+         const std::string& separator_type) {
+  CheckRegularFile(ref, "--ref");
+  CheckRegularFile(hyp, "--hyp");
+  std::ifstream r(ref), h(hyp);
+  BleuScorer scorer(max_ngram, separator_type);
+  std::string rl, hl;
+  int64_t line = 0;
+  for (;;) {
+    const bool more_r = static_cast<bool>(std::getline(r, rl));
+    const bool more_h = static_cast<bool>(std::getline(h, hl));
+    if (!more_r && !more_h) break;
+    ++line;
+    if (more_r != more_h) {
+      throw InvalidArgumentError(StrCat(more_r ? hyp : ref, " ends at line ", line - 1, " but ",
+                                        more_r ? ref : hyp, " goes on: the files must align"));
+    }
+    scorer.AddSentence(rl, hl);
+  }
+  if (line == 0) throw InvalidArgumentError(StrCat("--ref '", ref, "' is empty"));
+  std::vector<std::string> precisions;
+  for (int i = 0; i < max_ngram; ++i) {
+    precisions.push_back(StrCat(scorer.matches()[i], "/", scorer.counts()[i]));
+  }
+  std::printf("BLEU = %.2f (%lld sentences; n-gram matches %s; hyp/ref tokens %lld/%lld)\n",
+              100 * scorer.ComputeOverallScore(), static_cast<long long>(line),
+              Join(precisions, " ").c_str(), static_cast<long long>(scorer.num_hyp_tokens()),
+              static_cast<long long>(scorer.num_ref_tokens()));
   return 0;
 }
 
@@ -566,6 +601,16 @@ int Run(int argc, char** argv) {
   predict->add_option("--output", predict_f.output, "Output file (default: stdout).");
   AddIntFlag(predict, "--batch_size", predict_f.batch_size, 1, 65536,
              "Lines run together (default 32).");
+  std::string bleu_ref, bleu_hyp, bleu_separator;
+  int64_t bleu_max_ngram = 4;
+  auto* bleu = app.add_subcommand(
+      "bleu", "Corpus BLEU of a hypothesis file against a reference file, one sentence per line "
+              "(Lingvo's BleuScorer, docs/mt.md).");
+  bleu->add_option("--ref", bleu_ref, "The reference file.")->required();
+  bleu->add_option("--hyp", bleu_hyp, "The hypothesis file (as many lines as --ref).")->required();
+  bleu->add_option("--separator_type", bleu_separator,
+                   "Undo subword segmentation first: '', bpe, wpm or spm.");
+  AddIntFlag(bleu, "--max_ngram", bleu_max_ngram, 1, 100, "Highest n-gram order (default 4).");
   auto* report = app.add_subcommand("report",
                                     "The latest checkpoint's report (the task's Report hook): "
                                     "eval metrics and samples; LMs add a unigram baseline.");
@@ -688,6 +733,7 @@ int Run(int argc, char** argv) {
     std::cout << "exported " << ckpt << " (step " << step << ") to " << export_out << "\n";
     return 0;
   }
+  if (*bleu) return Bleu(bleu_ref, bleu_hyp, static_cast<int>(bleu_max_ngram), bleu_separator);
   if (*report) {
     return Report(report_f, report_samples);
   }

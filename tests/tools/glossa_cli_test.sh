@@ -38,4 +38,17 @@ if [ -n "$key" ]; then
 else
   expect_ok "no classes registered|\\(" list
 fi
+
+# bleu: corpus BLEU of line-aligned files (Lingvo's BleuScorer, docs/mt.md).
+printf 'the cat is on the mat\nthere is a cat here\n' > "$tmp/ref.txt"
+cp "$tmp/ref.txt" "$tmp/same.txt"
+expect_ok "^BLEU = 100.00 \(2 sentences; n-gram matches 11/11 9/9 7/7 5/5; hyp/ref tokens 11/11\)" bleu --ref="$tmp/ref.txt" --hyp="$tmp/same.txt"
+printf 'the the the the the the the\nthere is a cat\n' > "$tmp/hyp.txt"
+# Unigrams 2 + 4 of 11, bigrams 3/9, trigrams 2/7, 4-grams 1/5; 11 hyp vs 11 ref tokens:
+# 100 * (6/11 * 3/9 * 2/7 * 1/5)^(1/4) = 31.93.
+expect_ok "^BLEU = 31.93 " bleu --ref="$tmp/ref.txt" --hyp="$tmp/hyp.txt"
+printf 'one line\n' > "$tmp/short.txt"
+expect_error "short.txt ends at line 1 but .*ref.txt goes on: the files must align" bleu --ref="$tmp/ref.txt" --hyp="$tmp/short.txt"
+expect_error "separator_type must be" bleu --ref="$tmp/ref.txt" --hyp="$tmp/same.txt" --separator_type=xyz
+expect_error "--hyp" bleu --ref="$tmp/ref.txt" --hyp="$tmp/no_such_file.txt"
 exit $fail
