@@ -7,6 +7,7 @@
 #include "glossa/inference/predictor.h"
 
 #include <ATen/ATen.h>
+#include <torch/script.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -125,6 +126,31 @@ TEST(Bundle, DamagedBundlesAreRefusedNamingTheFile) {
   AtomicWriteFile(d + "/MANIFEST.json", m.dump());
   EXPECT_ERROR_CONTAINS(LoadBundle(d), DataLossError, "bad file name '../escape'");
   EXPECT_ERROR_CONTAINS(LoadBundle(Dir("nothing")), DataLossError, "has no MANIFEST.json");
+}
+
+TEST(Bundle, TorchScriptNetworkComputesTheLmsLogProbs) {
+  const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  const std::string out = Dir("torchscript");
+  ExportBundle({.model_params = p,
+                .checkpoint = *Saver::LatestCheckpoint(TrainedLogdir() + "/train"),
+                .out_dir = out,
+                .torchscript = true});
+  LoadedBundle b = LoadBundle(out);  // the manifest lists and hashes torchscript/network.pt
+  torch::jit::Module net = torch::jit::load(out + "/torchscript/network.pt");
+  // Two sentences of different lengths: the second padded.
+  const NestedMap batch = b.tokenizer->StringsToIds(kTexts, 64, /*pad_to_longest=*/true);
+  const at::Tensor ids = batch.GetTensor("ids"), paddings = batch.GetTensor("paddings");
+  at::Tensor want;
+  {
+    at::NoGradGuard no_grad;
+    EvalModeScope eval;
+    auto& lm = dynamic_cast<TransformerLmTask&>(b.model->task());
+    want = at::log_softmax(lm.Logits(lm.theta(), ids, paddings), -1);
+  }
+  const at::Tensor got = net.forward({ids, paddings}).toTensor();
+  ASSERT_EQ(got.sizes(), want.sizes());
+  const at::Tensor real = (paddings < 0.5).unsqueeze(-1).expand_as(want);
+  EXPECT_TRUE(at::equal(got.masked_select(real), want.masked_select(real)));
 }
 
 TEST(Bundle, TorchScriptExportNamesWhatItDoesNotCover) {

@@ -39,11 +39,8 @@ struct Answer {
   json body;
 };
 
-Answer Post(int port, const std::string& path, const std::string& body) {
-  httplib::Client cli("127.0.0.1", port);
-  cli.set_read_timeout(120);
-  cli.set_tcp_nodelay(true);
-  auto res = cli.Post(path.c_str(), body, "application/json");
+// The status and body (parsed when JSON) of an answer; status -1 and the client error when none.
+Answer ToAnswer(const httplib::Result& res) {
   if (!res) return {-1, json(httplib::to_string(res.error()))};
   Answer a{res->status, json()};
   try {
@@ -54,17 +51,17 @@ Answer Post(int port, const std::string& path, const std::string& body) {
   return a;
 }
 
+Answer Post(int port, const std::string& path, const std::string& body) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120);
+  cli.set_tcp_nodelay(true);
+  return ToAnswer(cli.Post(path.c_str(), body, "application/json"));
+}
+
 Answer Get(int port, const std::string& path) {
   httplib::Client cli("127.0.0.1", port);
-  auto res = cli.Get(path.c_str());
-  if (!res) return {-1, json()};
-  Answer a{res->status, json()};
-  try {
-    a.body = json::parse(res->body);
-  } catch (...) {
-    a.body = res->body;
-  }
-  return a;
+  cli.set_tcp_nodelay(true);
+  return ToAnswer(cli.Get(path.c_str()));
 }
 
 json ScoreRequest(const std::vector<std::string>& texts) {
