@@ -123,7 +123,8 @@ const BaseTokenizer& BaseSequenceInputGenerator::tokenizer() const {
 void BaseSequenceInputGenerator::EnsureStarted() {
   if (batcher_) return;
   YielderOptions yo;
-  yo.file_pattern = StringOrList(params().Get("file_pattern"));
+  yo.file_pattern = file_pattern_override_.empty() ? StringOrList(params().Get("file_pattern"))
+                                                  : file_pattern_override_;
   if (yo.file_pattern.empty() || yo.file_pattern[0].empty()) {
     throw InvalidArgumentError(StrCat("input '", path(), "': file_pattern is not set"));
   }

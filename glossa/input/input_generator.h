@@ -97,6 +97,8 @@ class BaseSequenceInputGenerator : public BaseInputGenerator {
   // Stops and joins the reader and batcher threads (the next batch starts them again).
   void StopReading();
   std::map<std::string, double> pad_values_;
+  // When set (by a subclass's constructor), read these patterns instead of p.file_pattern.
+  std::vector<std::string> file_pattern_override_;
 
  private:
   void EnsureStarted();

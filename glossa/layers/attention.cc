@@ -246,6 +246,40 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
   return Attend(theta, q, k, v, KeyMask(paddings, t, s, causal, query.device()));
 }
 
+NestedMap MultiHeadedAttention::ProjectSource(const NestedMap& theta,
+                                             const at::Tensor& source) const {
+  if (source.dim() != 3 || source.size(-1) != input_dim_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': source must be [B, S, ", input_dim_,
+                                      "], got ", source.sizes()));
+  }
+  const at::Tensor x = CastToFPropDtype(source);
+  NestedMap out;
+  out.Put("key", key_->FProp(key_.Theta(theta), x));
+  out.Put("value", value_->FProp(value_.Theta(theta), x));
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FPropProjected(
+    const NestedMap& theta, const at::Tensor& query, const NestedMap& source,
+    const at::Tensor& paddings) const {
+  const at::Tensor& k = source.GetTensor("key");
+  const at::Tensor& v = source.GetTensor("value");
+  if (query.dim() != 3 || query.size(-1) != input_dim_ || query.size(0) != k.size(0)) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': query must be [", k.size(0), ", T, ",
+                                      input_dim_, "], got ", query.sizes()));
+  }
+  const int64_t s = k.size(1);
+  if (paddings.defined() &&
+      (paddings.dim() != 2 || paddings.size(0) != k.size(0) || paddings.size(1) != s)) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [B, S] = [",
+                                      k.size(0), ", ", s, "], got ", paddings.sizes()));
+  }
+  at::Tensor q = query_->FProp(query_.Theta(theta), CastToFPropDtype(query));
+  at::Tensor mask;
+  if (paddings.defined()) mask = (paddings > 0.5).view({paddings.size(0), 1, 1, s});
+  return Attend(theta, q, k, v, mask);
+}
+
 NestedMap MultiHeadedAttention::InitStates(int64_t batch_size, at::ScalarType dtype) const {
   NestedMap states;
   auto opts = at::TensorOptions().dtype(dtype);

@@ -54,6 +54,13 @@ class MultiHeadedAttention : public BaseLayer {
                                           const at::Tensor& paddings = {},
                                           bool causal = false) const;
 
+  // Cross-attention against a fixed source (decoding): the source's keys and values projected
+  // once, {key, value} [B, S, N, H], then queries [B, T, D] attend to them (paddings [B, S]).
+  NestedMap ProjectSource(const NestedMap& theta, const at::Tensor& source) const;
+  std::pair<at::Tensor, at::Tensor> FPropProjected(const NestedMap& theta, const at::Tensor& query,
+                                                   const NestedMap& source,
+                                                   const at::Tensor& paddings = {}) const;
+
   // An empty cache: key and value [B, 0, N, H].
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
   // One decoding step of causal self-attention: query [B, D] attends to every cached step and

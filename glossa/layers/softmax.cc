@@ -60,11 +60,22 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
                                    const at::Tensor& class_ids, const at::Tensor& class_weights,
                                    const at::Tensor& paddings,
                                    const at::Tensor& class_probabilities) const {
+  return XentFromLogits(Logits(theta, inputs), class_ids, class_weights, paddings,
+                        class_probabilities);
+}
+
+NestedMap SimpleFullSoftmax::XentFromLogits(const at::Tensor& logits, const at::Tensor& class_ids,
+                                            const at::Tensor& class_weights,
+                                            const at::Tensor& paddings,
+                                            const at::Tensor& class_probabilities) const {
   if (class_ids.defined() == class_probabilities.defined()) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': give exactly one of class_ids and class_probabilities"));
   }
-  at::Tensor logits = Logits(theta, inputs);
+  if (logits.dim() < 1 || logits.size(-1) != num_classes_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': logits must end in num_classes ",
+                                      num_classes_, ", got shape ", logits.sizes()));
+  }
   // The loss is computed in float32 at least, whatever the fprop dtype.
   at::Tensor logits32 = logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat);
   at::Tensor log_probs = at::log_softmax(logits32, -1);

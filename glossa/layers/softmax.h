@@ -30,6 +30,11 @@ class SimpleFullSoftmax : public BaseLayer {
                   const at::Tensor& class_weights = {}, const at::Tensor& paddings = {},
                   const at::Tensor& class_probabilities = {}) const;
 
+  // FProp's cross-entropy from logits computed elsewhere (a softmax tied to an embedding).
+  NestedMap XentFromLogits(const at::Tensor& logits, const at::Tensor& class_ids,
+                           const at::Tensor& class_weights = {}, const at::Tensor& paddings = {},
+                           const at::Tensor& class_probabilities = {}) const;
+
  private:
   int64_t input_dim_, num_classes_;
   double label_smoothing_;

@@ -145,6 +145,20 @@ std::pair<at::Tensor, at::Tensor> TransformerAttentionLayer::FProp(
   return {Residual(theta, x, encoded), probs};
 }
 
+NestedMap TransformerAttentionLayer::ProjectSource(const NestedMap& theta,
+                                                  const at::Tensor& source) const {
+  return atten_->ProjectSource(atten_.Theta(theta), CastToFPropDtype(source));
+}
+
+std::pair<at::Tensor, at::Tensor> TransformerAttentionLayer::FPropProjected(
+    const NestedMap& theta, const at::Tensor& query, const NestedMap& source,
+    const at::Tensor& paddings) const {
+  at::Tensor x = CastToFPropDtype(query);
+  at::Tensor q = pre_layer_norm_ ? Norm(theta, x) : x;
+  auto [encoded, probs] = atten_->FPropProjected(atten_.Theta(theta), q, source, paddings);
+  return {Residual(theta, x, encoded), probs};
+}
+
 NestedMap TransformerAttentionLayer::InitStates(int64_t batch_size, at::ScalarType dtype) const {
   return atten_->InitStates(batch_size, dtype);
 }
@@ -251,9 +265,24 @@ NestedMap TransformerLayer::InitStates(int64_t batch_size, at::ScalarType dtype)
 std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
     const at::Tensor& aux_vecs, const at::Tensor& aux_paddings) const {
+  if (cross_atten_ && !aux_vecs.defined()) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': has_aux_atten needs aux_vecs"));
+  }
+  return ExtendStepProjected(theta, inputs, states, PrecomputeAux(theta, aux_vecs), aux_paddings);
+}
+
+NestedMap TransformerLayer::PrecomputeAux(const NestedMap& theta,
+                                          const at::Tensor& aux_vecs) const {
+  if (!cross_atten_) return NestedMap();
+  return cross_atten_->ProjectSource(cross_atten_.Theta(theta), aux_vecs);
+}
+
+std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
+    const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
+    const NestedMap& aux, const at::Tensor& aux_paddings) const {
   auto [x, new_states] = self_atten_->ExtendStep(self_atten_.Theta(theta), inputs, states);
   if (cross_atten_) {
-    x = cross_atten_->FProp(cross_atten_.Theta(theta), x.unsqueeze(1), aux_vecs, aux_paddings)
+    x = cross_atten_->FPropProjected(cross_atten_.Theta(theta), x.unsqueeze(1), aux, aux_paddings)
             .first.squeeze(1);
   }
   const NestedMap& ff_theta = fflayer_.Theta(theta);
@@ -416,12 +445,32 @@ NestedMap TransformerStack::InitStates(int64_t batch_size, at::ScalarType dtype)
 std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
     const at::Tensor& aux_vecs, const at::Tensor& aux_paddings) const {
+  return ExtendStepProjected(theta, inputs, states, PrecomputeAux(theta, aux_vecs), aux_paddings);
+}
+
+NestedMap TransformerStack::PrecomputeAux(const NestedMap& theta,
+                                          const at::Tensor& aux_vecs) const {
+  NestedValue::List per_layer;
+  for (const auto& layer : layers_) {
+    per_layer.push_back(aux_vecs.defined() ? layer->PrecomputeAux(layer.Theta(theta), aux_vecs)
+                                           : NestedMap());
+  }
+  NestedMap out;
+  out.Put("x_layers", std::move(per_layer));
+  return out;
+}
+
+std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStepProjected(
+    const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
+    const NestedMap& aux, const at::Tensor& aux_paddings) const {
+  const auto& layer_aux = aux.at("x_layers").AsList();
   at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
   const auto& layer_states = states.at("x_layers").AsList();
   NestedValue::List new_states;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    auto [y, s] = layers_[i]->ExtendStep(layers_[i].Theta(theta), x, layer_states[i].AsMap(),
-                                         aux_vecs, aux_paddings);
+    auto [y, s] = layers_[i]->ExtendStepProjected(layers_[i].Theta(theta), x,
+                                                  layer_states[i].AsMap(), layer_aux[i].AsMap(),
+                                                  aux_paddings);
     x = y;
     new_states.push_back(std::move(s));
   }

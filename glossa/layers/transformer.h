@@ -68,6 +68,11 @@ class TransformerAttentionLayer : public BaseLayer, public Block {
                         const at::Tensor& paddings) const override {
     return FProp(theta, x, {}, paddings).first;
   }
+  // Cross-attention against a source projected once (MultiHeadedAttention::ProjectSource).
+  NestedMap ProjectSource(const NestedMap& theta, const at::Tensor& source) const;
+  std::pair<at::Tensor, at::Tensor> FPropProjected(const NestedMap& theta, const at::Tensor& query,
+                                                   const NestedMap& source,
+                                                   const at::Tensor& paddings = {}) const;
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
   // One step of masked self-attention: query [B, D] -> (output [B, D], new states).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
@@ -112,6 +117,14 @@ class TransformerLayer : public BaseLayer, public Block {
                                               const NestedMap& states,
                                               const at::Tensor& aux_vecs = {},
                                               const at::Tensor& aux_paddings = {}) const;
+  // The cross-attention's keys and values of aux_vecs, computed once for every decoding step
+  // (empty without has_aux_atten), and the step that uses them.
+  NestedMap PrecomputeAux(const NestedMap& theta, const at::Tensor& aux_vecs) const;
+  std::pair<at::Tensor, NestedMap> ExtendStepProjected(const NestedMap& theta,
+                                                       const at::Tensor& inputs,
+                                                       const NestedMap& states,
+                                                       const NestedMap& aux,
+                                                       const at::Tensor& aux_paddings) const;
 
  private:
   Child<TransformerAttentionLayer> self_atten_, cross_atten_;
@@ -153,6 +166,14 @@ class TransformerStack : public BaseLayer, public Block {
                                               const NestedMap& states,
                                               const at::Tensor& aux_vecs = {},
                                               const at::Tensor& aux_paddings = {}) const;
+  // Every layer's projected cross-attention source ({x_layers: [...]}), computed once per
+  // source, and the decoding step that uses it (what beam search and sampling call).
+  NestedMap PrecomputeAux(const NestedMap& theta, const at::Tensor& aux_vecs) const;
+  std::pair<at::Tensor, NestedMap> ExtendStepProjected(const NestedMap& theta,
+                                                       const at::Tensor& inputs,
+                                                       const NestedMap& states,
+                                                       const NestedMap& aux,
+                                                       const at::Tensor& aux_paddings) const;
   int64_t model_dim() const { return model_dim_; }
 
  private:

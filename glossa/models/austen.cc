@@ -4,9 +4,6 @@
 // is $GLOSSA_DATA_DIR/austen when GLOSSA_DATA_DIR is set, else the installation's
 // <prefix>/share/glossa/austen (found from libglossa's own location, so an installed tree works
 // wherever it is moved), else the source tree's data/austen (a build tree).
-#include <dlfcn.h>
-#include <sys/stat.h>
-
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -17,43 +14,15 @@
 #include "glossa/input/tokenizers.h"
 #include "glossa/layers/moe.h"
 #include "glossa/model/model_registry.h"
+#include "glossa/models/data_dir.h"
 #include "glossa/models/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 
-#ifndef GLOSSA_DEFAULT_DATA_DIR
-#define GLOSSA_DEFAULT_DATA_DIR "data"
-#endif
-
 namespace glossa {
 namespace {
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-std::string AustenDir() {
-  const char* env = std::getenv("GLOSSA_DATA_DIR");
-  if (env != nullptr && *env != '\0') return StrCat(env, "/austen");  // as given, checked on use
-  std::vector<std::string> tried;
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&AustenDir), &info) != 0 && info.dli_fname != nullptr) {
-    // <prefix>/lib/libglossa.so, resolved (the loader may report <prefix>/bin/../lib/...).
-    char* real = ::realpath(info.dli_fname, nullptr);
-    std::string lib = real != nullptr ? real : info.dli_fname;
-    std::free(real);
-    lib = lib.substr(0, lib.rfind('/'));
-    const std::string installed = StrCat(lib.substr(0, lib.rfind('/') + 1), "share/glossa/austen");
-    if (IsDirectory(installed)) return installed;
-    tried.push_back(installed);
-  }
-  const std::string source = StrCat(GLOSSA_DEFAULT_DATA_DIR, "/austen");
-  if (IsDirectory(source)) return source;
-  tried.push_back(source);
-  throw NotFoundError(StrCat("the Austen data is in none of ", Join(tried, ", "),
-                             "; set GLOSSA_DATA_DIR to the directory holding austen/"));
-}
+std::string AustenDir() { return FindDataDir("austen", "scripts/prepare_austen.sh"); }
 
 constexpr int64_t kVocabSize = 2000;
 

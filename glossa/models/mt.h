@@ -1,0 +1,151 @@
+// Machine translation (Lingvo's tasks/mt): a Transformer encoder, a Transformer decoder with
+// cross-attention and incremental decoding, and the TransformerModel task that trains them with
+// label-smoothed cross-entropy and decodes with beam search into corpus BLEU.
+//
+//   auto p = mt::TransformerModel::CommonParams(/*vocab_size=*/8000, /*model_dim=*/256,
+//                                                /*hidden_dim=*/1024, /*num_heads=*/4,
+//                                                /*num_layers=*/3);
+//   p.Set("decoder.beam_search.num_hyps_per_beam", 4);
+//   p.Set("input", TextPairInput::Params().Set("file_pattern", "tsv:/data/train.tsv")...);
+//
+// Batches (NmtInput, TextPairInput): src {ids, paddings} [B, S]; tgt {ids, labels, paddings,
+// weights} [B, T] where ids start with <s> and labels end with </s>.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "glossa/model/base_task.h"
+
+namespace glossa {
+
+class EmbeddingLayer;
+class PositionalEmbeddingLayer;
+class TransformerStack;
+class SimpleFullSoftmax;
+class DropoutLayer;
+
+namespace mt {
+
+// Lingvo's encoder.TransformerBatchMajorEncoder: token embedding · sqrt(model_dim) + sinusoidal
+// positions, input dropout, a TransformerStack (with its optional final layer norm).
+class TransformerEncoder : public BaseLayer {
+ public:
+  // + token_emb (EmbeddingLayer), position_emb (PositionalEmbeddingLayer), model_dim,
+  // input_dropout_prob, transformer_stack (TransformerStack).
+  static glossa::Params Params();
+  explicit TransformerEncoder(const glossa::Params& p);
+  // src {ids, paddings} [B, S] -> {encoded [B, S, D], paddings [B, S]}.
+  NestedMap FProp(const NestedMap& theta, const NestedMap& src) const;
+  int64_t model_dim() const { return model_dim_; }
+
+ private:
+  int64_t model_dim_;
+  Child<EmbeddingLayer> token_emb_;
+  Child<PositionalEmbeddingLayer> position_emb_;
+  Child<TransformerStack> stack_;
+};
+
+// Lingvo's decoder.TransformerBatchMajorDecoder: target embedding + positions, num_trans_layers
+// TransformerLayers from trans_decoder_tpl (causal self-attention, cross-attention to the
+// encoder), an optional final layer norm, and a softmax that is its own (`softmax`) or tied to the
+// target embedding (`shared_emb`: logits = h · token_embᵀ + bias).
+class TransformerDecoder : public BaseLayer {
+ public:
+  // + token_emb, position_emb, model_dim, input_dropout_prob, num_trans_layers,
+  // trans_decoder_tpl (TransformerLayer), final_layer_norm, shared_emb, softmax
+  // (SimpleFullSoftmax), label_smoothing, per_word_avg_loss, target_seq_len, target_sos_id,
+  // target_eos_id, beam_search (BeamSearchHelper), sampling (temperature, top_k, seed).
+  static glossa::Params Params();
+  explicit TransformerDecoder(const glossa::Params& p);
+
+  // Teacher-forced logits [B, T, V] of tgt.ids given the encoder's output.
+  at::Tensor Logits(const NestedMap& theta, const NestedMap& encoder_outputs,
+                    const at::Tensor& tgt_ids, const at::Tensor& tgt_paddings) const;
+  // Metrics of the label-smoothed loss: loss, log_pplx, fraction_of_correct_next_step_preds,
+  // num_predictions, plus per_example (per-sequence log-probs "per_sequence_log_prob").
+  BaseTask::LossOutput ComputeLoss(const NestedMap& theta, const NestedMap& encoder_outputs,
+                                   const NestedMap& tgt) const;
+
+  // ---- Incremental decoding (Lingvo's ExtendStep with prefix_states) ----
+  // What every step of decoding `num_hyps` hypotheses of the sources in encoder_outputs
+  // ({encoded [B, S, D], paddings}) reads and never changes, computed once: each layer's
+  // cross-attention keys and values, the source paddings and the position embeddings.
+  // Hypothesis h reads source h % B (Lingvo's layout: h = hyp_index · B + beam), so reordering
+  // hypotheses within a beam leaves it valid.
+  NestedMap PrecomputeSource(const NestedMap& theta, const NestedMap& encoder_outputs,
+                             int64_t num_hyps) const;
+  // Empty per-layer key/value caches ([N, 0, heads, dim]) of N hypotheses.
+  NestedMap InitDecodeStates(int64_t num_hyps) const;
+  // One step: the previous token of each hypothesis ids [N] at position `step` ->
+  // (log-probs [N, V] in float32, the caches with this step appended along dim 1).
+  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const NestedMap& source,
+                                              const at::Tensor& ids, int64_t step,
+                                              const NestedMap& states) const;
+
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t target_seq_len() const { return target_seq_len_; }
+  int64_t sos_id() const { return sos_id_; }
+  int64_t eos_id() const { return eos_id_; }
+
+ private:
+  at::Tensor Embed(const NestedMap& theta, const at::Tensor& ids) const;
+  at::Tensor Project(const NestedMap& theta, const at::Tensor& h) const;
+
+  int64_t model_dim_, vocab_size_, target_seq_len_, sos_id_, eos_id_;
+  bool shared_emb_, per_word_avg_loss_;
+  double label_smoothing_;
+  Child<EmbeddingLayer> token_emb_;
+  Child<PositionalEmbeddingLayer> position_emb_;
+  Child<TransformerStack> stack_;
+  Child<SimpleFullSoftmax> softmax_;
+};
+
+// Lingvo's mt.model.TransformerModel: encoder + decoder, trained on the decoder's loss; Decode
+// runs the beam search (or greedy or sampling, decoder.decoding) and scores corpus BLEU.
+class TransformerModel : public BaseTask {
+ public:
+  // + encoder (mt::TransformerEncoder), decoder (mt::TransformerDecoder), decoding ('beam',
+  // 'greedy' or 'sample'), bleu_separator_type ('spm' for SentencePiece output).
+  static glossa::Params Params();
+  // Every sub-Params filled in for the given shape: pre-layer-norm layers, final layer norms,
+  // dropout 0.1, label smoothing 0.1, shared target embedding and softmax.
+  static glossa::Params CommonParams(int64_t vocab_size, int64_t model_dim, int64_t hidden_dim,
+                                     int64_t num_heads, int64_t num_layers);
+  explicit TransformerModel(const glossa::Params& p);
+
+  NestedMap ComputePredictions(const NestedMap& theta, const NestedMap& batch) const override;
+  LossOutput ComputeLoss(const NestedMap& theta, const NestedMap& predictions,
+                         const NestedMap& batch) const override;
+
+  // Translates a batch's sources: {topk_ids [B, K, T], topk_lens [B, K], topk_scores [B, K]}.
+  NestedMap Translate(const NestedMap& theta, const NestedMap& src, int64_t num_hyps) const;
+  NestedMap Decode(const NestedMap& batch) override;
+  std::map<std::string, double> CreateDecoderMetrics() const override;
+  // "source ||| reference ||| hypothesis" lines; accumulates BLEU statistics.
+  std::vector<std::string> PostProcessDecodeOut(const NestedMap& decode_out,
+                                                std::map<std::string, double>& metrics) override;
+  void DecodeFinalize(std::map<std::string, double>& metrics) override;
+
+  // "translate": source [B] strings (+ optional num_hyps) -> translation [B] (the best), hyps
+  // [B, K] strings, scores [B, K].
+  std::map<std::string, InferenceSubgraphSpec> Inference() const override;
+  InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
+                            const BaseTokenizer* tokenizer) const override;
+
+  const TransformerEncoder& encoder() const { return *encoder_; }
+  const TransformerDecoder& decoder() const { return *decoder_; }
+
+ private:
+  Child<TransformerEncoder> encoder_;
+  Child<TransformerDecoder> decoder_;
+  std::string decoding_, bleu_separator_;
+  // Corpus BLEU statistics of the current decode run.
+  std::vector<std::string> bleu_refs_, bleu_hyps_;
+};
+
+}  // namespace mt
+}  // namespace glossa
