@@ -1,4 +1,6 @@
-// Training throughput of the Transformer LM task (glossa/models/transformer_lm.h) on random tokens:
+// Training throughput of the Transformer LM task (glossa/models/transformer_lm.h), or with
+// --task=mt of the encoder-decoder mt::TransformerModel (glossa/models/mt.h: source and target of
+// --seq tokens, num_layers each side, tokens/s counting target tokens), on random tokens:
 // tokens/s, median over runs, in fp32 or with bf16 compute (fprop_dtype bfloat16); or, with
 // --gemm, the fp32 GEMM rate (2048² matmul) this machine reaches. Run by train_throughput.sh beside
 // the same model in PyTorch (train_throughput.py).
@@ -18,6 +20,7 @@
 
 #include "glossa/core/step_seed.h"
 #include "glossa/model/model_registry.h"
+#include "glossa/models/mt.h"
 #include "glossa/models/transformer_lm.h"
 #include "glossa/optim/learner.h"
 #include "glossa/optim/optimizer.h"
@@ -30,7 +33,8 @@ std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
   std::map<std::string, std::string> f = {
       {"model_dim", "128"}, {"num_layers", "2"}, {"num_heads", "4"}, {"hidden_dim", "0"},
       {"vocab", "2000"},    {"seq", "128"},      {"batch", "16"},    {"steps", "10"},
-      {"runs", "3"},        {"dtype", "fp32"},   {"threads", "0"},   {"gemm", "0"}};
+      {"runs", "3"},        {"dtype", "fp32"},   {"threads", "0"},   {"gemm", "0"},
+      {"task", "lm"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const auto eq = a.find('=');
@@ -82,9 +86,16 @@ int main(int argc, char** argv) {
   const int64_t vocab = std::stoll(f["vocab"]), seq = std::stoll(f["seq"]),
                 batch = std::stoll(f["batch"]);
   const int steps = std::stoi(f["steps"]);
-  Params tp =
-      TransformerLmTask::CommonParams(vocab, d, hidden, std::stoll(f["num_heads"]), layers);
-  tp.Set("name", "lm").Set("random_seed", 1);
+  const bool mt = f["task"] == "mt";
+  if (!mt && f["task"] != "lm") {
+    std::fprintf(stderr, "--task must be lm or mt\n");
+    return 2;
+  }
+  Params tp = mt ? mt::TransformerModel::CommonParams(vocab, d, hidden, std::stoll(f["num_heads"]),
+                                                      layers)
+                 : TransformerLmTask::CommonParams(vocab, d, hidden, std::stoll(f["num_heads"]),
+                                                   layers);
+  tp.Set("name", mt ? "mt" : "lm").Set("random_seed", 1);
   if (f["dtype"] == "bf16") {
     tp.Set("fprop_dtype", DType::kBFloat16);
   } else if (f["dtype"] != "fp32") {
@@ -104,6 +115,15 @@ int main(int argc, char** argv) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
   at::Tensor ids = at::randint(3, vocab, {batch, seq}, gen);
   NestedMap b{{"ids", ids}, {"labels", ids.roll(-1, 1)}, {"paddings", at::zeros({batch, seq})}};
+  if (mt) {
+    b = NestedMap();
+    b.Set("src.ids", at::randint(3, vocab, {batch, seq}, gen));
+    b.Set("src.paddings", at::zeros({batch, seq}));
+    b.Set("tgt.ids", ids);
+    b.Set("tgt.labels", ids.roll(-1, 1));
+    b.Set("tgt.paddings", at::zeros({batch, seq}));
+    b.Set("tgt.weights", at::ones({batch, seq}));
+  }
   int64_t step = 0;
   auto train_step = [&] {
     GlobalStepContext ctx(step);
@@ -123,9 +143,14 @@ int main(int argc, char** argv) {
   }
   // Training FLOPs per token: 6 x matmul parameters (attention projections, feed-forward, softmax)
   // + 12 x layers x seq x d for the attention scores and their use.
+  // (mt, per target token: the encoder's layers on one source token, the decoder's with
+  // cross-attention, 4 d² more per layer, and both sides' attention.)
   const double flops =
-      6.0 * static_cast<double>(layers * (4 * d * d + 2 * d * hidden) + d * vocab) +
-      12.0 * static_cast<double>(layers * seq * d);
+      mt ? 6.0 * static_cast<double>(layers * (4 * d * d + 2 * d * hidden) +
+                                     layers * (8 * d * d + 2 * d * hidden) + d * vocab) +
+               12.0 * static_cast<double>(3 * layers * seq * d)
+         : 6.0 * static_cast<double>(layers * (4 * d * d + 2 * d * hidden) + d * vocab) +
+               12.0 * static_cast<double>(layers * seq * d);
   std::printf("glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d\n",
               Median(rates), flops, layout.aten_threads, layout.blas_threads);
   return 0;

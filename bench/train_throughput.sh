@@ -20,10 +20,13 @@ peak=$("$bin" --gemm --runs=5 2>/dev/null | awk '/gemm_fp32_gflops/ {print $2}')
 echo "fp32 GEMM peak (2048^2 matmul, OpenBLAS, $cores threads): $peak GFLOP/s"
 tiny="--model_dim=128 --num_layers=2 --num_heads=4 --hidden_dim=512 --vocab=2000 --seq=128 --batch=16 --steps=20"
 big="--model_dim=512 --num_layers=6 --num_heads=8 --hidden_dim=2048 --vocab=8000 --seq=256 --batch=8 --steps=3"
+# mt: the encoder-decoder of mt.bible.TransformerEnEsTiny (3 + 3 layers, model dim 256, vocab 8000,
+# 48-token sources and targets, 64 pairs a batch); tokens/s counts target tokens.
+mt="--task=mt --model_dim=256 --num_layers=3 --num_heads=4 --hidden_dim=1024 --vocab=8000 --seq=48 --batch=64 --steps=3"
 printf "%-6s %-5s %14s %14s %7s %12s %10s\n" size dtype glossa_tok/s torch_tok/s ratio MFLOP/token %fp32peak
-for size in tiny 512; do
+for size in ${SIZES:-tiny 512 mt}; do
   for dtype in fp32 bf16; do
-    shape=$([ "$size" = tiny ] && echo "$tiny" || echo "$big")
+    case "$size" in tiny) shape="$tiny" ;; 512) shape="$big" ;; mt) shape="$mt" ;; esac
     if [ "$dtype" = fp32 ]; then t=1; blas=$cores; else t=$cores; blas=1; fi
     # Alternate the two frameworks (`reps` times each) so that drifts in this shared machine's
     # speed hit both alike; report the median of the per-invocation medians.

@@ -63,6 +63,12 @@ glossa::Params BaseTask::EvalParams() {
   ep.Define("decode_all_checkpoints", false, "Decode every checkpoint, not just the newest.");
   ep.Define("start_eval_after", 0, "Start evaluating after this step.");
   ep.Define("start_decoder_after", 0, "Start decoding after this step.");
+  ep.Define("best_step_metric", nullptr,
+            "The metric whose best step the evaler and decoder track (None: the task's own, "
+            "BaseTask::TrackedMetrics: log_pplx for evals, corpus_bleu for translation).");
+  ep.Define("best_step_maximize", false, "With best_step_metric: higher is better.");
+  ep.Define("best_step_tolerance", 0.0,
+            "A new best must beat the previous one by more than this (Lingvo's BestStep).");
   return ep;
 }
 

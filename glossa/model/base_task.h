@@ -63,6 +63,10 @@ class BaseTask : public BaseLayer {
                                                         std::map<std::string, double>& metrics);
   virtual void DecodeFinalize(std::map<std::string, double>& metrics) { (void)metrics; }
 
+  // The metrics whose best step the evaler and decoder jobs track (metric -> minimize); those a
+  // job does not produce are ignored. Default: log_pplx (minimized).
+  virtual std::map<std::string, bool> TrackedMetrics() const { return {{"log_pplx", true}}; }
+
   // The outfeed (Lingvo's ProcessFPropResults): after each train loop, the loop's metric means
   // (name -> (mean, weight)) and every step's per-example tensors, in step order. Default: nothing.
   virtual void ProcessFPropResults(int64_t global_step,

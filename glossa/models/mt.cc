@@ -327,18 +327,17 @@ glossa::Params TransformerModel::CommonParams(int64_t vocab_size, int64_t model_
     s.Set("token_emb.params_init", init.ToParams());
     s.Set("position_emb.embedding_dim", model_dim);
   }
+  // Lingvo's SetupTransformerParams: dropout 0.1 on the inputs and residual branches, none on
+  // the attention weights or the feed-forward hidden layer.
   glossa::Params& enc = p.GetParams("encoder.transformer_stack");
-  enc.Set("num_layers", num_layers).Set("mdl_dim", model_dim).Set("dropout_prob", 0.1);
-  TransformerLayer::SetCanonicalShapeParams(enc.GetParams("transformer_layer_params_tpl"),
-                                            model_dim, hidden_dim, num_heads);
+  enc.Set("num_layers", num_layers).Set("mdl_dim", model_dim);
   glossa::Params& dec = p.GetParams("decoder");
   dec.Set("num_trans_layers", num_layers).Set("shared_emb", true).Set("label_smoothing", 0.1);
-  glossa::Params& layer = dec.GetParams("trans_decoder_tpl");
-  TransformerLayer::SetCanonicalShapeParams(layer, model_dim, hidden_dim, num_heads);
-  for (const char* a : {"tr_atten_tpl.atten_dropout_prob", "tr_atten_tpl.residual_dropout_prob",
-                        "tr_fflayer_tpl.residual_dropout_prob",
-                        "tr_fflayer_tpl.relu_dropout_prob"}) {
-    layer.Set(a, 0.1);
+  for (glossa::Params* layer : {&enc.GetParams("transformer_layer_params_tpl"),
+                                &dec.GetParams("trans_decoder_tpl")}) {
+    TransformerLayer::SetCanonicalShapeParams(*layer, model_dim, hidden_dim, num_heads);
+    layer->Set("tr_atten_tpl.residual_dropout_prob", 0.1);
+    layer->Set("tr_fflayer_tpl.residual_dropout_prob", 0.1);
   }
   p.Set("decoder.beam_search.num_hyps_per_beam", 4);
   p.Set("decoder.beam_search.length_normalization", 0.6);

@@ -111,8 +111,10 @@ class TransformerModel : public BaseTask {
   // + encoder (mt::TransformerEncoder), decoder (mt::TransformerDecoder), decoding ('beam',
   // 'greedy' or 'sample'), bleu_separator_type ('spm' for SentencePiece output).
   static glossa::Params Params();
-  // Every sub-Params filled in for the given shape: pre-layer-norm layers, final layer norms,
-  // dropout 0.1, label smoothing 0.1, shared target embedding and softmax.
+  // Every sub-Params filled in for the given shape (Lingvo's SetupTransformerParams):
+  // pre-layer-norm layers, final layer norms, input and residual dropout 0.1 (none on the
+  // attention weights or the feed-forward hidden layer), label smoothing 0.1, the softmax tied to
+  // the target embedding, beam 4 with length normalization 0.6.
   static glossa::Params CommonParams(int64_t vocab_size, int64_t model_dim, int64_t hidden_dim,
                                      int64_t num_heads, int64_t num_layers);
   explicit TransformerModel(const glossa::Params& p);
@@ -125,6 +127,10 @@ class TransformerModel : public BaseTask {
   NestedMap Translate(const NestedMap& theta, const NestedMap& src, int64_t num_hyps) const;
   NestedMap Decode(const NestedMap& batch) override;
   std::map<std::string, double> CreateDecoderMetrics() const override;
+  // log_pplx (minimized) and corpus_bleu (maximized).
+  std::map<std::string, bool> TrackedMetrics() const override {
+    return {{"log_pplx", true}, {"corpus_bleu", false}};
+  }
   // "source ||| reference ||| hypothesis" lines; accumulates BLEU statistics.
   std::vector<std::string> PostProcessDecodeOut(const NestedMap& decode_out,
                                                 std::map<std::string, double>& metrics) override;

@@ -99,8 +99,15 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(step));
     AtomicWriteFile(JoinPath(job_dir, name), score);
     // The metric history early stopping reads (Lingvo's MetricHistory.ConditionalAppend).
-    MaybeAppendMetricHistory(tp.GetParams("early_stop"), options.logdir,
-                             job_dir.substr(job_dir.rfind('/') + 1), step, values);
+    const std::string job = job_dir.substr(job_dir.rfind('/') + 1);
+    MaybeAppendMetricHistory(tp.GetParams("early_stop"), options.logdir, job, step, values);
+    std::string best_line;
+    for (const auto& [metric, b] : TrackBestSteps(model->task().params(),
+                                                   model->task().TrackedMetrics(),
+                                                   options.logdir, job, step, values)) {
+      best_line += StrCat(" best ", metric, ": ", PyFloatRepr(b.best_value), " at step ",
+                          b.best_step, ";");
+    }
     processed.insert(ckpt);
     std::string all_processed;
     for (const auto& p : processed) all_processed += p + "\n";
@@ -109,7 +116,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     std::string one_line = score;
     std::replace(one_line.begin(), one_line.end(), '\n', ' ');
     log(StrCat(kind == JobKind::kEval ? "eval " : "decode ", options.dataset, " ", ckpt, ": ",
-               one_line));
+               one_line, best_line));
     return step;
   };
 

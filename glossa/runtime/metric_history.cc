@@ -86,7 +86,39 @@ BestStep ComputeBestStep(const std::string& path, double tolerance, bool minimiz
     if (out.best_step == 0 || value + tolerance < best) {
       out.best_step = step;
       best = value;
+      out.best_value = minimize ? value : -value;
     }
+  }
+  return out;
+}
+
+std::map<std::string, BestStep> TrackBestSteps(const Params& task_params,
+                                               const std::map<std::string, bool>& tracked,
+                                               const std::string& logdir, const std::string& job,
+                                               int64_t step,
+                                               const std::map<std::string, double>& metrics) {
+  const Params& ep = task_params.GetParams("eval");
+  const Params& early_stop = task_params.GetParams("train.early_stop");
+  std::map<std::string, bool> which = tracked;
+  if (ep.IsSet("best_step_metric")) {
+    which = {{ep.GetString("best_step_metric"), !ep.GetBool("best_step_maximize")}};
+  }
+  const double tolerance = ep.GetFloat("best_step_tolerance");
+  std::map<std::string, BestStep> out;
+  for (const auto& [metric, minimize] : which) {
+    auto it = metrics.find(metric);
+    if (it == metrics.end()) continue;
+    const std::string path = MetricHistoryPath(logdir, job, metric);
+    const bool early_stop_wrote = early_stop.GetInt("window") > 0 &&
+                                  early_stop.GetString("metric_history.jobname") == job &&
+                                  early_stop.GetString("metric_history.metric") == metric;
+    if (!early_stop_wrote) AppendMetricHistory(path, step, it->second);
+    const BestStep b = ComputeBestStep(path, tolerance, minimize);
+    AtomicWriteFile(JoinPath(JoinPath(logdir, job), StrCat("best-", metric, ".txt")),
+                    StrCat("best_step: ", b.best_step, "\nvalue: ", PyFloatRepr(b.best_value),
+                           "\nlast_step: ", b.last_step, "\nminimize: ",
+                           minimize ? "True" : "False", "\n"));
+    out[metric] = b;
   }
   return out;
 }

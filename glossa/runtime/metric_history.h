@@ -34,12 +34,24 @@ void MaybeAppendMetricHistory(const Params& early_stop, const std::string& logdi
 struct BestStep {
   int64_t best_step = 0;
   int64_t last_step = 0;
+  double best_value = 0;  // the metric at best_step, as recorded
 };
 // Lingvo's BestStep op over a history file: records in ascending step order (the first record
 // of a step wins); the best is replaced when best_step == 0 or value + tolerance < best (values
 // negated when maximizing). A missing file gives {0, 0}; a malformed line is DataLoss naming the
 // file and line; a negative tolerance is InvalidArgument.
 BestStep ComputeBestStep(const std::string& path, double tolerance, bool minimize);
+// The evaler's and decoder's best-step tracking: for each metric the task tracks
+// (BaseTask::TrackedMetrics, or task.eval.best_step_metric), appends the step's value to
+// <logdir>/<job>/<metric>.history.txt (unless early stopping already did), recomputes the best
+// step with task.eval.best_step_tolerance, and writes <logdir>/<job>/best-<metric>.txt
+// ("best_step: N\nvalue: V\nlast_step: M\n"). Returns metric -> best step.
+std::map<std::string, BestStep> TrackBestSteps(const Params& task_params,
+                                               const std::map<std::string, bool>& tracked,
+                                               const std::string& logdir, const std::string& job,
+                                               int64_t step,
+                                               const std::map<std::string, double>& metrics);
+
 // EarlyStop.Stop: last_step - best_step > window and last_step >= min_steps (never with window 0).
 bool ShouldStopEarly(const BestStep& b, int64_t window, int64_t min_steps);
 

@@ -258,6 +258,29 @@ int Report(const ModelFlags& f, int64_t num_samples) {
     return InstantiateLayer<BaseInputGenerator>(ip);
   };
   std::printf("%s", model->task().Report(in).c_str());
+  // The best steps the evaler and decoder jobs tracked on this dataset (best-<metric>.txt).
+  for (JobKind kind : {JobKind::kEval, JobKind::kDecode}) {
+    const std::string dir = ProgramDir(kind, f.logdir, f.dataset);
+    if (!FileExists(dir)) continue;
+    for (const std::string& name : ListDirectory(dir)) {
+      if (name.rfind("best-", 0) != 0 || name.size() < 9 ||
+          name.substr(name.size() - 4) != ".txt") {
+        continue;
+      }
+      std::map<std::string, std::string> fields;
+      for (const auto& line : Split(ReadFileToString(JoinPath(dir, name), 1 << 16), '\n')) {
+        const size_t colon = line.find(": ");
+        if (colon != std::string_view::npos) {
+          fields[std::string(line.substr(0, colon))] = std::string(line.substr(colon + 2));
+        }
+      }
+      std::printf("best %s on %s (%s job, %s is better): %s at step %s; last step %s\n",
+                  name.substr(5, name.size() - 9).c_str(), f.dataset.c_str(),
+                  kind == JobKind::kEval ? "evaler" : "decoder",
+                  fields["minimize"] == "True" ? "lower" : "higher", fields["value"].c_str(),
+                  fields["best_step"].c_str(), fields["last_step"].c_str());
+    }
+  }
   std::fflush(stdout);
   return 0;
 }

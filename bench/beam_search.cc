@@ -1,0 +1,147 @@
+// Beam-search translation throughput: mt.bible.TransformerEnEsTiny restored from a trained logdir
+// translates the first --sentences English verses of the Bible Test set with beam 4 in batches of
+// --batch (fp32 compute, ids in: tokenization excluded), sentences/s and target tokens/s, median
+// over --runs. Writes the source ids and the best hypotheses to <workdir> for the PyTorch eager
+// peer (bench/beam_search.py), which runs the same model and search and compares its outputs.
+//   bench_beam_search --logdir=runs/bible_tiny --workdir=/tmp/glossa_bench_beam --batch=1
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+#include "glossa/input/input_generator.h"
+#include "glossa/model/base_model.h"
+#include "glossa/model/model_registry.h"
+#include "glossa/models/data_dir.h"
+#include "glossa/models/mt.h"
+#include "glossa/runtime/checkpointer.h"
+#include "glossa/runtime/cpu_runtime.h"
+#include "glossa/runtime/saver.h"
+
+namespace {
+
+std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
+  std::map<std::string, std::string> f = {{"logdir", "runs/bible_tiny"},
+                                          {"workdir", "/tmp/glossa_bench_beam"},
+                                          {"sentences", "64"},
+                                          {"batch", "1"},
+                                          {"beam", "4"},
+                                          {"runs", "3"}};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const auto eq = a.find('=');
+    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (a.rfind("--", 0) != 0 || !f.count(k) || eq == std::string::npos) {
+      std::fprintf(stderr,
+                   "bad flag %s (flags: --logdir --workdir --sentences --batch --beam --runs)\n",
+                   a.c_str());
+      std::exit(2);
+    }
+    f[k] = a.substr(eq + 1);
+  }
+  return f;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  glossa::UseBestBlasKernels(argv);
+  using namespace glossa;
+  auto f = ParseFlags(argc, argv);
+  const int64_t n = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
+  const int64_t runs = std::stoll(f["runs"]);
+  CreateDirectories(f["workdir"]);
+  Params p = GetModelParams("mt.bible.TransformerEnEsTiny", "Test",
+                            StrCat("task.fprop_dtype : float32\n"
+                                   "task.decoder.beam_search.num_hyps_per_beam : ",
+                                   f["beam"]));
+  auto model = InstantiateLayer<BaseModel>(p);
+  const auto ckpt = Saver::LatestCheckpoint(JoinPath(f["logdir"], "train"));
+  if (!ckpt) {
+    std::fprintf(stderr, "no checkpoint in %s/train: train mt.bible.TransformerEnEsTiny first\n",
+                 f["logdir"].c_str());
+    return 1;
+  }
+  const int64_t step = RestoreForEval(LoadCheckpoint(*ckpt), *model, nullptr).value_or(0);
+  auto& task = dynamic_cast<mt::TransformerModel&>(model->task());
+  const auto& input = dynamic_cast<const BaseSequenceInputGenerator&>(task.input());
+  const BaseTokenizer& tok = input.tokenizer();
+  // The first n English verses of Test.
+  std::ifstream in(JoinPath(FindDataDir("bible_mt", "scripts/prepare_bible_mt.sh"), "test.en"));
+  std::vector<std::vector<int64_t>> src;
+  std::string line;
+  while (static_cast<int64_t>(src.size()) < n && std::getline(in, line)) {
+    std::vector<int64_t> ids = tok.StringToIds(line);
+    ids.push_back(tok.eos_id());
+    src.push_back(std::move(ids));
+  }
+  {
+    std::ofstream out(JoinPath(f["workdir"], "src_ids.jsonl"));
+    for (const auto& s : src) out << nlohmann::json(s).dump() << "\n";
+  }
+  auto batch_of = [&](int64_t begin) {
+    const int64_t end = std::min<int64_t>(begin + batch, static_cast<int64_t>(src.size()));
+    int64_t longest = 0;
+    for (int64_t i = begin; i < end; ++i) longest = std::max<int64_t>(longest, src[i].size());
+    at::Tensor ids = at::zeros({end - begin, longest}, at::kLong);
+    at::Tensor pad = at::ones({end - begin, longest});
+    for (int64_t i = begin; i < end; ++i) {
+      for (size_t t = 0; t < src[i].size(); ++t) {
+        ids[i - begin][static_cast<int64_t>(t)] = src[i][t];
+        pad[i - begin][static_cast<int64_t>(t)] = 0;
+      }
+    }
+    return NestedMap{{"ids", ids}, {"paddings", pad}};
+  };
+  std::vector<NestedMap> batches;
+  for (int64_t b = 0; b < static_cast<int64_t>(src.size()); b += batch) batches.push_back(batch_of(b));
+  std::vector<double> sps, tps;
+  std::vector<std::vector<int64_t>> hyps;
+  const NestedMap theta = task.theta();
+  for (int64_t r = 0; r <= runs; ++r) {  // run 0 warms up
+    hyps.clear();
+    int64_t tokens = 0;
+    const double t0 = Now();
+    for (const NestedMap& b : batches) {
+      NestedMap out = task.Translate(theta, b, 0);
+      const at::Tensor ids = out.GetTensor("topk_ids").select(1, 0).contiguous();
+      const at::Tensor lens = out.GetTensor("topk_lens").select(1, 0).contiguous();
+      for (int64_t i = 0; i < ids.size(0); ++i) {
+        const int64_t len = lens[i].item<int64_t>();
+        tokens += len;
+        std::vector<int64_t> h(ids[i].data_ptr<int64_t>(), ids[i].data_ptr<int64_t>() + len);
+        hyps.push_back(std::move(h));
+      }
+    }
+    const double dt = Now() - t0;
+    if (r > 0) {
+      sps.push_back(static_cast<double>(src.size()) / dt);
+      tps.push_back(static_cast<double>(tokens) / dt);
+    }
+  }
+  {
+    std::ofstream out(JoinPath(f["workdir"], "glossa_hyps.jsonl"));
+    for (const auto& h : hyps) out << nlohmann::json(h).dump() << "\n";
+  }
+  std::sort(sps.begin(), sps.end());
+  std::sort(tps.begin(), tps.end());
+  std::printf("glossa_sentences_per_sec %.3f glossa_tokens_per_sec %.1f step %lld batch %lld "
+              "beam %s sentences %zu blas %s\n",
+              sps[sps.size() / 2], tps[tps.size() / 2], static_cast<long long>(step),
+              static_cast<long long>(batch), f["beam"].c_str(), src.size(),
+              BlasCoreName());
+  return 0;
+}
