@@ -173,6 +173,14 @@ TransformerDecoder::TransformerDecoder(const glossa::Params& p) : BaseLayer(p) {
              vocab_size_);
     softmax_ = CreateChild<SimpleFullSoftmax>("softmax", sm);
   }
+  sampling_temperature_ = p.GetFloat("sampling_temperature");
+  sampling_top_k_ = p.GetInt("sampling_top_k");
+  sampling_seed_ = static_cast<uint64_t>(p.GetInt("sampling_seed"));
+  glossa::Params beam = p.GetParams("beam_search").Copy();
+  beam.Set("target_seq_len", target_seq_len_).Set("target_sos_id", sos_id_);
+  beam.Set("target_eos_id", eos_id_);
+  beam_search_ = CreateChild<BeamSearchHelper>("beam_search", beam);
+  beam_params_ = beam.Copy();
   for (const auto& [key, value] : {std::pair<const char*, int64_t>{"target_sos_id", sos_id_},
                                    {"target_eos_id", eos_id_}}) {
     if (value < 0 || value >= vocab_size_) {
@@ -381,12 +389,17 @@ NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& s
   const TransformerDecoder& dec = *decoder_;
   SearchResult r;
   if (decoding_ == "beam") {
-    glossa::Params bp = dec.params().GetParams("beam_search").Copy();
-    bp.Set("name", "beam_search");
-    bp.Set("target_seq_len", dec.target_seq_len());
-    bp.Set("target_sos_id", dec.sos_id()).Set("target_eos_id", dec.eos_id());
-    if (num_hyps > 0) bp.Set("num_hyps_per_beam", num_hyps);
-    auto beam = InstantiateLayer<BeamSearchHelper>(bp);
+    // Another width than the configured one (the translate subgraph's num_hyps): a helper of
+    // the same Params with that width.
+    std::unique_ptr<BeamSearchHelper> other;
+    const BeamSearchHelper* beam = &dec.beam_search();
+    if (num_hyps > 0 && num_hyps != beam->num_hyps_per_beam()) {
+      glossa::Params bp = dec.beam_search_params().Copy();
+      bp.Set("name", "beam_search").Set("num_hyps_per_beam", num_hyps);
+      if (bp.GetInt("num_hyps_to_return") > num_hyps) bp.Set("num_hyps_to_return", num_hyps);
+      other = InstantiateLayer<BeamSearchHelper>(bp);
+      beam = other.get();
+    }
     const int64_t n = beam->num_hyps_per_beam() * b;
     const NestedMap source = dec.PrecomputeSource(dec_theta, enc, n);
     r = beam->Search(b, dec.InitDecodeStates(n),
@@ -395,15 +408,13 @@ NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& s
                      });
   } else {
     const NestedMap source = dec.PrecomputeSource(dec_theta, enc, b);
-    const glossa::Params& dp = dec.params();
-    const double temperature = decoding_ == "greedy" ? 0.0 : dp.GetFloat("sampling_temperature");
+    const double temperature = decoding_ == "greedy" ? 0.0 : dec.sampling_temperature();
     r = SampleSearch(b, dec.InitDecodeStates(b),
                      [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
                        return dec.ExtendStep(dec_theta, source, ids, step, states);
                      },
                      dec.target_seq_len(), dec.sos_id(), dec.eos_id(), temperature,
-                     dp.GetInt("sampling_top_k"),
-                     static_cast<uint64_t>(dp.GetInt("sampling_seed")));
+                     dec.sampling_top_k(), dec.sampling_seed());
   }
   return NestedMap{{"topk_ids", r.topk_ids},
                    {"topk_lens", r.topk_lens},

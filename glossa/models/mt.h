@@ -27,6 +27,7 @@ class PositionalEmbeddingLayer;
 class TransformerStack;
 class SimpleFullSoftmax;
 class DropoutLayer;
+class BeamSearchHelper;
 
 namespace mt {
 
@@ -86,6 +87,15 @@ class TransformerDecoder : public BaseLayer {
                                               const at::Tensor& ids, int64_t step,
                                               const NestedMap& states) const;
 
+  // The decoder's beam search (beam_search with target_seq_len, target_sos_id and target_eos_id
+  // set from the decoder's), and the sampling settings.
+  const BeamSearchHelper& beam_search() const { return *beam_search_; }
+  // Its Params (mutable copies: another width for one request).
+  const glossa::Params& beam_search_params() const { return beam_params_; }
+  double sampling_temperature() const { return sampling_temperature_; }
+  int64_t sampling_top_k() const { return sampling_top_k_; }
+  uint64_t sampling_seed() const { return sampling_seed_; }
+
   int64_t vocab_size() const { return vocab_size_; }
   int64_t target_seq_len() const { return target_seq_len_; }
   int64_t sos_id() const { return sos_id_; }
@@ -97,7 +107,11 @@ class TransformerDecoder : public BaseLayer {
 
   int64_t model_dim_, vocab_size_, target_seq_len_, sos_id_, eos_id_;
   bool shared_emb_, per_word_avg_loss_;
-  double label_smoothing_;
+  double label_smoothing_, sampling_temperature_;
+  int64_t sampling_top_k_;
+  uint64_t sampling_seed_;
+  Child<BeamSearchHelper> beam_search_;
+  glossa::Params beam_params_;
   Child<EmbeddingLayer> token_emb_;
   Child<PositionalEmbeddingLayer> position_emb_;
   Child<TransformerStack> stack_;

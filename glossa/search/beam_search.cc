@@ -68,6 +68,7 @@ BeamSearchHelper::BeamSearchHelper(const glossa::Params& p) : BaseLayer(p) {
   merge_paths_ = p.GetBool("merge_paths");
   allow_empty_terminated_hyp_ = p.GetBool("allow_empty_terminated_hyp");
   num_hyps_to_return_ = p.GetInt("num_hyps_to_return");
+  target_seq_length_ratio_ = p.GetFloat("target_seq_length_ratio");
   auto fail = [&](const std::string& what) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': ", what));
   };
@@ -317,7 +318,7 @@ SearchResult BeamSearchHelper::Search(int64_t num_beams, NestedMap states,
 
   // Final scores and the top hypotheses per source.
   const int64_t ret = num_hyps_to_return_ > 0 ? num_hyps_to_return_ : k;
-  const double r = params().GetFloat("target_seq_length_ratio");
+  const double r = target_seq_length_ratio_;
   int64_t longest = 1;
   for (auto& fs : finished) {
     for (Finished& f : fs) {

@@ -46,7 +46,7 @@ class BeamSearchHelper : public BaseLayer {
  private:
   int64_t num_hyps_per_beam_, target_seq_len_, sos_id_, eos_id_, eoc_id_, num_hyps_to_return_;
   double beam_size_, length_normalization_, coverage_penalty_, valid_eos_max_logit_delta_,
-      local_eos_threshold_;
+      local_eos_threshold_, target_seq_length_ratio_;
   bool force_eos_in_last_step_, ensure_full_beam_, merge_paths_, allow_empty_terminated_hyp_;
 };
 

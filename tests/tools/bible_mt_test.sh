@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # scripts/prepare_bible_mt.sh on Debian's SWORD modules: the verse counts, aligned lines, Dev and
-# Test books absent from Train, no markup left, and a SentencePiece model that round-trips.
+# Test books absent from Train, no markup left, and a SentencePiece model that round-trips. Given
+# the glossa binary, then mt.bible.TransformerEnEsTiny end to end at a small size on that corpus:
+# train, decode Test with BLEU and best-step tracking, report, export and translate with predict,
+# and bad input.
+#   bash tests/tools/bible_mt_test.sh [build/bin/glossa]
 set -uo pipefail
+glossa="${1:-}"
+[ -z "$glossa" ] || glossa="$(cd "$(dirname "$glossa")" && pwd)/$(basename "$glossa")"
 cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -26,5 +32,50 @@ check "John 3:16 is in train" grep -qx "John 3:16" "$tmp/mt/train.keys"
 rt=$(head -1 "$tmp/mt/test.es" | spm_encode --model="$tmp/mt/spm_4000.model" | spm_decode --model="$tmp/mt/spm_4000.model")
 check "SentencePiece round-trips a Test verse" test "$rt" = "$(head -1 "$tmp/mt/test.es")"
 check "SentencePiece ids: <unk> 0, <s> 1, </s> 2" bash -c "head -3 '$tmp/mt/spm_4000.vocab' | cut -f1 | tr '\n' , | grep -qx '<unk>,<s>,</s>,'"
-[ "$fail" -eq 0 ] && echo "bible mt corpus: all checks passed"
+
+if [ -n "$glossa" ]; then
+  # The model's default vocabulary (8,000 pieces) in $tmp/bible_mt, found through GLOSSA_DATA_DIR.
+  if ! bash scripts/prepare_bible_mt.sh "$tmp/bible_mt" > "$tmp/log8k" 2>&1; then
+    echo "FAIL: prepare_bible_mt.sh 8000: $(tail -3 "$tmp/log8k")"; exit 1
+  fi
+  export GLOSSA_DATA_DIR="$tmp"
+  # A small model: 1 + 1 layers of width 32, 30 steps, beam 2 over at most 24 tokens.
+  cat > "$tmp/small.txt" <<'PARAMS'
+task.encoder.model_dim : 32
+task.encoder.token_emb.embedding_dim : 32
+task.encoder.position_emb.embedding_dim : 32
+task.encoder.transformer_stack.num_layers : 1
+task.encoder.transformer_stack.mdl_dim : 32
+task.encoder.transformer_stack.num_atten_heads : 2
+task.encoder.transformer_stack.hidden_dim : 64
+task.decoder.model_dim : 32
+task.decoder.token_emb.embedding_dim : 32
+task.decoder.position_emb.embedding_dim : 32
+task.decoder.num_trans_layers : 1
+task.decoder.trans_decoder_tpl.num_heads : 2
+task.decoder.trans_decoder_tpl.tr_fflayer_tpl.hidden_dim : 64
+task.decoder.target_seq_len : 24
+task.decoder.beam_search.num_hyps_per_beam : 2
+task.train.max_steps : 30
+task.train.learner.lr_schedule.model_dim : 32
+task.eval.decoder_samples_per_summary : 16
+PARAMS
+  flags=(--model=mt.bible.TransformerEnEsTiny --logdir="$tmp/run" --random_seed=1 --model_params_file_override="$tmp/small.txt")
+  quiet() { grep -v '^I[0-9]\{8\} \|^WARNING: Logging'; }
+  check "train" bash -c "'$glossa' train ${flags[*]@Q} > '$tmp/train.log' 2>&1"
+  check "train wrote step 30: $(tail -2 "$tmp/train.log" | quiet)" test -f "$tmp/run/train/ckpt-00000030.safetensors"
+  check "decode Test" bash -c "'$glossa' decode --once ${flags[*]@Q} --dataset=Test > '$tmp/decode.log' 2>&1"
+  check "decoder score has corpus_bleu: $(quiet < "$tmp/decode.log" | tail -2)" grep -q "^corpus_bleu: " "$tmp/run/decoder_test/score-00000030.txt"
+  check "decoder tracks the best corpus_bleu step" grep -q "^best_step: 30$" "$tmp/run/decoder_test/best-corpus_bleu.txt"
+  check "decoder_out: source ||| reference ||| hypothesis" bash -c "head -1 '$tmp/run/decoder_test/decoder_out_000000030' | grep -q '^.* ||| .* ||| '"
+  check "report shows the best step" bash -c "'$glossa' report ${flags[*]@Q} --dataset=Test 2>/dev/null | grep -q '^best corpus_bleu on Test (decoder job, higher is better): .* at step 30'"
+  check "export" bash -c "'$glossa' export ${flags[*]@Q} --out='$tmp/bundle' > '$tmp/export.log' 2>&1"
+  printf 'In the beginning God created the heaven and the earth.\nAnd God said, Let there be light.\n' > "$tmp/src.txt"
+  check "predict translates text lines with the beam" bash -c "'$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/src.txt' > '$tmp/tr.jsonl' 2>'$tmp/predict.log' && test \$(wc -l < '$tmp/tr.jsonl') -eq 2 && grep -q '\"translation\":' '$tmp/tr.jsonl' && grep -q '\"scores\":\\[\\[' '$tmp/tr.jsonl'"
+  echo '{"source": "In the beginning", "num_hyps": 99}' > "$tmp/bad.jsonl"
+  check "num_hyps out of range is an error naming it" bash -c "! '$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/bad.jsonl' > /dev/null 2> '$tmp/bad.log' && grep -q 'num_hyps' '$tmp/bad.log'"
+  # Bad input: a missing corpus file fails the job, naming it.
+  check "a missing input file is an error" bash -c "! '$glossa' train ${flags[*]@Q} --logdir='$tmp/run2' '--model_params_override=task.input.file_pattern : \"text:$tmp/missing.tsv\"' > '$tmp/missing.log' 2>&1 && grep -q 'missing.tsv' '$tmp/missing.log'"
+fi
+[ "$fail" -eq 0 ] && echo "bible mt: all checks passed"
 exit "$fail"
