@@ -59,6 +59,8 @@ class BibleEnEsBase : public ModelParamsBase {
     p.Set("name", "mt");
     p.Set("decoder.target_seq_len", 160);
     p.Set("decoder.beam_search.num_hyps_per_beam", 4);
+    // Every verse gets a translation: a hypothesis still live at the last step ends there.
+    p.Set("decoder.beam_search.force_eos_in_last_step", true);
     Params& tp = p.GetParams("train");
     tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
     tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 5);
