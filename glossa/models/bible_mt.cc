@@ -86,7 +86,7 @@ class BibleEnEsBase : public ModelParamsBase {
 class TransformerEnEsTiny : public BibleEnEsBase {
  public:
   Params Task() const override {
-    Params p = MtTask(256, 3, 4, 1024, 1200, 400);
+    Params p = MtTask(256, 3, 4, 1024, 1500, 400);
     p.Set("fprop_dtype", DType::kBFloat16);
     return p;
   }

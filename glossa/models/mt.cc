@@ -113,7 +113,8 @@ glossa::Params TransformerDecoder::Params() {
   p.Define("softmax", SimpleFullSoftmax::Params().Set("compute_per_example_argmax", false),
            "Softmax (input_dim and num_classes default to model_dim and the vocabulary).");
   p.Define("label_smoothing", 0.1,
-           "Uniform label smoothing of the training targets: (1 - e)·one_hot + e / vocab.");
+           "Lingvo's UniformLabelSmoother: targets 1 - e on the label and e / (vocab - 1) on "
+           "every other class.");
   p.Define("per_word_avg_loss", true,
            "Loss averaged per target token (True) or per sequence (False, Lingvo's option).");
   p.Define("target_seq_len", 128, "Maximum decoded length, </s> included.");
@@ -179,6 +180,11 @@ TransformerDecoder::TransformerDecoder(const glossa::Params& p) : BaseLayer(p) {
   glossa::Params beam = p.GetParams("beam_search").Copy();
   beam.Set("target_seq_len", target_seq_len_).Set("target_sos_id", sos_id_);
   beam.Set("target_eos_id", eos_id_);
+  if (beam.GetFloat("coverage_penalty") > 0) {
+    throw UnimplementedError(StrCat("layer '", path(), "': beam_search.coverage_penalty needs ",
+                                    "attention probabilities, which this decoder's ExtendStep ",
+                                    "does not return; leave it 0"));
+  }
   beam_search_ = CreateChild<BeamSearchHelper>("beam_search", beam);
   beam_params_ = beam.Copy();
   for (const auto& [key, value] : {std::pair<const char*, int64_t>{"target_sos_id", sos_id_},
@@ -237,21 +243,29 @@ BaseTask::LossOutput TransformerDecoder::ComputeLoss(const NestedMap& theta,
   const at::Tensor label_lp = log_probs.gather(-1, labels64.unsqueeze(-1)).squeeze(-1);
   at::Tensor xent = -label_lp;
   if (label_smoothing_ > 0) {
-    xent = xent * (1 - label_smoothing_) - log_probs.sum(-1) * (label_smoothing_ / vocab_size_);
+    // Lingvo's UniformLabelSmoother: 1 - ε on the label, ε / (V - 1) on every other class.
+    xent = xent * (1 - label_smoothing_) -
+           (log_probs.sum(-1) - label_lp) * (label_smoothing_ / (vocab_size_ - 1));
   }
   const at::Tensor w = weights.to(xent.scalar_type());
   const at::Tensor num_tokens = w.sum().detach();
-  const at::Tensor num_seqs = (w.sum(1) > 0).to(w.scalar_type()).sum().detach();
-  at::Tensor loss = per_word_avg_loss_ ? (xent * w).sum() / at::clamp_min(num_tokens, 1e-6)
-                                       : (xent * w).sum() / at::clamp_min(num_seqs, 1e-6);
+  const at::Tensor num_seqs = at::full({}, static_cast<double>(labels.size(0)), w.options());
+  const at::Tensor total_xent = (xent * w).sum();
+  // Lingvo's MTBaseDecoder: per word, or per sequence (over the batch's rows).
+  at::Tensor loss = per_word_avg_loss_ ? total_xent / at::clamp_min(num_tokens, 1e-6)
+                                       : total_xent / num_seqs;
   const at::Tensor lp = label_lp.detach() * w;
-  const at::Tensor log_pplx = -lp.sum() / at::clamp_min(num_tokens, 1e-6);
+  // log_pplx is Lingvo's: the training cross-entropy per token (label smoothing included);
+  // log_pplx_without_smoothing is the reference's log-perplexity.
+  const at::Tensor log_pplx = total_xent.detach() / at::clamp_min(num_tokens, 1e-6);
+  const at::Tensor nll = -lp.sum() / at::clamp_min(num_tokens, 1e-6);
   const at::Tensor correct =
       ((label_lp.detach() >= at::amax(log_probs.detach(), {-1})).to(w.scalar_type()) * w).sum() /
       at::clamp_min(num_tokens, 1e-6);
   BaseTask::LossOutput out;
   out.metrics["loss"] = Metric{loss, per_word_avg_loss_ ? num_tokens : num_seqs};
   out.metrics["log_pplx"] = Metric{log_pplx, num_tokens};
+  out.metrics["log_pplx_without_smoothing"] = Metric{nll, num_tokens};
   out.metrics["fraction_of_correct_next_step_preds"] = Metric{correct, num_tokens};
   out.metrics["num_predictions"] = Metric{num_tokens, at::full({}, 1.0)};
   // Per sequence: the log-probability of the reference, and its per-token average.
@@ -317,9 +331,10 @@ glossa::Params TransformerModel::Params() {
   p.Define("decoding", "beam",
            "Decode with 'beam' (decoder.beam_search), 'greedy' or 'sample' "
            "(decoder.sampling_temperature, sampling_top_k, sampling_seed).");
-  p.Define("bleu_separator_type", "spm",
-           "How decoded and reference strings are unsegmented before BLEU: '' (as they are), "
-           "'spm', 'wpm' or 'bpe' (Lingvo's BleuScorer).");
+  p.Define("bleu_separator_type", "",
+           "How decoded and reference strings are unsegmented before BLEU: '' (as the tokenizer "
+           "detokenizes them: SentencePiece gives plain text), or 'spm', 'wpm', 'bpe' for a "
+           "vocabulary-file tokenizer that returns pieces (Lingvo's BleuScorer).");
   return p;
 }
 
@@ -494,8 +509,7 @@ std::vector<std::string> TransformerModel::PostProcessDecodeOut(
 }
 
 void TransformerModel::DecodeFinalize(std::map<std::string, double>& metrics) {
-  // The tokenizer decodes to plain text already; unsegmenting applies to piece strings.
-  BleuScorer bleu(4, "");
+  BleuScorer bleu(4, bleu_separator_);
   for (size_t i = 0; i < bleu_refs_.size(); ++i) bleu.AddSentence(bleu_refs_[i], bleu_hyps_[i]);
   metrics["corpus_bleu"] = bleu.ComputeOverallScore();
   bleu_refs_.clear();
@@ -531,26 +545,39 @@ InferenceMap TransformerModel::RunInference(const std::string& subgraph,
     }
   }
   const auto& text = feeds.at("source").strings;
-  int64_t longest = 0;
-  for (const auto& t : text) longest = std::max<int64_t>(longest, static_cast<int64_t>(t.size()));
-  // The source is the tokens and </s> (the labels of StringsToIds), as NmtInput writes it.
-  const NestedMap b = tokenizer->StringsToIds(text, longest + 1, /*pad_to_longest=*/true);
-  NestedMap src{{"ids", b.GetTensor("labels")}, {"paddings", b.GetTensor("paddings")}};
+  // The source is the tokens and </s>, as the inputs write it.
+  std::vector<std::vector<int64_t>> rows;
+  size_t longest = 1;
+  for (const auto& t : text) {
+    rows.push_back(tokenizer->StringToIds(t));
+    rows.back().push_back(tokenizer->eos_id());
+    longest = std::max(longest, rows.back().size());
+  }
+  at::Tensor ids = at::zeros({static_cast<int64_t>(rows.size()), static_cast<int64_t>(longest)},
+                             at::kLong);
+  at::Tensor paddings = at::ones(ids.sizes(), at::kFloat);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    int64_t* id = ids[static_cast<int64_t>(i)].data_ptr<int64_t>();
+    float* pad = paddings[static_cast<int64_t>(i)].data_ptr<float>();
+    for (size_t t = 0; t < rows[i].size(); ++t) {
+      id[t] = rows[i][t];
+      pad[t] = 0;
+    }
+  }
+  NestedMap src{{"ids", ids}, {"paddings", paddings}};
   const NestedMap r = Translate(theta(), src, num_hyps);
-  const at::Tensor ids = r.GetTensor("topk_ids"), lens = r.GetTensor("topk_lens");
-  const int64_t n = ids.size(0), k = ids.size(1);
+  const at::Tensor out_ids = r.GetTensor("topk_ids"), lens = r.GetTensor("topk_lens");
   std::vector<std::string> best, all;
-  for (int64_t i = 0; i < n; ++i) {
-    const std::vector<std::string> h = RowsToStrings(*tokenizer, ids[i], lens[i]);
+  for (int64_t i = 0; i < out_ids.size(0); ++i) {
+    const std::vector<std::string> h = RowsToStrings(*tokenizer, out_ids[i], lens[i]);
     best.push_back(h.empty() ? std::string() : h[0]);
     all.push_back(Join(h, " ||| "));
   }
-  (void)k;
   InferenceMap out;
   out["translation"] = InferenceValue::Strings(std::move(best));
   out["hyps"] = InferenceValue::Strings(std::move(all));
   out["scores"] = InferenceValue::Of(r.GetTensor("topk_scores").to(at::kFloat));
-  out["ids"] = InferenceValue::Of(ids);
+  out["ids"] = InferenceValue::Of(out_ids);
   return out;
 }
 

@@ -6,7 +6,7 @@
 //                                                /*hidden_dim=*/1024, /*num_heads=*/4,
 //                                                /*num_layers=*/3);
 //   p.Set("decoder.beam_search.num_hyps_per_beam", 4);
-//   p.Set("input", TextPairInput::Params().Set("file_pattern", "tsv:/data/train.tsv")...);
+//   p.Set("input", TextPairInput::Params().Set("file_pattern", "text:/data/train.tsv")...);
 //
 // Batches (NmtInput, TextPairInput): src {ids, paddings} [B, S]; tgt {ids, labels, paddings,
 // weights} [B, T] where ids start with <s> and labels end with </s>.
@@ -123,7 +123,8 @@ class TransformerDecoder : public BaseLayer {
 class TransformerModel : public BaseTask {
  public:
   // + encoder (mt::TransformerEncoder), decoder (mt::TransformerDecoder), decoding ('beam',
-  // 'greedy' or 'sample'), bleu_separator_type ('spm' for SentencePiece output).
+  // 'greedy' or 'sample'), bleu_separator_type ('' for detokenizing tokenizers; 'wpm', 'bpe', 'spm'
+  // for pieces).
   static glossa::Params Params();
   // Every sub-Params filled in for the given shape (Lingvo's SetupTransformerParams):
   // pre-layer-norm layers, final layer norms, input and residual dropout 0.1 (none on the

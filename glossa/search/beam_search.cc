@@ -136,7 +136,8 @@ NestedMap GatherStates(const NestedMap& states, const at::Tensor& index) {
 }
 
 SearchResult BeamSearchHelper::Search(int64_t num_beams, NestedMap states,
-                                      const DecodeStepFn& step) const {
+                                      const DecodeStepFn& step,
+                                      const at::Tensor& source_lengths) const {
   const int64_t b_n = num_beams, k = num_hyps_per_beam_, n = k * b_n, t_max = target_seq_len_;
   if (b_n < 1) throw InvalidArgumentError(StrCat("layer '", path(), "': num_beams must be >= 1"));
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -182,6 +183,7 @@ SearchResult BeamSearchHelper::Search(int64_t num_beams, NestedMap states,
     list.reserve(m + 1);
     for (int64_t i = 0; i < n; ++i) {
       if (first && i >= b_n) continue;  // step 0: only slot 0 of each source is expanded
+      if (cum[i] == kNegInf) continue;  // a dead slot (fewer live extensions than slots)
       const float* row = lpd + i * vocab;
       list.clear();
       // The top m extensions of parent i (in the forced last step: </s> and the top m - 1 others).
@@ -196,11 +198,11 @@ SearchResult BeamSearchHelper::Search(int64_t num_beams, NestedMap states,
         list.insert(pos, c);
         if (static_cast<int64_t>(list.size()) > want) list.pop_back();
       }
-      if (last) {
+      if (last && std::isfinite(row[eos_id_])) {
         Cand e{cum[i] + row[eos_id_], row[eos_id_], eos_id_, i};
         list.insert(std::upper_bound(list.begin(), list.end(), e, Higher), e);
       }
-      if (list.empty()) {
+      if (list.empty() && !last) {
         throw InvalidArgumentError(StrCat("layer '", path(), "': step ", t, ": hypothesis ", i,
                                           " has no finite log-prob (NaN or -inf everywhere)"));
       }
@@ -328,7 +330,11 @@ SearchResult BeamSearchHelper::Search(int64_t num_beams, NestedMap states,
       double cp = 0;
       if (coverage_penalty_ > 0) {
         // Attention of each step of the path: the step's parent row (the query that produced it).
-        const int64_t s_len = atten.front().size(1);
+        const int64_t b = &fs - finished.data();
+        const int64_t s_len =
+            source_lengths.defined()
+                ? std::min<int64_t>(source_lengths[b].item<int64_t>(), atten.front().size(1))
+                : atten.front().size(1);
         std::vector<double> cov(s_len, 0.0);
         for (size_t s = 0; s < f.path.size(); ++s) {
           // At step s the hypothesis was row f.path[s] of that step's input.

@@ -25,7 +25,7 @@ using DecodeStepFn = std::function<std::pair<at::Tensor, NestedMap>(
     const at::Tensor& ids, int64_t step, const NestedMap& states)>;
 
 struct SearchResult {
-  at::Tensor topk_ids;     // [B, K, T] int64; past a hypothesis' length: 0
+  at::Tensor topk_ids;     // [B, K, T] int64, T the longest hypothesis; past a length: 0
   at::Tensor topk_lens;    // [B, K] int64, </s> included when the hypothesis ended with it
   at::Tensor topk_scores;  // [B, K] float64: the normalized score (beam), or the log-prob sum
 };
@@ -39,7 +39,9 @@ class BeamSearchHelper : public BaseLayer {
   static glossa::Params Params();
   explicit BeamSearchHelper(const glossa::Params& p);
 
-  SearchResult Search(int64_t num_beams, NestedMap states, const DecodeStepFn& step) const;
+  // source_lengths [B] (optional): the coverage penalty sums over these source positions only.
+  SearchResult Search(int64_t num_beams, NestedMap states, const DecodeStepFn& step,
+                      const at::Tensor& source_lengths = {}) const;
 
   int64_t num_hyps_per_beam() const { return num_hyps_per_beam_; }
 

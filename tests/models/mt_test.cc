@@ -99,7 +99,8 @@ TEST(TransformerModel, LossIsLabelSmoothedCrossEntropyOfTheLogits) {
   auto model = InstantiateLayer<mt::TransformerModel>(SmallModel(20, true));
   NestedMap batch = RandomBatch(2, 6, 5, 20, 4);
   BaseTask::FPropResult r = model->FPropDefaultTheta(batch);
-  // Recompute from the logits: -(0.9 log p_label + 0.1/V Σ log p), weighted by 1 - paddings.
+  // Recompute from the logits with Lingvo's UniformLabelSmoother: -(0.9 log p_label +
+  // 0.1/(V-1) Σ_{c != label} log p_c), weighted by 1 - paddings.
   const NestedMap theta = model->theta();
   const NestedMap enc = model->encoder().FProp(theta.GetItem("encoder").AsMap(),
                                                batch.GetItem("src").AsMap());
@@ -111,10 +112,12 @@ TEST(TransformerModel, LossIsLabelSmoothedCrossEntropyOfTheLogits) {
       -1);
   const at::Tensor w = 1 - batch.GetTensor("tgt.paddings").to(at::kDouble);
   const at::Tensor label_lp = lp.gather(-1, batch.GetTensor("tgt.labels").unsqueeze(-1)).squeeze(-1);
-  const double want = (-(0.9 * label_lp + 0.1 / 20 * lp.sum(-1)) * w).sum().item<double>() /
-                      w.sum().item<double>();
+  const double want =
+      (-(0.9 * label_lp + 0.1 / 19 * (lp.sum(-1) - label_lp)) * w).sum().item<double>() /
+      w.sum().item<double>();
   EXPECT_NEAR(r.metrics.at("loss").value.item<double>(), want, 1e-5);
-  EXPECT_NEAR(r.metrics.at("log_pplx").value.item<double>(),
+  EXPECT_NEAR(r.metrics.at("log_pplx").value.item<double>(), want, 1e-5);  // Lingvo's: smoothed
+  EXPECT_NEAR(r.metrics.at("log_pplx_without_smoothing").value.item<double>(),
               -(label_lp * w).sum().item<double>() / w.sum().item<double>(), 1e-5);
   EXPECT_DOUBLE_EQ(r.metrics.at("loss").weight.item<double>(), 9.0);  // 4 + 5 target tokens
   const double correct =
@@ -286,6 +289,10 @@ TEST(TransformerModel, RejectsBadConfigs) {
   p.Set("decoding", "nucleus");
   EXPECT_ERROR_CONTAINS(InstantiateLayer<mt::TransformerModel>(p), InvalidArgumentError,
                         "decoding");
+  p = SmallModel(20, true);
+  p.Set("decoder.beam_search.coverage_penalty", 0.2);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<mt::TransformerModel>(p), UnimplementedError,
+                        "coverage_penalty");
   auto model = InstantiateLayer<mt::TransformerModel>(SmallModel(20, true));
   NestedMap batch = RandomBatch(2, 6, 5, 20, 3);
   batch.Set("tgt.labels", at::full({2, 5}, 25, at::kLong));

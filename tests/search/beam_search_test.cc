@@ -284,6 +284,9 @@ TEST(BeamSearch, CoveragePenaltyUsesAttention) {
   SearchResult r = beam->Search(1, model.Init(2), with_atten);
   const double cp = 0.2 * (std::log(0.5) + std::log(0.001));
   EXPECT_NEAR(r.topk_scores[0][0].item<double>(), -1.5 + cp, 1e-6);
+  // Over the first source position only (source_lengths): log clip(1, ...) = log 0.5.
+  r = beam->Search(1, model.Init(2), with_atten, at::tensor({int64_t{1}}));
+  EXPECT_NEAR(r.topk_scores[0][0].item<double>(), -1.5 + 0.2 * std::log(0.5), 1e-6);
   // Without attention the penalty cannot be computed.
   EXPECT_THROW(beam->Search(1, model.Init(2), model.Step()), FailedPreconditionError);
 }
