@@ -26,7 +26,7 @@ for batch in 1 32; do
   gs=(); gt=(); ps=(); qs=(); agree=""
   for _ in $(seq "$reps"); do
     out=$("$bin" --logdir="$logdir" --workdir="$work" --sentences="$sentences" --batch=$batch --runs="$runs" 2>/dev/null | grep glossa_sentences_per_sec)
-    gs+=("$(awk '{print $2}' <<<"$out")"); gt+=("$(awk '{print $4}' <<<"$out")"); core=$(awk '{print $16}' <<<"$out")
+    gs+=("$(awk '{print $2}' <<<"$out")"); gt+=("$(awk '{print $4}' <<<"$out")"); core=$(awk '{print $14}' <<<"$out")
     p=$(/usr/bin/python3 bench/beam_search.py --ckpt="$ckpt" --workdir="$work" --batch=$batch --runs="$runs" --threads=1)
     ps+=("$(awk '{print $2}' <<<"$p")"); agree=$(awk '{print $6}' <<<"$p")
     q=$(OPENBLAS_CORETYPE="$core" /usr/bin/python3 bench/beam_search.py --ckpt="$ckpt" --workdir="$work" --batch=$batch --runs="$runs" --threads=1)

@@ -295,6 +295,12 @@ NestedMap TransformerDecoder::PrecomputeSource(const NestedMap& theta,
   out.Put("aux", stack_->PrecomputeAux(stack_.Theta(theta), tiled));
   out.Put("aux_paddings", k == 1 ? paddings : paddings.repeat({k, 1}));
   out.Put("positions", position_emb_->FProp(position_emb_.Theta(theta), target_seq_len_));
+  if (shared_emb_) {
+    // The tied softmax weight transposed once ([D, V], contiguous): each step's logits GEMM then
+    // reads it in the layout the BLAS packs fastest, not the embedding's [V, D] transposed.
+    out.Put("softmax_weight",
+            token_emb_.Theta(theta).GetTensor("emb_var").to(fprop_dtype()).t().contiguous());
+  }
   return out;
 }
 
@@ -317,7 +323,11 @@ std::pair<at::Tensor, NestedMap> TransformerDecoder::ExtendStep(const NestedMap&
   auto [y, new_states] = stack_->ExtendStepProjected(stack_.Theta(theta), x, states,
                                                      source.GetItem("aux").AsMap(),
                                                      source.GetTensor("aux_paddings"));
-  at::Tensor logits = Project(theta, y);
+  at::Tensor logits =
+      source.contains("softmax_weight")
+          ? at::addmm(theta.GetTensor("softmax_bias").to(y.scalar_type()), y,
+                      source.GetTensor("softmax_weight").to(y.scalar_type()))
+          : Project(theta, y);
   return {at::log_softmax(logits.to(at::kFloat), -1), std::move(new_states)};
 }
 
