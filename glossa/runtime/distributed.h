@@ -1,0 +1,81 @@
+// Data-parallel workers over PyTorch's c10d with its Gloo backend (no transport of our own):
+// rendezvous through a c10d TCPStore hosted by rank 0, a ProcessGroupGloo, and the collectives a
+// data-parallel trainer needs. Workers read the standard environment (MASTER_ADDR, MASTER_PORT,
+// WORLD_SIZE, RANK, LOCAL_RANK), so torchrun, Slurm or a Kubernetes PyTorchJob can launch them.
+//
+//   std::optional<DistributedOptions> o = DistributedOptionsFromEnv();   // nullopt: one worker
+//   Distributed dist(*o);
+//   dist.CheckSame("model params", params.ToText());    // FailedPrecondition naming the ranks
+//   dist.Broadcast(weights);                            // rank 0's values everywhere
+//   dist.AllReduceMean(gradients, /*bucket_bytes=*/25 << 20);
+//   auto m = dist.ReduceWeighted({{"loss", {2.3, 512}}});   // weighted means over ranks
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace glossa {
+
+struct DistributedOptions {
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int world_size = 1;
+  int rank = 0;
+  int local_rank = 0;
+  // Rendezvous and every collective fail after this long (a lost rank): Aborted.
+  double timeout_seconds = 300;
+  std::string backend = "gloo";
+};
+
+// From MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500), WORLD_SIZE, RANK and
+// LOCAL_RANK (default RANK); nullopt when WORLD_SIZE is unset. InvalidArgument naming the variable
+// for a value that is not a number or out of range (RANK >= WORLD_SIZE, a port outside 1-65535).
+std::optional<DistributedOptions> DistributedOptionsFromEnv();
+
+class Distributed {
+ public:
+  // Rendezvous: rank 0 hosts the TCPStore on master_port; every rank joins within
+  // timeout_seconds or gets Aborted naming the address and this rank.
+  // InvalidArgument for an unknown backend (gloo; nccl needs a CUDA build).
+  explicit Distributed(const DistributedOptions& options);
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+  const DistributedOptions& options() const { return options_; }
+
+  // Root's values of every tensor on every rank, in place (same shapes and dtypes everywhere).
+  void Broadcast(const std::vector<at::Tensor>& tensors, int root = 0);
+  // The mean over ranks of every tensor, in place. Tensors are flattened into buckets of about
+  // bucket_bytes per dtype (one allreduce each; a tensor larger than a bucket is its own bucket),
+  // as PyTorch DDP's reducer does. Returns the bytes each rank sent into allreduce.
+  int64_t AllReduceMean(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes = 25 << 20);
+  // Sums in place.
+  void AllReduceSum(const std::vector<at::Tensor>& tensors);
+  // name -> (mean, weight) of this rank -> (weighted mean over ranks, summed weight). Every rank
+  // must pass the same names (FailedPrecondition otherwise, via CheckSame).
+  std::map<std::string, std::pair<double, double>> ReduceWeighted(
+      const std::map<std::string, std::pair<double, double>>& metrics);
+  // Every rank's strings, in rank order.
+  std::vector<std::string> AllGatherStrings(const std::string& value);
+  // FailedPrecondition when some rank's `value` differs from rank 0's, naming `what` and the
+  // ranks that differ (values are compared by SHA-256).
+  void CheckSame(const std::string& what, const std::string& value);
+  void Barrier();
+
+ private:
+  struct Impl;
+  DistributedOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace glossa

@@ -1,0 +1,161 @@
+// Distributed (glossa/runtime/distributed.h) over c10d's TCPStore and ProcessGroupGloo on
+// 127.0.0.1: two workers as two threads of this process, each with its own store client and
+// process group, as two processes would have.
+#include "glossa/runtime/distributed.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "glossa/base/errors.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+// A port the kernel reports free on 127.0.0.1 (bound to port 0, then released).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Runs fn(rank, dist) on `world` workers; rethrows the first worker's exception.
+void RunWorkers(int world, const std::function<void(Distributed&)>& fn, double timeout = 30) {
+  const int port = FreePort();
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistributedOptions o;
+        o.master_port = port;
+        o.world_size = world;
+        o.rank = r;
+        o.timeout_seconds = timeout;
+        Distributed dist(o);
+        fn(dist);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+TEST(Distributed, BroadcastAndBucketedMeanMatchTheirDefinitions) {
+  for (int64_t bucket_bytes : {int64_t{16}, int64_t{1000}, int64_t{25} << 20}) {
+    RunWorkers(2, [&](Distributed& dist) {
+      const int r = dist.rank();
+      // Broadcast: rank 0's values everywhere.
+      at::Tensor w = at::full({3, 4}, static_cast<double>(r + 1), at::kFloat);
+      dist.Broadcast({w});
+      EXPECT_TRUE(at::equal(w, at::full({3, 4}, 1.0, at::kFloat)));
+      // Mean over ranks of tensors of several shapes and dtypes, one non-contiguous (each rank's
+      // values from its own generator: the global one is shared by the threads).
+      auto make = [](int seed) {
+        at::Generator g = at::make_generator<at::CPUGeneratorImpl>(100 + seed);
+        return std::vector<at::Tensor>{at::randn({5, 7}, g), at::randn({3}, g, at::kDouble),
+                                       at::randn({4, 6}, g).t(), at::randn({129}, g)};
+      };
+      std::vector<at::Tensor> grads = make(r);
+      std::vector<at::Tensor> want;
+      const std::vector<at::Tensor> g0 = make(0), g1 = make(1);
+      for (size_t i = 0; i < g0.size(); ++i) want.push_back((g0[i] + g1[i]) / 2);
+      const int64_t sent = dist.AllReduceMean(grads, bucket_bytes);
+      EXPECT_EQ(sent, (35 + 24 + 129) * 4 + 3 * 8) << "bucket " << bucket_bytes;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        EXPECT_TRUE(at::allclose(grads[i], want[i], 1e-6, 1e-6))
+            << "bucket " << bucket_bytes << " tensor " << i;
+      }
+    });
+  }
+}
+
+TEST(Distributed, WeightedMetricsAndGather) {
+  RunWorkers(3, [](Distributed& dist) {
+    const int r = dist.rank();
+    // loss 1, 2, 3 with weights 10, 20, 30: (10 + 40 + 90) / 60.
+    auto m = dist.ReduceWeighted({{"loss", {r + 1.0, 10.0 * (r + 1)}}, {"n", {1.0, 1.0}}});
+    EXPECT_NEAR(m["loss"].first, 140.0 / 60.0, 1e-12);
+    EXPECT_DOUBLE_EQ(m["loss"].second, 60.0);
+    EXPECT_DOUBLE_EQ(m["n"].second, 3.0);
+    const auto all = dist.AllGatherStrings(std::string(static_cast<size_t>(r) + 1, 'x'));
+    ASSERT_EQ(all.size(), 3u);
+    EXPECT_EQ(all[2], "xxx");
+    dist.Barrier();
+  });
+}
+
+TEST(Distributed, MismatchedConfigurationsAreNamed) {
+  try {
+    RunWorkers(3, [](Distributed& dist) {
+      dist.CheckSame("model params", dist.rank() == 2 ? "dim : 8" : "dim : 4");
+    });
+    ADD_FAILURE() << "expected FailedPrecondition";
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.message()).find("disagree on model params: rank(s) 2 differ"),
+              std::string::npos)
+        << e.message();
+  }
+}
+
+TEST(Distributed, AMissingRankFailsWithinTheTimeout) {
+  // World size 2, only rank 0 starts: the rendezvous gives up after the timeout, naming it.
+  DistributedOptions o;
+  o.master_port = FreePort();
+  o.world_size = 2;
+  o.rank = 0;
+  o.timeout_seconds = 1.5;
+  EXPECT_ERROR_CONTAINS(Distributed d(o), AbortedError, "rank 0 of 2 at 127.0.0.1");
+}
+
+TEST(Distributed, OptionsFromTheEnvironment) {
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_FALSE(DistributedOptionsFromEnv().has_value());
+  ::setenv("WORLD_SIZE", "4", 1);
+  ::setenv("RANK", "3", 1);
+  ::setenv("MASTER_ADDR", "10.0.0.7", 1);
+  ::setenv("MASTER_PORT", "1234", 1);
+  ::unsetenv("LOCAL_RANK");
+  auto o = DistributedOptionsFromEnv();
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->world_size, 4);
+  EXPECT_EQ(o->rank, 3);
+  EXPECT_EQ(o->local_rank, 3);
+  EXPECT_EQ(o->master_addr, "10.0.0.7");
+  EXPECT_EQ(o->master_port, 1234);
+  ::setenv("RANK", "4", 1);
+  EXPECT_ERROR_CONTAINS(DistributedOptionsFromEnv(), InvalidArgumentError, "RANK must be in");
+  ::setenv("RANK", "x", 1);
+  EXPECT_ERROR_CONTAINS(DistributedOptionsFromEnv(), InvalidArgumentError, "RANK='x'");
+  ::setenv("RANK", "0", 1);
+  ::setenv("MASTER_PORT", "70000", 1);
+  EXPECT_ERROR_CONTAINS(DistributedOptionsFromEnv(), InvalidArgumentError, "MASTER_PORT");
+  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  DistributedOptions bad;
+  bad.backend = "mpi";
+  EXPECT_ERROR_CONTAINS(Distributed d(bad), InvalidArgumentError, "backend 'mpi'");
+}
+
+}  // namespace
+}  // namespace glossa
