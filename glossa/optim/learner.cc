@@ -194,8 +194,16 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
     auto grads = torch::autograd::grad({loss}, inputs, {}, c10::nullopt, false,
                                        /*allow_unused=*/true);
     for (size_t i = 0; i < selected.size(); ++i) {
-      if (!grads[i].defined()) continue;  // not connected to the loss: dropped, as in Lingvo
+      if (!grads[i].defined()) {
+        if (!reducer_) continue;  // not connected to the loss: dropped, as in Lingvo
+        grads[i] = at::zeros_like(selected[i].value);
+      }
       var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach()});
+    }
+    if (reducer_) {
+      std::vector<at::Tensor> to_reduce;
+      for (const auto& vg : var_grads) to_reduce.push_back(vg.grad);
+      reducer_(to_reduce);
     }
   }
   if (CheckNumericsEnabled()) {

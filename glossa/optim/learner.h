@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,6 +87,14 @@ class Learner {
   Metrics Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
                 int64_t global_step, bool var_norm = true);
 
+  // Data parallelism: called with every selected variable's gradient right after the backward
+  // pass, before the NaN checks, clipping and regularization (so those see the reduced, global
+  // gradient), e.g. Distributed::AllReduceMean. A variable the loss does not reach gets a zero
+  // gradient while a reducer is set, so that every rank passes the same tensors (PyTorch DDP's
+  // find_unused_parameters). Null: no reduction.
+  using GradientReducer = std::function<void(const std::vector<at::Tensor>& grads)>;
+  void SetGradientReducer(GradientReducer reducer) { reducer_ = std::move(reducer); }
+
   // The variables Apply would update (trainable, filter, exclusion).
   std::vector<LearnerVariable> SelectVariables(const std::vector<LearnerVariable>& vars) const;
   double LearningRate(int64_t global_step) const;
@@ -109,6 +118,7 @@ class Learner {
   std::unique_ptr<GradNormTracker> tracker_;
   int64_t num_skipped_steps_ = 0;
   bool last_step_skipped_ = false;
+  GradientReducer reducer_;
 };
 
 }  // namespace glossa
