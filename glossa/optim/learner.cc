@@ -168,6 +168,18 @@ std::atomic<bool> g_check_numerics{false};
 void SetCheckNumerics(bool enabled) { g_check_numerics.store(enabled); }
 bool CheckNumericsEnabled() { return g_check_numerics.load(); }
 
+void Learner::SetGradientReducer(GradientReducer reducer) {
+  class FunctionSync : public GradientSync {
+   public:
+    explicit FunctionSync(GradientReducer f) : f_(std::move(f)) {}
+    void Reduce(const std::vector<at::Tensor>& grads) override { f_(grads); }
+
+   private:
+    GradientReducer f_;
+  };
+  sync_ = reducer ? std::make_shared<FunctionSync>(std::move(reducer)) : nullptr;
+}
+
 Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
                        int64_t global_step, bool var_norm) {
   auto it = metrics.find(loss_name_);
@@ -191,19 +203,33 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
   if (!selected.empty() && loss.requires_grad()) {
     std::vector<at::Tensor> inputs;
     for (const auto& v : selected) inputs.push_back(v.value);
-    auto grads = torch::autograd::grad({loss}, inputs, {}, c10::nullopt, false,
-                                       /*allow_unused=*/true);
+    std::vector<at::Tensor> grads;
+    bool overlap = sync_ && sync_->overlaps();
+    for (const auto& v : inputs) overlap = overlap && v.is_leaf();
+    if (overlap) {
+      // Into .grad, so that the sync's accumulator hooks see each gradient as it is final.
+      for (auto& v : inputs) v.mutable_grad() = at::Tensor();
+      sync_->BeforeBackward(inputs);
+      torch::autograd::backward({loss}, {}, c10::nullopt, false, inputs);
+      for (auto& v : inputs) {
+        grads.push_back(v.grad());
+        v.mutable_grad() = at::Tensor();
+      }
+    } else {
+      grads = torch::autograd::grad({loss}, inputs, {}, c10::nullopt, false,
+                                    /*allow_unused=*/true);
+    }
     for (size_t i = 0; i < selected.size(); ++i) {
       if (!grads[i].defined()) {
-        if (!reducer_) continue;  // not connected to the loss: dropped, as in Lingvo
+        if (!sync_) continue;  // not connected to the loss: dropped, as in Lingvo
         grads[i] = at::zeros_like(selected[i].value);
       }
       var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach()});
     }
-    if (reducer_) {
+    if (sync_) {
       std::vector<at::Tensor> to_reduce;
       for (const auto& vg : var_grads) to_reduce.push_back(vg.grad);
-      reducer_(to_reduce);
+      sync_->Reduce(to_reduce);
     }
   }
   if (CheckNumericsEnabled()) {

@@ -87,13 +87,28 @@ class Learner {
   Metrics Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
                 int64_t global_step, bool var_norm = true);
 
-  // Data parallelism: called with every selected variable's gradient right after the backward
-  // pass, before the NaN checks, clipping and regularization (so those see the reduced, global
-  // gradient), e.g. Distributed::AllReduceMean. A variable the loss does not reach gets a zero
-  // gradient while a reducer is set, so that every rank passes the same tensors (PyTorch DDP's
-  // find_unused_parameters). Null: no reduction.
+  // Data parallelism: a GradientSync reduces every selected variable's gradient right after the
+  // backward pass, before the NaN checks, clipping and regularization (so those see the reduced,
+  // global gradient). A variable the loss does not reach gets a zero gradient while a sync is
+  // set, so that every rank passes the same tensors (PyTorch DDP's find_unused_parameters).
+  // A sync that overlaps() is told the variables before the backward pass, which then runs as
+  // loss.backward() into the variables' .grad, so hooks on their gradient accumulators see each
+  // gradient as soon as it is final and can start reducing it while the backward still runs
+  // (glossa/runtime/distributed.h's DataParallelGradientSync). Null: no reduction.
+  class GradientSync {
+   public:
+    virtual ~GradientSync() = default;
+    virtual bool overlaps() const { return false; }
+    // With overlaps(): the variables whose gradients the coming backward pass computes, in the
+    // order Reduce will get them.
+    virtual void BeforeBackward(const std::vector<at::Tensor>& vars) { (void)vars; }
+    // Every variable's gradient, reduced in place.
+    virtual void Reduce(const std::vector<at::Tensor>& grads) = 0;
+  };
+  void SetGradientSync(std::shared_ptr<GradientSync> sync) { sync_ = std::move(sync); }
+  // A sync from a function that reduces the gradients after the backward pass.
   using GradientReducer = std::function<void(const std::vector<at::Tensor>& grads)>;
-  void SetGradientReducer(GradientReducer reducer) { reducer_ = std::move(reducer); }
+  void SetGradientReducer(GradientReducer reducer);
 
   // The variables Apply would update (trainable, filter, exclusion).
   std::vector<LearnerVariable> SelectVariables(const std::vector<LearnerVariable>& vars) const;
@@ -118,7 +133,7 @@ class Learner {
   std::unique_ptr<GradNormTracker> tracker_;
   int64_t num_skipped_steps_ = 0;
   bool last_step_skipped_ = false;
-  GradientReducer reducer_;
+  std::shared_ptr<GradientSync> sync_;
 };
 
 }  // namespace glossa

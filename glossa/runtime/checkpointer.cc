@@ -270,7 +270,7 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
       AtomicWriteFile(state_path, FormatCheckpointState(next));
     }
     log(StrCat("restored ", JoinPath(train_dir_, *restored), " at step ", step));
-    RestoreInputPositions(contents, log);
+    RestoreInputPositions(contents, model_, log);
   } else {
     const ParamValue& rules = model_.task().train_params().Get("init_from_checkpoint_rules");
     if (!rules.AsDict().empty()) {
@@ -285,7 +285,7 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
   return step;
 }
 
-void Checkpointer::RestoreInputPositions(const SafetensorsContents& ckpt,
+void Checkpointer::RestoreInputPositions(const SafetensorsContents& ckpt, BaseModel& model_,
                                          const std::function<void(const std::string&)>& log) {
   for (const auto& task_name : model_.task_names()) {
     const std::string key = (model_.is_multi_task() ? task_name + "/" : "") + kInputPosition;

@@ -77,11 +77,12 @@ class Checkpointer {
   void Wait();
   const std::string& train_dir() const { return train_dir_; }
 
+  // Skips every task's training input of `model` to the position saved in `ckpt` (older
+  // checkpoints hold none: the input starts over).
+  static void RestoreInputPositions(const SafetensorsContents& ckpt, BaseModel& model,
+                                    const std::function<void(const std::string&)>& log);
+
  private:
-  // Skips every task's training input to the position saved in `ckpt` (older checkpoints hold
-  // none: the input starts over).
-  void RestoreInputPositions(const SafetensorsContents& ckpt,
-                             const std::function<void(const std::string&)>& log);
   std::string train_dir_;
   BaseModel& model_;
   ExponentialMovingAverage* ema_;

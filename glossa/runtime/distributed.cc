@@ -3,10 +3,16 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 #include <string>
 
 #include "glossa/base/errors.h"
@@ -109,15 +115,48 @@ Distributed::~Distributed() = default;
 
 namespace {
 
-// Waits for a collective; a peer that died or stalled past the timeout is Aborted.
+// Which ranks are gone, after a collective failed: every rank that sees the failure reports in
+// the store (hosted by rank 0); the ranks that have not reported within a few seconds are named.
+// Unreachable store: rank 0, its host, is gone.
+std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o) {
+  if (store == nullptr) return "";
+  try {
+    store->set(StrCat("glossa/fault/", o.rank), std::vector<uint8_t>{1});
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(std::min(5.0, o.timeout_seconds));
+    std::vector<int> missing;
+    for (;;) {
+      missing.clear();
+      for (int r = 0; r < o.world_size; ++r) {
+        if (r != o.rank && !store->check({StrCat("glossa/fault/", r)})) missing.push_back(r);
+      }
+      if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (missing.empty()) return "";
+    std::vector<std::string> names;
+    for (int r : missing) names.push_back(StrCat(r));
+    return StrCat("lost rank(s): ", Join(names, ", "),
+                  " (did not report after the collective failed); ");
+  } catch (const std::exception&) {
+    if (o.rank == 0) return "";
+    return StrCat("lost rank(s): 0 (it hosts the rendezvous store at ", o.master_addr, ":",
+                  o.master_port, ", which no longer answers); ");
+  }
+}
+
+// Waits for a collective; a peer that died or stalled past the timeout is Aborted, naming the
+// ranks that are gone when they can be told.
 void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& o,
-          const char* what) {
+          c10d::Store* store, const char* what) {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    throw AbortedError(StrCat(what, " failed on rank ", o.rank, " of ", o.world_size,
-                              " (a rank died or stalled past ", o.timeout_seconds,
-                              " s): ", e.what()));
+    std::string why = e.what();
+    if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
+    throw AbortedError(StrCat(what, " failed on rank ", o.rank, " of ", o.world_size, ": ",
+                              DiagnoseLostRanks(store, o), "a rank died or stalled past the ",
+                              o.timeout_seconds, " s timeout (", Strip(why), ")"));
   }
 }
 
@@ -128,14 +167,14 @@ void Distributed::Broadcast(const std::vector<at::Tensor>& tensors, int root) {
     std::vector<at::Tensor> one = {t};
     c10d::BroadcastOptions bo;
     bo.rootRank = root;
-    Wait(impl_->pg->broadcast(one, bo), options_, "broadcast");
+    Wait(impl_->pg->broadcast(one, bo), options_, impl_->store.get(), "broadcast");
   }
 }
 
 void Distributed::AllReduceSum(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     std::vector<at::Tensor> one = {t};
-    Wait(impl_->pg->allreduce(one), options_, "allreduce");
+    Wait(impl_->pg->allreduce(one), options_, impl_->store.get(), "allreduce");
   }
 }
 
@@ -164,7 +203,7 @@ int64_t Distributed::AllReduceMean(const std::vector<at::Tensor>& tensors, int64
       at::Tensor flat = bucket.size() == 1 && bucket[0].is_contiguous() ? bucket[0]
                                                                          : at::cat(flat_parts);
       std::vector<at::Tensor> one = {flat};
-      Wait(impl_->pg->allreduce(one), options_, "allreduce of gradients");
+      Wait(impl_->pg->allreduce(one), options_, impl_->store.get(), "allreduce of gradients");
       sent += flat.numel() * static_cast<int64_t>(flat.element_size());
       flat.mul_(scale);
       if (!(bucket.size() == 1 && bucket[0].is_contiguous())) {
@@ -192,9 +231,13 @@ std::vector<std::string> Distributed::AllGatherStrings(const std::string& value)
     }
     return out;
   } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
     throw AbortedError(StrCat("gathering values failed on rank ", options_.rank, " of ",
-                              options_.world_size, " (a rank died or stalled past ",
-                              options_.timeout_seconds, " s): ", e.what()));
+                              options_.world_size, ": ",
+                              DiagnoseLostRanks(impl_->store.get(), options_),
+                              "a rank died or stalled past the ", options_.timeout_seconds,
+                              " s timeout (", Strip(why), ")"));
   }
 }
 
@@ -233,9 +276,219 @@ std::map<std::string, std::pair<double, double>> Distributed::ReduceWeighted(
   return out;
 }
 
+bool Distributed::AnyTrue(bool value) {
+  at::Tensor t = at::full({1}, value ? 1 : 0, at::kInt);
+  AllReduceSum({t});
+  return t.item<int>() > 0;
+}
+
+std::map<std::string, std::pair<double, double>> Distributed::GatherWeighted(
+    const std::map<std::string, std::pair<double, double>>& metrics) {
+  std::string mine;
+  for (const auto& [k, v] : metrics) {
+    mine += StrCat(k, "\t", PyFloatRepr(v.first * v.second), "\t", PyFloatRepr(v.second), "\n");
+  }
+  std::map<std::string, std::pair<double, double>> sums;
+  for (const std::string& text : AllGatherStrings(mine)) {
+    for (const auto& line : Split(text, '\n')) {
+      const std::vector<std::string> f = Split(line, '\t');
+      if (f.size() != 3) continue;
+      auto& s = sums[f[0]];
+      s.first += std::stod(f[1]);
+      s.second += std::stod(f[2]);
+    }
+  }
+  for (auto& [k, s] : sums) s.first = s.second != 0 ? s.first / s.second : 0.0;
+  return sums;
+}
+
+namespace {
+thread_local Distributed* g_current = nullptr;
+}  // namespace
+
+Distributed* CurrentDistributed() { return g_current; }
+bool IsChief() { return g_current == nullptr || g_current->rank() == 0; }
+DistributedScope::DistributedScope(Distributed* dist) : previous_(g_current) { g_current = dist; }
+DistributedScope::~DistributedScope() { g_current = previous_; }
+
 void Distributed::Barrier() {
   at::Tensor t = at::zeros({1});
   AllReduceSum({t});
+}
+
+// ---- DataParallelGradientSync ----
+
+struct DataParallelGradientSync::Core {
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<size_t> vars;
+    int64_t pending = 0;
+    bool launched = false;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::mutex mu;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::vector<const void*> keys;  // the variables' TensorImpls: a new set rebuilds the buckets
+  std::vector<at::Tensor> vars;
+  std::vector<size_t> bucket_of;
+  std::vector<int64_t> offset_of;
+  std::vector<bool> ready;
+  std::vector<Bucket> buckets;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive with the hooks
+  size_t next_launch = 0;
+  bool active = false;
+  int64_t generation = 0;
+  Stats stats;
+
+  void LaunchReady(bool during_backward) {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Bucket& b = buckets[next_launch++];
+      std::vector<at::Tensor> one = {b.flat};
+      b.work = pg->allreduce(one);
+      b.launched = true;
+      ++stats.buckets;
+      if (during_backward) ++stats.early_buckets;
+      stats.bytes += b.flat.numel() * static_cast<int64_t>(b.flat.element_size());
+    }
+  }
+
+  // The accumulator hook of variable i: its gradient is final.
+  void GradReady(size_t i, int64_t gen) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!active || gen != generation || ready[i]) return;
+    const at::Tensor g = vars[i].grad();
+    if (!g.defined()) return;
+    Bucket& b = buckets[bucket_of[i]];
+    {
+      at::NoGradGuard no_grad;
+      b.flat.slice(0, offset_of[i], offset_of[i] + g.numel()).copy_(g.reshape({-1}));
+    }
+    ready[i] = true;
+    --b.pending;
+    LaunchReady(/*during_backward=*/true);
+  }
+};
+
+DataParallelGradientSync::DataParallelGradientSync(Distributed& dist, int64_t bucket_bytes,
+                                                   bool overlap)
+    : dist_(dist), bucket_bytes_(std::max<int64_t>(1, bucket_bytes)), overlap_(overlap),
+      core_(std::make_shared<Core>()) {
+  core_->pg = dist.impl_->pg;
+}
+
+DataParallelGradientSync::~DataParallelGradientSync() {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  core_->active = false;
+  ++core_->generation;  // hooks left on the accumulators do nothing from now on
+}
+
+DataParallelGradientSync::Stats DataParallelGradientSync::stats() const {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  return core_->stats;
+}
+
+void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& vars) {
+  Core& c = *core_;
+  std::lock_guard<std::mutex> lock(c.mu);
+  std::vector<const void*> keys;
+  for (const at::Tensor& v : vars) keys.push_back(v.unsafeGetTensorImpl());
+  if (keys != c.keys) {
+    // New buckets, in reverse variable order (DDP's approximation of the backward order).
+    ++c.generation;
+    c.keys = keys;
+    c.vars = vars;
+    c.bucket_of.assign(vars.size(), 0);
+    c.offset_of.assign(vars.size(), 0);
+    c.buckets.clear();
+    c.accumulators.clear();
+    std::vector<int64_t> fill;
+    for (size_t k = vars.size(); k-- > 0;) {
+      const at::Tensor& v = vars[k];
+      const int64_t bytes = v.numel() * static_cast<int64_t>(v.element_size());
+      if (c.buckets.empty() || c.buckets.back().flat.scalar_type() != v.scalar_type() ||
+          (fill.back() > 0 && fill.back() + bytes > bucket_bytes_)) {
+        c.buckets.emplace_back();
+        c.buckets.back().flat = at::empty({0}, v.options().requires_grad(false));
+        fill.push_back(0);
+      }
+      c.bucket_of[k] = c.buckets.size() - 1;
+      c.offset_of[k] = fill.back() / static_cast<int64_t>(v.element_size());
+      c.buckets.back().vars.push_back(k);
+      fill.back() += bytes;
+    }
+    for (size_t b = 0; b < c.buckets.size(); ++b) {
+      const at::Tensor& first = vars[c.buckets[b].vars.front()];
+      c.buckets[b].flat = at::zeros({fill[b] / static_cast<int64_t>(first.element_size())},
+                                    first.options().requires_grad(false));
+    }
+    const int64_t gen = c.generation;
+    std::weak_ptr<Core> weak = core_;
+    for (size_t k = 0; k < vars.size(); ++k) {
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(vars[k]);
+      if (!acc) continue;  // not a leaf: filled in by Reduce
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak, k, gen](const torch::autograd::variable_list& outputs,
+                         const torch::autograd::variable_list&) {
+            if (auto core = weak.lock()) core->GradReady(k, gen);
+            return outputs;
+          }));
+      c.accumulators.push_back(std::move(acc));
+    }
+  }
+  for (auto& b : c.buckets) {
+    b.pending = static_cast<int64_t>(b.vars.size());
+    b.launched = false;
+    b.work.reset();
+  }
+  c.ready.assign(vars.size(), false);
+  c.next_launch = 0;
+  c.active = true;
+}
+
+void DataParallelGradientSync::Reduce(const std::vector<at::Tensor>& grads) {
+  if (!overlap_) {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t bytes = dist_.AllReduceMean(grads, bucket_bytes_);
+    std::lock_guard<std::mutex> lock(core_->mu);
+    ++core_->stats.steps;
+    core_->stats.bytes += bytes;
+    core_->stats.exposed_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return;
+  }
+  Core& c = *core_;
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(c.mu);
+  if (!c.active || grads.size() != c.vars.size()) {
+    throw InternalError(StrCat("DataParallelGradientSync: Reduce got ", grads.size(),
+                               " gradients for ", c.vars.size(),
+                               " variables (BeforeBackward was not called for this step)"));
+  }
+  c.active = false;
+  at::NoGradGuard no_grad;
+  // What the hooks did not see (variables the loss does not reach, or not leaves).
+  for (size_t k = 0; k < grads.size(); ++k) {
+    if (c.ready[k]) continue;
+    Core::Bucket& b = c.buckets[c.bucket_of[k]];
+    b.flat.slice(0, c.offset_of[k], c.offset_of[k] + grads[k].numel())
+        .copy_(grads[k].reshape({-1}));
+    c.ready[k] = true;
+    --b.pending;
+  }
+  c.LaunchReady(/*during_backward=*/false);
+  const double scale = 1.0 / dist_.world_size();
+  for (Core::Bucket& b : c.buckets) {
+    Wait(b.work, dist_.options(), dist_.impl_->store.get(), "allreduce of gradients");
+    b.work.reset();
+    b.flat.mul_(scale);
+    for (size_t k : b.vars) {
+      grads[k].copy_(b.flat.slice(0, c.offset_of[k], c.offset_of[k] + grads[k].numel())
+                         .view(grads[k].sizes()));
+    }
+  }
+  ++c.stats.steps;
+  c.stats.exposed_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace glossa

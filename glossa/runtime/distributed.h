@@ -21,6 +21,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "glossa/optim/learner.h"
+
 namespace glossa {
 
 struct DistributedOptions {
@@ -65,6 +67,13 @@ class Distributed {
   // must pass the same names (FailedPrecondition otherwise, via CheckSame).
   std::map<std::string, std::pair<double, double>> ReduceWeighted(
       const std::map<std::string, std::pair<double, double>>& metrics);
+  // name -> (mean, weight) of this rank -> (weighted mean, summed weight) over the ranks that
+  // report each name (ranks may differ: an empty eval shard reports nothing). Through the store:
+  // for a few values per program run, not per step.
+  std::map<std::string, std::pair<double, double>> GatherWeighted(
+      const std::map<std::string, std::pair<double, double>>& metrics);
+  // Whether `value` is true on any rank (one small allreduce): how the ranks agree to stop.
+  bool AnyTrue(bool value);
   // Every rank's strings, in rank order.
   std::vector<std::string> AllGatherStrings(const std::string& value);
   // FailedPrecondition when some rank's `value` differs from rank 0's, naming `what` and the
@@ -73,9 +82,60 @@ class Distributed {
   void Barrier();
 
  private:
+  friend class DataParallelGradientSync;
   struct Impl;
   DistributedOptions options_;
   std::unique_ptr<Impl> impl_;
+};
+
+// The workers this thread's programs run over, as Lingvo's cluster_factory.Current(): the
+// executor and the eval/decode jobs set it for their run; null for one worker. IsChief(): no
+// workers, or rank 0 (the one that writes checkpoints, events and logs).
+Distributed* CurrentDistributed();
+bool IsChief();
+class DistributedScope {
+ public:
+  explicit DistributedScope(Distributed* dist);
+  ~DistributedScope();
+  DistributedScope(const DistributedScope&) = delete;
+  DistributedScope& operator=(const DistributedScope&) = delete;
+
+ private:
+  Distributed* previous_;
+};
+
+// PyTorch DDP's reducer for the Learner (Learner::SetGradientSync): gradients are averaged over
+// the ranks in flattened buckets of about bucket_bytes (variables in reverse order, the order
+// the backward pass finishes them, one dtype per bucket). With overlap, hooks on the variables'
+// gradient accumulators copy each gradient into its bucket as soon as the backward pass has
+// finished it, and a full bucket's allreduce starts right away (buckets start in order, so every
+// rank issues the same collectives), while the backward pass goes on; Reduce zero-fills what the
+// loss did not reach, starts the remaining buckets, waits for all and writes the means back.
+// Without overlap, Reduce does it all after the backward pass (Distributed::AllReduceMean).
+class DataParallelGradientSync : public Learner::GradientSync {
+ public:
+  DataParallelGradientSync(Distributed& dist, int64_t bucket_bytes = 25 << 20,
+                           bool overlap = true);
+  ~DataParallelGradientSync() override;
+  bool overlaps() const override { return overlap_; }
+  void BeforeBackward(const std::vector<at::Tensor>& vars) override;
+  void Reduce(const std::vector<at::Tensor>& grads) override;
+
+  struct Stats {
+    int64_t steps = 0;
+    int64_t bytes = 0;              // sent into allreduce by this rank, all steps
+    int64_t buckets = 0;            // allreduces, all steps
+    int64_t early_buckets = 0;      // of those, started while the backward pass still ran
+    double exposed_seconds = 0;     // in Reduce: the communication the backward did not hide
+  };
+  Stats stats() const;
+
+ private:
+  struct Core;
+  Distributed& dist_;
+  int64_t bucket_bytes_;
+  bool overlap_;
+  std::shared_ptr<Core> core_;
 };
 
 }  // namespace glossa

@@ -11,6 +11,8 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
+#include "glossa/runtime/data_parallel.h"
+#include "glossa/runtime/distributed.h"
 #include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/program_schedule.h"
@@ -77,9 +79,21 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
     : params_(model_params.Copy()), options_(std::move(options)) {
   if (options_.logdir.empty()) throw InvalidArgumentError("executor: --logdir is required");
   if (!options_.clock) options_.clock = SystemNow;
+  Distributed* dist = options_.distributed;
+  chief_ = dist == nullptr || dist->rank() == 0;
+  const std::string config_text = params_.ToText();
+  if (dist != nullptr && dist->world_size() > 1) {
+    CheckSameConfiguration(*dist, params_);
+    ShardParamsForReplicas(params_, dist->world_size(), dist->rank());
+    for (auto& [name, p] : options_.dataset_params) {
+      ShardParamsForReplicas(p, dist->world_size(), dist->rank());
+    }
+  }
   model_ = InstantiateLayer<BaseModel>(params_);
   ValidateTrainParams(*model_);
   train_dir_ = JoinPath(options_.logdir, "train");
+  ema_ = MakeModelEma(*model_);
+  if (!chief_) return;  // rank 0 alone touches the logdir
   CreateDirectories(train_dir_);
   lock_ = std::make_unique<DirectoryLock>(train_dir_, ".trainer.lock", "trainer");
   // What a killed run left half-written: temporary files of atomic writes (checkpoints among
@@ -90,11 +104,33 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
                train_dir_, " (", stale.front(), stale.size() > 1 ? ", ..." : "", ")"));
   }
   CreateDirectories(JoinPath(options_.logdir, "control"));
-  ema_ = MakeModelEma(*model_);
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
-  AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), params_.ToText());
+  AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "model_analysis.txt"),
                   ModelAnalysis(*model_));
+}
+
+std::string Executor::GradientSyncSummary() const {
+  if (syncs_.empty()) return "";
+  DataParallelGradientSync::Stats total;
+  for (const auto& s : syncs_) {
+    const auto st = s->stats();
+    total.steps += st.steps;
+    total.bytes += st.bytes;
+    total.buckets += st.buckets;
+    total.early_buckets += st.early_buckets;
+    total.exposed_seconds += st.exposed_seconds;
+  }
+  if (total.steps == 0) return "";
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "gradient allreduce over %d ranks: %.2f MB per step in %.1f buckets (%.0f%% started "
+                "during the backward pass), %.2f ms per step not hidden by the backward pass",
+                options_.distributed->world_size(), total.bytes / 1e6 / total.steps,
+                static_cast<double>(total.buckets) / total.steps,
+                total.buckets ? 100.0 * total.early_buckets / total.buckets : 0.0,
+                1e3 * total.exposed_seconds / total.steps);
+  return buf;
 }
 
 Executor::~Executor() = default;
@@ -127,22 +163,43 @@ bool Executor::EarlyStopCheck() {
 int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
-  global_step_ = checkpointer_->RestoreOrInitialize(log);
+  Distributed* dist = options_.distributed;
+  DistributedScope dist_scope(dist);
+  if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
+  if (dist != nullptr) {
+    global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log);
+    syncs_.clear();
+    for (const auto& name : model_->task_names()) {
+      auto sync = std::make_shared<DataParallelGradientSync>(*dist, options_.grad_bucket_bytes,
+                                                             options_.overlap_grad_reduce);
+      model_->GetTask(name).learner().SetGradientSync(sync);
+      syncs_.push_back(std::move(sync));
+    }
+  }
+  // The ranks agree on every decision that changes which collectives run next.
+  auto agree = [dist](bool v) { return dist != nullptr ? dist->AnyTrue(v) : v; };
   ProgramSchedule schedule(*model_, options_.dataset_params, options_.logdir, log, options_.clock);
-  EventWriter writer(train_dir_, 10.0, options_.clock);
-  TrainProgram train(*model_, &writer, ema_.get(), log);
+  std::unique_ptr<EventWriter> writer;
+  if (chief_) writer = std::make_unique<EventWriter>(train_dir_, 10.0, options_.clock);
+  TrainProgram train(*model_, writer.get(), ema_.get(), log);
   const int64_t max_steps = tp.GetInt("max_steps");
   int64_t skipped_since_save = 0;
+  bool stopped = false;
   schedule.RunStart();
-  while (global_step_ < max_steps && !stop_.load()) {
+  while (global_step_ < max_steps) {
+    if (agree(stop_.load())) {
+      stopped = true;
+      break;
+    }
     schedule.BeforeTrainLoop(global_step_);
     TrainProgram::LoopResult r;
     try {
       r = train.RunLoop(&global_step_, [this] { return stop_.load(); });
     } catch (const TrainingDivergedError& e) {
       // No final save: the diverged weights must not become the latest checkpoint.
+      if (!chief_) throw;
       checkpointer_->Wait();
-      writer.Close();
+      writer->Close();
       const auto healthy = Saver::LastHealthyCheckpoint(train_dir_);
       throw TrainingDivergedError(StrCat(
           e.message(), ". The last checkpoint of healthy training is ",
@@ -152,32 +209,40 @@ int64_t Executor::Run() {
                   : ""));
     }
     skipped_since_save += r.skipped_steps;
+    if (r.steps < tp.GetInt("steps_per_loop") && !r.input_exhausted &&
+        global_step_ < max_steps) {
+      stopped = true;  // the ranks agreed to stop inside the loop
+    }
     if (schedule.AfterTrainLoop(global_step_, r.steps, global_step_ >= max_steps)) {
       Log(schedule.ml_success()
               ? StrCat("decoder metric passed its threshold at step ", global_step_, "; stopping")
               : StrCat("MLPerf: max_steps_to_train reached at step ", global_step_, "; stopping"));
       break;
     }
-    if (EarlyStopCheck()) break;
+    if (agree(chief_ && EarlyStopCheck())) break;
     if (r.input_exhausted) {
       Log(StrCat("training input exhausted at step ", global_step_));
       break;
     }
-    if (global_step_ < max_steps && checkpointer_->MaybeSave(global_step_, skipped_since_save == 0)) {
+    if (chief_ && global_step_ < max_steps &&
+        checkpointer_->MaybeSave(global_step_, skipped_since_save == 0)) {
       skipped_since_save = 0;
     }
     if (r.steps == 0) break;
   }
   schedule.RunStop();
+  stopped = stopped || stop_.load();
+  if (const std::string s = GradientSyncSummary(); !s.empty()) Log(s);
+  if (!chief_) return global_step_;
   const bool saved = checkpointer_->SaveIfNew(global_step_, skipped_since_save == 0);
   checkpointer_->Wait();
-  writer.Close();
+  writer->Close();
   const std::string prefix = Saver::CheckpointPrefix(train_dir_, global_step_);
   if (saved) {
     // The files written, as they are on disk now.
-    Log(StrCat("saved ", Join(SafetensorsFiles(prefix), ", "), stop_.load() ? " (stopped)" : ""));
+    Log(StrCat("saved ", Join(SafetensorsFiles(prefix), ", "), stopped ? " (stopped)" : ""));
   } else {
-    Log(StrCat("checkpoint ", prefix, " is already the latest", stop_.load() ? " (stopped)" : ""));
+    Log(StrCat("checkpoint ", prefix, " is already the latest", stopped ? " (stopped)" : ""));
   }
   return global_step_;
 }

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "glossa/base/file.h"
 #include "glossa/model/base_model.h"
@@ -25,6 +26,9 @@
 #include "glossa/runtime/checkpointer.h"
 
 namespace glossa {
+
+class Distributed;
+class DataParallelGradientSync;
 
 struct ExecutorOptions {
   std::string logdir;
@@ -36,6 +40,16 @@ struct ExecutorOptions {
   // (GetModelParams(key, dataset, ...)). Only the eval task's input is taken from them: the
   // programs run the trained model (its EMA in eval mode when it keeps one) on that input.
   std::map<std::string, Params> dataset_params;
+  // Data-parallel workers (glossa/runtime/distributed.h, docs/distributed.md); null: one. Every
+  // rank checks that all run the same configuration, reads its shard of the input (the batch in
+  // the Params is the global batch), starts from rank 0's state (its checkpoint, or its
+  // initialization) and averages gradients over the ranks; rank 0 alone holds the logdir's lock
+  // and writes checkpoints, events, metrics.jsonl, control/ and the MLPerf log.
+  Distributed* distributed = nullptr;
+  // Gradient buckets (PyTorch DDP's bucket_cap_mb), and whether their allreduce starts while the
+  // backward pass still runs.
+  int64_t grad_bucket_bytes = 25 << 20;
+  bool overlap_grad_reduce = true;
 };
 
 // model_analysis.txt: every variable with its shape and count, then "total #params: N".
@@ -51,6 +65,8 @@ class Executor {
   void RequestStop() { stop_.store(true); }
   BaseModel& model() { return *model_; }
   int64_t global_step() const { return global_step_; }
+  // With several ranks: one line on the gradient allreduce (bytes and exposed time per step).
+  std::string GradientSyncSummary() const;
 
  private:
   void Log(const std::string& line);
@@ -63,6 +79,8 @@ class Executor {
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::string train_dir_;
+  bool chief_ = true;
+  std::vector<std::shared_ptr<DataParallelGradientSync>> syncs_;
   int64_t global_step_ = 0;
   std::atomic<bool> stop_{false};
 };

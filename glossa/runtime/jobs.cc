@@ -14,6 +14,8 @@
 #include "glossa/io/event_file.h"
 #include "glossa/optim/ema.h"
 #include "glossa/runtime/checkpointer.h"
+#include "glossa/runtime/data_parallel.h"
+#include "glossa/runtime/distributed.h"
 #include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 
@@ -60,12 +62,24 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   };
   const std::string train_dir = JoinPath(options.logdir, "train");
   const std::string job_dir = ProgramDir(kind, options.logdir, options.dataset);
-  CreateDirectories(job_dir);
-  const DirectoryLock lock(job_dir, ".job.lock", kind == JobKind::kEval ? "evaler" : "decoder");
-  RemoveStaleTempFiles(job_dir);
+  Distributed* dist = options.distributed;
+  const bool chief = dist == nullptr || dist->rank() == 0;
+  DistributedScope dist_scope(dist);
+  Params params = model_params.Copy();
+  if (dist != nullptr && dist->world_size() > 1) {
+    CheckSameConfiguration(*dist, params);
+    ShardParamsForReplicas(params, dist->world_size(), dist->rank());
+  }
+  std::unique_ptr<DirectoryLock> lock;
+  if (chief) {
+    CreateDirectories(job_dir);
+    lock = std::make_unique<DirectoryLock>(job_dir, ".job.lock",
+                                           kind == JobKind::kEval ? "evaler" : "decoder");
+    RemoveStaleTempFiles(job_dir);
+  }
   const std::string processed_file = JoinPath(job_dir, "processed_ckpts.txt");
 
-  auto model = InstantiateLayer<BaseModel>(model_params);
+  auto model = InstantiateLayer<BaseModel>(params);
   const Params& tp = model->task().train_params();
   const Params& ep = model->task().eval_params();
   const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
@@ -74,8 +88,10 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
       ep.GetBool(kind == JobKind::kEval ? "eval_all_checkpoints" : "decode_all_checkpoints");
   const int64_t start_after =
       ep.GetInt(kind == JobKind::kEval ? "start_eval_after" : "start_decoder_after");
-  EventWriter writer(job_dir);
-  std::set<std::string> processed = ReadProcessed(processed_file);
+  std::unique_ptr<EventWriter> writer;
+  if (chief) writer = std::make_unique<EventWriter>(job_dir);
+  std::set<std::string> processed;
+  if (chief) processed = ReadProcessed(processed_file);
   std::set<std::string> gone;  // deleted by retention before we got to them
   int64_t count = 0;
   double backoff = 1;
@@ -83,15 +99,29 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   auto process = [&](const std::string& ckpt) {
     const std::string prefix =
         ckpt.find('/') != std::string::npos ? ckpt : JoinPath(train_dir, ckpt);
-    const SafetensorsContents contents = LoadCheckpoint(prefix);
-    const int64_t step = RestoreForEval(contents, *model, ema.get()).value_or(StepOf(ckpt));
+    // Every rank loads it; when one cannot (retention deleted it meanwhile), all skip it.
+    std::optional<SafetensorsContents> contents;
+    std::optional<NotFoundError> missing;
+    try {
+      contents = LoadCheckpoint(prefix);
+    } catch (const NotFoundError& e) {
+      missing = e;
+    }
+    if (dist != nullptr ? dist->AnyTrue(missing.has_value()) : missing.has_value()) {
+      throw missing ? *missing : NotFoundError(StrCat(prefix, ": another rank could not load it"));
+    }
+    const int64_t step = RestoreForEval(*contents, *model, ema.get()).value_or(StepOf(ckpt));
     std::map<std::string, double> values;
     if (kind == JobKind::kEval) {
-      EvalProgram eval(*model, &writer);
+      EvalProgram eval(*model, writer.get());
       for (const auto& [k, v] : eval.Run(step)) values[k] = v.first;
     } else {
-      DecodeProgram decode(*model, &writer);
-      values = decode.Run(step, -1, job_dir).metrics;
+      DecodeProgram decode(*model, writer.get());
+      values = decode.Run(step, -1, chief ? job_dir : std::string()).metrics;
+    }
+    if (!chief) {
+      processed.insert(ckpt);
+      return step;
     }
     std::string score;
     for (const auto& [k, v] : values) score += StrCat(k, ": ", PyFloatRepr(v), "\n");
@@ -123,12 +153,34 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   // eval.load_checkpoint_from: that checkpoint only (a prefix, "<dir>/ckpt-%08d"), then return.
   if (ep.IsSet("load_checkpoint_from")) {
     process(ep.GetString("load_checkpoint_from"));
-    writer.Close();
+    if (writer) writer->Close();
     return count;
   }
-  while (options.stop == nullptr || !options.stop->load()) {
-    CheckpointState state = ReadCheckpointState(train_dir);
+  for (;;) {
+    const bool stop = options.stop != nullptr && options.stop->load();
+    if (dist != nullptr ? dist->AnyTrue(stop) : stop) break;
     std::vector<std::string> todo;
+    bool finished = false;
+    if (!chief) {
+      // Rank 0's list: "<finished>\n<checkpoint>\n...".
+      const std::vector<std::string> lines = Split(dist->AllGatherStrings("")[0], '\n');
+      finished = !lines.empty() && lines[0] == "1";
+      for (size_t i = 1; i < lines.size(); ++i) {
+        if (!lines[i].empty()) todo.push_back(lines[i]);
+      }
+      for (const auto& c : todo) {
+        try {
+          process(c);
+        } catch (const NotFoundError&) {
+          gone.insert(c);
+        }
+      }
+      if (finished) break;
+      if (todo.empty()) sleep(backoff);
+      backoff = todo.empty() ? std::min(backoff * 2, options.max_backoff_seconds) : 1;
+      continue;
+    }
+    CheckpointState state = ReadCheckpointState(train_dir);
     for (const auto& c : state.all_model_checkpoint_paths) {
       if (!processed.count(c) && !gone.count(c) && StepOf(c) >= start_after) todo.push_back(c);
     }
@@ -140,22 +192,29 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
         todo.push_back(paths.back());
       }
     }
-    bool finished = false;
+    // Done once the final checkpoint has been processed (in an earlier run, or now).
+    for (const auto& c : processed) {
+      if (StepOf(c) >= max_steps) finished = true;
+    }
+    for (const auto& c : todo) {
+      if (StepOf(c) >= max_steps) finished = true;
+    }
+    if (dist != nullptr) {
+      std::string list = finished ? "1" : "0";
+      for (const auto& c : todo) list += "\n" + c;
+      dist->AllGatherStrings(list);
+    }
     for (const auto& c : todo) {
       // Retention may delete a checkpoint between reading the state file and loading it (the
       // trainer keeps the latest N): skip it and go on.
       try {
         if (process(c) >= max_steps) finished = true;
       } catch (const NotFoundError& e) {
-        if (!SafetensorsFiles(JoinPath(train_dir, c)).empty()) throw;
+        if (!SafetensorsFiles(JoinPath(train_dir, c)).empty() && dist == nullptr) throw;
         log(StrCat("skipped ", c, ": removed by the trainer's retention before it was ",
                    kind == JobKind::kEval ? "evaluated" : "decoded", " (", e.message(), ")"));
         gone.insert(c);
       }
-    }
-    // Done once the final checkpoint has been processed (now or in an earlier run).
-    for (const auto& c : processed) {
-      if (StepOf(c) >= max_steps) finished = true;
     }
     if (finished) break;
     if (todo.empty()) {
@@ -165,7 +224,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
       backoff = 1;
     }
   }
-  writer.Close();
+  if (writer) writer->Close();
   return count;
 }
 

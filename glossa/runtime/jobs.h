@@ -19,6 +19,8 @@
 
 namespace glossa {
 
+class Distributed;
+
 struct JobOptions {
   std::string logdir;
   std::string dataset;  // e.g. "Dev": the job directory is eval_dev / decoder_dev
@@ -26,6 +28,12 @@ struct JobOptions {
   std::function<void(double)> sleep;            // null: real sleep
   const std::atomic<bool>* stop = nullptr;      // returns when set
   double max_backoff_seconds = 300;
+  // Data-parallel workers (docs/distributed.md); null: one. Each rank evaluates or decodes its
+  // shard of the dataset; metrics are reduced with their weights, and decode outputs gathered
+  // before the decoder metrics (corpus BLEU needs every hypothesis). Rank 0 picks the
+  // checkpoints and alone writes the job directory; every rank reads the checkpoints, so the
+  // logdir must be on a file system they share.
+  Distributed* distributed = nullptr;
 };
 
 // Returns the number of checkpoints processed in this run.

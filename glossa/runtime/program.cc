@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -11,6 +12,8 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/runtime/data_parallel.h"
+#include "glossa/runtime/distributed.h"
 #include "glossa/summary/summary.h"
 
 namespace glossa {
@@ -78,6 +81,52 @@ void AddPerExampleSummaries(std::map<std::string, at::Tensor> summaries, NestedM
   }
 }
 
+// The step's metrics over all ranks: weighted means, one small allreduce (every rank runs the
+// same model, so the names agree). num_samples_in_batch is summed: the global batch.
+void ReduceStepMetrics(Distributed& d, Metrics& metrics) {
+  at::Tensor packed = at::zeros({static_cast<int64_t>(2 * metrics.size())}, at::kDouble);
+  auto a = packed.accessor<double, 1>();
+  int64_t i = 0;
+  for (const auto& [k, m] : metrics) {
+    const double w = m.weight.defined() ? m.weight.item<double>() : 1.0;
+    a[2 * i] = m.value.item<double>() * w;
+    a[2 * i + 1] = w;
+    ++i;
+  }
+  d.AllReduceSum({packed});
+  i = 0;
+  for (auto& [k, m] : metrics) {
+    const double sum = a[2 * i], w = a[2 * i + 1];
+    ++i;
+    if (k == "num_samples_in_batch") {
+      m.value = at::scalar_tensor(sum / std::max(w, 1e-12) * d.world_size(), at::kDouble);
+      m.weight = at::scalar_tensor(1.0, at::kDouble);
+      continue;
+    }
+    m.value = at::scalar_tensor(w != 0 ? sum / w : 0.0, at::kDouble);
+    m.weight = at::scalar_tensor(w, at::kDouble);
+  }
+}
+
+// Scalar summaries averaged over ranks (each rank's loop mean counts once); others stay this
+// rank's (histograms of the chief's shard).
+void ReduceScalarSummaries(Distributed& d, std::map<std::string, at::Tensor>& summaries) {
+  std::map<std::string, std::pair<double, double>> scalars;
+  for (const auto& [k, v] : summaries) {
+    if (v.numel() == 1) scalars[k] = {v.to(at::kDouble).item<double>(), 1.0};
+  }
+  for (const auto& [k, m] : d.GatherWeighted(scalars)) {
+    summaries[k] = at::scalar_tensor(m.first, at::kDouble);
+  }
+}
+
+// Per-rank share of a sample count (eval and decode shards).
+int64_t ShareOf(int64_t samples) {
+  Distributed* d = CurrentDistributed();
+  if (d == nullptr || samples <= 0) return samples;
+  return (samples + d->world_size() - 1) / d->world_size();
+}
+
 }  // namespace
 
 TrainProgram::TrainProgram(BaseModel& model, EventWriter* writer, ExponentialMovingAverage* ema,
@@ -121,13 +170,20 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       result.reached_max_steps = true;
       break;
     }
-    if (stop && stop()) break;
+    // With several ranks they agree on stopping and on the end of the data before each step, so
+    // that every rank runs the same steps (and the same collectives).
+    Distributed* dist = CurrentDistributed();
+    if (dist != nullptr ? dist->AnyTrue(stop && stop()) : (stop && stop())) break;
     BaseTask& task = model_.SampleTask(*global_step);
     const auto& vars = task_vars.at(&task);
     NestedMap batch;
+    bool exhausted = false;
     try {
       batch = task.input().TakeTrainBatch();
     } catch (const OutOfRangeError&) {
+      exhausted = true;
+    }
+    if (dist != nullptr ? dist->AnyTrue(exhausted) : exhausted) {
       result.input_exhausted = true;
       break;
     }
@@ -151,6 +207,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     }
     for (const auto& [k, v] : learner_metrics) metrics[k] = v;
     for (auto& [k, v] : metrics) v.value = v.value.detach();
+    if (dist != nullptr) ReduceStepMetrics(*dist, metrics);
     if (multi) {  // "<task>/<metric>", plus the step's loss as "loss"
       Metrics prefixed;
       for (auto& [k, v] : metrics) prefixed[task.params().GetString("name") + "/" + k] = v;
@@ -166,8 +223,8 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     AddPerExampleSummaries(std::move(step_per_example), step_outfeed,
                            StrCat("task '", task.path(), "'"));
     if (!step_outfeed.empty()) outfeed[&task].push_back(std::move(step_outfeed));
-    const int64_t n =
-        static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());
+    const int64_t n = static_cast<int64_t>(
+        std::llround(metrics.at("num_samples_in_batch").value.item<double>()));
     examples += n;
     total_samples_ += n;
     ++*global_step;
@@ -205,7 +262,10 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       writer_->WriteScalar("global_step/sec", result.steps_per_sec, *global_step);
       writer_->WriteScalar("examples/sec", result.examples_per_sec, *global_step);
       writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), *global_step);
-      std::map<std::string, at::Tensor> all = summaries.MergeAll();
+    }
+    std::map<std::string, at::Tensor> all = summaries.MergeAll();
+    if (Distributed* d = CurrentDistributed()) ReduceScalarSummaries(*d, all);
+    if (writer_) {
       for (auto& [k, v] : per_example) all[k] = at::cat(v);
       WriteSummaries(*writer_, all, *global_step);
       writer_->Flush();  // every loop's events reach the disk, whatever kills the run next
@@ -234,7 +294,7 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
     task.input().Reset();
   } catch (const UnimplementedError&) {
   }
-  const int64_t want = task.eval_params().GetInt("samples_per_summary");
+  const int64_t want = ShareOf(task.eval_params().GetInt("samples_per_summary"));
   EvalModeScope eval;
   at::NoGradGuard no_grad;
   GlobalStepContext step(global_step);
@@ -257,9 +317,17 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
   }
   summary_loop.reset();
   auto means = acc.Means();
+  std::map<std::string, at::Tensor> all = summaries.MergeAll();
+  if (Distributed* d = CurrentDistributed()) {
+    // Each rank evaluated its shard: weighted means over all (Lingvo's TpuEvalMetrics).
+    means = d->GatherWeighted(means);
+    if (auto it = means.find("num_samples_in_batch"); it != means.end()) {
+      it->second.first *= d->world_size();  // per global batch
+    }
+    ReduceScalarSummaries(*d, all);
+  }
   if (writer_) {
     for (const auto& [k, v] : means) writer_->WriteScalar(k, v.first, global_step);
-    std::map<std::string, at::Tensor> all = summaries.MergeAll();
     for (auto& [k, v] : per_example) all[k] = at::cat(v);
     WriteSummaries(*writer_, all, global_step);
     writer_->Flush();
@@ -283,10 +351,12 @@ DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batche
   ResetStepSeed();
   Result r;
   r.metrics = task.CreateDecoderMetrics();
-  const int64_t want_samples = task.eval_params().GetInt("decoder_samples_per_summary");
+  Distributed* dist = CurrentDistributed();
+  const int64_t want_samples = ShareOf(task.eval_params().GetInt("decoder_samples_per_summary"));
   int64_t samples = 0;
   SummaryContext summaries;
   std::optional<SummaryLoop> summary_loop(std::in_place);
+  std::vector<NestedMap> outs;  // with several ranks: this rank's, gathered below
   while (max_batches < 0 || r.batches < max_batches) {
     if (want_samples > 0 && samples >= want_samples) break;
     NestedMap batch;
@@ -298,10 +368,26 @@ DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batche
     NestedMap out = task.Decode(batch);
     AddPerExampleSummaries(summaries.TakePerExample(), out,
                            StrCat("task '", task.path(), "' Decode"));
+    ++r.batches;
+    if (dist != nullptr) {
+      const std::vector<at::Tensor> flat = out.FlattenTensors();
+      samples += !flat.empty() && flat.front().dim() > 0 ? flat.front().size(0) : 1;
+      outs.push_back(std::move(out));
+      continue;
+    }
     std::vector<std::string> lines = task.PostProcessDecodeOut(out, r.metrics);
     samples += static_cast<int64_t>(lines.size());
     r.lines.insert(r.lines.end(), lines.begin(), lines.end());
-    ++r.batches;
+  }
+  if (dist != nullptr) {
+    // Corpus metrics (BLEU) need every hypothesis: every rank post-processes every rank's
+    // outputs, in rank order, so all agree on the metrics.
+    for (const std::string& bytes : dist->AllGatherStrings(SerializeNestedMaps(outs))) {
+      for (const NestedMap& out : DeserializeNestedMaps(bytes)) {
+        std::vector<std::string> lines = task.PostProcessDecodeOut(out, r.metrics);
+        r.lines.insert(r.lines.end(), lines.begin(), lines.end());
+      }
+    }
   }
   summary_loop.reset();
   task.DecodeFinalize(r.metrics);
@@ -310,7 +396,7 @@ DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batche
     WriteSummaries(*writer_, summaries.MergeAll(), global_step);
     writer_->Flush();
   }
-  if (!out_dir.empty()) {
+  if (!out_dir.empty() && IsChief()) {
     char name[64];
     std::snprintf(name, sizeof(name), "decoder_out_%09lld", static_cast<long long>(global_step));
     std::string text;

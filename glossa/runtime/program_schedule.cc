@@ -12,6 +12,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
 #include "glossa/runtime/metric_history.h"
+#include "glossa/runtime/distributed.h"
 #include "glossa/runtime/program.h"
 
 namespace glossa {
@@ -74,7 +75,9 @@ ProgramSchedule::~ProgramSchedule() {
 void ProgramSchedule::MlLog(const std::string& key, const std::string& value_json,
                             const std::string& metadata_json, int line) {
   // Lingvo: time.time() * 1000 rounded, json.dumps of key, value and metadata (", " and ": "
-  // separators), metadata with "lineno" then "file" appended after the caller's keys.
+  // separators), metadata with "lineno" then "file" appended after the caller's keys. Rank 0
+  // alone writes the MLPerf log.
+  if (!IsChief()) return;
   const auto ms = static_cast<int64_t>(std::llround(clock_() * 1000));
   nlohmann::ordered_json meta = nlohmann::ordered_json::parse(metadata_json);
   meta["lineno"] = line;
@@ -215,24 +218,28 @@ std::optional<double> ProgramSchedule::RunEvalPrograms(int64_t global_step) {
     TaskInputScope scope(model_.task(), Input(ds));
     if (eval_steps != 0) {
       const std::string dir = ProgramDir(JobKind::kEval, logdir_, ds);
-      EvalProgram eval(model_, &Writer(dir));
+      EvalProgram eval(model_, IsChief() ? &Writer(dir) : nullptr);
       std::string line;
       std::map<std::string, double> values;
       for (const auto& [k, m] : eval.Run(global_step, eval_steps)) {
         line += StrCat(", ", k, ": ", PyFloatRepr(m.first));
         values[k] = m.first;
       }
-      MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
-                               dir.substr(dir.rfind('/') + 1), global_step, values);
+      if (IsChief()) {
+        MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
+                                 dir.substr(dir.rfind('/') + 1), global_step, values);
+      }
       log_(StrCat("eval ", ds, " step ", global_step, line));
     }
     if (decode_steps == 0) continue;
     const std::string dir = ProgramDir(JobKind::kDecode, logdir_, ds);
-    CreateDirectories(dir);
-    DecodeProgram decode(model_, &Writer(dir));
-    auto r = decode.Run(global_step, decode_steps, dir);
-    MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
-                             dir.substr(dir.rfind('/') + 1), global_step, r.metrics);
+    if (IsChief()) CreateDirectories(dir);
+    DecodeProgram decode(model_, IsChief() ? &Writer(dir) : nullptr);
+    auto r = decode.Run(global_step, decode_steps, IsChief() ? dir : std::string());
+    if (IsChief()) {
+      MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
+                               dir.substr(dir.rfind('/') + 1), global_step, r.metrics);
+    }
     std::string line;
     for (const auto& [k, m] : r.metrics) line += StrCat(", ", k, ": ", PyFloatRepr(m));
     log_(StrCat("decode ", ds, " step ", global_step, line));

@@ -46,6 +46,8 @@
 #include "glossa/optim/ema.h"
 #include "glossa/runtime/checkpointer.h"
 #include "glossa/runtime/cpu_runtime.h"
+#include "glossa/runtime/distributed.h"
+#include "glossa/runtime/launcher.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/jobs.h"
 #include "glossa/runtime/program.h"
@@ -124,6 +126,18 @@ struct ModelFlags {
   bool once = false;
 };
 
+// Data parallelism (docs/distributed.md): --nproc_per_node starts local workers; a worker reads
+// the standard environment (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT) set by any launcher.
+struct DistFlags {
+  int64_t nproc_per_node = 0;
+  std::string master_addr;
+  int64_t master_port = 0;
+  double timeout_seconds = 300;
+  std::string backend = "gloo";
+  double bucket_mb = 25;
+  bool no_overlap = false;
+};
+
 // An integer flag parsed exactly: out-of-range values (beyond int64 too) are errors naming the
 // flag, never clamped.
 void AddIntFlag(CLI::App* cmd, const std::string& name, int64_t& target, int64_t lo, int64_t hi,
@@ -176,6 +190,68 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
                   "sample a task (training only).");
   cmd->add_flag("--enable_check_numerics", f.enable_check_numerics,
                 "A gradient with NaN or Inf values is an error (instead of a skipped step).");
+}
+
+void AddDistFlags(CLI::App* cmd, DistFlags& d, bool training) {
+  AddIntFlag(cmd, "--nproc_per_node", d.nproc_per_node, 1, 1024,
+             "Start this many data-parallel workers on this machine, their output prefixed by "
+             "rank (as torchrun). Without it, a worker joins the job the environment describes "
+             "(WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT), if any.");
+  cmd->add_option("--master_addr", d.master_addr,
+                  "The rendezvous address (rank 0's host; default: MASTER_ADDR, or 127.0.0.1).");
+  AddIntFlag(cmd, "--master_port", d.master_port, 1, 65535,
+             "The rendezvous port (default: MASTER_PORT; with --nproc_per_node, a free one).");
+  cmd->add_option("--dist_timeout", d.timeout_seconds,
+                  "Seconds a rendezvous or collective may wait for the other ranks before the "
+                  "job fails, naming the lost rank.")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0 * 7));
+  cmd->add_option("--dist_backend", d.backend,
+                  "The c10d backend: gloo (CPU); nccl needs a CUDA build.")
+      ->capture_default_str();
+  if (training) {
+    cmd->add_option("--grad_bucket_mb", d.bucket_mb,
+                    "Gradient allreduce bucket size in MB (PyTorch DDP's bucket_cap_mb).")
+        ->capture_default_str()
+        ->check(CLI::Range(0.001, 1e6));
+    cmd->add_flag("--no_overlap_grad_reduce", d.no_overlap,
+                  "Reduce gradients after the backward pass instead of during it.");
+  }
+}
+
+// The workers this process belongs to: none without WORLD_SIZE (or with WORLD_SIZE=1).
+std::unique_ptr<Distributed> JoinWorkers(const DistFlags& d) {
+  std::optional<DistributedOptions> o = DistributedOptionsFromEnv();
+  if (!o || o->world_size <= 1) return nullptr;
+  if (!d.master_addr.empty()) o->master_addr = d.master_addr;
+  if (d.master_port > 0) o->master_port = static_cast<int>(d.master_port);
+  o->timeout_seconds = d.timeout_seconds;
+  o->backend = d.backend;
+  return std::make_unique<Distributed>(*o);
+}
+
+// --nproc_per_node: runs this command again as that many workers, without the flag.
+int LaunchWorkers(const DistFlags& d, const std::vector<std::string>& args) {
+  if (std::getenv("WORLD_SIZE") != nullptr && std::getenv("GLOSSA_LAUNCHED") == nullptr) {
+    throw InvalidArgumentError(
+        "--nproc_per_node starts the workers itself, but WORLD_SIZE is already set (a launcher "
+        "such as torchrun started this process): drop one of the two");
+  }
+  LaunchOptions lo;
+  lo.argv.push_back("/proc/self/exe");
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].rfind("--nproc_per_node=", 0) == 0) continue;
+    if (args[i] == "--nproc_per_node") {
+      ++i;
+      continue;
+    }
+    lo.argv.push_back(args[i]);
+  }
+  lo.nproc = static_cast<int>(d.nproc_per_node);
+  if (!d.master_addr.empty()) lo.master_addr = d.master_addr;
+  lo.master_port = static_cast<int>(d.master_port);
+  lo.grace_seconds = d.timeout_seconds + 30;
+  return LaunchLocalWorkers(lo);
 }
 
 Params ModelParamsFromFlags(const ModelFlags& f, bool training = false) {
@@ -545,9 +621,12 @@ int Run(int argc, char** argv) {
   auto* train = app.add_subcommand(
       "train", "Train a model in --logdir (resumes from its latest checkpoint).");
   AddModelFlags(train, train_f, true, "Train");
+  DistFlags train_d, eval_d, decode_d;
+  AddDistFlags(train, train_d, true);
   auto* eval =
       app.add_subcommand("eval", "The evaler job: evaluate new checkpoints of <logdir>/train.");
   AddModelFlags(eval, eval_f, true, "Dev");
+  AddDistFlags(eval, eval_d, false);
   eval->add_flag("--once", eval_f.once, "Evaluate the latest checkpoint once and exit.");
   eval->add_option("--checkpoint", eval_f.checkpoint,
                    "Evaluate this checkpoint (a prefix such as <logdir>/train/ckpt-00001000) "
@@ -555,6 +634,7 @@ int Run(int argc, char** argv) {
   auto* decode =
       app.add_subcommand("decode", "The decoder job: decode new checkpoints of <logdir>/train.");
   AddModelFlags(decode, decode_f, true, "Dev");
+  AddDistFlags(decode, decode_d, false);
   decode->add_flag("--once", decode_f.once, "Decode the latest checkpoint once and exit.");
   decode->add_option("--checkpoint", decode_f.checkpoint,
                      "Decode this checkpoint once and exit (task.eval.load_checkpoint_from).");
@@ -646,6 +726,7 @@ int Run(int argc, char** argv) {
   for (int i = argc - 1; i > 0; --i) args.push_back(argv[i]);
   std::reverse(args.begin(), args.end());
   args = ExpandFlagfiles(args);
+  const std::vector<std::string> expanded_args = args;
   std::reverse(args.begin(), args.end());
   try {
     app.parse(args);
@@ -696,9 +777,24 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (*train) {
+    if (train_d.nproc_per_node > 0 && std::getenv("GLOSSA_LAUNCHED") == nullptr) {
+      return LaunchWorkers(train_d, expanded_args);
+    }
     Params p = ModelParamsFromFlags(train_f, /*training=*/true);
+    InstallStopHandlers();  // before the rendezvous: a stop then ends the run cleanly
+    const std::unique_ptr<Distributed> dist = JoinWorkers(train_d);
     ExecutorOptions eo;
     eo.logdir = train_f.logdir;
+    eo.distributed = dist.get();
+    eo.grad_bucket_bytes = static_cast<int64_t>(train_d.bucket_mb * (1 << 20));
+    eo.overlap_grad_reduce = !train_d.no_overlap;
+    if (dist && dist->rank() != 0) {
+      // Rank 0 speaks for the job; the others say what they are and then only fail loudly.
+      std::printf("rank %d of %d: training on input shard %d\n", dist->rank(),
+                  dist->world_size(), dist->rank());
+      std::fflush(stdout);
+      eo.log = [](const std::string&) {};
+    }
     for (const auto& ds : p.Get("program_schedule.eval_dataset_names").AsList()) {
       ModelFlags df = train_f;
       df.dataset = ds.AsString();
@@ -706,7 +802,7 @@ int Run(int argc, char** argv) {
     }
     Executor ex(p, eo);
     g_executor = &ex;
-    InstallStopHandlers();
+    if (g_stop.load()) ex.RequestStop();
     ex.Run();
     g_executor = nullptr;
     return 0;
@@ -714,8 +810,13 @@ int Run(int argc, char** argv) {
   if (*eval || *decode) {
     const bool is_eval = static_cast<bool>(*eval);
     ModelFlags& f = is_eval ? eval_f : decode_f;
+    const DistFlags& d = is_eval ? eval_d : decode_d;
+    if (d.nproc_per_node > 0 && std::getenv("GLOSSA_LAUNCHED") == nullptr) {
+      return LaunchWorkers(d, expanded_args);
+    }
     Params p = ModelParamsFromFlags(f);
     InstallStopHandlers();
+    const std::unique_ptr<Distributed> dist = JoinWorkers(d);
     if (f.once) {
       const std::string train_dir = JoinPath(f.logdir, "train");
       if (!Saver::LatestCheckpoint(train_dir))
@@ -732,6 +833,8 @@ int Run(int argc, char** argv) {
     o.logdir = f.logdir;
     o.dataset = f.dataset;
     o.stop = &g_stop;
+    o.distributed = dist.get();
+    if (dist && dist->rank() != 0) o.log = [](const std::string&) {};
     RunCheckpointJob(is_eval ? JobKind::kEval : JobKind::kDecode, p, o);
     return 0;
   }

@@ -1,0 +1,230 @@
+#include "glossa/runtime/data_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <fstream>
+#include <sys/stat.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+#include "glossa/io/safetensors.h"
+#include "glossa/runtime/checkpointer.h"
+
+namespace glossa {
+namespace {
+
+int64_t DivideAmong(int64_t value, int world, const std::string& key) {
+  if (value % world != 0) {
+    throw InvalidArgumentError(StrCat(
+        key, " = ", value, " does not divide among ", world,
+        " workers: the configured batch is the global batch, and each worker reads batch / "
+        "world size of it (docs/distributed.md)"));
+  }
+  return value / world;
+}
+
+void ShardNode(Params& p, const std::string& path, int world, int rank) {
+  auto key = [&](const std::string& name) { return path.empty() ? name : path + "." + name; };
+  if (p.Contains("num_input_replicas") && p.Contains("input_replica_id")) {
+    p.Set("num_input_replicas", world);
+    p.Set("input_replica_id", rank);
+    if (p.Contains("batch_size") && p.GetInt("batch_size") > 0) {
+      p.Set("batch_size", DivideAmong(p.GetInt("batch_size"), world, key("batch_size")));
+    }
+    if (p.Contains("bucket_batch_limit")) {
+      ParamValue::List limits;
+      for (const ParamValue& v : p.Get("bucket_batch_limit").AsList()) {
+        limits.emplace_back(DivideAmong(v.AsInt(), world, key("bucket_batch_limit")));
+      }
+      p.Set("bucket_batch_limit", limits);
+    }
+  }
+  if (p.Contains("num_splits") && p.Contains("train") && p.Contains("input")) {  // a task
+    const int64_t splits = p.GetInt("num_splits");
+    if (splits % world == 0) {
+      p.Set("num_splits", splits / world);
+    } else if (splits != 1) {
+      throw InvalidArgumentError(StrCat(key("num_splits"), " = ", splits,
+                                        " towers cannot be spread over ", world,
+                                        " workers: use a multiple of the world size, or 1"));
+    }
+  }
+  for (const auto& e : p.entries()) {
+    if (e.value.is_params()) ShardNode(p.GetParams(e.name), key(e.name), world, rank);
+  }
+}
+
+// The files the Params name (vocabularies, SentencePiece models): "key\tpath\tsize\thash" lines.
+void NamedFiles(const Params& p, const std::string& path, std::string* out) {
+  for (const auto& e : p.entries()) {
+    const std::string key = path.empty() ? e.name : path + "." + e.name;
+    if (e.value.is_params()) {
+      NamedFiles(e.value.AsParams(), key, out);
+      continue;
+    }
+    if (e.value.kind() != ParamValue::Kind::kString) continue;
+    const std::string& file = e.value.AsString();
+    struct stat st {};
+    if (file.empty() || file.find('*') != std::string::npos || stat(file.c_str(), &st) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_size > (int64_t{1} << 30)) {
+      continue;
+    }
+    std::ifstream in(file, std::ios::binary);
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    char buf[1 << 16];
+    while (in) {
+      in.read(buf, sizeof(buf));
+      for (std::streamsize i = 0; i < in.gcount(); ++i) {
+        h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
+      }
+    }
+    *out += StrCat(key, "\t", file, "\t", static_cast<int64_t>(st.st_size), "\t", h, "\n");
+  }
+}
+
+void Append(std::string* out, const void* data, size_t n) {
+  out->append(static_cast<const char*>(data), n);
+}
+void AppendInt(std::string* out, int64_t v) { Append(out, &v, sizeof(v)); }
+
+struct Reader {
+  const std::string& s;
+  size_t pos = 0;
+  void Read(void* dst, size_t n) {
+    if (n > s.size() - pos) {
+      throw DataLossError(StrCat("gathered decode outputs: truncated at byte ", pos, " of ",
+                                 s.size()));
+    }
+    std::memcpy(dst, s.data() + pos, n);
+    pos += n;
+  }
+  int64_t Int() {
+    int64_t v = 0;
+    Read(&v, sizeof(v));
+    return v;
+  }
+};
+
+}  // namespace
+
+void ShardParamsForReplicas(Params& model_params, int world, int rank) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw InvalidArgumentError(StrCat("rank ", rank, " of world size ", world, " is out of range"));
+  }
+  if (world == 1) return;
+  ShardNode(model_params, "", world, rank);
+}
+
+void CheckSameConfiguration(Distributed& dist, const Params& model_params) {
+  dist.CheckSame("the world size", StrCat(dist.world_size()));
+  dist.CheckSame("the model Params (compare the workers' --model, --params_file and "
+                 "--params_override)",
+                 model_params.ToText());
+  std::string files;
+  NamedFiles(model_params, "", &files);
+  dist.CheckSame("the contents of the files the model Params name (vocabularies, SentencePiece "
+                 "models)",
+                 files);
+}
+
+int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovingAverage* ema,
+                           int64_t global_step,
+                           const std::function<void(const std::string&)>& log) {
+  if (dist.world_size() == 1) return global_step;
+  const bool chief = dist.rank() == 0;
+  std::map<std::string, at::Tensor> state;
+  std::string spec;
+  if (chief) {
+    for (const auto& [name, t] : CheckpointTensors(model, ema, global_step)) {
+      state[name] = t.detach().contiguous().clone();
+      std::vector<std::string> dims;
+      for (int64_t d : t.sizes()) dims.push_back(StrCat(d));
+      spec += StrCat(name, "\t", static_cast<int>(t.scalar_type()), "\t", Join(dims, ","), "\n");
+    }
+  }
+  spec = dist.AllGatherStrings(spec)[0];
+  if (!chief) {
+    for (const auto& line : Split(spec, '\n')) {
+      const std::vector<std::string> f = Split(line, '\t');
+      if (f.size() != 3) continue;
+      std::vector<int64_t> dims;
+      if (!f[2].empty()) {
+        for (const auto& d : Split(f[2], ',')) dims.push_back(std::stoll(d));
+      }
+      state[f[0]] = at::zeros(dims, at::TensorOptions().dtype(
+                                        static_cast<at::ScalarType>(std::stoi(f[1]))));
+    }
+  }
+  // One broadcast per dtype, flattened.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (auto& [name, t] : state) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, list] : by_dtype) {
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& t : list) parts.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(parts);
+    dist.Broadcast({flat});
+    int64_t offset = 0;
+    for (at::Tensor& t : list) {
+      t.copy_(flat.slice(0, offset, offset + t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+  if (chief) return global_step;
+  SafetensorsContents contents;
+  contents.tensors = std::move(state);
+  const int64_t step = RestoreCheckpoint(contents, model, ema);
+  Checkpointer::RestoreInputPositions(contents, model, log);
+  return step;
+}
+
+std::string SerializeNestedMaps(const std::vector<NestedMap>& maps) {
+  std::string out;
+  AppendInt(&out, static_cast<int64_t>(maps.size()));
+  for (const NestedMap& m : maps) {
+    const auto items = m.FlattenItems();
+    AppendInt(&out, static_cast<int64_t>(items.size()));
+    for (const auto& [key, v] : items) {
+      if (!v.is_tensor()) {
+        throw UnimplementedError(StrCat("gathering decode outputs across workers: '", key,
+                                        "' is not a tensor"));
+      }
+      const at::Tensor t = v.AsTensor().detach().cpu().contiguous();
+      AppendInt(&out, static_cast<int64_t>(key.size()));
+      Append(&out, key.data(), key.size());
+      AppendInt(&out, static_cast<int64_t>(t.scalar_type()));
+      AppendInt(&out, t.dim());
+      for (int64_t d : t.sizes()) AppendInt(&out, d);
+      const size_t bytes = t.numel() * t.element_size();
+      if (bytes > 0) Append(&out, t.data_ptr(), bytes);
+    }
+  }
+  return out;
+}
+
+std::vector<NestedMap> DeserializeNestedMaps(const std::string& bytes) {
+  Reader r{bytes};
+  const int64_t n = r.Int();
+  std::vector<NestedMap> out;
+  for (int64_t i = 0; i < n; ++i) {
+    NestedMap m;
+    const int64_t items = r.Int();
+    for (int64_t j = 0; j < items; ++j) {
+      std::string key(static_cast<size_t>(r.Int()), '\0');
+      r.Read(key.data(), key.size());
+      const auto dtype = static_cast<at::ScalarType>(r.Int());
+      const int64_t dim = r.Int();
+      std::vector<int64_t> sizes;
+      for (int64_t d = 0; d < dim; ++d) sizes.push_back(r.Int());
+      at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
+      const size_t nbytes = t.numel() * t.element_size();
+      if (nbytes > 0) r.Read(t.data_ptr(), nbytes);
+      m.Set(key, t);
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace glossa

@@ -1,0 +1,47 @@
+// Data parallelism over Distributed workers (glossa/runtime/distributed.h) at the model level:
+// what the executor and the eval/decode jobs do with several ranks (docs/distributed.md).
+//
+//   Params p = ...;  CheckSameConfiguration(dist, p);   // every rank runs the same experiment
+//   ShardParamsForReplicas(p, dist.world_size(), dist.rank());   // disjoint input shards
+//   ... build the model; rank 0 restores its checkpoint ...
+//   step = SyncStateFromChief(dist, model, ema, step, log);      // rank 0's state everywhere
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "glossa/core/nested_map.h"
+#include "glossa/core/params.h"
+#include "glossa/model/base_model.h"
+#include "glossa/optim/ema.h"
+#include "glossa/runtime/distributed.h"
+
+namespace glossa {
+
+// The global batch stays as configured; each of `world` ranks reads a share of it. Every input
+// generator's Params in the tree (those with num_input_replicas) get num_input_replicas = world,
+// input_replica_id = rank (the record yielder gives replica r the records whose index ≡ r mod
+// world) and batch_size and each bucket_batch_limit divided by world (InvalidArgument naming the
+// key when one does not divide). Every task's num_splits towers are spread over the ranks:
+// num_splits / world per rank (a multiple of world, or 1: one tower per rank).
+void ShardParamsForReplicas(Params& model_params, int world, int rank);
+
+// FailedPrecondition, naming the ranks and what differs, unless every rank has the same model
+// Params text, the same contents in the files the Params name (vocabularies, SentencePiece
+// models) and the same world size.
+void CheckSameConfiguration(Distributed& dist, const Params& model_params);
+
+// Rank 0's variables, learner slots, EMA shadows, global step and input position on every rank
+// (one broadcast per dtype); the other ranks restore them as from a checkpoint and skip their
+// input shards to the position. Returns the global step.
+int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovingAverage* ema,
+                           int64_t global_step, const std::function<void(const std::string&)>& log);
+
+// Decode outputs (NestedMaps of tensors) to bytes and back, to gather them across ranks.
+std::string SerializeNestedMaps(const std::vector<NestedMap>& maps);
+std::vector<NestedMap> DeserializeNestedMaps(const std::string& bytes);
+
+}  // namespace glossa
