@@ -193,7 +193,8 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     Metrics metrics = r.metrics;
     metrics["loss"].value = r.metrics.at("loss").value.detach();
     // var_norm/all only where it is seen: a summary step, or the loop's last (the console line).
-    const bool summary_step = writer_ && *global_step + 1 - last_summary_step_ >= summary_every;
+    // (Not whether this rank writes: every rank must compute the same metrics.)
+    const bool summary_step = *global_step + 1 - last_summary_step_ >= summary_every;
     const bool last_step = result.steps + 1 == steps_per_loop || *global_step + 1 >= max_steps;
     Metrics learner_metrics = task.learner().Apply(
         {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars,
@@ -229,8 +230,10 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     total_samples_ += n;
     ++*global_step;
     ++result.steps;
-    if (writer_ && *global_step - last_summary_step_ >= summary_every) {
+    if (*global_step - last_summary_step_ >= summary_every) {
       last_summary_step_ = *global_step;
+    }
+    if (writer_ && last_summary_step_ == *global_step) {
       for (const auto& [k, v] : metrics)
         writer_->WriteScalar(k, v.value.item<double>(), *global_step);
       writer_->WriteScalar("total_samples", static_cast<double>(total_samples_), *global_step);

@@ -2,6 +2,7 @@
 // 127.0.0.1: two workers as two threads of this process, each with its own store client and
 // process group, as two processes would have.
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/data_parallel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -18,6 +19,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/input/input_generator.h"
 #include "glossa/models/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
@@ -169,9 +171,15 @@ TEST(Distributed, TwoWorkersWithHalfBatchesTrainLikeOneWithTheWholeBatch) {
       one->learner().Apply({{"loss", Metric{r.loss, r.metrics.at("loss").weight}}}, vars, s);
     }
   }
-  // Two workers, batch 4 each (rows 0-3 and 4-7).
+  // Two workers, batch 4 each (rows 0-3 and 4-7); the gradients reduced after the backward pass
+  // (a function), and in DDP's overlapped buckets (DataParallelGradientSync, 4 KB buckets so
+  // that several start while the backward pass still runs).
+  for (const char* mode : {"function", "overlapped"}) {
+  SCOPED_TRACE(mode);
+  const bool overlapped = std::string(mode) == "overlapped";
   std::vector<std::vector<double>> losses(2);
   std::vector<std::vector<at::Tensor>> weights(2);
+  std::vector<DataParallelGradientSync::Stats> stats(2);
   RunWorkers(2, [&](Distributed& dist) {
     const int r = dist.rank();
     auto lm = SmallLm();
@@ -179,8 +187,14 @@ TEST(Distributed, TwoWorkersWithHalfBatchesTrainLikeOneWithTheWholeBatch) {
     std::vector<at::Tensor> values;
     for (const auto& v : vars) values.push_back(v.value);
     dist.Broadcast(values);
-    lm->learner().SetGradientReducer(
-        [&](const std::vector<at::Tensor>& g) { dist.AllReduceMean(g, 1 << 12); });
+    std::shared_ptr<DataParallelGradientSync> sync;
+    if (overlapped) {
+      sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, /*overlap=*/true);
+      lm->learner().SetGradientSync(sync);
+    } else {
+      lm->learner().SetGradientReducer(
+          [&](const std::vector<at::Tensor>& g) { dist.AllReduceMean(g, 1 << 12); });
+    }
     for (int s = 0; s < steps; ++s) {
       GlobalStepContext ctx(s);
       auto out = lm->FPropDefaultTheta(LmBatch(batches[s].slice(0, 4 * r, 4 * r + 4)));
@@ -190,7 +204,15 @@ TEST(Distributed, TwoWorkersWithHalfBatchesTrainLikeOneWithTheWholeBatch) {
       lm->learner().Apply({{"loss", Metric{out.loss, out.metrics.at("loss").weight}}}, vars, s);
     }
     for (const auto& v : vars) weights[r].push_back(v.value.detach().clone());
+    if (sync) stats[r] = sync->stats();
   });
+  if (overlapped) {
+    EXPECT_EQ(stats[0].steps, steps);
+    EXPECT_GT(stats[0].buckets, steps);  // several buckets per step
+    EXPECT_GT(stats[0].early_buckets, 0) << "no bucket started during the backward pass";
+    EXPECT_LE(stats[0].early_buckets, stats[0].buckets);
+    EXPECT_EQ(stats[0].bytes, stats[1].bytes);
+  }
   const auto one_vars = LearnerVariables(*one);
   for (int s = 0; s < steps; ++s) {
     EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
@@ -211,6 +233,86 @@ TEST(Distributed, TwoWorkersWithHalfBatchesTrainLikeOneWithTheWholeBatch) {
   }
   // The run moved the weights (the comparison is not of initial values).
   EXPECT_LT(one_losses.back(), one_losses.front());
+  }
+}
+
+// A rank that is gone (its process group and store client closed, as when killed) makes the
+// others' next collective fail with Aborted naming it, not hang.
+TEST(Distributed, ALostRankIsNamedByTheSurvivors) {
+  try {
+    RunWorkers(
+        2,
+        [](Distributed& dist) {
+          dist.Barrier();
+          if (dist.rank() == 1) return;  // "dies": its Distributed is destroyed
+          at::Tensor t = at::ones({1000});
+          dist.AllReduceSum({t});
+        },
+        /*timeout=*/20);
+    ADD_FAILURE() << "expected Aborted";
+  } catch (const AbortedError& e) {
+    EXPECT_NE(std::string(e.message()).find("lost rank(s): 1"), std::string::npos)
+        << e.message();
+    EXPECT_NE(std::string(e.message()).find("failed on rank 0 of 2"), std::string::npos)
+        << e.message();
+  }
+}
+
+TEST(Distributed, AgreeingAndGatheringWeightedMetricsWithDifferentNames) {
+  RunWorkers(2, [](Distributed& dist) {
+    EXPECT_TRUE(dist.AnyTrue(dist.rank() == 1));
+    EXPECT_FALSE(dist.AnyTrue(false));
+    // Rank 1 had an empty shard: it reports nothing, and rank 0's values stand.
+    std::map<std::string, std::pair<double, double>> mine;
+    if (dist.rank() == 0) mine = {{"log_pplx", {2.5, 100}}, {"acc", {0.5, 10}}};
+    else mine = {{"log_pplx", {1.5, 300}}};
+    auto m = dist.GatherWeighted(mine);
+    EXPECT_DOUBLE_EQ(m.at("log_pplx").first, (250.0 + 450.0) / 400.0);
+    EXPECT_DOUBLE_EQ(m.at("log_pplx").second, 400.0);
+    EXPECT_DOUBLE_EQ(m.at("acc").first, 0.5);
+  });
+}
+
+TEST(DataParallel, ShardingDividesTheGlobalBatchAndNamesWhatDoesNotDivide) {
+  Params p = TransformerLmTask::CommonParams(50, 16, 32, 2, 2);
+  Params input = BaseSequenceInputGenerator::Params();
+  input.Set("bucket_batch_limit", ParamValue::List{8, 4});
+  Params model;
+  model.Define("task", p, "");
+  model.GetParams("task").Set("input", input);
+  model.GetParams("task").Set("num_splits", 2);
+  Params a = model.Copy();
+  ShardParamsForReplicas(a, 2, 1);
+  EXPECT_EQ(a.GetInt("task.input.num_input_replicas"), 2);
+  EXPECT_EQ(a.GetInt("task.input.input_replica_id"), 1);
+  EXPECT_EQ(a.Get("task.input.bucket_batch_limit").AsList()[0].AsInt(), 4);
+  EXPECT_EQ(a.Get("task.input.bucket_batch_limit").AsList()[1].AsInt(), 2);
+  EXPECT_EQ(a.GetInt("task.num_splits"), 1);  // the towers spread over the ranks
+  Params b = model.Copy();
+  EXPECT_ERROR_CONTAINS(ShardParamsForReplicas(b, 3, 0), InvalidArgumentError,
+                        "task.num_splits = 2 towers cannot be spread over 3 workers");
+  b.Set("task.num_splits", 1);
+  EXPECT_ERROR_CONTAINS(ShardParamsForReplicas(b, 3, 0), InvalidArgumentError,
+                        "task.input.bucket_batch_limit = 8 does not divide among 3 workers");
+  Params c = model.Copy();
+  ShardParamsForReplicas(c, 1, 0);
+  EXPECT_EQ(c, model);
+}
+
+TEST(DataParallel, DecodeOutputsSurviveSerialization) {
+  NestedMap m;
+  m.Set("src.ids", at::arange(6, at::kLong).view({2, 3}));
+  m.Set("scores", at::rand({2, 4}));
+  m.Set("empty", at::zeros({0, 5}, at::kInt));
+  const std::vector<NestedMap> back = DeserializeNestedMaps(SerializeNestedMaps({m, m}));
+  ASSERT_EQ(back.size(), 2u);
+  for (const auto& [k, v] : m.FlattenItems()) {
+    EXPECT_TRUE(at::equal(back[1].GetTensor(k), v.AsTensor())) << k;
+    EXPECT_EQ(back[1].GetTensor(k).scalar_type(), v.AsTensor().scalar_type()) << k;
+  }
+  std::string bytes = SerializeNestedMaps({m});
+  bytes.resize(bytes.size() - 3);
+  EXPECT_ERROR_CONTAINS(DeserializeNestedMaps(bytes), DataLossError, "truncated");
 }
 
 TEST(Distributed, OptionsFromTheEnvironment) {
