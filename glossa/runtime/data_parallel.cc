@@ -15,28 +15,31 @@
 namespace glossa {
 namespace {
 
-int64_t DivideAmong(int64_t value, int world, const std::string& key) {
-  if (value % world != 0) {
-    throw InvalidArgumentError(StrCat(
-        key, " = ", value, " does not divide among ", world,
-        " workers: the configured batch is the global batch, and each worker reads batch / "
-        "world size of it (docs/distributed.md)"));
+// Each rank's share of a batch: value / world, rounded up (the global batch then grows to
+// world × share, noted in `notes`).
+int64_t DivideAmong(int64_t value, int world, const std::string& key,
+                    std::vector<std::string>* notes) {
+  const int64_t share = (value + world - 1) / world;
+  if (share * world != value) {
+    notes->push_back(StrCat(key, " = ", value, " does not divide among ", world,
+                            " workers: each reads ", share, ", ", share * world, " in all"));
   }
-  return value / world;
+  return share;
 }
 
-void ShardNode(Params& p, const std::string& path, int world, int rank) {
+void ShardNode(Params& p, const std::string& path, int world, int rank,
+               std::vector<std::string>* notes) {
   auto key = [&](const std::string& name) { return path.empty() ? name : path + "." + name; };
   if (p.Contains("num_input_replicas") && p.Contains("input_replica_id")) {
     p.Set("num_input_replicas", world);
     p.Set("input_replica_id", rank);
     if (p.Contains("batch_size") && p.GetInt("batch_size") > 0) {
-      p.Set("batch_size", DivideAmong(p.GetInt("batch_size"), world, key("batch_size")));
+      p.Set("batch_size", DivideAmong(p.GetInt("batch_size"), world, key("batch_size"), notes));
     }
     if (p.Contains("bucket_batch_limit")) {
       ParamValue::List limits;
       for (const ParamValue& v : p.Get("bucket_batch_limit").AsList()) {
-        limits.emplace_back(DivideAmong(v.AsInt(), world, key("bucket_batch_limit")));
+        limits.emplace_back(DivideAmong(v.AsInt(), world, key("bucket_batch_limit"), notes));
       }
       p.Set("bucket_batch_limit", limits);
     }
@@ -52,7 +55,7 @@ void ShardNode(Params& p, const std::string& path, int world, int rank) {
     }
   }
   for (const auto& e : p.entries()) {
-    if (e.value.is_params()) ShardNode(p.GetParams(e.name), key(e.name), world, rank);
+    if (e.value.is_params()) ShardNode(p.GetParams(e.name), key(e.name), world, rank, notes);
   }
 }
 
@@ -109,12 +112,13 @@ struct Reader {
 
 }  // namespace
 
-void ShardParamsForReplicas(Params& model_params, int world, int rank) {
+std::vector<std::string> ShardParamsForReplicas(Params& model_params, int world, int rank) {
   if (world < 1 || rank < 0 || rank >= world) {
     throw InvalidArgumentError(StrCat("rank ", rank, " of world size ", world, " is out of range"));
   }
-  if (world == 1) return;
-  ShardNode(model_params, "", world, rank);
+  std::vector<std::string> notes;
+  if (world > 1) ShardNode(model_params, "", world, rank, &notes);
+  return notes;
 }
 
 void CheckSameConfiguration(Distributed& dist, const Params& model_params) {

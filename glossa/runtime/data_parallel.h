@@ -24,10 +24,11 @@ namespace glossa {
 // The global batch stays as configured; each of `world` ranks reads a share of it. Every input
 // generator's Params in the tree (those with num_input_replicas) get num_input_replicas = world,
 // input_replica_id = rank (the record yielder gives replica r the records whose index ≡ r mod
-// world) and batch_size and each bucket_batch_limit divided by world (InvalidArgument naming the
-// key when one does not divide). Every task's num_splits towers are spread over the ranks:
-// num_splits / world per rank (a multiple of world, or 1: one tower per rank).
-void ShardParamsForReplicas(Params& model_params, int world, int rank);
+// world) and batch_size and each bucket_batch_limit divided by world, rounded up (returned: one
+// line for each that does not divide, saying what the global batch becomes). Every task's
+// num_splits towers are spread over the ranks: num_splits / world per rank (a multiple of world,
+// or 1: one tower per rank; InvalidArgument naming the key otherwise).
+std::vector<std::string> ShardParamsForReplicas(Params& model_params, int world, int rank);
 
 // FailedPrecondition, naming the ranks and what differs, unless every rank has the same model
 // Params text, the same contents in the files the Params name (vocabularies, SentencePiece

@@ -84,7 +84,10 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   const std::string config_text = params_.ToText();
   if (dist != nullptr && dist->world_size() > 1) {
     CheckSameConfiguration(*dist, params_);
-    ShardParamsForReplicas(params_, dist->world_size(), dist->rank());
+    for (const std::string& note :
+         ShardParamsForReplicas(params_, dist->world_size(), dist->rank())) {
+      if (chief_) Log(note);
+    }
     for (auto& [name, p] : options_.dataset_params) {
       ShardParamsForReplicas(p, dist->world_size(), dist->rank());
     }

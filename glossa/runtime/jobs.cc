@@ -68,7 +68,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   Params params = model_params.Copy();
   if (dist != nullptr && dist->world_size() > 1) {
     CheckSameConfiguration(*dist, params);
-    ShardParamsForReplicas(params, dist->world_size(), dist->rank());
+    ShardParamsForReplicas(params, dist->world_size(), dist->rank());  // eval: any batch
   }
   std::unique_ptr<DirectoryLock> lock;
   if (chief) {
