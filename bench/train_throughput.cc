@@ -6,6 +6,10 @@
 // the same model in PyTorch (train_throughput.py).
 //   bench_train_throughput --model_dim=512 --num_layers=6 --seq=256 --batch=8 --vocab=8000
 //   --dtype=fp32
+// Started as data-parallel workers (WORLD_SIZE, RANK, MASTER_PORT, LOCAL_WORLD_SIZE in the
+// environment, as bench/distributed.sh does), each rank trains on batch / world of the global
+// batch with gradients averaged by DataParallelGradientSync (--bucket_mb, --overlap); rank 0
+// prints the global tokens/s and the allreduce's bytes and exposed time per step.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -26,6 +30,7 @@
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 #include "glossa/runtime/cpu_runtime.h"
+#include "glossa/runtime/distributed.h"
 
 namespace {
 
@@ -34,7 +39,7 @@ std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
       {"model_dim", "128"}, {"num_layers", "2"}, {"num_heads", "4"}, {"hidden_dim", "0"},
       {"vocab", "2000"},    {"seq", "128"},      {"batch", "16"},    {"steps", "10"},
       {"runs", "3"},        {"dtype", "fp32"},   {"threads", "0"},   {"gemm", "0"},
-      {"task", "lm"}};
+      {"task", "lm"},       {"bucket_mb", "25"}, {"overlap", "1"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const auto eq = a.find('=');
@@ -124,6 +129,27 @@ int main(int argc, char** argv) {
     b.Set("tgt.paddings", at::zeros({batch, seq}));
     b.Set("tgt.weights", at::ones({batch, seq}));
   }
+  std::unique_ptr<Distributed> dist;
+  std::shared_ptr<DataParallelGradientSync> sync;
+  if (auto o = DistributedOptionsFromEnv(); o && o->world_size > 1) {
+    dist = std::make_unique<Distributed>(*o);
+    if (batch % o->world_size != 0) {
+      std::fprintf(stderr, "--batch=%lld does not divide among %d workers\n",
+                   static_cast<long long>(batch), o->world_size);
+      return 2;
+    }
+    // This rank's rows of the global batch.
+    const int64_t share = batch / o->world_size, from = share * o->rank;
+    b = b.Transform([&](const NestedValue& v) -> NestedValue {
+      return v.AsTensor().slice(0, from, from + share).contiguous();
+    });
+    std::vector<at::Tensor> values;
+    for (const auto& v : vars) values.push_back(v.value);
+    dist->Broadcast(values);
+    sync = std::make_shared<DataParallelGradientSync>(
+        *dist, static_cast<int64_t>(std::stod(f["bucket_mb"]) * (1 << 20)), f["overlap"] == "1");
+    task.learner().SetGradientSync(sync);
+  }
   int64_t step = 0;
   auto train_step = [&] {
     GlobalStepContext ctx(step);
@@ -151,7 +177,18 @@ int main(int argc, char** argv) {
                12.0 * static_cast<double>(3 * layers * seq * d)
          : 6.0 * static_cast<double>(layers * (4 * d * d + 2 * d * hidden) + d * vocab) +
                12.0 * static_cast<double>(layers * seq * d);
-  std::printf("glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d\n",
-              Median(rates), flops, layout.aten_threads, layout.blas_threads);
+  if (dist && dist->rank() != 0) return 0;
+  std::printf(
+      "glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d "
+      "blas_core %s\n",
+      Median(rates), flops, layout.aten_threads, layout.blas_threads, BlasCoreName());
+  if (sync) {
+    const auto st = sync->stats();
+    std::printf("allreduce_mb_per_step %.2f exposed_ms_per_step %.2f buckets_per_step %.1f "
+                "early_fraction %.2f\n",
+                st.bytes / 1e6 / st.steps, 1e3 * st.exposed_seconds / st.steps,
+                static_cast<double>(st.buckets) / st.steps,
+                st.buckets ? static_cast<double>(st.early_buckets) / st.buckets : 0.0);
+  }
   return 0;
 }

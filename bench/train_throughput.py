@@ -7,8 +7,11 @@ initialization scale, Adam(0.9, 0.98, 1e-9), random tokens, tokens/s median over
 of that shape (the decoder's with cross-attention to the encoder), final layer norms, a softmax
 tied to the target embedding, dropout 0.1 on the embedded inputs and the residual branches, label
 smoothing 0.1; tokens/s counts target tokens.
+With WORLD_SIZE > 1 in the environment (torchrun, or bench/distributed.sh), the model is wrapped in
+DistributedDataParallel over Gloo (bucket_cap_mb 25, as Glossa's default buckets), each rank training
+on batch / world of the global batch; rank 0 prints the global tokens/s.
 Run with Debian's python3-torch: /usr/bin/python3 bench/train_throughput.py --model_dim=512 ..."""
-import argparse, math, statistics, time
+import argparse, math, os, statistics, time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,7 +59,8 @@ class Lm(nn.Module):
         inc = math.log(1e4) / max(d // 2 - 1, 1)
         ts = torch.exp(torch.arange(d // 2, dtype=torch.float32) * -inc)
         self.register_buffer("pos", torch.cat([torch.sin(pos * ts), torch.cos(pos * ts)], 1))
-        self.register_buffer("mask", torch.triu(torch.ones(a.seq, a.seq, dtype=torch.bool), 1))
+        # A plain attribute, not a buffer: DDP broadcasts buffers, and Gloo has no bool type.
+        self.mask = torch.triu(torch.ones(a.seq, a.seq, dtype=torch.bool), 1)
 
     def forward(self, ids, labels):
         x = self.emb(ids) * math.sqrt(d) + self.pos
@@ -108,7 +112,8 @@ class Mt(nn.Module):
         inc = math.log(1e4) / max(d // 2 - 1, 1)
         ts = torch.exp(torch.arange(d // 2, dtype=torch.float32) * -inc)
         self.register_buffer("pos", torch.cat([torch.sin(pos * ts), torch.cos(pos * ts)], 1))
-        self.register_buffer("mask", torch.triu(torch.ones(a.seq, a.seq, dtype=torch.bool), 1))
+        # A plain attribute, not a buffer: DDP broadcasts buffers, and Gloo has no bool type.
+        self.mask = torch.triu(torch.ones(a.seq, a.seq, dtype=torch.bool), 1)
 
     def forward(self, src, ids, labels):
         x = F.dropout(self.src_emb(src) * math.sqrt(d) + self.pos, 0.1, self.training)
@@ -123,11 +128,20 @@ class Mt(nn.Module):
 
 
 model = Lm() if a.task == "lm" else Mt()
-opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 g = torch.Generator().manual_seed(7)
 ids = torch.randint(3, a.vocab, (a.batch, a.seq), generator=g)
 labels = ids.roll(-1, 1)
 src = torch.randint(3, a.vocab, (a.batch, a.seq), generator=g)
+world = int(os.environ.get("WORLD_SIZE", "1"))
+rank = 0
+if world > 1:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    share = a.batch // world
+    ids, labels, src = (t[rank * share:(rank + 1) * share].contiguous() for t in (ids, labels, src))
+    model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
+opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
 def step():
@@ -145,4 +159,5 @@ for _ in range(a.runs):
     for _ in range(a.steps):
         step()
     rates.append(a.steps * a.batch * a.seq / (time.perf_counter() - t0))
-print(f"torch_tokens_per_sec {statistics.median(rates):.1f} threads {torch.get_num_threads()}")
+if rank == 0:
+    print(f"torch_tokens_per_sec {statistics.median(rates):.1f} threads {torch.get_num_threads()}")

@@ -23,7 +23,13 @@ CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute) {
   mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 64 * 1024 * 1024);
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // Data-parallel workers on one machine (LOCAL_WORLD_SIZE, set by torchrun and by glossa's
+  // --nproc_per_node) share its cores.
+  if (const char* local = std::getenv("LOCAL_WORLD_SIZE"); local != nullptr) {
+    const int n = std::atoi(local);
+    if (n > 1) cores = std::max(1, cores / n);
+  }
   CpuRuntimeLayout layout;
   if (intra_op_threads > 0) {
     layout.aten_threads = intra_op_threads;

@@ -5,6 +5,8 @@
 //   fp32 compute: ATen 1 intra-op thread, OpenBLAS all cores (GEMMs dominate and run in OpenBLAS);
 //   bf16 compute: ATen all cores (oneDNN GEMMs run on OpenMP threads), OpenBLAS 1 thread.
 // An explicit `intra_op_threads` > 0 sets ATen's threads and gives OpenBLAS the rest (at least 1).
+// "All cores" is the machine's cores divided by LOCAL_WORLD_SIZE when several data-parallel
+// workers share the machine (torchrun and `glossa --nproc_per_node` set it).
 // glibc's allocator is kept from returning large blocks to the kernel after each step (mmap
 // threshold at its maximum, no trimming): otherwise every step re-faults and zeroes its
 // activations' pages (about a third of the 512x6 LM's step time).
