@@ -41,7 +41,7 @@ for _ in $(seq "$reps"); do
   g1s+=("$("$bin" $shape --runs="$runs" 2>/dev/null | awk '/glossa_tokens_per_sec/ {print $2}')")
   two "$tmp/g2" "$bin" $shape --runs="$runs" --threads=1
   g2s+=("$(awk '/glossa_tokens_per_sec/ {print $2}' "$tmp/g2")")
-  core=$(awk '/glossa_tokens_per_sec/ {print $12}' "$tmp/g2")
+  core=$(awk '/glossa_tokens_per_sec/ {print $10}' "$tmp/g2")
   ex+=("$(awk '/allreduce_mb_per_step/ {print $4}' "$tmp/g2")")
   mb=$(awk '/allreduce_mb_per_step/ {print $2}' "$tmp/g2")
   early=$(awk '/allreduce_mb_per_step/ {print $8}' "$tmp/g2")

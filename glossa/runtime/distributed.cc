@@ -99,8 +99,19 @@ Distributed::Distributed(const DistributedOptions& options)
     so.timeout = Millis(options.timeout_seconds);
     impl_->store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, so);
     auto pg_options = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout_seconds));
-    pg_options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(options.master_addr));
+    // The network device this rank's Gloo pairs use: GLOO_SOCKET_IFNAME's interface when set
+    // (as PyTorch), loopback for a job on 127.0.0.1 / localhost, else the address this host's
+    // name resolves to (each node its own; rank 0's address is only the rendezvous).
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (ifname != nullptr && *ifname != '\0') {
+      pg_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (options.master_addr == "127.0.0.1" || options.master_addr == "localhost" ||
+               options.master_addr == "::1") {
+      pg_options->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForHostname(options.master_addr));
+    } else {
+      pg_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
     impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, options.rank,
                                                             options.world_size, pg_options);
   } catch (const c10::Error& e) {

@@ -31,11 +31,27 @@ check "one events file (rank 0's)" test "$(ls "$tmp/a/train" | grep -c '^events.
 check "rank 1 wrote nothing" bash -c "! grep -q '^\[rank 1\] saved' '$tmp/a.log'"
 check "examples/sec counts the global batch" grep -q '^\[rank 0\] step: 20, steps/sec: [0-9.]*, examples/sec: ' "$tmp/a.log"
 
+# SIGTERM to the launcher reaches every worker; they stop at the same step and rank 0 saves.
+"$glossa" train "${base[@]}" --logdir="$tmp/t" --max_steps=100000 --nproc_per_node=2 > "$tmp/t.log" 2>&1 &
+launcher=$!
+pids+=($launcher)
+for _ in $(seq 1 600); do
+  [ -f "$tmp/t/train/checkpoint" ] && break
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.1
+done
+kill -TERM "$launcher"
+wait "$launcher"; rc=$?
+check "SIGTERM: the job exits 0 (rc $rc): $(tail -2 "$tmp/t.log")" test "$rc" -eq 0
+check "rank 0 saved on the way out" grep -q '^\[rank 0\] saved .* (stopped)$' "$tmp/t.log"
+pids=()
+
 # 2. The same run with the environment set directly, as torchrun (or Slurm) would: the same
-# weights bit for bit (dropout on: every rank draws its masks from the step seeds).
+# weights bit for bit (dropout on: every rank draws its masks from the step seeds). torchrun sets
+# LOCAL_WORLD_SIZE too: the workers share the cores alike, so their GEMMs round alike.
 port=$(free_port)
 for r in 0 1; do
-  WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     "$glossa" train "${base[@]}" --logdir="$tmp/b" --max_steps=20 > "$tmp/b$r.log" 2>&1 &
   pids+=($!)
 done
