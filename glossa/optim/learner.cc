@@ -172,7 +172,7 @@ void Learner::SetGradientReducer(GradientReducer reducer) {
   class FunctionSync : public GradientSync {
    public:
     explicit FunctionSync(GradientReducer f) : f_(std::move(f)) {}
-    void Reduce(const std::vector<at::Tensor>& grads) override { f_(grads); }
+    void Reduce(std::vector<at::Tensor>& grads) override { f_(grads); }
 
    private:
     GradientReducer f_;
@@ -230,6 +230,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
       std::vector<at::Tensor> to_reduce;
       for (const auto& vg : var_grads) to_reduce.push_back(vg.grad);
       sync_->Reduce(to_reduce);
+      for (size_t i = 0; i < var_grads.size(); ++i) var_grads[i].grad = to_reduce[i];
     }
   }
   if (CheckNumericsEnabled()) {

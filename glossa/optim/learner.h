@@ -102,8 +102,9 @@ class Learner {
     // With overlaps(): the variables whose gradients the coming backward pass computes, in the
     // order Reduce will get them.
     virtual void BeforeBackward(const std::vector<at::Tensor>& vars) { (void)vars; }
-    // Every variable's gradient, reduced in place.
-    virtual void Reduce(const std::vector<at::Tensor>& grads) = 0;
+    // Every variable's gradient, reduced: in place, or replaced by a tensor of the same shape
+    // (valid until the next step's backward pass).
+    virtual void Reduce(std::vector<at::Tensor>& grads) = 0;
   };
   void SetGradientSync(std::shared_ptr<GradientSync> sync) { sync_ = std::move(sync); }
   // A sync from a function that reduces the gradients after the backward pass.

@@ -348,6 +348,7 @@ struct DataParallelGradientSync::Core {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive with the hooks
   size_t next_launch = 0;
   bool active = false;
+  at::Tensor scale;  // 1 / world, a scalar tensor
   int64_t generation = 0;
   Stats stats;
 
@@ -371,8 +372,10 @@ struct DataParallelGradientSync::Core {
     if (!g.defined()) return;
     Bucket& b = buckets[bucket_of[i]];
     {
+      // Scaled by 1/world on the way in (one pass, as DDP divides before its allreduce).
       at::NoGradGuard no_grad;
-      b.flat.slice(0, offset_of[i], offset_of[i] + g.numel()).copy_(g.reshape({-1}));
+      at::Tensor slot = b.flat.slice(0, offset_of[i], offset_of[i] + g.numel());
+      at::mul_out(slot, g.reshape({-1}), scale);
     }
     ready[i] = true;
     --b.pending;
@@ -385,6 +388,7 @@ DataParallelGradientSync::DataParallelGradientSync(Distributed& dist, int64_t bu
     : dist_(dist), bucket_bytes_(std::max<int64_t>(1, bucket_bytes)), overlap_(overlap),
       core_(std::make_shared<Core>()) {
   core_->pg = dist.impl_->pg;
+  core_->scale = at::scalar_tensor(1.0 / dist.world_size(), at::kFloat);
 }
 
 DataParallelGradientSync::~DataParallelGradientSync() {
@@ -416,8 +420,11 @@ void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& var
     for (size_t k = vars.size(); k-- > 0;) {
       const at::Tensor& v = vars[k];
       const int64_t bytes = v.numel() * static_cast<int64_t>(v.element_size());
+      // The first bucket is small (1 MB at most, as DDP's), so that communication starts early.
+      const int64_t cap = c.buckets.size() == 1 ? std::min<int64_t>(bucket_bytes_, 1 << 20)
+                                                : bucket_bytes_;
       if (c.buckets.empty() || c.buckets.back().flat.scalar_type() != v.scalar_type() ||
-          (fill.back() > 0 && fill.back() + bytes > bucket_bytes_)) {
+          (fill.back() > 0 && fill.back() + bytes > cap)) {
         c.buckets.emplace_back();
         c.buckets.back().flat = at::empty({0}, v.options().requires_grad(false));
         fill.push_back(0);
@@ -456,10 +463,11 @@ void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& var
   c.active = true;
 }
 
-void DataParallelGradientSync::Reduce(const std::vector<at::Tensor>& grads) {
+void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   if (!overlap_) {
+    const std::vector<at::Tensor>& in = grads;
     const auto start = std::chrono::steady_clock::now();
-    const int64_t bytes = dist_.AllReduceMean(grads, bucket_bytes_);
+    const int64_t bytes = dist_.AllReduceMean(in, bucket_bytes_);
     std::lock_guard<std::mutex> lock(core_->mu);
     ++core_->stats.steps;
     core_->stats.bytes += bytes;
@@ -481,20 +489,20 @@ void DataParallelGradientSync::Reduce(const std::vector<at::Tensor>& grads) {
   for (size_t k = 0; k < grads.size(); ++k) {
     if (c.ready[k]) continue;
     Core::Bucket& b = c.buckets[c.bucket_of[k]];
-    b.flat.slice(0, c.offset_of[k], c.offset_of[k] + grads[k].numel())
-        .copy_(grads[k].reshape({-1}));
+    at::Tensor slot = b.flat.slice(0, c.offset_of[k], c.offset_of[k] + grads[k].numel());
+    at::mul_out(slot, grads[k].reshape({-1}).to(slot.scalar_type()), c.scale);
     c.ready[k] = true;
     --b.pending;
   }
   c.LaunchReady(/*during_backward=*/false);
-  const double scale = 1.0 / dist_.world_size();
   for (Core::Bucket& b : c.buckets) {
     Wait(b.work, dist_.options(), dist_.impl_->store.get(), "allreduce of gradients");
     b.work.reset();
-    b.flat.mul_(scale);
+    // The means as views of the bucket (DDP's gradient_as_bucket_view): no copy back. They
+    // are read before the next step's backward pass refills the bucket.
     for (size_t k : b.vars) {
-      grads[k].copy_(b.flat.slice(0, c.offset_of[k], c.offset_of[k] + grads[k].numel())
-                         .view(grads[k].sizes()));
+      grads[k] = b.flat.slice(0, c.offset_of[k], c.offset_of[k] + grads[k].numel())
+                     .view(grads[k].sizes());
     }
   }
   ++c.stats.steps;

@@ -109,8 +109,9 @@ class DistributedScope {
 // the backward pass finishes them, one dtype per bucket). With overlap, hooks on the variables'
 // gradient accumulators copy each gradient into its bucket as soon as the backward pass has
 // finished it, and a full bucket's allreduce starts right away (buckets start in order, so every
-// rank issues the same collectives), while the backward pass goes on; Reduce zero-fills what the
-// loss did not reach, starts the remaining buckets, waits for all and writes the means back.
+// rank issues the same collectives; the first bucket holds 1 MB at most, so that communication
+// starts early), while the backward pass goes on; Reduce zero-fills what the loss did not reach,
+// starts the remaining buckets, waits for all and hands back the means as views of the buckets.
 // Without overlap, Reduce does it all after the backward pass (Distributed::AllReduceMean).
 class DataParallelGradientSync : public Learner::GradientSync {
  public:
@@ -119,7 +120,7 @@ class DataParallelGradientSync : public Learner::GradientSync {
   ~DataParallelGradientSync() override;
   bool overlaps() const override { return overlap_; }
   void BeforeBackward(const std::vector<at::Tensor>& vars) override;
-  void Reduce(const std::vector<at::Tensor>& grads) override;
+  void Reduce(std::vector<at::Tensor>& grads) override;
 
   struct Stats {
     int64_t steps = 0;
