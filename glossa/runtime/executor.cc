@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/program_schedule.h"
+#include "glossa/runtime/progress.h"
 
 namespace glossa {
 namespace {
@@ -139,6 +141,7 @@ std::string Executor::GradientSyncSummary() const {
 Executor::~Executor() = default;
 
 void Executor::Log(const std::string& line) {
+  if (bar_) bar_->Clear();
   if (options_.log) {
     options_.log(line);
   } else {
@@ -184,8 +187,24 @@ int64_t Executor::Run() {
   ProgramSchedule schedule(*model_, options_.dataset_params, options_.logdir, log, options_.clock);
   std::unique_ptr<EventWriter> writer;
   if (chief_) writer = std::make_unique<EventWriter>(train_dir_, 10.0, options_.clock);
-  TrainProgram train(*model_, writer.get(), ema_.get(), log);
+  TrainProgram train(*model_, writer.get(), ema_.get(),
+                     options_.verbosity >= 2 ? log : std::function<void(const std::string&)>());
   const int64_t max_steps = tp.GetInt("max_steps");
+  // The console: a concise line per loop, and on a terminal a bar between them.
+  const auto run_start = std::chrono::steady_clock::now();
+  auto elapsed = [run_start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  };
+  if (!options_.log && chief_ && options_.verbosity >= 1) bar_ = std::make_unique<ProgressBar>(stdout);
+  const int64_t first_step = global_step_;
+  double rate = 0;  // recent steps/s (the last loop's)
+  if (bar_ && bar_->enabled()) {
+    train.SetStepCallback([&](int64_t step) {
+      const double r = rate > 0 ? rate : (step - first_step) / std::max(elapsed(), 1e-9);
+      bar_->Update(step, max_steps, r);
+    });
+  }
+  int64_t last_line_step = global_step_;
   int64_t skipped_since_save = 0;
   bool stopped = false;
   schedule.RunStart();
@@ -212,6 +231,34 @@ int64_t Executor::Run() {
                   : ""));
     }
     skipped_since_save += r.skipped_steps;
+    if (r.steps > 0) {
+      rate = r.steps_per_sec;
+      const bool last = global_step_ >= max_steps;
+      if (options_.verbosity >= 1 &&
+          (last || global_step_ - last_line_step >= std::max<int64_t>(options_.log_every_n_steps, 1))) {
+        last_line_step = global_step_;
+        ProgressLine pl;
+        pl.step = global_step_;
+        pl.max_steps = max_steps;
+        auto metric = [&](const char* name) -> std::optional<double> {
+          auto it = r.metrics.find(name);
+          if (it == r.metrics.end()) return std::nullopt;
+          return it->second.first;
+        };
+        pl.loss = metric("loss");
+        pl.log_pplx = metric("log_pplx");
+        pl.learning_rate = metric("learning_rate");
+        pl.steps_per_sec = r.steps_per_sec;
+        pl.tokens_per_sec = r.tokens_per_sec;
+        pl.elapsed_seconds = elapsed();
+        std::string line = FormatProgressLine(pl);
+        if (train.total_skipped() > 0) {
+          line += StrCat(" \xC2\xB7 skipped ", r.skipped_steps, " steps (", train.total_skipped(),
+                         " in this run)");
+        }
+        Log(line);
+      }
+    }
     if (r.steps < tp.GetInt("steps_per_loop") && !r.input_exhausted &&
         global_step_ < max_steps) {
       stopped = true;  // the ranks agreed to stop inside the loop

@@ -29,11 +29,18 @@ namespace glossa {
 
 class Distributed;
 class DataParallelGradientSync;
+class ProgressBar;
 
 struct ExecutorOptions {
   std::string logdir;
-  // Console lines (the step line, saves); null: stdout.
+  // Console lines (the progress line, saves); null: stdout, with a progress bar redrawn in place
+  // between the lines when stdout is a terminal (glossa/runtime/progress.h).
   std::function<void(const std::string&)> log;
+  // 0: no per-loop lines; 1: one concise progress line per loop ("step 400/1200 (33%) · loss
+  // ... · ETA 1:30"); 2: also Lingvo's full metric line.
+  int verbosity = 1;
+  // The progress line at most every this many steps (0: every train loop); the last always.
+  int64_t log_every_n_steps = 0;
   // Wall time in seconds (save intervals); injectable.
   std::function<double()> clock;
   // Model Params per dataset the program schedule evaluates or decodes in the trainer
@@ -75,6 +82,7 @@ class Executor {
   Params params_;
   ExecutorOptions options_;
   std::unique_ptr<DirectoryLock> lock_;  // one trainer per logdir
+  std::unique_ptr<ProgressBar> bar_;
   std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;

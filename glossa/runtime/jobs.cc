@@ -112,12 +112,16 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     }
     const int64_t step = RestoreForEval(*contents, *model, ema.get()).value_or(StepOf(ckpt));
     std::map<std::string, double> values;
+    int64_t examples = 0;
     if (kind == JobKind::kEval) {
       EvalProgram eval(*model, writer.get());
       for (const auto& [k, v] : eval.Run(step)) values[k] = v.first;
+      examples = eval.last_samples();
     } else {
       DecodeProgram decode(*model, writer.get());
-      values = decode.Run(step, -1, chief ? job_dir : std::string()).metrics;
+      const DecodeProgram::Result r = decode.Run(step, -1, chief ? job_dir : std::string());
+      values = r.metrics;
+      examples = static_cast<int64_t>(r.lines.size());
     }
     if (!chief) {
       processed.insert(ckpt);
@@ -131,22 +135,27 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     // The metric history early stopping reads (Lingvo's MetricHistory.ConditionalAppend).
     const std::string job = job_dir.substr(job_dir.rfind('/') + 1);
     MaybeAppendMetricHistory(tp.GetParams("early_stop"), options.logdir, job, step, values);
-    std::string best_line;
+    // The headline: the tracked metrics this job produced, each with its best so far.
+    const char* sep = " \xC2\xB7 ";  // " · "
+    std::string headline;
     for (const auto& [metric, b] : TrackBestSteps(model->task().params(),
                                                    model->task().TrackedMetrics(),
                                                    options.logdir, job, step, values)) {
-      best_line += StrCat(" best ", metric, ": ", PyFloatRepr(b.best_value), " at step ",
-                          b.best_step, ";");
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), "%s %.4f (best %.4f at step %lld)", metric.c_str(),
+                    values.at(metric), b.best_value, static_cast<long long>(b.best_step));
+      headline += StrCat(sep, buf);
     }
     processed.insert(ckpt);
     std::string all_processed;
     for (const auto& p : processed) all_processed += p + "\n";
     AtomicWriteFile(processed_file, all_processed);
     ++count;
-    std::string one_line = score;
-    std::replace(one_line.begin(), one_line.end(), '\n', ' ');
-    log(StrCat(kind == JobKind::kEval ? "eval " : "decode ", options.dataset, " ", ckpt, ": ",
-               one_line, best_line));
+    // What was evaluated, how much, and the headline; every metric is in the score file.
+    log(StrCat(kind == JobKind::kEval ? "eval " : "decode ", options.dataset, sep,
+               ckpt.substr(ckpt.rfind('/') + 1), " (step ", step, ")", sep, examples,
+               kind == JobKind::kEval ? " examples" : " decoded", headline, sep, "all metrics: ",
+               JoinPath(job_dir, name)));
     return step;
   };
 

@@ -81,6 +81,19 @@ void AddPerExampleSummaries(std::map<std::string, at::Tensor> summaries, NestedM
   }
 }
 
+constexpr const char* kTokensKey = "__num_tokens__";
+
+// Non-padding tokens of a batch: "tgt.paddings" (a translation target), else "paddings".
+double CountTokens(const NestedMap& batch) {
+  for (const char* key : {"tgt.paddings", "paddings"}) {
+    if (batch.Has(key)) {
+      const at::Tensor p = batch.GetTensor(key);
+      return static_cast<double>(p.numel()) - p.sum().item<double>();
+    }
+  }
+  return 0;
+}
+
 // The step's metrics over all ranks: weighted means, one small allreduce (every rank runs the
 // same model, so the names agree). num_samples_in_batch is summed: the global batch.
 void ReduceStepMetrics(Distributed& d, Metrics& metrics) {
@@ -98,7 +111,7 @@ void ReduceStepMetrics(Distributed& d, Metrics& metrics) {
   for (auto& [k, m] : metrics) {
     const double sum = a[2 * i], w = a[2 * i + 1];
     ++i;
-    if (k == "num_samples_in_batch") {
+    if (k == "num_samples_in_batch" || k == kTokensKey) {
       m.value = at::scalar_tensor(sum / std::max(w, 1e-12) * d.world_size(), at::kDouble);
       m.weight = at::scalar_tensor(1.0, at::kDouble);
       continue;
@@ -159,6 +172,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   }
   std::map<BaseTask*, std::vector<NestedMap>> outfeed;
   int64_t examples = 0;
+  double loop_tokens = 0;
   // What layers record during the loop's steps, reduced over the loop (Lingvo's tpu_summary
   // context with its while-loop rewrite).
   SummaryContext summaries;
@@ -208,7 +222,15 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     }
     for (const auto& [k, v] : learner_metrics) metrics[k] = v;
     for (auto& [k, v] : metrics) v.value = v.value.detach();
-    if (dist != nullptr) ReduceStepMetrics(*dist, metrics);
+    double tokens = CountTokens(batch);
+    if (dist != nullptr) {
+      metrics[kTokensKey] = Metric{at::scalar_tensor(tokens, at::kDouble),
+                                   at::scalar_tensor(1.0, at::kDouble)};
+      ReduceStepMetrics(*dist, metrics);
+      tokens = metrics.at(kTokensKey).value.item<double>();
+      metrics.erase(kTokensKey);
+    }
+    loop_tokens += tokens;
     if (multi) {  // "<task>/<metric>", plus the step's loss as "loss"
       Metrics prefixed;
       for (auto& [k, v] : metrics) prefixed[task.params().GetString("name") + "/" + k] = v;
@@ -230,6 +252,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     total_samples_ += n;
     ++*global_step;
     ++result.steps;
+    if (on_step_) on_step_(*global_step);
     if (*global_step - last_summary_step_ >= summary_every) {
       last_summary_step_ = *global_step;
     }
@@ -260,6 +283,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   result.metrics = loop_metrics.Means();
   result.steps_per_sec = result.steps / std::max(secs, 1e-9);
   result.examples_per_sec = examples / std::max(secs, 1e-9);
+  result.tokens_per_sec = loop_tokens / std::max(secs, 1e-9);
   if (result.steps > 0) {
     if (writer_) {
       writer_->WriteScalar("global_step/sec", result.steps_per_sec, *global_step);
@@ -321,13 +345,16 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
   summary_loop.reset();
   auto means = acc.Means();
   std::map<std::string, at::Tensor> all = summaries.MergeAll();
-  if (Distributed* d = CurrentDistributed()) {
+  Distributed* d = CurrentDistributed();
+  if (d != nullptr) {
     // Each rank evaluated its shard: weighted means over all (Lingvo's TpuEvalMetrics).
     means = d->GatherWeighted(means);
-    if (auto it = means.find("num_samples_in_batch"); it != means.end()) {
-      it->second.first *= d->world_size();  // per global batch
-    }
     ReduceScalarSummaries(*d, all);
+  }
+  last_samples_ = 0;
+  if (auto it = means.find("num_samples_in_batch"); it != means.end()) {
+    last_samples_ = std::llround(it->second.first * it->second.second);
+    if (d != nullptr) it->second.first *= d->world_size();  // per global batch
   }
   if (writer_) {
     for (const auto& [k, v] : means) writer_->WriteScalar(k, v.first, global_step);

@@ -56,19 +56,25 @@ class TrainProgram {
     int64_t skipped_steps = 0;
     std::map<std::string, std::pair<double, double>> metrics;  // loop means and weights
     double steps_per_sec = 0, examples_per_sec = 0;
+    // Non-padding tokens per second (of "tgt.paddings", else "paddings"; 0 without either).
+    double tokens_per_sec = 0;
   };
+  // Called after every step with the new global step (a progress bar).
+  void SetStepCallback(std::function<void(int64_t)> fn) { on_step_ = std::move(fn); }
   // Runs up to steps_per_loop steps from *global_step (stopping at max_steps, or early when
   // `stop()` returns true), incrementing it after each step. Aborted ("training diverged") after
   // task.train.max_consecutive_skipped_steps skipped steps in a row.
   LoopResult RunLoop(int64_t* global_step, const std::function<bool()>& stop = nullptr);
   int64_t total_samples() const { return total_samples_; }
   int64_t total_num_params() const { return total_num_params_; }
+  int64_t total_skipped() const { return total_skipped_; }
 
  private:
   BaseModel& model_;
   EventWriter* writer_;
   ExponentialMovingAverage* ema_;
   std::function<void(const std::string&)> log_;
+  std::function<void(int64_t)> on_step_;
   int64_t total_samples_ = 0;
   int64_t total_num_params_ = 0;
   int64_t last_summary_step_ = -1;
@@ -89,10 +95,13 @@ class EvalProgram {
   // `max_batches` >= 0 caps the batches (the program schedule's eval_steps_per_loop).
   std::map<std::string, std::pair<double, double>> Run(int64_t global_step,
                                                        int64_t max_batches = -1);
+  // Examples the last Run evaluated (over every rank).
+  int64_t last_samples() const { return last_samples_; }
 
  private:
   BaseModel& model_;
   EventWriter* writer_;
+  int64_t last_samples_ = 0;
 };
 
 class DecodeProgram {

@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <CLI/CLI.hpp>
+#include <glog/logging.h>
 #include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cerrno>
@@ -596,6 +597,16 @@ int Run(int argc, char** argv) {
     return std::string(e.what()) + " (see --help)\n";
   });
   app.require_subcommand(1);
+  // glog (initialised in main): its flags, given before or after the subcommand.
+  std::string logtostderr = "true", vmodule;
+  int64_t vlog = 0;
+  app.add_option("--logtostderr", logtostderr,
+                 "glog: log to stderr (true, the default) or to files in $GLOG_log_dir / /tmp.")
+      ->check(CLI::IsMember({"true", "false", "1", "0"}));
+  AddIntFlag(&app, "--v", vlog, 0, 100, "glog: show VLOG(n) messages up to this level.");
+  app.add_option("--vmodule", vmodule,
+                 "glog: per-module VLOG levels, e.g. saver=2,summary*=1.");
+  app.fallthrough();
 
   auto* list = app.add_subcommand("list", "List the registered classes.");
 
@@ -623,6 +634,12 @@ int Run(int argc, char** argv) {
   AddModelFlags(train, train_f, true, "Train");
   DistFlags train_d, eval_d, decode_d;
   AddDistFlags(train, train_d, true);
+  int64_t verbosity = 1, log_every_n_steps = 0;
+  AddIntFlag(train, "--verbosity", verbosity, 0, 2,
+             "0: no per-loop lines; 1: one concise progress line per loop (default); 2: also "
+             "every metric, as Lingvo's step line.");
+  AddIntFlag(train, "--log_every_n_steps", log_every_n_steps, 0, int64_t{1} << 53,
+             "The progress line at most every N steps (0: every train loop).");
   auto* eval =
       app.add_subcommand("eval", "The evaler job: evaluate new checkpoints of <logdir>/train.");
   AddModelFlags(eval, eval_f, true, "Dev");
@@ -734,6 +751,19 @@ int Run(int argc, char** argv) {
     return app.exit(e);
   }
 
+  FLAGS_logtostderr = logtostderr == "true" || logtostderr == "1";
+  FLAGS_v = static_cast<int>(vlog);
+  for (const auto& spec : Split(vmodule, ',')) {
+    if (spec.empty()) continue;
+    const size_t eq = spec.find('=');
+    char* end = nullptr;
+    const long level = eq == std::string::npos ? 0 : std::strtol(spec.c_str() + eq + 1, &end, 10);
+    if (eq == std::string::npos || eq == 0 || end == nullptr || *end != '\0') {
+      throw InvalidArgumentError(StrCat("--vmodule: expected module=level, got '", spec, "'"));
+    }
+    google::SetVLOGLevel(spec.substr(0, eq).c_str(), static_cast<int>(level));
+  }
+
   if (*list_models) {
     for (const auto& k : ModelKeys()) std::cout << k << "\n";
     return 0;
@@ -788,6 +818,8 @@ int Run(int argc, char** argv) {
     eo.distributed = dist.get();
     eo.grad_bucket_bytes = static_cast<int64_t>(train_d.bucket_mb * (1 << 20));
     eo.overlap_grad_reduce = !train_d.no_overlap;
+    eo.verbosity = static_cast<int>(verbosity);
+    eo.log_every_n_steps = log_every_n_steps;
     if (dist && dist->rank() != 0) {
       // Rank 0 speaks for the job; the others say what they are and then only fail loudly.
       std::printf("rank %d of %d: training on input shard %d\n", dist->rank(),
@@ -906,6 +938,8 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   glossa::UseBestBlasKernels(argv);  // may re-execute this program (glossa/runtime/cpu_runtime.h)
+  FLAGS_logtostderr = true;  // --logtostderr=false: files, as glog's default
+  google::InitGoogleLogging(argv[0]);
   std::ios::sync_with_stdio(true);
   try {
     return glossa::Run(argc, argv);

@@ -183,8 +183,10 @@ TEST(Executor, TrainsSavesAndLaysOutTheLogDirectory) {
   EXPECT_NE(ReadFileToString(logdir + "/control/model_analysis.txt").find("total #params: 2"),
             std::string::npos);
   ASSERT_GE(lines.size(), 4u);
-  EXPECT_EQ(lines[0].rfind("step: 5, steps/sec: ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find("loss: "), std::string::npos);
+  // The concise progress line (glossa/runtime/progress.h).
+  EXPECT_EQ(lines[0].rfind("step 5/20 (25%) \xC2\xB7 loss ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(" steps/s \xC2\xB7 elapsed "), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(" \xC2\xB7 ETA "), std::string::npos) << lines[0];
   SafetensorsContents c = LoadLatestCheckpoint(logdir + "/train");
   EXPECT_EQ(c.tensors.at("global_step").item<int64_t>(), 20);
   EXPECT_TRUE(c.tensors.count("test/task/proj/w"));
@@ -316,9 +318,9 @@ TEST(Executor, ADivergedRunFailsAndKeepsItsLastHealthyCheckpoint) {
   const SafetensorsContents kept = LoadCheckpoint(logdir + "/train/ckpt-00000010");
   EXPECT_TRUE(at::equal(kept.tensors.at("test/task/proj/w"), good.tensors.at("test/task/proj/w")));
   EXPECT_EQ(LoadLatestCheckpoint(logdir + "/train").metadata.at("healthy"), "false");
-  // The step line and the summaries count the skipped steps.
+  // The progress line and the summaries count the skipped steps.
   bool counted = false;
-  for (const auto& l : lines) counted = counted || l.find("skipped_steps: 5 (") != std::string::npos;
+  for (const auto& l : lines) counted = counted || l.find("skipped 5 steps (") != std::string::npos;
   EXPECT_TRUE(counted);
   EXPECT_NE(ReadFileToString(logdir + "/train/metrics.jsonl").find("\"tag\":\"skipped_steps\""),
             std::string::npos);

@@ -1,0 +1,80 @@
+// The console progress line and bar (glossa/runtime/progress.h).
+#include "glossa/runtime/progress.h"
+
+#include <gtest/gtest.h>
+#include <pty.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <string>
+
+namespace glossa {
+namespace {
+
+TEST(Progress, DurationsAndCounts) {
+  EXPECT_EQ(FormatDuration(0), "0:00");
+  EXPECT_EQ(FormatDuration(45), "0:45");
+  EXPECT_EQ(FormatDuration(90.4), "1:30");
+  EXPECT_EQ(FormatDuration(3723), "1:02:03");
+  EXPECT_EQ(FormatDuration(-1), "?");
+  EXPECT_EQ(FormatDuration(std::nan("")), "?");
+  EXPECT_EQ(FormatCount(26100), "26.1k");
+  EXPECT_EQ(FormatCount(1.25e6), "1.2M");
+  EXPECT_EQ(FormatCount(950), "950");
+  EXPECT_EQ(FormatCount(8.91), "8.9");
+}
+
+TEST(Progress, TheIssuesLine) {
+  ProgressLine p;
+  p.step = 400;
+  p.max_steps = 1200;
+  p.loss = 4.4213;
+  p.log_pplx = 4.4213;
+  p.learning_rate = 0.0016;
+  p.steps_per_sec = 8.9;
+  p.tokens_per_sec = 26100;
+  p.elapsed_seconds = 45;
+  // 800 steps left at 8.9 steps/s: 89.9 s.
+  EXPECT_EQ(FormatProgressLine(p),
+            "step 400/1200 (33%) \u00b7 loss 4.42 \u00b7 log_pplx 4.42 \u00b7 lr 1.6e-3 \u00b7 "
+            "8.9 steps/s \u00b7 26.1k tok/s \u00b7 elapsed 0:45 \u00b7 ETA 1:30");
+  // At the end: no ETA; without tokens or a log_pplx, those are left out.
+  p.step = 1200;
+  p.log_pplx.reset();
+  p.tokens_per_sec = 0;
+  EXPECT_EQ(FormatProgressLine(p),
+            "step 1200/1200 (100%) \u00b7 loss 4.42 \u00b7 lr 1.6e-3 \u00b7 8.9 steps/s \u00b7 "
+            "elapsed 0:45");
+}
+
+TEST(Progress, TheBarDrawsOnlyOnATerminal) {
+  FILE* pipe_end = tmpfile();
+  ProgressBar off(pipe_end);
+  EXPECT_FALSE(off.enabled());
+  off.Update(1, 10, 1);
+  EXPECT_EQ(ftell(pipe_end), 0);
+  fclose(pipe_end);
+
+  int master = -1, slave = -1;
+  ASSERT_EQ(openpty(&master, &slave, nullptr, nullptr, nullptr), 0);
+  FILE* tty = fdopen(slave, "w");
+  ProgressBar bar(tty);
+  ASSERT_TRUE(bar.enabled());
+  bar.Update(5, 20, 2.5);
+  bar.Clear();
+  fflush(tty);
+  char buf[512];
+  const ssize_t n = read(master, buf, sizeof(buf));
+  ASSERT_GT(n, 0);
+  const std::string out(buf, static_cast<size_t>(n));
+  // 25% of 30 columns: 7 '=' then '>'; 15 steps left at 2.5 steps/s: 0:06.
+  EXPECT_EQ(out.rfind("\r[=======>", 0), 0u) << out;
+  EXPECT_NE(out.find("] 5/20 25% \u00b7 2.5 steps/s \u00b7 ETA 0:06\x1b[K"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("\r\x1b[K"), std::string::npos);  // Clear
+  fclose(tty);
+  close(master);
+}
+
+}  // namespace
+}  // namespace glossa
