@@ -15,19 +15,32 @@ for tool in mod2imp spm_train; do
   command -v "$tool" > /dev/null || { echo "prepare_bible_mt.sh: '$tool' is missing: run bash scripts/setup.sh" >&2; exit 1; }
 done
 mkdir -p "$out"
+start=$SECONDS
+say() { echo "prepare_bible_mt.sh [$((SECONDS - start)) s]: $*" >&2; }
 for module in engKJV2006eb spaRV1909eb; do
+  say "exporting SWORD module $module"
   mod2imp "$module" > "$out/$module.imp" 2> "$out/$module.err" || true
   if ! grep -q '^\$\$\$Genesis 1:1$' "$out/$module.imp"; then
     echo "prepare_bible_mt.sh: SWORD module $module is not installed or empty ($(head -c 200 "$out/$module.err")): run bash scripts/setup.sh" >&2
     exit 1
   fi
 done
+say "aligning verses ($(grep -c '^\$\$\$' "$out/engKJV2006eb.imp") English keys)"
 /usr/bin/python3 scripts/bible_mt.py "$out/engKJV2006eb.imp" "$out/spaRV1909eb.imp" "$out"
 rm -f "$out"/*.imp "$out"/*.err
 cat "$out/train.en" "$out/train.es" > "$out/spm_train_input.txt"
+say "training SentencePiece ($vocab pieces) on $(wc -l < "$out/spm_train_input.txt") Train lines"
 spm_train --input="$out/spm_train_input.txt" --model_prefix="$out/spm_$vocab" --vocab_size="$vocab" \
   --model_type=unigram --character_coverage=1.0 --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 \
   --input_sentence_size=100000 --shuffle_input_sentence=true --random_seed=1 \
-  --num_threads="$(nproc)" > "$out/spm_train.log" 2>&1 || { tail -5 "$out/spm_train.log" >&2; exit 1; }
+  --num_threads="$(nproc)" > "$out/spm_train.log" 2>&1 &
+spm=$!
+# spm_train is silent for its whole run: say it is still going every 5 s.
+while kill -0 "$spm" 2>/dev/null; do
+  for _ in $(seq 50); do kill -0 "$spm" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$spm" 2>/dev/null; then say "training SentencePiece: still running"; fi
+done
+wait "$spm" || { tail -5 "$out/spm_train.log" >&2; exit 1; }
 rm -f "$out/spm_train_input.txt"
+say "wrote $out (spm_$vocab.model)"
 echo "prepare_bible_mt.sh: wrote $out (spm_$vocab.model)"

@@ -5,10 +5,13 @@
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 
@@ -373,8 +376,29 @@ void TrainSentencePiece(const std::string& input_text_file, const std::string& m
     throw FailedPreconditionError(
         StrCat("cannot run spm_train (Debian package sentencepiece): ", std::strerror(rc)));
   }
+  // spm_train says nothing for minutes on a large corpus: say how long it has run.
   int status = 0;
-  waitpid(pid, &status, 0);
+  const auto start = std::chrono::steady_clock::now();
+  const bool tty = isatty(fileno(stderr));
+  double last = 0;
+  std::fprintf(stderr, "training SentencePiece (%lld pieces) on %s\n",
+               static_cast<long long>(vocab_size), input_text_file.c_str());
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) break;
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (secs - last >= (tty ? 1.0 : 5.0)) {
+      last = secs;
+      std::fprintf(stderr, tty ? "\rtraining SentencePiece: %.0f s\x1b[K" : "training SentencePiece: %.0f s\n",
+                   secs);
+      std::fflush(stderr);
+    }
+    usleep(100 * 1000);
+  }
+  if (tty) std::fprintf(stderr, "\r\x1b[K");
+  std::fprintf(stderr, "trained SentencePiece in %.1f s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::ifstream in(log);
     std::string text((std::istreambuf_iterator<char>(in)), {}), last;

@@ -13,6 +13,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/layers/embedding.h"
+#include "glossa/runtime/progress.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
@@ -392,18 +393,18 @@ std::string TransformerLmTask::Report(const ReportInputs& in) {
   // The unigram baseline: token counts over one pass of Train, scored on the same split.
   std::unique_ptr<BaseInputGenerator> train_input = in.train_input();
   UnigramBaseline unigram(vocab_size_);
-  int64_t batches = 0;
-  std::fprintf(stderr, "counting unigrams over Train: ");
+  CountProgress progress(stderr, "counting unigrams over Train", "batches");
   while (true) {
     try {
       unigram.Count(train_input->GetPreprocessedInputBatch());
     } catch (const OutOfRangeError&) {
       break;
     }
-    if (++batches % 50 == 0) std::fprintf(stderr, ".");
+    progress.Add();
   }
-  std::fprintf(stderr, " %lld tokens\n",
-               static_cast<long long>(unigram.total - static_cast<double>(unigram.counts.size())));
+  progress.Done(StrCat(", ", WithCommas(static_cast<int64_t>(
+                                 unigram.total - static_cast<double>(unigram.counts.size()))),
+                       " tokens"));
   input().Reset();
   double nll = 0, n = 0;
   while (true) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "glossa/base/strings.h"
@@ -106,6 +107,55 @@ void ProgressBar::Clear() {
   std::fputs("\r\x1b[K", out_);
   std::fflush(out_);
   drawn_ = false;
+}
+
+namespace {
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+std::string WithCommas(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+CountProgress::CountProgress(FILE* out, std::string what, std::string unit, double every_seconds)
+    : out_(out), what_(std::move(what)), unit_(std::move(unit)), every_(every_seconds),
+      tty_(out != nullptr && isatty(fileno(out))), start_(NowSeconds()), last_print_(start_) {}
+
+std::string CountProgress::Text() const {
+  const double secs = NowSeconds() - start_;
+  char rate[32];
+  std::snprintf(rate, sizeof(rate), "%.3g", count_ / std::max(secs, 1e-9));
+  return StrCat(what_, ": ", WithCommas(count_), " ", unit_, " (", rate, "/s, ",
+                FormatDuration(secs), ")");
+}
+
+void CountProgress::Add(int64_t n) {
+  count_ += n;
+  if (out_ == nullptr) return;
+  const double now = NowSeconds();
+  if (tty_) {
+    if (now - last_print_ < 0.1) return;
+    std::fprintf(out_, "\r%s\x1b[K", Text().c_str());
+  } else {
+    if (now - last_print_ < every_) return;
+    std::fprintf(out_, "%s\n", Text().c_str());
+  }
+  last_print_ = now;
+  std::fflush(out_);
+}
+
+void CountProgress::Done(const std::string& suffix) {
+  if (out_ == nullptr) return;
+  std::fprintf(out_, "%s%s%s\n", tty_ ? "\r\x1b[K" : "", Text().c_str(), suffix.c_str());
+  std::fflush(out_);
 }
 
 }  // namespace glossa

@@ -46,4 +46,27 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
+// Progress of a long setup step (counting unigrams, training a SentencePiece model), so that no
+// pause is silent: "counting unigrams over Train: 1,200 batches (410/s)". On a terminal the count
+// is redrawn in place; otherwise a line is printed at most every `every_seconds` and at Done.
+class CountProgress {
+ public:
+  CountProgress(FILE* out, std::string what, std::string unit, double every_seconds = 5);
+  void Add(int64_t n = 1);
+  // The final line: the count, the rate and `suffix`.
+  void Done(const std::string& suffix = "");
+
+ private:
+  std::string Text() const;
+  FILE* out_;
+  std::string what_, unit_;
+  double every_;
+  bool tty_;
+  int64_t count_ = 0;
+  double start_, last_print_;
+};
+
+// "1,234,567".
+std::string WithCommas(int64_t n);
+
 }  // namespace glossa

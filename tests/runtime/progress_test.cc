@@ -76,5 +76,28 @@ TEST(Progress, TheBarDrawsOnlyOnATerminal) {
   close(master);
 }
 
+TEST(Progress, SetupStepsCountInAPipe) {
+  EXPECT_EQ(WithCommas(0), "0");
+  EXPECT_EQ(WithCommas(1234567), "1,234,567");
+  EXPECT_EQ(WithCommas(-1000), "-1,000");
+  FILE* f = tmpfile();
+  {
+    CountProgress p(f, "counting unigrams over Train", "batches", /*every_seconds=*/0);
+    p.Add();
+    p.Add(2);
+    p.Done(", 42 tokens");
+  }
+  rewind(f);
+  char buf[1024];
+  const size_t n = fread(buf, 1, sizeof(buf), f);
+  fclose(f);
+  const std::string out(buf, n);
+  // A line per Add (every 0 s) and the final one; no carriage returns outside a terminal.
+  EXPECT_EQ(out.find('\r'), std::string::npos) << out;
+  EXPECT_EQ(out.rfind("counting unigrams over Train: 1 batches (", 0), 0u) << out;
+  EXPECT_NE(out.find("\ncounting unigrams over Train: 3 batches ("), std::string::npos) << out;
+  EXPECT_NE(out.find("), 42 tokens\n"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace glossa
