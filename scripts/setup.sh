@@ -13,6 +13,7 @@ PACKAGES=(
   libsentencepiece-dev sentencepiece libgloo-dev
   libcpp-httplib-dev curl python3-sentencepiece
   sword-text-kjv sword-text-sparv libsword-utils
+  chromium-headless-shell bsdutils
 )
 
 missing=()

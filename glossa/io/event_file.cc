@@ -201,9 +201,26 @@ void EventWriter::Close() {
   }
 }
 
-std::vector<EventRecord> ReadEvents(const std::string& path) {
-  auto reader = RecordReader::Open("tfrecord", path);
+namespace {
+std::vector<EventRecord> ReadAllEvents(const std::string& path, std::vector<EventRecord>& out);
+}  // namespace
+
+std::vector<EventRecord> ReadEvents(const std::string& path, std::string* damage) {
   std::vector<EventRecord> out;
+  if (damage == nullptr) return ReadAllEvents(path, out);
+  damage->clear();
+  try {
+    ReadAllEvents(path, out);
+  } catch (const Error& e) {
+    *damage = e.message();
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<EventRecord> ReadAllEvents(const std::string& path, std::vector<EventRecord>& out) {
+  auto reader = RecordReader::Open("tfrecord", path);
   std::string record;
   int64_t index = 0;
   while (reader->Next(&record)) {
@@ -252,5 +269,7 @@ std::vector<EventRecord> ReadEvents(const std::string& path) {
   }
   return out;
 }
+
+}  // namespace
 
 }  // namespace glossa

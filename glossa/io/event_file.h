@@ -56,7 +56,8 @@ struct EventRecord {
 };
 
 // Every event of a file (one EventRecord per summary value; file_version events as their own).
-// DataLoss for corrupt records or unparsable events, naming the file and record.
-std::vector<EventRecord> ReadEvents(const std::string& path);
+// DataLoss for corrupt records or unparsable events, naming the file and record; with `damage`,
+// the events before the damage instead, and *damage says what it was (empty: none).
+std::vector<EventRecord> ReadEvents(const std::string& path, std::string* damage = nullptr);
 
 }  // namespace glossa

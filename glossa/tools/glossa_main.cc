@@ -50,6 +50,7 @@
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/launcher.h"
 #include "glossa/runtime/executor.h"
+#include "glossa/runtime/html_report.h"
 #include "glossa/runtime/jobs.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/saver.h"
@@ -311,7 +312,7 @@ std::unique_ptr<BaseModel> LoadLatestForEval(const Params& p, const std::string&
 
 // `report`: the task's Report hook on the latest checkpoint, given the eval metrics on
 // f.dataset, one decoded batch (when the task decodes) and a way to read Train once.
-int Report(const ModelFlags& f, int64_t num_samples) {
+std::string ReportText(const ModelFlags& f, int64_t num_samples) {
   Params p = ModelParamsFromFlags(f);
   int64_t step = 0;
   auto model = LoadLatestForEval(p, f.logdir, &step);
@@ -334,7 +335,7 @@ int Report(const ModelFlags& f, int64_t num_samples) {
     if (ip.Contains("require_sequential_order")) ip.Set("require_sequential_order", true);
     return InstantiateLayer<BaseInputGenerator>(ip);
   };
-  std::printf("%s", model->task().Report(in).c_str());
+  std::string out = model->task().Report(in);
   // The best steps the evaler and decoder jobs tracked on this dataset (best-<metric>.txt).
   for (JobKind kind : {JobKind::kEval, JobKind::kDecode}) {
     const std::string dir = ProgramDir(kind, f.logdir, f.dataset);
@@ -351,13 +352,18 @@ int Report(const ModelFlags& f, int64_t num_samples) {
           fields[std::string(line.substr(0, colon))] = std::string(line.substr(colon + 2));
         }
       }
-      std::printf("best %s on %s (%s job, %s is better): %s at step %s; last step %s\n",
-                  name.substr(5, name.size() - 9).c_str(), f.dataset.c_str(),
-                  kind == JobKind::kEval ? "evaler" : "decoder",
-                  fields["minimize"] == "True" ? "lower" : "higher", fields["value"].c_str(),
-                  fields["best_step"].c_str(), fields["last_step"].c_str());
+      out += StrCat("best ", name.substr(5, name.size() - 9), " on ", f.dataset, " (",
+                    kind == JobKind::kEval ? "evaler" : "decoder", " job, ",
+                    fields["minimize"] == "True" ? "lower" : "higher", " is better): ",
+                    fields["value"], " at step ", fields["best_step"], "; last step ",
+                    fields["last_step"], "\n");
     }
   }
+  return out;
+}
+
+int Report(const ModelFlags& f, int64_t num_samples) {
+  std::printf("%s", ReportText(f, num_samples).c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -734,7 +740,18 @@ int Run(int argc, char** argv) {
   auto* report = app.add_subcommand("report",
                                     "The latest checkpoint's report (the task's Report hook): "
                                     "eval metrics and samples; LMs add a unigram baseline.");
-  AddModelFlags(report, report_f, true, "Dev");
+  AddModelFlags(report, report_f, false, "Dev");
+  // --logdir may repeat with --html (runs overlaid); --model is then optional (the headline).
+  report->remove_option(report->get_option("--logdir"));
+  report->get_option("--model")->required(false);
+  std::vector<std::string> report_logdirs;
+  report->add_option("--logdir", report_logdirs,
+                     "The log directory; with --html, repeat it to overlay runs.")
+      ->required();
+  std::string report_html;
+  report->add_option("--html", report_html,
+                     "Write a self-contained HTML report (training curves, eval and decoder "
+                     "metrics with best steps, the model, samples) to this file.");
   int64_t report_samples = 5;
   report->add_option("--num_samples", report_samples, "Sampled continuations to print.")
       ->capture_default_str();
@@ -893,7 +910,27 @@ int Run(int argc, char** argv) {
   }
   if (*bleu) return Bleu(bleu_ref, bleu_hyp, static_cast<int>(bleu_max_ngram), bleu_separator);
   if (*report) {
-    return Report(report_f, report_samples);
+    report_f.logdir = report_logdirs.front();
+    if (report_html.empty()) {
+      if (report_f.model.empty()) throw InvalidArgumentError("report: --model is required");
+      if (report_logdirs.size() > 1) {
+        throw InvalidArgumentError("report: several --logdir need --html");
+      }
+      return Report(report_f, report_samples);
+    }
+    HtmlReportOptions ho;
+    ho.logdirs = report_logdirs;
+    ho.version = GLOSSA_VERSION_STRING;
+    for (int i = 0; i < argc; ++i) ho.command_line += StrCat(i ? " " : "", argv[i]);
+    if (!report_f.model.empty()) {
+      // The task's headline (its Report hook) on the first run's latest checkpoint.
+      ho.headline = ReportText(report_f, report_samples);
+    }
+    const std::string html = RenderHtmlReport(ho);
+    AtomicWriteFile(report_html, html);
+    std::cout << "wrote " << report_html << " (" << html.size() << " bytes, "
+              << report_logdirs.size() << " run(s))\n";
+    return 0;
   }
 
   if (*list) {
