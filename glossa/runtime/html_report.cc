@@ -201,7 +201,9 @@ std::string Chart(const std::string& id, const std::string& title,
   }
   svg += StrCat("<text x=\"", (kW + kLeft) / 2, "\" y=\"", kH - 4,
                 "\" text-anchor=\"middle\" class=\"xlabel\">step</text>");
-  auto polyline = [&](const Run* run, const Series& s, const char* cls, const char* extra) {
+  // `s` is drawn; data-values holds `values` (the raw series: the page's script smooths it).
+  auto polyline = [&](const Run* run, const Series& s, const Series& values, const char* cls,
+                      const char* extra) {
     std::string pts;
     int64_t n = 0;
     for (const auto& [x, y] : s) {
@@ -210,17 +212,17 @@ std::string Chart(const std::string& id, const std::string& title,
       ++n;
     }
     std::string data;
-    for (const auto& [x, y] : s) data += StrCat(Num(x), ",", Num(y), " ");
+    for (const auto& [x, y] : values) data += StrCat(Num(x), ",", Num(y), " ");
     return StrCat("<polyline class=\"series ", cls, "\" data-run=\"", Escape(run->name),
                   "\" data-points=\"", n, "\" data-values=\"", data, "\" points=\"", pts,
                   "\" fill=\"none\" stroke=\"", run->colour, "\" ", extra, "/>");
   };
   for (const auto& [run, s] : series) {
     if (smooth) {
-      svg += polyline(run, *s, "raw", "stroke-opacity=\"0.25\" stroke-width=\"1\"");
-      svg += polyline(run, Smooth(*s, kSmoothing), "smoothed", "stroke-width=\"2\"");
+      svg += polyline(run, *s, *s, "raw", "stroke-opacity=\"0.25\" stroke-width=\"1\"");
+      svg += polyline(run, Smooth(*s, kSmoothing), *s, "smoothed", "stroke-width=\"2\"");
     } else {
-      svg += polyline(run, *s, "smoothed", "stroke-width=\"2\"");
+      svg += polyline(run, *s, *s, "smoothed", "stroke-width=\"2\"");
     }
     if (auto b = best.find(run); b != best.end()) {
       for (const auto& [x, y] : *s) {
@@ -274,6 +276,14 @@ function redraw(){
 }
 document.getElementById('smoothing').addEventListener('input',redraw);
 document.getElementById('logy').addEventListener('change',redraw);
+// A link can preset the view: report.html#logy&smoothing=0.9
+var hash=location.hash.slice(1).split('&');
+if(location.hash){
+  hash.forEach(function(kv){var p=kv.split('=');
+    if(p[0]==='logy')document.getElementById('logy').checked=true;
+    if(p[0]==='smoothing'&&p[1]!==undefined)document.getElementById('smoothing').value=p[1];});
+  redraw();
+}
 })();
 )";
 

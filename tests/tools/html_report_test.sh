@@ -19,14 +19,17 @@ small='task.emb.embedding_dim : 16; task.position_emb.embedding_dim : 16; task.s
 flags=(--model=lm.austen.TransformerLmTiny --random_seed=3 --intra_op_threads=1 "--model_params_override=$small")
 for run in a b; do
   check "train $run" "$glossa" train "${flags[@]}" --logdir="$tmp/$run" --max_steps=20 > "$tmp/$run.log" 2>&1
-  check "eval $run" "$glossa" eval "${flags[@]}" --logdir="$tmp/$run" --once > /dev/null 2>&1
-  check "decode $run" "$glossa" decode "${flags[@]}" --logdir="$tmp/$run" --once > /dev/null 2>&1
+  check "eval $run" "$glossa" eval "${flags[@]}" --logdir="$tmp/$run" --once > "$tmp/$run-eval.log" 2>&1
+  check "decode $run" "$glossa" decode "${flags[@]}" --logdir="$tmp/$run" --once > "$tmp/$run-decode.log" 2>&1
 done
 ev=$(ls "$tmp"/b/train/events.out.tfevents.*)
 truncate -s -7 "$ev"
 check "report --html" "$glossa" report --html="$tmp/report.html" --logdir="$tmp/a" --logdir="$tmp/b" "${flags[@]}" > "$tmp/report.log" 2>&1
+check "no glog warning in any command's output" bash -c "! grep -l 'Logging before InitGoogleLogging' '$tmp'/*.log"
 check "no external resources" bash -c "! grep -Eq '(src|href)=\"(https?:)?//' '$tmp/report.html'"
 timeout 120 "$browser" --no-sandbox --disable-gpu --dump-dom "file://$tmp/report.html" > "$tmp/dom.html" 2> /dev/null
+# The page's controls, preset from the URL: a log y axis and no smoothing.
+timeout 120 "$browser" --no-sandbox --disable-gpu --dump-dom "file://$tmp/report.html#logy&smoothing=0" > "$tmp/dom_log.html" 2> /dev/null
 timeout 120 "$browser" --no-sandbox --disable-gpu --window-size=1400,2000 --screenshot="$tmp/shot.png" "file://$tmp/report.html" > /dev/null 2>&1
 /usr/bin/python3 - "$tmp" <<'PY' || fail=1
 import json, re, struct, sys, zlib, html
@@ -63,6 +66,21 @@ for tag, xmin, xmax, ymin, ymax in charts:
 for want in ("eval_dev/log_pplx", "decoder_dev/num_samples_in_batch"):
     if f'data-tag="{want}"' not in dom:
         fail(f"no chart of {want}")
+# The controls: log y on positive charts, and smoothing 0 draws the raw values.
+dlog = open(f"{tmp}/dom_log.html").read()
+m = re.search(r'<svg[^>]*data-tag="log_pplx"[^>]*>.*?</svg>', dlog, re.S)
+if not m or 'data-yscale="log"' not in m.group(0):
+    fail("#logy did not switch log_pplx's y axis to log")
+else:
+    raw = re.search(r'class="series raw" data-run="a"[^>]*points="([^"]*)"', m.group(0)).group(1)
+    sm = re.search(r'class="series smoothed" data-run="a"[^>]*points="([^"]*)"', m.group(0)).group(1)
+    if raw.split() != sm.split():
+        fail("smoothing=0 did not draw the raw values")
+    ys = [float(p.split(",")[1]) for p in sm.split()]
+    lin = re.search(r'<svg[^>]*data-tag="log_pplx"[^>]*>.*?</svg>', dom, re.S).group(0)
+    ys_lin = [float(p.split(",")[1]) for p in re.search(r'class="series raw" data-run="a"[^>]*points="([^"]*)"', lin).group(1).split()]
+    if ys == ys_lin:
+        fail("the log axis placed the points as the linear one")
 if not re.search(r'<circle class="best" data-run="a" data-step="20"', dom):
     fail("the best step is not marked")
 if 'class="damage"' not in dom or "events.out.tfevents" not in dom.split('class="damage"')[1][:400]:
