@@ -14,6 +14,7 @@ PACKAGES=(
   libcpp-httplib-dev curl python3-sentencepiece
   sword-text-kjv sword-text-sparv libsword-utils
   chromium-headless-shell bsdutils
+  pybind11-dev python3-dev python3-pytest
 )
 
 missing=()
