@@ -6,11 +6,14 @@
 // mismatch), others -> RuntimeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>  // at::Tensor <-> torch.Tensor, sharing storage
 
 #include <string>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/core/nested_map.h"
 #include "glossa/core/params.h"
 #include "glossa/core/registry.h"
 #include "glossa/model/model_registry.h"
@@ -71,6 +74,62 @@ py::object FromValue(const ParamValue& v) {
     case ParamValue::Kind::kParams: return py::cast(v.AsParams());
     default: return py::str(v.KindName());  // enums and class refs: their text
   }
+}
+
+glossa::NestedValue ToNested(const py::handle& o, const std::string& where);
+
+glossa::NestedMap ToNestedMap(const py::dict& d, const std::string& where) {
+  glossa::NestedMap m;
+  for (const auto& [k, v] : d) {
+    const std::string key = py::str(k).cast<std::string>();
+    m.Put(key, ToNested(v, where.empty() ? key : where + "." + key));  // validates the key
+  }
+  return m;
+}
+
+glossa::NestedValue ToNested(const py::handle& o, const std::string& where) {
+  if (o.is_none()) return glossa::NestedValue();
+  if (THPVariable_Check(o.ptr())) return glossa::NestedValue(o.cast<at::Tensor>());
+  if (py::isinstance<py::bool_>(o)) return glossa::NestedValue(o.cast<bool>());
+  if (py::isinstance<py::int_>(o)) return glossa::NestedValue(o.cast<int64_t>());
+  if (py::isinstance<py::float_>(o)) return glossa::NestedValue(o.cast<double>());
+  if (py::isinstance<py::str>(o)) return glossa::NestedValue(o.cast<std::string>());
+  if (py::isinstance<py::dict>(o)) return glossa::NestedValue(ToNestedMap(o.cast<py::dict>(), where));
+  if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
+    glossa::NestedValue::List l;
+    int i = 0;
+    for (const auto& x : o) l.push_back(ToNested(x, glossa::StrCat(where, "[", i++, "]")));
+    return glossa::NestedValue(std::move(l));
+  }
+  throw py::type_error(glossa::StrCat("NestedMap value '", where, "' cannot be a ",
+                                      py::str(o.get_type().attr("__name__")).cast<std::string>()));
+}
+
+py::object FromNested(const glossa::NestedValue& v);
+
+py::dict FromNestedMap(const glossa::NestedMap& m) {
+  py::dict d;
+  for (const auto& [k, v] : m) d[py::str(k)] = FromNested(v);
+  return d;
+}
+
+py::object FromNested(const glossa::NestedValue& v) {
+  using K = glossa::NestedValue::Kind;
+  switch (v.kind()) {
+    case K::kNone: return py::none();
+    case K::kTensor: return py::cast(v.AsTensor());
+    case K::kInt: return py::int_(v.AsInt());
+    case K::kFloat: return py::float_(v.AsFloat());
+    case K::kBool: return py::bool_(v.AsBool());
+    case K::kString: return py::str(v.AsString());
+    case K::kMap: return FromNestedMap(v.AsMap());
+    case K::kList: {
+      py::list l;
+      for (const auto& x : v.AsList()) l.append(FromNested(x));
+      return l;
+    }
+  }
+  return py::none();
 }
 
 void SetAttr(Params& p, const std::string& name, const py::handle& value) {
@@ -171,6 +230,25 @@ PYBIND11_MODULE(_glossa, m) {
              SetAttr(p, name, v);
            })
       .def("__repr__", [](const Params& p) { return p.ToText(); });
+
+  m.def("nested_map", [](const py::dict& d) { return FromNestedMap(ToNestedMap(d, "")); },
+        "A dict as a Glossa NestedMap would hold it (keys validated; tensors shared, not copied).");
+  m.def("flatten",
+        [](const py::dict& d) {
+          py::list out;
+          for (const auto& [k, v] : ToNestedMap(d, "").FlattenItems()) {
+            out.append(py::make_tuple(k, FromNested(v)));
+          }
+          return out;
+        },
+        "NestedMap.FlattenItems: (dotted key, leaf) pairs in Lingvo's order (keys sorted).");
+  m.def("pack",
+        [](const py::dict& structure, const py::list& values) {
+          std::vector<glossa::NestedValue> leaves;
+          for (const auto& v : values) leaves.push_back(ToNested(v, "values"));
+          return FromNestedMap(ToNestedMap(structure, "").Pack(leaves));
+        },
+        "NestedMap.Pack: `structure`'s shape with `values` as its leaves, in flatten order.");
 
   m.def("registered_classes", &glossa::ClassRegistry::Keys, "Every registered class key.");
   m.def("registered_models", &glossa::ModelKeys, "Every registered model key.");

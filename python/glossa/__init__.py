@@ -9,6 +9,7 @@
 import torch  # noqa: F401  (loads libtorch the way python3-torch does, before the extension)
 
 from ._glossa import Params, GlossaError, registered_classes, registered_models, class_params
+from ._glossa import nested_map, flatten, pack
 from . import _glossa
 
 __all__ = ["Params", "GlossaError", "model_registry", "registered_classes", "dtype"]
