@@ -4,12 +4,11 @@
 // names, which glossa/__init__.py turns into torch.dtype). glossa::Error codes become Python
 // exceptions: NotFound -> KeyError, InvalidArgument -> ValueError (TypeError for a kind
 // mismatch), others -> RuntimeError.
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/utils/pybind.h>  // at::Tensor <-> torch.Tensor, sharing storage
 
 #include <string>
+
+#include "python/common.h"
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -18,15 +17,17 @@
 #include "glossa/core/registry.h"
 #include "glossa/model/model_registry.h"
 
-namespace py = pybind11;
 using glossa::ParamValue;
 using glossa::Params;
 
+namespace glossa_py {
 namespace {
 
 struct DTypeName {
   std::string name;
 };
+
+}  // namespace
 
 ParamValue ToValue(const py::handle& o) {
   if (o.is_none()) return ParamValue();
@@ -76,8 +77,6 @@ py::object FromValue(const ParamValue& v) {
   }
 }
 
-glossa::NestedValue ToNested(const py::handle& o, const std::string& where);
-
 glossa::NestedMap ToNestedMap(const py::dict& d, const std::string& where) {
   glossa::NestedMap m;
   for (const auto& [k, v] : d) {
@@ -105,8 +104,6 @@ glossa::NestedValue ToNested(const py::handle& o, const std::string& where) {
                                       py::str(o.get_type().attr("__name__")).cast<std::string>()));
 }
 
-py::object FromNested(const glossa::NestedValue& v);
-
 py::dict FromNestedMap(const glossa::NestedMap& m) {
   py::dict d;
   for (const auto& [k, v] : m) d[py::str(k)] = FromNested(v);
@@ -132,6 +129,8 @@ py::object FromNested(const glossa::NestedValue& v) {
   return py::none();
 }
 
+namespace {
+
 void SetAttr(Params& p, const std::string& name, const py::handle& value) {
   if (py::isinstance<Params>(value)) {
     p.Set(name, ParamValue(value.cast<Params>()));
@@ -141,8 +140,10 @@ void SetAttr(Params& p, const std::string& name, const py::handle& value) {
 }
 
 }  // namespace
+}  // namespace glossa_py
 
 PYBIND11_MODULE(_glossa, m) {
+  using namespace glossa_py;
   m.doc() = "Glossa: Lingvo-style Params, registry and models on libtorch (docs/python.md).";
   static py::exception<glossa::Error> base(m, "GlossaError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
@@ -171,7 +172,14 @@ PYBIND11_MODULE(_glossa, m) {
       .def("__repr__", [](const DTypeName& d) { return "dtype(" + d.name + ")"; })
       .def("__eq__", [](const DTypeName& a, const DTypeName& b) { return a.name == b.name; });
 
-  py::class_<Params>(m, "Params", py::dynamic_attr())
+  py::class_<Params>(m, "Params", py::dynamic_attr(), R"doc(Lingvo's Params: a tree of named, documented values.
+
+    p = glossa.Params()
+    p.Define("dim", 8, "Model dimension.")
+    p.dim = 16                      # existing keys only (AttributeError with did-you-mean)
+    p.Set(dim=32); p.Get("dim"); p.Doc("dim")
+    text = p.ToText(); q = glossa.Params().FromText(text)
+)doc")
       .def(py::init<>())
       .def("Define",
            [](Params& p, const std::string& name, const py::object& value, const std::string& doc) {
@@ -199,7 +207,21 @@ PYBIND11_MODULE(_glossa, m) {
       .def("TextDiff", &Params::TextDiff)
       .def("Keys", &Params::Keys)
       .def("Contains", &Params::Contains)
-      .def("Instantiable", [](const Params& p) { return !p.ClsKey().empty(); })
+      .def("Instantiable", [](const Params& p) { return !p.ClsKey().empty(); },
+           "Whether cls names a registered class (Instantiate() builds it).")
+      .def("Instantiate", &Instantiate,
+           "Builds the class `cls` names: a glossa.Layer for layers (tasks and models too), a "
+           "glossa.InputGenerator for input generators.")
+      .def("Doc", [](const Params& p, const std::string& path) { return p.Doc(path); },
+           "The description a key was defined with (a dotted path).")
+      .def("ToTextWithDocs", &Params::ToTextWithDocs,
+           "The text format with each key's description as a comment above it.")
+      .def("__dir__",
+           [](py::object self) {
+             py::list names = py::module_::import("builtins").attr("object").attr("__dir__")(self);
+             for (const auto& k : self.cast<const Params&>().Keys()) names.append(py::str(k));
+             return names;
+           })
       .def("__contains__", &Params::Contains)
       .def("__iter__",
            [](const Params& p) { return py::iter(py::cast(p.Keys())); })
@@ -249,6 +271,10 @@ PYBIND11_MODULE(_glossa, m) {
           return FromNestedMap(ToNestedMap(structure, "").Pack(leaves));
         },
         "NestedMap.Pack: `structure`'s shape with `values` as its leaves, in flatten order.");
+
+  m.attr("__version__") = GLOSSA_VERSION_STRING;
+  DefineLayers(m);
+  DefineRuntime(m);
 
   m.def("registered_classes", &glossa::ClassRegistry::Keys, "Every registered class key.");
   m.def("registered_models", &glossa::ModelKeys, "Every registered model key.");

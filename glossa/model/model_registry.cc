@@ -32,11 +32,15 @@ std::string NearNames(const std::string& name, const std::vector<std::string>& k
 }  // namespace
 
 void RegisterModel(const std::string& key, ModelParamsFactory factory) {
-  if (Split(key, '.').size() < 3) {
-    throw InvalidArgumentError(StrCat("model key '", key, "' must be <task>.<module>.<Class>"));
+  // Python model configurations (python/glossa) register as "py:<module>.<Class>"; a module
+  // imported again replaces its classes.
+  const bool python = key.rfind("py:", 0) == 0;
+  if (Split(key, '.').size() < (python ? 2u : 3u)) {
+    throw InvalidArgumentError(StrCat("model key '", key, "' must be ",
+                                      python ? "py:<module>.<Class>" : "<task>.<module>.<Class>"));
   }
   std::lock_guard<std::mutex> lock(Mu());
-  if (Models().count(key))
+  if (Models().count(key) && !python)
     throw InvalidArgumentError(StrCat("model '", key, "' is already registered"));
   Models()[key] = std::move(factory);
 }
@@ -130,7 +134,9 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
     p = SingleTaskModel::Params();
     p.Set("task", task);
   }
-  p.Set("name", key.substr(0, key.find('.')));
+  // "lm" for lm.austen.X; "mymodels" for py:mymodels.X.
+  const std::string bare = key.rfind("py:", 0) == 0 ? key.substr(3) : key;
+  p.Set("name", bare.substr(0, bare.find('.')));
   p.Set("program_schedule", model->ProgramSchedule());
   if (!override_text.empty()) {
     try {

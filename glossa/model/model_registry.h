@@ -40,7 +40,8 @@ class ModelParamsBase {
 };
 
 using ModelParamsFactory = std::function<std::unique_ptr<ModelParamsBase>()>;
-// InvalidArgument for a malformed (fewer than three dotted parts) or duplicate key.
+// InvalidArgument for a malformed (fewer than three dotted parts) or duplicate key. Python model
+// configurations register as "py:<module>.<Class>" (two parts suffice) and may replace themselves.
 void RegisterModel(const std::string& key, ModelParamsFactory factory);
 std::vector<std::string> ModelKeys();
 // NotFound (with near names) for unknown models.

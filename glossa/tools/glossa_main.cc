@@ -52,6 +52,7 @@
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/html_report.h"
 #include "glossa/runtime/jobs.h"
+#include "glossa/tools/cli.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/saver.h"
 
@@ -63,6 +64,11 @@ namespace {
 std::string OverrideText(const std::string& s) { return OverrideLines(s); }
 
 std::atomic<bool> g_stop{false};
+// How workers re-run this command (RunCli's CliOptions::self_command).
+std::vector<std::string>& SelfCommand() {
+  static std::vector<std::string> command{"/proc/self/exe"};
+  return command;
+}
 Executor* g_executor = nullptr;
 
 extern "C" void HandleStopSignal(int) {
@@ -240,7 +246,7 @@ int LaunchWorkers(const DistFlags& d, const std::vector<std::string>& args) {
         "such as torchrun started this process): drop one of the two");
   }
   LaunchOptions lo;
-  lo.argv.push_back("/proc/self/exe");
+  lo.argv = SelfCommand();
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].rfind("--nproc_per_node=", 0) == 0) continue;
     if (args[i] == "--nproc_per_node") {
@@ -596,7 +602,7 @@ int Serve(ServeFlags& f) {
   return 0;
 }
 
-int Run(int argc, char** argv) {
+int Run(const std::vector<std::string>& argv) {
   CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models."};
   // Flag errors are one line, like every other error.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
@@ -757,8 +763,7 @@ int Run(int argc, char** argv) {
       ->capture_default_str();
 
   std::vector<std::string> args;
-  for (int i = argc - 1; i > 0; --i) args.push_back(argv[i]);
-  std::reverse(args.begin(), args.end());
+  args.assign(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
   args = ExpandFlagfiles(args);
   const std::vector<std::string> expanded_args = args;
   std::reverse(args.begin(), args.end());
@@ -921,7 +926,7 @@ int Run(int argc, char** argv) {
     HtmlReportOptions ho;
     ho.logdirs = report_logdirs;
     ho.version = GLOSSA_VERSION_STRING;
-    for (int i = 0; i < argc; ++i) ho.command_line += StrCat(i ? " " : "", argv[i]);
+    for (size_t i = 0; i < argv.size(); ++i) ho.command_line += StrCat(i ? " " : "", argv[i]);
     if (!report_f.model.empty()) {
       // The task's headline (its Report hook) on the first run's latest checkpoint.
       ho.headline = ReportText(report_f, report_samples);
@@ -971,16 +976,12 @@ int Run(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace glossa
 
-int main(int argc, char** argv) {
-  glossa::UseBestBlasKernels(argv);  // may re-execute this program (glossa/runtime/cpu_runtime.h)
-  FLAGS_logtostderr = true;  // --logtostderr=false: files, as glog's default
-  google::InitGoogleLogging(argv[0]);
-  std::ios::sync_with_stdio(true);
+int RunCli(const std::vector<std::string>& argv, const CliOptions& options) {
+  if (!options.self_command.empty()) SelfCommand() = options.self_command;
   try {
-    return glossa::Run(argc, argv);
-  } catch (const glossa::Error& e) {
+    return Run(argv);
+  } catch (const Error& e) {
     std::cerr << "glossa: " << e.what() << "\n";
     return 1;
   } catch (const std::exception& e) {
@@ -988,3 +989,22 @@ int main(int argc, char** argv) {
     return 2;
   }
 }
+
+}  // namespace glossa
+
+namespace glossa {
+
+std::string PythonModelFlag(const std::vector<std::string>& argv) {
+  for (size_t i = 1; i < argv.size(); ++i) {
+    std::string value;
+    if (argv[i].rfind("--model=", 0) == 0) {
+      value = argv[i].substr(8);
+    } else if (argv[i] == "--model" && i + 1 < argv.size()) {
+      value = argv[i + 1];
+    }
+    if (value.rfind("py:", 0) == 0) return value;
+  }
+  return "";
+}
+
+}  // namespace glossa
