@@ -26,6 +26,9 @@ py::dict FromNestedMap(const glossa::NestedMap& m);
 // generators; TypeError for other classes.
 py::object Instantiate(const glossa::Params& p);
 
+// glog to stderr, once (at import).
+void InitLogging();
+
 void DefineLayers(py::module_& m);   // layers.cc: Layer, InputGenerator, EvalMode
 void DefineRuntime(py::module_& m);  // runtime.cc: models from Python, train, Predictor, cli
 

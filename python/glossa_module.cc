@@ -273,6 +273,7 @@ PYBIND11_MODULE(_glossa, m) {
         "NestedMap.Pack: `structure`'s shape with `values` as its leaves, in flatten order.");
 
   m.attr("__version__") = GLOSSA_VERSION_STRING;
+  InitLogging();
   DefineLayers(m);
   DefineRuntime(m);
 

@@ -31,6 +31,8 @@ namespace {
 using glossa::Params;
 using glossa::StrCat;
 
+}  // namespace
+
 void InitLogging() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -40,6 +42,8 @@ void InitLogging() {
     }
   });
 }
+
+namespace {
 
 // ---- Model configurations written in Python ----
 
@@ -291,8 +295,19 @@ void DefineRuntime(py::module_& m) {
       "cli_main",
       [](const std::vector<std::string>& argv, const std::vector<std::string>& self_command) {
         InitLogging();
-        py::gil_scoped_release release;
-        return glossa::RunCli(argv, glossa::CliOptions{self_command});
+        // The command installs its own SIGINT/SIGTERM handlers (stop and save); Python's come
+        // back after it.
+        struct sigaction old_int {}, old_term {};
+        sigaction(SIGINT, nullptr, &old_int);
+        sigaction(SIGTERM, nullptr, &old_term);
+        int rc = 0;
+        {
+          py::gil_scoped_release release;
+          rc = glossa::RunCli(argv, glossa::CliOptions{self_command});
+        }
+        sigaction(SIGINT, &old_int, nullptr);
+        sigaction(SIGTERM, &old_term, nullptr);
+        return rc;
       },
       py::arg("argv"), py::arg("self_command") = std::vector<std::string>{},
       "The glossa command line (argv[0] is the program name); returns the exit status.");

@@ -92,7 +92,7 @@ __version__ = _glossa.__version__
 __all__ = [
     "EvalMode", "GlossaError", "InputGenerator", "Layer", "Params", "Predictor", "class_params",
     "dtype", "flatten", "load_checkpoint", "model_registry", "nested_map", "pack",
-    "registered_classes", "registered_models", "to_torch_dtype", "train",
+    "registered_classes", "registered_models", "run_cli", "to_torch_dtype", "train",
 ]
 
 
@@ -112,6 +112,12 @@ def train(model_params, logdir, **kwargs):
 
 
 train.__doc__ = _glossa.train.__doc__
+
+
+def run_cli(args):
+    """Runs `glossa <args>` in this process (e.g. ["export", "--model=...", "--logdir=...",
+    "--out=..."]), with the models registered here; returns its exit status."""
+    return _glossa.cli_main(["glossa"] + list(args), [sys.executable, "-m", "glossa"])
 
 
 def load_checkpoint(prefix):
@@ -141,6 +147,11 @@ class _ModelRegistry:
         if isinstance(key, type):
             key = _model_key(key)
         return _glossa.get_params(key, dataset, override)
+
+    @staticmethod
+    def key_of(cls):
+        """The key a Python model class registers under: "py:<module>.<Class>"."""
+        return _model_key(cls)
 
     @staticmethod
     def keys():

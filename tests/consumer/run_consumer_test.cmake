@@ -53,3 +53,35 @@ if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK_DIR}/logdir/train/ckpt-00000002.safetens
   message(FATAL_ERROR "glossa train from the moved installation failed (${rc}):\n${out}\n${err}")
 endif()
 message(STATUS "trained 2 steps from the moved installation")
+
+# The installed Python package: import it from the moved installation, and train a Python model
+# configuration through the installed program (which re-runs itself as python3 -m glossa).
+if(GLOSSA_PYTHON)
+  set(site "${moved}/lib/python3/dist-packages")
+  file(WRITE "${WORK_DIR}/consumer_model.py" "
+import glossa
+
+class Small:
+    def Task(self):
+        return glossa.model_registry.get_params('lm.austen.TransformerLmTiny', 'Train', '${small}').task
+
+    def Train(self):
+        return glossa.model_registry.get_params('lm.austen.TransformerLmTiny', 'Train').task.input
+")
+  execute_process(COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${site}"
+                          /usr/bin/python3 -c "import glossa; print(glossa.__file__, glossa.model_registry.get_params('lm.austen.TransformerLmTiny').task.input.file_pattern)"
+                  WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  string(FIND "${out}" "${site}/glossa/__init__.py text:${moved}/share/glossa/austen/train.txt" at)
+  if(NOT rc EQUAL 0 OR at EQUAL -1)
+    message(FATAL_ERROR "import glossa from the moved installation failed (${rc}):\n${out}\n${err}")
+  endif()
+  execute_process(COMMAND "${moved}/bin/glossa" train --model=py:consumer_model.Small
+                          "--logdir=${WORK_DIR}/pylogdir" --max_steps=2
+                  WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK_DIR}/pylogdir/train/ckpt-00000002.safetensors")
+    message(FATAL_ERROR "glossa train --model=py: from the moved installation failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "trained a Python model configuration from the moved installation")
+endif()

@@ -72,3 +72,25 @@ class Raises:
 
     def Train(self):
         return _input("train", True)
+
+
+@glossa.model_registry.register_multitask_model
+class TwoLms:
+    """Two tasks sharing nothing, sampled half and half (Lingvo's MultiTaskModel)."""
+
+    def Model(self):
+        p = glossa.class_params("glossa.model.MultiTaskModel")
+        tasks, probs = glossa.Params(), glossa.Params()
+        for name, layers in (("short", 1), ("deep", 2)):
+            t = TinyLm().Task()
+            t.name = name
+            t.stack.num_layers = layers
+            tasks.Define(name, t, "")
+            probs.Define(name, 0.5, "")
+        p.Set(task_params=tasks, task_probs=probs, main_task="deep")
+        return p
+
+    def Train(self):
+        p = glossa.Params()
+        p.Define("short", _input("train", True), "").Define("deep", _input("train", True), "")
+        return p

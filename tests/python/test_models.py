@@ -88,7 +88,7 @@ def test_python_m_glossa_and_undecorated_classes(tmp_path):
 
 @pytest.mark.parametrize("model,message", [
     ("py:pymodels.Nope", "module 'pymodels' has no class 'Nope' (its classes: Raises, "
-                         "ReturnsWrongType, TinyLm, Undecorated)"),
+                         "ReturnsWrongType, TinyLm, TwoLms, Undecorated)"),
     ("py:no_such_module.X", "cannot import module 'no_such_module'"),
     ("py:Lonely", "expected py:<module>.<Class>"),
     ("py:pymodels.ReturnsWrongType", "model py:pymodels.ReturnsWrongType: Task() returned a dict, "
@@ -145,3 +145,14 @@ def test_keyboard_interrupt_saves_and_stops(tmp_path):
     assert 1 <= stopped < 100000
     ckpt = tmp_path / "lm" / "train" / ("ckpt-%08d" % stopped)
     assert glossa.load_checkpoint(str(ckpt))["global_step"].item() == stopped
+
+
+def test_multitask_python_model_trains(tmp_path):
+    p = glossa.model_registry.get_params("py:pymodels.TwoLms", "Train")
+    assert p.main_task == "deep" and p.task_params.deep.stack.num_layers == 2
+    assert glossa.train(p, tmp_path, max_steps=4, verbosity=0) == 4
+    names = glossa.load_checkpoint(tmp_path / "train" / "ckpt-00000004")
+    assert any("/short/" in n or n.startswith("short/") for n in names), sorted(names)[:5]
+    assert any("/deep/" in n or n.startswith("deep/") for n in names)
+    with pytest.raises(KeyError, match="has no dataset Dev"):
+        glossa.model_registry.get_params("py:pymodels.TwoLms", "Dev")
