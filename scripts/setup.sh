@@ -15,6 +15,7 @@ PACKAGES=(
   sword-text-kjv sword-text-sparv libsword-utils
   chromium-headless-shell bsdutils
   pybind11-dev python3-dev python3-pytest
+  libpng-dev dataset-fashion-mnist
 )
 
 missing=()
