@@ -31,6 +31,7 @@
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
 #include "glossa/model/base_task.h"
+#include "glossa/models/image.h"
 #include "python/common.h"
 
 namespace glossa_py {
@@ -182,6 +183,14 @@ const std::vector<Adapter>& Adapters() {
                  [](const BaseLayer& l, const NestedMap& th, const auto& x) {
                    auto [y1, y2] = As<StackedRevNetLayer>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2));
                    return Pair(y1, y2);
+                 }});
+    a.push_back({"ImageFeatureExtractor", {"images"}, 1, "Tensor [B, D]", false,
+                 [](const BaseLayer& l) {
+                   return dynamic_cast<const ImageFeatureExtractor*>(&l) != nullptr;
+                 },
+                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
+                   return NestedValue(
+                       dynamic_cast<const ImageFeatureExtractor&>(l).FPropImages(th, T(x, 0)));
                  }});
     a.push_back({"BaseTask", {"batch"}, 1, "(metrics {name: (value, weight)}, per_example)", true,
                  Is<BaseTask>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {

@@ -97,7 +97,7 @@ class ResNetSmall : public FashionMnistBase {
     Params e = ResNet::Params();
     e.Set("stem_channels", 16).Set("stage_channels", ParamValue::List{16, 32, 64});
     e.Set("blocks_per_stage", 2);
-    return Classifier(e, 2600, 2e-3);
+    return Classifier(e, 1300, 2e-3);
   }
 };
 GLOSSA_REGISTER_MODEL(ResNetSmall, "image.fmnist.ResNetSmall");

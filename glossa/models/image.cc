@@ -77,6 +77,8 @@ glossa::Params ConvStack::Params() {
   p.Define("window_shapes", ParamValue::List{},
            "Max pooling windows [[height, width], ...] (stride = window), one per filter.");
   p.Define("batch_norm", false, "Batch norm after each conv (instead of a bias).");
+  p.Define("batch_norm_decay", 0.99,
+           "Decay of batch norm's moving statistics (0.99: they settle within a few hundred steps).");
   p.Define("dropout_prob", 0.0, "Dropout after the last pooling (and the FC layer).");
   p.Define("fc_dim", 300, "Output dim of the final FC layer with ReLU (0: no FC layer).");
   return p;
@@ -101,7 +103,10 @@ ConvStack::ConvStack(const glossa::Params& p) : BaseLayer(p) {
     }
     glossa::Params c = ConvParams(f[0], f[1], f[2], f[3], 1, !bn, bn ? "NONE" : "RELU");
     conv_params.emplace_back(c.Set("name", StrCat("conv", i)));
-    if (bn) bn_params.emplace_back(BatchNormLayer::Params().Set("name", StrCat("bn", i)).Set("dim", f[3]));
+    if (bn) {
+      bn_params.emplace_back(BatchNormLayer::Params().Set("name", StrCat("bn", i)).Set("dim", f[3])
+                                 .Set("decay", p.GetFloat("batch_norm_decay")));
+    }
     glossa::Params pool = PoolingLayer::Params().Set("name", StrCat("pool", i));
     pool.Set("window_shape", ToList(w)).Set("window_stride", ToList(w));
     pool_params.emplace_back(pool);
@@ -155,18 +160,22 @@ glossa::Params ResNet::Params() {
   p.Define("stage_channels", ParamValue::List{32, 64, 128}, "Channels of each stage.");
   p.Define("blocks_per_stage", 2, "Basic residual blocks per stage.");
   p.Define("first_stride", 1, "Stride of the first stage (later stages use 2).");
+  p.Define("batch_norm_decay", 0.99,
+           "Decay of batch norm's moving statistics (0.99: they settle within a few hundred steps).");
   return p;
 }
 
 ResNet::ResNet(const glossa::Params& p) : BaseLayer(p) {
   const std::vector<int64_t> shape = IntList(p, "input_shape", 3, path());
+  const double decay = p.GetFloat("batch_norm_decay");
+  auto bn = [decay](int64_t dim) { return BatchNormLayer::Params().Set("dim", dim).Set("decay", decay); };
   const int64_t stem = p.GetInt("stem_channels");
   const int64_t per_stage = p.GetInt("blocks_per_stage");
   if (stem <= 0 || per_stage <= 0) {
     throw InvalidArgumentError(StrCat(path(), ": stem_channels and blocks_per_stage must be > 0"));
   }
   stem_ = CreateChild<Conv2DLayer>("stem", ConvParams(3, 3, shape[2], stem, 1, false, "NONE"));
-  stem_bn_ = CreateChild<BatchNormLayer>("stem_bn", BatchNormLayer::Params().Set("dim", stem));
+  stem_bn_ = CreateChild<BatchNormLayer>("stem_bn", bn(stem));
   int64_t in = stem;
   int64_t stage = 0;
   ParamValue::List convs, bns, shortcuts, shortcut_bns;
@@ -190,16 +199,16 @@ ResNet::ResNet(const glossa::Params& p) : BaseLayer(p) {
     blk.conv1 = CreateChild<Conv2DLayer>(StrCat("block", i, "_conv1"),
                                          ConvParams(3, 3, pl.in, pl.out, pl.stride, false, "NONE"));
     blk.bn1 = CreateChild<BatchNormLayer>(StrCat("block", i, "_bn1"),
-                                          BatchNormLayer::Params().Set("dim", pl.out));
+                                          bn(pl.out));
     blk.conv2 = CreateChild<Conv2DLayer>(StrCat("block", i, "_conv2"),
                                          ConvParams(3, 3, pl.out, pl.out, 1, false, "NONE"));
     blk.bn2 = CreateChild<BatchNormLayer>(StrCat("block", i, "_bn2"),
-                                          BatchNormLayer::Params().Set("dim", pl.out));
+                                          bn(pl.out));
     if (pl.stride != 1 || pl.in != pl.out) {
       blk.shortcut = CreateChild<Conv2DLayer>(
           StrCat("block", i, "_shortcut"), ConvParams(1, 1, pl.in, pl.out, pl.stride, false, "NONE"));
       blk.shortcut_bn = CreateChild<BatchNormLayer>(StrCat("block", i, "_shortcut_bn"),
-                                                    BatchNormLayer::Params().Set("dim", pl.out));
+                                                    bn(pl.out));
     }
     blocks_.push_back(blk);
   }

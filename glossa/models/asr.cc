@@ -1,0 +1,475 @@
+#include "glossa/models/asr.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/core/registry.h"
+#include "glossa/input/tokenizers.h"
+#include "glossa/io/wav.h"
+#include "glossa/layers/asr_frontend.h"
+#include "glossa/layers/conv.h"
+#include "glossa/layers/dropout.h"
+#include "glossa/layers/embedding.h"
+#include "glossa/layers/linear.h"
+#include "glossa/layers/transformer.h"
+#include "glossa/metrics/wer.h"
+#include "glossa/models/mt.h"
+#include "glossa/search/beam_search.h"
+
+namespace glossa {
+namespace asr {
+namespace {
+
+ParamValue::List Ints(std::initializer_list<int64_t> v) {
+  ParamValue::List l;
+  for (int64_t x : v) l.emplace_back(x);
+  return l;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+const BaseTokenizer& TokenizerOf(const BaseTask& task) {
+  const auto* seq = task.has_input() ? dynamic_cast<const BaseSequenceInputGenerator*>(&task.input())
+                                     : nullptr;
+  if (seq == nullptr) {
+    throw FailedPreconditionError(
+        StrCat("task '", task.path(), "': decoding needs a sequence input (with a tokenizer)"));
+  }
+  return seq->tokenizer();
+}
+
+std::vector<std::string> RowsToText(const BaseTokenizer& tok, const at::Tensor& ids,
+                                    const at::Tensor& lens) {
+  const at::Tensor c = ids.to(at::kLong).contiguous();
+  const at::Tensor l = lens.to(at::kLong).contiguous();
+  const auto a = c.accessor<int64_t, 2>();
+  const auto n = l.accessor<int64_t, 1>();
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < c.size(0); ++i) {
+    std::vector<int64_t> row;
+    for (int64_t t = 0; t < std::min<int64_t>(n[i], c.size(1)); ++t) {
+      if (a[i][t] == tok.eos_id()) break;
+      if (a[i][t] == tok.sos_id()) continue;
+      row.push_back(a[i][t]);
+    }
+    out.push_back(tok.IdsToString(row));
+  }
+  return out;
+}
+
+std::string Base64Decode(const std::string& in, bool* ok) {
+  static const std::string chars =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  int val = 0, bits = -8;
+  *ok = false;
+  for (char c : in) {
+    if (std::isspace(static_cast<unsigned char>(c))) continue;
+    if (c == '=') break;
+    const size_t pos = chars.find(c);
+    if (pos == std::string::npos) return "";
+    val = (val << 6) + static_cast<int>(pos);
+    bits += 6;
+    if (bits >= 0) {
+      out.push_back(static_cast<char>((val >> bits) & 0xFF));
+      bits -= 8;
+    }
+  }
+  *ok = !out.empty();
+  return out;
+}
+
+}  // namespace
+
+// ---- AsrEncoder ----
+
+glossa::Params AsrEncoder::Params() {
+  glossa::Params p = BaseLayer::Params();
+  p.Set("cls", ClsOf<AsrEncoder>());
+  p.Set("name", "encoder");
+  p.Define("input_dim", 0, "Features per frame (the frontend's output_dim; AsrModel sets it).");
+  p.Define("num_conv", 2, "3x3 convolutions of stride 2 (each halves time and frequency).");
+  p.Define("conv_channels", 32, "Output channels of each convolution.");
+  p.Define("model_dim", 256, "Model dimension of the stack.");
+  p.Define("position_emb", PositionalEmbeddingLayer::Params(), "Sinusoidal positions.");
+  p.Define("input_dropout_prob", 0.0, "Dropout on the stack's input.");
+  p.Define("transformer_stack", TransformerStack::Params(),
+           "The encoder's TransformerStack (non-causal).");
+  return p;
+}
+
+AsrEncoder::AsrEncoder(const glossa::Params& p) : BaseLayer(p) {
+  model_dim_ = p.GetInt("model_dim");
+  int64_t f = p.GetInt("input_dim");
+  const int64_t channels = p.GetInt("conv_channels"), n = p.GetInt("num_conv");
+  if (f <= 0 || channels <= 0 || n < 0 || model_dim_ <= 0) {
+    throw InvalidArgumentError(StrCat(path(), ": input_dim, conv_channels and model_dim must be > 0"));
+  }
+  ParamValue::List convs;
+  int64_t in = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    glossa::Params c = Conv2DLayer::Params();
+    c.Set("name", StrCat("conv", i)).Set("filter_shape", Ints({3, 3, in, channels}));
+    c.Set("filter_stride", Ints({2, 2})).Set("bias", true).Set("activation", "RELU");
+    convs.emplace_back(c);
+    in = channels;
+    f = CeilDiv(f, 2);
+  }
+  conv_ = CreateChildren<Conv2DLayer>("conv", convs);
+  glossa::Params proj = ProjectionLayer::Params();
+  proj.Set("input_dim", f * in).Set("output_dim", model_dim_).Set("activation", "NONE");
+  proj.Set("has_bias", true);
+  proj_ = CreateChild<ProjectionLayer>("proj", proj);
+  glossa::Params pos = p.GetParams("position_emb").Copy();
+  if (pos.GetInt("embedding_dim") == 0) pos.Set("embedding_dim", model_dim_);
+  position_emb_ = CreateChild<PositionalEmbeddingLayer>("position_emb", pos);
+  const double drop = p.GetFloat("input_dropout_prob");
+  if (drop > 0) {
+    dropout_ = CreateChild<DropoutLayer>("dropout", DropoutLayer::Params().Set("keep_prob", 1 - drop));
+  }
+  glossa::Params stack = p.GetParams("transformer_stack").Copy();
+  if (stack.GetInt("mdl_dim") == 0) stack.Set("mdl_dim", model_dim_);
+  stack_ = CreateChild<TransformerStack>("transformer_stack", stack);
+  if (stack_->model_dim() != model_dim_) {
+    throw InvalidArgumentError(StrCat(path(), ": transformer_stack's model dim ", stack_->model_dim(),
+                                      " != model_dim ", model_dim_));
+  }
+}
+
+NestedMap AsrEncoder::FProp(const NestedMap& theta, const at::Tensor& features,
+                            const at::Tensor& paddings) const {
+  at::Tensor x = CastToFPropDtype(features);
+  at::Tensor pad = paddings.to(at::kFloat);
+  for (const auto& c : conv_) std::tie(x, pad) = c->FProp(c.Theta(theta), x, pad);
+  x = x.reshape({x.size(0), x.size(1), -1});
+  x = proj_->FProp(proj_.Theta(theta), x);
+  x = x + position_emb_->FProp(position_emb_.Theta(theta), x.size(1)).to(x.scalar_type()).unsqueeze(0);
+  if (dropout_) x = dropout_->FProp(dropout_.Theta(theta), x);
+  x = x * (1 - pad).unsqueeze(-1).to(x.scalar_type());
+  x = stack_->FProp(stack_.Theta(theta), x, pad);
+  return NestedMap{{"encoded", x}, {"paddings", pad}};
+}
+
+// ---- AsrModel ----
+
+glossa::Params AsrModel::Params() {
+  glossa::Params p = BaseTask::Params();
+  p.Set("cls", ClsOf<AsrModel>());
+  p.Define("frontend", MelAsrFrontend::Params(), "The log-mel frontend.");
+  p.Define("specaugment", SpecAugmentLayer::Params(), "SpecAugment in training (None: off).");
+  // BaseTask defines encoder and decoder (None); here: the encoder (input_dim set from the
+  // frontend) and the attention decoder (None for a CTC-only model, ctc_weight 1).
+  p.Set("encoder", AsrEncoder::Params());
+  p.Set("decoder", mt::TransformerDecoder::Params());
+  p.Define("ctc_weight", 0.0, "Weight of the CTC loss (0: attention only; 1: CTC only).");
+  p.Define("decoding", "", "'beam', 'greedy' or 'ctc_greedy' ('': beam with a decoder, else ctc_greedy).");
+  return p;
+}
+
+glossa::Params AsrModel::CommonParams(int64_t vocab_size, int64_t model_dim, int64_t hidden_dim,
+                                      int64_t num_heads, int64_t encoder_layers,
+                                      int64_t decoder_layers, double ctc_weight) {
+  glossa::Params mtp = mt::TransformerModel::CommonParams(vocab_size, model_dim, hidden_dim,
+                                                          num_heads, decoder_layers);
+  glossa::Params p = Params();
+  p.Set("name", "asr");
+  p.Set("frontend.stack_left_context", 2);
+  p.Set("encoder.model_dim", model_dim).Set("encoder.input_dropout_prob", 0.1);
+  glossa::Params enc_stack = mt::TransformerModel::CommonParams(vocab_size, model_dim, hidden_dim,
+                                                                num_heads, encoder_layers)
+                                 .GetParams("encoder.transformer_stack")
+                                 .Copy();
+  p.Set("encoder.transformer_stack", enc_stack);
+  p.Set("ctc_weight", ctc_weight);
+  if (ctc_weight >= 1.0) {
+    p.Set("decoder", nullptr);
+  } else {
+    glossa::Params dec = mtp.GetParams("decoder").Copy();
+    dec.Set("target_seq_len", 300);
+    p.Set("decoder", dec);
+  }
+  return p;
+}
+
+AsrModel::AsrModel(const glossa::Params& p) : BaseTask(p) {
+  frontend_ = CreateChild<MelAsrFrontend>("frontend", p.GetParams("frontend"));
+  sample_rate_ = static_cast<int64_t>(p.GetParams("frontend").GetFloat("sample_rate"));
+  if (p.IsSet("specaugment")) {
+    specaugment_ = CreateChild<SpecAugmentLayer>("specaugment", p.GetParams("specaugment"));
+  }
+  glossa::Params enc = p.GetParams("encoder").Copy();
+  enc.Set("input_dim", frontend_->output_dim());
+  encoder_ = CreateChild<AsrEncoder>("encoder", enc);
+  ctc_weight_ = p.GetFloat("ctc_weight");
+  if (!(ctc_weight_ >= 0 && ctc_weight_ <= 1)) {
+    throw InvalidArgumentError(StrCat(path(), ": ctc_weight must be in [0, 1]"));
+  }
+  const bool has_decoder = p.IsSet("decoder");
+  if (!has_decoder && ctc_weight_ < 1) {
+    throw InvalidArgumentError(StrCat(path(), ": a model without a decoder needs ctc_weight 1"));
+  }
+  if (has_decoder) {
+    decoder_ = CreateChild<mt::TransformerDecoder>("decoder", p.GetParams("decoder"));
+    vocab_size_ = decoder_->vocab_size();
+  } else {
+    const ParamValue& tok = p.Get("input").is_params() ? p.GetParams("input").Get("tokenizer")
+                                                       : ParamValue();
+    vocab_size_ = tok.is_params() ? tok.AsParams().GetInt("vocab_size") : 76;
+  }
+  if (ctc_weight_ > 0) {
+    glossa::Params proj = ProjectionLayer::Params();
+    proj.Set("input_dim", encoder_->model_dim()).Set("output_dim", vocab_size_ + 1);
+    proj.Set("activation", "NONE").Set("has_bias", true);
+    ctc_proj_ = CreateChild<ProjectionLayer>("ctc_proj", proj);
+  }
+  decoding_ = p.GetString("decoding");
+  if (decoding_.empty()) decoding_ = has_decoder ? "beam" : "ctc_greedy";
+  if (decoding_ != "beam" && decoding_ != "greedy" && decoding_ != "ctc_greedy") {
+    throw InvalidArgumentError(StrCat(path(), ": decoding must be 'beam', 'greedy' or 'ctc_greedy'"));
+  }
+  if ((decoding_ == "ctc_greedy" && !ctc_proj_) || (decoding_ != "ctc_greedy" && !has_decoder)) {
+    throw InvalidArgumentError(StrCat(path(), ": decoding '", decoding_, "' needs ",
+                                      decoding_ == "ctc_greedy" ? "a CTC head (ctc_weight > 0)"
+                                                                : "a decoder"));
+  }
+}
+
+NestedMap AsrModel::Encode(const NestedMap& theta, const NestedMap& src) const {
+  auto [feats, pad] = frontend_->FProp(frontend_.Theta(theta), src.GetTensor("src_inputs"),
+                                       src.GetTensor("paddings"));
+  if (specaugment_) feats = specaugment_->FProp(specaugment_.Theta(theta), feats, pad);
+  return encoder_->FProp(encoder_.Theta(theta), feats, pad);
+}
+
+NestedMap AsrModel::ComputePredictions(const NestedMap& theta, const NestedMap& batch) const {
+  return Encode(theta, batch.GetItem("src").AsMap());
+}
+
+at::Tensor AsrModel::CtcLogProbs(const NestedMap& theta, const at::Tensor& encoded) const {
+  return at::log_softmax(ctc_proj_->FProp(ctc_proj_.Theta(theta), encoded).to(at::kFloat), -1);
+}
+
+BaseTask::LossOutput AsrModel::ComputeLoss(const NestedMap& theta, const NestedMap& predictions,
+                                           const NestedMap& batch) const {
+  const NestedMap& tgt = batch.GetItem("tgt").AsMap();
+  LossOutput out;
+  at::Tensor att_loss, ctc_loss;
+  if (decoder_) {
+    out = decoder_->ComputeLoss(decoder_.Theta(theta), predictions, tgt);
+    att_loss = out.metrics.at("loss").value;
+  }
+  if (ctc_proj_) {
+    const at::Tensor lp = CtcLogProbs(theta, predictions.GetTensor("encoded"));  // [B, T', V+1]
+    const at::Tensor in_lens = (1 - predictions.GetTensor("paddings")).sum(1).to(at::kLong);
+    // Targets: the labels without </s>.
+    const at::Tensor tgt_lens =
+        at::clamp_min((1 - tgt.GetTensor("paddings").to(at::kFloat)).sum(1).to(at::kLong) - 1, 0);
+    ctc_loss = at::ctc_loss(lp.transpose(0, 1), tgt.GetTensor("labels").to(at::kLong), in_lens,
+                            tgt_lens, /*blank=*/vocab_size_, at::Reduction::Mean,
+                            /*zero_infinity=*/true);
+    const at::Tensor n = at::full({}, static_cast<double>(lp.size(0)), at::kFloat);
+    out.metrics["ctc_loss"] = {ctc_loss.detach(), n};
+  }
+  const at::Tensor weight =
+      decoder_ ? out.metrics.at("loss").weight : out.metrics.at("ctc_loss").weight;
+  at::Tensor loss;
+  if (!ctc_proj_) {
+    loss = att_loss;
+  } else if (!decoder_) {
+    loss = ctc_loss;
+  } else {
+    loss = (1 - ctc_weight_) * att_loss + ctc_weight_ * ctc_loss;
+  }
+  out.metrics["loss"] = {loss, weight};
+  return out;
+}
+
+NestedMap AsrModel::Transcribe(const NestedMap& theta, const NestedMap& src, int64_t num_hyps) const {
+  at::NoGradGuard no_grad;
+  EvalModeScope eval;
+  const NestedMap enc = Encode(theta, src);
+  const int64_t b = enc.GetTensor("encoded").size(0);
+  if (decoding_ == "ctc_greedy") {
+    const at::Tensor best = std::get<1>(CtcLogProbs(theta, enc.GetTensor("encoded")).max(-1));
+    const at::Tensor lens = (1 - enc.GetTensor("paddings")).sum(1).to(at::kLong);
+    const at::Tensor bc = best.contiguous(), lc = lens.contiguous();
+    const auto a = bc.accessor<int64_t, 2>();
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(b));
+    int64_t longest = 1;
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t prev = -1;
+      for (int64_t t = 0; t < lc[i].item<int64_t>(); ++t) {
+        const int64_t id = a[i][t];
+        if (id != prev && id != vocab_size_) rows[i].push_back(id);
+        prev = id;
+      }
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(rows[i].size()));
+    }
+    at::Tensor ids = at::zeros({b, 1, longest}, at::kLong);
+    at::Tensor out_lens = at::zeros({b, 1}, at::kLong);
+    for (int64_t i = 0; i < b; ++i) {
+      for (size_t t = 0; t < rows[i].size(); ++t) ids[i][0][static_cast<int64_t>(t)] = rows[i][t];
+      out_lens[i][0] = static_cast<int64_t>(rows[i].size());
+    }
+    return NestedMap{{"topk_ids", ids}, {"topk_lens", out_lens},
+                     {"topk_scores", at::zeros({b, 1}, at::kDouble)}};
+  }
+  const NestedMap& dec_theta = decoder_.Theta(theta);
+  const mt::TransformerDecoder& dec = *decoder_;
+  SearchResult r;
+  if (decoding_ == "beam") {
+    std::unique_ptr<BeamSearchHelper> other;
+    const BeamSearchHelper* beam = &dec.beam_search();
+    if (num_hyps > 0 && num_hyps != beam->num_hyps_per_beam()) {
+      glossa::Params bp = dec.beam_search_params().Copy();
+      bp.Set("name", "beam_search").Set("num_hyps_per_beam", num_hyps);
+      if (bp.GetInt("num_hyps_to_return") > num_hyps) bp.Set("num_hyps_to_return", num_hyps);
+      other = InstantiateLayer<BeamSearchHelper>(bp);
+      beam = other.get();
+    }
+    const int64_t n = beam->num_hyps_per_beam() * b;
+    const NestedMap source = dec.PrecomputeSource(dec_theta, enc, n);
+    r = beam->Search(b, dec.InitDecodeStates(n),
+                     [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
+                       return dec.ExtendStep(dec_theta, source, ids, step, states);
+                     });
+  } else {
+    const NestedMap source = dec.PrecomputeSource(dec_theta, enc, b);
+    r = SampleSearch(b, dec.InitDecodeStates(b),
+                     [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
+                       return dec.ExtendStep(dec_theta, source, ids, step, states);
+                     },
+                     dec.target_seq_len(), dec.sos_id(), dec.eos_id(), 0.0, 0, 0);
+  }
+  return NestedMap{{"topk_ids", r.topk_ids}, {"topk_lens", r.topk_lens},
+                   {"topk_scores", r.topk_scores}};
+}
+
+NestedMap AsrModel::Decode(const NestedMap& batch) {
+  NestedMap out = Transcribe(theta(), batch.GetItem("src").AsMap(), 0);
+  out.Set("tgt.labels", batch.GetTensor("tgt.labels"));
+  out.Set("tgt.paddings", batch.GetTensor("tgt.paddings"));
+  return out;
+}
+
+std::map<std::string, double> AsrModel::CreateDecoderMetrics() const {
+  return {{"num_samples_in_batch", 0.0}, {"wer", 0.0},         {"cer", 0.0},
+          {"word_errors", 0.0},          {"ref_words", 0.0},   {"char_errors", 0.0},
+          {"ref_chars", 0.0}};
+}
+
+std::vector<std::string> AsrModel::PostProcessDecodeOut(const NestedMap& decode_out,
+                                                        std::map<std::string, double>& metrics) {
+  const BaseTokenizer& tok = TokenizerOf(*this);
+  const at::Tensor tgt_lens = (1 - decode_out.GetTensor("tgt.paddings").to(at::kFloat)).sum(1);
+  const std::vector<std::string> refs = RowsToText(tok, decode_out.GetTensor("tgt.labels"), tgt_lens);
+  const std::vector<std::string> hyps =
+      RowsToText(tok, decode_out.GetTensor("topk_ids").select(1, 0),
+                 decode_out.GetTensor("topk_lens").select(1, 0));
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < hyps.size(); ++i) {
+    if (tgt_lens[static_cast<int64_t>(i)].item<double>() <= 0) continue;
+    const ErrorCounts w = WordErrors(refs[i], hyps[i]), c = CharErrors(refs[i], hyps[i]);
+    metrics["num_samples_in_batch"] += 1;
+    metrics["word_errors"] += static_cast<double>(w.errors());
+    metrics["ref_words"] += static_cast<double>(w.reference_length);
+    metrics["char_errors"] += static_cast<double>(c.errors());
+    metrics["ref_chars"] += static_cast<double>(c.reference_length);
+    lines.push_back(StrCat(refs[i], " ||| ", hyps[i]));
+  }
+  return lines;
+}
+
+void AsrModel::DecodeFinalize(std::map<std::string, double>& metrics) {
+  metrics["wer"] = metrics["word_errors"] / std::max(1.0, metrics["ref_words"]);
+  metrics["cer"] = metrics["char_errors"] / std::max(1.0, metrics["ref_chars"]);
+}
+
+std::map<std::string, InferenceSubgraphSpec> AsrModel::Inference() const {
+  std::map<std::string, InferenceSubgraphSpec> out;
+  InferenceSubgraphSpec& t = out["transcribe"];
+  t.doc = StrCat("Transcribes ", sample_rate_, " Hz PCM WAV utterances.");
+  t.feeds["wav"] = {"string", 1, false, "[B] WAV files' bytes, or their base64 (JSON)."};
+  t.feeds["num_hyps"] = {"int64", 0, true, "Hypotheses per utterance (beam width)."};
+  t.fetches["transcript"] = {"string", 1, false, "[B] the best hypothesis."};
+  t.fetches["hyps"] = {"string", 1, false, "[B] every hypothesis, best first, joined by \" ||| \"."};
+  t.fetches["scores"] = {"float32", 2, false, "[B, K] the hypotheses' scores, best first."};
+  return out;
+}
+
+InferenceMap AsrModel::RunInference(const std::string& subgraph, const InferenceMap& feeds,
+                                    const BaseTokenizer* tokenizer) const {
+  if (subgraph != "transcribe") return BaseTask::RunInference(subgraph, feeds, tokenizer);
+  if (tokenizer == nullptr) {
+    throw FailedPreconditionError(StrCat("task '", path(), "': inference needs a tokenizer"));
+  }
+  const auto& wavs = feeds.at("wav").strings;
+  std::vector<at::Tensor> pcm;
+  int64_t longest = 0;
+  for (size_t i = 0; i < wavs.size(); ++i) {
+    const std::string what = StrCat("feed 'wav'[", i, "]");
+    std::string bytes = wavs[i];
+    if (bytes.compare(0, 4, "RIFF") != 0) {
+      bool ok = false;
+      const std::string decoded = Base64Decode(bytes, &ok);
+      if (!ok || decoded.compare(0, 4, "RIFF") != 0) {
+        throw InvalidArgumentError(StrCat(what, ": not a WAV file, nor the base64 of one"));
+      }
+      bytes = decoded;
+    }
+    Wav w;
+    try {
+      w = ParseWav(bytes, what);
+    } catch (const Error& e) {
+      throw InvalidArgumentError(e.message());
+    }
+    if (w.sample_rate != sample_rate_) {
+      throw InvalidArgumentError(StrCat(what, ": ", w.sample_rate, " Hz; the model takes ",
+                                        sample_rate_, " Hz (resample it: sox in.wav -r ",
+                                        sample_rate_, " out.wav)"));
+    }
+    if (frontend_->NumFrames(w.samples.numel()) < 8) {
+      throw InvalidArgumentError(StrCat(what, ": ", w.samples.numel(), " samples are too short to "
+                                        "transcribe"));
+    }
+    longest = std::max<int64_t>(longest, w.samples.numel());
+    pcm.push_back(w.samples);
+  }
+  const int64_t b = static_cast<int64_t>(pcm.size());
+  at::Tensor x = at::zeros({b, longest}, at::kFloat), pad = at::ones({b, longest}, at::kFloat);
+  for (int64_t i = 0; i < b; ++i) {
+    x[i].slice(0, 0, pcm[i].numel()).copy_(pcm[i]);
+    pad[i].slice(0, 0, pcm[i].numel()).fill_(0);
+  }
+  int64_t k = 0;
+  if (feeds.count("num_hyps")) {
+    k = feeds.at("num_hyps").tensor.item<int64_t>();
+    if (k < 1 || k > 64) throw InvalidArgumentError("feed 'num_hyps' must be in [1, 64]");
+  }
+  const NestedMap r = Transcribe(theta(), NestedMap{{"src_inputs", x}, {"paddings", pad}}, k);
+  const at::Tensor ids = r.GetTensor("topk_ids"), lens = r.GetTensor("topk_lens");
+  std::vector<std::string> best, all;
+  for (int64_t i = 0; i < b; ++i) {
+    const std::vector<std::string> hyps = RowsToText(*tokenizer, ids[i], lens[i]);
+    best.push_back(hyps.empty() ? "" : hyps[0]);
+    std::string joined;
+    for (size_t j = 0; j < hyps.size(); ++j) joined += (j ? " ||| " : "") + hyps[j];
+    all.push_back(joined);
+  }
+  InferenceMap out;
+  out["transcript"] = InferenceValue::Strings(std::move(best));
+  out["hyps"] = InferenceValue::Strings(std::move(all));
+  out["scores"] = InferenceValue::Of(r.GetTensor("topk_scores").to(at::kFloat));
+  return out;
+}
+
+GLOSSA_REGISTER_CLASS(AsrEncoder, "glossa.asr.AsrEncoder");
+GLOSSA_REGISTER_CLASS(AsrModel, "glossa.asr.AsrModel");
+
+}  // namespace asr
+}  // namespace glossa

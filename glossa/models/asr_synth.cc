@@ -1,0 +1,81 @@
+// asr.synth.*: speech recognisers on the synthetic read-speech corpus that
+// scripts/prepare_speech.sh builds with espeak-ng from the Austen text (data/speech: wav/ and
+// {train,dev,test}.tsv manifests; $GLOSSA_DATA_DIR/speech when set). Characters (AsciiTokenizer).
+//
+//   asr.synth.LasTiny  conv subsampling + 4-layer Transformer encoder, 2-layer attention decoder
+//                      with beam search, joint CTC (weight 0.3).
+//   asr.synth.CtcTiny  the same encoder with a CTC head alone, greedy CTC decoding.
+#include <string>
+
+#include "glossa/base/strings.h"
+#include "glossa/input/asr_input.h"
+#include "glossa/input/tokenizers.h"
+#include "glossa/model/model_registry.h"
+#include "glossa/models/asr.h"
+#include "glossa/models/data_dir.h"
+#include "glossa/optim/optimizer.h"
+#include "glossa/optim/schedule.h"
+
+namespace glossa {
+namespace {
+
+std::string SpeechDir() { return FindDataDir("speech", "scripts/prepare_speech.sh"); }
+
+class SynthSpeechBase : public ModelParamsBase {
+ protected:
+  Params Input(const std::string& split, bool train) const {
+    Params p = AsrInput::Params();
+    p.Set("name", "input");
+    const std::string dir = SpeechDir();
+    p.Set("file_pattern", StrCat("text:", dir, "/", split, ".tsv"));
+    p.Set("audio_root", dir);
+    p.Set("file_parallelism", 1).Set("num_batcher_threads", 2);
+    // Utterances of up to 4 s (400 frames) in batches of ~12,800 frames.
+    p.Set("bucket_upper_bound", ParamValue::List{150, 250, 400, 600});
+    p.Set("bucket_batch_limit", ParamValue::List{64, 48, 32, 20});
+    if (!train) {
+      p.Set("repeat_count", 1).Set("require_sequential_order", true);
+    }
+    return p;
+  }
+
+  Params Model(double ctc_weight, int64_t max_steps) const {
+    Params p = asr::AsrModel::CommonParams(/*vocab_size=*/76, /*model_dim=*/144, /*hidden_dim=*/576,
+                                           /*num_heads=*/4, /*encoder_layers=*/4,
+                                           /*decoder_layers=*/2, ctc_weight);
+    Params& tp = p.GetParams("train");
+    tp.Set("max_steps", max_steps).Set("steps_per_loop", 100).Set("summary_interval_steps", 100);
+    tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 3);
+    tp.Set("learner.learning_rate", 2e-3).Set("learner.clip_gradient_norm_to_value", 5.0);
+    tp.Set("learner.lr_schedule", LinearRampupCosineSchedule::Params()
+                                      .Set("warmup_steps", 300)
+                                      .Set("total_steps", max_steps)
+                                      .Set("final_value", 0.05));
+    tp.Set("learner.optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
+    p.GetParams("eval").Set("samples_per_summary", 0);
+    if (p.IsSet("decoder")) p.Set("decoder.beam_search.num_hyps_per_beam", 4);
+    return p;
+  }
+
+ public:
+  std::map<std::string, std::function<Params()>> Datasets() const override {
+    return {{"Train", [this] { return Input("train", true); }},
+            {"Dev", [this] { return Input("dev", false); }},
+            {"Test", [this] { return Input("test", false); }}};
+  }
+};
+
+class LasTiny : public SynthSpeechBase {
+ public:
+  Params Task() const override { return Model(0.3, 3000); }
+};
+GLOSSA_REGISTER_MODEL(LasTiny, "asr.synth.LasTiny");
+
+class CtcTiny : public SynthSpeechBase {
+ public:
+  Params Task() const override { return Model(1.0, 3000); }
+};
+GLOSSA_REGISTER_MODEL(CtcTiny, "asr.synth.CtcTiny");
+
+}  // namespace
+}  // namespace glossa

@@ -1,0 +1,159 @@
+// Speech recognition: edit distances (WER, CER), the AsrModel's losses (attention, CTC, joint) and
+// their gradients, training steps on a fixed batch, CTC greedy and beam transcription, and the
+// `transcribe` subgraph's feed checks.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "glossa/base/errors.h"
+#include "glossa/core/step_seed.h"
+#include "glossa/input/tokenizers.h"
+#include "glossa/io/wav.h"
+#include "glossa/metrics/wer.h"
+#include "glossa/models/asr.h"
+#include "glossa/optim/learner.h"
+#include "glossa/optim/schedule.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+TEST(WerTest, EditDistancesCountSubstitutionsInsertionsDeletions) {
+  ErrorCounts e = WordErrors("the cat sat on the mat", "the bat sat on mat");
+  EXPECT_EQ(e.substitutions, 1);  // cat -> bat
+  EXPECT_EQ(e.deletions, 1);      // one "the" or "mat"
+  EXPECT_EQ(e.insertions, 0);
+  EXPECT_EQ(e.reference_length, 6);
+  EXPECT_NEAR(e.rate(), 2.0 / 6, 1e-12);
+  EXPECT_EQ(WordErrors("a b", "a x b").insertions, 1);
+  EXPECT_EQ(WordErrors("a b c", "a b c").errors(), 0);
+  EXPECT_EQ(WordErrors("", "x y").insertions, 2);
+  EXPECT_EQ(WordErrors("x y", "").deletions, 2);
+  // Characters count the single space between words; runs of whitespace collapse.
+  ErrorCounts c = CharErrors("ab  cd", "abd");
+  EXPECT_EQ(c.reference_length, 5);  // a b ' ' c d
+  EXPECT_EQ(c.errors(), 2);
+  // Against a brute-force Levenshtein on random strings.
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::string> a, b;
+    for (int i = 0, n = rng() % 7; i < n; ++i) a.push_back(std::string(1, 'a' + rng() % 3));
+    for (int i = 0, n = rng() % 7; i < n; ++i) b.push_back(std::string(1, 'a' + rng() % 3));
+    std::vector<std::vector<int>> d(a.size() + 1, std::vector<int>(b.size() + 1));
+    for (size_t i = 0; i <= a.size(); ++i) d[i][0] = static_cast<int>(i);
+    for (size_t j = 0; j <= b.size(); ++j) d[0][j] = static_cast<int>(j);
+    for (size_t i = 1; i <= a.size(); ++i) {
+      for (size_t j = 1; j <= b.size(); ++j) {
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      }
+    }
+    EXPECT_EQ(EditDistance(a, b).errors(), d[a.size()][b.size()]);
+  }
+}
+
+Params TinyAsr(double ctc_weight) {
+  Params p = asr::AsrModel::CommonParams(/*vocab_size=*/76, /*model_dim=*/32, /*hidden_dim=*/64,
+                                         /*num_heads=*/2, /*encoder_layers=*/1,
+                                         /*decoder_layers=*/1, ctc_weight);
+  p.Set("random_seed", 4).Set("frontend.num_bins", 20).Set("encoder.conv_channels", 4);
+  p.Set("train.learner.learning_rate", 3e-3);
+  p.Set("train.learner.lr_schedule", ConstantSchedule::Params());
+  if (p.IsSet("decoder")) p.Set("decoder.target_seq_len", 12);
+  return p;
+}
+
+// Two utterances of different lengths: tones whose pitch spells the transcript.
+NestedMap TinyBatch() {
+  AsciiTokenizer tok(AsciiTokenizer::Params());
+  const std::vector<std::string> texts = {"ab", "ba c"};
+  const int64_t n = 9000;
+  at::Tensor pcm = at::zeros({2, n}), pad = at::zeros({2, n});
+  for (int64_t i = 0; i < 2; ++i) {
+    const at::Tensor t = at::arange(n, at::kFloat);
+    pcm[i] = 4000 * at::sin(t * (0.05 + 0.05 * static_cast<double>(i)));
+  }
+  pad[0].slice(0, 7000).fill_(1);
+  pcm[0].slice(0, 7000).fill_(0);
+  at::Tensor ids = at::full({2, 5}, tok.eos_id(), at::kLong), labels = ids.clone();
+  at::Tensor tpad = at::ones({2, 5}), w = at::zeros({2, 5});
+  for (int64_t i = 0; i < 2; ++i) {
+    std::vector<int64_t> x = tok.StringToIds(texts[i]);
+    ids[i][0] = tok.sos_id();
+    for (size_t j = 0; j < x.size(); ++j) {
+      ids[i][static_cast<int64_t>(j) + 1] = x[j];
+      labels[i][static_cast<int64_t>(j)] = x[j];
+    }
+    const int64_t len = static_cast<int64_t>(x.size()) + 1;
+    labels[i][len - 1] = tok.eos_id();
+    tpad[i].slice(0, 0, len).fill_(0);
+    w[i].slice(0, 0, len).fill_(1);
+  }
+  NestedMap b;
+  b.Set("src.src_inputs", pcm);
+  b.Set("src.paddings", pad);
+  b.Set("tgt.ids", ids);
+  b.Set("tgt.labels", labels);
+  b.Set("tgt.paddings", tpad);
+  b.Set("tgt.weights", w);
+  return b;
+}
+
+TEST(AsrModelTest, LossesGradientsAndTraining) {
+  const NestedMap batch = TinyBatch();
+  for (double ctc_weight : {0.0, 0.3, 1.0}) {
+    auto task = TinyAsr(ctc_weight).Instantiate<asr::AsrModel>();
+    const auto vars = LearnerVariables(*task);
+    double first = 0, last = 0;
+    for (int step = 0; step < 60; ++step) {
+      SetGlobalStep(step);
+      auto r = task->FPropDefaultTheta(batch);
+      const double loss = r.metrics.at("loss").value.item<double>();
+      ASSERT_TRUE(std::isfinite(loss)) << ctc_weight;
+      if (step == 0) {
+        first = loss;
+        EXPECT_EQ(r.metrics.count("ctc_loss"), ctc_weight > 0 ? 1u : 0u);
+        EXPECT_EQ(r.metrics.count("log_pplx"), ctc_weight < 1 ? 1u : 0u);
+        if (ctc_weight > 0 && ctc_weight < 1) {
+          const double joint = (1 - ctc_weight) * r.metrics.at("log_pplx").value.item<double>() +
+                               ctc_weight * r.metrics.at("ctc_loss").value.item<double>();
+          // The attention part is label-smoothed, log_pplx is not: close, not equal.
+          EXPECT_NEAR(loss, joint, 0.2 * joint);
+        }
+      }
+      last = loss;
+      task->learner().Apply(r.metrics, vars, step);
+    }
+    EXPECT_LT(last, first * 0.5) << "ctc_weight " << ctc_weight << ": " << first << " -> " << last;
+    // The memorised batch transcribes: beam (attention) or CTC greedy.
+    const NestedMap out = task->Transcribe(task->theta(), batch.GetItem("src").AsMap(), 0);
+    EXPECT_EQ(out.GetTensor("topk_ids").size(0), 2);
+  }
+  SetGlobalStep(0);
+}
+
+TEST(AsrModelTest, TranscribeSubgraphChecksItsFeeds) {
+  auto task = TinyAsr(0.3).Instantiate<asr::AsrModel>();
+  AsciiTokenizer tok(AsciiTokenizer::Params());
+  const std::string wav = EncodeWav16(4000 * at::sin(at::arange(8000, at::kFloat) * 0.07), 16000);
+  InferenceMap f;
+  f["wav"] = InferenceValue::Strings({wav});
+  f["num_hyps"] = InferenceValue::Of(at::tensor(2, at::kLong).reshape({}));
+  const InferenceMap out = task->RunInference("transcribe", f, &tok);
+  EXPECT_EQ(out.at("transcript").strings.size(), 1u);
+  EXPECT_EQ(out.at("scores").tensor.sizes(), (std::vector<int64_t>{1, 2}));
+  auto bad = [&](const std::string& bytes, const std::string& message) {
+    InferenceMap g;
+    g["wav"] = InferenceValue::Strings({bytes});
+    EXPECT_ERROR_CONTAINS(task->RunInference("transcribe", g, &tok), InvalidArgumentError, message);
+  };
+  bad("hello", "feed 'wav'[0]: not a WAV file, nor the base64 of one");
+  bad(EncodeWav16(at::zeros({8000}), 8000), "feed 'wav'[0]: 8000 Hz; the model takes 16000 Hz");
+  bad(EncodeWav16(at::zeros({300}), 16000), "300 samples are too short");
+  bad(wav.substr(0, 100), "feed 'wav'[0]: truncated data chunk at byte 36");
+}
+
+}  // namespace
+}  // namespace glossa
