@@ -158,6 +158,7 @@ int64_t ExportBundle(const ExportOptions& o) {
     out->set_dtype(s.dtype);
     out->set_rank(s.rank);
     out->set_optional(s.optional);
+    out->set_bytes(s.bytes);
     out->set_doc(s.doc);
   };
   std::vector<std::string> wanted = o.subgraphs;
@@ -290,7 +291,7 @@ LoadedBundle LoadBundle(const std::string& dir) {
     throw DataLossError(StrCat("bundle '", dir, "': inference_graph.pbtxt does not parse"));
   }
   auto from_proto = [](const proto::TensorSpec& s) {
-    return TensorSpec{s.dtype(), s.rank(), s.optional(), s.doc()};
+    return TensorSpec{s.dtype(), s.rank(), s.optional(), s.doc(), s.bytes()};
   };
   for (const auto& [name, sg] : graph.subgraphs()) {
     InferenceSubgraphSpec& spec = b.subgraphs[name];

@@ -177,6 +177,7 @@ nlohmann::ordered_json SpecToJson(const InferenceSubgraphSpec& spec) {
     nlohmann::ordered_json o = nlohmann::ordered_json::object();
     for (const auto& [name, s] : m) {
       o[name] = {{"dtype", s.dtype}, {"rank", s.rank}, {"optional", s.optional}, {"doc", s.doc}};
+      if (s.bytes) o[name]["bytes"] = true;
     }
     return o;
   };

@@ -123,7 +123,7 @@ void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphS
     if (s.dtype == "string") {
       if (!v.is_strings()) throw InvalidArgumentError(StrCat(what, " must be strings, got a tensor"));
       n = static_cast<int64_t>(v.strings.size());
-      if (tokenizer != nullptr) {
+      if (tokenizer != nullptr && !s.bytes) {
         for (size_t i = 0; i < v.strings.size(); ++i) {
           // Every tokenizer makes at most one token per byte: short strings need no count.
           if (static_cast<int64_t>(v.strings[i].size()) <= options_.max_input_tokens) continue;

@@ -17,6 +17,9 @@ struct TensorSpec {
   int64_t rank = 1;
   bool optional = false;  // feeds only: may be left out (the task's default applies)
   std::string doc;
+  // String feeds only: the strings are binary data (WAV files, images), not text: the Predictor
+  // does not count their tokens against max_input_tokens.
+  bool bytes = false;
 };
 
 struct InferenceSubgraphSpec {

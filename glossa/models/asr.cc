@@ -178,7 +178,6 @@ glossa::Params AsrModel::CommonParams(int64_t vocab_size, int64_t model_dim, int
                                                           num_heads, decoder_layers);
   glossa::Params p = Params();
   p.Set("name", "asr");
-  p.Set("frontend.stack_left_context", 2);
   p.Set("encoder.model_dim", model_dim).Set("encoder.input_dropout_prob", 0.1);
   glossa::Params enc_stack = mt::TransformerModel::CommonParams(vocab_size, model_dim, hidden_dim,
                                                                 num_heads, encoder_layers)
@@ -274,6 +273,9 @@ BaseTask::LossOutput AsrModel::ComputeLoss(const NestedMap& theta, const NestedM
                             /*zero_infinity=*/true);
     const at::Tensor n = at::full({}, static_cast<double>(lp.size(0)), at::kFloat);
     out.metrics["ctc_loss"] = {ctc_loss.detach(), n};
+    // CTC cannot align a target longer than its input: ctc_loss counts such utterances as 0
+    // (zero_infinity); say how many there were.
+    out.metrics["ctc_infeasible_fraction"] = {(in_lens < tgt_lens).to(at::kFloat).mean(), n};
   }
   const at::Tensor weight =
       decoder_ ? out.metrics.at("loss").weight : out.metrics.at("ctc_loss").weight;
@@ -394,7 +396,7 @@ std::map<std::string, InferenceSubgraphSpec> AsrModel::Inference() const {
   std::map<std::string, InferenceSubgraphSpec> out;
   InferenceSubgraphSpec& t = out["transcribe"];
   t.doc = StrCat("Transcribes ", sample_rate_, " Hz PCM WAV utterances.");
-  t.feeds["wav"] = {"string", 1, false, "[B] WAV files' bytes, or their base64 (JSON)."};
+  t.feeds["wav"] = {"string", 1, false, "[B] WAV files' bytes, or their base64 (JSON).", true};
   t.feeds["num_hyps"] = {"int64", 0, true, "Hypotheses per utterance (beam width)."};
   t.fetches["transcript"] = {"string", 1, false, "[B] the best hypothesis."};
   t.fetches["hyps"] = {"string", 1, false, "[B] every hypothesis, best first, joined by \" ||| \"."};

@@ -61,8 +61,9 @@ class AsrModel : public BaseTask {
   // decoder (mt::TransformerDecoder; None with ctc_weight 1), ctc_weight, decoding ('beam',
   // 'greedy' (attention) or 'ctc_greedy'; default: beam with a decoder, ctc_greedy without).
   static glossa::Params Params();
-  // A character model of the given shape (Lingvo's LAS recipe scaled down): 80 log-mel bins with
-  // 3 frames stacked, SpecAugment, 2 stride-2 convs, a Transformer encoder and decoder.
+  // A character model of the given shape (Lingvo's LAS recipe scaled down): 80 log-mel bins,
+  // SpecAugment, 2 stride-2 convs (25 frames/s: enough for CTC over characters), a Transformer
+  // encoder and decoder.
   static glossa::Params CommonParams(int64_t vocab_size, int64_t model_dim, int64_t hidden_dim,
                                      int64_t num_heads, int64_t encoder_layers,
                                      int64_t decoder_layers, double ctc_weight);

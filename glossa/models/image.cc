@@ -379,7 +379,7 @@ std::map<std::string, InferenceSubgraphSpec> ClassifierTask::Inference() const {
                  " pixels; give `images` or `encoded`.");
   c.feeds["images"] = {"float32", 4, true, "[B, H, W, C] raw pixel values 0..255."};
   c.feeds["encoded"] = {"string", 1, true,
-                        "[B] images as IDX, PGM (P5/P2) or PNG bytes, or their base64 (JSON)."};
+                        "[B] images as IDX, PGM (P5/P2) or PNG bytes, or their base64 (JSON).", true};
   c.feeds["top_k"] = {"int64", 0, true, StrCat("Classes per image (default ", top_k_, ").")};
   c.fetches["classes"] = {"int64", 2, false, "[B, k] the top classes, most probable first."};
   c.fetches["scores"] = {"float32", 2, false, "[B, k] their probabilities."};

@@ -62,8 +62,8 @@ las=(--model=asr.synth.LasTiny --logdir="$tmp/las" --random_seed=2)
 check "LasTiny trains" "$glossa" train "${las[@]}" --max_steps=40 \
   --model_params_override="$small; task.decoder.num_trans_layers : 1" > "$tmp/las_train.log" 2>&1
 check "LasTiny loss falls: $(first_last_loss "$tmp/las_train.log")" falls "$tmp/las_train.log"
-check "LasTiny decodes Dev with WER and CER" bash -c "'$glossa' decode ${las[*]} --dataset=Dev --once --model_params_override='$small; task.decoder.num_trans_layers : 1' > '$tmp/las_decode.log' 2>&1 && grep -q 'cer' '$tmp/las_decode.log' && grep -q 'wer' '$tmp/las_decode.log'"
-check "decoder_out lines: reference ||| hypothesis" bash -c "cat '$tmp'/las/decoder_dev/decoder_out-* 2>/dev/null | grep -q ' ||| '"
+check "LasTiny decodes Dev with WER and CER" bash -c "'$glossa' decode ${las[*]} --dataset=Dev --once --model_params_override='$small; task.decoder.num_trans_layers : 1' > '$tmp/las_decode.log' 2>&1 && grep -q 'decode Dev .* 6 decoded · wer [0-9.]*' '$tmp/las_decode.log' && grep -q '^cer: [0-9.]*' '$tmp'/las/decoder_dev/score-00000040.txt"
+check "decoder_out lines: reference ||| hypothesis" bash -c "cat '$tmp'/las/decoder_dev/decoder_out_* 2>/dev/null | grep -q ' ||| '"
 check "LasTiny export" "$glossa" export "${las[@]}" --model_params_override="$small; task.decoder.num_trans_layers : 1" --out="$tmp/las_bundle" > /dev/null 2>&1
 {
   printf '{"wav": "%s", "num_hyps": 2}\n' "$(base64 -w0 "$tmp/data/speech/wav/test/000000.wav")"
