@@ -8,7 +8,8 @@
 #   bash scripts/prepare_speech.sh [num_train=4000] [num_dev=200] [num_test=200] [out=data/speech]
 #
 # Writes <out>/wav/<split>/NNNNNN.wav and <out>/<split>.tsv ("wav/<split>/NNNNNN.wav<TAB>text"),
-# then <out>/COMPLETE; with COMPLETE present for the same sizes it does nothing.
+# and <out>/feature_stats.txt (per-bin log-mel mean and stddev of Train), then <out>/COMPLETE; with
+# COMPLETE present for the same sizes it does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 num_train="${1:-4000}"
@@ -16,7 +17,7 @@ num_dev="${2:-200}"
 num_test="${3:-200}"
 out="${4:-data/speech}"
 stamp="train=$num_train dev=$num_dev test=$num_test"
-if [ -f "$out/COMPLETE" ] && [ "$(cat "$out/COMPLETE")" = "$stamp" ]; then
+if [ -f "$out/COMPLETE" ] && [ "$(cat "$out/COMPLETE")" = "$stamp" ] && [ -f "$out/feature_stats.txt" ]; then
   echo "prepare_speech: $out is complete ($stamp)"
   exit 0
 fi
@@ -71,7 +72,7 @@ echo "prepare_speech: synthesising $total utterances ($stamp) into $out"
 synth() {  # path voice speed pitch text
   local tmp="$OUT/$1.22k.wav"
   espeak-ng -v "$2" -s "$3" -p "$4" -w "$tmp" "$5"
-  sox -q "$tmp" -r 16000 -b 16 -c 1 -e signed-integer "$OUT/$1"
+  sox -q -V1 "$tmp" -r 16000 -b 16 -c 1 -e signed-integer "$OUT/$1"
   rm -f "$tmp"
 }
 export -f synth
@@ -92,5 +93,45 @@ wait "$pid"
 n=$(find "$out/wav" -name '??????.wav' | wc -l)
 [ "$n" -eq "$total" ] || { echo "prepare_speech: only $n of $total utterances were written" >&2; exit 1; }
 rm -f "$out/jobs.txt"
+# Per-bin mean and stddev of the log-mel features over (up to) 500 Train utterances, as Lingvo's
+# recipes fix per_bin_mean / per_bin_stddev from their training data; asr.synth.* read them. The
+# features are MelAsrFrontend's defaults (80 bins, 25/10 ms, pre-emphasis 0.97, periodic Hann,
+# 1024-point FFT, TensorFlow's mel matrix), computed here with torch.stft as
+# tests/reference/asr_frontend_reference.py does (the unit test holds the two equal).
+/usr/bin/python3 - "$out" <<'PY'
+import math, sys, wave
+import torch
+out = sys.argv[1]
+RATE, STEP, WIN, NFFT, BINS = 16000, 160, 400, 1024, 80
+mel = lambda f: 1127.0 * torch.log(1.0 + f / 700.0)
+freqs = torch.linspace(0, RATE / 2, NFFT // 2 + 1, dtype=torch.float64)[1:]
+edges = torch.linspace(float(mel(torch.tensor(125.0))), float(mel(torch.tensor(7600.0))), BINS + 2,
+                       dtype=torch.float64)
+m = mel(freqs).unsqueeze(1)
+w = torch.clamp(torch.minimum((m - edges[:-2]) / (edges[1:-1] - edges[:-2]),
+                              (edges[2:] - m) / (edges[2:] - edges[1:-1])), min=0)
+w = torch.cat([torch.zeros(1, BINS, dtype=torch.float64), w])
+window = torch.hann_window(WIN, periodic=True, dtype=torch.float64)
+total, total_sq, n = torch.zeros(BINS, dtype=torch.float64), torch.zeros(BINS, dtype=torch.float64), 0
+for line in open(out + "/train.tsv").readlines()[:500]:
+    with wave.open(out + "/" + line.split("\t")[0]) as f:
+        x = torch.frombuffer(bytearray(f.readframes(f.getnframes())), dtype=torch.int16).double()
+    if x.numel() < WIN + 1:
+        continue
+    y = x[1:] - 0.97 * x[:-1]
+    side = (NFFT - WIN) // 2
+    spec = torch.stft(torch.nn.functional.pad(y, (side, side)), n_fft=NFFT, hop_length=STEP,
+                      win_length=WIN, window=window, center=False, return_complex=True).abs().T
+    feats = torch.log(torch.clamp(spec[:1 + (x.numel() - WIN - 1) // STEP] @ w, min=1.0))
+    total += feats.sum(0)
+    total_sq += (feats ** 2).sum(0)
+    n += feats.shape[0]
+mean = total / n
+std = torch.sqrt(torch.clamp(total_sq / n - mean ** 2, min=1e-4))
+with open(out + "/feature_stats.txt", "w") as f:
+    f.write("per_bin_mean " + " ".join("%.5f" % v for v in mean.tolist()) + "\n")
+    f.write("per_bin_stddev " + " ".join("%.5f" % v for v in std.tolist()) + "\n")
+print("prepare_speech: feature statistics over %d frames" % n)
+PY
 echo "$stamp" > "$out/COMPLETE"
 echo "prepare_speech: $total utterances in $(( $(date +%s) - start )) s ($(du -sh "$out" | cut -f1))"

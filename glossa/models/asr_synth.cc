@@ -7,6 +7,8 @@
 //   asr.synth.CtcTiny  the same encoder with a CTC head alone, greedy CTC decoding.
 #include <string>
 
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/input/asr_input.h"
 #include "glossa/input/tokenizers.h"
@@ -21,6 +23,34 @@ namespace {
 
 std::string SpeechDir() { return FindDataDir("speech", "scripts/prepare_speech.sh"); }
 
+// The frontend's per-bin normalisation from <speech dir>/feature_stats.txt (prepare_speech.sh
+// computes it over Train), as Lingvo's recipes fix per_bin_mean and per_bin_stddev from their
+// data. Without the corpus the defaults (0 and 1) stay.
+void SetFeatureStats(Params& p) {
+  std::string file;
+  try {
+    file = JoinPath(SpeechDir(), "feature_stats.txt");
+  } catch (const NotFoundError&) {
+    return;
+  }
+  if (!FileExists(file)) return;
+  for (const std::string& line : Split(ReadFileToString(file), '\n')) {
+    const std::vector<std::string> f = Split(line, ' ');
+    if (f.size() < 2 || (f[0] != "per_bin_mean" && f[0] != "per_bin_stddev")) continue;
+    ParamValue::List values;
+    for (size_t i = 1; i < f.size(); ++i) {
+      if (f[i].empty()) continue;
+      try {
+        values.emplace_back(std::stod(f[i]));
+      } catch (const std::exception&) {
+        throw DataLossError(StrCat(file, ": ", f[0], ": '", f[i], "' is not a number (rerun "
+                                   "scripts/prepare_speech.sh)"));
+      }
+    }
+    p.Set(StrCat("frontend.", f[0]), values);
+  }
+}
+
 class SynthSpeechBase : public ModelParamsBase {
  protected:
   Params Input(const std::string& split, bool train) const {
@@ -34,7 +64,10 @@ class SynthSpeechBase : public ModelParamsBase {
     p.Set("bucket_upper_bound", ParamValue::List{150, 250, 400, 600});
     p.Set("bucket_batch_limit", ParamValue::List{64, 48, 32, 20});
     if (!train) {
+      // Every Dev and Test utterance is scored, however long (up to max_audio_seconds).
       p.Set("repeat_count", 1).Set("require_sequential_order", true);
+      p.Set("bucket_upper_bound", ParamValue::List{600, 2000});
+      p.Set("bucket_batch_limit", ParamValue::List{20, 6});
     }
     return p;
   }
@@ -54,6 +87,7 @@ class SynthSpeechBase : public ModelParamsBase {
     tp.Set("learner.optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
     p.GetParams("eval").Set("samples_per_summary", 0);
     if (p.IsSet("decoder")) p.Set("decoder.beam_search.num_hyps_per_beam", 4);
+    SetFeatureStats(p);
     return p;
   }
 
@@ -67,13 +101,13 @@ class SynthSpeechBase : public ModelParamsBase {
 
 class LasTiny : public SynthSpeechBase {
  public:
-  Params Task() const override { return Model(0.3, 3000); }
+  Params Task() const override { return Model(0.3, 2000); }
 };
 GLOSSA_REGISTER_MODEL(LasTiny, "asr.synth.LasTiny");
 
 class CtcTiny : public SynthSpeechBase {
  public:
-  Params Task() const override { return Model(1.0, 3000); }
+  Params Task() const override { return Model(1.0, 2000); }
 };
 GLOSSA_REGISTER_MODEL(CtcTiny, "asr.synth.CtcTiny");
 
