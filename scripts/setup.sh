@@ -16,6 +16,7 @@ PACKAGES=(
   chromium-headless-shell bsdutils
   pybind11-dev python3-dev python3-pytest
   libpng-dev dataset-fashion-mnist
+  espeak-ng sox pocketsphinx-testdata
 )
 
 missing=()
