@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "glossa/base/base64.h"
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
@@ -19,7 +20,6 @@
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/wer.h"
 #include "glossa/models/mt.h"
-#include "glossa/search/beam_search.h"
 
 namespace glossa {
 namespace asr {
@@ -33,56 +33,7 @@ ParamValue::List Ints(std::initializer_list<int64_t> v) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-const BaseTokenizer& TokenizerOf(const BaseTask& task) {
-  const auto* seq = task.has_input() ? dynamic_cast<const BaseSequenceInputGenerator*>(&task.input())
-                                     : nullptr;
-  if (seq == nullptr) {
-    throw FailedPreconditionError(
-        StrCat("task '", task.path(), "': decoding needs a sequence input (with a tokenizer)"));
-  }
-  return seq->tokenizer();
-}
 
-std::vector<std::string> RowsToText(const BaseTokenizer& tok, const at::Tensor& ids,
-                                    const at::Tensor& lens) {
-  const at::Tensor c = ids.to(at::kLong).contiguous();
-  const at::Tensor l = lens.to(at::kLong).contiguous();
-  const auto a = c.accessor<int64_t, 2>();
-  const auto n = l.accessor<int64_t, 1>();
-  std::vector<std::string> out;
-  for (int64_t i = 0; i < c.size(0); ++i) {
-    std::vector<int64_t> row;
-    for (int64_t t = 0; t < std::min<int64_t>(n[i], c.size(1)); ++t) {
-      if (a[i][t] == tok.eos_id()) break;
-      if (a[i][t] == tok.sos_id()) continue;
-      row.push_back(a[i][t]);
-    }
-    out.push_back(tok.IdsToString(row));
-  }
-  return out;
-}
-
-std::string Base64Decode(const std::string& in, bool* ok) {
-  static const std::string chars =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -8;
-  *ok = false;
-  for (char c : in) {
-    if (std::isspace(static_cast<unsigned char>(c))) continue;
-    if (c == '=') break;
-    const size_t pos = chars.find(c);
-    if (pos == std::string::npos) return "";
-    val = (val << 6) + static_cast<int>(pos);
-    bits += 6;
-    if (bits >= 0) {
-      out.push_back(static_cast<char>((val >> bits) & 0xFF));
-      bits -= 8;
-    }
-  }
-  *ok = !out.empty();
-  return out;
-}
 
 }  // namespace
 
@@ -321,35 +272,7 @@ NestedMap AsrModel::Transcribe(const NestedMap& theta, const NestedMap& src, int
     return NestedMap{{"topk_ids", ids}, {"topk_lens", out_lens},
                      {"topk_scores", at::zeros({b, 1}, at::kDouble)}};
   }
-  const NestedMap& dec_theta = decoder_.Theta(theta);
-  const mt::TransformerDecoder& dec = *decoder_;
-  SearchResult r;
-  if (decoding_ == "beam") {
-    std::unique_ptr<BeamSearchHelper> other;
-    const BeamSearchHelper* beam = &dec.beam_search();
-    if (num_hyps > 0 && num_hyps != beam->num_hyps_per_beam()) {
-      glossa::Params bp = dec.beam_search_params().Copy();
-      bp.Set("name", "beam_search").Set("num_hyps_per_beam", num_hyps);
-      if (bp.GetInt("num_hyps_to_return") > num_hyps) bp.Set("num_hyps_to_return", num_hyps);
-      other = InstantiateLayer<BeamSearchHelper>(bp);
-      beam = other.get();
-    }
-    const int64_t n = beam->num_hyps_per_beam() * b;
-    const NestedMap source = dec.PrecomputeSource(dec_theta, enc, n);
-    r = beam->Search(b, dec.InitDecodeStates(n),
-                     [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
-                       return dec.ExtendStep(dec_theta, source, ids, step, states);
-                     });
-  } else {
-    const NestedMap source = dec.PrecomputeSource(dec_theta, enc, b);
-    r = SampleSearch(b, dec.InitDecodeStates(b),
-                     [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
-                       return dec.ExtendStep(dec_theta, source, ids, step, states);
-                     },
-                     dec.target_seq_len(), dec.sos_id(), dec.eos_id(), 0.0, 0, 0);
-  }
-  return NestedMap{{"topk_ids", r.topk_ids}, {"topk_lens", r.topk_lens},
-                   {"topk_scores", r.topk_scores}};
+  return mt::SearchDecoder(*decoder_, decoder_.Theta(theta), enc, b, decoding_, num_hyps);
 }
 
 NestedMap AsrModel::Decode(const NestedMap& batch) {
@@ -367,11 +290,11 @@ std::map<std::string, double> AsrModel::CreateDecoderMetrics() const {
 
 std::vector<std::string> AsrModel::PostProcessDecodeOut(const NestedMap& decode_out,
                                                         std::map<std::string, double>& metrics) {
-  const BaseTokenizer& tok = TokenizerOf(*this);
+  const BaseTokenizer& tok = mt::TokenizerOf(*this);
   const at::Tensor tgt_lens = (1 - decode_out.GetTensor("tgt.paddings").to(at::kFloat)).sum(1);
-  const std::vector<std::string> refs = RowsToText(tok, decode_out.GetTensor("tgt.labels"), tgt_lens);
+  const std::vector<std::string> refs = mt::RowsToStrings(tok, decode_out.GetTensor("tgt.labels"), tgt_lens);
   const std::vector<std::string> hyps =
-      RowsToText(tok, decode_out.GetTensor("topk_ids").select(1, 0),
+      mt::RowsToStrings(tok, decode_out.GetTensor("topk_ids").select(1, 0),
                  decode_out.GetTensor("topk_lens").select(1, 0));
   std::vector<std::string> lines;
   for (size_t i = 0; i < hyps.size(); ++i) {
@@ -417,12 +340,11 @@ InferenceMap AsrModel::RunInference(const std::string& subgraph, const Inference
     const std::string what = StrCat("feed 'wav'[", i, "]");
     std::string bytes = wavs[i];
     if (bytes.compare(0, 4, "RIFF") != 0) {
-      bool ok = false;
-      const std::string decoded = Base64Decode(bytes, &ok);
-      if (!ok || decoded.compare(0, 4, "RIFF") != 0) {
+      const std::optional<std::string> decoded = Base64Decode(bytes);
+      if (!decoded || decoded->compare(0, 4, "RIFF") != 0) {
         throw InvalidArgumentError(StrCat(what, ": not a WAV file, nor the base64 of one"));
       }
-      bytes = decoded;
+      bytes = *decoded;
     }
     Wav w;
     try {
@@ -457,7 +379,7 @@ InferenceMap AsrModel::RunInference(const std::string& subgraph, const Inference
   const at::Tensor ids = r.GetTensor("topk_ids"), lens = r.GetTensor("topk_lens");
   std::vector<std::string> best, all;
   for (int64_t i = 0; i < b; ++i) {
-    const std::vector<std::string> hyps = RowsToText(*tokenizer, ids[i], lens[i]);
+    const std::vector<std::string> hyps = mt::RowsToStrings(*tokenizer, ids[i], lens[i]);
     best.push_back(hyps.empty() ? "" : hyps[0]);
     std::string joined;
     for (size_t j = 0; j < hyps.size(); ++j) joined += (j ? " ||| " : "") + hyps[j];

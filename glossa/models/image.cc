@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "glossa/base/base64.h"
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
@@ -389,32 +390,6 @@ std::map<std::string, InferenceSubgraphSpec> ClassifierTask::Inference() const {
 
 namespace {
 
-std::string Base64Decode(const std::string& in, bool* ok) {
-  static const std::string chars =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -8;
-  size_t n = 0;
-  *ok = true;
-  for (char c : in) {
-    if (std::isspace(static_cast<unsigned char>(c))) continue;
-    if (c == '=') break;
-    const size_t pos = chars.find(c);
-    if (pos == std::string::npos) {
-      *ok = false;
-      return "";
-    }
-    ++n;
-    val = (val << 6) + static_cast<int>(pos);
-    bits += 6;
-    if (bits >= 0) {
-      out.push_back(static_cast<char>((val >> bits) & 0xFF));
-      bits -= 8;
-    }
-  }
-  *ok = n > 0;
-  return out;
-}
 
 bool LooksEncoded(const std::string& b) {
   if (b.size() >= 8 && std::memcmp(b.data(), "\x89PNG\r\n\x1a\n", 8) == 0) return true;
@@ -494,9 +469,9 @@ at::Tensor DecodePng(const std::string& b, int64_t channels, const std::string& 
 at::Tensor DecodeImages(const std::string& raw, int64_t channels, const std::string& what) {
   std::string bytes = raw;
   if (!LooksEncoded(bytes)) {
-    bool ok = false;
-    bytes = Base64Decode(raw, &ok);
-    if (!ok || !LooksEncoded(bytes)) {
+    const std::optional<std::string> decoded = Base64Decode(raw);
+    bytes = decoded.value_or("");
+    if (!decoded || !LooksEncoded(bytes)) {
       throw InvalidArgumentError(StrCat(what, ": not an IDX, PGM (P5/P2) or PNG image, nor the "
                                         "base64 of one"));
     }

@@ -404,16 +404,11 @@ BaseTask::LossOutput TransformerModel::ComputeLoss(const NestedMap& theta,
   return out;
 }
 
-NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& src,
-                                      int64_t num_hyps) const {
-  at::NoGradGuard no_grad;
-  EvalModeScope eval;
-  const NestedMap enc = encoder_->FProp(encoder_.Theta(theta), src);
-  const int64_t b = src.GetTensor("ids").size(0);
-  const NestedMap& dec_theta = decoder_.Theta(theta);
-  const TransformerDecoder& dec = *decoder_;
+NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_theta,
+                        const NestedMap& enc, int64_t b, const std::string& decoding,
+                        int64_t num_hyps) {
   SearchResult r;
-  if (decoding_ == "beam") {
+  if (decoding == "beam") {
     // Another width than the configured one (the translate subgraph's num_hyps): a helper of
     // the same Params with that width.
     std::unique_ptr<BeamSearchHelper> other;
@@ -433,7 +428,7 @@ NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& s
                      });
   } else {
     const NestedMap source = dec.PrecomputeSource(dec_theta, enc, b);
-    const double temperature = decoding_ == "greedy" ? 0.0 : dec.sampling_temperature();
+    const double temperature = decoding == "greedy" ? 0.0 : dec.sampling_temperature();
     r = SampleSearch(b, dec.InitDecodeStates(b),
                      [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
                        return dec.ExtendStep(dec_theta, source, ids, step, states);
@@ -444,6 +439,15 @@ NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& s
   return NestedMap{{"topk_ids", r.topk_ids},
                    {"topk_lens", r.topk_lens},
                    {"topk_scores", r.topk_scores}};
+}
+
+NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& src,
+                                      int64_t num_hyps) const {
+  at::NoGradGuard no_grad;
+  EvalModeScope eval;
+  const NestedMap enc = encoder_->FProp(encoder_.Theta(theta), src);
+  return SearchDecoder(*decoder_, decoder_.Theta(theta), enc, src.GetTensor("ids").size(0),
+                       decoding_, num_hyps);
 }
 
 NestedMap TransformerModel::Decode(const NestedMap& batch) {
@@ -457,9 +461,6 @@ std::map<std::string, double> TransformerModel::CreateDecoderMetrics() const {
   return {{"num_samples_in_batch", 0.0}, {"corpus_bleu", 0.0}};
 }
 
-namespace {
-
-// The text of each row of ids [B, T] up to its length, without <s> and what follows </s>.
 std::vector<std::string> RowsToStrings(const BaseTokenizer& tok, const at::Tensor& ids,
                                        const at::Tensor& lens) {
   const at::Tensor c = ids.to(at::kLong).contiguous();
@@ -491,8 +492,6 @@ const BaseTokenizer& TokenizerOf(const BaseTask& task) {
   }
   return seq->tokenizer();
 }
-
-}  // namespace
 
 std::vector<std::string> TransformerModel::PostProcessDecodeOut(
     const NestedMap& decode_out, std::map<std::string, double>& metrics) {

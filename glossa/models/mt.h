@@ -168,5 +168,20 @@ class TransformerModel : public BaseTask {
   std::vector<std::string> bleu_refs_, bleu_hyps_;
 };
 
+// The text of each row of ids [B, T] up to its length, without <s> and what follows </s>.
+std::vector<std::string> RowsToStrings(const BaseTokenizer& tok, const at::Tensor& ids,
+                                       const at::Tensor& lens);
+// The tokenizer of the task's sequence input (FailedPrecondition when it has none): what decoders
+// turn ids into text with.
+const BaseTokenizer& TokenizerOf(const BaseTask& task);
+
+// The decoder's search over encoder_outputs ({encoded [B, S, D], paddings}) of `batch` sources:
+// 'beam' (its BeamSearchHelper, or one of num_hyps hypotheses when num_hyps > 0 differs from it),
+// 'greedy', or 'sample' (its sampling settings). Returns {topk_ids [B, K, T], topk_lens [B, K],
+// topk_scores [B, K]}. Used by TransformerModel::Translate and the speech model.
+NestedMap SearchDecoder(const TransformerDecoder& decoder, const NestedMap& decoder_theta,
+                        const NestedMap& encoder_outputs, int64_t batch, const std::string& decoding,
+                        int64_t num_hyps);
+
 }  // namespace mt
 }  // namespace glossa

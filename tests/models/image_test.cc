@@ -13,6 +13,7 @@
 #include <fstream>
 #include <set>
 
+#include "glossa/base/base64.h"
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
@@ -303,22 +304,6 @@ std::string PngBytes(const at::Tensor& gray) {  // [H, W] uint8
   return out;
 }
 
-std::string Base64(const std::string& in) {
-  static const char* chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -6;
-  for (unsigned char c : in) {
-    val = (val << 8) + c;
-    bits += 8;
-    while (bits >= 0) {
-      out.push_back(chars[(val >> bits) & 0x3F]);
-      bits -= 6;
-    }
-  }
-  if (bits > -6) out.push_back(chars[((val << 8) >> (bits + 8)) & 0x3F]);
-  while (out.size() % 4) out.push_back('=');
-  return out;
-}
 
 TEST(ClassifierTaskTest, ClassifyTakesTensorsIdxPgmPngAndBase64) {
   auto task = TinyClassifier().Instantiate<ClassifierTask>();
@@ -340,7 +325,7 @@ TEST(ClassifierTaskTest, ClassifyTakesTensorsIdxPgmPngAndBase64) {
     p2 += StrCat(v, i % 4 == 3 ? "\n" : " ");
   }
   const std::string idx = IdxBytes(0x08, {4, 4}, p5.substr(p5.size() - 16));
-  for (const std::string& enc : {idx, p5, p2, PngBytes(img), Base64(PngBytes(img)), Base64(idx)}) {
+  for (const std::string& enc : {idx, p5, p2, PngBytes(img), Base64Encode(PngBytes(img)), Base64Encode(idx)}) {
     InferenceMap f;
     f["encoded"] = InferenceValue::Strings({enc});
     f["top_k"] = feeds["top_k"];
