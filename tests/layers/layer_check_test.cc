@@ -26,6 +26,8 @@
 #include "glossa/layers/rnn.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
+#include "glossa/models/asr.h"
+#include "glossa/models/image.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -126,6 +128,17 @@ std::map<std::string, Adapter> Adapters() {
   a["glossa.layers.PoolingLayer"] = [](const BaseLayer& l, const NestedMap& th,
                                        const NestedMap& in) {
     return NestedMap{{"y", dynamic_cast<const PoolingLayer&>(l).FProp(th, T(in, "x")).first}};
+  };
+  for (const char* cls : {"glossa.image.ConvStack", "glossa.image.ResNet"}) {
+    a[cls] = [](const BaseLayer& l, const NestedMap& th, const NestedMap& in) {
+      return NestedMap{
+          {"y", dynamic_cast<const ImageFeatureExtractor&>(l).FPropImages(th, T(in, "x"))}};
+    };
+  }
+  a["glossa.asr.AsrEncoder"] = [](const BaseLayer& l, const NestedMap& th, const NestedMap& in) {
+    return NestedMap{{"y", dynamic_cast<const asr::AsrEncoder&>(l)
+                               .FProp(th, T(in, "features"), T(in, "paddings"))
+                               .GetTensor("encoded")}};
   };
   return a;
 }
@@ -342,7 +355,8 @@ TEST(LayerCheckTable, CoversEveryCoreLayer) {
         "glossa.layers.BatchNormLayer", "glossa.layers.MultiHeadedAttention",
         "glossa.layers.TransformerFeedForwardLayer", "glossa.layers.TransformerLayer",
         "glossa.layers.TransformerDecoder", "glossa.layers.SimpleFullSoftmax",
-        "glossa.layers.StackedRNN", "glossa.layers.Conv2DLayer", "glossa.layers.PoolingLayer"}) {
+        "glossa.layers.StackedRNN", "glossa.layers.Conv2DLayer", "glossa.layers.PoolingLayer",
+        "glossa.image.ConvStack", "glossa.image.ResNet", "glossa.asr.AsrEncoder"}) {
     EXPECT_TRUE(covered.count(layer)) << layer << " has no reference case";
   }
 }

@@ -399,5 +399,139 @@ for kind in ('MAX', 'AVG'):
        f"window_shape : [3, 3]\nwindow_stride : [2, 2]\npooling_type : '{kind}'",
        {'x': rnd(2, 6, 5, 3)}, {}, lambda i, t, kind=kind: pool(i, kind))
 
+# ---- Image feature extractors (glossa/models/image.h) ----
+
+
+def conv_same(x, w, b, stride, activation='NONE', pad=None):
+  """A SAME NHWC convolution as Conv2DLayer; with paddings [B, T] masks input and output."""
+  if pad is not None:
+    x = pad_mask(x, pad)
+  xc = x.permute(0, 3, 1, 2)
+  ht, hb = same_pad(xc.shape[2], w.shape[0], stride)
+  wl, wr = same_pad(xc.shape[3], w.shape[1], stride)
+  y = F.conv2d(F.pad(xc, (wl, wr, ht, hb)), w.permute(3, 2, 0, 1), b, stride=stride)
+  y = act(activation, y.permute(0, 2, 3, 1))
+  if pad is not None:
+    pad = pad[:, ::stride][:, :y.shape[1]]
+    y = pad_mask(y, pad)
+  return y, pad
+
+
+def max_pool_same(x, k):
+  xc = x.permute(0, 3, 1, 2)
+  ht, hb = same_pad(xc.shape[2], k, k)
+  wl, wr = same_pad(xc.shape[3], k, k)
+  return F.max_pool2d(F.pad(xc, (wl, wr, ht, hb), value=-math.inf), k, k).permute(0, 2, 3, 1)
+
+
+def bn_theta(prefix, c):
+  return {prefix + 'beta': rnd(c, scale=0.1), prefix + 'gamma': rnd(c, scale=0.1),
+          prefix + 'moving_mean': rnd(c, scale=0.1),
+          prefix + 'moving_variance': 1.0 + rnd(c, scale=0.1).abs()}
+
+
+def batch_norm_nhwc(t, pre, x):
+  """Training-mode batch norm over every dim but the last (batch statistics, epsilon 0.001)."""
+  dims = tuple(range(x.dim() - 1))
+  mean = x.mean(dims)
+  var = ((x - mean) ** 2).mean(dims)
+  return (x - mean) / torch.sqrt(var + 0.001) * (1 + t[pre + 'gamma']) + t[pre + 'beta']
+
+
+# LeNet-style ConvStack: conv+ReLU, 2x2 max pool, twice, then FC+ReLU.
+cs_theta = {'conv[0].w': rnd(3, 3, 1, 2, scale=0.5), 'conv[0].b': rnd(2, scale=0.1),
+            'conv[1].w': rnd(3, 3, 2, 3, scale=0.5), 'conv[1].b': rnd(3, scale=0.1),
+            'fc.w': rnd(12, 4, scale=0.4), 'fc.b': rnd(4, scale=0.1)}
+
+
+def conv_stack(i, t):
+  x = i['x']
+  for l in range(2):
+    x = max_pool_same(conv_same(x, t[f'conv[{l}].w'], t[f'conv[{l}].b'], 1, 'RELU')[0], 2)
+  return {'y': F.relu(x.reshape(x.shape[0], -1) @ t['fc.w'] + t['fc.b'])}
+
+
+case('image_conv_stack', 'glossa.image.ConvStack',
+     'input_shape : [6, 6, 1]\nfilter_shapes : [[3, 3, 1, 2], [3, 3, 2, 3]]\n'
+     'window_shapes : [[2, 2], [2, 2]]\nfc_dim : 4',
+     {'x': rnd(2, 6, 6, 1)}, cs_theta, conv_stack)
+
+# ConvStack with batch norm in place of the conv biases.
+csbn_theta = {'conv[0].w': rnd(3, 3, 1, 2, scale=0.5), 'conv[1].w': rnd(3, 3, 2, 3, scale=0.5)}
+csbn_theta.update(bn_theta('bn[0].', 2))
+csbn_theta.update(bn_theta('bn[1].', 3))
+
+
+def conv_stack_bn(i, t):
+  x = i['x']
+  for l in range(2):
+    x = conv_same(x, t[f'conv[{l}].w'], None, 1)[0]
+    x = max_pool_same(F.relu(batch_norm_nhwc(t, f'bn[{l}].', x)), 2)
+  return {'y': x.reshape(x.shape[0], -1)}
+
+
+case('image_conv_stack_bn', 'glossa.image.ConvStack',
+     'input_shape : [6, 6, 1]\nfilter_shapes : [[3, 3, 1, 2], [3, 3, 2, 3]]\n'
+     'window_shapes : [[2, 2], [2, 2]]\nbatch_norm : True\nfc_dim : 0',
+     {'x': rnd(3, 6, 6, 1)}, csbn_theta, conv_stack_bn)
+
+# A ResNet: a stem, an identity block, a strided block with a 1x1 projection shortcut, global
+# average pooling.
+rn_theta = {'stem.w': rnd(3, 3, 2, 3, scale=0.5)}
+rn_theta.update(bn_theta('stem_bn.', 3))
+for blk, (cin, cout, short) in enumerate([(3, 3, False), (3, 4, True)]):
+  rn_theta[f'block{blk}_conv1.w'] = rnd(3, 3, cin, cout, scale=0.5)
+  rn_theta.update(bn_theta(f'block{blk}_bn1.', cout))
+  rn_theta[f'block{blk}_conv2.w'] = rnd(3, 3, cout, cout, scale=0.5)
+  rn_theta.update(bn_theta(f'block{blk}_bn2.', cout))
+  if short:
+    rn_theta[f'block{blk}_shortcut.w'] = rnd(1, 1, cin, cout, scale=0.5)
+    rn_theta.update(bn_theta(f'block{blk}_shortcut_bn.', cout))
+
+
+def resnet(i, t):
+  x = F.relu(batch_norm_nhwc(t, 'stem_bn.', conv_same(i['x'], t['stem.w'], None, 1)[0]))
+  for blk, stride in enumerate((1, 2)):
+    p = f'block{blk}_'
+    y = F.relu(batch_norm_nhwc(t, p + 'bn1.', conv_same(x, t[p + 'conv1.w'], None, stride)[0]))
+    y = batch_norm_nhwc(t, p + 'bn2.', conv_same(y, t[p + 'conv2.w'], None, 1)[0])
+    s = x
+    if p + 'shortcut.w' in t:
+      s = batch_norm_nhwc(t, p + 'shortcut_bn.', conv_same(x, t[p + 'shortcut.w'], None, stride)[0])
+    x = F.relu(y + s)
+  return {'y': x.mean((1, 2))}
+
+
+case('image_resnet', 'glossa.image.ResNet',
+     'input_shape : [5, 5, 2]\nstem_channels : 3\nstage_channels : [3, 4]\nblocks_per_stage : 1',
+     {'x': rnd(3, 5, 5, 2)}, rn_theta, resnet)
+
+# ---- Speech encoder (glossa/models/asr.h): conv subsampling, projection, positions, Transformer --
+enc_theta = {'conv[0].w': rnd(3, 3, 1, 2, scale=0.5), 'conv[0].b': rnd(2, scale=0.1),
+             'conv[1].w': rnd(3, 3, 2, 2, scale=0.5), 'conv[1].b': rnd(2, scale=0.1),
+             'proj.w': rnd(4, d, scale=0.5), 'proj.b': rnd(d, scale=0.1)}
+enc_theta.update(layer_theta('transformer_stack.x_layers[0].', d, n, 12, False))
+enc_theta.update(ln_theta('transformer_stack.final_ln.', d))
+
+
+def asr_encoder(i, t):
+  x, pad = i['features'], i['paddings']
+  for l in range(2):
+    x, pad = conv_same(x, t[f'conv[{l}].w'], t[f'conv[{l}].b'], 2, 'RELU', pad)
+  x = x.reshape(x.shape[0], x.shape[1], -1) @ t['proj.w'] + t['proj.b']
+  x = pad_mask(x + sinusoid(x.shape[1], d)[None], pad)
+  pre = 'transformer_stack.x_layers[0].'
+  x = transformer_layer(t, pre, x, pad, None, None, False, False, True)[0]
+  return {'y': layer_norm(x, t['transformer_stack.final_ln.scale'],
+                          t['transformer_stack.final_ln.bias'])}
+
+
+case('asr_encoder', 'glossa.asr.AsrEncoder',
+     f'input_dim : 6\nnum_conv : 2\nconv_channels : 2\nmodel_dim : {d}\n'
+     f'transformer_stack.num_layers : 1\ntransformer_stack.num_atten_heads : {n}\n'
+     'transformer_stack.hidden_dim : 12',
+     {'features': rnd(2, 9, 6, 1), 'paddings': paddings(2, 9, [9, 5])}, enc_theta, asr_encoder,
+     int_inputs=('paddings',))
+
 print(json.dumps({'generator': 'tests/reference/layer_reference.py', 'torch': torch.__version__,
                   'cases': CASES}))
