@@ -20,6 +20,7 @@
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/wer.h"
 #include "glossa/models/mt.h"
+#include "glossa/search/ctc_prefix_score.h"
 
 namespace glossa {
 namespace asr {
@@ -119,6 +120,10 @@ glossa::Params AsrModel::Params() {
   p.Set("decoder", mt::TransformerDecoder::Params());
   p.Define("ctc_weight", 0.0, "Weight of the CTC loss (0: attention only; 1: CTC only).");
   p.Define("decoding", "", "'beam', 'greedy' or 'ctc_greedy' ('': beam with a decoder, else ctc_greedy).");
+  p.Define("joint_ctc_decoding_weight", 0.0,
+           "Weight w of the CTC prefix scores joined with the decoder's in 'beam' and 'greedy' "
+           "decoding: (1 - w)·log p_att + w·log p_ctc (Watanabe et al. 2017); needs ctc_weight > 0. "
+           "0: the decoder alone.");
   return p;
 }
 
@@ -186,6 +191,15 @@ AsrModel::AsrModel(const glossa::Params& p) : BaseTask(p) {
     throw InvalidArgumentError(StrCat(path(), ": decoding '", decoding_, "' needs ",
                                       decoding_ == "ctc_greedy" ? "a CTC head (ctc_weight > 0)"
                                                                 : "a decoder"));
+  }
+  joint_ctc_weight_ = p.GetFloat("joint_ctc_decoding_weight");
+  if (!(joint_ctc_weight_ >= 0 && joint_ctc_weight_ <= 1)) {
+    throw InvalidArgumentError(StrCat(path(), ": joint_ctc_decoding_weight must be in [0, 1], got ",
+                                      joint_ctc_weight_));
+  }
+  if (joint_ctc_weight_ > 0 && !ctc_proj_) {
+    throw InvalidArgumentError(StrCat(path(), ": joint_ctc_decoding_weight ", joint_ctc_weight_,
+                                      " needs a CTC head (ctc_weight > 0)"));
   }
 }
 
@@ -271,6 +285,12 @@ NestedMap AsrModel::Transcribe(const NestedMap& theta, const NestedMap& src, int
     }
     return NestedMap{{"topk_ids", ids}, {"topk_lens", out_lens},
                      {"topk_scores", at::zeros({b, 1}, at::kDouble)}};
+  }
+  if (joint_ctc_weight_ > 0) {
+    const CtcPrefixScorer ctc(CtcLogProbs(theta, enc.GetTensor("encoded")),
+                              (1 - enc.GetTensor("paddings")).sum(1).to(at::kLong),
+                              joint_ctc_weight_, decoder_->sos_id(), decoder_->eos_id());
+    return mt::SearchDecoder(*decoder_, decoder_.Theta(theta), enc, b, decoding_, num_hyps, &ctc);
   }
   return mt::SearchDecoder(*decoder_, decoder_.Theta(theta), enc, b, decoding_, num_hyps);
 }

@@ -101,6 +101,7 @@ class AsrModel : public BaseTask {
   Child<mt::TransformerDecoder> decoder_;
   Child<ProjectionLayer> ctc_proj_;
   double ctc_weight_;
+  double joint_ctc_weight_ = 0.0;
   int64_t vocab_size_, sample_rate_;
   std::string decoding_;
 };

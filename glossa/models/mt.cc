@@ -14,6 +14,7 @@
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/bleu.h"
 #include "glossa/search/beam_search.h"
+#include "glossa/search/ctc_prefix_score.h"
 
 namespace glossa {
 namespace mt {
@@ -406,7 +407,30 @@ BaseTask::LossOutput TransformerModel::ComputeLoss(const NestedMap& theta,
 
 NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_theta,
                         const NestedMap& enc, int64_t b, const std::string& decoding,
-                        int64_t num_hyps) {
+                        int64_t num_hyps, const CtcPrefixScorer* ctc) {
+  // The decoder's step, joined with the CTC prefix scores (whose states ride along under
+  // "ctc_prefix") when there are any.
+  auto make_step = [&](const NestedMap& source) -> DecodeStepFn {
+    if (!ctc) {
+      return [&dec, &dec_theta, source](const at::Tensor& ids, int64_t step, const NestedMap& states) {
+        return dec.ExtendStep(dec_theta, source, ids, step, states);
+      };
+    }
+    return [&dec, &dec_theta, source, ctc](const at::Tensor& ids, int64_t step,
+                                           const NestedMap& states) {
+      NestedMap dec_states = states;
+      dec_states.erase("ctc_prefix");
+      auto [log_probs, new_states] = dec.ExtendStep(dec_theta, source, ids, step, dec_states);
+      auto [joint, ctc_states] = ctc->Step(ids, log_probs, states.GetItem("ctc_prefix").AsMap());
+      new_states.Put("ctc_prefix", std::move(ctc_states));
+      return std::make_pair(joint, new_states);
+    };
+  };
+  auto init_states = [&](int64_t n) {
+    NestedMap states = dec.InitDecodeStates(n);
+    if (ctc) states.Put("ctc_prefix", ctc->InitStates(n));
+    return states;
+  };
   SearchResult r;
   if (decoding == "beam") {
     // Another width than the configured one (the translate subgraph's num_hyps): a helper of
@@ -422,18 +446,11 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
     }
     const int64_t n = beam->num_hyps_per_beam() * b;
     const NestedMap source = dec.PrecomputeSource(dec_theta, enc, n);
-    r = beam->Search(b, dec.InitDecodeStates(n),
-                     [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
-                       return dec.ExtendStep(dec_theta, source, ids, step, states);
-                     });
+    r = beam->Search(b, init_states(n), make_step(source));
   } else {
     const NestedMap source = dec.PrecomputeSource(dec_theta, enc, b);
     const double temperature = decoding == "greedy" ? 0.0 : dec.sampling_temperature();
-    r = SampleSearch(b, dec.InitDecodeStates(b),
-                     [&](const at::Tensor& ids, int64_t step, const NestedMap& states) {
-                       return dec.ExtendStep(dec_theta, source, ids, step, states);
-                     },
-                     dec.target_seq_len(), dec.sos_id(), dec.eos_id(), temperature,
+    r = SampleSearch(b, init_states(b), make_step(source), dec.target_seq_len(), dec.sos_id(), dec.eos_id(), temperature,
                      dec.sampling_top_k(), dec.sampling_seed());
   }
   return NestedMap{{"topk_ids", r.topk_ids},

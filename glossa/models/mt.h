@@ -28,6 +28,7 @@ class TransformerStack;
 class SimpleFullSoftmax;
 class DropoutLayer;
 class BeamSearchHelper;
+class CtcPrefixScorer;
 
 namespace mt {
 
@@ -178,10 +179,11 @@ const BaseTokenizer& TokenizerOf(const BaseTask& task);
 // The decoder's search over encoder_outputs ({encoded [B, S, D], paddings}) of `batch` sources:
 // 'beam' (its BeamSearchHelper, or one of num_hyps hypotheses when num_hyps > 0 differs from it),
 // 'greedy', or 'sample' (its sampling settings). Returns {topk_ids [B, K, T], topk_lens [B, K],
-// topk_scores [B, K]}. Used by TransformerModel::Translate and the speech model.
+// topk_scores [B, K]}. Used by TransformerModel::Translate and the speech model. With `ctc`, every
+// step's log-probs are joined with its CTC prefix scores (joint CTC/attention decoding).
 NestedMap SearchDecoder(const TransformerDecoder& decoder, const NestedMap& decoder_theta,
                         const NestedMap& encoder_outputs, int64_t batch, const std::string& decoding,
-                        int64_t num_hyps);
+                        int64_t num_hyps, const CtcPrefixScorer* ctc = nullptr);
 
 }  // namespace mt
 }  // namespace glossa

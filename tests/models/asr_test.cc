@@ -107,7 +107,8 @@ TEST(AsrModelTest, LossesGradientsAndTraining) {
     auto task = TinyAsr(ctc_weight).Instantiate<asr::AsrModel>();
     const auto vars = LearnerVariables(*task);
     double first = 0, last = 0;
-    for (int step = 0; step < 60; ++step) {
+    const int steps = ctc_weight > 0 && ctc_weight < 1 ? 250 : 60;  // the joint model memorises
+    for (int step = 0; step < steps; ++step) {
       SetGlobalStep(step);
       auto r = task->FPropDefaultTheta(batch);
       const double loss = r.metrics.at("loss").value.item<double>();
@@ -130,6 +131,31 @@ TEST(AsrModelTest, LossesGradientsAndTraining) {
     // The memorised batch transcribes: beam (attention) or CTC greedy.
     const NestedMap out = task->Transcribe(task->theta(), batch.GetItem("src").AsMap(), 0);
     EXPECT_EQ(out.GetTensor("topk_ids").size(0), 2);
+    if (ctc_weight > 0 && ctc_weight < 1) {
+      // Joint CTC/attention decoding of the same weights (decoding params do not change them):
+      // both memorised transcripts come out whole, with </s>.
+      Params jp = TinyAsr(ctc_weight);
+      jp.Set("joint_ctc_decoding_weight", 0.5);
+      auto joint = jp.Instantiate<asr::AsrModel>();
+      {
+        at::NoGradGuard no_grad;
+        for (const auto& [key, v] : task->vars().FlattenItems()) {
+          joint->vars().GetTensor(key).copy_(v.AsTensor());
+        }
+      }
+      const NestedMap j = joint->Transcribe(joint->theta(), batch.GetItem("src").AsMap(), 0);
+      const at::Tensor labels = batch.GetTensor("tgt.labels");
+      for (int64_t i = 0; i < 2; ++i) {
+        const int64_t len = j.GetTensor("topk_lens")[i][0].item<int64_t>();
+        ASSERT_EQ(len, (1 - batch.GetTensor("tgt.paddings")[i]).sum().item<int64_t>()) << i;
+        EXPECT_TRUE(at::equal(j.GetTensor("topk_ids")[i][0].slice(0, 0, len),
+                              labels[i].slice(0, 0, len)))
+            << i << ": " << j.GetTensor("topk_ids")[i][0];
+      }
+      jp.Set("ctc_weight", 0.0).Set("joint_ctc_decoding_weight", 0.5);
+      EXPECT_ERROR_CONTAINS(jp.Instantiate<asr::AsrModel>(), InvalidArgumentError,
+                            "joint_ctc_decoding_weight 0.5 needs a CTC head");
+    }
   }
   SetGlobalStep(0);
 }
