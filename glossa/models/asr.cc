@@ -17,6 +17,7 @@
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/linear.h"
+#include "glossa/layers/rnn.h"
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/wer.h"
 #include "glossa/models/mt.h"
@@ -47,9 +48,18 @@ glossa::Params AsrEncoder::Params() {
   p.Define("input_dim", 0, "Features per frame (the frontend's output_dim; AsrModel sets it).");
   p.Define("num_conv", 2, "3x3 convolutions of stride 2 (each halves time and frequency).");
   p.Define("conv_channels", 32, "Output channels of each convolution.");
-  p.Define("model_dim", 256, "Model dimension of the stack.");
+  p.Define("model_dim", 256, "Model dimension of the stack (the encoder's output).");
+  p.Define("encoder_type", "transformer",
+           "'transformer' (positions + transformer_stack) or 'blstm' (Lingvo's LAS encoder: "
+           "lstm_layers bidirectional LSTMs, then a projection to model_dim when 2·lstm_cell_dim "
+           "differs).");
+  p.Define("lstm_layers", 3, "'blstm': bidirectional LSTM layers.");
+  p.Define("lstm_cell_dim", 0, "'blstm': cells per direction (0: model_dim / 2).");
+  p.Define("lstm_tpl", LSTMCellSimple::Params(),
+           "'blstm': the cell of every direction and layer (num_input_nodes and num_output_nodes "
+           "are set).");
   p.Define("position_emb", PositionalEmbeddingLayer::Params(), "Sinusoidal positions.");
-  p.Define("input_dropout_prob", 0.0, "Dropout on the stack's input.");
+  p.Define("input_dropout_prob", 0.0, "Dropout on the Transformer stack's input ('blstm': on the encoder's output).");
   p.Define("transformer_stack", TransformerStack::Params(),
            "The encoder's TransformerStack (non-causal).");
   return p;
@@ -73,6 +83,40 @@ AsrEncoder::AsrEncoder(const glossa::Params& p) : BaseLayer(p) {
     f = CeilDiv(f, 2);
   }
   conv_ = CreateChildren<Conv2DLayer>("conv", convs);
+  const double drop = p.GetFloat("input_dropout_prob");
+  if (drop > 0) {
+    dropout_ = CreateChild<DropoutLayer>("dropout", DropoutLayer::Params().Set("keep_prob", 1 - drop));
+  }
+  const std::string type = p.GetString("encoder_type");
+  if (type == "blstm") {
+    const int64_t layers = p.GetInt("lstm_layers");
+    const int64_t cell = p.GetInt("lstm_cell_dim") > 0 ? p.GetInt("lstm_cell_dim") : model_dim_ / 2;
+    if (layers < 1 || cell < 1) {
+      throw InvalidArgumentError(StrCat(path(), ": 'blstm' needs lstm_layers >= 1 and a cell dim >= 1"));
+    }
+    ParamValue::List fwd, bwd;
+    int64_t dim = f * in;
+    for (int64_t l = 0; l < layers; ++l) {
+      glossa::Params c = p.GetParams("lstm_tpl").Copy();
+      c.Set("num_input_nodes", dim).Set("num_output_nodes", cell);
+      fwd.emplace_back(RNNLayer::Params().Set("cell", c).Set("reverse", false));
+      bwd.emplace_back(RNNLayer::Params().Set("cell", c.Copy()).Set("reverse", true));
+      dim = 2 * cell;
+    }
+    fwd_ = CreateChildren<RNNLayer>("fwd", fwd);
+    bwd_ = CreateChildren<RNNLayer>("bwd", bwd);
+    if (dim != model_dim_) {
+      glossa::Params proj = ProjectionLayer::Params();
+      proj.Set("input_dim", dim).Set("output_dim", model_dim_).Set("activation", "NONE");
+      proj.Set("has_bias", true);
+      lstm_proj_ = CreateChild<ProjectionLayer>("proj", proj);
+    }
+    return;
+  }
+  if (type != "transformer") {
+    throw InvalidArgumentError(StrCat(path(), ": encoder_type must be 'transformer' or 'blstm', got '",
+                                      type, "'"));
+  }
   glossa::Params proj = ProjectionLayer::Params();
   proj.Set("input_dim", f * in).Set("output_dim", model_dim_).Set("activation", "NONE");
   proj.Set("has_bias", true);
@@ -80,10 +124,6 @@ AsrEncoder::AsrEncoder(const glossa::Params& p) : BaseLayer(p) {
   glossa::Params pos = p.GetParams("position_emb").Copy();
   if (pos.GetInt("embedding_dim") == 0) pos.Set("embedding_dim", model_dim_);
   position_emb_ = CreateChild<PositionalEmbeddingLayer>("position_emb", pos);
-  const double drop = p.GetFloat("input_dropout_prob");
-  if (drop > 0) {
-    dropout_ = CreateChild<DropoutLayer>("dropout", DropoutLayer::Params().Set("keep_prob", 1 - drop));
-  }
   glossa::Params stack = p.GetParams("transformer_stack").Copy();
   if (stack.GetInt("mdl_dim") == 0) stack.Set("mdl_dim", model_dim_);
   stack_ = CreateChild<TransformerStack>("transformer_stack", stack);
@@ -99,6 +139,22 @@ NestedMap AsrEncoder::FProp(const NestedMap& theta, const at::Tensor& features,
   at::Tensor pad = paddings.to(at::kFloat);
   for (const auto& c : conv_) std::tie(x, pad) = c->FProp(c.Theta(theta), x, pad);
   x = x.reshape({x.size(0), x.size(1), -1});
+  if (!fwd_.empty()) {
+    // Time-major through the bidirectional layers; a padded step carries the state, so the
+    // backward RNN starts at each utterance's last real frame.
+    at::Tensor xt = x.transpose(0, 1);
+    const at::Tensor tpad = pad.transpose(0, 1).unsqueeze(-1).to(xt.scalar_type());
+    for (size_t l = 0; l < fwd_.size(); ++l) {
+      at::Tensor f = fwd_[l]->FProp(fwd_[l].Theta(theta), xt, tpad).first;
+      at::Tensor b = bwd_[l]->FProp(bwd_[l].Theta(theta), xt, tpad).first;
+      xt = at::cat({f, b}, -1);
+    }
+    x = xt.transpose(0, 1);
+    if (lstm_proj_) x = lstm_proj_->FProp(lstm_proj_.Theta(theta), x);
+    if (dropout_) x = dropout_->FProp(dropout_.Theta(theta), x);
+    x = x * (1 - pad).unsqueeze(-1).to(x.scalar_type());
+    return NestedMap{{"encoded", x}, {"paddings", pad}};
+  }
   x = proj_->FProp(proj_.Theta(theta), x);
   x = x + position_emb_->FProp(position_emb_.Theta(theta), x.size(1)).to(x.scalar_type()).unsqueeze(0);
   if (dropout_) x = dropout_->FProp(dropout_.Theta(theta), x);

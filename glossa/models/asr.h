@@ -25,6 +25,7 @@ class Conv2DLayer;
 class ProjectionLayer;
 class PositionalEmbeddingLayer;
 class TransformerStack;
+class RNNLayer;
 class MelAsrFrontend;
 class SpecAugmentLayer;
 class DropoutLayer;
@@ -38,7 +39,9 @@ namespace asr {
 class AsrEncoder : public BaseLayer {
  public:
   // + input_dim (features per frame: the frontend's output_dim; set by AsrModel), num_conv (2),
-  // conv_channels (32), model_dim, position_emb, input_dropout_prob, transformer_stack.
+  // conv_channels (32), model_dim, encoder_type ('transformer' or 'blstm'), position_emb,
+  // input_dropout_prob, transformer_stack; for 'blstm' (Lingvo's LAS encoder): lstm_layers,
+  // lstm_cell_dim (0: model_dim / 2), lstm_tpl.
   static glossa::Params Params();
   explicit AsrEncoder(const glossa::Params& p);
   // features [B, T, F, 1], paddings [B, T] -> {encoded [B, T', D], paddings [B, T']}.
@@ -53,6 +56,9 @@ class AsrEncoder : public BaseLayer {
   Child<PositionalEmbeddingLayer> position_emb_;
   Child<DropoutLayer> dropout_;
   Child<TransformerStack> stack_;
+  // 'blstm': per layer a forward and a backward RNN over time, their outputs concatenated.
+  std::vector<Child<RNNLayer>> fwd_, bwd_;
+  Child<ProjectionLayer> lstm_proj_;  // 2·lstm_cell_dim -> model_dim, when they differ
 };
 
 class AsrModel : public BaseTask {

@@ -160,6 +160,30 @@ TEST(AsrModelTest, LossesGradientsAndTraining) {
   SetGlobalStep(0);
 }
 
+TEST(AsrModelTest, BidirectionalLstmEncoderTrains) {
+  const NestedMap batch = TinyBatch();
+  Params p = TinyAsr(0.3);
+  p.Set("encoder.encoder_type", "blstm").Set("encoder.lstm_layers", 2);
+  auto task = p.Instantiate<asr::AsrModel>();
+  EXPECT_TRUE(task->vars().contains("encoder"));
+  EXPECT_TRUE(task->vars().GetItem("encoder").AsMap().contains("bwd"));
+  EXPECT_FALSE(task->vars().GetItem("encoder").AsMap().contains("transformer_stack"));
+  const auto vars = LearnerVariables(*task);
+  double first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    SetGlobalStep(step);
+    auto r = task->FPropDefaultTheta(batch);
+    last = r.metrics.at("loss").value.item<double>();
+    if (step == 0) first = last;
+    task->learner().Apply(r.metrics, vars, step);
+  }
+  EXPECT_LT(last, first * 0.5) << first << " -> " << last;
+  SetGlobalStep(0);
+  p.Set("encoder.encoder_type", "gru");
+  EXPECT_ERROR_CONTAINS(p.Instantiate<asr::AsrModel>(), InvalidArgumentError,
+                        "encoder_type must be 'transformer' or 'blstm', got 'gru'");
+}
+
 TEST(AsrModelTest, TranscribeSubgraphChecksItsFeeds) {
   auto task = TinyAsr(0.3).Instantiate<asr::AsrModel>();
   AsciiTokenizer tok(AsciiTokenizer::Params());

@@ -533,5 +533,39 @@ case('asr_encoder', 'glossa.asr.AsrEncoder',
      {'features': rnd(2, 9, 6, 1), 'paddings': paddings(2, 9, [9, 5])}, enc_theta, asr_encoder,
      int_inputs=('paddings',))
 
+# The 'blstm' encoder (Lingvo's LAS): one conv, two bidirectional LSTM layers, a projection.
+h = 3
+bl_theta = {'conv[0].w': rnd(3, 3, 1, 2, scale=0.5), 'conv[0].b': rnd(2, scale=0.1)}
+for l, din in enumerate((6, 2 * h)):
+  for direction in ('fwd', 'bwd'):
+    bl_theta[f'{direction}[{l}].cell.wm'] = rnd(din + h, 4 * h, scale=0.4)
+    bl_theta[f'{direction}[{l}].cell.b'] = rnd(4 * h, scale=0.1)
+bl_theta.update({'proj.w': rnd(2 * h, d, scale=0.5), 'proj.b': rnd(d, scale=0.1)})
+
+
+def asr_blstm_encoder(i, t):
+  x, pad = conv_same(i['features'], t['conv[0].w'], t['conv[0].b'], 2, 'RELU', i['paddings'])
+  x = x.reshape(x.shape[0], x.shape[1], -1)
+  steps = x.shape[1]
+  for l in range(2):
+    outs = []
+    for direction, order in (('fwd', range(steps)), ('bwd', reversed(range(steps)))):
+      m = torch.zeros(x.shape[0], h, dtype=DT)
+      c = torch.zeros(x.shape[0], h, dtype=DT)
+      ys = [None] * steps
+      for s in order:
+        m, c = lstm_step(t, f'{direction}[{l}].cell.', m, c, x[:, s], pad[:, s:s + 1])
+        ys[s] = m
+      outs.append(torch.stack(ys, 1))
+    x = torch.cat(outs, -1)
+  return {'y': pad_mask(x @ t['proj.w'] + t['proj.b'], pad)}
+
+
+case('asr_encoder_blstm', 'glossa.asr.AsrEncoder',
+     f"input_dim : 6\nnum_conv : 1\nconv_channels : 2\nmodel_dim : {d}\nencoder_type : 'blstm'\n"
+     f'lstm_layers : 2\nlstm_cell_dim : {h}',
+     {'features': rnd(2, 9, 6, 1), 'paddings': paddings(2, 9, [9, 6])}, bl_theta,
+     asr_blstm_encoder, int_inputs=('paddings',))
+
 print(json.dumps({'generator': 'tests/reference/layer_reference.py', 'torch': torch.__version__,
                   'cases': CASES}))
