@@ -5,14 +5,14 @@
 # Dev sentence is never spoken in Train (the splits are by chapter, and any sentence that also
 # occurs in Dev or Test is dropped from Train).
 #
-#   bash scripts/prepare_speech.sh [num_train=4000] [num_dev=200] [num_test=200] [out=data/speech]
+#   bash scripts/prepare_speech.sh [num_train=12000] [num_dev=200] [num_test=200] [out=data/speech]
 #
 # Writes <out>/wav/<split>/NNNNNN.wav and <out>/<split>.tsv ("wav/<split>/NNNNNN.wav<TAB>text"),
 # and <out>/feature_stats.txt (per-bin log-mel mean and stddev of Train), then <out>/COMPLETE; with
 # COMPLETE present for the same sizes it does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-num_train="${1:-4000}"
+num_train="${1:-12000}"
 num_dev="${2:-200}"
 num_test="${3:-200}"
 out="${4:-data/speech}"
