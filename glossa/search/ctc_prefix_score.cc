@@ -58,6 +58,17 @@ NestedMap CtcPrefixScorer::InitStates(int64_t num_hyps) const {
   return NestedMap{{"r", r}, {"psi", psi}};
 }
 
+const CtcPrefixScorer::Frames& CtcPrefixScorer::FramesFor(int64_t n) const {
+  auto it = frames_for_.find(n);
+  if (it != frames_for_.end()) return it->second;
+  const at::Tensor src = at::arange(n, at::kLong).remainder(log_probs_.size(0));
+  const at::Tensor x = log_probs_.index_select(0, src);  // [N, T, V+1]
+  Frames f{x.narrow(2, 0, vocab_).transpose(0, 1).contiguous(),
+           x.select(2, blank_).transpose(0, 1).unsqueeze(2).contiguous(),
+           lengths_.index_select(0, src)};
+  return frames_for_.emplace(n, std::move(f)).first->second;
+}
+
 std::pair<at::Tensor, NestedMap> CtcPrefixScorer::PrefixScores(const at::Tensor& ids_in,
                                                                const NestedMap& states) const {
   const at::Tensor ids = ids_in.to(at::kLong).reshape({-1});
@@ -71,11 +82,10 @@ std::pair<at::Tensor, NestedMap> CtcPrefixScorer::PrefixScores(const at::Tensor&
   if (n % b != 0) {
     throw InvalidArgumentError(StrCat("CtcPrefixScorer: ", n, " hypotheses for ", b, " sources"));
   }
-  const at::Tensor src = at::arange(n, at::kLong).remainder(b);
-  const at::Tensor x = log_probs_.index_select(0, src);       // [N, T, V+1]
-  const at::Tensor xs = x.narrow(2, 0, v).transpose(0, 1).contiguous();  // [T, N, V]
-  const at::Tensor xb = x.select(2, blank_).transpose(0, 1).unsqueeze(2).contiguous();  // [T, N, 1]
-  const at::Tensor lens = lengths_.index_select(0, src);       // [N]
+  const Frames& frames = FramesFor(n);
+  const at::Tensor& xs = frames.xs;  // [T, N, V]
+  const at::Tensor& xb = frames.xb;  // [T, N, 1]
+  const at::Tensor& lens = frames.lens;
 
   // The prefix g of each hypothesis: its r (picked among its parent's candidates by ids) and ψ.
   const at::Tensor r_g =

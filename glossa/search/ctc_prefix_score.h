@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <utility>
 
 #include "glossa/core/nested_map.h"
@@ -42,10 +43,18 @@ class CtcPrefixScorer {
   std::pair<at::Tensor, NestedMap> PrefixScores(const at::Tensor& ids, const NestedMap& states) const;
 
  private:
+  // The frames of N hypotheses (hypothesis h reads source h % B), time-major, computed on the
+  // first step of each N: labels xs [T, N, V], blank xb [T, N, 1], lengths [N].
+  struct Frames {
+    at::Tensor xs, xb, lens;
+  };
+  const Frames& FramesFor(int64_t num_hyps) const;
+
   at::Tensor log_probs_;  // [B, T, V+1] float32
   at::Tensor lengths_;    // [B] int64, clamped to [1, T]
   double weight_;
   int64_t sos_id_, eos_id_, vocab_, blank_, frames_;
+  mutable std::map<int64_t, Frames> frames_for_;  // by N; a scorer serves one search at a time
 };
 
 }  // namespace glossa
