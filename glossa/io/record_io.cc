@@ -1,7 +1,10 @@
 #include "glossa/io/record_io.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,61 +18,97 @@
 namespace glossa {
 namespace {
 
-// A buffered byte stream over a plain or gzip file.
+// A byte stream over a plain or gzip file, read in large chunks into a window that callers parse
+// in place: Ensure(n) makes the next n bytes contiguous at Data(), Consume(n) moves past them.
+// Plain files are read with read(2) straight into the window (no stdio locking or copies).
 class ByteSource {
  public:
-  ByteSource(const std::string& path, bool gzip, size_t buffer_size) : path_(path), gzip_(gzip) {
+  ByteSource(const std::string& path, bool gzip, size_t buffer_size)
+      : path_(path), gzip_(gzip), window_(std::max<size_t>(buffer_size, 1 << 16)) {
     if (gzip) {
       gz_ = gzopen(path.c_str(), "rb");
       if (gz_ == nullptr)
         throw NotFoundError(StrCat("cannot open '", path, "': ", std::strerror(errno)));
-      gzbuffer(gz_, static_cast<unsigned>(buffer_size));
+      gzbuffer(gz_, static_cast<unsigned>(std::min<size_t>(window_.size(), 1u << 30)));
     } else {
-      file_ = std::fopen(path.c_str(), "rb");
-      if (file_ == nullptr)
-        throw NotFoundError(StrCat("cannot open '", path, "': ", std::strerror(errno)));
-      std::setvbuf(file_, nullptr, _IOFBF, buffer_size);
+      fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) throw NotFoundError(StrCat("cannot open '", path, "': ", std::strerror(errno)));
+      ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
   }
   ~ByteSource() {
     if (gz_) gzclose(gz_);
-    if (file_) std::fclose(file_);
+    if (fd_ >= 0) ::close(fd_);
   }
-  // Reads up to n bytes; returns how many were read (fewer only at the end).
+  ByteSource(const ByteSource&) = delete;
+  ByteSource& operator=(const ByteSource&) = delete;
+
+  // Makes up to n bytes contiguous at Data(); returns how many there are (fewer than n only at
+  // the end of the file). The window grows to hold n bytes when it must.
+  size_t Ensure(size_t n) {
+    if (end_ - pos_ >= n || eof_) return std::min(n, end_ - pos_);
+    if (pos_ > 0) {
+      std::memmove(window_.data(), window_.data() + pos_, end_ - pos_);
+      end_ -= pos_;
+      pos_ = 0;
+    }
+    if (n > window_.size()) window_.resize(n);
+    while (end_ < n && !eof_) {
+      const size_t got = Fill(window_.data() + end_, window_.size() - end_);
+      if (got == 0) eof_ = true;
+      end_ += got;
+    }
+    return std::min(n, end_);
+  }
+  const char* Data() const { return window_.data() + pos_; }
+  void Consume(size_t n) {
+    pos_ += n;
+    offset_ += n;
+  }
+  // Copies up to n bytes out; returns how many (fewer only at the end).
   size_t Read(char* dst, size_t n) {
     size_t total = 0;
     while (total < n) {
-      size_t got;
-      if (gzip_) {
-        const int r =
-            gzread(gz_, dst + total, static_cast<unsigned>(std::min<size_t>(n - total, 1u << 30)));
-        if (r < 0) {
-          int errnum = 0;
-          const char* msg = gzerror(gz_, &errnum);
-          throw DataLossError(
-              StrCat("'", path_, "': gzip error at offset ", offset_ + total, ": ", msg));
-        }
-        got = static_cast<size_t>(r);
-      } else {
-        got = std::fread(dst + total, 1, n - total, file_);
-        if (got == 0 && std::ferror(file_)) {
-          throw DataLossError(StrCat("'", path_, "': read error at offset ", offset_ + total, ": ",
-                                     std::strerror(errno)));
-        }
-      }
-      if (got == 0) break;
-      total += got;
+      const size_t avail = Ensure(std::min(n - total, window_.size()));
+      if (avail == 0) break;
+      std::memcpy(dst + total, Data(), avail);
+      Consume(avail);
+      total += avail;
     }
-    offset_ += total;
     return total;
   }
+  // Bytes consumed so far (in the uncompressed stream).
   uint64_t offset() const { return offset_; }
 
  private:
+  // Reads what the file has, up to n bytes, into dst; 0 at its end.
+  size_t Fill(char* dst, size_t n) {
+    const uint64_t at = offset_ + (end_ - pos_);
+    while (true) {
+      if (gzip_) {
+        const int r = gzread(gz_, dst, static_cast<unsigned>(std::min<size_t>(n, 1u << 30)));
+        if (r < 0) {
+          int errnum = 0;
+          const char* msg = gzerror(gz_, &errnum);
+          throw DataLossError(StrCat("'", path_, "': gzip error at offset ", at, ": ", msg));
+        }
+        return static_cast<size_t>(r);
+      }
+      const ssize_t r = ::read(fd_, dst, n);
+      if (r >= 0) return static_cast<size_t>(r);
+      if (errno == EINTR) continue;
+      throw DataLossError(
+          StrCat("'", path_, "': read error at offset ", at, ": ", std::strerror(errno)));
+    }
+  }
+
   std::string path_;
   bool gzip_;
   gzFile gz_ = nullptr;
-  FILE* file_ = nullptr;
+  int fd_ = -1;
+  std::vector<char> window_;
+  size_t pos_ = 0, end_ = 0;  // the unread bytes are window_[pos_, end_)
+  bool eof_ = false;
   uint64_t offset_ = 0;
 };
 
@@ -89,12 +128,12 @@ class TFRecordReader : public RecordReader {
   TFRecordReader(const std::string& path, bool gzip, const RecordReaderOptions& options)
       : RecordReader(path), source_(path, gzip, options.buffer_size), options_(options) {}
 
+  // Parses each record in place in the source's window: one copy, into `record`.
   bool Next(std::string* record) override {
     while (true) {
       if (done_) return false;
       const uint64_t start = source_.offset();
-      char header[12];
-      const size_t got = source_.Read(header, 12);
+      const size_t got = source_.Ensure(12);
       if (got == 0) {
         done_ = true;
         return false;
@@ -102,6 +141,7 @@ class TFRecordReader : public RecordReader {
       if (got < 12) {
         return Corrupt(start, StrCat("truncated record header (", got, " of 12 bytes)"), true);
       }
+      const char* header = source_.Data();
       const uint64_t length = DecodeFixed64(header);
       if (MaskCrc(Crc32c(header, 8)) != DecodeFixed32(header + 8)) {
         return Corrupt(start, "corrupt record length (CRC mismatch)", true);
@@ -112,18 +152,23 @@ class TFRecordReader : public RecordReader {
             StrCat("record length ", length, " exceeds max_record_size ", options_.max_record_size),
             true);
       }
-      record->resize(length + 4);
-      const size_t body = source_.Read(record->data(), length + 4);
-      if (body < length + 4) {
-        return Corrupt(
-            start, StrCat("truncated record: ", body, " of ", length + 4, " data and CRC bytes"),
-            true);
+      const size_t framed = 12 + static_cast<size_t>(length) + 4;
+      const size_t have = source_.Ensure(framed);
+      if (have < framed) {
+        return Corrupt(start,
+                       StrCat("truncated record: ", have - 12, " of ", length + 4,
+                              " data and CRC bytes"),
+                       true);
       }
-      const uint32_t expected = DecodeFixed32(record->data() + length);
-      record->resize(length);
-      if (MaskCrc(Crc32c(record->data(), length)) != expected) {
-        if (Corrupt(start, "corrupt record data (CRC mismatch)", false)) continue;
+      const char* data = source_.Data() + 12;
+      const uint32_t expected = DecodeFixed32(data + length);
+      if (MaskCrc(Crc32c(data, length)) != expected) {
+        source_.Consume(framed);
+        Corrupt(start, "corrupt record data (CRC mismatch)", false);  // throws, or skips it
+        continue;
       }
+      record->assign(data, length);
+      source_.Consume(framed);
       return true;
     }
   }

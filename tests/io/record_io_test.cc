@@ -127,6 +127,53 @@ TEST(TFRecord, CorruptAndTruncatedRecordsAreDataLossWithFileAndOffset) {
   EXPECT_THROW(ReadAll("tfrecord_gzip", dir + "/not_gzip"), DataLossError);
 }
 
+// Thousands of records of random sizes, some larger than the reader's window, so that frames
+// straddle every refill: each comes back whole, with the offset after it at its frame's end, from
+// plain and gzip files; a corrupt one among them is skipped without losing its neighbours.
+TEST(TFRecord, RecordsAcrossWindowRefillsAndLargerThanTheWindow) {
+  const std::string dir = TempDir();
+  std::mt19937 rng(7);
+  std::vector<std::string> records;
+  for (int i = 0; i < 3000; ++i) {
+    const size_t n = i % 700 == 5 ? 200000 + rng() % 1000 : rng() % 300;
+    std::string r(n, '\0');
+    for (auto& c : r) c = static_cast<char>(rng());
+    records.push_back(std::move(r));
+  }
+  RecordReaderOptions small_window;
+  small_window.buffer_size = 1;  // the smallest window the reader allows (64 KiB)
+  for (bool gzip : {false, true}) {
+    const std::string path = dir + (gzip ? "/many.tfrecord.gz" : "/many.tfrecord");
+    {
+      TFRecordWriter w(path, gzip);
+      for (const auto& r : records) w.Write(r);
+    }
+    auto reader = RecordReader::Open(gzip ? "tfrecord_gzip" : "tfrecord", path, small_window);
+    std::string r;
+    uint64_t end = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      ASSERT_TRUE(reader->Next(&r)) << i;
+      ASSERT_EQ(r, records[i]) << "record " << i << (gzip ? " (gzip)" : "");
+      end += 16 + records[i].size();
+      ASSERT_EQ(reader->offset(), end) << i;
+    }
+    EXPECT_FALSE(reader->Next(&r));
+  }
+  std::string bytes = ReadFile(dir + "/many.tfrecord");
+  uint64_t at = 0;
+  for (int i = 0; i < 1400; ++i) at += 16 + records[i].size();
+  bytes[at + 12 + records[1400].size() / 2] ^= 0x40;  // the data of record 1400 (not empty)
+  ASSERT_FALSE(records[1400].empty());
+  WriteFile(dir + "/one_bad", bytes);
+  RecordReaderOptions skip = small_window;
+  skip.skip_corrupt_records = true;
+  std::vector<std::string> expected = records;
+  expected.erase(expected.begin() + 1400);
+  EXPECT_EQ(ReadAll("tfrecord", dir + "/one_bad", skip), expected);
+  EXPECT_ERROR_CONTAINS(ReadAll("tfrecord", dir + "/one_bad", small_window), DataLossError,
+                        StrCat("corrupt record data (CRC mismatch) at byte offset ", at));
+}
+
 TEST(TextRecords, OneRecordPerLine) {
   const std::string dir = TempDir();
   WriteFile(dir + "/t.txt", "one\ntwo\r\n\nthree");
