@@ -48,12 +48,18 @@ TEST(Crc32c, KnownValuesAndHardwareMatchesPortable) {
   std::string zeros(32, '\0');
   EXPECT_EQ(Crc32c(zeros), 0x8A9136AAu);  // RFC 3720 test vector
   std::mt19937 rng(1);
-  for (int n : {1, 7, 8, 9, 63, 1000, 4097}) {
+  // Around the hardware path's 96-byte stripes, its 8/4/2/1-byte tails, and misaligned starts.
+  for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 95, 96, 97, 103, 157, 191, 192, 193, 289, 1000, 4097}) {
     std::string data(n, '\0');
     for (auto& c : data) c = static_cast<char>(rng());
     EXPECT_EQ(Crc32c(data), Crc32cExtendPortable(0, data.data(), data.size())) << n;
     EXPECT_EQ(Crc32cExtend(Crc32c(data.data(), n / 2), data.data() + n / 2, n - n / 2),
               Crc32c(data));
+    for (int skip = 1; skip < 4 && skip < n; ++skip) {
+      EXPECT_EQ(Crc32c(data.data() + skip, n - skip),
+                Crc32cExtendPortable(0, data.data() + skip, n - skip))
+          << n << " from byte " << skip;
+    }
   }
   EXPECT_EQ(UnmaskCrc(MaskCrc(0x12345678u)), 0x12345678u);
 }
