@@ -107,6 +107,12 @@ struct RecordYielder::Source {
   int64_t epoch_records = 0;  // records the current epoch's readers queued (under mu)
   std::string pattern;        // for errors
 
+  static constexpr size_t kHandoffChunk = 64;
+  // Readers wait while the queue holds this many records (a chunk may overshoot it).
+  size_t QueueCapacity() const {
+    return static_cast<size_t>(std::max<int64_t>(options.file_buffer_size, 64));
+  }
+
   Source(FileList f, const YielderOptions& o, int id, uint64_t s)
       : files(std::move(f)), options(o), source_id(id), seed(s), rng(s) {}
 
@@ -165,20 +171,29 @@ struct RecordYielder::Source {
             std::lower_bound(files.files.begin(), files.files.end(), path) - files.files.begin();
         int64_t index = 0;
         std::string record;
+        // Records go to the queue in chunks, one lock and one wake-up per chunk: handing them
+        // over one at a time cost more in thread switches than reading them.
+        std::vector<std::string> pending;
+        pending.reserve(kHandoffChunk);
+        auto hand_over = [&]() -> bool {  // false when the yielder is stopping
+          if (pending.empty()) return true;
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return stop || queue.size() < QueueCapacity(); });
+          if (stop) return false;
+          for (auto& r : pending) queue.push_back(std::move(r));
+          epoch_records += static_cast<int64_t>(pending.size());
+          pending.clear();
+          cv.notify_all();
+          return true;
+        };
         while (reader->Next(&record)) {
           if ((index++ + sorted_index) % options.num_input_replicas != options.input_replica_id) {
             continue;
           }
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] {
-            return stop || static_cast<int64_t>(queue.size()) <
-                               std::max<int64_t>(options.file_buffer_size, 64);
-          });
-          if (stop) return;
-          queue.push_back(std::move(record));
-          ++epoch_records;
-          cv.notify_all();
+          pending.push_back(std::move(record));
+          if (pending.size() >= kHandoffChunk && !hand_over()) return;
         }
+        if (!hand_over()) return;
         corrupt += reader->num_corrupt_skipped();
       }
     } catch (...) {
@@ -207,12 +222,15 @@ struct RecordYielder::Source {
                               : static_cast<size_t>(std::max<int64_t>(1, options.file_buffer_size));
     while (true) {
       if (error) std::rethrow_exception(error);
-      // Fill the shuffle buffer from the readers' queue.
+      // Fill the shuffle buffer from the readers' queue. Readers blocked on a full queue are woken
+      // once it is half empty, not for every record taken.
+      bool took = false;
       while (!queue.empty() && buffer.size() < target) {
         buffer.push_back(std::move(queue.front()));
         queue.pop_front();
-        cv.notify_all();
+        took = true;
       }
+      if (took && queue.size() <= QueueCapacity() / 2) cv.notify_all();
       const bool epoch_done = active_readers == 0 && queue.empty();
       if (buffer.size() >= target || (epoch_done && !buffer.empty())) {
         size_t i = 0;
