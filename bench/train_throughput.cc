@@ -2,8 +2,9 @@
 // --task=mt of the encoder-decoder mt::TransformerModel (glossa/models/mt.h: source and target of
 // --seq tokens, num_layers each side, tokens/s counting target tokens), on random tokens:
 // tokens/s, median over runs, in fp32 or with bf16 compute (fprop_dtype bfloat16); or, with
-// --gemm, the fp32 GEMM rate (2048² matmul) this machine reaches. Run by train_throughput.sh beside
-// the same model in PyTorch (train_throughput.py).
+// --gemm, the GEMM rate (2048² matmul) this machine reaches in fp32, or with --dtype=bf16 in bf16
+// (each in its thread layout). Run by train_throughput.sh beside the same model in PyTorch
+// (train_throughput.py).
 //   bench_train_throughput --model_dim=512 --num_layers=6 --seq=256 --batch=8 --vocab=8000
 //   --dtype=fp32
 // Started as data-parallel workers (WORLD_SIZE, RANK, MASTER_PORT, LOCAL_WORLD_SIZE in the
@@ -75,7 +76,13 @@ int main(int argc, char** argv) {
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
   const int runs = std::stoi(f["runs"]);
   if (f["gemm"] == "1") {
+    // The GEMM peak of the dtype's thread layout: fp32 (OpenBLAS) or bf16 (oneDNN).
+    const bool bf16 = f["dtype"] == "bf16";
     at::Tensor a = at::randn({2048, 2048}), b = at::randn({2048, 2048});
+    if (bf16) {
+      a = a.to(at::kBFloat16);
+      b = b.to(at::kBFloat16);
+    }
     at::mm(a, b);
     std::vector<double> rates;
     for (int r = 0; r < std::max(runs, 5); ++r) {
@@ -83,7 +90,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 5; ++i) at::mm(a, b);
       rates.push_back(5 * 2.0 * 2048.0 * 2048.0 * 2048.0 / (Now() - t0) / 1e9);
     }
-    std::printf("gemm_fp32_gflops %.1f\n", Median(rates));
+    std::printf("gemm_%s_gflops %.1f\n", bf16 ? "bf16" : "fp32", Median(rates));
     return 0;
   }
   const int64_t d = std::stoll(f["model_dim"]), layers = std::stoll(f["num_layers"]);

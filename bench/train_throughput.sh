@@ -4,7 +4,8 @@
 # dim 512, 6 layers, seq 256, batch 8, vocab 8000), fp32 and bf16 compute. Both frameworks get the
 # same thread layout (glossa/runtime/cpu_runtime.h: fp32 = 1 ATen thread + OpenBLAS on every core;
 # bf16 = ATen on every core + 1 OpenBLAS thread) and the same glibc allocator settings. Prints
-# tokens/s medians, their ratio, FLOPs per token and the fraction of the measured fp32 GEMM peak.
+# tokens/s medians, their ratio, FLOPs per token and the fractions of the measured fp32 GEMM peak
+# and of the peak of the row's own dtype (bf16 rows: the bf16 GEMM peak).
 #   bash bench/train_throughput.sh [runs=3] [build_dir=build] [reps=3]
 # Each framework is invoked `reps` times, alternating, each invocation timing `runs` runs.
 set -euo pipefail
@@ -17,13 +18,14 @@ bin="$build/bin/bench_train_throughput"
 cores=$(nproc)
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
 peak=$("$bin" --gemm --runs=5 2>/dev/null | awk '/gemm_fp32_gflops/ {print $2}')
-echo "fp32 GEMM peak (2048^2 matmul, OpenBLAS, $cores threads): $peak GFLOP/s"
+peak_bf16=$("$bin" --gemm --dtype=bf16 --runs=5 2>/dev/null | awk '/gemm_bf16_gflops/ {print $2}')
+echo "GEMM peaks (2048^2 matmul, $cores cores): fp32 $peak GFLOP/s (OpenBLAS), bf16 $peak_bf16 GFLOP/s (ATen/oneDNN)"
 tiny="--model_dim=128 --num_layers=2 --num_heads=4 --hidden_dim=512 --vocab=2000 --seq=128 --batch=16 --steps=20"
 big="--model_dim=512 --num_layers=6 --num_heads=8 --hidden_dim=2048 --vocab=8000 --seq=256 --batch=8 --steps=3"
 # mt: the encoder-decoder of mt.bible.TransformerEnEsTiny (3 + 3 layers, model dim 256, vocab 8000,
 # 48-token sources and targets, 64 pairs a batch); tokens/s counts target tokens.
 mt="--task=mt --model_dim=256 --num_layers=3 --num_heads=4 --hidden_dim=1024 --vocab=8000 --seq=48 --batch=64 --steps=3"
-printf "%-6s %-5s %14s %14s %7s %12s %10s\n" size dtype glossa_tok/s torch_tok/s ratio MFLOP/token %fp32peak
+printf "%-6s %-5s %14s %14s %7s %12s %10s %10s\n" size dtype glossa_tok/s torch_tok/s ratio MFLOP/token %fp32peak %ownpeak
 for size in ${SIZES:-tiny 512 mt}; do
   for dtype in fp32 bf16; do
     case "$size" in tiny) shape="$tiny" ;; 512) shape="$big" ;; mt) shape="$mt" ;; esac
@@ -39,8 +41,10 @@ for size in ${SIZES:-tiny 512 mt}; do
     done
     gt=$(printf "%s\n" "${gs[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
     pt=$(printf "%s\n" "${ps[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
-    awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" 'BEGIN {
-      printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%%\n", s, d, g, p, g / p, f / 1e6, 100 * g * f / 1e9 / peak }'
+    own=$peak; [ "$dtype" = bf16 ] && own=$peak_bf16
+    awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" -v own="$own" 'BEGIN {
+      printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%% %9.0f%%\n", s, d, g, p, g / p, f / 1e6,
+             100 * g * f / 1e9 / peak, 100 * g * f / 1e9 / own }'
   done
 done
 echo "reproduce: bash bench/train_throughput.sh $runs $build $reps"
