@@ -1,6 +1,7 @@
 #include "glossa/io/example.h"
 
 #include <ATen/ATen.h>
+#include <google/protobuf/arena.h>
 
 #include <numeric>
 
@@ -64,13 +65,20 @@ FeatureSpec FeatureSpec::VarLen(FeatureType type) {
 
 NestedMap ParseExample(std::string_view serialized, const FeatureSpecs& spec,
                        std::string_view where) {
-  proto::Example example;
-  if (!example.ParseFromArray(serialized.data(), static_cast<int>(serialized.size()))) {
+  // Parsed into an arena whose first block is on the stack: a small Example (the common case:
+  // a few features of tokens) costs no heap allocation; larger ones spill to heap blocks.
+  alignas(16) char block[8192];
+  google::protobuf::ArenaOptions arena_options;
+  arena_options.initial_block = block;
+  arena_options.initial_block_size = sizeof(block);
+  google::protobuf::Arena arena(arena_options);
+  auto* example = google::protobuf::Arena::CreateMessage<proto::Example>(&arena);
+  if (!example->ParseFromArray(serialized.data(), static_cast<int>(serialized.size()))) {
     throw DataLossError(StrCat(where.empty() ? "" : StrCat(where, ": "),
                                "record is not a valid tf.train.Example (", serialized.size(),
                                " bytes)"));
   }
-  const auto& features = example.features().feature();
+  const auto& features = example->features().feature();
   NestedMap out;
   for (const auto& [name, s] : spec) {
     auto it = features.find(name);
@@ -119,13 +127,13 @@ NestedMap ParseExample(std::string_view serialized, const FeatureSpecs& spec,
       case FeatureType::kInt64: {
         at::Tensor t = at::empty({n}, at::kLong);
         if (n) std::memcpy(t.data_ptr<int64_t>(), it->second.int64_list().value().data(), n * 8);
-        out.Put(name, t.reshape(shape));
+        out.Put(name, s.var_len ? t : t.reshape(shape));  // var_len: already [n], no view
         break;
       }
       case FeatureType::kFloat: {
         at::Tensor t = at::empty({n}, at::kFloat);
         if (n) std::memcpy(t.data_ptr<float>(), it->second.float_list().value().data(), n * 4);
-        out.Put(name, t.reshape(shape));
+        out.Put(name, s.var_len ? t : t.reshape(shape));
         break;
       }
       case FeatureType::kBytes: {
