@@ -19,27 +19,14 @@
 #include "glossa/layers/asr_frontend.h"
 #include "glossa/layers/base_layer.h"
 #include "glossa/runtime/cpu_runtime.h"
-
-namespace {
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
+#include "bench/bench_util.h"
 
 int main(int argc, char** argv) {
+  using glossa::bench::Now;
   glossa::UseBestBlasKernels(argv);
   using namespace glossa;
-  std::map<std::string, std::string> f = {{"bundle", ""}, {"manifest", ""}, {"n", "50"}, {"num_hyps", "4"}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto eq = a.find('=');
-    const std::string k = a.substr(2, eq - 2);
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos || !f.count(k)) {
-      std::fprintf(stderr, "bad flag %s\n", a.c_str());
-      return 2;
-    }
-    f[k] = a.substr(eq + 1);
-  }
+  auto f = bench::ParseFlags(argc, argv,
+                             {{"bundle", ""}, {"manifest", ""}, {"n", "50"}, {"num_hyps", "4"}});
   ConfigureCpuRuntime(0, false);
   const std::string root = f["manifest"].substr(0, f["manifest"].rfind('/'));
   std::ifstream in(f["manifest"]);

@@ -26,41 +26,19 @@
 #include "glossa/runtime/checkpointer.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/saver.h"
-
-namespace {
-
-std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
-  std::map<std::string, std::string> f = {{"logdir", "runs/bible_tiny"},
-                                          {"workdir", "/tmp/glossa_bench_beam"},
-                                          {"sentences", "64"},
-                                          {"batch", "1"},
-                                          {"beam", "4"},
-                                          {"runs", "3"}};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    const auto eq = a.find('=');
-    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    if (a.rfind("--", 0) != 0 || !f.count(k) || eq == std::string::npos) {
-      std::fprintf(stderr,
-                   "bad flag %s (flags: --logdir --workdir --sentences --batch --beam --runs)\n",
-                   a.c_str());
-      std::exit(2);
-    }
-    f[k] = a.substr(eq + 1);
-  }
-  return f;
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+#include "bench/bench_util.h"
 
 int main(int argc, char** argv) {
+  using glossa::bench::Now;
   glossa::UseBestBlasKernels(argv);
   using namespace glossa;
-  auto f = ParseFlags(argc, argv);
+  auto f = bench::ParseFlags(argc, argv,
+                             {{"logdir", "runs/bible_tiny"},
+                              {"workdir", "/tmp/glossa_bench_beam"},
+                              {"sentences", "64"},
+                              {"batch", "1"},
+                              {"beam", "4"},
+                              {"runs", "3"}});
   const int64_t n = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int64_t runs = std::stoll(f["runs"]);
   CreateDirectories(f["workdir"]);

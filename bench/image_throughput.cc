@@ -18,30 +18,16 @@
 #include "glossa/models/image.h"
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/cpu_runtime.h"
-
-namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+#include "bench/bench_util.h"
 
 int main(int argc, char** argv) {
+  using glossa::bench::Now;
   glossa::UseBestBlasKernels(argv);
   using namespace glossa;
-  std::map<std::string, std::string> f = {
-      {"model", "lenet5"}, {"batch", "128"}, {"steps", "20"}, {"runs", "3"}, {"threads", "0"}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto eq = a.find('=');
-    const std::string k = a.substr(2, eq - 2);
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos || !f.count(k)) {
-      std::fprintf(stderr, "bad flag %s (flags: --model=lenet5|resnet --batch --steps --runs)\n", a.c_str());
-      return 2;
-    }
-    f[k] = a.substr(eq + 1);
-  }
+  // --model=lenet5|resnet
+  auto f = bench::ParseFlags(
+      argc, argv,
+      {{"model", "lenet5"}, {"batch", "128"}, {"steps", "20"}, {"runs", "3"}, {"threads", "0"}});
   ConfigureCpuRuntime(std::stoi(f["threads"]), false);
   const std::string key = f["model"] == "lenet5"   ? "image.fmnist.LeNet5"
                           : f["model"] == "resnet" ? "image.fmnist.ResNetSmall"

@@ -24,39 +24,18 @@
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/saver.h"
-
-namespace {
-
-std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
-  std::map<std::string, std::string> f = {{"workdir", "/tmp/glossa_bench_predictor"},
-                                          {"sentences", "200"},
-                                          {"batch", "1"},
-                                          {"runs", "3"},
-                                          {"threads", "0"}};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    const auto eq = a.find('=');
-    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    if (a.rfind("--", 0) != 0 || !f.count(k) || eq == std::string::npos) {
-      std::fprintf(stderr, "bad flag %s (flags: --workdir --sentences --batch --runs --threads)\n",
-                   a.c_str());
-      std::exit(2);
-    }
-    f[k] = a.substr(eq + 1);
-  }
-  return f;
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+#include "bench/bench_util.h"
 
 int main(int argc, char** argv) {
+  using glossa::bench::Now;
   glossa::UseBestBlasKernels(argv);
   using namespace glossa;
-  auto f = ParseFlags(argc, argv);
+  auto f = bench::ParseFlags(argc, argv,
+                             {{"workdir", "/tmp/glossa_bench_predictor"},
+                              {"sentences", "200"},
+                              {"batch", "1"},
+                              {"runs", "3"},
+                              {"threads", "0"}});
   const std::string work = f["workdir"];
   const int64_t num_sentences = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int runs = std::stoi(f["runs"]);

@@ -32,47 +32,38 @@
 #include "glossa/optim/schedule.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/distributed.h"
+#include "bench/bench_util.h"
 
 namespace {
-
-std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
-  std::map<std::string, std::string> f = {
-      {"model_dim", "128"}, {"num_layers", "2"}, {"num_heads", "4"}, {"hidden_dim", "0"},
-      {"vocab", "2000"},    {"seq", "128"},      {"batch", "16"},    {"steps", "10"},
-      {"runs", "3"},        {"dtype", "fp32"},   {"threads", "0"},   {"gemm", "0"},
-      {"task", "lm"},       {"bucket_mb", "25"}, {"overlap", "1"}};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    const auto eq = a.find('=');
-    if (a.rfind("--", 0) != 0) {
-      std::fprintf(stderr, "bad flag %s\n", a.c_str());
-      std::exit(2);
-    }
-    const std::string k = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    if (!f.count(k)) {
-      std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
-      std::exit(2);
-    }
-    f[k] = eq == std::string::npos ? "1" : a.substr(eq + 1);
-  }
-  return f;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  using glossa::bench::Now;
   glossa::UseBestBlasKernels(argv);
   using namespace glossa;
-  auto f = ParseFlags(argc, argv);
+  auto f = bench::ParseFlags(argc, argv,
+                             {{"model_dim", "128"},
+                              {"num_layers", "2"},
+                              {"num_heads", "4"},
+                              {"hidden_dim", "0"},
+                              {"vocab", "2000"},
+                              {"seq", "128"},
+                              {"batch", "16"},
+                              {"steps", "10"},
+                              {"runs", "3"},
+                              {"dtype", "fp32"},
+                              {"threads", "0"},
+                              {"gemm", "0"},
+                              {"task", "lm"},
+                              {"bucket_mb", "25"},
+                              {"overlap", "1"}},
+                             /*bare_means_true=*/true);
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
   const int runs = std::stoi(f["runs"]);
   if (f["gemm"] == "1") {
