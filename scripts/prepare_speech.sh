@@ -9,7 +9,8 @@
 #
 # Writes <out>/wav/<split>/NNNNNN.wav and <out>/<split>.tsv ("wav/<split>/NNNNNN.wav<TAB>text"),
 # and <out>/feature_stats.txt (per-bin log-mel mean and stddev of Train), then <out>/COMPLETE; with
-# COMPLETE present for the same sizes it does nothing.
+# COMPLETE present for the same sizes it does nothing (but write lm_train.txt and lm_dev.txt, the
+# speech LM's text, when they are missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 num_train="${1:-12000}"
@@ -17,7 +18,32 @@ num_dev="${2:-200}"
 num_test="${3:-200}"
 out="${4:-data/speech}"
 stamp="train=$num_train dev=$num_dev test=$num_test"
+# Text for the speech LM (asr.synth.CharLm, shallow fusion in asr.synth.LasTinyLm): every sentence
+# of the Austen Train chapters (none of Dev or Test, and none that also occurs there), normalised
+# as the transcripts are, one per line, in <out>/lm_train.txt; the Dev chapters' in lm_dev.txt.
+lm_text() {
+  [ -s "$out/lm_train.txt" ] && [ -s "$out/lm_dev.txt" ] && return 0
+  /usr/bin/python3 - "$out" <<'PY'
+import os, re, sys
+out = sys.argv[1]
+def sentences(split):
+    text = open("data/austen/%s.txt" % split, encoding="utf-8").read().replace("--", " ")
+    for s in re.split(r"(?<=[.!?;:])\s+", text):
+        words = re.sub(r"[^a-z' ]", " ", s.lower().replace("\u2019", "'")).split()
+        words = [w.strip("'") for w in words if w.strip("'")]
+        if 1 <= len(words) <= 40:
+            yield " ".join(words)
+held_out = set(sentences("dev")) | set(sentences("test"))
+for split, name in (("train", "lm_train.txt"), ("dev", "lm_dev.txt")):
+    lines = [s for s in sentences(split) if split != "train" or s not in held_out]
+    with open(os.path.join(out, name + ".tmp"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+    print("prepare_speech: %d LM sentences in %s/%s" % (len(lines), out, name))
+PY
+}
 if [ -f "$out/COMPLETE" ] && [ "$(cat "$out/COMPLETE")" = "$stamp" ] && [ -f "$out/feature_stats.txt" ]; then
+  lm_text
   echo "prepare_speech: $out is complete ($stamp)"
   exit 0
 fi
@@ -133,5 +159,6 @@ with open(out + "/feature_stats.txt", "w") as f:
     f.write("per_bin_stddev " + " ".join("%.5f" % v for v in std.tolist()) + "\n")
 print("prepare_speech: feature statistics over %d frames" % n)
 PY
+lm_text
 echo "$stamp" > "$out/COMPLETE"
 echo "prepare_speech: $total utterances in $(( $(date +%s) - start )) s ($(du -sh "$out" | cut -f1))"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <optional>
 
 #include "glossa/base/base64.h"
 #include "glossa/base/errors.h"
@@ -21,6 +22,7 @@
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/wer.h"
 #include "glossa/models/mt.h"
+#include "glossa/models/transformer_lm.h"
 #include "glossa/search/ctc_prefix_score.h"
 
 namespace glossa {
@@ -180,6 +182,15 @@ glossa::Params AsrModel::Params() {
            "Weight w of the CTC prefix scores joined with the decoder's in 'beam' and 'greedy' "
            "decoding: (1 - w)·log p_att + w·log p_ctc (Watanabe et al. 2017); needs ctc_weight > 0. "
            "0: the decoder alone.");
+  p.Define("lm", nullptr,
+           "A language model over the decoder's vocabulary for shallow fusion in 'beam' and "
+           "'greedy' decoding (TransformerLmTask Params; None: no fusion). It is not trained with "
+           "this task: load its variables with train.init_from_checkpoint_rules from the LM's "
+           "own checkpoint, and keep them out of training with "
+           "train.learner.bprop_variable_exclusion (asr.synth.LasTinyLm does both).");
+  p.Define("lm_fusion_weight", 0.0,
+           "Weight b of the fused LM: score = joint decoder (and CTC) log-prob + b·log p_lm "
+           "(Gulcehre et al. 2015). Needs `lm`; 0 with an lm: carried but not used.");
   return p;
 }
 
@@ -256,6 +267,26 @@ AsrModel::AsrModel(const glossa::Params& p) : BaseTask(p) {
   if (joint_ctc_weight_ > 0 && !ctc_proj_) {
     throw InvalidArgumentError(StrCat(path(), ": joint_ctc_decoding_weight ", joint_ctc_weight_,
                                       " needs a CTC head (ctc_weight > 0)"));
+  }
+  lm_fusion_weight_ = p.GetFloat("lm_fusion_weight");
+  if (!(lm_fusion_weight_ >= 0 && std::isfinite(lm_fusion_weight_))) {
+    throw InvalidArgumentError(StrCat(path(), ": lm_fusion_weight must be finite and >= 0, got ",
+                                      lm_fusion_weight_));
+  }
+  if (p.IsSet("lm")) {
+    if (!has_decoder) {
+      throw InvalidArgumentError(StrCat(path(), ": lm (shallow fusion) needs a decoder"));
+    }
+    glossa::Params lm = p.GetParams("lm").Copy();
+    lm.Set("input", nullptr);
+    lm_ = CreateChild<TransformerLmTask>("lm", lm);
+    if (lm_->vocab_size() != vocab_size_) {
+      throw InvalidArgumentError(StrCat(path(), ": lm's vocabulary (", lm_->vocab_size(),
+                                        ") differs from the decoder's (", vocab_size_, ")"));
+    }
+  } else if (lm_fusion_weight_ > 0) {
+    throw InvalidArgumentError(StrCat(path(), ": lm_fusion_weight ", lm_fusion_weight_,
+                                      " needs an lm"));
   }
 }
 
@@ -342,13 +373,18 @@ NestedMap AsrModel::Transcribe(const NestedMap& theta, const NestedMap& src, int
     return NestedMap{{"topk_ids", ids}, {"topk_lens", out_lens},
                      {"topk_scores", at::zeros({b, 1}, at::kDouble)}};
   }
+  std::optional<CtcPrefixScorer> ctc;
   if (joint_ctc_weight_ > 0) {
-    const CtcPrefixScorer ctc(CtcLogProbs(theta, enc.GetTensor("encoded")),
-                              (1 - enc.GetTensor("paddings")).sum(1).to(at::kLong),
-                              joint_ctc_weight_, decoder_->sos_id(), decoder_->eos_id());
-    return mt::SearchDecoder(*decoder_, decoder_.Theta(theta), enc, b, decoding_, num_hyps, &ctc);
+    ctc.emplace(CtcLogProbs(theta, enc.GetTensor("encoded")),
+                (1 - enc.GetTensor("paddings")).sum(1).to(at::kLong), joint_ctc_weight_,
+                decoder_->sos_id(), decoder_->eos_id());
   }
-  return mt::SearchDecoder(*decoder_, decoder_.Theta(theta), enc, b, decoding_, num_hyps);
+  mt::LmFusion fusion;
+  if (lm_ && lm_fusion_weight_ > 0) {
+    fusion = mt::LmFusion{lm_.get(), &lm_.Theta(theta), lm_fusion_weight_};
+  }
+  return mt::SearchDecoder(*decoder_, decoder_.Theta(theta), enc, b, decoding_, num_hyps,
+                           ctc ? &*ctc : nullptr, fusion.lm ? &fusion : nullptr);
 }
 
 NestedMap AsrModel::Decode(const NestedMap& batch) {

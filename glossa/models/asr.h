@@ -30,6 +30,8 @@ class MelAsrFrontend;
 class SpecAugmentLayer;
 class DropoutLayer;
 
+class TransformerLmTask;
+
 namespace mt {
 class TransformerDecoder;
 }
@@ -108,6 +110,8 @@ class AsrModel : public BaseTask {
   Child<ProjectionLayer> ctc_proj_;
   double ctc_weight_;
   double joint_ctc_weight_ = 0.0;
+  Child<TransformerLmTask> lm_;  // shallow fusion (lm_fusion_weight_ > 0)
+  double lm_fusion_weight_ = 0.0;
   int64_t vocab_size_, sample_rate_;
   std::string decoding_;
 };

@@ -5,16 +5,21 @@
 //   asr.synth.LasTiny  conv subsampling + 4-layer Transformer encoder, 2-layer attention decoder
 //                      with beam search; joint CTC in the loss (weight 0.3) and in decoding (0.2).
 //   asr.synth.CtcTiny  the same encoder with a CTC head alone, greedy CTC decoding.
+//   asr.synth.CharLm   a character Transformer LM on the Austen Train chapters' text.
+//   asr.synth.LasTinyLm LasTiny with CharLm fused into its beam search (shallow fusion).
+#include <cstdlib>
 #include <string>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/input/asr_input.h"
+#include "glossa/input/input_generator.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/models/asr.h"
 #include "glossa/models/data_dir.h"
+#include "glossa/models/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 
@@ -118,6 +123,89 @@ class CtcTiny : public SynthSpeechBase {
   Params Task() const override { return Model(1.0, 2000); }
 };
 GLOSSA_REGISTER_MODEL(CtcTiny, "asr.synth.CtcTiny");
+
+// ---- The speech LM and shallow fusion ----
+
+// A character Transformer LM over the transcripts' alphabet (AsciiTokenizer, the decoder's
+// vocabulary) on the Austen Train chapters' sentences (<speech dir>/lm_train.txt, written by
+// prepare_speech.sh; 35k sentences, 2.8 MB), about 6x the text of the Train transcripts. Dev: the
+// Dev chapters' sentences.
+Params CharLmTask(int64_t max_steps) {
+  Params p = TransformerLmTask::CommonParams(/*vocab_size=*/76, /*model_dim=*/256,
+                                             /*hidden_dim=*/1024, /*num_heads=*/4,
+                                             /*num_layers=*/4);
+  p.Set("name", "lm");
+  Params& layer = p.GetParams("stack.transformer_layer_params_tpl");
+  layer.Set("tr_atten_tpl.residual_dropout_prob", 0.1);
+  layer.Set("tr_fflayer_tpl.residual_dropout_prob", 0.1);
+  Params& tp = p.GetParams("train");
+  tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
+  tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 3);
+  Params& lp = tp.GetParams("learner");
+  lp.Set("learning_rate", 2e-3).Set("clip_gradient_norm_to_value", 1.0);
+  lp.Set("lr_schedule", LinearRampupCosineSchedule::Params()
+                            .Set("warmup_steps", 100)
+                            .Set("total_steps", max_steps)
+                            .Set("final_value", 0.05));
+  lp.Set("optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
+  p.GetParams("eval").Set("samples_per_summary", 0);
+  return p;
+}
+
+constexpr int64_t kCharLmSteps = 800;
+
+class CharLm : public ModelParamsBase {
+ public:
+  Params Task() const override { return CharLmTask(kCharLmSteps); }
+  std::map<std::string, std::function<Params()>> Datasets() const override {
+    return {{"Train", [] { return Input("lm_train.txt", true); }},
+            {"Dev", [] { return Input("lm_dev.txt", false); }}};
+  }
+
+ private:
+  static Params Input(const std::string& file, bool train) {
+    Params p = TextLmInput::Params();
+    p.Set("name", "input");
+    p.Set("file_pattern", StrCat("text:", JoinPath(SpeechDir(), file)));
+    p.Set("tokenizer", AsciiTokenizer::Params());
+    // Sentences of up to 40 words (prepare_speech.sh) fit 256 characters; ~8k characters a batch.
+    p.Set("target_max_length", 256);
+    p.Set("bucket_upper_bound", ParamValue::List{64, 128, 256});
+    p.Set("bucket_batch_limit", ParamValue::List{128, 64, 32});
+    p.Set("file_parallelism", 1);
+    if (!train) p.Set("repeat_count", 1).Set("require_sequential_order", true);
+    return p;
+  }
+};
+GLOSSA_REGISTER_MODEL(CharLm, "asr.synth.CharLm");
+
+// Where LasTinyLm loads the LM from: $GLOSSA_SPEECH_LM, else runs/speech/lm/train (what
+// scripts/train_speech.sh trains asr.synth.CharLm into). A train dir takes its latest checkpoint.
+std::string SpeechLmCheckpoint() {
+  const char* env = std::getenv("GLOSSA_SPEECH_LM");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string("runs/speech/lm/train");
+}
+
+// Variable names: model "asr" (the key's first part), then the task ("asr" here, "lm" in CharLm).
+// LasTiny with asr.synth.CharLm fused into its beam search (shallow fusion, weight 0.3 on Dev,
+// docs/asr.md). The LM's variables come from its own checkpoint (init_from_checkpoint_rules at
+// step 0) and are not trained here.
+class LasTinyLm : public SynthSpeechBase {
+ public:
+  Params Task() const override {
+    Params p = Model(0.3, 2000);
+    p.Set("lm", CharLmTask(kCharLmSteps));
+    p.Set("lm_fusion_weight", 0.3);
+    Params& tp = p.GetParams("train");
+    tp.Set("learner.bprop_variable_exclusion", "^asr/asr/lm/");
+    ParamValue::List rules{ParamValue::List{ParamValue("^asr/asr/lm/(.*)$"), ParamValue("asr/lm/%s")}};
+    ParamValue::Dict init;
+    init[SpeechLmCheckpoint()] = ParamValue::List{ParamValue(rules), ParamValue(ParamValue::List{})};
+    tp.Set("init_from_checkpoint_rules", init);
+    return p;
+  }
+};
+GLOSSA_REGISTER_MODEL(LasTinyLm, "asr.synth.LasTinyLm");
 
 }  // namespace
 }  // namespace glossa

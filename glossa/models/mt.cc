@@ -13,6 +13,7 @@
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/bleu.h"
+#include "glossa/models/transformer_lm.h"
 #include "glossa/search/beam_search.h"
 #include "glossa/search/ctc_prefix_score.h"
 
@@ -407,28 +408,45 @@ BaseTask::LossOutput TransformerModel::ComputeLoss(const NestedMap& theta,
 
 NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_theta,
                         const NestedMap& enc, int64_t b, const std::string& decoding,
-                        int64_t num_hyps, const CtcPrefixScorer* ctc) {
+                        int64_t num_hyps, const CtcPrefixScorer* ctc, const LmFusion* lm) {
+  if (lm && lm->lm == nullptr) lm = nullptr;
+  if (lm && lm->lm->vocab_size() != dec.vocab_size()) {
+    throw InvalidArgumentError(StrCat("shallow fusion: the language model's vocabulary (",
+                                      lm->lm->vocab_size(), ") differs from the decoder's (",
+                                      dec.vocab_size(), ")"));
+  }
   // The decoder's step, joined with the CTC prefix scores (whose states ride along under
-  // "ctc_prefix") when there are any.
+  // "ctc_prefix") and the fused LM's log-probs (under "lm_fusion") when there are any.
   auto make_step = [&](const NestedMap& source) -> DecodeStepFn {
-    if (!ctc) {
+    if (!ctc && !lm) {
       return [&dec, &dec_theta, source](const at::Tensor& ids, int64_t step, const NestedMap& states) {
         return dec.ExtendStep(dec_theta, source, ids, step, states);
       };
     }
-    return [&dec, &dec_theta, source, ctc](const at::Tensor& ids, int64_t step,
-                                           const NestedMap& states) {
+    return [&dec, &dec_theta, source, ctc, lm](const at::Tensor& ids, int64_t step,
+                                               const NestedMap& states) {
       NestedMap dec_states = states;
-      dec_states.erase("ctc_prefix");
+      if (ctc) dec_states.erase("ctc_prefix");
+      if (lm) dec_states.erase("lm_fusion");
       auto [log_probs, new_states] = dec.ExtendStep(dec_theta, source, ids, step, dec_states);
-      auto [joint, ctc_states] = ctc->Step(ids, log_probs, states.GetItem("ctc_prefix").AsMap());
-      new_states.Put("ctc_prefix", std::move(ctc_states));
-      return std::make_pair(joint, new_states);
+      if (ctc) {
+        auto [joint, ctc_states] = ctc->Step(ids, log_probs, states.GetItem("ctc_prefix").AsMap());
+        log_probs = joint;
+        new_states.Put("ctc_prefix", std::move(ctc_states));
+      }
+      if (lm) {
+        auto [lm_log_probs, lm_states] =
+            lm->lm->ExtendStep(*lm->theta, ids, step, states.GetItem("lm_fusion").AsMap());
+        log_probs = log_probs + lm->weight * lm_log_probs;
+        new_states.Put("lm_fusion", std::move(lm_states));
+      }
+      return std::make_pair(log_probs, new_states);
     };
   };
   auto init_states = [&](int64_t n) {
     NestedMap states = dec.InitDecodeStates(n);
     if (ctc) states.Put("ctc_prefix", ctc->InitStates(n));
+    if (lm) states.Put("lm_fusion", lm->lm->InitDecodeStates(n));
     return states;
   };
   SearchResult r;

@@ -29,6 +29,7 @@ class SimpleFullSoftmax;
 class DropoutLayer;
 class BeamSearchHelper;
 class CtcPrefixScorer;
+class TransformerLmTask;
 
 namespace mt {
 
@@ -181,9 +182,20 @@ const BaseTokenizer& TokenizerOf(const BaseTask& task);
 // 'greedy', or 'sample' (its sampling settings). Returns {topk_ids [B, K, T], topk_lens [B, K],
 // topk_scores [B, K]}. Used by TransformerModel::Translate and the speech model. With `ctc`, every
 // step's log-probs are joined with its CTC prefix scores (joint CTC/attention decoding).
+//
+// Shallow fusion (Gulcehre et al. 2015; Lingvo's asr fusion, ESPnet's LM scorer): a language
+// model over the decoder's vocabulary whose next-token log-probs, times `weight`, are added to
+// every step's scores (after the CTC join): log p_dec + weight·log p_lm. Its caches ride with the
+// decoder's under "lm_fusion".
+struct LmFusion {
+  const TransformerLmTask* lm = nullptr;
+  const NestedMap* theta = nullptr;
+  double weight = 0.0;
+};
 NestedMap SearchDecoder(const TransformerDecoder& decoder, const NestedMap& decoder_theta,
                         const NestedMap& encoder_outputs, int64_t batch, const std::string& decoding,
-                        int64_t num_hyps, const CtcPrefixScorer* ctc = nullptr);
+                        int64_t num_hyps, const CtcPrefixScorer* ctc = nullptr,
+                        const LmFusion* lm = nullptr);
 
 }  // namespace mt
 }  // namespace glossa

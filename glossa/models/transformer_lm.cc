@@ -145,6 +145,26 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   return out;
 }
 
+NestedMap TransformerLmTask::InitDecodeStates(int64_t n) const {
+  return stack_->InitStates(n, at::kFloat);
+}
+
+std::pair<at::Tensor, NestedMap> TransformerLmTask::ExtendStep(const NestedMap& theta,
+                                                               const at::Tensor& ids,
+                                                               int64_t step,
+                                                               const NestedMap& states) const {
+  if (step < 0) throw InvalidArgumentError(StrCat("task '", path(), "': step ", step, " < 0"));
+  // The position table up to this step: [step + 1, D], of which the last row is this step's (the
+  // same sinusoid Logits adds over the whole sequence).
+  const at::Tensor position =
+      position_emb_->FProp(position_emb_.Theta(theta), step + 1).select(0, step);
+  at::Tensor x = emb_->FProp(emb_.Theta(theta), ids.to(at::kLong).unsqueeze(1)).squeeze(1);
+  x = x + position.to(x.scalar_type());
+  auto [y, new_states] = stack_->ExtendStep(stack_.Theta(theta), x, states);
+  at::Tensor logits = softmax_->Logits(softmax_.Theta(theta), y).to(at::kFloat);
+  return {at::log_softmax(logits, -1), std::move(new_states)};
+}
+
 at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& prompts,
                                      int64_t max_new_tokens, double temperature, int64_t top_k,
                                      uint64_t seed) const {

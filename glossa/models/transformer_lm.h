@@ -53,6 +53,14 @@ class TransformerLmTask : public BaseTask {
   at::Tensor Sample(const NestedMap& theta, const at::Tensor& prompts, int64_t max_new_tokens,
                     double temperature, int64_t top_k, uint64_t seed) const;
 
+  // Incremental scoring, for shallow fusion in another model's search (AsrModel's `lm`): empty
+  // caches of n sequences, and one step: each sequence's previous token ids [N] (<s> at step 0)
+  // at position `step` -> (log-probs [N, vocab] of the next token in float32, the caches with
+  // this step appended; every tensor's dim 0 is the sequence, so a beam search reorders them).
+  NestedMap InitDecodeStates(int64_t n) const;
+  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& ids,
+                                              int64_t step, const NestedMap& states) const;
+
   // {prompt_ids, prompt_lengths, sample_ids} with the first decode_prompt_length tokens as prompts.
   NestedMap Decode(const NestedMap& batch) override;
   std::map<std::string, double> CreateDecoderMetrics() const override;

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <regex>
+#include <set>
 
 #include "glossa/base/errors.h"
 #include "glossa/core/step_seed.h"
@@ -14,6 +16,9 @@
 #include "glossa/io/wav.h"
 #include "glossa/metrics/wer.h"
 #include "glossa/models/asr.h"
+#include "glossa/models/mt.h"
+#include "glossa/models/transformer_lm.h"
+#include "glossa/model/model_registry.h"
 #include "glossa/optim/learner.h"
 #include "glossa/optim/schedule.h"
 #include "tests/test_util.h"
@@ -203,6 +208,122 @@ TEST(AsrModelTest, TranscribeSubgraphChecksItsFeeds) {
   bad(EncodeWav16(at::zeros({8000}), 8000), "feed 'wav'[0]: 8000 Hz; the model takes 16000 Hz");
   bad(EncodeWav16(at::zeros({300}), 16000), "300 samples are too short");
   bad(wav.substr(0, 100), "feed 'wav'[0]: truncated data chunk at byte 36");
+}
+
+
+// Shallow fusion: greedy decoding with a fused LM picks, at every step, the argmax of
+// log p_dec + w·log p_lm, and scores the sum of those terms, where both log-probs are recomputed
+// here over the whole hypothesis at once (teacher-forced Logits, not the incremental steps).
+TEST(AsrModelTest, ShallowFusionAddsTheLanguageModelsScores) {
+  const NestedMap batch = TinyBatch();
+  Params lm = TransformerLmTask::CommonParams(/*vocab_size=*/76, /*model_dim=*/16,
+                                              /*hidden_dim=*/32, /*num_heads=*/2,
+                                              /*num_layers=*/2);
+  lm.Set("random_seed", 9);
+  const double w = 0.8;
+  Params p = TinyAsr(0.0);
+  p.Set("decoding", "greedy").Set("lm", lm).Set("lm_fusion_weight", w);
+  auto task = p.Instantiate<asr::AsrModel>();
+  ASSERT_TRUE(task->vars().contains("lm"));
+  // The same layers, standalone, with the task's weights.
+  auto dec = p.GetParams("decoder").Copy().Set("name", "decoder").Instantiate<mt::TransformerDecoder>();
+  auto lm_task = lm.Copy().Set("name", "lm").Instantiate<TransformerLmTask>();
+  {
+    at::NoGradGuard no_grad;
+    // A peaked LM (its softmax scaled up), so that fusion changes choices of the untrained decoder.
+    for (const auto& [key, v] : task->vars().GetItem("lm").AsMap().FlattenItems()) {
+      if (key.find("softmax") != std::string::npos) v.AsTensor().mul_(40);
+    }
+    for (const auto& [key, v] : task->vars().GetItem("decoder").AsMap().FlattenItems()) {
+      dec->vars().GetTensor(key).copy_(v.AsTensor());
+    }
+    for (const auto& [key, v] : task->vars().GetItem("lm").AsMap().FlattenItems()) {
+      lm_task->vars().GetTensor(key).copy_(v.AsTensor());
+    }
+  }
+  at::NoGradGuard no_grad;
+  EvalModeScope eval;
+  const NestedMap& src = batch.GetItem("src").AsMap();
+  const NestedMap out = task->Transcribe(task->theta(), src, 0);
+  const NestedMap enc = task->Encode(task->theta(), src);
+  int64_t lm_changed_choice = 0;
+  for (int64_t i = 0; i < 2; ++i) {
+    const int64_t len = out.GetTensor("topk_lens")[i][0].item<int64_t>();
+    ASSERT_GT(len, 0);
+    const at::Tensor hyp = out.GetTensor("topk_ids")[i][0].slice(0, 0, len);
+    at::Tensor in = at::empty({1, len}, at::kLong);
+    in[0][0] = dec->sos_id();
+    if (len > 1) in[0].slice(0, 1).copy_(hyp.slice(0, 0, len - 1));
+    const at::Tensor pad = at::zeros({1, len});
+    NestedMap enc_i{{"encoded", enc.GetTensor("encoded").slice(0, i, i + 1)},
+                    {"paddings", enc.GetTensor("paddings").slice(0, i, i + 1)}};
+    const at::Tensor dec_lp = at::log_softmax(dec->Logits(dec->theta(), enc_i, in, pad).to(at::kFloat), -1)[0];
+    const at::Tensor lm_lp = at::log_softmax(lm_task->Logits(lm_task->theta(), in, pad).to(at::kFloat), -1)[0];
+    const at::Tensor joint = dec_lp + w * lm_lp;
+    double score = 0;
+    for (int64_t t = 0; t < len; ++t) {
+      const int64_t tok = hyp[t].item<int64_t>();
+      EXPECT_EQ(joint[t].argmax().item<int64_t>(), tok) << "utterance " << i << " step " << t;
+      if (dec_lp[t].argmax().item<int64_t>() != tok) ++lm_changed_choice;
+      score += joint[t][tok].item<double>();
+    }
+    EXPECT_NEAR(out.GetTensor("topk_scores")[i][0].item<double>(), score, 1e-3) << i;
+  }
+  // The LM mattered: some step's choice differs from the decoder's own argmax.
+  EXPECT_GT(lm_changed_choice, 0);
+
+  // Beam search with the LM runs, and a zero weight is the decoder alone.
+  p.Set("decoding", "beam");
+  EXPECT_EQ(p.Instantiate<asr::AsrModel>()->Transcribe(task->theta(), src, 0).GetTensor("topk_ids").size(0), 2);
+  // Errors name the field.
+  Params bad = TinyAsr(0.0);
+  bad.Set("lm_fusion_weight", 0.5);
+  EXPECT_ERROR_CONTAINS(bad.Instantiate<asr::AsrModel>(), InvalidArgumentError,
+                        "lm_fusion_weight 0.5 needs an lm");
+  bad.Set("lm", lm.Copy().Set("emb.vocab_size", 80).Set("softmax.num_classes", 80));
+  EXPECT_ERROR_CONTAINS(bad.Instantiate<asr::AsrModel>(), InvalidArgumentError,
+                        "lm's vocabulary (80) differs from the decoder's (76)");
+  bad.Set("lm", lm).Set("lm_fusion_weight", -1.0);
+  EXPECT_ERROR_CONTAINS(bad.Instantiate<asr::AsrModel>(), InvalidArgumentError,
+                        "lm_fusion_weight must be finite and >= 0");
+}
+
+// asr.synth.LasTinyLm: its LM is asr.synth.CharLm's network, loaded by init_from_checkpoint_rules
+// (every LM variable maps to CharLm's name) and kept out of training (the learner's exclusion
+// selects every variable but the LM's).
+TEST(AsrModelTest, LasTinyLmLoadsAndFreezesTheCharLm) {
+  // Both models as the trainer builds them (GetModelParams without the datasets, which need the
+  // corpus): a SingleTaskModel named after the key's first part.
+  auto build = [](const std::string& key) {
+    Params mp = SingleTaskModel::Params();
+    mp.Set("task", GetModelParamsClass(key)->Task()).Set("name", "asr");
+    return InstantiateLayer<SingleTaskModel>(mp);
+  };
+  auto model = build("asr.synth.LasTinyLm");
+  auto lm_model = build("asr.synth.CharLm");
+  BaseTask* task = &model->task();
+  const Params& p = task->params();
+  std::set<std::string> lm_names;
+  for (const auto& [info, t] : lm_model->AllVariables()) lm_names.insert(info.full_name);
+  ASSERT_FALSE(lm_names.empty());
+  const ParamValue::Dict& rules = p.GetParams("train").Get("init_from_checkpoint_rules").AsDict();
+  ASSERT_EQ(rules.size(), 1u);
+  const auto& rule = rules.begin()->second.AsList()[0].AsList()[0].AsList();
+  const std::regex re(rule[0].AsString());
+  const std::string fmt = rule[1].AsString();
+  int64_t mapped = 0;
+  for (const auto& [info, t] : model->AllVariables()) {
+    std::smatch m;
+    if (!std::regex_match(info.full_name, m, re)) continue;
+    std::string source = fmt.substr(0, fmt.find("%s")) + m[1].str();
+    EXPECT_EQ(lm_names.count(source), 1u) << info.full_name << " -> " << source;
+    ++mapped;
+  }
+  EXPECT_EQ(mapped, static_cast<int64_t>(lm_names.size()));
+  const auto all = LearnerVariables(*task);
+  const auto trained = task->learner().SelectVariables(all);
+  EXPECT_EQ(all.size() - trained.size(), lm_names.size());
+  for (const auto& v : trained) EXPECT_FALSE(std::regex_match(v.name, re)) << v.name;
 }
 
 }  // namespace
