@@ -9,8 +9,8 @@
 #
 # Writes <out>/wav/<split>/NNNNNN.wav and <out>/<split>.tsv ("wav/<split>/NNNNNN.wav<TAB>text"),
 # and <out>/feature_stats.txt (per-bin log-mel mean and stddev of Train), then <out>/COMPLETE; with
-# COMPLETE present for the same sizes it does nothing (but write lm_train.txt and lm_dev.txt, the
-# speech LM's text, when they are missing).
+# COMPLETE present for the same sizes it does nothing (but write lm_train.txt, lm_dev.txt and
+# lexicon.txt, the speech LM's text and the word list, when they are missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 num_train="${1:-12000}"
@@ -20,9 +20,10 @@ out="${4:-data/speech}"
 stamp="train=$num_train dev=$num_dev test=$num_test"
 # Text for the speech LM (asr.synth.CharLm, shallow fusion in asr.synth.LasTinyLm): every sentence
 # of the Austen Train chapters (none of Dev or Test, and none that also occurs there), normalised
-# as the transcripts are, one per line, in <out>/lm_train.txt; the Dev chapters' in lm_dev.txt.
+# as the transcripts are, one per line, in <out>/lm_train.txt; the Dev chapters' in lm_dev.txt; and
+# the words of lm_train.txt with their counts in lexicon.txt (the decoders' closed vocabulary).
 lm_text() {
-  [ -s "$out/lm_train.txt" ] && [ -s "$out/lm_dev.txt" ] && return 0
+  [ -s "$out/lm_train.txt" ] && [ -s "$out/lm_dev.txt" ] && [ -s "$out/lexicon.txt" ] && return 0
   /usr/bin/python3 - "$out" <<'PY'
 import os, re, sys
 out = sys.argv[1]
@@ -40,6 +41,16 @@ for split, name in (("train", "lm_train.txt"), ("dev", "lm_dev.txt")):
         f.write("\n".join(lines) + "\n")
     os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
     print("prepare_speech: %d LM sentences in %s/%s" % (len(lines), out, name))
+    if split == "train":
+        counts = {}
+        for s in lines:
+            for w in s.split():
+                counts[w] = counts.get(w, 0) + 1
+        with open(os.path.join(out, "lexicon.txt.tmp"), "w") as f:
+            for w, c in sorted(counts.items(), key=lambda x: (-x[1], x[0])):
+                f.write("%s %d\n" % (w, c))
+        os.replace(os.path.join(out, "lexicon.txt.tmp"), os.path.join(out, "lexicon.txt"))
+        print("prepare_speech: %d words in %s/lexicon.txt" % (len(counts), out))
 PY
 }
 if [ -f "$out/COMPLETE" ] && [ "$(cat "$out/COMPLETE")" = "$stamp" ] && [ -f "$out/feature_stats.txt" ]; then

@@ -146,6 +146,22 @@ int64_t ExportBundle(const ExportOptions& o) {
     AtomicWriteFile(JoinPath(dir, "tokenizer_params.pb"), tokenizer->ToProtoBytes());
     add("tokenizer_params.pb");
   }
+  // Files the main task reads at inference (BaseTask::AssetParams, e.g. a lexicon) likewise.
+  for (const auto& key : model->task().AssetParams()) {
+    const std::string full = StrCat(MainTaskPath(p), ".", key);
+    if (!p.GetParams(MainTaskPath(p)).Contains(key) ||
+        p.Get(full).kind() != ParamValue::Kind::kString) {
+      continue;
+    }
+    const std::string src = p.GetString(full);
+    if (src.empty()) continue;
+    std::string name = "assets/" + std::filesystem::path(src).filename().string();
+    if (files.contains(name)) name = StrCat("assets/", key, "_", std::filesystem::path(src).filename().string());
+    CreateDirectories(JoinPath(dir, "assets"));
+    AtomicWriteFile(JoinPath(dir, name), ReadFileToString(src, uint64_t{1} << 32));
+    p.Set(full, name);
+    add(name);
+  }
   // The inference graph: the task's subgraphs (those asked for) and the params text.
   const auto declared = model->task().Inference();
   if (declared.empty()) {
@@ -300,6 +316,16 @@ LoadedBundle LoadBundle(const std::string& dir) {
     for (const auto& [k, s] : sg.fetches()) spec.fetches[k] = from_proto(s);
   }
   b.model_params.Set("is_inference", true);
+  // The main task's asset files (ExportBundle) are found relative to the bundle.
+  {
+    Params& task = b.model_params.GetParams(MainTaskPath(b.model_params));
+    for (const auto& key : task.Keys()) {
+      const ParamValue& v = task.Get(key);
+      if (v.kind() == ParamValue::Kind::kString && v.AsString().rfind("assets/", 0) == 0) {
+        task.Set(key, JoinPath(dir, v.AsString()));
+      }
+    }
+  }
   // Initial values are overwritten by the weights: a fixed seed spares the "no random_seed" note.
   if (!b.model_params.IsSet("random_seed")) b.model_params.Set("random_seed", 0);
   b.model = InstantiateLayer<BaseModel>(b.model_params);

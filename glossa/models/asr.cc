@@ -24,6 +24,7 @@
 #include "glossa/models/mt.h"
 #include "glossa/models/transformer_lm.h"
 #include "glossa/search/ctc_prefix_score.h"
+#include "glossa/search/lexicon.h"
 
 namespace glossa {
 namespace asr {
@@ -191,6 +192,10 @@ glossa::Params AsrModel::Params() {
   p.Define("lm_fusion_weight", 0.0,
            "Weight b of the fused LM: score = joint decoder (and CTC) log-prob + b·log p_lm "
            "(Gulcehre et al. 2015). Needs `lm`; 0 with an lm: carried but not used.");
+  p.Define("lexicon_file", "",
+           "A word list (one word per line; what follows a word on its line is ignored): 'beam' "
+           "and 'greedy' decoding then spell only these words (glossa/search/lexicon.h). '': "
+           "any character sequence. `glossa export` copies it into the bundle.");
   return p;
 }
 
@@ -288,6 +293,26 @@ AsrModel::AsrModel(const glossa::Params& p) : BaseTask(p) {
     throw InvalidArgumentError(StrCat(path(), ": lm_fusion_weight ", lm_fusion_weight_,
                                       " needs an lm"));
   }
+  const std::string lexicon = p.GetString("lexicon_file");
+  if (!lexicon.empty()) {
+    if (!has_decoder) {
+      throw InvalidArgumentError(StrCat(path(), ": lexicon_file needs a decoder (beam or greedy)"));
+    }
+    // Spelled with the input's tokenizer (the one decoding turns ids into text with); without an
+    // input (an exported bundle), with the default AsciiTokenizer of AsrInput.
+    glossa::Params tp = AsciiTokenizer::Params();
+    if (p.IsSet("input") && p.GetParams("input").Contains("tokenizer") &&
+        p.IsSet("input.tokenizer")) {
+      tp = p.GetParams("input.tokenizer").Copy();
+    }
+    const auto tok = InstantiateLayer<BaseTokenizer>(tp.Set("name", "lexicon_tokenizer"));
+    try {
+      lexicon_ = std::make_shared<const LexiconConstraint>(
+          LexiconConstraint::FromFile(lexicon, *tok, vocab_size_));
+    } catch (const Error& e) {
+      ThrowError(e.code(), StrCat(path(), ": lexicon_file: ", e.message()));
+    }
+  }
 }
 
 NestedMap AsrModel::Encode(const NestedMap& theta, const NestedMap& src) const {
@@ -384,7 +409,7 @@ NestedMap AsrModel::Transcribe(const NestedMap& theta, const NestedMap& src, int
     fusion = mt::LmFusion{lm_.get(), &lm_.Theta(theta), lm_fusion_weight_};
   }
   return mt::SearchDecoder(*decoder_, decoder_.Theta(theta), enc, b, decoding_, num_hyps,
-                           ctc ? &*ctc : nullptr, fusion.lm ? &fusion : nullptr);
+                           ctc ? &*ctc : nullptr, fusion.lm ? &fusion : nullptr, lexicon_.get());
 }
 
 NestedMap AsrModel::Decode(const NestedMap& batch) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ class RNNLayer;
 class MelAsrFrontend;
 class SpecAugmentLayer;
 class DropoutLayer;
+class LexiconConstraint;
 
 class TransformerLmTask;
 
@@ -97,6 +99,7 @@ class AsrModel : public BaseTask {
   // `transcribe`: wav [B] (WAV bytes or their base64) [+ num_hyps] -> transcript [B], hyps [B]
   // (every hypothesis, " ||| "-joined), scores [B, K].
   std::map<std::string, InferenceSubgraphSpec> Inference() const override;
+  std::vector<std::string> AssetParams() const override { return {"lexicon_file"}; }
   InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
 
@@ -112,6 +115,7 @@ class AsrModel : public BaseTask {
   double joint_ctc_weight_ = 0.0;
   Child<TransformerLmTask> lm_;  // shallow fusion (lm_fusion_weight_ > 0)
   double lm_fusion_weight_ = 0.0;
+  std::shared_ptr<const LexiconConstraint> lexicon_;  // lexicon_file
   int64_t vocab_size_, sample_rate_;
   std::string decoding_;
 };

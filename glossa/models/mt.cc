@@ -16,6 +16,7 @@
 #include "glossa/models/transformer_lm.h"
 #include "glossa/search/beam_search.h"
 #include "glossa/search/ctc_prefix_score.h"
+#include "glossa/search/lexicon.h"
 
 namespace glossa {
 namespace mt {
@@ -408,7 +409,8 @@ BaseTask::LossOutput TransformerModel::ComputeLoss(const NestedMap& theta,
 
 NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_theta,
                         const NestedMap& enc, int64_t b, const std::string& decoding,
-                        int64_t num_hyps, const CtcPrefixScorer* ctc, const LmFusion* lm) {
+                        int64_t num_hyps, const CtcPrefixScorer* ctc, const LmFusion* lm,
+                        const LexiconConstraint* lexicon) {
   if (lm && lm->lm == nullptr) lm = nullptr;
   if (lm && lm->lm->vocab_size() != dec.vocab_size()) {
     throw InvalidArgumentError(StrCat("shallow fusion: the language model's vocabulary (",
@@ -418,16 +420,17 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
   // The decoder's step, joined with the CTC prefix scores (whose states ride along under
   // "ctc_prefix") and the fused LM's log-probs (under "lm_fusion") when there are any.
   auto make_step = [&](const NestedMap& source) -> DecodeStepFn {
-    if (!ctc && !lm) {
+    if (!ctc && !lm && !lexicon) {
       return [&dec, &dec_theta, source](const at::Tensor& ids, int64_t step, const NestedMap& states) {
         return dec.ExtendStep(dec_theta, source, ids, step, states);
       };
     }
-    return [&dec, &dec_theta, source, ctc, lm](const at::Tensor& ids, int64_t step,
-                                               const NestedMap& states) {
+    return [&dec, &dec_theta, source, ctc, lm, lexicon](const at::Tensor& ids, int64_t step,
+                                                        const NestedMap& states) {
       NestedMap dec_states = states;
       if (ctc) dec_states.erase("ctc_prefix");
       if (lm) dec_states.erase("lm_fusion");
+      if (lexicon) dec_states.erase("lexicon");
       auto [log_probs, new_states] = dec.ExtendStep(dec_theta, source, ids, step, dec_states);
       if (ctc) {
         auto [joint, ctc_states] = ctc->Step(ids, log_probs, states.GetItem("ctc_prefix").AsMap());
@@ -440,6 +443,11 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
         log_probs = log_probs + lm->weight * lm_log_probs;
         new_states.Put("lm_fusion", std::move(lm_states));
       }
+      if (lexicon) {
+        auto [masked, lex_states] = lexicon->Step(ids, log_probs, states.GetItem("lexicon").AsMap());
+        log_probs = masked;
+        new_states.Put("lexicon", std::move(lex_states));
+      }
       return std::make_pair(log_probs, new_states);
     };
   };
@@ -447,6 +455,7 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
     NestedMap states = dec.InitDecodeStates(n);
     if (ctc) states.Put("ctc_prefix", ctc->InitStates(n));
     if (lm) states.Put("lm_fusion", lm->lm->InitDecodeStates(n));
+    if (lexicon) states.Put("lexicon", lexicon->InitStates(n));
     return states;
   };
   SearchResult r;

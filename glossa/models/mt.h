@@ -29,6 +29,7 @@ class SimpleFullSoftmax;
 class DropoutLayer;
 class BeamSearchHelper;
 class CtcPrefixScorer;
+class LexiconConstraint;
 class TransformerLmTask;
 
 namespace mt {
@@ -186,7 +187,8 @@ const BaseTokenizer& TokenizerOf(const BaseTask& task);
 // Shallow fusion (Gulcehre et al. 2015; Lingvo's asr fusion, ESPnet's LM scorer): a language
 // model over the decoder's vocabulary whose next-token log-probs, times `weight`, are added to
 // every step's scores (after the CTC join): log p_dec + weight·log p_lm. Its caches ride with the
-// decoder's under "lm_fusion".
+// decoder's under "lm_fusion". With `lexicon`, last, every token that would spell a word outside
+// the word list is masked (glossa/search/lexicon.h; states under "lexicon").
 struct LmFusion {
   const TransformerLmTask* lm = nullptr;
   const NestedMap* theta = nullptr;
@@ -195,7 +197,7 @@ struct LmFusion {
 NestedMap SearchDecoder(const TransformerDecoder& decoder, const NestedMap& decoder_theta,
                         const NestedMap& encoder_outputs, int64_t batch, const std::string& decoding,
                         int64_t num_hyps, const CtcPrefixScorer* ctc = nullptr,
-                        const LmFusion* lm = nullptr);
+                        const LmFusion* lm = nullptr, const LexiconConstraint* lexicon = nullptr);
 
 }  // namespace mt
 }  // namespace glossa

@@ -55,7 +55,9 @@ NestedMap CtcPrefixScorer::InitStates(int64_t num_hyps) const {
   r.select(1, sos_id_).select(1, 1).copy_(log_probs_.select(2, blank_).cumsum(1).index_select(0, src));
   at::Tensor psi = at::full({num_hyps, vocab_}, kNegInf, at::kFloat);
   psi.select(1, sos_id_).fill_(0.0);
-  return NestedMap{{"r", r}, {"psi", psi}};
+  // Whether the prefix is still empty (only before the first step: a <s> that a search forced
+  // into a hypothesis later is no empty prefix).
+  return NestedMap{{"r", r}, {"psi", psi}, {"empty", at::ones({num_hyps}, at::kBool)}};
 }
 
 const CtcPrefixScorer::Frames& CtcPrefixScorer::FramesFor(int64_t n) const {
@@ -101,7 +103,9 @@ std::pair<at::Tensor, NestedMap> CtcPrefixScorer::PrefixScores(const at::Tensor&
                              .contiguous();  // [T, N, V]
   at::Tensor rn = at::empty({t_n, n, v}, at::kFloat);
   at::Tensor rb = at::empty({t_n, n, v}, at::kFloat);
-  const at::Tensor empty_prefix = (ids == sos_id_).view({n, 1});
+  at::Tensor empty_prefix = ids == sos_id_;
+  if (states.contains("empty")) empty_prefix = empty_prefix & states.GetTensor("empty").to(at::kBool);
+  empty_prefix = empty_prefix.view({n, 1});
   rn[0].copy_(at::where(empty_prefix, xs[0], at::full({}, kNegInf, at::kFloat)));
   rb[0].fill_(kNegInf);
   for (int64_t t = 1; t < t_n; ++t) {
@@ -125,10 +129,15 @@ std::pair<at::Tensor, NestedMap> CtcPrefixScorer::PrefixScores(const at::Tensor&
   const at::Tensor last = (lens - 1).view({1, n, 1});
   psi.select(1, eos_id_).copy_(at::logaddexp(rn_g.gather(0, last), rb_g.gather(0, last)).view({n}));
   psi.select(1, sos_id_).fill_(kNegInf);
+  // <s> is no label: a prefix that contains one (a search may still append it, at the floor)
+  // has no CTC paths, and neither have its extensions.
+  rn.select(2, sos_id_).fill_(kNegInf);
+  rb.select(2, sos_id_).fill_(kNegInf);
   psi.clamp_min_(kFloor);
   const at::Tensor delta = psi - psi_g.clamp_min(kFloor).unsqueeze(1);
   return {delta, NestedMap{{"r", at::stack({rn, rb}, 0).permute({2, 3, 0, 1}).contiguous()},
-                           {"psi", psi}}};
+                           {"psi", psi},
+                           {"empty", at::zeros({n}, at::kBool)}}};
 }
 
 std::pair<at::Tensor, NestedMap> CtcPrefixScorer::Step(const at::Tensor& ids,

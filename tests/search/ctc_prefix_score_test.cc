@@ -170,6 +170,21 @@ TEST(CtcPrefixScorerTest, PrefixesLongerThanTheAudioAreFlooredNotNan) {
   EXPECT_EQ(delta[0][kEos].item<double>(), 0.0);
 }
 
+// A <s> that a search forced into a hypothesis after the first step is no empty prefix: what
+// follows it scores no better than the floor (it used to restart the prefix, a +1e10 jump that a
+// lexicon-constrained search then followed).
+TEST(CtcPrefixScorerTest, ALaterSosDoesNotRestartThePrefix) {
+  const at::Tensor lp = RandomLogProbs(1, 6, 5, 7);
+  const CtcPrefixScorer ctc(lp, at::tensor(std::vector<int64_t>{6}), 1.0, kSos, kEos);
+  NestedMap s = ctc.InitStates(1);
+  auto [d0, s0] = ctc.PrefixScores(at::full({1}, kSos, at::kLong), s);
+  EXPECT_EQ(d0[0][kSos].item<double>(), -1e10);  // <s> as a label: floored
+  auto [d1, s1] = ctc.PrefixScores(at::full({1}, 3, at::kLong), s0);
+  auto [d2, s2] = ctc.PrefixScores(at::full({1}, kSos, at::kLong), s1);  // "3 <s>": impossible
+  EXPECT_LE(d2.max().item<double>(), 0.0) << d2;
+  EXPECT_EQ(s2.GetTensor("psi").max().item<double>(), -1e10);
+}
+
 TEST(CtcPrefixScorerTest, RejectsBadShapesAndSettings) {
   const at::Tensor lp = RandomLogProbs(2, 4, 5, 1);
   const at::Tensor lens = at::tensor(std::vector<int64_t>{4, 3});

@@ -5,7 +5,8 @@
 #  - scripts/prepare_speech.sh on a tiny slice (Test sentences never in Train), asr.synth.LasTiny
 #    and CtcTiny at a small size: training (loss falls), the decoder job's WER/CER, export,
 #    `transcribe` through predict (a synthetic utterance and, with pocketsphinx-testdata, a
-#    LibriVox clip), and bad manifests and WAVs.
+#    LibriVox clip) from a bundle that carries the lexicon, asr.synth.CharLm and LasTinyLm
+#    (shallow fusion), and bad manifests and WAVs.
 #   bash tests/tools/image_asr_test.sh build/bin/glossa
 set -uo pipefail
 glossa="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -70,7 +71,20 @@ check "LasTiny export" "$glossa" export "${las[@]}" --model_params_override="$sm
   clip=/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav
   [ -f "$clip" ] && printf '{"wav": "%s"}\n' "$(base64 -w0 "$clip")"
 } > "$tmp/wavs.jsonl"
+check "the bundle carries the lexicon" test -s "$tmp/las_bundle/assets/lexicon.txt"
+mv "$tmp/data/speech/lexicon.txt" "$tmp/lexicon.moved"  # the bundle must not need the corpus's
 check "transcribe through predict" bash -c "'$glossa' predict --bundle='$tmp/las_bundle' --subgraph=transcribe --input='$tmp/wavs.jsonl' > '$tmp/transcripts.jsonl' 2>/dev/null && test \$(grep -c '\"transcript\":' '$tmp/transcripts.jsonl') -eq \$(wc -l < '$tmp/wavs.jsonl')"
+mv "$tmp/lexicon.moved" "$tmp/data/speech/lexicon.txt"
+# Shallow fusion: asr.synth.CharLm trains on lm_train.txt; LasTinyLm loads it at step 0
+# (init_from_checkpoint_rules from $GLOSSA_SPEECH_LM), trains without changing it, and decodes.
+lm_small='task.stack.num_layers : 1; task.train.steps_per_loop : 10; task.train.save_interval_steps : 10'
+check "CharLm trains" "$glossa" train --model=asr.synth.CharLm --logdir="$tmp/charlm" --random_seed=2 --max_steps=10 \
+  --model_params_override="$lm_small" > "$tmp/charlm.log" 2>&1
+lasl=(--model=asr.synth.LasTinyLm --logdir="$tmp/lasl" --random_seed=2)
+lasl_small="$small; task.decoder.num_trans_layers : 1; task.lm.stack.num_layers : 1"
+check "LasTinyLm loads the CharLm and trains" bash -c "GLOSSA_SPEECH_LM='$tmp/charlm/train' '$glossa' train ${lasl[*]} --max_steps=10 --model_params_override='$lasl_small' > '$tmp/lasl.log' 2>&1 && grep -q 'initialized [0-9]* variables from init_from_checkpoint_rules' '$tmp/lasl.log'"
+check "LasTinyLm decodes Dev with the fused LM" bash -c "GLOSSA_SPEECH_LM='$tmp/charlm/train' '$glossa' decode ${lasl[*]} --dataset=Dev --once --model_params_override='$lasl_small' > '$tmp/lasl_decode.log' 2>&1 && grep -q 'decode Dev .* 6 decoded · wer [0-9.]*' '$tmp/lasl_decode.log'"
+check "LasTinyLm without its LM fails, naming the checkpoint" bash -c "! GLOSSA_SPEECH_LM='$tmp/no_lm' '$glossa' train --model=asr.synth.LasTinyLm --logdir='$tmp/lasl2' --max_steps=1 --model_params_override='$lasl_small' > '$tmp/lasl2.log' 2>&1 && grep -q '$tmp/no_lm' '$tmp/lasl2.log'"
 sox -q "$tmp/data/speech/wav/test/000000.wav" -r 8000 "$tmp/8k.wav"
 printf '{"wav": "%s"}\n' "$(base64 -w0 "$tmp/8k.wav")" > "$tmp/bad_wav.jsonl"
 one_line_error "feed 'wav'\[0\]: 8000 Hz; the model takes 16000 Hz" predict --bundle="$tmp/las_bundle" --subgraph=transcribe --input="$tmp/bad_wav.jsonl"
