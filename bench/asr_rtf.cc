@@ -2,7 +2,8 @@
 // faster than real time) for the log-mel frontend alone and for whole transcriptions (frontend,
 // encoder, beam search) through the Predictor, one utterance at a time, on the first --n
 // utterances of a manifest. Run by asr_rtf.sh.
-//   bench_asr_rtf --bundle=/tmp/las --manifest=data/speech/test.tsv --n=50
+//   bench_asr_rtf --bundle=/tmp/las --manifest=data/speech/test.tsv --n=50 [--num_hyps=K (0: the
+//   model's own beam)]
 #include <ATen/ATen.h>
 
 #include <chrono>
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   glossa::UseBestBlasKernels(argv);
   using namespace glossa;
   auto f = bench::ParseFlags(argc, argv,
-                             {{"bundle", ""}, {"manifest", ""}, {"n", "50"}, {"num_hyps", "4"}});
+                             {{"bundle", ""}, {"manifest", ""}, {"n", "50"}, {"num_hyps", "0"}});
   ConfigureCpuRuntime(0, false);
   const std::string root = f["manifest"].substr(0, f["manifest"].rfind('/'));
   std::ifstream in(f["manifest"]);
@@ -55,12 +56,14 @@ int main(int argc, char** argv) {
   for (const auto& w : wavs) {
     InferenceMap feeds;
     feeds["wav"] = InferenceValue::Strings({w});
-    feeds["num_hyps"] = InferenceValue::Of(at::full({}, static_cast<int64_t>(std::stoll(f["num_hyps"])), at::kLong));
+    const int64_t num_hyps = std::stoll(f["num_hyps"]);  // 0: the model's own beam
+    if (num_hyps > 0) feeds["num_hyps"] = InferenceValue::Of(at::full({}, num_hyps, at::kLong));
     pred.Run("transcribe", feeds);
   }
   const double full = Now() - t0;
   std::printf("utterances %zu audio_seconds %.1f\n", wavs.size(), audio);
   std::printf("frontend_rtf %.5f\n", frontend / audio);
-  std::printf("transcribe_rtf %.4f (beam %s, one utterance at a time)\n", full / audio, f["num_hyps"].c_str());
+  std::printf("transcribe_rtf %.4f (beam %s, one utterance at a time)\n", full / audio,
+              f["num_hyps"] == "0" ? "of the model" : f["num_hyps"].c_str());
   return 0;
 }
