@@ -10,10 +10,13 @@
 // Started as data-parallel workers (WORLD_SIZE, RANK, MASTER_PORT, LOCAL_WORLD_SIZE in the
 // environment, as bench/distributed.sh does), each rank trains on batch / world of the global
 // batch with gradients averaged by DataParallelGradientSync (--bucket_mb, --overlap); rank 0
-// prints the global tokens/s and the allreduce's bytes and exposed time per step.
+// prints the global tokens/s and the allreduce's bytes and exposed time per step. With
+// --count_ops: one step's op counts (dispatcher calls, outermost calls by name, autograd nodes)
+// instead of timings.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <chrono>
@@ -62,7 +65,8 @@ int main(int argc, char** argv) {
                               {"gemm", "0"},
                               {"task", "lm"},
                               {"bucket_mb", "25"},
-                              {"overlap", "1"}},
+                              {"overlap", "1"},
+                              {"count_ops", "0"}},
                              /*bare_means_true=*/true);
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
   const int runs = std::stoi(f["runs"]);
@@ -159,6 +163,43 @@ int main(int argc, char** argv) {
     ++step;
   };
   train_step();  // warm-up (slot creation, allocator)
+  if (f["count_ops"] == "1") {
+    // One step's dispatcher calls (every ATen op, nested ones included), the outermost ones (what
+    // the model code calls) and autograd nodes run by the backward pass, by name.
+    static thread_local int depth = 0;
+    static std::map<std::string, int64_t> outer;
+    static int64_t all = 0, nodes = 0;
+    auto handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+                ++nodes;
+              } else {
+                ++all;
+                if (depth == 0) ++outer[fn.name()];
+              }
+              ++depth;
+              return nullptr;
+            },
+            [](const at::RecordFunction&, at::ObserverContext*) { --depth; })
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    train_step();
+    at::removeCallback(handle);
+    int64_t outer_total = 0;
+    std::vector<std::pair<int64_t, std::string>> top;
+    for (const auto& [name, n] : outer) {
+      outer_total += n;
+      top.emplace_back(n, name);
+    }
+    std::sort(top.rbegin(), top.rend());
+    std::printf("ops_per_step %lld outermost_ops_per_step %lld autograd_nodes_per_step %lld\n",
+                static_cast<long long>(all), static_cast<long long>(outer_total),
+                static_cast<long long>(nodes));
+    for (size_t i = 0; i < std::min<size_t>(top.size(), 15); ++i) {
+      std::printf("  %6lld %s\n", static_cast<long long>(top[i].first), top[i].second.c_str());
+    }
+    return 0;
+  }
   std::vector<double> rates;
   for (int r = 0; r < runs; ++r) {
     const double t0 = Now();
