@@ -25,18 +25,13 @@ stamp="train=$num_train dev=$num_dev test=$num_test"
 lm_text() {
   [ -s "$out/lm_train.txt" ] && [ -s "$out/lm_dev.txt" ] && [ -s "$out/lexicon.txt" ] && return 0
   /usr/bin/python3 - "$out" <<'PY'
-import os, re, sys
+import os, sys
+sys.path.insert(0, "scripts")
+from speech_text import sentences
 out = sys.argv[1]
-def sentences(split):
-    text = open("data/austen/%s.txt" % split, encoding="utf-8").read().replace("--", " ")
-    for s in re.split(r"(?<=[.!?;:])\s+", text):
-        words = re.sub(r"[^a-z' ]", " ", s.lower().replace("\u2019", "'")).split()
-        words = [w.strip("'") for w in words if w.strip("'")]
-        if 1 <= len(words) <= 40:
-            yield " ".join(words)
-held_out = set(sentences("dev")) | set(sentences("test"))
+held_out = set(sentences("dev", 1, 40)) | set(sentences("test", 1, 40))
 for split, name in (("train", "lm_train.txt"), ("dev", "lm_dev.txt")):
-    lines = [s for s in sentences(split) if split != "train" or s not in held_out]
+    lines = [s for s in sentences(split, 1, 40) if split != "train" or s not in held_out]
     with open(os.path.join(out, name + ".tmp"), "w") as f:
         f.write("\n".join(lines) + "\n")
     os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
@@ -66,24 +61,18 @@ mkdir -p "$out"
 start=$(date +%s)
 # Sentences and their voice, speed and pitch: one job line per utterance.
 /usr/bin/python3 - "$out" "$num_train" "$num_dev" "$num_test" <<'PY'
-import random, re, sys
+import random, sys
+sys.path.insert(0, "scripts")
+from speech_text import sentences
 out, counts = sys.argv[1], dict(train=int(sys.argv[2]), dev=int(sys.argv[3]), test=int(sys.argv[4]))
 VOICES = ["en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-029"]
 VARIANTS = ["", "+m1", "+m3", "+m5", "+f1", "+f2", "+f4"]
-
-def sentences(split):
-    text = open("data/austen/%s.txt" % split, encoding="utf-8").read().replace("--", " ")
-    for s in re.split(r"(?<=[.!?;:])\s+", text):
-        words = re.sub(r"[^a-z' ]", " ", s.lower().replace("\u2019", "'")).split()
-        words = [w.strip("'") for w in words if w.strip("'")]
-        if 4 <= len(words) <= 14:
-            yield " ".join(words)
 
 held_out = set()
 chosen = {}
 for split in ("test", "dev", "train"):
     seen = []
-    for s in sentences(split):
+    for s in sentences(split, 4, 14):
         if s in held_out or s in seen:
             continue
         seen.append(s)

@@ -151,21 +151,8 @@ Params CharLmTask(int64_t max_steps) {
                                              /*hidden_dim=*/1024, /*num_heads=*/4,
                                              /*num_layers=*/4);
   p.Set("name", "lm");
-  Params& layer = p.GetParams("stack.transformer_layer_params_tpl");
-  layer.Set("tr_atten_tpl.residual_dropout_prob", 0.1);
-  layer.Set("tr_fflayer_tpl.residual_dropout_prob", 0.1);
-  Params& tp = p.GetParams("train");
-  tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
-  tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 3);
-  Params& lp = tp.GetParams("learner");
-  lp.Set("learning_rate", 2e-3).Set("clip_gradient_norm_to_value", 1.0);
-  lp.Set("lr_schedule", LinearRampupCosineSchedule::Params()
-                            .Set("warmup_steps", 100)
-                            .Set("total_steps", max_steps)
-                            .Set("final_value", 0.05));
-  lp.Set("optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
-  p.GetParams("eval").Set("samples_per_summary", 0);
-  return p;
+  return TransformerLmTask::SetTrainingRecipe(p, max_steps, /*lr=*/2e-3, /*warmup_steps=*/100,
+                                              /*final_lr_fraction=*/0.05, /*keep=*/3);
 }
 
 constexpr int64_t kCharLmSteps = 800;

@@ -68,24 +68,8 @@ Params LmTask(int64_t dim, int64_t layers, int64_t heads, int64_t hidden, int64_
               double lr, int64_t warmup) {
   Params p = TransformerLmTask::CommonParams(kVocabSize, dim, hidden, heads, layers);
   p.Set("name", "lm");
-  // Residual dropout 0.1 in the attention and feed-forward blocks; none on the attention weights
-  // or the hidden activations.
-  Params& layer = p.GetParams("stack.transformer_layer_params_tpl");
-  layer.Set("tr_atten_tpl.residual_dropout_prob", 0.1);
-  layer.Set("tr_fflayer_tpl.residual_dropout_prob", 0.1);
-  Params& tp = p.GetParams("train");
-  tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
-  tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 5);
-  Params& lp = tp.GetParams("learner");
-  lp.Set("learning_rate", lr);
-  lp.Set("lr_schedule", LinearRampupCosineSchedule::Params()
-                            .Set("warmup_steps", warmup)
-                            .Set("total_steps", max_steps)
-                            .Set("final_value", 0.1));
-  lp.Set("optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
-  lp.Set("clip_gradient_norm_to_value", 1.0);
-  p.GetParams("eval").Set("samples_per_summary", 0);
-  return p;
+  return TransformerLmTask::SetTrainingRecipe(p, max_steps, lr, warmup,
+                                              /*final_lr_fraction=*/0.1, /*keep=*/5);
 }
 
 // The README's default: trains in a few minutes on 2 CPU cores.

@@ -17,6 +17,8 @@
 #include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
+#include "glossa/optim/optimizer.h"
+#include "glossa/optim/schedule.h"
 
 namespace glossa {
 
@@ -143,6 +145,27 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   out.metrics["num_samples_in_batch"] =
       Metric{at::full({}, static_cast<double>(labels.size(0))), at::full({}, 1.0)};
   return out;
+}
+
+glossa::Params& TransformerLmTask::SetTrainingRecipe(glossa::Params& p, int64_t max_steps,
+                                                     double lr, int64_t warmup_steps,
+                                                     double final_lr_fraction, int64_t keep) {
+  // Residual dropout 0.1; none on the attention weights or the hidden activations.
+  glossa::Params& layer = p.GetParams("stack.transformer_layer_params_tpl");
+  layer.Set("tr_atten_tpl.residual_dropout_prob", 0.1);
+  layer.Set("tr_fflayer_tpl.residual_dropout_prob", 0.1);
+  glossa::Params& tp = p.GetParams("train");
+  tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
+  tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", keep);
+  glossa::Params& lp = tp.GetParams("learner");
+  lp.Set("learning_rate", lr).Set("clip_gradient_norm_to_value", 1.0);
+  lp.Set("lr_schedule", LinearRampupCosineSchedule::Params()
+                            .Set("warmup_steps", warmup_steps)
+                            .Set("total_steps", max_steps)
+                            .Set("final_value", final_lr_fraction));
+  lp.Set("optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
+  p.GetParams("eval").Set("samples_per_summary", 0);
+  return p;
 }
 
 NestedMap TransformerLmTask::InitDecodeStates(int64_t n) const {

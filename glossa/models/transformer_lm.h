@@ -38,6 +38,14 @@ class TransformerLmTask : public BaseTask {
   // shape (pre-layer-norm layers, a final layer norm, dropouts 0).
   static glossa::Params CommonParams(int64_t vocab_size, int64_t model_dim, int64_t hidden_dim,
                                      int64_t num_heads, int64_t num_layers);
+  // The training recipe of the registered LMs (lm.austen.*, asr.synth.CharLm), applied to
+  // CommonParams: residual dropout 0.1 in the attention and feed-forward blocks, Adam (0.9, 0.98,
+  // 1e-9) at `lr` with the global gradient norm clipped to 1, a linear warm-up over
+  // `warmup_steps`, then a cosine decay to `final_lr_fraction` of lr at max_steps, a loop and a
+  // summary every 50 steps, a checkpoint every 120 s (the last `keep` kept). Returns p.
+  static glossa::Params& SetTrainingRecipe(glossa::Params& p, int64_t max_steps, double lr,
+                                           int64_t warmup_steps, double final_lr_fraction,
+                                           int64_t keep);
   explicit TransformerLmTask(const glossa::Params& p);
   int64_t vocab_size() const { return vocab_size_; }
 
