@@ -55,9 +55,7 @@ NestedMap CtcPrefixScorer::InitStates(int64_t num_hyps) const {
   r.select(1, sos_id_).select(1, 1).copy_(log_probs_.select(2, blank_).cumsum(1).index_select(0, src));
   at::Tensor psi = at::full({num_hyps, vocab_}, kNegInf, at::kFloat);
   psi.select(1, sos_id_).fill_(0.0);
-  // Whether the prefix is still empty (only before the first step: a <s> that a search forced
-  // into a hypothesis later is no empty prefix).
-  return NestedMap{{"r", r}, {"psi", psi}, {"empty", at::ones({num_hyps}, at::kBool)}};
+  return NestedMap{{"r", r}, {"psi", psi}};
 }
 
 const CtcPrefixScorer::Frames& CtcPrefixScorer::FramesFor(int64_t n) const {
@@ -103,9 +101,9 @@ std::pair<at::Tensor, NestedMap> CtcPrefixScorer::PrefixScores(const at::Tensor&
                              .contiguous();  // [T, N, V]
   at::Tensor rn = at::empty({t_n, n, v}, at::kFloat);
   at::Tensor rb = at::empty({t_n, n, v}, at::kFloat);
-  at::Tensor empty_prefix = ids == sos_id_;
-  if (states.contains("empty")) empty_prefix = empty_prefix & states.GetTensor("empty").to(at::kBool);
-  empty_prefix = empty_prefix.view({n, 1});
+  // Only the initial <s> is the empty prefix (ψ = 0); a <s> a search appended later has the
+  // floor for ψ and starts nothing.
+  const at::Tensor empty_prefix = ((ids == sos_id_) & (psi_g > kFloor / 2)).view({n, 1});
   rn[0].copy_(at::where(empty_prefix, xs[0], at::full({}, kNegInf, at::kFloat)));
   rb[0].fill_(kNegInf);
   for (int64_t t = 1; t < t_n; ++t) {
@@ -136,8 +134,7 @@ std::pair<at::Tensor, NestedMap> CtcPrefixScorer::PrefixScores(const at::Tensor&
   psi.clamp_min_(kFloor);
   const at::Tensor delta = psi - psi_g.clamp_min(kFloor).unsqueeze(1);
   return {delta, NestedMap{{"r", at::stack({rn, rb}, 0).permute({2, 3, 0, 1}).contiguous()},
-                           {"psi", psi},
-                           {"empty", at::zeros({n}, at::kBool)}}};
+                           {"psi", psi}}};
 }
 
 std::pair<at::Tensor, NestedMap> CtcPrefixScorer::Step(const at::Tensor& ids,

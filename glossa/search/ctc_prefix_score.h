@@ -31,8 +31,7 @@ class CtcPrefixScorer {
 
   // The scorer's states for num_hyps = K·B hypotheses laid out h = k·B + b (the beam search's
   // layout), every one the empty prefix: {r [N, V, 2, T], psi [N, V]} (per candidate extension,
-  // so that the search's reordering along dim 0 carries them and the next step's ids picks one)
-  // and empty [N] (true before the first step: only then is <s> the empty prefix).
+  // so that the search's reordering along dim 0 carries them and the next step's ids picks one).
   NestedMap InitStates(int64_t num_hyps) const;
 
   // ids [N]: the token each hypothesis last appended (sos at step 0); att_log_probs [N, V]: the

@@ -132,7 +132,7 @@ std::pair<at::Tensor, NestedMap> LexiconConstraint::Step(const at::Tensor& ids,
 }
 
 at::Tensor LexiconConstraint::AllowedAfter(const std::vector<int64_t>& ids) const {
-  int64_t node = next_[kInitial][allowed_[kInitial].nonzero()[0][0].item<int64_t>()].item<int64_t>();
+  int64_t node = kStart;  // after <s>
   for (int64_t id : ids) node = next_[node][id].item<int64_t>();
   return allowed_[node].clone();
 }

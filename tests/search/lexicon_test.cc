@@ -39,7 +39,6 @@ std::set<std::string> AllowedBruteForce(const std::vector<std::string>& words,
   std::set<std::string> out;
   const size_t space = text.rfind(' ');
   const std::string partial = space == std::string::npos ? text : text.substr(space + 1);
-  const bool after_space = space != std::string::npos && partial.empty();
   for (const auto& w : words) {
     if (w.compare(0, partial.size(), partial) == 0 && w.size() > partial.size()) {
       out.insert(std::string(1, w[partial.size()]));
@@ -50,7 +49,6 @@ std::set<std::string> AllowedBruteForce(const std::vector<std::string>& words,
     }
   }
   if (text.empty()) out.insert("</s>");  // the empty transcript
-  (void)after_space;
   return out;
 }
 
