@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
                               {"task", "lm"},
                               {"bucket_mb", "25"},
                               {"overlap", "1"},
-                              {"count_ops", "0"}},
+                              {"count_ops", "0"},
+                              {"profile_ops", "0"}},
                              /*bare_means_true=*/true);
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
   const int runs = std::stoi(f["runs"]);
@@ -197,6 +198,57 @@ int main(int argc, char** argv) {
                 static_cast<long long>(nodes));
     for (size_t i = 0; i < std::min<size_t>(top.size(), 15); ++i) {
       std::printf("  %6lld %s\n", static_cast<long long>(top[i].first), top[i].second.c_str());
+    }
+    return 0;
+  }
+  if (f["profile_ops"] == "1") {
+    // Where a step's time goes: inclusive wall time of each outermost call (model, learner) and of
+    // each autograd node (backward), by name, summed over `steps` steps.
+    struct Entry {
+      double t0;
+      bool timed;
+    };
+    static thread_local std::vector<Entry> stack;
+    static std::map<std::string, std::pair<double, int64_t>> spent;
+    auto handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              const bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+              bool timed = node || stack.empty();
+              if (!node) {
+                for (const auto& e : stack) timed = timed && !e.timed;
+              }
+              stack.push_back({Now(), timed});
+              return nullptr;
+            },
+            [](const at::RecordFunction& fn, at::ObserverContext*) {
+              const Entry e = stack.back();
+              stack.pop_back();
+              if (e.timed) {
+                auto& s = spent[(fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? "bwd:" : "") +
+                                std::string(fn.name())];
+                s.first += Now() - e.t0;
+                ++s.second;
+              }
+            })
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    const double t0 = Now();
+    for (int s = 0; s < steps; ++s) train_step();
+    const double total = Now() - t0;
+    at::removeCallback(handle);
+    std::vector<std::pair<double, std::string>> top;
+    double covered = 0;
+    for (const auto& [name, v] : spent) {
+      top.emplace_back(v.first, name);
+      covered += v.first;
+    }
+    std::sort(top.rbegin(), top.rend());
+    std::printf("ms_per_step %.2f timed_ms_per_step %.2f\n", 1e3 * total / steps,
+                1e3 * covered / steps);
+    for (size_t i = 0; i < std::min<size_t>(top.size(), 40); ++i) {
+      std::printf("  %8.3f ms %6.1f/step %s\n", 1e3 * top[i].first / steps,
+                  static_cast<double>(spent[top[i].second].second) / steps,
+                  top[i].second.c_str());
     }
     return 0;
   }

@@ -4,6 +4,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/layers/fused_xent.h"
 
 namespace glossa {
 
@@ -18,6 +19,12 @@ glossa::Params SimpleFullSoftmax::Params() {
   p.Define("compute_per_example_argmax", true,
            "Output per_example_argmax (an argmax over the classes, ~10x a max on CPU). Tasks that "
            "only need next-step accuracy can turn it off and use per_example_max_log_prob.");
+  p.Define("fused_xent", true,
+           "Cross-entropy against class_ids in one fused kernel (glossa/layers/fused_xent.h; CPUs "
+           "with AVX-512F, float32 or bfloat16 logits): one pass forward and one backward, and no "
+           "[..., num_classes] log_probs tensor, so the output then has no log_probs. false, "
+           "other CPUs, float64 logits and class_probabilities targets: ATen's log_softmax, and "
+           "log_probs in the output.");
   return p;
 }
 
@@ -27,6 +34,7 @@ SimpleFullSoftmax::SimpleFullSoftmax(const glossa::Params& p) : BaseLayer(p) {
   label_smoothing_ = params().GetFloat("label_smoothing");
   if (params().IsSet("logits_abs_max")) logits_abs_max_ = params().GetFloat("logits_abs_max");
   compute_per_example_argmax_ = params().GetBool("compute_per_example_argmax");
+  fused_xent_ = params().GetBool("fused_xent");
   if (input_dim_ <= 0 || num_classes_ <= 0) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': input_dim and num_classes must be > 0"));
@@ -76,11 +84,7 @@ NestedMap SimpleFullSoftmax::XentFromLogits(const at::Tensor& logits, const at::
     throw InvalidArgumentError(StrCat("layer '", path(), "': logits must end in num_classes ",
                                       num_classes_, ", got shape ", logits.sizes()));
   }
-  // The loss is computed in float32 at least, whatever the fprop dtype.
-  at::Tensor logits32 = logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat);
-  at::Tensor log_probs = at::log_softmax(logits32, -1);
   const auto batch_shape = logits.sizes().slice(0, logits.dim() - 1).vec();
-  at::Tensor targets;
   if (class_ids.defined()) {
     if (class_ids.sizes().vec() != batch_shape || at::isFloatingType(class_ids.scalar_type())) {
       throw InvalidArgumentError(StrCat("layer '", path(), "': class_ids must be integers shaped ",
@@ -91,40 +95,56 @@ NestedMap SimpleFullSoftmax::XentFromLogits(const at::Tensor& logits, const at::
       throw InvalidArgumentError(
           StrCat("layer '", path(), "': class_ids must be in [0, ", num_classes_, ")"));
     }
-  } else {
-    if (class_probabilities.sizes() != logits.sizes()) {
-      throw InvalidArgumentError(StrCat("layer '", path(), "': class_probabilities must be shaped ",
-                                        logits.sizes(), ", got ", class_probabilities.sizes()));
-    }
-    targets = class_probabilities.to(log_probs.scalar_type());
+  } else if (class_probabilities.sizes() != logits.sizes()) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': class_probabilities must be shaped ",
+                                      logits.sizes(), ", got ", class_probabilities.sizes()));
   }
+  NestedMap out;
+  out.Put("logits", logits);
   at::Tensor xent;
-  if (class_ids.defined()) {
-    // -Σ_c t_c log p_c with t = (1 - ls)·one_hot + ls/C, without building the one-hot tensor:
-    // -(1 - ls)·log p_label - (ls/C)·Σ_c log p_c.
-    xent = -log_probs.gather(-1, class_ids.to(at::kLong).unsqueeze(-1)).squeeze(-1);
-    if (label_smoothing_ > 0) {
-      xent = xent * (1 - label_smoothing_) - log_probs.sum(-1) * (label_smoothing_ / num_classes_);
-    }
+  if (class_ids.defined() && fused_xent_ && logits.scalar_type() != at::kDouble &&
+      FusedSoftmaxXentSupported()) {
+    // -Σ_c t_c log p_c with t = (1 - ls)·one_hot + ls/C, in one pass.
+    SoftmaxXent r = FusedSoftmaxXent(logits, class_ids, 1 - label_smoothing_,
+                                     label_smoothing_ / num_classes_, compute_per_example_argmax_);
+    xent = r.xent;
+    out.Put("per_example_label_log_prob", r.label_log_prob);
+    out.Put("per_example_max_log_prob", r.max_log_prob);
+    if (compute_per_example_argmax_) out.Put("per_example_argmax", r.argmax);
   } else {
-    if (label_smoothing_ > 0) {
-      targets = targets * (1 - label_smoothing_) + label_smoothing_ / num_classes_;
+    // The loss is computed in float32 at least, whatever the fprop dtype.
+    at::Tensor logits32 = logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat);
+    at::Tensor log_probs = at::log_softmax(logits32, -1);
+    if (class_ids.defined()) {
+      // -Σ_c t_c log p_c with t = (1 - ls)·one_hot + ls/C, without building the one-hot tensor:
+      // -(1 - ls)·log p_label - (ls/C)·Σ_c log p_c.
+      const at::Tensor label_lp =
+          log_probs.gather(-1, class_ids.to(at::kLong).unsqueeze(-1)).squeeze(-1);
+      xent = -label_lp;
+      if (label_smoothing_ > 0) {
+        xent =
+            xent * (1 - label_smoothing_) - log_probs.sum(-1) * (label_smoothing_ / num_classes_);
+      }
+      out.Put("per_example_label_log_prob", label_lp.detach());
+    } else {
+      at::Tensor targets = class_probabilities.to(log_probs.scalar_type());
+      if (label_smoothing_ > 0) {
+        targets = targets * (1 - label_smoothing_) + label_smoothing_ / num_classes_;
+      }
+      xent = -(targets * log_probs).sum(-1);
     }
-    xent = -(targets * log_probs).sum(-1);
+    out.Put("log_probs", log_probs);
+    if (compute_per_example_argmax_) {
+      out.Put("per_example_argmax", log_probs.detach().argmax(-1));  // float32: bf16 is slower
+    }
+    out.Put("per_example_max_log_prob", at::amax(log_probs.detach(), {-1}));
   }
   at::Tensor weights =
       class_weights.defined() ? class_weights.to(xent.scalar_type()) : at::ones_like(xent);
   if (paddings.defined()) weights = weights * (1 - paddings.to(xent.scalar_type()));
   at::Tensor total_xent = (xent * weights).sum();
   at::Tensor total_weight = weights.sum();
-  NestedMap out;
-  out.Put("logits", logits);
-  out.Put("log_probs", log_probs);
   out.Put("per_example_xent", xent);
-  if (compute_per_example_argmax_) {
-    out.Put("per_example_argmax", log_probs.detach().argmax(-1));  // float32: bf16 argmax is slower
-  }
-  out.Put("per_example_max_log_prob", at::amax(log_probs.detach(), {-1}));
   out.Put("per_example_weight", weights);
   out.Put("total_xent", total_xent);
   out.Put("total_weight", total_weight);

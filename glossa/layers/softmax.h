@@ -24,8 +24,10 @@ class SimpleFullSoftmax : public BaseLayer {
   // Cross-entropy. Targets are `class_ids` [...] (integers) or `class_probabilities`
   // [..., num_classes] (exactly one defined). Weights `class_weights` [...] (default 1) are
   // multiplied by 1 - paddings when paddings are given. Returns a NestedMap with logits,
-  // log_probs, per_example_xent, per_example_argmax, per_example_weight, total_xent,
-  // total_weight and avg_xent = total_xent / max(total_weight, 1e-6).
+  // per_example_xent, per_example_max_log_prob, per_example_argmax (when
+  // compute_per_example_argmax), per_example_weight, total_xent, total_weight and avg_xent =
+  // total_xent / max(total_weight, 1e-6); with class_ids also per_example_label_log_prob (no
+  // gradient); and log_probs unless the fused kernel ran (param fused_xent).
   NestedMap FProp(const NestedMap& theta, const at::Tensor& inputs, const at::Tensor& class_ids,
                   const at::Tensor& class_weights = {}, const at::Tensor& paddings = {},
                   const at::Tensor& class_probabilities = {}) const;
@@ -40,6 +42,7 @@ class SimpleFullSoftmax : public BaseLayer {
   double label_smoothing_;
   std::optional<double> logits_abs_max_;
   bool compute_per_example_argmax_;
+  bool fused_xent_;
 };
 
 }  // namespace glossa

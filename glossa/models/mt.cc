@@ -10,6 +10,7 @@
 #include "glossa/core/registry.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/layers/embedding.h"
+#include "glossa/layers/fused_xent.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/bleu.h"
@@ -235,20 +236,32 @@ BaseTask::LossOutput TransformerDecoder::ComputeLoss(const NestedMap& theta,
     throw InvalidArgumentError(StrCat("layer '", path(), "': tgt.labels must be shaped like ",
                                       "tgt.ids, got ", labels.sizes()));
   }
-  at::Tensor log_probs = at::log_softmax(
-      logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat), -1);
   const at::Tensor labels64 = labels.to(at::kLong);
   if (labels64.numel() > 0 &&
       (labels64.min().item<int64_t>() < 0 || labels64.max().item<int64_t>() >= vocab_size_)) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': tgt.labels must be in [0, ", vocab_size_, ")"));
   }
-  const at::Tensor label_lp = log_probs.gather(-1, labels64.unsqueeze(-1)).squeeze(-1);
-  at::Tensor xent = -label_lp;
-  if (label_smoothing_ > 0) {
-    // Lingvo's UniformLabelSmoother: 1 - ε on the label, ε / (V - 1) on every other class.
-    xent = xent * (1 - label_smoothing_) -
-           (log_probs.sum(-1) - label_lp) * (label_smoothing_ / (vocab_size_ - 1));
+  // Lingvo's UniformLabelSmoother: 1 - ε on the label, ε / (V - 1) on every other class, that is
+  // xent = -(1 - ε - ε/(V-1))·log p_label - ε/(V-1)·Σ_c log p_c.
+  const double uniform = label_smoothing_ > 0 ? label_smoothing_ / (vocab_size_ - 1) : 0.0;
+  at::Tensor xent, label_lp, max_lp;
+  if (logits.scalar_type() != at::kDouble && FusedSoftmaxXentSupported()) {
+    SoftmaxXent r = FusedSoftmaxXent(logits, labels64, 1 - label_smoothing_ - uniform, uniform,
+                                     /*want_argmax=*/false);
+    xent = r.xent;
+    label_lp = r.label_log_prob;
+    max_lp = r.max_log_prob;
+  } else {
+    const at::Tensor log_probs = at::log_softmax(
+        logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat), -1);
+    const at::Tensor lp_label = log_probs.gather(-1, labels64.unsqueeze(-1)).squeeze(-1);
+    xent = -lp_label;
+    if (label_smoothing_ > 0) {
+      xent = xent * (1 - label_smoothing_) - (log_probs.sum(-1) - lp_label) * uniform;
+    }
+    label_lp = lp_label.detach();
+    max_lp = at::amax(log_probs.detach(), {-1});
   }
   const at::Tensor w = weights.to(xent.scalar_type());
   const at::Tensor num_tokens = w.sum().detach();
@@ -263,7 +276,7 @@ BaseTask::LossOutput TransformerDecoder::ComputeLoss(const NestedMap& theta,
   const at::Tensor log_pplx = total_xent.detach() / at::clamp_min(num_tokens, 1e-6);
   const at::Tensor nll = -lp.sum() / at::clamp_min(num_tokens, 1e-6);
   const at::Tensor correct =
-      ((label_lp.detach() >= at::amax(log_probs.detach(), {-1})).to(w.scalar_type()) * w).sum() /
+      ((label_lp >= max_lp).to(w.scalar_type()) * w).sum() /
       at::clamp_min(num_tokens, 1e-6);
   BaseTask::LossOutput out;
   out.metrics["loss"] = Metric{loss, per_word_avg_loss_ ? num_tokens : num_seqs};

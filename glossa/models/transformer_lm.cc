@@ -118,10 +118,7 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   const at::Tensor num_tokens = xent.GetTensor("total_weight").detach();
   // A prediction is correct when the label's log-prob is the maximum (exact ties, which have
   // probability zero, count as correct): a max over the classes instead of an argmax.
-  const at::Tensor label_lp = xent.GetTensor("log_probs")
-                                  .detach()
-                                  .gather(-1, labels.to(at::kLong).unsqueeze(-1))
-                                  .squeeze(-1);
+  const at::Tensor label_lp = xent.GetTensor("per_example_label_log_prob");
   const at::Tensor correct =
       ((label_lp >= xent.GetTensor("per_example_max_log_prob")).to(at::kFloat) * weights).sum() /
       at::clamp_min(num_tokens, 1);
@@ -136,8 +133,7 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   // With label smoothing the loss is not the log-perplexity; recompute it from the log-probs.
   at::Tensor log_pplx = xent.GetTensor("avg_xent");
   if (label_smoothing_ > 0) {
-    at::Tensor lp = xent.GetTensor("log_probs").gather(-1, labels.unsqueeze(-1)).squeeze(-1);
-    log_pplx = -(lp * weights).sum() / at::clamp_min(num_tokens, 1);
+    log_pplx = -(label_lp * weights).sum() / at::clamp_min(num_tokens, 1);
   }
   out.metrics["log_pplx"] = Metric{log_pplx.detach(), num_tokens};
   out.metrics["fraction_of_correct_next_step_preds"] = Metric{correct.detach(), num_tokens};

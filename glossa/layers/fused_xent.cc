@@ -1,0 +1,224 @@
+#include "glossa/layers/fused_xent.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+// GCC 12 reports _mm512_undefined_ps() inside its own AVX-512 intrinsics (reductions, masked
+// loads) as maybe-uninitialized; a known false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <limits>
+
+namespace glossa {
+namespace {
+
+// e^x for 16 floats: x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split in two for an exact n·ln2), e^r
+// by Cephes' degree-6 expf polynomial, 2^n by scalef. x is clamped below at −104, where e^x
+// rounds to 0 in float32 (so −∞ gives 0, not NaN); NaN passes through (max/min return their
+// second operand when either is NaN).
+__attribute__((target("avx512f"))) inline __m512 Exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+  x = _mm512_min_ps(_mm512_set1_ps(88.7f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+__attribute__((target("avx512f"))) inline __mmask16 TailMask(int64_t left) {
+  return static_cast<__mmask16>((1u << left) - 1u);
+}
+
+struct RowsForwardArgs {
+  const float* x;
+  const int64_t* labels;
+  int64_t classes;
+  float a, b;  // label and uniform weights
+  float *xent, *label_lp, *max_lp, *lse;
+  int64_t* argmax;  // null unless asked for
+};
+
+// Per row: pass 1 the max (and Σx when b ≠ 0), pass 2 Σ e^(x − max); then the log-sum-exp and
+// the outputs; the argmax (first maximal class) by a third scan that stops at the max. A row is
+// at most a few KiB and stays in L1 between the passes.
+__attribute__((target("avx512f"))) void RowsForward(const RowsForwardArgs& s, int64_t lo,
+                                                    int64_t hi) {
+  const int64_t C = s.classes;
+  const int64_t full = C / 16 * 16;
+  const __mmask16 tail = TailMask(C - full);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t n = lo; n < hi; ++n) {
+    const float* r = s.x + n * C;
+    __m512 vmax = neg_inf, vsum_x = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; c += 16) {
+      const __m512 v = _mm512_loadu_ps(r + c);
+      vmax = _mm512_max_ps(vmax, v);
+      vsum_x = _mm512_add_ps(vsum_x, v);
+    }
+    if (tail) {
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, tail, r + full));
+      vsum_x = _mm512_add_ps(vsum_x, _mm512_maskz_loadu_ps(tail, r + full));
+    }
+    const float m = _mm512_reduce_max_ps(vmax);
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 32 <= full; c += 32) {
+      s0 = _mm512_add_ps(s0, Exp16(_mm512_sub_ps(_mm512_loadu_ps(r + c), vm)));
+      s1 = _mm512_add_ps(s1, Exp16(_mm512_sub_ps(_mm512_loadu_ps(r + c + 16), vm)));
+    }
+    for (; c < full; c += 16) {
+      s0 = _mm512_add_ps(s0, Exp16(_mm512_sub_ps(_mm512_loadu_ps(r + c), vm)));
+    }
+    if (tail) {
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, r + full), vm));
+      s1 = _mm512_add_ps(s1, _mm512_maskz_mov_ps(tail, e));
+    }
+    const float lse = m + std::log(_mm512_reduce_add_ps(_mm512_add_ps(s0, s1)));
+    const int64_t y = s.labels[n];
+    const float label_lp = r[y] - lse;
+    float xent = -s.a * label_lp;
+    if (s.b != 0.0f) {
+      // Σ_c log p_c = Σ_c x_c − C·lse.
+      const double sum_lp = static_cast<double>(_mm512_reduce_add_ps(vsum_x)) -
+                            static_cast<double>(C) * static_cast<double>(lse);
+      xent -= static_cast<float>(s.b * sum_lp);
+    }
+    s.xent[n] = xent;
+    s.label_lp[n] = label_lp;
+    s.max_lp[n] = m - lse;
+    s.lse[n] = lse;
+    if (s.argmax) {
+      int64_t at = 0;
+      for (int64_t k = 0; k < C; k += 16) {
+        const __m512 v = k < full ? _mm512_loadu_ps(r + k) : _mm512_mask_loadu_ps(neg_inf, tail, r + k);
+        const __mmask16 eq = _mm512_cmp_ps_mask(v, vm, _CMP_EQ_OQ);
+        if (eq) {
+          at = k + __builtin_ctz(eq);
+          break;
+        }
+      }
+      s.argmax[n] = at;
+    }
+  }
+}
+
+// grad[n, c] = g_n · ((a + b·C) · e^(x − lse) − b) − g_n · a · [c = label].
+__attribute__((target("avx512f"))) void RowsBackward(const float* x, const int64_t* labels,
+                                                     const float* lse, const float* g,
+                                                     int64_t C, float a, float b, float* grad,
+                                                     int64_t lo, int64_t hi) {
+  const int64_t full = C / 16 * 16;
+  const __mmask16 tail = TailMask(C - full);
+  for (int64_t n = lo; n < hi; ++n) {
+    const float* r = x + n * C;
+    float* out = grad + n * C;
+    const float gn = g[n];
+    const __m512 vl = _mm512_set1_ps(lse[n]);
+    const __m512 scale = _mm512_set1_ps(gn * (a + b * static_cast<float>(C)));
+    const __m512 off = _mm512_set1_ps(gn * b);
+    for (int64_t c = 0; c < full; c += 16) {
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(r + c), vl));
+      _mm512_storeu_ps(out + c, _mm512_fmsub_ps(scale, e, off));
+    }
+    if (tail) {
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, r + full), vl));
+      _mm512_mask_storeu_ps(out + full, tail, _mm512_fmsub_ps(scale, e, off));
+    }
+    out[labels[n]] -= gn * a;
+  }
+}
+
+// Rows per parallel task: about 32k logits.
+int64_t Grain(int64_t classes) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(classes, 1)); }
+
+class FusedXentFunction : public torch::autograd::Function<FusedXentFunction> {
+ public:
+  // logits [N, C] float32 contiguous, labels [N] int64 contiguous.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& logits,
+                                                const at::Tensor& labels, double a, double b,
+                                                bool want_argmax) {
+    const int64_t N = logits.size(0), C = logits.size(1);
+    const auto f32 = logits.options();
+    at::Tensor xent = at::empty({N}, f32), label_lp = at::empty({N}, f32),
+               max_lp = at::empty({N}, f32), lse = at::empty({N}, f32);
+    at::Tensor argmax = at::empty({want_argmax ? N : 0}, labels.options());
+    RowsForwardArgs s{logits.data_ptr<float>(),
+                      labels.data_ptr<int64_t>(),
+                      C,
+                      static_cast<float>(a),
+                      static_cast<float>(b),
+                      xent.data_ptr<float>(),
+                      label_lp.data_ptr<float>(),
+                      max_lp.data_ptr<float>(),
+                      lse.data_ptr<float>(),
+                      want_argmax ? argmax.data_ptr<int64_t>() : nullptr};
+    at::parallel_for(0, N, Grain(C), [&](int64_t lo, int64_t hi) { RowsForward(s, lo, hi); });
+    ctx->save_for_backward({logits, labels, lse});
+    ctx->saved_data["a"] = a;
+    ctx->saved_data["b"] = b;
+    ctx->mark_non_differentiable({label_lp, max_lp, argmax});
+    return {xent, label_lp, max_lp, argmax};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &logits = saved[0], &labels = saved[1], &lse = saved[2];
+    at::Tensor grad;
+    if (grads[0].defined()) {
+      const at::Tensor g = grads[0].to(at::kFloat).contiguous();
+      const int64_t N = logits.size(0), C = logits.size(1);
+      const float a = static_cast<float>(ctx->saved_data["a"].toDouble());
+      const float b = static_cast<float>(ctx->saved_data["b"].toDouble());
+      grad = at::empty_like(logits);
+      at::parallel_for(0, N, Grain(C), [&](int64_t lo, int64_t hi) {
+        RowsBackward(logits.data_ptr<float>(), labels.data_ptr<int64_t>(), lse.data_ptr<float>(),
+                     g.data_ptr<float>(), C, a, b, grad.data_ptr<float>(), lo, hi);
+      });
+    }
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool FusedSoftmaxXentSupported() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+SoftmaxXent FusedSoftmaxXent(const at::Tensor& logits, const at::Tensor& labels,
+                             double label_weight, double uniform_weight, bool want_argmax) {
+  TORCH_CHECK(FusedSoftmaxXentSupported(), "FusedSoftmaxXent needs AVX-512F");
+  TORCH_CHECK(logits.dim() >= 1 && logits.size(-1) > 0, "FusedSoftmaxXent: logits ",
+              logits.sizes(), " need a nonempty class dimension");
+  const auto batch_shape = logits.sizes().slice(0, logits.dim() - 1);
+  TORCH_CHECK(labels.sizes() == batch_shape, "FusedSoftmaxXent: labels ", labels.sizes(),
+              " must be shaped ", batch_shape);
+  const int64_t C = logits.size(-1);
+  const at::Tensor x = logits.to(at::kFloat).contiguous().view({-1, C});
+  const at::Tensor y = labels.to(at::kLong).contiguous().view({-1});
+  auto out = FusedXentFunction::apply(x, y, label_weight, uniform_weight, want_argmax);
+  SoftmaxXent r;
+  r.xent = out[0].view(batch_shape);
+  r.label_log_prob = out[1].view(batch_shape);
+  r.max_log_prob = out[2].view(batch_shape);
+  if (want_argmax) r.argmax = out[3].view(batch_shape);
+  return r;
+}
+
+}  // namespace glossa

@@ -1,0 +1,159 @@
+// The fused softmax cross-entropy kernel (glossa/layers/fused_xent.h) against the ATen
+// composition in float64 (log_softmax, gather, sum, amax, argmax and autograd's gradients), and
+// SimpleFullSoftmax with and without it.
+#include "glossa/layers/fused_xent.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "glossa/layers/softmax.h"
+
+namespace glossa {
+namespace {
+
+struct Reference {
+  at::Tensor xent, label_lp, max_lp, argmax, grad;
+};
+
+// The same quantities in float64 by ATen ops and autograd.
+Reference ReferenceXent(const at::Tensor& logits, const at::Tensor& labels, double a, double b,
+                        const at::Tensor& upstream) {
+  at::Tensor x = logits.to(at::kDouble).detach().requires_grad_(true);
+  at::Tensor lp = at::log_softmax(x, -1);
+  at::Tensor label_lp = lp.gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+  at::Tensor xent = -a * label_lp;
+  if (b != 0) xent = xent - b * lp.sum(-1);  // (0 · −∞ would be NaN for a −∞ logit)
+  (xent * upstream.to(at::kDouble)).sum().backward();
+  return {xent.detach(), label_lp.detach(), at::amax(lp.detach(), {-1}),
+          logits.argmax(-1), x.grad()};
+}
+
+void ExpectClose(const at::Tensor& got, const at::Tensor& want, double atol, double rtol,
+                 const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  const double err = ((g - w).abs() - rtol * w.abs()).max().item<double>();
+  EXPECT_LE(err, atol) << what << ": max |got - want| = " << (g - w).abs().max().item<double>();
+}
+
+class FusedXentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!FusedSoftmaxXentSupported()) GTEST_SKIP() << "this CPU has no AVX-512F";
+  }
+};
+
+TEST_F(FusedXentTest, EqualsTheAtenCompositionInFloat64) {
+  at::manual_seed(3);
+  // Class counts around the 16-wide vectors and their tails, and a vocabulary-sized one.
+  for (int64_t classes : {1, 2, 7, 16, 17, 31, 32, 33, 100, 2000}) {
+    for (auto [a, b] : {std::pair{1.0, 0.0}, {0.9, 0.1 / classes}, {0.7, 0.02}}) {
+      SCOPED_TRACE(testing::Message() << "C=" << classes << " a=" << a << " b=" << b);
+      at::Tensor logits = at::randn({3, 5, classes}) * 4;
+      // Large logits: the log-sum-exp must not overflow.
+      logits[0][0] += 60;
+      logits[1][2].fill_(-30);
+      const at::Tensor labels = at::randint(0, classes, {3, 5}, at::kLong);
+      const at::Tensor upstream = at::rand({3, 5});
+      at::Tensor x = logits.clone().requires_grad_(true);
+      SoftmaxXent r = FusedSoftmaxXent(x, labels, a, b, /*want_argmax=*/true);
+      (r.xent * upstream).sum().backward();
+      const Reference ref = ReferenceXent(logits, labels, a, b, upstream);
+      // float32 rounding of terms up to |60 + log C|.
+      ExpectClose(r.xent, ref.xent, 2e-5, 2e-6, "xent");
+      ExpectClose(r.label_log_prob, ref.label_lp, 2e-5, 2e-6, "label_log_prob");
+      ExpectClose(r.max_log_prob, ref.max_lp, 2e-5, 2e-6, "max_log_prob");
+      EXPECT_TRUE(at::equal(r.argmax, ref.argmax));
+      // p = e^(x − lse) inherits the float32 rounding of x − lse (ulp 4e-6 near 60).
+      ExpectClose(x.grad(), ref.grad, 1e-5, 1e-5, "gradient");
+      EXPECT_FALSE(r.label_log_prob.requires_grad());
+      EXPECT_FALSE(r.max_log_prob.requires_grad());
+    }
+  }
+}
+
+TEST_F(FusedXentTest, ArgmaxIsTheFirstMaximalClassAndTiesAreCorrect) {
+  at::Tensor logits = at::zeros({2, 40});
+  logits[0][21] = 5;
+  logits[0][37] = 5;
+  logits[1].fill_(1);
+  SoftmaxXent r = FusedSoftmaxXent(logits, at::tensor({37, 3}, at::kLong), 1, 0, true);
+  EXPECT_EQ(r.argmax[0].item<int64_t>(), 21);
+  EXPECT_EQ(r.argmax[1].item<int64_t>(), 0);
+  // A label tied with the max has label_log_prob == max_log_prob exactly.
+  EXPECT_EQ(r.label_log_prob[0].item<float>(), r.max_log_prob[0].item<float>());
+  EXPECT_NEAR(r.label_log_prob[1].item<float>(), -std::log(40.0), 1e-6);
+}
+
+TEST_F(FusedXentTest, InfinitiesAndNaNs) {
+  const float inf = std::numeric_limits<float>::infinity();
+  at::Tensor logits = at::randn({3, 20});
+  logits[0][4] = -inf;  // a masked class: probability 0, the loss stays finite
+  logits[1][2] = std::nanf("");
+  at::Tensor x = logits.clone().requires_grad_(true);
+  SoftmaxXent r = FusedSoftmaxXent(x, at::tensor({1, 1, 1}, at::kLong), 1, 0, false);
+  r.xent.sum().backward();
+  const Reference ref = ReferenceXent(logits, at::tensor({1, 1, 1}, at::kLong), 1, 0,
+                                      at::ones({3}));
+  EXPECT_TRUE(std::isfinite(r.xent[0].item<float>()));
+  EXPECT_NEAR(r.xent[0].item<float>(), ref.xent[0].item<double>(), 1e-5);
+  EXPECT_EQ(x.grad()[0][4].item<float>(), 0.0f);
+  // A NaN logit makes its row's loss NaN (the trainer's NaN check sees it), not others'.
+  EXPECT_TRUE(std::isnan(r.xent[1].item<float>()));
+  EXPECT_TRUE(std::isfinite(r.xent[2].item<float>()));
+  EXPECT_TRUE(at::isfinite(x.grad()[2]).all().item<bool>());
+}
+
+TEST_F(FusedXentTest, BadShapesAreErrors) {
+  EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 0}), at::zeros({2}, at::kLong), 1, 0, false),
+               c10::Error);
+  EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 5}), at::zeros({3}, at::kLong), 1, 0, false),
+               c10::Error);
+}
+
+// SimpleFullSoftmax fused (float32 and bfloat16 logits) against fused_xent: false.
+TEST_F(FusedXentTest, SimpleFullSoftmaxFusedEqualsUnfused) {
+  for (double ls : {0.0, 0.1}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(testing::Message() << "label_smoothing=" << ls << " dtype=" << dtype);
+      auto make = [&](bool fused) {
+        Params p = SimpleFullSoftmax::Params();
+        p.Set("name", "softmax").Set("input_dim", 8).Set("num_classes", 37);
+        p.Set("label_smoothing", ls).Set("fused_xent", fused).Set("random_seed", 5);
+        return InstantiateLayer<SimpleFullSoftmax>(p);
+      };
+      auto fused = make(true), plain = make(false);
+      at::manual_seed(1);
+      const at::Tensor inputs = at::randn({4, 6, 8});
+      const at::Tensor labels = at::randint(0, 37, {4, 6}, at::kLong);
+      const at::Tensor paddings = (at::rand({4, 6}) > 0.8).to(at::kFloat);
+      auto run = [&](SimpleFullSoftmax& layer) {
+        NestedMap theta = layer.theta();
+        for (auto& t : theta.FlattenTensors()) t.requires_grad_(true);
+        at::Tensor logits = layer.Logits(theta, inputs).to(dtype);
+        NestedMap out = layer.XentFromLogits(logits, labels, {}, paddings);
+        out.GetTensor("avg_xent").backward();
+        std::vector<at::Tensor> grads;
+        for (auto& t : theta.FlattenTensors()) grads.push_back(t.grad());
+        return std::pair{out, grads};
+      };
+      auto [fo, fg] = run(*fused);
+      auto [po, pg] = run(*plain);
+      EXPECT_FALSE(fo.Has("log_probs"));
+      EXPECT_TRUE(po.Has("log_probs"));
+      for (const char* key : {"per_example_xent", "per_example_label_log_prob",
+                              "per_example_max_log_prob", "avg_xent", "total_weight"}) {
+        ExpectClose(fo.GetTensor(key), po.GetTensor(key), 1e-5, 1e-5, key);
+      }
+      EXPECT_TRUE(at::equal(fo.GetTensor("per_example_argmax"), po.GetTensor("per_example_argmax")));
+      ASSERT_EQ(fg.size(), pg.size());
+      for (size_t i = 0; i < fg.size(); ++i) ExpectClose(fg[i], pg[i], 1e-6, 1e-4, "weight grad");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace glossa
