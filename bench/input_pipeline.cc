@@ -1,11 +1,17 @@
 // Input pipeline throughput. Usage:
 //   input_pipeline read <file_pattern> <readers>      records with every CRC checked: `readers`
-//                                                     threads, each a RecordReader over its files
+//                                                     threads, each a RecordReader over its files,
+//                                                     records as views (NextView: no copy)
+//   input_pipeline read_copy <file_pattern> <readers> the same, each record copied out (Next)
+// [passes]: read modes go over the files that many times (a pass over 300 MB takes ~0.1 s, too
+// short to time on a shared machine).
 //   input_pipeline pipeline <file_pattern> <readers>  tf.Example parse -> bucketing batcher ->
 //   tensors
 // Prints one line: mode, readers, records, bytes, seconds, records/s, MB/s, tokens/s.
 // bench/input_pipeline.sh runs it against `cat` of the same bytes; see that script.
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -21,11 +27,12 @@
 using namespace glossa;
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s read|pipeline <file_pattern> <readers>\n", argv[0]);
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: %s read|read_copy|pipeline <file_pattern> <readers> [passes=1]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
+  const int passes = argc == 5 ? std::max(1, std::atoi(argv[4])) : 1;
   YielderOptions o;
   o.file_pattern = {argv[2]};
   o.file_parallelism = std::stoll(argv[3]);
@@ -36,7 +43,8 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   int64_t records = 0, bytes = 0, tokens = 0;
   try {
-    if (mode == "read") {
+    if (mode == "read" || mode == "read_copy") {
+      const bool copy = mode == "read_copy";
       const FileList files = ExpandFilePattern(argv[2]);
       std::atomic<int64_t> n_records{0}, n_bytes{0};
       std::vector<std::thread> threads;
@@ -44,14 +52,23 @@ int main(int argc, char** argv) {
       for (int64_t t = 0; t < readers; ++t) {
         threads.emplace_back([&, t] {
           std::string record;
+          std::string_view view;
           // Per-thread counts, added once at the end: atomics bumped per record would cost more
           // than the reader itself (and contend between the readers).
           int64_t local_records = 0, local_bytes = 0;
+          for (int pass = 0; pass < passes; ++pass)
           for (size_t f = t; f < files.files.size(); f += readers) {
             auto reader = RecordReader::Open(files.type, files.files[f]);
-            while (reader->Next(&record)) {
-              ++local_records;
-              local_bytes += static_cast<int64_t>(record.size()) + 16;
+            if (copy) {
+              while (reader->Next(&record)) {
+                ++local_records;
+                local_bytes += static_cast<int64_t>(record.size()) + 16;
+              }
+            } else {
+              while (reader->NextView(&view)) {
+                ++local_records;
+                local_bytes += static_cast<int64_t>(view.size()) + 16;
+              }
             }
           }
           n_records += local_records;

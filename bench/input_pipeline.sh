@@ -4,7 +4,8 @@
 # Repeats ../shared/testdata/lingvo/translate_ende_wmt32k-train-00511-of-00512 (8,941 tf.Examples)
 # into 4 shards of about size_mb in total (TFRecord files concatenate), warms the page cache, and
 # reports medians of 3 runs: (a) records read with every CRC checked, 1 and 2 readers, against
-# the raw read speed (`cat > /dev/null`); (b) tf.Example parse -> bucketing batcher -> padded
+# the raw read speed (`cat > /dev/null`): `read` hands each record out as a view into the
+# reader's window (RecordReader::NextView), `read_copy` copies each into a string (Next); (b) tf.Example parse -> bucketing batcher -> padded
 # tensors, records/s and MB/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,9 +39,11 @@ cat_null=$(rate 'cat "$dir"/wmt-* > /dev/null')
 cat_pipe=$(rate 'cat "$dir"/wmt-* | wc -c > /dev/null')
 echo "data: $(( total / 1000000 )) MB in 4 shards ($copies copies of the 8,941-record shard each)"
 echo "limit: cat > /dev/null ${cat_null} MB/s (raw read speed; ratios below divide by it); cat | wc -c ${cat_pipe} MB/s (medians of 3)"
-for mode in read pipeline; do
+for mode in read read_copy pipeline; do
   for readers in 1 2; do
-    line=$(for _ in 1 2 3; do "$build/bin/bench_input_pipeline" "$mode" "tfrecord:$dir/wmt@4" "$readers"; done |
+    [ "$mode" = read_copy ] && [ "$readers" = 2 ] && continue
+    passes=1; [ "$mode" != pipeline ] && passes=8  # read modes: 8 passes, ~1 s to time
+    line=$(for _ in 1 2 3; do "$build/bin/bench_input_pipeline" "$mode" "tfrecord:$dir/wmt@4" "$readers" "$passes"; done |
            sort -t= -k7 -g | sed -n 2p)
     mbs=$(sed -E 's/.*MB_per_s=([0-9.]+).*/\1/' <<<"$line")
     ratio=$(awk -v a="$mbs" -v b="$cat_null" 'BEGIN { printf "%.2f", a / b }')

@@ -170,7 +170,7 @@ struct RecordYielder::Source {
         const int64_t sorted_index =
             std::lower_bound(files.files.begin(), files.files.end(), path) - files.files.begin();
         int64_t index = 0;
-        std::string record;
+        std::string_view record;
         // Records go to the queue in chunks, one lock and one wake-up per chunk: handing them
         // over one at a time cost more in thread switches than reading them.
         std::vector<std::string> pending;
@@ -186,11 +186,12 @@ struct RecordYielder::Source {
           cv.notify_all();
           return true;
         };
-        while (reader->Next(&record)) {
+        // Views into the reader's window: a record of another replica is never copied.
+        while (reader->NextView(&record)) {
           if ((index++ + sorted_index) % options.num_input_replicas != options.input_replica_id) {
             continue;
           }
-          pending.push_back(std::move(record));
+          pending.emplace_back(record);
           if (pending.size() >= kHandoffChunk && !hand_over()) return;
         }
         if (!hand_over()) return;

@@ -130,6 +130,19 @@ class TFRecordReader : public RecordReader {
 
   // Parses each record in place in the source's window: one copy, into `record`.
   bool Next(std::string* record) override {
+    std::string_view view;
+    if (!NextView(&view)) return false;
+    record->assign(view.data(), view.size());
+    return true;
+  }
+
+  // The record in the source's window, CRC-checked in place; consumed on the next call (a view
+  // stays valid until then: the window only moves when the next record is framed).
+  bool NextView(std::string_view* record) override {
+    if (pending_consume_) {
+      source_.Consume(pending_consume_);
+      pending_consume_ = 0;
+    }
     while (true) {
       if (done_) return false;
       const uint64_t start = source_.offset();
@@ -167,12 +180,12 @@ class TFRecordReader : public RecordReader {
         Corrupt(start, "corrupt record data (CRC mismatch)", false);  // throws, or skips it
         continue;
       }
-      record->assign(data, length);
-      source_.Consume(framed);
+      *record = std::string_view(data, length);
+      pending_consume_ = framed;
       return true;
     }
   }
-  uint64_t offset() const override { return source_.offset(); }
+  uint64_t offset() const override { return source_.offset() + pending_consume_; }
   int64_t num_corrupt_skipped() const override { return skipped_; }
 
  private:
@@ -189,6 +202,7 @@ class TFRecordReader : public RecordReader {
 
   ByteSource source_;
   RecordReaderOptions options_;
+  size_t pending_consume_ = 0;  // the frame of the record last handed out
   bool done_ = false;
   int64_t skipped_ = 0;
 };
@@ -244,6 +258,12 @@ class TextLineReader : public RecordReader {
 };
 
 }  // namespace
+
+bool RecordReader::NextView(std::string_view* record) {
+  if (!Next(&view_buffer_)) return false;
+  *record = view_buffer_;
+  return true;
+}
 
 std::unique_ptr<RecordReader> RecordReader::Open(std::string_view type, const std::string& path,
                                                  const RecordReaderOptions& options) {

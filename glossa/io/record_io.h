@@ -8,6 +8,8 @@
 //   auto reader = RecordReader::Open("tfrecord", "/data/train-00000-of-00010");
 //   std::string record;
 //   while (reader->Next(&record)) { ... }
+//   std::string_view view;                       // or without a copy, valid until the next call:
+//   while (reader->NextView(&view)) { ... }
 //   TFRecordWriter w("/tmp/out.tfrecord");  w.Write("payload");  w.Close();
 #pragma once
 
@@ -30,6 +32,10 @@ class RecordReader {
   virtual ~RecordReader() = default;
   // Reads the next record into `record`; false at the end of the file.
   virtual bool Next(std::string* record) = 0;
+  // The next record without copying it: `record` views the reader's buffer and stays valid until
+  // the next call on this reader. TFRecord files hand out their read window (each record's CRC
+  // checked in place); other readers copy into a buffer of their own.
+  virtual bool NextView(std::string_view* record);
   // Byte offset (in the uncompressed stream) where the next record starts.
   virtual uint64_t offset() const = 0;
   // Records skipped as corrupt (skip_corrupt_records).
@@ -44,6 +50,9 @@ class RecordReader {
  protected:
   explicit RecordReader(std::string path) : path_(std::move(path)) {}
   std::string path_;
+
+ private:
+  std::string view_buffer_;  // NextView's copy for readers without a window of their own
 };
 
 class TFRecordWriter {

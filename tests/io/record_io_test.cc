@@ -164,6 +164,22 @@ TEST(TFRecord, RecordsAcrossWindowRefillsAndLargerThanTheWindow) {
       ASSERT_EQ(reader->offset(), end) << i;
     }
     EXPECT_FALSE(reader->Next(&r));
+    // The same through NextView: views into the window, refills in between, mixed with Next.
+    auto viewer = RecordReader::Open(gzip ? "tfrecord_gzip" : "tfrecord", path, small_window);
+    std::string_view v;
+    end = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      if (i % 3 == 2) {
+        ASSERT_TRUE(viewer->Next(&r)) << i;
+        ASSERT_EQ(r, records[i]) << "record " << i;
+      } else {
+        ASSERT_TRUE(viewer->NextView(&v)) << i;
+        ASSERT_EQ(v, records[i]) << "view " << i << (gzip ? " (gzip)" : "");
+      }
+      end += 16 + records[i].size();
+      ASSERT_EQ(viewer->offset(), end) << i;
+    }
+    EXPECT_FALSE(viewer->NextView(&v));
   }
   std::string bytes = ReadFile(dir + "/many.tfrecord");
   uint64_t at = 0;
@@ -178,6 +194,12 @@ TEST(TFRecord, RecordsAcrossWindowRefillsAndLargerThanTheWindow) {
   EXPECT_EQ(ReadAll("tfrecord", dir + "/one_bad", skip), expected);
   EXPECT_ERROR_CONTAINS(ReadAll("tfrecord", dir + "/one_bad", small_window), DataLossError,
                         StrCat("corrupt record data (CRC mismatch) at byte offset ", at));
+  auto viewer = RecordReader::Open("tfrecord", dir + "/one_bad", skip);
+  std::string_view v;
+  size_t n = 0;
+  while (viewer->NextView(&v)) ASSERT_EQ(v, expected[n++]) << n;
+  EXPECT_EQ(n, expected.size());
+  EXPECT_EQ(viewer->num_corrupt_skipped(), 1);
 }
 
 TEST(TextRecords, OneRecordPerLine) {
@@ -189,6 +211,11 @@ TEST(TextRecords, OneRecordPerLine) {
   std::string big(200000, 'y');
   WriteFile(dir + "/big.txt", big + "\nz\n");
   EXPECT_EQ(ReadAll("text", dir + "/big.txt"), (std::vector<std::string>{big, "z"}));
+  auto reader = RecordReader::Open("text", dir + "/t.txt");
+  std::string_view v;
+  std::vector<std::string> got;
+  while (reader->NextView(&v)) got.emplace_back(v);
+  EXPECT_EQ(got, (std::vector<std::string>{"one", "two", "", "three"}));
 }
 
 std::string TestData(const std::string& name) {
