@@ -218,6 +218,9 @@ int main(int argc, char** argv) {
               if (!node) {
                 for (const auto& e : stack) timed = timed && !e.timed;
               }
+              // GLOSSA_PROFILE_ALL=1: every op at every depth (inclusive times overlap).
+              static const bool all = std::getenv("GLOSSA_PROFILE_ALL") != nullptr;
+              timed = timed || all;
               stack.push_back({Now(), timed});
               return nullptr;
             },

@@ -1,9 +1,11 @@
 #include "glossa/layers/attention.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
+#include <typeinfo>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -127,12 +129,17 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
   query_ = CreateChild<MultiHeadedProjectionLayer>("query", proj);
   key_ = CreateChild<MultiHeadedProjectionLayer>("key", proj);
   value_ = CreateChild<MultiHeadedProjectionLayer>("value", proj);
+  use_bias_ = params().GetBool("use_bias");
+  fuse_qkv_ = typeid(*query_.get()) == typeid(MultiHeadedProjectionLayer) &&
+              typeid(*key_.get()) == typeid(MultiHeadedProjectionLayer) &&
+              typeid(*value_.get()) == typeid(MultiHeadedProjectionLayer);
   proj.Set("is_output_projection", true);
   post_ = CreateChild<MultiHeadedProjectionLayer>("post", proj);
   if (per_dim_scale_) {
     per_dim_scale_layer_ = CreateChild<PerDimScaleLayer>(
         "per_dim_scale", PerDimScaleLayer::Params().Set("dim", dim_per_head_));
   }
+  atten_dropout_active_ = params().GetFloat("atten_dropout_prob") > 0;
   atten_dropout_ = CreateChild<DropoutLayer>(
       "atten_dropout", params().GetParams("dropout_tpl").Copy().Set(
                            "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
@@ -194,6 +201,124 @@ at::Tensor MaskBias(const at::Tensor& key_mask, const at::TensorOptions& options
   return last_bias;
 }
 
+// ---- The attention core on strided heads ----
+//
+// softmax(q·kᵀ + bias)·v for float32 q [B, T, N, H] and k, v [B, S, N, H] in whatever layout the
+// projections left them (the fused QKV projection's views), one BLAS sgemm per batch row and
+// head, reading each head in place through its row stride. ATen's einsum instead copies q, k
+// and v into [B·N, T, H] and its bmm runs per batch slice through the dispatcher (a select, a
+// resize and checks each; 768 slices per tiny-LM step), and the output needs a copy back to
+// [B, T, N·H] for the output projection. Here the output is written as [B, T, N, H] directly,
+// and the backward (dP = dO·vᵀ, dS = softmax'(dP), dq = dS·k, dk = dSᵀ·q, dv = Pᵀ·dO) reads and
+// writes the same layouts.
+
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
+                       const int* k, const float* alpha, const float* a, const int* lda,
+                       const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc) __attribute__((weak));
+
+// Row-major C [M, N] = op(A) [M, K] · op(B) [K, N] (beta 0), with row strides lda, ldb, ldc.
+void RowMajorGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
+  // Column-major Cᵀ = op(B)ᵀ · op(A)ᵀ.
+  const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
+  const int LDA = static_cast<int>(ldb), LDB = static_cast<int>(lda), LDC = static_cast<int>(ldc);
+  const float one = 1.0f, zero = 0.0f;
+  const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
+  sgemm_(&ta, &tb, &M, &N, &K, &one, b, &LDA, a, &LDB, &zero, c, &LDC);
+}
+
+// Whether the strided core can run attention on these operands.
+bool StridedCoreApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (sgemm_ == nullptr) return false;
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || t->dim() != 4 ||
+        t->stride(3) != 1 || t->numel() == 0 || t->stride(1) > (int64_t{1} << 30)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A head's [rows, H] matrix of x [B, rows, N, H]: its start and row stride.
+struct Heads {
+  const float* data;
+  int64_t sb, sn, row;
+  explicit Heads(const at::Tensor& x)
+      : data(x.data_ptr<float>()), sb(x.stride(0)), sn(x.stride(2)), row(x.stride(1)) {}
+  const float* at(int64_t b, int64_t n) const { return data + b * sb + n * sn; }
+};
+
+class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& bias) {
+    const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
+    at::Tensor logits = at::empty({B, N, T, S}, q.options());
+    const Heads hq(q), hk(k), hv(v);
+    float* lp = logits.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t n = 0; n < N; ++n) {
+        RowMajorGemm(false, true, T, S, H, hq.at(b, n), hq.row, hk.at(b, n), hk.row,
+                     lp + (b * N + n) * T * S, S);
+      }
+    }
+    if (bias.numel() > 0) logits.add_(bias);
+    at::Tensor probs = at::softmax(logits, -1);
+    at::Tensor out = at::empty({B, T, N, H}, q.options());
+    const float* pp = probs.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t n = 0; n < N; ++n) {
+        RowMajorGemm(false, false, T, H, S, pp + (b * N + n) * T * S, S, hv.at(b, n), hv.row,
+                     op + b * T * N * H + n * H, N * H);
+      }
+    }
+    ctx->save_for_backward({q, k, v, probs});
+    return {out, probs};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
+    // dL/dP: through the output, plus the probs' own gradient when they were used.
+    const at::Tensor g = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(q);
+    const Heads hq(q), hk(k), hv(v);
+    const float* gp = g.data_ptr<float>();
+    const float* pp = probs.data_ptr<float>();
+    at::Tensor dp = at::empty({B, N, T, S}, q.options());
+    float* dpp = dp.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t n = 0; n < N; ++n) {
+        RowMajorGemm(false, true, T, S, H, gp + b * T * N * H + n * H, N * H, hv.at(b, n), hv.row,
+                     dpp + (b * N + n) * T * S, S);
+      }
+    }
+    if (grads[1].defined()) dp.add_(grads[1]);
+    const at::Tensor ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
+    const float* dsp = ds.data_ptr<float>();
+    at::Tensor dq = at::empty({B, T, N, H}, q.options());
+    at::Tensor dk = at::empty({B, S, N, H}, q.options());
+    at::Tensor dv = at::empty({B, S, N, H}, q.options());
+    float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t n = 0; n < N; ++n) {
+        const float* ds_bn = dsp + (b * N + n) * T * S;
+        RowMajorGemm(false, false, T, H, S, ds_bn, S, hk.at(b, n), hk.row,
+                     dqp + b * T * N * H + n * H, N * H);
+        RowMajorGemm(true, false, S, H, T, ds_bn, S, hq.at(b, n), hq.row,
+                     dkp + b * S * N * H + n * H, N * H);
+        RowMajorGemm(true, false, S, H, T, pp + (b * N + n) * T * S, S,
+                     gp + b * T * N * H + n * H, N * H, dvp + b * S * N * H + n * H, N * H);
+      }
+    }
+    return {dq, dk, dv, at::Tensor()};
+  }
+};
+
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& theta, at::Tensor q,
@@ -205,6 +330,12 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
     q = per_dim_scale_layer_->FProp(per_dim_scale_layer_.Theta(theta), q);
   } else {
     q = q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
+  }
+  if (!atten_dropout_active_ && StridedCoreApplies(q, k, v)) {
+    const at::Tensor bias =
+        key_mask.defined() ? MaskBias(key_mask, q.options()) : at::empty({0}, q.options());
+    auto out = StridedAttentionCore::apply(q, k, v, bias);
+    return {post_->FProp(post_.Theta(theta), out[0]), out[1]};
   }
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
   if (key_mask.defined()) {
@@ -237,13 +368,41 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
   auto proj = [&](const Child<MultiHeadedProjectionLayer>& p, const at::Tensor& x) {
     return p->FProp(p.Theta(theta), CastToFPropDtype(x));
   };
-  at::Tensor q = proj(query_, query), k = proj(key_, key), v = proj(value_, value);
+  at::Tensor q, k, v;
+  if (fuse_qkv_ && query.is_same(key) && key.is_same(value)) {
+    std::tie(q, k, v) = ProjectQkv(theta, CastToFPropDtype(query));
+  } else {
+    q = proj(query_, query);
+    k = proj(key_, key);
+    v = proj(value_, value);
+  }
   if (paddings.defined() &&
       (paddings.dim() != 2 || paddings.size(0) != key.size(0) || paddings.size(1) != s)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [B, S] = [",
                                       key.size(0), ", ", s, "], got ", paddings.sizes()));
   }
   return Attend(theta, q, k, v, KeyMask(paddings, t, s, causal, query.device()));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(
+    const NestedMap& theta, const at::Tensor& x) const {
+  const NestedMap &tq = query_.Theta(theta), &tk = key_.Theta(theta), &tv = value_.Theta(theta);
+  const int64_t nh = num_heads_ * dim_per_head_;
+  const at::Tensor w = at::cat({tq.GetTensor("w").reshape({input_dim_, nh}),
+                                tk.GetTensor("w").reshape({input_dim_, nh}),
+                                tv.GetTensor("w").reshape({input_dim_, nh})},
+                               1);
+  const at::Tensor x2 = x.reshape({-1, input_dim_});
+  at::Tensor out =
+      use_bias_ ? at::addmm(at::cat({tq.GetTensor("b").reshape({-1}), tk.GetTensor("b").reshape({-1}),
+                                     tv.GetTensor("b").reshape({-1})}),
+                            x2, w)
+                : at::mm(x2, w);
+  out = out.view({x.size(0), x.size(1), 3, num_heads_, dim_per_head_});
+  // unbind: one backward node that stacks the three gradients (three selects would each
+  // scatter into a zero tensor of the whole output).
+  std::vector<at::Tensor> qkv = out.unbind(2);
+  return {qkv[0], qkv[1], qkv[2]};
 }
 
 NestedMap MultiHeadedAttention::ProjectSource(const NestedMap& theta,

@@ -8,6 +8,7 @@
 //   auto [y, cache2] = atten->ExtendStep(theta, x_t, cache);  // one decoding step
 #pragma once
 
+#include <tuple>
 #include <utility>
 
 #include "glossa/layers/base_layer.h"
@@ -78,8 +79,16 @@ class MultiHeadedAttention : public BaseLayer {
                                            const at::Tensor& k, const at::Tensor& v,
                                            const at::Tensor& key_mask) const;
 
+  // Self-attention's query, key and value projections as one GEMM: [x·Wq | x·Wk | x·Wv] with the
+  // weights (and biases) concatenated, each result a [B, T, N, H] view of it.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> ProjectQkv(const NestedMap& theta,
+                                                            const at::Tensor& x) const;
+
   int64_t input_dim_, hidden_dim_, num_heads_, dim_per_head_;
   bool per_dim_scale_;
+  bool use_bias_;
+  bool fuse_qkv_;  // the projections are MultiHeadedProjectionLayers (not a subclass)
+  bool atten_dropout_active_;  // else the strided attention core may run (attention.cc)
   Child<MultiHeadedProjectionLayer> query_, key_, value_, post_;
   Child<PerDimScaleLayer> per_dim_scale_layer_;
   Child<DropoutLayer> atten_dropout_;
