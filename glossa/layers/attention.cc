@@ -1,6 +1,7 @@
 #include "glossa/layers/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
@@ -232,6 +233,8 @@ void RowMajorGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 bool StridedCoreApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (sgemm_ == nullptr) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
+    // float32 only: bf16 heads cast to float32 and back ran slower than ATen's bf16 bmm in the
+    // bf16 thread layout (single-threaded sgemms; bench/README.md).
     if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || t->dim() != 4 ||
         t->stride(3) != 1 || t->numel() == 0 || t->stride(1) > (int64_t{1} << 30)) {
       return false;
@@ -249,6 +252,16 @@ struct Heads {
   const float* at(int64_t b, int64_t n) const { return data + b * sb + n * sn; }
 };
 
+// f(b, n) for every head, split over ATen's intra-op threads. In the fp32 layout
+// (glossa/runtime/cpu_runtime.h) that is one thread and each sgemm runs on OpenBLAS's threads; in
+// the bf16 layout, ATen's threads each run single-threaded sgemms.
+template <typename F>
+void ForEachHead(int64_t batch, int64_t heads, const F& f) {
+  at::parallel_for(0, batch * heads, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) f(i / heads, i % heads);
+  });
+}
+
 class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -258,23 +271,19 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor logits = at::empty({B, N, T, S}, q.options());
     const Heads hq(q), hk(k), hv(v);
     float* lp = logits.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t n = 0; n < N; ++n) {
-        RowMajorGemm(false, true, T, S, H, hq.at(b, n), hq.row, hk.at(b, n), hk.row,
-                     lp + (b * N + n) * T * S, S);
-      }
-    }
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+      RowMajorGemm(false, true, T, S, H, hq.at(b, n), hq.row, hk.at(b, n), hk.row,
+                   lp + (b * N + n) * T * S, S);
+    });
     if (bias.numel() > 0) logits.add_(bias);
     at::Tensor probs = at::softmax(logits, -1);
     at::Tensor out = at::empty({B, T, N, H}, q.options());
     const float* pp = probs.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t n = 0; n < N; ++n) {
-        RowMajorGemm(false, false, T, H, S, pp + (b * N + n) * T * S, S, hv.at(b, n), hv.row,
-                     op + b * T * N * H + n * H, N * H);
-      }
-    }
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+      RowMajorGemm(false, false, T, H, S, pp + (b * N + n) * T * S, S, hv.at(b, n), hv.row,
+                   op + b * T * N * H + n * H, N * H);
+    });
     ctx->save_for_backward({q, k, v, probs});
     return {out, probs};
   }
@@ -291,12 +300,10 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const float* pp = probs.data_ptr<float>();
     at::Tensor dp = at::empty({B, N, T, S}, q.options());
     float* dpp = dp.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t n = 0; n < N; ++n) {
-        RowMajorGemm(false, true, T, S, H, gp + b * T * N * H + n * H, N * H, hv.at(b, n), hv.row,
-                     dpp + (b * N + n) * T * S, S);
-      }
-    }
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+      RowMajorGemm(false, true, T, S, H, gp + b * T * N * H + n * H, N * H, hv.at(b, n), hv.row,
+                   dpp + (b * N + n) * T * S, S);
+    });
     if (grads[1].defined()) dp.add_(grads[1]);
     const at::Tensor ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
     const float* dsp = ds.data_ptr<float>();
@@ -304,8 +311,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor dk = at::empty({B, S, N, H}, q.options());
     at::Tensor dv = at::empty({B, S, N, H}, q.options());
     float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t n = 0; n < N; ++n) {
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
         const float* ds_bn = dsp + (b * N + n) * T * S;
         RowMajorGemm(false, false, T, H, S, ds_bn, S, hk.at(b, n), hk.row,
                      dqp + b * T * N * H + n * H, N * H);
@@ -313,8 +319,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                      dkp + b * S * N * H + n * H, N * H);
         RowMajorGemm(true, false, S, H, T, pp + (b * N + n) * T * S, S,
                      gp + b * T * N * H + n * H, N * H, dvp + b * S * N * H + n * H, N * H);
-      }
-    }
+    });
     return {dq, dk, dv, at::Tensor()};
   }
 };
