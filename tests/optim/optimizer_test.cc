@@ -127,6 +127,24 @@ TEST(Optimizers, AdamInFloat32MatchesTheFloat64Updates) {
     }
     EXPECT_FALSE(at::equal(wt, wt64.to(at::kFloat)));  // the non-contiguous one was updated too
   }
+  // Bit for bit the ATen ops Adam ran before the kernel, on the same contiguous float32 tensors.
+  auto opt = Adam::ParamsB().Instantiate<Optimizer>();
+  at::Tensor a = at::randn({64, 48}, at::kFloat);
+  at::Tensor b = a.clone(), mb = at::zeros_like(a), vb = at::zeros_like(a);
+  double p1 = 0.9, p2 = 0.98;
+  for (int t = 0; t < 4; ++t) {
+    at::Tensor g = at::randn({64, 48}, at::kFloat) * (t == 2 ? 1e-6 : 1.0);
+    opt->Apply(0.01, {{"a", a, g}}, t);
+    const double lr_t = 0.01 * std::sqrt(1 - p2) / (1 - p1);
+    mb.mul_(0.9).add_(g, 1 - 0.9);
+    vb.mul_(0.98).addcmul_(g, g, 1 - 0.98);
+    b.addcdiv_(mb, vb.sqrt().add_(1e-9), -lr_t);
+    p1 *= 0.9;
+    p2 *= 0.98;
+  }
+  EXPECT_TRUE(at::equal(a, b)) << "max |diff| " << (a - b).abs().max().item<double>();
+  EXPECT_TRUE(at::equal(opt->slots().at("a/Adam/m"), mb));
+  EXPECT_TRUE(at::equal(opt->slots().at("a/Adam/v"), vb));
 }
 
 TEST(Optimizers, RMSPropFollowsTensorFlowsForm) {
