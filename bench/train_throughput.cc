@@ -222,6 +222,15 @@ int main(int argc, char** argv) {
               static const bool all = std::getenv("GLOSSA_PROFILE_ALL") != nullptr;
               timed = timed || all;
               stack.push_back({Now(), timed});
+              // GLOSSA_PROFILE_SHAPES=<op name>: each call's input shapes, and its caller.
+              static const char* shapes_of = std::getenv("GLOSSA_PROFILE_SHAPES");
+              if (shapes_of != nullptr && fn.name() == std::string(shapes_of)) {
+                std::string line;
+                for (const auto& v : fn.inputs()) {
+                  if (v.isTensor()) line += " " + std::to_string(v.toTensor().numel());
+                }
+                std::printf("  %s inputs (numel):%s\n", shapes_of, line.c_str());
+              }
               return nullptr;
             },
             [](const at::RecordFunction& fn, at::ObserverContext*) {
@@ -234,6 +243,7 @@ int main(int argc, char** argv) {
                 ++s.second;
               }
             })
+            .needsInputs(std::getenv("GLOSSA_PROFILE_SHAPES") != nullptr)
             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     const double t0 = Now();
     for (int s = 0; s < steps; ++s) train_step();

@@ -32,7 +32,11 @@ struct SoftmaxXent {
 bool FusedSoftmaxXentSupported();
 
 // logits [..., C] (float32, or cast to it), labels [...] integers in [0, C) (not checked here).
+// With `bias` [C], the logits are logits + bias, added in the kernel's passes (the caller's GEMM
+// then need not broadcast it into its output first), and the bias gets its gradient (the
+// column sums of the logits' gradient) from the same backward pass.
 SoftmaxXent FusedSoftmaxXent(const at::Tensor& logits, const at::Tensor& labels,
-                             double label_weight, double uniform_weight, bool want_argmax);
+                             double label_weight, double uniform_weight, bool want_argmax,
+                             const at::Tensor& bias = {});
 
 }  // namespace glossa

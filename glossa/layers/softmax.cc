@@ -68,6 +68,17 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
                                    const at::Tensor& class_ids, const at::Tensor& class_weights,
                                    const at::Tensor& paddings,
                                    const at::Tensor& class_probabilities) const {
+  if (class_ids.defined() && !class_probabilities.defined() && fused_xent_ && !logits_abs_max_ &&
+      FusedSoftmaxXentSupported() &&
+      inputs.scalar_type() != at::kDouble && inputs.dim() >= 1 && inputs.size(-1) == input_dim_) {
+    // x·w alone; the kernel adds the bias as it reads the logits (addmm would first broadcast it
+    // into its whole [N, C] output) and computes its gradient in its backward pass.
+    const at::Tensor x = CastToFPropDtype(inputs);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = num_classes_;
+    const at::Tensor xw = at::mm(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0")).view(shape);
+    return Xent(xw, theta.GetTensor("bias_0"), class_ids, class_weights, paddings, {});
+  }
   return XentFromLogits(Logits(theta, inputs), class_ids, class_weights, paddings,
                         class_probabilities);
 }
@@ -76,6 +87,13 @@ NestedMap SimpleFullSoftmax::XentFromLogits(const at::Tensor& logits, const at::
                                             const at::Tensor& class_weights,
                                             const at::Tensor& paddings,
                                             const at::Tensor& class_probabilities) const {
+  return Xent(logits, {}, class_ids, class_weights, paddings, class_probabilities);
+}
+
+NestedMap SimpleFullSoftmax::Xent(const at::Tensor& logits, const at::Tensor& bias,
+                                  const at::Tensor& class_ids, const at::Tensor& class_weights,
+                                  const at::Tensor& paddings,
+                                  const at::Tensor& class_probabilities) const {
   if (class_ids.defined() == class_probabilities.defined()) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': give exactly one of class_ids and class_probabilities"));
@@ -100,13 +118,15 @@ NestedMap SimpleFullSoftmax::XentFromLogits(const at::Tensor& logits, const at::
                                       logits.sizes(), ", got ", class_probabilities.sizes()));
   }
   NestedMap out;
-  out.Put("logits", logits);
+  // With a separate bias (FProp's fused path) the logits are never formed; Logits() gives them.
+  if (!bias.defined()) out.Put("logits", logits);
   at::Tensor xent;
   if (class_ids.defined() && fused_xent_ && logits.scalar_type() != at::kDouble &&
       FusedSoftmaxXentSupported()) {
     // -Σ_c t_c log p_c with t = (1 - ls)·one_hot + ls/C, in one pass.
     SoftmaxXent r = FusedSoftmaxXent(logits, class_ids, 1 - label_smoothing_,
-                                     label_smoothing_ / num_classes_, compute_per_example_argmax_);
+                                     label_smoothing_ / num_classes_, compute_per_example_argmax_,
+                                     bias);
     xent = r.xent;
     out.Put("per_example_label_log_prob", r.label_log_prob);
     out.Put("per_example_max_log_prob", r.max_log_prob);

@@ -23,7 +23,8 @@ class SimpleFullSoftmax : public BaseLayer {
 
   // Cross-entropy. Targets are `class_ids` [...] (integers) or `class_probabilities`
   // [..., num_classes] (exactly one defined). Weights `class_weights` [...] (default 1) are
-  // multiplied by 1 - paddings when paddings are given. Returns a NestedMap with logits,
+  // multiplied by 1 - paddings when paddings are given. Returns a NestedMap with logits (not
+  // on FProp's fused path: there the kernel adds the bias itself; Logits() gives them),
   // per_example_xent, per_example_max_log_prob, per_example_argmax (when
   // compute_per_example_argmax), per_example_weight, total_xent, total_weight and avg_xent =
   // total_xent / max(total_weight, 1e-6); with class_ids also per_example_label_log_prob (no
@@ -38,6 +39,11 @@ class SimpleFullSoftmax : public BaseLayer {
                            const at::Tensor& class_probabilities = {}) const;
 
  private:
+  // The cross-entropy of logits (+ bias, when defined: only on the fused kernel's path).
+  NestedMap Xent(const at::Tensor& logits, const at::Tensor& bias, const at::Tensor& class_ids,
+                 const at::Tensor& class_weights, const at::Tensor& paddings,
+                 const at::Tensor& class_probabilities) const;
+
   int64_t input_dim_, num_classes_;
   double label_smoothing_;
   std::optional<double> logits_abs_max_;

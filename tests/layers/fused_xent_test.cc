@@ -75,6 +75,30 @@ TEST_F(FusedXentTest, EqualsTheAtenCompositionInFloat64) {
   }
 }
 
+// With a bias the kernel reads logits + bias and returns the bias's gradient (column sums).
+TEST_F(FusedXentTest, BiasIsAddedAndGetsItsGradient) {
+  at::manual_seed(4);
+  for (int64_t classes : {5, 16, 37, 2000}) {
+    SCOPED_TRACE(testing::Message() << "C=" << classes);
+    const at::Tensor logits = at::randn({6, 7, classes}) * 3;
+    const at::Tensor bias = at::randn({classes});
+    const at::Tensor labels = at::randint(0, classes, {6, 7}, at::kLong);
+    const at::Tensor upstream = at::rand({6, 7});
+    at::Tensor x = logits.clone().requires_grad_(true), b = bias.clone().requires_grad_(true);
+    SoftmaxXent r = FusedSoftmaxXent(x, labels, 0.9, 0.1 / classes, true, b);
+    (r.xent * upstream).sum().backward();
+    const Reference ref = ReferenceXent(logits + bias, labels, 0.9, 0.1 / classes, upstream);
+    ExpectClose(r.xent, ref.xent, 2e-5, 2e-6, "xent");
+    ExpectClose(r.label_log_prob, ref.label_lp, 2e-5, 2e-6, "label_log_prob");
+    EXPECT_TRUE(at::equal(r.argmax, ref.argmax));
+    ExpectClose(x.grad(), ref.grad, 1e-5, 1e-5, "logits gradient");
+    ExpectClose(b.grad(), ref.grad.sum(at::IntArrayRef{0, 1}), 1e-5, 1e-5, "bias gradient");
+  }
+  EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 5}), at::zeros({2}, at::kLong), 1, 0, false,
+                                at::zeros({4})),
+               c10::Error);
+}
+
 TEST_F(FusedXentTest, ArgmaxIsTheFirstMaximalClassAndTiesAreCorrect) {
   at::Tensor logits = at::zeros({2, 40});
   logits[0][21] = 5;
@@ -142,6 +166,27 @@ TEST_F(FusedXentTest, SimpleFullSoftmaxFusedEqualsUnfused) {
       };
       auto [fo, fg] = run(*fused);
       auto [po, pg] = run(*plain);
+      // FProp itself: the fused path adds the bias in the kernel (float32 inputs).
+      if (dtype == at::kFloat) {
+        auto fprop = [&](SimpleFullSoftmax& layer) {
+          NestedMap theta = layer.theta();
+          for (auto& t : theta.FlattenTensors()) t.requires_grad_(true);
+          NestedMap out = layer.FProp(theta, inputs, labels, {}, paddings);
+          out.GetTensor("avg_xent").backward();
+          std::vector<at::Tensor> grads;
+          for (auto& t : theta.FlattenTensors()) grads.push_back(t.grad());
+          return std::pair{out, grads};
+        };
+        auto [ffo, ffg] = fprop(*fused);
+        auto [pfo, pfg] = fprop(*plain);
+        EXPECT_FALSE(ffo.Has("logits"));
+        EXPECT_TRUE(pfo.Has("logits"));
+        ExpectClose(ffo.GetTensor("per_example_xent"), pfo.GetTensor("per_example_xent"), 1e-5,
+                    1e-5, "FProp per_example_xent");
+        for (size_t i = 0; i < ffg.size(); ++i) {
+          ExpectClose(ffg[i], pfg[i], 1e-6, 1e-4, "FProp weight and bias grads");
+        }
+      }
       EXPECT_FALSE(fo.Has("log_probs"));
       EXPECT_TRUE(po.Has("log_probs"));
       for (const char* key : {"per_example_xent", "per_example_label_log_prob",

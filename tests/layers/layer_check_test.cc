@@ -110,9 +110,10 @@ std::map<std::string, Adapter> Adapters() {
   };
   a["glossa.layers.SimpleFullSoftmax"] = [](const BaseLayer& l, const NestedMap& th,
                                             const NestedMap& in) {
-    NestedMap out = dynamic_cast<const SimpleFullSoftmax&>(l).FProp(
-        th, T(in, "x"), T(in, "ids"), T(in, "weights"), T(in, "paddings"));
-    return NestedMap{{"logits", out.GetTensor("logits")},
+    const auto& sm = dynamic_cast<const SimpleFullSoftmax&>(l);
+    NestedMap out = sm.FProp(th, T(in, "x"), T(in, "ids"), T(in, "weights"), T(in, "paddings"));
+    // FProp's fused path adds the bias inside the cross-entropy kernel and outputs no logits.
+    return NestedMap{{"logits", out.Has("logits") ? out.GetTensor("logits") : sm.Logits(th, T(in, "x"))},
                      {"per_example_xent", out.GetTensor("per_example_xent")},
                      {"avg_xent", out.GetTensor("avg_xent")}};
   };
