@@ -11,6 +11,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/fused_xent.h"
 
 namespace glossa {
 
@@ -275,8 +276,14 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
       RowMajorGemm(false, true, T, S, H, hq.at(b, n), hq.row, hk.at(b, n), hk.row,
                    lp + (b * N + n) * T * S, S);
     });
-    if (bias.numel() > 0) logits.add_(bias);
-    at::Tensor probs = at::softmax(logits, -1);
+    at::Tensor probs;
+    if (FusedSoftmaxXentSupported()) {
+      SoftmaxWithBiasInPlace(logits, bias);  // one kernel: + mask, max, e^x, Σ, scale
+      probs = logits;
+    } else {
+      if (bias.numel() > 0) logits.add_(bias);
+      probs = at::softmax(logits, -1);
+    }
     at::Tensor out = at::empty({B, T, N, H}, q.options());
     const float* pp = probs.data_ptr<float>();
     float* op = out.data_ptr<float>();
@@ -305,7 +312,13 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                    dpp + (b * N + n) * T * S, S);
     });
     if (grads[1].defined()) dp.add_(grads[1]);
-    const at::Tensor ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
+    at::Tensor ds;
+    if (FusedSoftmaxXentSupported()) {
+      SoftmaxBackwardInPlace(dp, probs);
+      ds = dp;
+    } else {
+      ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
+    }
     const float* dsp = ds.data_ptr<float>();
     at::Tensor dq = at::empty({B, T, N, H}, q.options());
     at::Tensor dk = at::empty({B, S, N, H}, q.options());

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace glossa {
@@ -237,7 +238,119 @@ class FusedXentFunction : public torch::autograd::Function<FusedXentFunction> {
   }
 };
 
+// Row r of x [rows, S] in place: softmax(x_r + bias_r).
+__attribute__((target("avx512f"))) void SoftmaxRows(float* x, int64_t S, int64_t lo, int64_t hi,
+                                                    const std::function<const float*(int64_t)>& bias_row) {
+  const int64_t full = S / 16 * 16;
+  const __mmask16 tail = TailMask(S - full);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r = lo; r < hi; ++r) {
+    float* row = x + r * S;
+    const float* b = bias_row(r);
+    __m512 vmax = neg_inf;
+    for (int64_t c = 0; c < full; c += 16) {
+      __m512 z = _mm512_loadu_ps(row + c);
+      if (b) z = _mm512_add_ps(z, _mm512_loadu_ps(b + c));
+      _mm512_storeu_ps(row + c, z);
+      vmax = _mm512_max_ps(vmax, z);
+    }
+    if (tail) {
+      __m512 z = _mm512_mask_loadu_ps(neg_inf, tail, row + full);
+      if (b) z = _mm512_mask_add_ps(neg_inf, tail, z, _mm512_maskz_loadu_ps(tail, b + full));
+      _mm512_mask_storeu_ps(row + full, tail, z);
+      vmax = _mm512_max_ps(vmax, z);
+    }
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; c += 16) {
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(row + c), vm));
+      _mm512_storeu_ps(row + c, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    if (tail) {
+      const __m512 e = _mm512_maskz_mov_ps(
+          tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + full), vm)));
+      _mm512_mask_storeu_ps(row + full, tail, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int64_t c = 0; c < full; c += 16) {
+      _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), inv));
+    }
+    if (tail) {
+      _mm512_mask_storeu_ps(row + full, tail,
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + full), inv));
+    }
+  }
+}
+
+// Row r in place: dy_r = y_r ∘ (dy_r − Σ dy_r∘y_r).
+__attribute__((target("avx512f"))) void SoftmaxBackwardRows(float* dy, const float* y, int64_t S,
+                                                            int64_t lo, int64_t hi) {
+  const int64_t full = S / 16 * 16;
+  const __mmask16 tail = TailMask(S - full);
+  for (int64_t r = lo; r < hi; ++r) {
+    float* d = dy + r * S;
+    const float* p = y + r * S;
+    __m512 dot = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; c += 16) {
+      dot = _mm512_fmadd_ps(_mm512_loadu_ps(d + c), _mm512_loadu_ps(p + c), dot);
+    }
+    if (tail) {
+      dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, d + full),
+                            _mm512_maskz_loadu_ps(tail, p + full), dot);
+    }
+    const __m512 vd = _mm512_set1_ps(_mm512_reduce_add_ps(dot));
+    for (int64_t c = 0; c < full; c += 16) {
+      _mm512_storeu_ps(d + c, _mm512_mul_ps(_mm512_loadu_ps(p + c),
+                                            _mm512_sub_ps(_mm512_loadu_ps(d + c), vd)));
+    }
+    if (tail) {
+      _mm512_mask_storeu_ps(d + full, tail,
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, p + full),
+                                          _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, d + full), vd)));
+    }
+  }
+}
+
 }  // namespace
+
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias) {
+  TORCH_CHECK(FusedSoftmaxXentSupported() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+                  x.dim() == 4,
+              "SoftmaxWithBiasInPlace: float32 contiguous [B, N, T, S] on an AVX-512 CPU");
+  const int64_t B = x.size(0), N = x.size(1), T = x.size(2), S = x.size(3);
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  if (has_bias) {
+    TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.dim() == 4 &&
+                    (bias.size(0) == B || bias.size(0) == 1) && bias.size(1) == 1 &&
+                    (bias.size(2) == T || bias.size(2) == 1) && bias.size(3) == S,
+                "SoftmaxWithBiasInPlace: bias ", bias.sizes(), " does not broadcast to ", x.sizes());
+  }
+  const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
+  const int64_t bb = has_bias && bias.size(0) > 1 ? bias.size(2) * S : 0;
+  const int64_t bt = has_bias && bias.size(2) > 1 ? S : 0;
+  const std::function<const float*(int64_t)> bias_row = [&](int64_t r) -> const float* {
+    if (!bp) return nullptr;
+    const int64_t b = r / (N * T), t = r % T;
+    return bp + b * bb + t * bt;
+  };
+  float* xp = x.data_ptr<float>();
+  at::parallel_for(0, B * N * T, 64, [&](int64_t lo, int64_t hi) {
+    SoftmaxRows(xp, S, lo, hi, bias_row);
+  });
+}
+
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y) {
+  TORCH_CHECK(FusedSoftmaxXentSupported() && dy.scalar_type() == at::kFloat &&
+                  y.scalar_type() == at::kFloat && dy.is_contiguous() && y.is_contiguous() &&
+                  dy.sizes() == y.sizes() && dy.dim() >= 1,
+              "SoftmaxBackwardInPlace: float32 contiguous tensors of one shape on an AVX-512 CPU");
+  const int64_t S = dy.size(-1), rows = S > 0 ? dy.numel() / S : 0;
+  float* d = dy.data_ptr<float>();
+  const float* p = y.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi); });
+}
 
 bool FusedSoftmaxXentSupported() {
   static const bool has = __builtin_cpu_supports("avx512f");

@@ -39,4 +39,11 @@ SoftmaxXent FusedSoftmaxXent(const at::Tensor& logits, const at::Tensor& labels,
                              double label_weight, double uniform_weight, bool want_argmax,
                              const at::Tensor& bias = {});
 
+// The softmax of attention logits in the same style (AVX-512, float32, in place; callers check
+// FusedSoftmaxXentSupported()): x [B, N, T, S] becomes softmax(x + bias) over S, bias
+// [B or 1, 1, T or 1, S] (or empty) added as each row is read; and the softmax backward
+// dy ← y ∘ (dy − Σ dy∘y) over the last dimension.
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias);
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y);
+
 }  // namespace glossa

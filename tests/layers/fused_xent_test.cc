@@ -131,6 +131,38 @@ TEST_F(FusedXentTest, InfinitiesAndNaNs) {
   EXPECT_TRUE(at::isfinite(x.grad()[2]).all().item<bool>());
 }
 
+// The attention softmax kernels against ATen in float64: masks broadcast over batch rows or
+// query steps, fully masked keys, rows around the vector width.
+TEST_F(FusedXentTest, AttentionSoftmaxAndItsBackward) {
+  at::manual_seed(5);
+  const float lowest = std::numeric_limits<float>::lowest();
+  for (int64_t S : {1, 7, 16, 17, 130}) {
+    for (int which : {0, 1, 2}) {
+      SCOPED_TRACE(testing::Message() << "S=" << S << " bias " << which);
+      const int64_t B = 3, N = 2, T = 5;
+      const at::Tensor x = at::randn({B, N, T, S}) * 3;
+      at::Tensor bias;
+      if (which == 1) bias = at::zeros({1, 1, T, S}).masked_fill_(at::rand({1, 1, T, S}) > 0.7, lowest);
+      if (which == 2) bias = at::zeros({B, 1, 1, S}).masked_fill_(at::rand({B, 1, 1, S}) > 0.6, lowest);
+      if (bias.defined()) bias.select(3, 0).fill_(0);  // keep one key per row
+      at::Tensor y = x.clone();
+      SoftmaxWithBiasInPlace(y, bias.defined() ? bias : at::empty({0}));
+      const at::Tensor want =
+          at::softmax(x.to(at::kDouble) + (bias.defined() ? bias.to(at::kDouble).clamp_min(-1e300)
+                                                          : at::zeros({1}, at::kDouble)),
+                      -1);
+      ExpectClose(y, want, 1e-6, 1e-5, "softmax");
+      const at::Tensor dy = at::randn({B, N, T, S});
+      at::Tensor d = dy.clone();
+      SoftmaxBackwardInPlace(d, y);
+      const at::Tensor yd = y.to(at::kDouble), dyd = dy.to(at::kDouble);
+      ExpectClose(d, yd * (dyd - (dyd * yd).sum(-1, true)), 1e-6, 1e-5, "softmax backward");
+    }
+  }
+  at::Tensor wrong = at::zeros({2, 2, 3, 4});
+  EXPECT_THROW(SoftmaxWithBiasInPlace(wrong, at::zeros({2, 1, 3, 5})), c10::Error);
+}
+
 TEST_F(FusedXentTest, BadShapesAreErrors) {
   EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 0}), at::zeros({2}, at::kLong), 1, 0, false),
                c10::Error);
