@@ -326,5 +326,17 @@ TEST(AsrModelTest, LasTinyLmLoadsAndFreezesTheCharLm) {
   for (const auto& v : trained) EXPECT_FALSE(std::regex_match(v.name, re)) << v.name;
 }
 
+// asr.synth.LasTinyLong is LasTiny over 4,000 steps: the same task but for max_steps and the
+// schedule's total_steps.
+TEST(AsrModelTest, LasTinyLongIsLasTinyOverTwiceTheSteps) {
+  Params tiny = GetModelParamsClass("asr.synth.LasTiny")->Task();
+  Params longer = GetModelParamsClass("asr.synth.LasTinyLong")->Task();
+  EXPECT_EQ(tiny.GetInt("train.max_steps"), 2000);
+  EXPECT_EQ(longer.GetInt("train.max_steps"), 4000);
+  EXPECT_EQ(longer.GetInt("train.learner.lr_schedule.total_steps"), 4000);
+  longer.Set("train.max_steps", 2000).Set("train.learner.lr_schedule.total_steps", 2000);
+  EXPECT_EQ(longer.ToText(), tiny.ToText());
+}
+
 }  // namespace
 }  // namespace glossa
