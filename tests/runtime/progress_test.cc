@@ -2,6 +2,7 @@
 #include "glossa/runtime/progress.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <pty.h>
 #include <unistd.h>
 
@@ -63,10 +64,19 @@ TEST(Progress, TheBarDrawsOnlyOnATerminal) {
   bar.Update(5, 20, 2.5);
   bar.Clear();
   fflush(tty);
-  char buf[512];
-  const ssize_t n = read(master, buf, sizeof(buf));
-  ASSERT_GT(n, 0);
-  const std::string out(buf, static_cast<size_t>(n));
+  // A pty may hand the bytes over in more than one read: read until Clear's sequence, which comes
+  // last (poll's 10 s only bound a failure, they are not a wait for the bytes).
+  std::string out;
+  const std::string clear = "\r\x1b[K";
+  while (out.size() < clear.size() || out.compare(out.size() - clear.size(), clear.size(), clear)) {
+    pollfd pfd{master, POLLIN, 0};
+    if (poll(&pfd, 1, 10000) <= 0) break;
+    char buf[512];
+    const ssize_t n = read(master, buf, sizeof(buf));
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ASSERT_FALSE(out.empty());
   // 25% of 30 columns: 7 '=' then '>'; 15 steps left at 2.5 steps/s: 0:06.
   EXPECT_EQ(out.rfind("\r[=======>", 0), 0u) << out;
   EXPECT_NE(out.find("] 5/20 25% \u00b7 2.5 steps/s \u00b7 ETA 0:06\x1b[K"), std::string::npos)
