@@ -186,31 +186,26 @@ TEST_F(FusedXentTest, SimpleFullSoftmaxFusedEqualsUnfused) {
       const at::Tensor inputs = at::randn({4, 6, 8});
       const at::Tensor labels = at::randint(0, 37, {4, 6}, at::kLong);
       const at::Tensor paddings = (at::rand({4, 6}) > 0.8).to(at::kFloat);
-      auto run = [&](SimpleFullSoftmax& layer) {
+      // The outputs and the theta gradients of avg_xent, through XentFromLogits on `dtype`
+      // logits, or (via_fprop) through FProp.
+      auto run = [&](SimpleFullSoftmax& layer, bool via_fprop) {
         NestedMap theta = layer.theta();
         for (auto& t : theta.FlattenTensors()) t.requires_grad_(true);
-        at::Tensor logits = layer.Logits(theta, inputs).to(dtype);
-        NestedMap out = layer.XentFromLogits(logits, labels, {}, paddings);
+        NestedMap out =
+            via_fprop ? layer.FProp(theta, inputs, labels, {}, paddings)
+                      : layer.XentFromLogits(layer.Logits(theta, inputs).to(dtype), labels, {},
+                                             paddings);
         out.GetTensor("avg_xent").backward();
         std::vector<at::Tensor> grads;
         for (auto& t : theta.FlattenTensors()) grads.push_back(t.grad());
         return std::pair{out, grads};
       };
-      auto [fo, fg] = run(*fused);
-      auto [po, pg] = run(*plain);
+      auto [fo, fg] = run(*fused, false);
+      auto [po, pg] = run(*plain, false);
       // FProp itself: the fused path adds the bias in the kernel (float32 inputs).
       if (dtype == at::kFloat) {
-        auto fprop = [&](SimpleFullSoftmax& layer) {
-          NestedMap theta = layer.theta();
-          for (auto& t : theta.FlattenTensors()) t.requires_grad_(true);
-          NestedMap out = layer.FProp(theta, inputs, labels, {}, paddings);
-          out.GetTensor("avg_xent").backward();
-          std::vector<at::Tensor> grads;
-          for (auto& t : theta.FlattenTensors()) grads.push_back(t.grad());
-          return std::pair{out, grads};
-        };
-        auto [ffo, ffg] = fprop(*fused);
-        auto [pfo, pfg] = fprop(*plain);
+        auto [ffo, ffg] = run(*fused, true);
+        auto [pfo, pfg] = run(*plain, true);
         EXPECT_FALSE(ffo.Has("logits"));
         EXPECT_TRUE(pfo.Has("logits"));
         ExpectClose(ffo.GetTensor("per_example_xent"), pfo.GetTensor("per_example_xent"), 1e-5,
