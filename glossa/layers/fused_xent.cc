@@ -371,6 +371,9 @@ SoftmaxXent FusedSoftmaxXent(const at::Tensor& logits, const at::Tensor& labels,
               bias.sizes(), " must be [", C, "]");
   const at::Tensor x = logits.to(at::kFloat).contiguous().view({-1, C});
   const at::Tensor y = labels.to(at::kLong).contiguous().view({-1});
+  // The kernel indexes rows by label: an id out of range would read outside them.
+  TORCH_CHECK(y.numel() == 0 || (y.min().item<int64_t>() >= 0 && y.max().item<int64_t>() < C),
+              "FusedSoftmaxXent: labels must be in [0, ", C, ")");
   const at::Tensor b =
       bias.defined() ? bias.to(at::kFloat).contiguous() : at::empty({0}, x.options());
   auto out = FusedXentFunction::apply(x, y, b, label_weight, uniform_weight, want_argmax);

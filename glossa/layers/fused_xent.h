@@ -31,7 +31,7 @@ struct SoftmaxXent {
 // Whether this CPU runs the fused kernel (AVX-512F).
 bool FusedSoftmaxXentSupported();
 
-// logits [..., C] (float32, or cast to it), labels [...] integers in [0, C) (not checked here).
+// logits [..., C] (float32, or cast to it), labels [...] integers in [0, C) (else an error).
 // With `bias` [C], the logits are logits + bias, added in the kernel's passes (the caller's GEMM
 // then need not broadcast it into its output first), and the bias gets its gradient (the
 // column sums of the logits' gradient) from the same backward pass.

@@ -168,6 +168,10 @@ TEST_F(FusedXentTest, BadShapesAreErrors) {
                c10::Error);
   EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 5}), at::zeros({3}, at::kLong), 1, 0, false),
                c10::Error);
+  EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 5}), at::tensor({0, 5}, at::kLong), 1, 0, false),
+               c10::Error);
+  EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 5}), at::tensor({-1, 0}, at::kLong), 1, 0, false),
+               c10::Error);
 }
 
 // SimpleFullSoftmax fused (float32 and bfloat16 logits) against fused_xent: false.
