@@ -12,6 +12,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/fused_xent.h"
+#include "glossa/runtime/cpu_runtime.h"
 
 namespace glossa {
 
@@ -253,12 +254,12 @@ struct Heads {
   const float* at(int64_t b, int64_t n) const { return data + b * sb + n * sn; }
 };
 
-// f(b, n) for every head, split over ATen's intra-op threads. In the fp32 layout
-// (glossa/runtime/cpu_runtime.h) that is one thread and each sgemm runs on OpenBLAS's threads; in
-// the bf16 layout, ATen's threads each run single-threaded sgemms.
+// f(b, n) for every head, split over the kernel threads (glossa/runtime/cpu_runtime.h): ATen's
+// in the bf16 layout, Glossa's own in the fp32 layout, each running single-threaded sgemms (one
+// head's GEMMs are too small to split across cores).
 template <typename F>
 void ForEachHead(int64_t batch, int64_t heads, const F& f) {
-  at::parallel_for(0, batch * heads, 1, [&](int64_t lo, int64_t hi) {
+  KernelParallelFor(0, batch * heads, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) f(i / heads, i % heads);
   });
 }

@@ -9,6 +9,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "glossa/runtime/cpu_runtime.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -200,7 +202,7 @@ class FusedXentFunction : public torch::autograd::Function<FusedXentFunction> {
                       max_lp.data_ptr<float>(),
                       lse.data_ptr<float>(),
                       want_argmax ? argmax.data_ptr<int64_t>() : nullptr};
-    at::parallel_for(0, N, Grain(C), [&](int64_t lo, int64_t hi) { RowsForward(s, lo, hi); });
+    KernelParallelFor(0, N, Grain(C), [&](int64_t lo, int64_t hi) { RowsForward(s, lo, hi); });
     ctx->save_for_backward({x, labels, lse, bias_or_zeros});
     ctx->saved_data["a"] = a;
     ctx->saved_data["b"] = b;
@@ -336,7 +338,7 @@ void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias) {
     return bp + b * bb + t * bt;
   };
   float* xp = x.data_ptr<float>();
-  at::parallel_for(0, B * N * T, 64, [&](int64_t lo, int64_t hi) {
+  KernelParallelFor(0, B * N * T, 64, [&](int64_t lo, int64_t hi) {
     SoftmaxRows(xp, S, lo, hi, bias_row);
   });
 }
@@ -349,7 +351,7 @@ void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y) {
   const int64_t S = dy.size(-1), rows = S > 0 ? dy.numel() / S : 0;
   float* d = dy.data_ptr<float>();
   const float* p = y.data_ptr<float>();
-  at::parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi); });
+  KernelParallelFor(0, rows, 64, [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi); });
 }
 
 bool FusedSoftmaxXentSupported() {

@@ -10,6 +10,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/runtime/cpu_runtime.h"
 
 namespace glossa {
 namespace {
@@ -203,7 +204,7 @@ void Adam::Apply(double lr, const std::vector<VarGrad>& var_grads, int64_t) {
     if (FusedAdamApplies(vg.var, m, v, g)) {
       float *pw = vg.var.data_ptr<float>(), *pm = m.data_ptr<float>(), *pv = v.data_ptr<float>();
       const float* pg = g.data_ptr<float>();
-      at::parallel_for(0, vg.var.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
+      KernelParallelFor(0, vg.var.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
         FusedAdamRange(pw, pm, pv, pg, lo, hi, b1, b2, eps, lr_t);
       });
       continue;

@@ -1,9 +1,19 @@
 #include "glossa/runtime/cpu_runtime.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <stdexcept>
 #include <thread>
+#include <vector>
+
+#include "glossa/layers/attention.h"
+#include "glossa/layers/fused_xent.h"
+#include "glossa/optim/optimizer.h"
 
 namespace glossa {
 namespace {
@@ -38,7 +48,125 @@ TEST(CpuRuntime, ThreadLayoutPerComputeDtype) {
     EXPECT_EQ(explicit_one.blas_threads, cores);
   }
   check_blas(explicit_one);
+  // The fp32 layout runs Glossa's kernels on as many threads as OpenBLAS has; bf16 on ATen's.
+  if (explicit_one.blas_threads > 0) {
+    EXPECT_EQ(KernelThreads(), explicit_one.blas_threads);
+  }
+  ConfigureCpuRuntime(0, /*bf16_compute=*/true);
+  EXPECT_EQ(KernelThreads(), 1);
   at::set_num_threads(saved);
+  SetKernelThreads(1);
+}
+
+// Sets ATen to one thread and Glossa's kernel threads to n for a scope.
+class KernelThreadsScope {
+ public:
+  explicit KernelThreadsScope(int n) : aten_(at::get_num_threads()), kernel_(KernelThreads()) {
+    at::set_num_threads(1);
+    SetKernelThreads(n);
+  }
+  ~KernelThreadsScope() {
+    SetKernelThreads(kernel_);
+    at::set_num_threads(aten_);
+  }
+
+ private:
+  int aten_, kernel_;
+};
+
+TEST(CpuRuntime, KernelLoopsCoverEachIndexOnceAndPassErrorsOn) {
+  for (int threads : {1, 2, 3, 5}) {
+    KernelThreadsScope scope(threads);
+    for (int64_t n : {1, 2, 7, 1000}) {
+      for (int64_t grain : {1, 3, 64}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int> calls{0};
+        KernelParallelFor(0, n, grain, [&](int64_t lo, int64_t hi) {
+          ASSERT_LT(lo, hi);
+          ++calls;
+          for (int64_t i = lo; i < hi; ++i) ++hits[i];
+          // A nested loop runs inline on this thread.
+          int64_t inner = 0;
+          KernelParallelFor(0, 10, 1, [&](int64_t a, int64_t b) { inner += b - a; });
+          EXPECT_EQ(inner, 10);
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << i;
+        EXPECT_LE(calls.load(), std::max<int64_t>(1, std::min<int64_t>(threads, (n + grain - 1) / grain)));
+      }
+    }
+    // An exception in any chunk (the caller's or a worker's) reaches the caller, and the threads
+    // keep working afterwards.
+    for (int64_t bad : {0, 999}) {
+      EXPECT_THROW(KernelParallelFor(0, 1000, 1,
+                                     [&](int64_t lo, int64_t hi) {
+                                       if (lo <= bad && bad < hi) throw std::runtime_error("chunk");
+                                     }),
+                   std::runtime_error);
+    }
+    std::atomic<int64_t> sum{0};
+    std::mutex mu;
+    std::set<std::thread::id> ids;
+    KernelParallelFor(0, 100, 1, [&](int64_t lo, int64_t hi) {
+      sum += hi - lo;
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    });
+    EXPECT_EQ(sum.load(), 100);
+    EXPECT_EQ(static_cast<int>(ids.size()), threads);  // each chunk on its own thread
+  }
+}
+
+// The kernels that run their loops on the kernel threads (the strided attention core, the
+// attention softmax, the fused cross-entropy's forward, Adam) give bit-identical results on any
+// number of them.
+TEST(CpuRuntime, KernelsGiveTheSameBitsOnAnyNumberOfThreads) {
+  Params p = MultiHeadedAttention::Params();
+  p.Set("name", "atten").Set("random_seed", 3).Set("input_dim", 16).Set("num_heads", 4);
+  auto atten = InstantiateLayer<MultiHeadedAttention>(p);
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({3, 9, 16});
+  at::Tensor paddings = at::zeros({3, 9});
+  paddings.narrow(1, 6, 3).select(0, 1).fill_(1.0);
+  const at::Tensor logits = at::randn({2000, 50}), labels = at::randint(0, 50, {2000}, at::kLong);
+  const at::Tensor w0 = at::randn({70000}), g = at::randn({70000});
+  struct Outputs {
+    std::vector<at::Tensor> tensors;
+  };
+  auto run = [&]() {
+    Outputs out;
+    NestedMap theta = atten->theta();
+    std::vector<at::Tensor> leaves = theta.FlattenTensors();
+    for (auto& t : leaves) t.requires_grad_(true);
+    at::Tensor xi = x.clone().requires_grad_(true);
+    auto [y, probs] = atten->FProp(theta, xi, xi, xi, paddings, /*causal=*/true);
+    (y * y).sum().backward();
+    out.tensors = {y.detach(), probs.detach(), xi.grad()};
+    for (auto& t : leaves) out.tensors.push_back(t.grad());
+    if (FusedSoftmaxXentSupported()) {
+      const SoftmaxXent xe = FusedSoftmaxXent(logits, labels, 0.9, 0.1 / 50, true);
+      out.tensors.push_back(xe.xent);
+      out.tensors.push_back(xe.argmax);
+    }
+    auto opt = Adam::ParamsB().Instantiate<Optimizer>();
+    at::Tensor w = w0.clone();
+    for (int t = 0; t < 3; ++t) opt->Apply(0.01, {{"w", w, g * (t + 1)}}, t);
+    out.tensors.push_back(w);
+    return out;
+  };
+  Outputs one, many;
+  {
+    KernelThreadsScope scope(1);
+    one = run();
+  }
+  {
+    KernelThreadsScope scope(3);
+    many = run();
+  }
+  ASSERT_EQ(one.tensors.size(), many.tensors.size());
+  for (size_t i = 0; i < one.tensors.size(); ++i) {
+    ASSERT_TRUE(one.tensors[i].defined()) << i;
+    EXPECT_TRUE(at::equal(one.tensors[i], many.tensors[i])) << "output " << i;
+  }
 }
 
 }  // namespace
