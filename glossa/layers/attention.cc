@@ -12,6 +12,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/fused_xent.h"
+#include "glossa/layers/gemm.h"
 #include "glossa/runtime/cpu_runtime.h"
 
 namespace glossa {
@@ -68,7 +69,7 @@ at::Tensor MultiHeadedProjectionLayer::FProp(const NestedMap& theta,
     x = inputs.reshape({-1, d});
     w2 = w.reshape({d, nh});
   }
-  at::Tensor out = use_bias_ ? at::addmm(theta.GetTensor("b").reshape({-1}), x, w2) : at::mm(x, w2);
+  at::Tensor out = Affine(x, w2, use_bias_ ? theta.GetTensor("b").reshape({-1}) : at::Tensor());
   return out.view(out_shape);
 }
 
@@ -412,11 +413,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(
                                 tv.GetTensor("w").reshape({input_dim_, nh})},
                                1);
   const at::Tensor x2 = x.reshape({-1, input_dim_});
-  at::Tensor out =
-      use_bias_ ? at::addmm(at::cat({tq.GetTensor("b").reshape({-1}), tk.GetTensor("b").reshape({-1}),
-                                     tv.GetTensor("b").reshape({-1})}),
-                            x2, w)
-                : at::mm(x2, w);
+  const at::Tensor b = use_bias_ ? at::cat({tq.GetTensor("b").reshape({-1}),
+                                            tk.GetTensor("b").reshape({-1}),
+                                            tv.GetTensor("b").reshape({-1})})
+                                 : at::Tensor();
+  at::Tensor out = Affine(x2, w, b);
   out = out.view({x.size(0), x.size(1), 3, num_heads_, dim_per_head_});
   // unbind: one backward node that stacks the three gradients (three selects would each
   // scatter into a zero tensor of the whole output).

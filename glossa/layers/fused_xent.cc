@@ -225,7 +225,7 @@ class FusedXentFunction : public torch::autograd::Function<FusedXentFunction> {
       grad = at::empty_like(x);
       const int64_t ranges = Ranges(N), per = (N + ranges - 1) / ranges;
       at::Tensor partial = has_bias ? at::zeros({ranges, C}, x.options()) : at::Tensor();
-      at::parallel_for(0, ranges, 1, [&](int64_t lo, int64_t hi) {
+      KernelParallelFor(0, ranges, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           RowsBackward(x.data_ptr<float>(), bias.data_ptr<float>(), labels.data_ptr<int64_t>(),
                        lse.data_ptr<float>(), g.data_ptr<float>(), C, a, b,

@@ -5,6 +5,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/activations.h"
+#include "glossa/layers/gemm.h"
 
 namespace glossa {
 
@@ -79,7 +80,7 @@ at::Tensor ProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
   if (has_bias_ && x.dim() >= 2) {  // x·w + b as one GEMM with the bias fused in
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(1);
-    y = at::addmm(theta.GetTensor("b"), x.reshape({-1, input_dim_}), w).view(shape);
+    y = Affine(x.reshape({-1, input_dim_}), w, theta.GetTensor("b")).view(shape);
   } else {
     y = at::matmul(x, w);
     if (has_bias_) y = y + theta.GetTensor("b");

@@ -5,6 +5,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/fused_xent.h"
+#include "glossa/layers/gemm.h"
 
 namespace glossa {
 
@@ -58,7 +59,7 @@ at::Tensor SimpleFullSoftmax::Logits(const NestedMap& theta, const at::Tensor& i
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = num_classes_;
   at::Tensor logits =
-      at::addmm(theta.GetTensor("bias_0"), x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"))
+      Affine(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"), theta.GetTensor("bias_0"))
           .view(shape);
   if (logits_abs_max_) logits = at::clamp(logits, -*logits_abs_max_, *logits_abs_max_);
   return logits;
@@ -76,7 +77,8 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
     const at::Tensor x = CastToFPropDtype(inputs);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = num_classes_;
-    const at::Tensor xw = at::mm(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0")).view(shape);
+    const at::Tensor xw =
+        Affine(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"), at::Tensor()).view(shape);
     return Xent(xw, theta.GetTensor("bias_0"), class_ids, class_weights, paddings, {});
   }
   return XentFromLogits(Logits(theta, inputs), class_ids, class_weights, paddings,

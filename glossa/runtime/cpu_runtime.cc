@@ -1,5 +1,9 @@
 #include "glossa/runtime/cpu_runtime.h"
 
+#ifndef _OPENMP
+#error "cpu_runtime.cc must be built with -fopenmp (glossa/CMakeLists.txt)"
+#endif
+
 #include <ATen/Parallel.h>
 #include <malloc.h>
 
@@ -156,7 +160,9 @@ void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
                        const std::function<void(int64_t, int64_t)>& f) {
   if (begin >= end) return;
   if (at::get_num_threads() > 1 || at::in_parallel_region()) {
-    at::parallel_for(begin, end, grain, f);
+    // This file is built with -fopenmp: ATen's OpenMP threads (at::parallel_for runs inline in
+    // code built without it).
+    at::parallel_for(begin, end, grain, [&f](int64_t lo, int64_t hi) { f(lo, hi); });
     return;
   }
   if (KernelPool::Get().threads() > 1 && KernelPool::Get().Run(begin, end, grain, f)) return;

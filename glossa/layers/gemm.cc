@@ -1,0 +1,134 @@
+#include "glossa/layers/gemm.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "glossa/runtime/cpu_runtime.h"
+
+namespace glossa {
+namespace {
+
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
+                       const int* k, const float* alpha, const float* a, const int* lda,
+                       const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc) __attribute__((weak));
+
+// Row-major C [m, n] (+)= op(A) · op(B), row strides lda, ldb, ldc; beta 1 accumulates into C.
+void RowMajorSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
+  const int LDA = static_cast<int>(ldb), LDB = static_cast<int>(lda), LDC = static_cast<int>(ldc);
+  const float one = 1.0f;
+  const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
+  sgemm_(&ta, &tb, &M, &N, &K, &one, b, &LDA, a, &LDB, &beta, c, &LDC);
+}
+
+// C [m, n] = op(A)·op(B) (+ C when accumulate) for float32 contiguous operands, split over ATen's
+// threads (KernelParallelFor) along C's rows (tall outputs) or columns (wide ones); each part is one single-threaded
+// sgemm (the bf16 layout gives OpenBLAS one thread; glossa/runtime/cpu_runtime.h).
+void ParallelSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   const at::Tensor& a, const at::Tensor& b, bool accumulate, at::Tensor& c) {
+  const float* ap = a.data_ptr<float>();
+  const float* bp = b.data_ptr<float>();
+  float* cp = c.data_ptr<float>();
+  const int64_t lda = a.size(1), ldb = b.size(1);
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (m >= n) {
+    KernelParallelFor(0, m, 16, [&](int64_t lo, int64_t hi) {
+          const float* a_rows = trans_a ? ap + lo : ap + lo * lda;  // rows of op(A)
+      RowMajorSgemm(trans_a, trans_b, hi - lo, n, k, a_rows, lda, bp, ldb, beta, cp + lo * n, n);
+    });
+  } else {
+    KernelParallelFor(0, n, 16, [&](int64_t lo, int64_t hi) {
+      const float* b_cols = trans_b ? bp + lo * ldb : bp + lo;  // columns of op(B)
+      RowMajorSgemm(trans_a, trans_b, m, hi - lo, k, ap, lda, b_cols, ldb, beta, cp + lo, n);
+    });
+  }
+}
+
+at::Tensor Widen(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+class Bf16AffineFunction : public torch::autograd::Function<Bf16AffineFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, const at::Tensor& w,
+                                                const at::Tensor& b) {
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
+    const at::Tensor xf = Widen(x), wf = Widen(w);
+    at::Tensor out;
+    const bool has_bias = b.numel() > 0;  // an empty b: none (autograd takes no undefined inputs)
+    if (has_bias) {
+      out = Widen(b).reshape({1, N}).expand({M, N}).contiguous();
+    } else {
+      out = at::empty({M, N}, xf.options());
+    }
+    ParallelSgemm(false, false, M, N, K, xf, wf, has_bias, out);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["has_bias"] = has_bias;
+    return {out.to(at::kBFloat16)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
+    const at::Tensor g = Widen(grads[0]);
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      at::Tensor out = at::empty({M, K}, g.options());
+      ParallelSgemm(false, true, M, K, N, g, Widen(w), false, out);  // g · wᵀ
+      dx = out.to(x.scalar_type());
+    }
+    if (ctx->needs_input_grad(1)) {
+      at::Tensor out = at::empty({K, N}, g.options());
+      ParallelSgemm(true, false, K, N, M, Widen(x), g, false, out);  // xᵀ · g
+      dw = out.to(w.scalar_type());
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
+      db = g.sum(0).to(at::kBFloat16);
+    }
+    return {dx, dw, db};
+  }
+};
+
+bool CpuHasAmx() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) return line.find(" amx_bf16") != std::string::npos;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool Bf16GemmViaFloat32() {
+  static const bool use = [] {
+    if (sgemm_ == nullptr) return false;
+    if (const char* env = std::getenv("GLOSSA_BF16_GEMM"); env != nullptr) {
+      return std::strcmp(env, "onednn") != 0;
+    }
+    return !CpuHasAmx();
+  }();
+  return use;
+}
+
+at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
+      (!b.defined() || b.scalar_type() == at::kBFloat16) && x.device().is_cpu() &&
+      x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(0) && x.numel() > 0 && w.numel() > 0 &&
+      (!b.defined() || (b.dim() == 1 && b.size(0) == w.size(1))) && Bf16GemmViaFloat32() &&
+      std::max({x.size(0), x.size(1), w.size(1)}) < (int64_t{1} << 31)) {
+    return Bf16AffineFunction::apply(x, w, b.defined() ? b : at::empty({0}, x.options()))[0];
+  }
+  return b.defined() ? at::addmm(b, x, w) : at::mm(x, w);
+}
+
+}  // namespace glossa

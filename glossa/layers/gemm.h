@@ -1,0 +1,23 @@
+// x·w (+ b) for the layers' projections: at::addmm / at::mm, except for bfloat16 operands on CPUs
+// without AMX, where the product runs as float32 GEMMs of the (exactly widened) bf16 values,
+// split over ATen's threads, and is rounded to bf16 once.
+//
+// Without AMX, oneDNN's bf16 GEMMs (AVX-512 BF16 dot products) reach about two thirds of the fp32
+// GEMM peak on the same cores (bench/README.md: 143 against 211 GFLOP/s), and less on the tall,
+// thin shapes of small models. The arithmetic is the same: bf16 × bf16 products are exact in
+// float32 and both accumulate in float32; only the order of the sums differs. The backward pass
+// (dx = g·wᵀ, dw = xᵀ·g, db = Σ g) runs the same way. GLOSSA_BF16_GEMM=onednn keeps ATen's.
+//
+//   at::Tensor y = Affine(x2d, w, b);  // x [M, K], w [K, N], b [N] or undefined
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace glossa {
+
+at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+
+// Whether Affine takes the float32 GEMM path for bf16 operands on this machine.
+bool Bf16GemmViaFloat32();
+
+}  // namespace glossa
