@@ -3,7 +3,7 @@
 // --seq tokens, num_layers each side, tokens/s counting target tokens), on random tokens:
 // tokens/s, median over runs, in fp32 or with bf16 compute (fprop_dtype bfloat16); or, with
 // --gemm, the GEMM rate (2048² matmul) this machine reaches in fp32, or with --dtype=bf16 in bf16
-// (each in its thread layout). Run by train_throughput.sh beside the same model in PyTorch
+// (each in its thread layout; bf16 also through Glossa's Affine, layers/gemm.h). Run by train_throughput.sh beside the same model in PyTorch
 // (train_throughput.py).
 //   bench_train_throughput --model_dim=512 --num_layers=6 --seq=256 --batch=8 --vocab=8000
 //   --dtype=fp32
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "glossa/layers/gemm.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/models/mt.h"
@@ -87,6 +88,20 @@ int main(int argc, char** argv) {
       rates.push_back(5 * 2.0 * 2048.0 * 2048.0 * 2048.0 / (Now() - t0) / 1e9);
     }
     std::printf("gemm_%s_gflops %.1f\n", bf16 ? "bf16" : "fp32", Median(rates));
+    if (bf16) {
+      // Glossa's own bf16 projections (layers/gemm.h): float32 sgemms of the widened values on
+      // CPUs without AMX, oneDNN's otherwise; widening and rounding included.
+      at::NoGradGuard no_grad;
+      Affine(a, b, at::Tensor());
+      std::vector<double> own;
+      for (int r = 0; r < std::max(runs, 5); ++r) {
+        const double t0 = Now();
+        for (int i = 0; i < 5; ++i) Affine(a, b, at::Tensor());
+        own.push_back(5 * 2.0 * 2048.0 * 2048.0 * 2048.0 / (Now() - t0) / 1e9);
+      }
+      std::printf("gemm_bf16_glossa_gflops %.1f via %s\n", Median(own),
+                  Bf16GemmViaFloat32() ? "float32_sgemm" : "aten");
+    }
     return 0;
   }
   const int64_t d = std::stoll(f["model_dim"]), layers = std::stoll(f["num_layers"]);

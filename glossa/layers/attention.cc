@@ -236,8 +236,7 @@ void RowMajorGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 bool StridedCoreApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (sgemm_ == nullptr) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
-    // float32 only: bf16 heads cast to float32 and back ran slower than ATen's bf16 bmm in the
-    // bf16 thread layout (single-threaded sgemms; bench/README.md).
+    // float32 only (Attend widens bf16 heads to float32 for it on CPUs without AMX).
     if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || t->dim() != 4 ||
         t->stride(3) != 1 || t->numel() == 0 || t->stride(1) > (int64_t{1} << 30)) {
       return false;
@@ -356,6 +355,21 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
         key_mask.defined() ? MaskBias(key_mask, q.options()) : at::empty({0}, q.options());
     auto out = StridedAttentionCore::apply(q, k, v, bias);
     return {post_->FProp(post_.Theta(theta), out[0]), out[1]};
+  }
+  // bf16 on CPUs without AMX (layers/gemm.h): the heads widened to float32 through the same core,
+  // whose per-head sgemms run on ATen's threads in the bf16 layout, and the output rounded back.
+  // Not for single-step decoding (T = 1), where widening the cached keys each step would dominate.
+  if (!atten_dropout_active_ && q.scalar_type() == at::kBFloat16 &&
+      k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16 && q.dim() == 4 &&
+      q.size(1) > 1 && Bf16GemmViaFloat32()) {
+    const at::Tensor qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
+    if (StridedCoreApplies(qf, kf, vf)) {
+      const at::Tensor bias =
+          key_mask.defined() ? MaskBias(key_mask, qf.options()) : at::empty({0}, qf.options());
+      auto out = StridedAttentionCore::apply(qf, kf, vf, bias);
+      return {post_->FProp(post_.Theta(theta), out[0].to(at::kBFloat16)),
+              out[1].to(at::kBFloat16)};
+    }
   }
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
   if (key_mask.defined()) {

@@ -41,6 +41,9 @@ void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
 // to the fp32 layout's BLAS threads, and to 1 in the bf16 layout.
 void SetKernelThreads(int threads);
 int KernelThreads();
+// OpenBLAS's idle-thread spin, as log2 cycles (0: unknown). With kernel threads, the fp32 layout
+// sets it to 8 unless OPENBLAS_THREAD_TIMEOUT says otherwise (cpu_runtime.cc: ShortenBlasSpin).
+int BlasThreadTimeout();
 
 // OpenBLAS picks its GEMM kernels from CPUID when it loads. In some VMs it settles on a pre-AVX2
 // kernel set (e.g. Prescott, SSE3) on a CPU with AVX2 or AVX-512, and fp32 GEMMs run 2-3x

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -51,6 +52,11 @@ TEST(CpuRuntime, ThreadLayoutPerComputeDtype) {
   // The fp32 layout runs Glossa's kernels on as many threads as OpenBLAS has; bf16 on ATen's.
   if (explicit_one.blas_threads > 0) {
     EXPECT_EQ(KernelThreads(), explicit_one.blas_threads);
+  }
+  if (explicit_one.blas_threads > 1 && std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {
+    EXPECT_EQ(BlasThreadTimeout(), 8);  // OpenBLAS's idle threads sleep at once
+    check_blas(explicit_one);
+    EXPECT_EQ(std::getenv("OPENBLAS_THREAD_TIMEOUT"), nullptr);  // not left for children
   }
   ConfigureCpuRuntime(0, /*bf16_compute=*/true);
   EXPECT_EQ(KernelThreads(), 1);
