@@ -54,7 +54,7 @@ void ParallelSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 
 at::Tensor Widen(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
-class Bf16AffineFunction : public torch::autograd::Function<Bf16AffineFunction> {
+class AffineFunction : public torch::autograd::Function<AffineFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& x, const at::Tensor& w,
@@ -71,7 +71,7 @@ class Bf16AffineFunction : public torch::autograd::Function<Bf16AffineFunction> 
     ParallelSgemm(false, false, M, N, K, xf, wf, has_bias, out);
     ctx->save_for_backward({x, w});
     ctx->saved_data["has_bias"] = has_bias;
-    return {out.to(at::kBFloat16)};
+    return {out.to(x.scalar_type())};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -92,7 +92,7 @@ class Bf16AffineFunction : public torch::autograd::Function<Bf16AffineFunction> 
       dw = out.to(w.scalar_type());
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
-      db = g.sum(0).to(at::kBFloat16);
+      db = g.sum(0).to(x.scalar_type());
     }
     return {dx, dw, db};
   }
@@ -121,12 +121,15 @@ bool Bf16GemmViaFloat32() {
 }
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  // float32 stays with ATen: its addmm runs on OpenBLAS's threads, and row blocks of single-
+  // threaded sgemms on the kernel threads measured no faster on the tiny LM (and their backward
+  // sums in another order).
   if (x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
       (!b.defined() || b.scalar_type() == at::kBFloat16) && x.device().is_cpu() &&
       x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(0) && x.numel() > 0 && w.numel() > 0 &&
       (!b.defined() || (b.dim() == 1 && b.size(0) == w.size(1))) && Bf16GemmViaFloat32() &&
       std::max({x.size(0), x.size(1), w.size(1)}) < (int64_t{1} << 31)) {
-    return Bf16AffineFunction::apply(x, w, b.defined() ? b : at::empty({0}, x.options()))[0];
+    return AffineFunction::apply(x, w, b.defined() ? b : at::empty({0}, x.options()))[0];
   }
   return b.defined() ? at::addmm(b, x, w) : at::mm(x, w);
 }

@@ -81,10 +81,13 @@ TEST(Affine, Bf16ThroughFloat32GemmsMatchesFloat64AndAtenAddmm) {
 
 TEST(Affine, OtherDtypesAreAtensOwn) {
   at::manual_seed(3);
-  const at::Tensor x = at::randn({4, 3}), w = at::randn({3, 5}), b = at::randn({5});
-  EXPECT_TRUE(at::equal(Affine(x, w, b), at::addmm(b, x, w)));
-  EXPECT_TRUE(at::equal(Affine(x, w, at::Tensor()), at::mm(x, w)));
-  EXPECT_THROW(Affine(x, at::randn({4, 5}), b), c10::Error);  // shapes: ATen's error
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    const at::Tensor x = at::randn({4, 3}, dtype), w = at::randn({3, 5}, dtype),
+                     b = at::randn({5}, dtype);
+    EXPECT_TRUE(at::equal(Affine(x, w, b), at::addmm(b, x, w)));
+    EXPECT_TRUE(at::equal(Affine(x, w, at::Tensor()), at::mm(x, w)));
+  }
+  EXPECT_THROW(Affine(at::randn({4, 3}), at::randn({4, 5}), at::Tensor()), c10::Error);
 }
 
 }  // namespace
