@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -58,6 +59,47 @@ NestedMap PadAndStack(const std::vector<NestedMap>& examples,
       pad = it->second;
     } else if (keys[k].size() >= 8 && keys[k].compare(keys[k].size() - 8, 8, "paddings") == 0) {
       pad = 1.0;
+    }
+    // The common case, each example's tensor contiguous on the CPU in one dtype: one output
+    // filled with the pad value and each example copied into its slot (a padded copy and its
+    // allocation per example and column cost more than the copying).
+    const at::Tensor& first = col[0].AsTensor();
+    bool direct = first.device().is_cpu();
+    for (const auto& v : col) {
+      const at::Tensor& t = v.AsTensor();
+      direct = direct && t.device().is_cpu() && t.scalar_type() == first.scalar_type() &&
+               t.is_contiguous() && !t.is_complex();
+    }
+    if (direct) {
+      std::vector<int64_t> out_shape = {static_cast<int64_t>(col.size())};
+      out_shape.insert(out_shape.end(), max_shape.begin(), max_shape.end());
+      at::Tensor out = at::full(out_shape, pad, first.options());
+      const int64_t item = static_cast<int64_t>(first.element_size());
+      const int64_t slot = out.numel() / std::max<int64_t>(out.size(0), 1) * item;
+      char* dst = static_cast<char*>(out.data_ptr());
+      for (size_t e = 0; e < col.size(); ++e) {
+        const at::Tensor& t = col[e].AsTensor();
+        if (t.numel() == 0) continue;
+        const char* src = static_cast<const char*>(t.data_ptr());
+        if (rank <= 1) {
+          std::memcpy(dst + e * slot, src, t.numel() * item);
+          continue;
+        }
+        // Rows of the last dimension, each to its place in the padded [max_shape] slot.
+        const int64_t row = t.size(rank - 1) * item, rows = t.numel() / t.size(rank - 1);
+        for (int64_t r = 0; r < rows; ++r) {
+          int64_t offset = 0, rest = r;
+          for (int64_t d = rank - 2; d >= 0; --d) {
+            int64_t stride = max_shape[rank - 1];
+            for (int64_t d2 = d + 1; d2 < rank - 1; ++d2) stride *= max_shape[d2];
+            offset += (rest % t.size(d)) * stride;
+            rest /= t.size(d);
+          }
+          std::memcpy(dst + e * slot + offset * item, src + r * row, row);
+        }
+      }
+      stacked.emplace_back(out);
+      continue;
     }
     std::vector<at::Tensor> padded;
     for (const auto& v : col) {

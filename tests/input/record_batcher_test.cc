@@ -136,6 +136,50 @@ TEST(RecordBatcher, ValidatesBucketsAndPropagatesErrors) {
   EXPECT_ERROR_CONTAINS(b.Next(), InvalidArgumentError, "bad record");
 }
 
+// Against the composition it replaces (constant_pad_nd to the largest shape, then stack), for
+// ranks 0 to 3, int64 and float, with a named pad value, paddings (pad 1), an empty example, a
+// non-contiguous one and mixed dtypes (the general path).
+TEST(PadAndStack, EqualsPaddingEachExampleThenStacking) {
+  at::manual_seed(4);
+  auto reference = [](const std::vector<at::Tensor>& ts, double pad) {
+    std::vector<int64_t> max_shape = ts[0].sizes().vec();
+    for (const auto& t : ts) {
+      for (int64_t d = 0; d < t.dim(); ++d) max_shape[d] = std::max(max_shape[d], t.size(d));
+    }
+    std::vector<at::Tensor> padded;
+    for (const auto& t : ts) {
+      std::vector<int64_t> pads;
+      for (int64_t d = t.dim() - 1; d >= 0; --d) {
+        pads.push_back(0);
+        pads.push_back(max_shape[d] - t.size(d));
+      }
+      padded.push_back(at::constant_pad_nd(t, pads, pad));
+    }
+    return at::stack(padded);
+  };
+  std::vector<std::vector<at::Tensor>> cases = {
+      {at::tensor(3.5), at::tensor(-1.0)},
+      {at::randint(0, 9, {4}, at::kLong), at::randint(0, 9, {7}, at::kLong),
+       at::zeros({0}, at::kLong)},
+      {at::randn({2, 3}), at::randn({4, 1}), at::randn({3, 3})},
+      {at::randn({2, 3, 4}), at::randn({1, 5, 2}), at::randn({3, 1, 4})},
+      {at::randn({2, 3}), at::randn({4, 3}).t()},  // not contiguous
+      {at::randn({3}), at::randint(0, 5, {2}, at::kLong)}};
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (const std::string key : {"ids", "paddings", "labels"}) {
+      SCOPED_TRACE(::testing::Message() << "case " << c << " key " << key);
+      std::vector<NestedMap> examples;
+      for (const auto& t : cases[c]) examples.push_back(NestedMap{{key, t}});
+      const double pad = key == "labels" ? 7.0 : key == "paddings" ? 1.0 : 0.0;
+      const NestedMap got = PadAndStack(examples, {{"labels", 7.0}});
+      const at::Tensor want = reference(cases[c], pad);
+      ASSERT_EQ(got.GetTensor(key).sizes(), want.sizes());
+      EXPECT_EQ(got.GetTensor(key).scalar_type(), want.scalar_type());
+      EXPECT_TRUE(at::equal(got.GetTensor(key), want));
+    }
+  }
+}
+
 TEST(PadAndStack, RejectsMismatchedExamples) {
   NestedMap a{{"x", at::zeros({2})}}, b{{"y", at::zeros({2})}}, c{{"x", at::zeros({2, 2})}};
   EXPECT_ERROR_CONTAINS(PadAndStack({a, b}), InvalidArgumentError,
