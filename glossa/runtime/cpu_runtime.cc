@@ -6,6 +6,7 @@
 
 #include <ATen/Parallel.h>
 #include <malloc.h>
+#include <pthread.h>
 
 #include <unistd.h>
 
@@ -38,8 +39,15 @@ namespace {
 class KernelPool {
  public:
   static KernelPool& Get() {
-    static KernelPool* pool = new KernelPool;  // never destroyed: workers may still be blocked
-    return *pool;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      current_ = new KernelPool;  // never destroyed: workers may still be blocked
+      // A forked child has none of the workers (fork copies only the calling thread), and the
+      // pool's locks may be held: it starts over with a pool of its own, one thread, so its
+      // loops run inline instead of waiting for workers that do not exist.
+      pthread_atfork(nullptr, nullptr, [] { current_ = new KernelPool; });
+    });
+    return *current_;
   }
 
   void SetThreads(int threads) {
@@ -151,9 +159,11 @@ class KernelPool {
   std::condition_variable done_cv_;
   std::exception_ptr error_;
   static thread_local bool in_loop_;
+  static KernelPool* current_;
 };
 
 thread_local bool KernelPool::in_loop_ = false;
+KernelPool* KernelPool::current_ = nullptr;
 
 // OpenBLAS's idle GEMM threads spin (yielding) for 2^28 cycles, about 0.1 s, after each GEMM
 // before they sleep. A spinning thread makes its core look busy, so the scheduler put Glossa's

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -120,6 +122,27 @@ TEST(CpuRuntime, KernelLoopsCoverEachIndexOnceAndPassErrorsOn) {
     EXPECT_EQ(sum.load(), 100);
     EXPECT_EQ(static_cast<int>(ids.size()), threads);  // each chunk on its own thread
   }
+}
+
+// A forked child (the workers are not copied) runs its loops inline instead of waiting for them.
+TEST(CpuRuntime, AForkedChildRunsKernelLoopsWithoutTheWorkers) {
+  KernelThreadsScope scope(2);
+  KernelParallelFor(0, 100, 1, [](int64_t, int64_t) {});  // the workers exist
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(20);  // a hang kills the child, and the parent sees the signal
+    int64_t sum = 0;
+    KernelParallelFor(0, 100, 1, [&](int64_t lo, int64_t hi) { sum += hi - lo; });
+    _exit(sum == 100 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::atomic<int64_t> sum{0};
+  KernelParallelFor(0, 100, 1, [&](int64_t lo, int64_t hi) { sum += hi - lo; });  // parent: still
+  EXPECT_EQ(sum.load(), 100);
 }
 
 // The kernels that run their loops on the kernel threads (the strided attention core, the
