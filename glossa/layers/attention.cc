@@ -233,12 +233,19 @@ void RowMajorGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 }
 
 // Whether the strided core can run attention on these operands.
+// float32 heads, or bf16 ones on CPUs without AMX (layers/gemm.h): the core widens them to
+// float32, runs its sgemms on them, and rounds its outputs and gradients back to bf16. Not for
+// bf16 one-step decoding (T = 1), where the cached keys would be widened every step.
 bool StridedCoreApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (sgemm_ == nullptr) return false;
+  const at::ScalarType dtype = q.scalar_type();
+  if (dtype == at::kBFloat16 && (!Bf16GemmViaFloat32() || q.dim() != 4 || q.size(1) <= 1)) {
+    return false;
+  }
   for (const at::Tensor* t : {&q, &k, &v}) {
-    // float32 only (Attend widens bf16 heads to float32 for it on CPUs without AMX).
-    if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || t->dim() != 4 ||
-        t->stride(3) != 1 || t->numel() == 0 || t->stride(1) > (int64_t{1} << 30)) {
+    if ((dtype != at::kFloat && dtype != at::kBFloat16) || t->scalar_type() != dtype ||
+        !t->device().is_cpu() || t->dim() != 4 || t->stride(3) != 1 || t->numel() == 0 ||
+        t->stride(1) > (int64_t{1} << 30)) {
       return false;
     }
   }
@@ -267,8 +274,11 @@ void ForEachHead(int64_t batch, int64_t heads, const F& f) {
 class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& q, const at::Tensor& k,
-                                                const at::Tensor& v, const at::Tensor& bias) {
+                                                const at::Tensor& q_in, const at::Tensor& k_in,
+                                                const at::Tensor& v_in, const at::Tensor& bias) {
+    const bool bf16 = q_in.scalar_type() == at::kBFloat16;
+    const at::Tensor q = bf16 ? Widen(q_in) : q_in, k = bf16 ? Widen(k_in) : k_in,
+                     v = bf16 ? Widen(v_in) : v_in;
     const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
     at::Tensor logits = at::empty({B, N, T, S}, q.options());
     const Heads hq(q), hk(k), hv(v);
@@ -293,6 +303,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                    op + b * T * N * H + n * H, N * H);
     });
     ctx->save_for_backward({q, k, v, probs});
+    ctx->saved_data["bf16"] = bf16;
+    if (bf16) return {Narrow(out, at::kBFloat16), Narrow(probs, at::kBFloat16)};
     return {out, probs};
   }
 
@@ -302,7 +314,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
     const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
     // dL/dP: through the output, plus the probs' own gradient when they were used.
-    const at::Tensor g = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(q);
+    const bool bf16 = ctx->saved_data["bf16"].toBool();
+    const at::Tensor g = grads[0].defined() ? Widen(grads[0]) : at::zeros_like(q);
     const Heads hq(q), hk(k), hv(v);
     const float* gp = g.data_ptr<float>();
     const float* pp = probs.data_ptr<float>();
@@ -312,7 +325,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
       RowMajorGemm(false, true, T, S, H, gp + b * T * N * H + n * H, N * H, hv.at(b, n), hv.row,
                    dpp + (b * N + n) * T * S, S);
     });
-    if (grads[1].defined()) dp.add_(grads[1]);
+    if (grads[1].defined()) dp.add_(bf16 ? Widen(grads[1]) : grads[1]);
     at::Tensor ds;
     if (FusedSoftmaxXentSupported()) {
       SoftmaxBackwardInPlace(dp, probs);
@@ -334,6 +347,10 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
         RowMajorGemm(true, false, S, H, T, pp + (b * N + n) * T * S, S,
                      gp + b * T * N * H + n * H, N * H, dvp + b * S * N * H + n * H, N * H);
     });
+    if (bf16) {
+      return {Narrow(dq, at::kBFloat16), Narrow(dk, at::kBFloat16), Narrow(dv, at::kBFloat16),
+              at::Tensor()};
+    }
     return {dq, dk, dv, at::Tensor()};
   }
 };
@@ -351,25 +368,10 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
     q = q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
   }
   if (!atten_dropout_active_ && StridedCoreApplies(q, k, v)) {
-    const at::Tensor bias =
-        key_mask.defined() ? MaskBias(key_mask, q.options()) : at::empty({0}, q.options());
+    const auto f32 = q.options().dtype(at::kFloat);  // the core's own dtype
+    const at::Tensor bias = key_mask.defined() ? MaskBias(key_mask, f32) : at::empty({0}, f32);
     auto out = StridedAttentionCore::apply(q, k, v, bias);
     return {post_->FProp(post_.Theta(theta), out[0]), out[1]};
-  }
-  // bf16 on CPUs without AMX (layers/gemm.h): the heads widened to float32 through the same core,
-  // whose per-head sgemms run on ATen's threads in the bf16 layout, and the output rounded back.
-  // Not for single-step decoding (T = 1), where widening the cached keys each step would dominate.
-  if (!atten_dropout_active_ && q.scalar_type() == at::kBFloat16 &&
-      k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16 && q.dim() == 4 &&
-      q.size(1) > 1 && Bf16GemmViaFloat32()) {
-    const at::Tensor qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
-    if (StridedCoreApplies(qf, kf, vf)) {
-      const at::Tensor bias =
-          key_mask.defined() ? MaskBias(key_mask, qf.options()) : at::empty({0}, qf.options());
-      auto out = StridedAttentionCore::apply(qf, kf, vf, bias);
-      return {post_->FProp(post_.Theta(theta), out[0].to(at::kBFloat16)),
-              out[1].to(at::kBFloat16)};
-    }
   }
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
   if (key_mask.defined()) {

@@ -17,6 +17,12 @@ namespace glossa {
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
+// Conversions Affine and the attention core use: `t` as contiguous float32 (bf16 widened
+// exactly), and float32 `t` in `dtype` (bf16 rounded to nearest even as ATen's .to() rounds, NaN to
+// a quiet NaN); one AVX-512 pass where the CPU has it, ATen's .to() otherwise. No autograd.
+at::Tensor Widen(const at::Tensor& t);
+at::Tensor Narrow(const at::Tensor& t, at::ScalarType dtype);
+
 // Whether Affine takes the float32 GEMM path for bf16 operands on this machine.
 bool Bf16GemmViaFloat32();
 

@@ -7,6 +7,11 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "glossa/layers/attention.h"
 #include "glossa/runtime/cpu_runtime.h"
 
 namespace glossa {
@@ -76,6 +81,85 @@ TEST(Affine, Bf16ThroughFloat32GemmsMatchesFloat64AndAtenAddmm) {
       }
     }
     at::set_num_threads(saved);
+  }
+}
+
+// The AVX-512 conversions give ATen's bits: ties to even, ±∞, subnormals, NaNs as NaNs, every
+// tail length.
+TEST(Affine, ConversionsGiveAtensBits) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0xffc12345u, 0x7f800001u, 0x00000001u, 0x80008000u, 0x3f808000u,
+                                0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x0001ffffu};
+  std::mt19937 rng(9);
+  while (bits.size() < 100003) bits.push_back(static_cast<uint32_t>(rng()));
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{40},
+                    static_cast<int64_t>(bits.size())}) {
+    at::Tensor f = at::empty({n}, at::kFloat);
+    std::memcpy(f.data_ptr(), bits.data(), n * 4);
+    const at::Tensor got = Narrow(f, at::kBFloat16), want = f.to(at::kBFloat16);
+    ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+    // Compared as bits; NaNs only as NaNs (ATen's own payloads differ between its vector loop,
+    // 0xFFFF, and its scalar tail, 0x7FC0).
+    const at::Tensor nan = at::isnan(f);
+    EXPECT_TRUE(at::equal(at::isnan(got), nan)) << n;
+    EXPECT_TRUE(at::equal(got.view(at::kShort).masked_fill(nan, 0),
+                          want.view(at::kShort).masked_fill(nan, 0)))
+        << n;
+    const at::Tensor wide = Widen(want);
+    EXPECT_TRUE(at::equal(wide.view(at::kInt), want.to(at::kFloat).view(at::kInt))) << n;
+  }
+  // Non-contiguous input: widened through a contiguous copy.
+  const at::Tensor t = at::randn({6, 5}).to(at::kBFloat16).t();
+  EXPECT_TRUE(at::equal(Widen(t), t.to(at::kFloat)));
+  EXPECT_TRUE(Widen(t).is_contiguous());
+}
+
+// bf16 self-attention (the strided core on widened heads, bf16 projections) against the same
+// layer in float32 on the same bf16 values: outputs and the gradients of inputs and weights.
+TEST(Affine, Bf16AttentionMatchesFloat32OnTheSameValues) {
+  if (!Bf16GemmViaFloat32()) GTEST_SKIP() << "this CPU keeps oneDNN's bf16 GEMMs (AMX)";
+  auto make = [](bool bf16) {
+    Params p = MultiHeadedAttention::Params();
+    p.Set("name", "atten").Set("random_seed", 5).Set("input_dim", 32).Set("num_heads", 4);
+    if (bf16) p.Set("fprop_dtype", DType::kBFloat16);
+    return InstantiateLayer<MultiHeadedAttention>(p);
+  };
+  auto l16 = make(true), l32 = make(false);
+  NestedMap th16 = l16->theta().Transform([](const NestedValue& v) -> NestedValue {
+    return v.AsTensor().detach().clone().requires_grad_(true);
+  });
+  ASSERT_EQ(th16.FlattenTensors()[0].scalar_type(), at::kBFloat16);
+  NestedMap th32 = th16.Transform([](const NestedValue& v) -> NestedValue {
+    return v.AsTensor().detach().to(at::kFloat).requires_grad_(true);
+  });
+  at::manual_seed(2);
+  at::Tensor x16 = at::randn({3, 11, 32}).to(at::kBFloat16).requires_grad_(true);
+  at::Tensor x32 = x16.detach().to(at::kFloat).requires_grad_(true);
+  at::Tensor paddings = at::zeros({3, 11});
+  paddings.select(0, 2).narrow(0, 8, 3).fill_(1.0);
+  const at::Tensor c = at::randn({3, 11, 32}, at::kDouble);
+  auto [y16, p16] = l16->FProp(th16, x16, x16, x16, paddings, /*causal=*/true);
+  auto [y32, p32] = l32->FProp(th32, x32, x32, x32, paddings, /*causal=*/true);
+  ASSERT_EQ(y16.scalar_type(), at::kBFloat16);
+  ASSERT_EQ(p16.scalar_type(), at::kBFloat16);
+  (y16.to(at::kDouble) * c).sum().backward();
+  (y32.to(at::kDouble) * c).sum().backward();
+  // bf16 rounds each intermediate (projections, probabilities, the attention output) to 8 bits.
+  EXPECT_LT(RelError(y16, y32), 3e-2);
+  EXPECT_LT(RelError(p16, p32), 3e-2);
+  EXPECT_LT(RelError(x16.grad(), x32.grad()), 3e-2);
+  const auto keys = th16.Keys();
+  const auto g16 = th16.FlattenTensors(), g32 = th32.FlattenTensors();
+  for (size_t i = 0; i < g16.size(); ++i) {
+    ASSERT_TRUE(g16[i].grad().defined()) << keys[i];
+    EXPECT_EQ(g16[i].grad().scalar_type(), at::kBFloat16);
+    const double want_max = g32[i].grad().abs().max().item<double>();
+    if (want_max < 1e-4) {
+      // The key bias: softmax ignores a shift of every logit, so its gradient is 0 up to rounding.
+      EXPECT_LT(g16[i].grad().to(at::kDouble).abs().max().item<double>(), 1e-2) << keys[i];
+      continue;
+    }
+    EXPECT_LT(RelError(g16[i].grad(), g32[i].grad()), 3e-2) << keys[i];
   }
 }
 
