@@ -10,7 +10,6 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
-#include "glossa/layers/gemm.h"
 
 namespace glossa {
 namespace {
@@ -511,7 +510,7 @@ NestedMap BaseLayer::theta() const {
               : at::normal(0.0, 1.0, v.sizes().vec(), gen, at::TensorOptions().dtype(at::kFloat));
       v = v + noise.to(v.options()) * scale;
     }
-    if (fprop_dtype_ != dtype_ && v.scalar_type() == dtype_) v = CastTo(v, fprop_dtype_);
+    if (fprop_dtype_ != dtype_ && v.scalar_type() == dtype_) v = v.to(fprop_dtype_);
     out.Put(info.name, v);
   }
   return out;
@@ -597,7 +596,7 @@ void BaseLayer::EnableAccumulators() {
 
 at::Tensor BaseLayer::CastToFPropDtype(const at::Tensor& x) const {
   if (!x.defined() || !x.is_floating_point() || x.scalar_type() == fprop_dtype_) return x;
-  return CastTo(x, fprop_dtype_);
+  return x.to(fprop_dtype_);
 }
 
 void BaseLayer::CastError(const BaseLayer& layer, const std::string& name, const char* type) {

@@ -9,7 +9,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "glossa/layers/gemm.h"
 #include "glossa/runtime/cpu_runtime.h"
 
 #include <algorithm>
@@ -372,7 +371,7 @@ SoftmaxXent FusedSoftmaxXent(const at::Tensor& logits, const at::Tensor& labels,
   const int64_t C = logits.size(-1);
   TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == C), "FusedSoftmaxXent: bias ",
               bias.sizes(), " must be [", C, "]");
-  const at::Tensor x = CastTo(logits, at::kFloat).contiguous().view({-1, C});
+  const at::Tensor x = logits.to(at::kFloat).contiguous().view({-1, C});
   const at::Tensor y = labels.to(at::kLong).contiguous().view({-1});
   // The kernel indexes rows by label: an id out of range would read outside them.
   TORCH_CHECK(y.numel() == 0 || (y.min().item<int64_t>() >= 0 && y.max().item<int64_t>() < C),

@@ -168,24 +168,6 @@ class AffineFunction : public torch::autograd::Function<AffineFunction> {
   }
 };
 
-// float32 ↔ bf16 with the gradient cast back.
-class CastFunction : public torch::autograd::Function<CastFunction> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t,
-                            int64_t dtype) {
-    ctx->saved_data["from"] = static_cast<int64_t>(t.scalar_type());
-    return dtype == static_cast<int64_t>(at::kFloat) ? Widen(t)
-                                                     : Narrow(t.contiguous(), at::kBFloat16);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto from = static_cast<at::ScalarType>(ctx->saved_data["from"].toInt());
-    at::Tensor g = grads[0];
-    if (g.defined()) g = from == at::kFloat ? Widen(g) : Narrow(g.contiguous(), at::kBFloat16);
-    return {g, at::Tensor()};
-  }
-};
-
 bool CpuHasAmx() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
@@ -206,20 +188,6 @@ bool Bf16GemmViaFloat32() {
     return !CpuHasAmx();
   }();
   return use;
-}
-
-at::Tensor CastTo(const at::Tensor& t, at::ScalarType dtype) {
-  const at::ScalarType from = t.scalar_type();
-  if (from == dtype) return t;
-  if (HasAvx512() && t.device().is_cpu() && t.numel() > 0 &&
-      ((from == at::kFloat && dtype == at::kBFloat16) ||
-       (from == at::kBFloat16 && dtype == at::kFloat))) {
-    if (!t.requires_grad() || !at::GradMode::is_enabled()) {
-      return dtype == at::kFloat ? Widen(t) : Narrow(t.contiguous(), at::kBFloat16);
-    }
-    return CastFunction::apply(t, static_cast<int64_t>(dtype));
-  }
-  return t.to(dtype);
 }
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {

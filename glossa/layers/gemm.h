@@ -23,11 +23,6 @@ at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 at::Tensor Widen(const at::Tensor& t);
 at::Tensor Narrow(const at::Tensor& t, at::ScalarType dtype);
 
-// t.to(dtype) with autograd, through Widen / Narrow for float32 ↔ bf16 on CPU tensors (the
-// same bits; the gradient converted back the same way), ATen's .to() otherwise. The layers'
-// fprop_dtype casts of variables and inputs use it.
-at::Tensor CastTo(const at::Tensor& t, at::ScalarType dtype);
-
 // Whether Affine takes the float32 GEMM path for bf16 operands on this machine.
 bool Bf16GemmViaFloat32();
 

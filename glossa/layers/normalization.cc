@@ -4,7 +4,6 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/gemm.h"
 
 namespace glossa {
 
@@ -43,9 +42,9 @@ at::Tensor LayerNorm::FProp(const NestedMap& theta, const at::Tensor& inputs) co
   // bf16/fp16 inputs are normalized in float32 (as autocast does; ATen's reduced-precision
   // kernel is also several times slower on CPU) and cast back.
   if (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) {
-    return CastTo(at::layer_norm(CastTo(x, at::kFloat), {input_dim_}, CastTo(scale, at::kFloat),
-                                 CastTo(theta.GetTensor("bias"), at::kFloat), epsilon_),
-                  x.scalar_type());
+    return at::layer_norm(x.to(at::kFloat), {input_dim_}, scale.to(at::kFloat),
+                          theta.GetTensor("bias").to(at::kFloat), epsilon_)
+        .to(x.scalar_type());
   }
   return at::layer_norm(x, {input_dim_}, scale, theta.GetTensor("bias"), epsilon_);
 }
