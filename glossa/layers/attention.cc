@@ -216,28 +216,12 @@ at::Tensor MaskBias(const at::Tensor& key_mask, const at::TensorOptions& options
 // and the backward (dP = dO·vᵀ, dS = softmax'(dP), dq = dS·k, dk = dSᵀ·q, dv = Pᵀ·dO) reads and
 // writes the same layouts.
 
-extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
-                       const int* k, const float* alpha, const float* a, const int* lda,
-                       const float* b, const int* ldb, const float* beta, float* c,
-                       const int* ldc) __attribute__((weak));
-
-// Row-major C [M, N] = op(A) [M, K] · op(B) [K, N] (beta 0), with row strides lda, ldb, ldc.
-void RowMajorGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                  int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
-  // Column-major Cᵀ = op(B)ᵀ · op(A)ᵀ.
-  const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
-  const int LDA = static_cast<int>(ldb), LDB = static_cast<int>(lda), LDC = static_cast<int>(ldc);
-  const float one = 1.0f, zero = 0.0f;
-  const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
-  sgemm_(&ta, &tb, &M, &N, &K, &one, b, &LDA, a, &LDB, &zero, c, &LDC);
-}
-
 // Whether the strided core can run attention on these operands.
 // float32 heads, or bf16 ones on CPUs without AMX (layers/gemm.h): the core widens them to
 // float32, runs its sgemms on them, and rounds its outputs and gradients back to bf16. Not for
 // bf16 one-step decoding (T = 1), where the cached keys would be widened every step.
 bool StridedCoreApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (sgemm_ == nullptr) return false;
+  if (!HasSgemm()) return false;
   const at::ScalarType dtype = q.scalar_type();
   if (dtype == at::kBFloat16 && (!Bf16GemmViaFloat32() || q.dim() != 4 || q.size(1) <= 1)) {
     return false;
@@ -284,8 +268,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const Heads hq(q), hk(k), hv(v);
     float* lp = logits.data_ptr<float>();
     ForEachHead(B, N, [&](int64_t b, int64_t n) {
-      RowMajorGemm(false, true, T, S, H, hq.at(b, n), hq.row, hk.at(b, n), hk.row,
-                   lp + (b * N + n) * T * S, S);
+      RowMajorSgemm(false, true, T, S, H, hq.at(b, n), hq.row, hk.at(b, n), hk.row, 0.0f,
+                    lp + (b * N + n) * T * S, S);
     });
     at::Tensor probs;
     if (FusedSoftmaxXentSupported()) {
@@ -299,8 +283,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const float* pp = probs.data_ptr<float>();
     float* op = out.data_ptr<float>();
     ForEachHead(B, N, [&](int64_t b, int64_t n) {
-      RowMajorGemm(false, false, T, H, S, pp + (b * N + n) * T * S, S, hv.at(b, n), hv.row,
-                   op + b * T * N * H + n * H, N * H);
+      RowMajorSgemm(false, false, T, H, S, pp + (b * N + n) * T * S, S, hv.at(b, n), hv.row, 0.0f,
+                    op + b * T * N * H + n * H, N * H);
     });
     ctx->save_for_backward({q, k, v, probs});
     ctx->saved_data["bf16"] = bf16;
@@ -322,8 +306,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor dp = at::empty({B, N, T, S}, q.options());
     float* dpp = dp.data_ptr<float>();
     ForEachHead(B, N, [&](int64_t b, int64_t n) {
-      RowMajorGemm(false, true, T, S, H, gp + b * T * N * H + n * H, N * H, hv.at(b, n), hv.row,
-                   dpp + (b * N + n) * T * S, S);
+      RowMajorSgemm(false, true, T, S, H, gp + b * T * N * H + n * H, N * H, hv.at(b, n), hv.row,
+                    0.0f, dpp + (b * N + n) * T * S, S);
     });
     if (grads[1].defined()) dp.add_(bf16 ? Widen(grads[1]) : grads[1]);
     at::Tensor ds;
@@ -339,13 +323,13 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor dv = at::empty({B, S, N, H}, q.options());
     float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
     ForEachHead(B, N, [&](int64_t b, int64_t n) {
-        const float* ds_bn = dsp + (b * N + n) * T * S;
-        RowMajorGemm(false, false, T, H, S, ds_bn, S, hk.at(b, n), hk.row,
-                     dqp + b * T * N * H + n * H, N * H);
-        RowMajorGemm(true, false, S, H, T, ds_bn, S, hq.at(b, n), hq.row,
-                     dkp + b * S * N * H + n * H, N * H);
-        RowMajorGemm(true, false, S, H, T, pp + (b * N + n) * T * S, S,
-                     gp + b * T * N * H + n * H, N * H, dvp + b * S * N * H + n * H, N * H);
+      const float* ds_bn = dsp + (b * N + n) * T * S;
+      RowMajorSgemm(false, false, T, H, S, ds_bn, S, hk.at(b, n), hk.row, 0.0f,
+                    dqp + b * T * N * H + n * H, N * H);
+      RowMajorSgemm(true, false, S, H, T, ds_bn, S, hq.at(b, n), hq.row, 0.0f,
+                    dkp + b * S * N * H + n * H, N * H);
+      RowMajorSgemm(true, false, S, H, T, pp + (b * N + n) * T * S, S, gp + b * T * N * H + n * H,
+                    N * H, 0.0f, dvp + b * S * N * H + n * H, N * H);
     });
     if (bf16) {
       return {Narrow(dq, at::kBFloat16), Narrow(dk, at::kBFloat16), Narrow(dv, at::kBFloat16),

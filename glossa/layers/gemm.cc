@@ -23,9 +23,11 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
                        const float* b, const int* ldb, const float* beta, float* c,
                        const int* ldc) __attribute__((weak));
 
-// Row-major C [m, n] (+)= op(A) · op(B), row strides lda, ldb, ldc; beta 1 accumulates into C.
+}  // namespace
+
 void RowMajorSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  // Column-major Cᵀ = op(B)ᵀ · op(A)ᵀ.
   const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
   const int LDA = static_cast<int>(ldb), LDB = static_cast<int>(lda), LDC = static_cast<int>(ldc);
   const float one = 1.0f;
@@ -33,9 +35,13 @@ void RowMajorSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   sgemm_(&ta, &tb, &M, &N, &K, &one, b, &LDA, a, &LDB, &beta, c, &LDC);
 }
 
+bool HasSgemm() { return sgemm_ != nullptr; }
+
+namespace {
+
 // C [m, n] = op(A)·op(B) (+ C when accumulate) for float32 contiguous operands, split over ATen's
-// threads (KernelParallelFor) along C's rows (tall outputs) or columns (wide ones); each part is one single-threaded
-// sgemm (the bf16 layout gives OpenBLAS one thread; glossa/runtime/cpu_runtime.h).
+// threads (KernelParallelFor) along C's rows (tall outputs) or columns (wide ones); each part is
+// one single-threaded sgemm (the bf16 layout gives OpenBLAS one thread; runtime/cpu_runtime.h).
 void ParallelSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                    const at::Tensor& a, const at::Tensor& b, bool accumulate, at::Tensor& c) {
   const float* ap = a.data_ptr<float>();
@@ -181,7 +187,7 @@ bool CpuHasAmx() {
 
 bool Bf16GemmViaFloat32() {
   static const bool use = [] {
-    if (sgemm_ == nullptr) return false;
+    if (!HasSgemm()) return false;
     if (const char* env = std::getenv("GLOSSA_BF16_GEMM"); env != nullptr) {
       return std::strcmp(env, "onednn") != 0;
     }

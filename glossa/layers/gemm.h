@@ -13,9 +13,18 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 namespace glossa {
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+
+// Row-major C [m, n] = op(A) [m, k] · op(B) [k, n] (+ C when beta is 1) through BLAS sgemm,
+// with row strides lda, ldb, ldc (operands may be strided views). Needs HasSgemm().
+void RowMajorSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// Whether a BLAS sgemm is linked (OpenBLAS).
+bool HasSgemm();
 
 // Conversions Affine and the attention core use: `t` as contiguous float32 (bf16 widened
 // exactly), and float32 `t` in `dtype` (bf16 rounded to nearest even as ATen's .to() rounds, NaN to

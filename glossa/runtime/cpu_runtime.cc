@@ -64,7 +64,8 @@ class KernelPool {
 
   // Runs f over [begin, end) on the caller and up to threads() - 1 workers; false (nothing run)
   // when the pool is busy with another thread's loop or there is a single chunk.
-  bool Run(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
+  bool Run(int64_t begin, int64_t end, int64_t grain,
+           const std::function<void(int64_t, int64_t)>& f) {
     if (in_loop_) return false;
     const int64_t n = end - begin;
     grain = std::max<int64_t>(grain, 1);
@@ -191,7 +192,9 @@ void ShortenBlasSpin() {
 
 }  // namespace
 
-int BlasThreadTimeout() { return openblas_thread_timeout != nullptr ? openblas_thread_timeout() : 0; }
+int BlasThreadTimeout() {
+  return openblas_thread_timeout != nullptr ? openblas_thread_timeout() : 0;
+}
 
 void SetKernelThreads(int threads) { KernelPool::Get().SetThreads(threads); }
 int KernelThreads() { return KernelPool::Get().threads(); }
@@ -241,7 +244,8 @@ CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute) {
   // as OpenBLAS has cores.
   // GLOSSA_KERNEL_THREADS sets them (1: Glossa's kernels run on the calling thread alone).
   int kernel_threads = layout.aten_threads == 1 ? std::max(1, layout.blas_threads) : 1;
-  if (const char* env = std::getenv("GLOSSA_KERNEL_THREADS"); env != nullptr && std::atoi(env) > 0) {
+  const char* env = std::getenv("GLOSSA_KERNEL_THREADS");
+  if (env != nullptr && std::atoi(env) > 0) {
     kernel_threads = std::atoi(env);
   }
   SetKernelThreads(kernel_threads);
