@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
 
 extern "C" {
 void openblas_set_num_threads(int) __attribute__((weak));
@@ -244,9 +248,15 @@ CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute) {
   // as OpenBLAS has cores.
   // GLOSSA_KERNEL_THREADS sets them (1: Glossa's kernels run on the calling thread alone).
   int kernel_threads = layout.aten_threads == 1 ? std::max(1, layout.blas_threads) : 1;
-  const char* env = std::getenv("GLOSSA_KERNEL_THREADS");
-  if (env != nullptr && std::atoi(env) > 0) {
-    kernel_threads = std::atoi(env);
+  if (const char* env = std::getenv("GLOSSA_KERNEL_THREADS"); env != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || errno != 0 || n < 1 || n > 1024) {
+      throw InvalidArgumentError(StrCat("GLOSSA_KERNEL_THREADS must be an integer from 1 to 1024, got '",
+                                        env, "'"));
+    }
+    kernel_threads = static_cast<int>(n);
   }
   SetKernelThreads(kernel_threads);
   if (kernel_threads > 1 && layout.blas_threads > 1) ShortenBlasSpin();

@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <mutex>
 #include <set>
+#include <string>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "glossa/base/errors.h"
 #include "glossa/layers/attention.h"
 #include "glossa/layers/fused_xent.h"
 #include "glossa/optim/optimizer.h"
@@ -64,6 +66,25 @@ TEST(CpuRuntime, ThreadLayoutPerComputeDtype) {
   EXPECT_EQ(KernelThreads(), 1);
   at::set_num_threads(saved);
   SetKernelThreads(1);
+}
+
+TEST(CpuRuntime, BadKernelThreadsAreAnError) {
+  const int saved = at::get_num_threads();
+  for (const char* bad : {"", "abc", "0", "-2", "2x", "100000", "99999999999999999999"}) {
+    setenv("GLOSSA_KERNEL_THREADS", bad, 1);
+    try {
+      ConfigureCpuRuntime(0, false);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("GLOSSA_KERNEL_THREADS"), std::string::npos) << e.what();
+    }
+  }
+  setenv("GLOSSA_KERNEL_THREADS", "3", 1);
+  ConfigureCpuRuntime(0, false);
+  EXPECT_EQ(KernelThreads(), 3);
+  unsetenv("GLOSSA_KERNEL_THREADS");
+  SetKernelThreads(1);
+  at::set_num_threads(saved);
 }
 
 // Sets ATen to one thread and Glossa's kernel threads to n for a scope.
