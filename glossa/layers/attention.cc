@@ -288,6 +288,9 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     });
     ctx->save_for_backward({q, k, v, probs});
     ctx->saved_data["bf16"] = bf16;
+    // An unused output (the probs, mostly) gets no gradient rather than a materialized zero
+    // tensor [B, N, T, S] that backward would then add.
+    ctx->set_materialize_grads(false);
     if (bf16) return {Narrow(out, at::kBFloat16), Narrow(probs, at::kBFloat16)};
     return {out, probs};
   }
@@ -299,7 +302,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
     // dL/dP: through the output, plus the probs' own gradient when they were used.
     const bool bf16 = ctx->saved_data["bf16"].toBool();
-    const at::Tensor g = grads[0].defined() ? Widen(grads[0]) : at::zeros_like(q);
+    const at::Tensor g = grads[0].defined() ? Widen(grads[0]) : at::zeros({B, T, N, H}, q.options());
     const Heads hq(q), hk(k), hv(v);
     const float* gp = g.data_ptr<float>();
     const float* pp = probs.data_ptr<float>();

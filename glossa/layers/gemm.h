@@ -8,7 +8,13 @@
 // float32 and both accumulate in float32; only the order of the sums differs. The backward pass
 // (dx = g·wᵀ, dw = xᵀ·g, db = Σ g) runs the same way. GLOSSA_BF16_GEMM=onednn keeps ATen's.
 //
+// Float32 stays with ATen's addmm on OpenBLAS's threads; its backward runs the gradient GEMMs
+// side by side on the two kernel threads of a 2-core fp32 layout (gemm.cc: Fp32AffineFunction),
+// with ATen's calls and bits. `relu` applies max(0, ·) to the result in place, on the kernel
+// threads, and its backward masks the gradient in one pass (ATen's relu and threshold_backward).
+//
 //   at::Tensor y = Affine(x2d, w, b);  // x [M, K], w [K, N], b [N] or undefined
+//   at::Tensor h = Affine(x2d, w, b, /*relu=*/true);
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,7 +23,8 @@
 
 namespace glossa {
 
-at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                  bool relu = false);
 
 // Row-major C [m, n] = op(A) [m, k] · op(B) [k, n] (+ C when beta is 1) through BLAS sgemm,
 // with row strides lda, ldb, ldc (operands may be strided views). Needs HasSgemm().

@@ -80,12 +80,15 @@ at::Tensor ProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
   if (has_bias_ && x.dim() >= 2) {  // x·w + b as one GEMM with the bias fused in
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(1);
-    y = Affine(x.reshape({-1, input_dim_}), w, theta.GetTensor("b")).view(shape);
+    // A ReLU goes into the same call: applied in place, its backward in one pass.
+    const bool relu = activation_ == "RELU";
+    y = Affine(x.reshape({-1, input_dim_}), w, theta.GetTensor("b"), relu).view(shape);
+    if (!relu) y = Activate(activation_, y);
   } else {
     y = at::matmul(x, w);
     if (has_bias_) y = y + theta.GetTensor("b");
+    y = Activate(activation_, y);
   }
-  y = Activate(activation_, y);
   return ApplyPaddings(y, paddings);
 }
 

@@ -163,6 +163,80 @@ TEST(Affine, Bf16AttentionMatchesFloat32OnTheSameValues) {
   }
 }
 
+// Float32 Affine is ATen's addmm (and relu) bit for bit, forward and gradients, whether its
+// backward GEMMs run side by side on two kernel threads or one after the other on OpenBLAS's:
+// tiny-LM shapes and odd ones, with and without bias and ReLU, a transposed weight (the output
+// projection's), a column-major input, an input without a gradient.
+TEST(Affine, Float32IsAtensAddmmAndReluBitForBit) {
+  const int saved_aten = at::get_num_threads(), saved_kernel = KernelThreads();
+  ConfigureCpuRuntime(0, /*bf16_compute=*/false);
+  for (int kernel_threads : {1, 2}) {
+    SetKernelThreads(kernel_threads);
+    for (auto [m, k, n] : {std::make_tuple(2048, 128, 512), std::make_tuple(2048, 512, 128),
+                           std::make_tuple(64, 24, 40), std::make_tuple(5, 16, 300),
+                           std::make_tuple(1, 3, 1), std::make_tuple(300, 7, 2)}) {
+      for (int variant = 0; variant < 16; ++variant) {
+        const bool bias = variant & 1, relu = variant & 2, w_t = variant & 4, x_t = variant & 8;
+        // The large shapes in four of the layouts (each takes a while).
+        if (m * k * n > 1000000 && variant != 0 && variant != 3 && variant != 7 && variant != 15) {
+          continue;
+        }
+        SCOPED_TRACE(testing::Message() << "kernel threads " << kernel_threads << " m,k,n " << m
+                                        << "," << k << "," << n << " bias " << bias << " relu "
+                                        << relu << " wᵀ " << w_t << " xᵀ " << x_t);
+        at::manual_seed(m + 3 * n + variant);
+        const at::Tensor x0 = at::randn({m, k}), w0 = at::randn({k, n}), b0 = at::randn({n});
+        const at::Tensor g = at::randn({m, n});
+        auto run = [&](bool affine, bool x_grad) {
+          at::Tensor xs = (x_t ? x0.t().contiguous() : x0).clone().requires_grad_(x_grad);
+          at::Tensor ws = (w_t ? w0.t().contiguous() : w0).clone().requires_grad_(true);
+          at::Tensor b = bias ? b0.clone().requires_grad_(true) : at::Tensor();
+          const at::Tensor x = x_t ? xs.t() : xs, w = w_t ? ws.t() : ws;
+          at::Tensor y;
+          if (affine) {
+            y = Affine(x, w, b, relu);
+          } else {
+            y = bias ? at::addmm(b, x, w) : at::mm(x, w);
+            if (relu) y = at::relu(y);
+          }
+          (y * g).sum().backward();
+          return std::vector<at::Tensor>{y.detach(), x_grad ? xs.grad() : at::zeros({1}),
+                                         ws.grad(), bias ? b.grad() : at::zeros({1})};
+        };
+        for (bool x_grad : {true, false}) {
+          const auto got = run(true, x_grad), want = run(false, x_grad);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_TRUE(got[i].defined()) << i;
+            EXPECT_TRUE(at::equal(got[i], want[i])) << "output " << i << " x_grad " << x_grad;
+          }
+        }
+      }
+    }
+  }
+  SetKernelThreads(saved_kernel);
+  at::set_num_threads(saved_aten);
+}
+
+// bf16 Affine with the ReLU fused gives relu(Affine(·)) bit for bit, with its gradients.
+TEST(Affine, Bf16ReluIsReluOfTheProduct) {
+  if (!Bf16GemmViaFloat32()) GTEST_SKIP() << "this CPU keeps oneDNN's bf16 GEMMs (AMX)";
+  at::manual_seed(4);
+  const at::Tensor x0 = at::randn({70, 24}).to(at::kBFloat16),
+                   w0 = at::randn({24, 130}).to(at::kBFloat16),
+                   b0 = at::randn({130}).to(at::kBFloat16);
+  const at::Tensor g = at::randn({70, 130});
+  auto run = [&](bool fused) {
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+               b = b0.clone().requires_grad_(true);
+    at::Tensor y = fused ? Affine(x, w, b, /*relu=*/true) : at::relu(Affine(x, w, b));
+    (y.to(at::kFloat) * g).sum().backward();
+    return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad(), b.grad()};
+  };
+  const auto got = run(true), want = run(false);
+  EXPECT_GT((got[0] == 0).sum().item<int64_t>(), 0);  // the ReLU clipped something
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << i;
+}
+
 TEST(Affine, OtherDtypesAreAtensOwn) {
   at::manual_seed(3);
   for (auto dtype : {at::kFloat, at::kDouble}) {
