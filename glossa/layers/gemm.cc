@@ -182,12 +182,15 @@ at::Tensor ReluGrad(const at::Tensor& g_in, const at::Tensor& y) {
 
 // Float32 x·w + b (optionally through a ReLU): the forward is ATen's addmm (OpenBLAS's threads),
 // the ReLU in place on it. The backward computes what AddmmBackward0 (and ReluBackward0) compute,
-// with the same ATen calls (so the same bits), but the two GEMMs, dx = g·wᵀ and dw = xᵀ·g, and
-// the bias's column sums run side by side on two kernel threads, each GEMM single-threaded:
-// OpenBLAS splits a GEMM's output, not its sums, so its bits do not depend on its threads. On
-// the tiny LM's shapes (K = 128) this is 5-11% faster than the two GEMMs one after the other on
-// both cores, whose threads synchronize twice per GEMM. With other than two kernel threads the
-// GEMMs run one after the other on OpenBLAS's threads.
+// with the same ATen calls, but with two kernel threads the two GEMMs, dx = g·wᵀ and dw = xᵀ·g,
+// and the bias's column sums run side by side, each GEMM single-threaded. On the tiny LM's shapes
+// (K = 128) that is 5-11% faster than the two GEMMs one after the other on both cores, whose
+// threads synchronize twice per GEMM. The bits are those of ATen's backward with one OpenBLAS
+// thread. Against two, they can differ in the last bits where the inner dimension is long enough
+// for OpenBLAS to split it into blocks: its threaded and single-threaded drivers halve a long
+// remainder differently (the tiny LM's logits, inner dimension 2,000; a 1-core machine already
+// computed these bits). With other than two kernel threads the GEMMs run one after the other on
+// OpenBLAS's threads, as ATen's do.
 class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,

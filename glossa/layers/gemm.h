@@ -10,7 +10,7 @@
 //
 // Float32 stays with ATen's addmm on OpenBLAS's threads; its backward runs the gradient GEMMs
 // side by side on the two kernel threads of a 2-core fp32 layout (gemm.cc: Fp32AffineFunction),
-// with ATen's calls and bits. `relu` applies max(0, ·) to the result in place, on the kernel
+// each single-threaded, with ATen's calls (and the bits ATen gives with one OpenBLAS thread). `relu` applies max(0, ·) to the result in place, on the kernel
 // threads, and its backward masks the gradient in one pass (ATen's relu and threshold_backward).
 //
 //   at::Tensor y = Affine(x2d, w, b);  // x [M, K], w [K, N], b [N] or undefined

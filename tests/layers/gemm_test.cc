@@ -17,6 +17,13 @@
 namespace glossa {
 namespace {
 
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
+// OpenBLAS's threads for a comparison (nothing without OpenBLAS: Affine is then ATen's own).
+void SetBlasThreadsForTest(int threads) {
+  if (openblas_set_num_threads != nullptr && threads > 0) openblas_set_num_threads(threads);
+}
+
 struct Result {
   at::Tensor y, dx, dw, db;
 };
@@ -163,31 +170,35 @@ TEST(Affine, Bf16AttentionMatchesFloat32OnTheSameValues) {
   }
 }
 
-// Float32 Affine is ATen's addmm (and relu) bit for bit, forward and gradients, whether its
-// backward GEMMs run side by side on two kernel threads or one after the other on OpenBLAS's:
-// tiny-LM shapes and odd ones, with and without bias and ReLU, a transposed weight (the output
-// projection's), a column-major input, an input without a gradient.
-TEST(Affine, Float32IsAtensAddmmAndReluBitForBit) {
+// Float32 Affine is ATen's addmm (and relu), forward and gradients: bit for bit with the GEMMs
+// on the same threads. With one kernel thread its backward GEMMs run on OpenBLAS's threads as
+// ATen's do. With two they run side by side, each single-threaded: bit for bit what ATen computes
+// with one OpenBLAS thread, and within float32 rounding of what it computes with two (OpenBLAS's
+// threaded driver splits a long inner dimension into other blocks than its single-threaded one:
+// the logits' input gradient, inner dimension 2,000, differs in the last bits). Tiny-LM shapes
+// and odd ones, with and without bias and ReLU, a transposed weight (the output projection's), a
+// column-major input, an input without a gradient.
+TEST(Affine, Float32IsAtensAddmmAndRelu) {
   const int saved_aten = at::get_num_threads(), saved_kernel = KernelThreads();
-  ConfigureCpuRuntime(0, /*bf16_compute=*/false);
+  const CpuRuntimeLayout layout = ConfigureCpuRuntime(0, /*bf16_compute=*/false);
   for (int kernel_threads : {1, 2}) {
     SetKernelThreads(kernel_threads);
     for (auto [m, k, n] : {std::make_tuple(2048, 128, 512), std::make_tuple(2048, 512, 128),
-                           std::make_tuple(64, 24, 40), std::make_tuple(5, 16, 300),
-                           std::make_tuple(1, 3, 1), std::make_tuple(300, 7, 2)}) {
+                           std::make_tuple(2048, 128, 2000), std::make_tuple(64, 24, 40),
+                           std::make_tuple(5, 16, 300), std::make_tuple(1, 3, 1),
+                           std::make_tuple(300, 7, 2)}) {
       for (int variant = 0; variant < 16; ++variant) {
         const bool bias = variant & 1, relu = variant & 2, w_t = variant & 4, x_t = variant & 8;
-        // The large shapes in four of the layouts (each takes a while).
-        if (m * k * n > 1000000 && variant != 0 && variant != 3 && variant != 7 && variant != 15) {
-          continue;
-        }
+        // The large shapes in three of the layouts (each takes a while).
+        if (m * k * n > 1000000 && variant != 0 && variant != 7 && variant != 11) continue;
         SCOPED_TRACE(testing::Message() << "kernel threads " << kernel_threads << " m,k,n " << m
                                         << "," << k << "," << n << " bias " << bias << " relu "
                                         << relu << " wᵀ " << w_t << " xᵀ " << x_t);
         at::manual_seed(m + 3 * n + variant);
         const at::Tensor x0 = at::randn({m, k}), w0 = at::randn({k, n}), b0 = at::randn({n});
         const at::Tensor g = at::randn({m, n});
-        auto run = [&](bool affine, bool x_grad) {
+        // ATen's composition, its backward with `backward_blas` OpenBLAS threads (0: as set).
+        auto run = [&](bool affine, bool x_grad, int backward_blas) {
           at::Tensor xs = (x_t ? x0.t().contiguous() : x0).clone().requires_grad_(x_grad);
           at::Tensor ws = (w_t ? w0.t().contiguous() : w0).clone().requires_grad_(true);
           at::Tensor b = bias ? b0.clone().requires_grad_(true) : at::Tensor();
@@ -199,15 +210,22 @@ TEST(Affine, Float32IsAtensAddmmAndReluBitForBit) {
             y = bias ? at::addmm(b, x, w) : at::mm(x, w);
             if (relu) y = at::relu(y);
           }
+          if (backward_blas > 0) SetBlasThreadsForTest(backward_blas);
           (y * g).sum().backward();
+          if (backward_blas > 0) SetBlasThreadsForTest(layout.blas_threads);
           return std::vector<at::Tensor>{y.detach(), x_grad ? xs.grad() : at::zeros({1}),
                                          ws.grad(), bias ? b.grad() : at::zeros({1})};
         };
+        const bool side_by_side = kernel_threads == 2 && layout.blas_threads > 0;
         for (bool x_grad : {true, false}) {
-          const auto got = run(true, x_grad), want = run(false, x_grad);
+          const auto got = run(true, x_grad, 0);
+          const auto same_threads = run(false, x_grad, side_by_side ? 1 : 0);
+          const auto aten = run(false, x_grad, 0);
           for (size_t i = 0; i < got.size(); ++i) {
             ASSERT_TRUE(got[i].defined()) << i;
-            EXPECT_TRUE(at::equal(got[i], want[i])) << "output " << i << " x_grad " << x_grad;
+            EXPECT_TRUE(at::equal(got[i], same_threads[i]))
+                << "output " << i << " x_grad " << x_grad;
+            EXPECT_LT(RelError(got[i], aten[i]), 1e-6) << "output " << i << " x_grad " << x_grad;
           }
         }
       }
