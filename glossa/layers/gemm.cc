@@ -180,24 +180,54 @@ at::Tensor ReluGrad(const at::Tensor& g_in, const at::Tensor& y) {
   return out;
 }
 
-// Float32 x·w + b (optionally through a ReLU): the forward is ATen's addmm (OpenBLAS's threads),
-// the ReLU in place on it. The backward computes what AddmmBackward0 (and ReluBackward0) compute,
-// with the same ATen calls, but with two kernel threads the two GEMMs, dx = g·wᵀ and dw = xᵀ·g,
-// and the bias's column sums run side by side, each GEMM single-threaded. On the tiny LM's shapes
-// (K = 128) that is 5-11% faster than the two GEMMs one after the other on both cores, whose
-// threads synchronize twice per GEMM. The bits are those of ATen's backward with one OpenBLAS
-// thread. Against two, they can differ in the last bits where the inner dimension is long enough
-// for OpenBLAS to split it into blocks: its threaded and single-threaded drivers halve a long
-// remainder differently (the tiny LM's logits, inner dimension 2,000; a 1-core machine already
-// computed these bits). With other than two kernel threads the GEMMs run one after the other on
-// OpenBLAS's threads, as ATen's do.
+// Float32 x·w + b (optionally through a ReLU), as ATen's addmm (and relu) with the same ATen
+// calls. With two kernel threads (the fp32 layout of a 2-core machine) the large GEMMs run
+// single-threaded on them: the forward as two row halves, and the backward's two GEMMs, dx = g·wᵀ
+// and dw = xᵀ·g (with the bias's column sums), side by side. On the tiny LM's shapes that is
+// 5-15% faster than one GEMM at a time on both cores, whose OpenBLAS threads synchronize twice
+// per GEMM. The bits are those of ATen with one OpenBLAS thread (a 1-core machine's): OpenBLAS
+// splits a GEMM's output among its threads, not its sums, except that its threaded driver halves
+// a long inner dimension's remainder differently, so where that dimension is over its block size
+// (the tiny LM's logits: 2,000) the last bits differ from ATen on two OpenBLAS threads. The ReLU
+// runs in place on the kernel threads, and its backward masks the gradient in one pass. With
+// other than two kernel threads the GEMMs run one at a time on OpenBLAS's threads, as ATen's do.
+// GEMMs of at least this many multiply-adds run as two row halves on two kernel threads. Smaller
+// ones gain nothing, and OpenBLAS's small-matrix kernels (under 100³) sum a half's rows in another
+// order than the whole's; OpenBLAS itself runs those under 2^18 on one thread.
+constexpr double kSplitMacs = 4194304.0;
+
+bool SplitGemms() { return KernelThreads() == 2 && !at::GradMode::is_enabled(); }
+
+// a·b (+ bias), ATen's mm or addmm; with two kernel threads and a large product, as two row halves,
+// one single-threaded GEMM each.
+at::Tensor Mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = {}) {
+  const int64_t M = a.size(0);
+  if (!SplitGemms() || static_cast<double>(M) * a.size(1) * b.size(1) < kSplitMacs) {
+    return bias.defined() ? at::addmm(bias, a, b) : at::mm(a, b);
+  }
+  at::Tensor out = at::empty({M, b.size(1)}, a.options());
+  KernelParallelFor(0, 2, 1, [&](int64_t lo, int64_t hi) {
+    at::NoGradGuard no_grad;  // as on the calling thread (grad mode is per thread)
+    for (int64_t i = lo; i < hi; ++i) {
+      at::Tensor rows = out.slice(0, M * i / 2, M * (i + 1) / 2);
+      const at::Tensor ai = a.slice(0, M * i / 2, M * (i + 1) / 2);
+      if (bias.defined()) {
+        at::addmm_out(rows, bias, ai, b);
+      } else {
+        at::mm_out(rows, ai, b);
+      }
+    }
+  });
+  return out;
+}
+
 class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& x, const at::Tensor& w,
                                                 const at::Tensor& b, bool relu) {
     const bool has_bias = b.numel() > 0;
-    at::Tensor out = has_bias ? at::addmm(b, x, w) : at::mm(x, w);
+    at::Tensor out = Mm(x, w, has_bias ? b : at::Tensor());
     if (relu) ReluInPlace(out);
     ctx->save_for_backward({x, w, relu ? out : at::Tensor()});
     ctx->saved_data["has_bias"] = has_bias;
@@ -214,27 +244,31 @@ class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> 
     at::Tensor dx, dw, db;
     const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1),
                want_b = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
-    // As AddmmBackward0: a column-major operand gets its gradient column-major.
-    auto grad_x = [&] {
-      return x.stride(0) == 1 && x.stride(1) == x.size(0) ? w.mm(g.t()).t() : g.mm(w.t());
+    // As AddmmBackward0: a column-major operand gets its gradient column-major. `mm`: at::mm, or
+    // Mm for a GEMM that has the kernel threads to itself.
+    auto grad_x = [&](auto mm) {
+      return x.stride(0) == 1 && x.stride(1) == x.size(0) ? mm(w, g.t()).t() : mm(g, w.t());
     };
-    auto grad_w = [&] {
-      return w.stride(0) == 1 && w.stride(1) == w.size(0) ? g.t().mm(x).t() : x.t().mm(g);
+    auto grad_w = [&](auto mm) {
+      return w.stride(0) == 1 && w.stride(1) == w.size(0) ? mm(g.t(), x).t() : mm(x.t(), g);
     };
-    if (KernelThreads() == 2 && want_x && want_w) {
+    auto aten_mm = [](const at::Tensor& a, const at::Tensor& b) { return at::mm(a, b); };
+    auto split_mm = [](const at::Tensor& a, const at::Tensor& b) { return Mm(a, b); };
+    if (SplitGemms() && want_x && want_w) {
+      // Side by side, each single-threaded.
       KernelParallelFor(0, 2, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           if (i == 0) {
-            dx = grad_x();
+            dx = grad_x(aten_mm);
             if (want_b) db = g.sum(0);
           } else {
-            dw = grad_w();
+            dw = grad_w(aten_mm);
           }
         }
       });
     } else {
-      if (want_x) dx = grad_x();
-      if (want_w) dw = grad_w();
+      if (want_x) dx = grad_x(split_mm);
+      if (want_w) dw = grad_w(split_mm);
       if (want_b) db = g.sum(0);
     }
     return {dx, dw, db, at::Tensor()};

@@ -8,9 +8,9 @@
 // float32 and both accumulate in float32; only the order of the sums differs. The backward pass
 // (dx = g·wᵀ, dw = xᵀ·g, db = Σ g) runs the same way. GLOSSA_BF16_GEMM=onednn keeps ATen's.
 //
-// Float32 stays with ATen's addmm on OpenBLAS's threads; its backward runs the gradient GEMMs
-// side by side on the two kernel threads of a 2-core fp32 layout (gemm.cc: Fp32AffineFunction),
-// each single-threaded, with ATen's calls (and the bits ATen gives with one OpenBLAS thread). `relu` applies max(0, ·) to the result in place, on the kernel
+// Float32 is ATen's addmm, with ATen's calls; on the two kernel threads of a 2-core fp32 layout
+// its GEMMs run single-threaded side by side (the forward as two row halves, the backward's dx and
+// dw at once; gemm.cc: Fp32AffineFunction), with the bits ATen gives with one OpenBLAS thread. `relu` applies max(0, ·) to the result in place, on the kernel
 // threads, and its backward masks the gradient in one pass (ATen's relu and threshold_backward).
 //
 //   at::Tensor y = Affine(x2d, w, b);  // x [M, K], w [K, N], b [N] or undefined
