@@ -185,8 +185,8 @@ TEST(Affine, Float32IsAtensAddmmAndRelu) {
   const CpuRuntimeLayout layout = ConfigureCpuRuntime(0, /*bf16_compute=*/false);
   for (int kernel_threads : {1, 2}) {
     SetKernelThreads(kernel_threads);
-    for (auto [m, k, n] : {std::make_tuple(2048, 128, 512), std::make_tuple(2048, 512, 128),
-                           std::make_tuple(2048, 128, 2000), std::make_tuple(64, 24, 40),
+    for (auto [m, k, n] : {std::make_tuple(1024, 128, 512), std::make_tuple(1024, 512, 128),
+                           std::make_tuple(1024, 128, 2000), std::make_tuple(64, 24, 40),
                            std::make_tuple(5, 16, 300), std::make_tuple(1001, 64, 100),
                            std::make_tuple(1, 3, 1),
                            std::make_tuple(300, 7, 2)}) {
