@@ -96,6 +96,24 @@ __attribute__((target("avx512f"))) void RoundRange(const float* src, uint16_t* d
   }
 }
 
+// dst ← src rounded to bf16 precision, kept as float32: the bits RoundRange gives, widened back
+// (what .to(kBFloat16).to(kFloat) gives, NaN as the quiet NaN 0x7FC00000).
+__attribute__((target("avx512f"))) void RoundKeepRange(const float* src, float* dst, int64_t lo,
+                                                       int64_t hi) {
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
+                qnan = _mm512_set1_epi32(0x7fc00000), high = _mm512_set1_epi32(-65536);
+  for (int64_t i = lo; i < hi; i += 16) {
+    const __mmask16 m = hi - i >= 16 ? static_cast<__mmask16>(0xffff)
+                                     : static_cast<__mmask16>((1u << (hi - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), one), half);
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, bias), high);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), qnan);
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(r));
+  }
+}
+
 bool HasAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
@@ -129,6 +147,18 @@ at::Tensor Narrow(const at::Tensor& t, at::ScalarType dtype) {
 }
 
 namespace {
+
+// float32 `t` rounded to bf16 precision, as float32 (into `out`, which may be `t`).
+void RoundToBf16Into(const at::Tensor& t, at::Tensor& out) {
+  if (!HasAvx512()) {
+    out.copy_(t.to(at::kBFloat16));
+    return;
+  }
+  const float* src = t.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  KernelParallelFor(0, t.numel(), kConvertGrain,
+                    [&](int64_t lo, int64_t hi) { RoundKeepRange(src, dst, lo, hi); });
+}
 
 // max(0, y) in place, and the ReLU's backward g ∘ [y > 0] (ATen's relu and threshold_backward:
 // NaN stays NaN forward and passes no gradient), over contiguous float32, split over the kernel
@@ -279,7 +309,8 @@ class AffineFunction : public torch::autograd::Function<AffineFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& x, const at::Tensor& w,
-                                                const at::Tensor& b, bool relu) {
+                                                const at::Tensor& b, bool relu,
+                                                bool float_out) {
     const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
     const at::Tensor xf = Widen(x), wf = Widen(w);
     at::Tensor out;
@@ -292,9 +323,16 @@ class AffineFunction : public torch::autograd::Function<AffineFunction> {
     ParallelSgemm(false, false, M, N, K, xf, wf, has_bias, out);
     // The ReLU before rounding: rounding keeps signs, so this is relu(round(·)).
     if (relu) ReluInPlace(out);
-    at::Tensor y = Narrow(out, x.scalar_type());
+    at::Tensor y;
+    if (float_out) {
+      RoundToBf16Into(out, out);  // the bf16 values, kept in float32
+      y = out;
+    } else {
+      y = Narrow(out, x.scalar_type());
+    }
     ctx->save_for_backward({x, w, relu ? y : at::Tensor()});
     ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["float_out"] = float_out;
     ctx->set_materialize_grads(false);
     return {y};
   }
@@ -305,8 +343,17 @@ class AffineFunction : public torch::autograd::Function<AffineFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &y = saved[2];
     const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
+    // A float32 output's gradient rounded to bf16, as the cast's backward would round it.
+    at::Tensor g_in;
+    if (ctx->saved_data["float_out"].toBool()) {
+      const at::Tensor g0 = grads[0].to(at::kFloat).contiguous();
+      g_in = at::empty_like(g0);
+      RoundToBf16Into(g0, g_in);
+    } else {
+      g_in = Widen(grads[0]);
+    }
     // The ReLU's mask from the rounded output, as relu on the bf16 product would have it.
-    const at::Tensor g = y.defined() ? ReluGrad(Widen(grads[0]), Widen(y)) : Widen(grads[0]);
+    const at::Tensor g = y.defined() ? ReluGrad(g_in, Widen(y)) : g_in;
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
       at::Tensor out = at::empty({M, K}, g.options());
@@ -321,7 +368,7 @@ class AffineFunction : public torch::autograd::Function<AffineFunction> {
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
       db = Narrow(g.sum(0), x.scalar_type());
     }
-    return {dx, dw, db, at::Tensor()};
+    return {dx, dw, db, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -347,7 +394,8 @@ bool Bf16GemmViaFloat32() {
   return use;
 }
 
-at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool relu) {
+at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool relu,
+                  bool float_out) {
   const bool shapes_ok = x.device().is_cpu() && x.dim() == 2 && w.dim() == 2 &&
                          x.size(1) == w.size(0) && x.numel() > 0 && w.numel() > 0 &&
                          (!b.defined() || (b.dim() == 1 && b.size(0) == w.size(1))) &&
@@ -355,7 +403,7 @@ at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
   const at::Tensor no_bias = at::empty({0}, x.options());
   if (shapes_ok && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
       (!b.defined() || b.scalar_type() == at::kBFloat16) && Bf16GemmViaFloat32()) {
-    return AffineFunction::apply(x, w, b.defined() ? b : no_bias, relu)[0];
+    return AffineFunction::apply(x, w, b.defined() ? b : no_bias, relu, float_out)[0];
   }
   if (shapes_ok && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
       (!b.defined() || b.scalar_type() == at::kFloat) && HasSgemm()) {
@@ -368,7 +416,8 @@ at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
     return Fp32AffineFunction::apply(x, w, b.defined() ? b : no_bias, relu)[0];
   }
   at::Tensor out = b.defined() ? at::addmm(b, x, w) : at::mm(x, w);
-  return relu ? at::relu(out) : out;
+  if (relu) out = at::relu(out);
+  return float_out ? out.to(at::kFloat) : out;
 }
 
 }  // namespace glossa

@@ -23,8 +23,11 @@
 
 namespace glossa {
 
+// With `float_out`, the result in float32: for bf16 operands the bf16-rounded values (what
+// .to(kFloat) of the bf16 result gives, and its gradient rounded to bf16 as that cast's backward
+// rounds it), one pass fewer each way where the caller wants float32 anyway (the logits).
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                  bool relu = false);
+                  bool relu = false, bool float_out = false);
 
 // Row-major C [m, n] = op(A) [m, k] · op(B) [k, n] (+ C when beta is 1) through BLAS sgemm,
 // with row strides lda, ldb, ldc (operands may be strided views). Needs HasSgemm().

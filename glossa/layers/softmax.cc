@@ -77,8 +77,11 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
     const at::Tensor x = CastToFPropDtype(inputs);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = num_classes_;
-    const at::Tensor xw =
-        Affine(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"), at::Tensor()).view(shape);
+    // In float32 (the kernel's dtype): bf16 products arrive rounded to bf16 as before, without
+    // a bf16 copy of all N·C logits and its widening (and the same in the backward).
+    const at::Tensor xw = Affine(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"),
+                                 at::Tensor(), /*relu=*/false, /*float_out=*/true)
+                              .view(shape);
     return Xent(xw, theta.GetTensor("bias_0"), class_ids, class_weights, paddings, {});
   }
   return XentFromLogits(Logits(theta, inputs), class_ids, class_weights, paddings,

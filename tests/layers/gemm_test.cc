@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -256,6 +257,42 @@ TEST(Affine, Bf16ReluIsReluOfTheProduct) {
   const auto got = run(true), want = run(false);
   EXPECT_GT((got[0] == 0).sum().item<int64_t>(), 0);  // the ReLU clipped something
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << i;
+}
+
+// bf16 Affine with a float32 output (the logits' path) gives .to(kFloat) of the bf16 result, and
+// the gradients of that composition (its upstream gradient rounded to bf16 by the cast's
+// backward), bit for bit; with and without bias and ReLU.
+TEST(Affine, Bf16WithFloat32OutputIsTheCastOfTheBf16Product) {
+  if (!Bf16GemmViaFloat32()) GTEST_SKIP() << "this CPU keeps oneDNN's bf16 GEMMs (AMX)";
+  at::manual_seed(6);
+  const at::Tensor x0 = at::randn({97, 40}).to(at::kBFloat16),
+                   w0 = at::randn({40, 300}).to(at::kBFloat16),
+                   b0 = at::randn({300}).to(at::kBFloat16);
+  at::Tensor g = at::randn({97, 300});
+  g[0][0] = std::numeric_limits<float>::quiet_NaN();  // rounded and passed on as NaN
+  g[1][1] = 1.00390625f;                             // a tie: rounds to even (1.0)
+  for (bool bias : {false, true}) {
+    for (bool relu : {false, true}) {
+      auto run = [&](bool fused) {
+        at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+        at::Tensor b = bias ? b0.clone().requires_grad_(true) : at::Tensor();
+        at::Tensor y = fused ? Affine(x, w, b, relu, /*float_out=*/true)
+                             : Affine(x, w, b, relu).to(at::kFloat);
+        (y * g).sum().backward();
+        return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad(),
+                                       bias ? b.grad() : at::zeros({1})};
+      };
+      const auto got = run(true), want = run(false);
+      EXPECT_EQ(got[0].scalar_type(), at::kFloat);
+      for (size_t i = 0; i < got.size(); ++i) {
+        // NaN compares unequal: compare the bits with NaNs masked, and where the NaNs are.
+        const at::Tensor nan = at::isnan(want[i]);
+        EXPECT_TRUE(at::equal(at::isnan(got[i]), nan)) << i << " bias " << bias << " relu " << relu;
+        EXPECT_TRUE(at::equal(got[i].masked_fill(nan, 0), want[i].masked_fill(nan, 0)))
+            << i << " bias " << bias << " relu " << relu;
+      }
+    }
+  }
 }
 
 TEST(Affine, OtherDtypesAreAtensOwn) {
