@@ -77,7 +77,7 @@ class MultiHeadedAttention : public BaseLayer {
  private:
   std::pair<at::Tensor, at::Tensor> Attend(const NestedMap& theta, at::Tensor q,
                                            const at::Tensor& k, const at::Tensor& v,
-                                           const at::Tensor& key_mask) const;
+                                           const at::Tensor& key_mask, bool causal = false) const;
 
   // Self-attention's query, key and value projections as one GEMM: [x·Wq | x·Wk | x·Wv] with the
   // weights (and biases) concatenated, each result a [B, T, N, H] view of it.
@@ -87,6 +87,7 @@ class MultiHeadedAttention : public BaseLayer {
   int64_t input_dim_, hidden_dim_, num_heads_, dim_per_head_;
   bool per_dim_scale_;
   bool use_bias_;
+  bool causal_blocks_;  // params: causal_blocks
   bool fuse_qkv_;  // the projections are MultiHeadedProjectionLayers (not a subclass)
   bool atten_dropout_active_;  // else the strided attention core may run (attention.cc)
   Child<MultiHeadedProjectionLayer> query_, key_, value_, post_;

@@ -240,14 +240,18 @@ class FusedXentFunction : public torch::autograd::Function<FusedXentFunction> {
   }
 };
 
-// Row r of x [rows, S] in place: softmax(x_r + bias_r).
+// Row r of x [rows, S] in place: softmax(x_r + bias_r) over its first len(r) entries (the rest
+// is masked: it becomes 0 and is not read).
 __attribute__((target("avx512f"))) void SoftmaxRows(float* x, int64_t S, int64_t lo, int64_t hi,
-                                                    const std::function<const float*(int64_t)>& bias_row) {
-  const int64_t full = S / 16 * 16;
-  const __mmask16 tail = TailMask(S - full);
+                                                    const std::function<const float*(int64_t)>& bias_row,
+                                                    const std::function<int64_t(int64_t)>& len_of) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t r = lo; r < hi; ++r) {
     float* row = x + r * S;
+    const int64_t L = len_of(r);
+    if (L < S) std::fill(row + L, row + S, 0.0f);
+    const int64_t full = L / 16 * 16;
+    const __mmask16 tail = TailMask(L - full);
     const float* b = bias_row(r);
     __m512 vmax = neg_inf;
     for (int64_t c = 0; c < full; c += 16) {
@@ -286,14 +290,17 @@ __attribute__((target("avx512f"))) void SoftmaxRows(float* x, int64_t S, int64_t
   }
 }
 
-// Row r in place: dy_r = y_r ∘ (dy_r − Σ dy_r∘y_r).
+// Row r in place over its first len(r) entries (the rest of dy is not read or written):
+// dy_r = y_r ∘ (dy_r − Σ dy_r∘y_r).
 __attribute__((target("avx512f"))) void SoftmaxBackwardRows(float* dy, const float* y, int64_t S,
-                                                            int64_t lo, int64_t hi) {
-  const int64_t full = S / 16 * 16;
-  const __mmask16 tail = TailMask(S - full);
+                                                            int64_t lo, int64_t hi,
+                                                            const std::function<int64_t(int64_t)>& len_of) {
   for (int64_t r = lo; r < hi; ++r) {
     float* d = dy + r * S;
     const float* p = y + r * S;
+    const int64_t L = len_of(r);
+    const int64_t full = L / 16 * 16;
+    const __mmask16 tail = TailMask(L - full);
     __m512 dot = _mm512_setzero_ps();
     for (int64_t c = 0; c < full; c += 16) {
       dot = _mm512_fmadd_ps(_mm512_loadu_ps(d + c), _mm512_loadu_ps(p + c), dot);
@@ -317,7 +324,17 @@ __attribute__((target("avx512f"))) void SoftmaxBackwardRows(float* dy, const flo
 
 }  // namespace
 
-void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias) {
+namespace {
+
+// Row r's length in x [B, N, T, S]: S, or with a causal block the end of r's block of queries.
+std::function<int64_t(int64_t)> RowLengths(int64_t T, int64_t S, int64_t causal_block) {
+  if (causal_block <= 0) return [S](int64_t) { return S; };
+  return [=](int64_t r) { return std::min(S, (r % T / causal_block + 1) * causal_block); };
+}
+
+}  // namespace
+
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block) {
   TORCH_CHECK(FusedSoftmaxXentSupported() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                   x.dim() == 4,
               "SoftmaxWithBiasInPlace: float32 contiguous [B, N, T, S] on an AVX-512 CPU");
@@ -338,12 +355,13 @@ void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias) {
     return bp + b * bb + t * bt;
   };
   float* xp = x.data_ptr<float>();
+  const auto len_of = RowLengths(T, S, causal_block);
   KernelParallelFor(0, B * N * T, 64, [&](int64_t lo, int64_t hi) {
-    SoftmaxRows(xp, S, lo, hi, bias_row);
+    SoftmaxRows(xp, S, lo, hi, bias_row, len_of);
   });
 }
 
-void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y) {
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block) {
   TORCH_CHECK(FusedSoftmaxXentSupported() && dy.scalar_type() == at::kFloat &&
                   y.scalar_type() == at::kFloat && dy.is_contiguous() && y.is_contiguous() &&
                   dy.sizes() == y.sizes() && dy.dim() >= 1,
@@ -351,7 +369,10 @@ void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y) {
   const int64_t S = dy.size(-1), rows = S > 0 ? dy.numel() / S : 0;
   float* d = dy.data_ptr<float>();
   const float* p = y.data_ptr<float>();
-  KernelParallelFor(0, rows, 64, [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi); });
+  TORCH_CHECK(causal_block <= 0 || dy.dim() == 4, "SoftmaxBackwardInPlace: a causal block needs [B, N, T, S]");
+  const auto len_of = RowLengths(causal_block > 0 ? dy.size(2) : 1, S, causal_block);
+  KernelParallelFor(0, rows, 64,
+                    [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi, len_of); });
 }
 
 bool FusedSoftmaxXentSupported() {

@@ -43,7 +43,10 @@ SoftmaxXent FusedSoftmaxXent(const at::Tensor& logits, const at::Tensor& labels,
 // FusedSoftmaxXentSupported()): x [B, N, T, S] becomes softmax(x + bias) over S, bias
 // [B or 1, 1, T or 1, S] (or empty) added as each row is read; and the softmax backward
 // dy ← y ∘ (dy − Σ dy∘y) over the last dimension.
-void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias);
-void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y);
+// With causal_block c > 0 (causal attention computed in blocks of c queries), row t covers only
+// its block's keys [0, (t / c + 1)·c): the softmax sets the rest of the row to 0 without reading
+// it (the bias masks those keys anyway), and the backward neither reads nor writes it.
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block = 0);
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block = 0);
 
 }  // namespace glossa

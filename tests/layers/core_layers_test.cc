@@ -45,6 +45,61 @@ TEST(MultiHeadedAttention, ExtendStepMatchesCausalFProp) {
   EXPECT_EQ(cache.GetTensor("key").sizes(), (std::vector<int64_t>{3, 5, 2, 4}));
 }
 
+// Causal self-attention in blocks of queries (causal_blocks, the default) gives the full
+// computation's probabilities bit for bit, and its outputs and gradients up to float32 rounding
+// (BLAS sums the shorter products in other groups), float32 and bf16, with padded keys, when the
+// probabilities get a gradient of their own, for sequence lengths that split into equal blocks
+// and ones that leave a short last block.
+TEST(MultiHeadedAttention, CausalBlocksGiveTheFullComputation) {
+  for (int64_t t : {64, 80, 130}) {
+    for (bool bf16 : {false, true}) {
+      for (bool probs_grad : {false, true}) {
+        SCOPED_TRACE(StrCat("T ", t, " bf16 ", bf16, " probs_grad ", probs_grad));
+        std::vector<at::Tensor> results[2];
+        for (bool blocks : {false, true}) {
+          Params p = MultiHeadedAttention::Params();
+          p.Set("name", "atten").Set("random_seed", 7).Set("input_dim", 16).Set("num_heads", 2);
+          p.Set("causal_blocks", blocks);
+          if (bf16) p.Set("fprop_dtype", DType::kBFloat16);
+          auto atten = InstantiateLayer<MultiHeadedAttention>(p);
+          NestedMap theta = atten->theta().Transform([](const NestedValue& v) -> NestedValue {
+            return v.AsTensor().detach().clone().requires_grad_(true);
+          });
+          at::manual_seed(t);
+          at::Tensor x = at::randn({2, t, 16});
+          if (bf16) x = x.to(at::kBFloat16);
+          x.requires_grad_(true);
+          at::Tensor paddings = at::zeros({2, t});
+          paddings.select(0, 1).narrow(0, t - 9, 9).fill_(1.0);
+          const at::Tensor c = at::randn({2, t, 16}), cp = at::randn({2, 2, t, t});
+          auto [y, probs] = atten->FProp(theta, x, x, x, paddings, /*causal=*/true);
+          at::Tensor loss = (y.to(at::kFloat) * c).sum();
+          if (probs_grad) loss = loss + (probs.to(at::kFloat) * cp).sum();
+          loss.backward();
+          results[blocks] = {y.detach(), probs.detach(), x.grad()};
+          for (const at::Tensor& v : theta.FlattenTensors()) results[blocks].push_back(v.grad());
+        }
+        ASSERT_EQ(results[0].size(), results[1].size());
+        EXPECT_TRUE(at::equal(results[0][1], results[1][1]));  // the probabilities
+        for (size_t i = 0; i < results[0].size(); ++i) {
+          ASSERT_TRUE(results[1][i].defined()) << i;
+          const at::Tensor want = results[0][i].to(at::kDouble);
+          // Relative to the values, or for a gradient that is 0 up to rounding (the key bias's:
+          // softmax ignores a shift of all logits) to a tenth of the input's gradient.
+          const double floor = i >= 2 ? 0.1 * results[0][2].abs().max().item<double>() : 1e-30;
+          const double err = (results[1][i].to(at::kDouble) - want).abs().max().item<double>() /
+                             std::max(want.abs().max().item<double>(), floor);
+          // float32 rounding; in bf16, a value near a rounding boundary may go the other way.
+          EXPECT_LT(err, bf16 ? 1e-2 : 1e-5) << "result " << i;
+        }
+        // The probabilities of masked keys are exactly 0 (the skipped blocks included).
+        const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
+        EXPECT_TRUE(results[1][1].masked_select(future.view({1, 1, t, t})).eq(0).all().item<bool>());
+      }
+    }
+  }
+}
+
 TEST(MultiHeadedAttention, PaddedKeysGetZeroProbability) {
   auto atten =
       Make<MultiHeadedAttention>(MultiHeadedAttention::Params(), "input_dim : 4\nnum_heads : 2");
