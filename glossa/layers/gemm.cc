@@ -126,6 +126,30 @@ constexpr int64_t kConvertGrain = 1 << 16;
 // float32, contiguous.
 at::Tensor Widen(const at::Tensor& t) {
   if (t.scalar_type() != at::kBFloat16 || !HasAvx512()) return t.to(at::kFloat).contiguous();
+  if (!t.is_contiguous() && t.dim() >= 2 && t.dim() <= 4 && t.stride(-1) == 1 && t.numel() > 0) {
+    // Rows of the last dimension read in place through the strides (the attention heads, views
+    // of the fused Q/K/V projection), without a contiguous bf16 copy first.
+    const int64_t d = t.dim(), cols = t.size(-1), rows = t.numel() / cols;
+    int64_t size[3] = {1, 1, 1}, stride[3] = {0, 0, 0};
+    for (int64_t i = 0; i < d - 1; ++i) {
+      size[3 - (d - 1) + i] = t.size(i);
+      stride[3 - (d - 1) + i] = t.stride(i);
+    }
+    at::Tensor out = at::empty(t.sizes(), t.options().dtype(at::kFloat));
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(t.data_ptr());
+    float* dst = out.data_ptr<float>();
+    KernelParallelFor(0, rows, std::max<int64_t>(1, kConvertGrain / cols),
+                      [&](int64_t lo, int64_t hi) {
+                        for (int64_t r = lo; r < hi; ++r) {
+                          const int64_t i2 = r % size[2], i1 = r / size[2] % size[1],
+                                        i0 = r / (size[2] * size[1]);
+                          const uint16_t* row =
+                              src + i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
+                          WidenRange(row, dst + r * cols, 0, cols);
+                        }
+                      });
+    return out;
+  }
   const at::Tensor c = t.contiguous();
   at::Tensor out = at::empty(c.sizes(), c.options().dtype(at::kFloat));
   const uint16_t* src = reinterpret_cast<const uint16_t*>(c.data_ptr());

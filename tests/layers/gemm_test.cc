@@ -120,6 +120,18 @@ TEST(Affine, ConversionsGiveAtensBits) {
   const at::Tensor t = at::randn({6, 5}).to(at::kBFloat16).t();
   EXPECT_TRUE(at::equal(Widen(t), t.to(at::kFloat)));
   EXPECT_TRUE(Widen(t).is_contiguous());
+  // Views whose rows are contiguous (the attention heads of the fused Q/K/V projection): read in
+  // place, row by row.
+  const at::Tensor qkv = at::randn({3, 7, 3, 2, 5}).to(at::kBFloat16);
+  for (const at::Tensor& v : {qkv.select(2, 1), qkv.select(0, 2).select(1, 0),
+                              qkv.select(2, 2).select(2, 1), qkv.permute({1, 0, 2, 3, 4})
+                                                                  .reshape({7, 3, 30})
+                                                                  .narrow(2, 5, 10)}) {
+    ASSERT_FALSE(v.is_contiguous());
+    const at::Tensor w = Widen(v);
+    EXPECT_TRUE(w.is_contiguous());
+    EXPECT_TRUE(at::equal(w, v.to(at::kFloat))) << v.sizes();
+  }
 }
 
 // bf16 self-attention (the strided core on widened heads, bf16 projections) against the same
