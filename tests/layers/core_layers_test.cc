@@ -100,6 +100,53 @@ TEST(MultiHeadedAttention, CausalBlocksGiveTheFullComputation) {
   }
 }
 
+// bf16 layer norm (one pass each way over the bf16 rows) against ATen's float32 layer norm of the
+// widened values, rounded to bf16 (the composition it replaced): outputs and input gradients to
+// within one bf16 rounding, scale and bias gradients to float32 rounding; row widths that fill
+// whole AVX-512 vectors and ones with a tail, a direct scale and 1 + scale.
+TEST(LayerNormBf16, MatchesTheFloat32Composition) {
+  for (int64_t d : {128, 37, 8}) {
+    for (bool direct : {false, true}) {
+      SCOPED_TRACE(StrCat("D ", d, " direct_scale ", direct));
+      Params p = LayerNorm::Params();
+      p.Set("name", "ln").Set("random_seed", 3).Set("input_dim", d).Set("direct_scale", direct);
+      p.Set("fprop_dtype", DType::kBFloat16);
+      auto ln = InstantiateLayer<LayerNorm>(p);
+      at::manual_seed(d);
+      const at::Tensor scale = at::randn({d}) * 0.3 + (direct ? 1.0 : 0.0), bias = at::randn({d});
+      const at::Tensor x0 = (at::randn({5, 67, d}) * 3 + 1).to(at::kBFloat16);
+      const at::Tensor c = at::randn({5, 67, d});
+      auto run = [&](bool fused) {
+        at::Tensor s = scale.clone().requires_grad_(true), b = bias.clone().requires_grad_(true);
+        at::Tensor x = x0.clone().requires_grad_(true);
+        at::Tensor y;
+        if (fused) {
+          NestedMap theta;
+          theta.Put("scale", s);
+          theta.Put("bias", b);
+          y = ln->FProp(theta, x);
+        } else {
+          const at::Tensor g = direct ? s : s + 1;
+          y = at::layer_norm(x.to(at::kFloat), {d}, g, b, 1e-6).to(at::kBFloat16);
+        }
+        (y.to(at::kFloat) * c).sum().backward();
+        return std::vector<at::Tensor>{y.detach(), x.grad(), s.grad(), b.grad()};
+      };
+      const auto got = run(true), want = run(false);
+      ASSERT_EQ(got[0].scalar_type(), at::kBFloat16);
+      ASSERT_EQ(got[1].scalar_type(), at::kBFloat16);
+      for (size_t i = 0; i < got.size(); ++i) {
+        const at::Tensor w = want[i].to(at::kDouble), g = got[i].to(at::kDouble);
+        // One bf16 rounding apart at most (2^-8 relative), against the row's scale.
+        const double err = ((g - w).abs() / (w.abs() + 1e-2 * w.abs().max())).max().item<double>();
+        EXPECT_LT(err, i < 2 ? 1.0 / 128 : 1e-4) << "result " << i;
+      }
+      // Most outputs are the same bf16 value.
+      EXPECT_GT(got[0].eq(want[0]).to(at::kFloat).mean().item<double>(), 0.97);
+    }
+  }
+}
+
 TEST(MultiHeadedAttention, PaddedKeysGetZeroProbability) {
   auto atten =
       Make<MultiHeadedAttention>(MultiHeadedAttention::Params(), "input_dim : 4\nnum_heads : 2");
