@@ -291,7 +291,7 @@ class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> 
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return torch::autograd::variable_list(4);  // one per input
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &y = saved[2];
     const at::Tensor g = y.defined() ? ReluGrad(grads[0], y) : grads[0];
@@ -363,7 +363,7 @@ class AffineFunction : public torch::autograd::Function<AffineFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return torch::autograd::variable_list(5);  // one per input
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &y = saved[2];
     const int64_t M = x.size(0), K = x.size(1), N = w.size(1);

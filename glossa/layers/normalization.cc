@@ -142,7 +142,7 @@ class Bf16LayerNormFunction : public torch::autograd::Function<Bf16LayerNormFunc
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return torch::autograd::variable_list(4);  // one per input
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &gamma = saved[1], &mean = saved[2], &rstd = saved[3];
     const at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
