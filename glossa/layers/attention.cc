@@ -462,8 +462,11 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
     throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [B, S] = [",
                                       key.size(0), ", ", s, "], got ", paddings.sizes()));
   }
-  return Attend(theta, q, k, v, KeyMask(paddings, t, s, causal, query.device()),
-                causal && causal_blocks_);
+  // Blocks only where every query sees an unpadded key (key 0): a query with every key masked
+  // spreads its probability evenly over all S keys, which the blocks would not all compute.
+  const bool blocks = causal && causal_blocks_ &&
+                      (!paddings.defined() || !(paddings.select(1, 0) > 0.5).any().item<bool>());
+  return Attend(theta, q, k, v, KeyMask(paddings, t, s, causal, query.device()), blocks);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(

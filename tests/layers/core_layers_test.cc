@@ -48,13 +48,20 @@ TEST(MultiHeadedAttention, ExtendStepMatchesCausalFProp) {
 // Causal self-attention in blocks of queries (causal_blocks, the default) gives the full
 // computation's probabilities bit for bit, and its outputs and gradients up to float32 rounding
 // (BLAS sums the shorter products in other groups), float32 and bf16, with padded keys, when the
-// probabilities get a gradient of their own, for sequence lengths that split into equal blocks
-// and ones that leave a short last block.
+// probabilities get a gradient of their own, with queries whose keys are all padded (an
+// all-padding example, left padding), for sequence lengths that split into equal blocks and ones
+// that leave a short last block.
 TEST(MultiHeadedAttention, CausalBlocksGiveTheFullComputation) {
   for (int64_t t : {64, 80, 130}) {
     for (bool bf16 : {false, true}) {
-      for (bool probs_grad : {false, true}) {
-        SCOPED_TRACE(StrCat("T ", t, " bf16 ", bf16, " probs_grad ", probs_grad));
+      for (int case_index = 0; case_index < 4; ++case_index) {
+        // Right padding with and without a gradient on the probabilities; then (queries whose
+        // keys are all masked: their probability spreads over all keys) an all-padding example
+        // and left padding.
+        const bool probs_grad = case_index == 1;
+        const int pad_case = case_index < 2 ? 0 : case_index - 1;
+        SCOPED_TRACE(StrCat("T ", t, " bf16 ", bf16, " probs_grad ", probs_grad, " padding case ",
+                            pad_case));
         std::vector<at::Tensor> results[2];
         for (bool blocks : {false, true}) {
           Params p = MultiHeadedAttention::Params();
@@ -71,6 +78,8 @@ TEST(MultiHeadedAttention, CausalBlocksGiveTheFullComputation) {
           x.requires_grad_(true);
           at::Tensor paddings = at::zeros({2, t});
           paddings.select(0, 1).narrow(0, t - 9, 9).fill_(1.0);
+          if (pad_case == 1) paddings.select(0, 0).fill_(1.0);  // an all-padding example
+          if (pad_case == 2) paddings.select(0, 0).narrow(0, 0, 5).fill_(1.0);  // left padding
           const at::Tensor c = at::randn({2, t, 16}), cp = at::randn({2, 2, t, t});
           auto [y, probs] = atten->FProp(theta, x, x, x, paddings, /*causal=*/true);
           at::Tensor loss = (y.to(at::kFloat) * c).sum();
@@ -92,9 +101,11 @@ TEST(MultiHeadedAttention, CausalBlocksGiveTheFullComputation) {
           // float32 rounding; in bf16, a value near a rounding boundary may go the other way.
           EXPECT_LT(err, bf16 ? 1e-2 : 1e-5) << "result " << i;
         }
-        // The probabilities of masked keys are exactly 0 (the skipped blocks included).
+        // The probabilities of masked keys are exactly 0 (the skipped blocks included), for the
+        // example whose first key is unpadded.
         const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
-        EXPECT_TRUE(results[1][1].masked_select(future.view({1, 1, t, t})).eq(0).all().item<bool>());
+        EXPECT_TRUE(
+            results[1][1].select(0, 1).masked_select(future.view({1, t, t})).eq(0).all().item<bool>());
       }
     }
   }
