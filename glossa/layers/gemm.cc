@@ -13,6 +13,7 @@
 #include <fstream>
 #include <string>
 
+#include "glossa/layers/bf16_simd.h"
 #include "glossa/runtime/cpu_runtime.h"
 
 namespace glossa {
@@ -82,17 +83,10 @@ __attribute__((target("avx512f"))) void WidenRange(const uint16_t* src, float* d
 
 __attribute__((target("avx512f"))) void RoundRange(const float* src, uint16_t* dst, int64_t lo,
                                                    int64_t hi) {
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
-                qnan = _mm512_set1_epi32(0x7fc0);
   for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = hi - i >= 16 ? static_cast<__mmask16>(0xffff)
-                                     : static_cast<__mmask16>((1u << (hi - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), one), half);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), qnan);
-    _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, r);
+    const __mmask16 m = bf16_simd::FirstLanes(hi - i);
+    _mm512_mask_cvtepi32_storeu_epi16(dst + i, m,
+                                      bf16_simd::RoundToBits(_mm512_maskz_loadu_ps(m, src + i)));
   }
 }
 
@@ -100,17 +94,10 @@ __attribute__((target("avx512f"))) void RoundRange(const float* src, uint16_t* d
 // (what .to(kBFloat16).to(kFloat) gives, NaN as the quiet NaN 0x7FC00000).
 __attribute__((target("avx512f"))) void RoundKeepRange(const float* src, float* dst, int64_t lo,
                                                        int64_t hi) {
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
-                qnan = _mm512_set1_epi32(0x7fc00000), high = _mm512_set1_epi32(-65536);
   for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = hi - i >= 16 ? static_cast<__mmask16>(0xffff)
-                                     : static_cast<__mmask16>((1u << (hi - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), one), half);
-    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, bias), high);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), qnan);
-    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(r));
+    const __mmask16 m = bf16_simd::FirstLanes(hi - i);
+    const __m512i r = bf16_simd::RoundToBits(_mm512_maskz_loadu_ps(m, src + i));
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
   }
 }
 
@@ -190,8 +177,7 @@ void RoundToBf16Into(const at::Tensor& t, at::Tensor& out) {
 __attribute__((target("avx512f"))) void ReluRange(float* y, int64_t lo, int64_t hi) {
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = hi - i >= 16 ? static_cast<__mmask16>(0xffff)
-                                     : static_cast<__mmask16>((1u << (hi - i)) - 1);
+    const __mmask16 m = bf16_simd::FirstLanes(hi - i);
     // max(0, y) returns y when y is NaN.
     _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(zero, _mm512_maskz_loadu_ps(m, y + i)));
   }
@@ -201,8 +187,7 @@ __attribute__((target("avx512f"))) void ReluGradRange(const float* g, const floa
                                                        int64_t lo, int64_t hi) {
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = hi - i >= 16 ? static_cast<__mmask16>(0xffff)
-                                     : static_cast<__mmask16>((1u << (hi - i)) - 1);
+    const __mmask16 m = bf16_simd::FirstLanes(hi - i);
     const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, y + i), zero,
                                                   _CMP_GT_OQ);
     _mm512_mask_storeu_ps(out + i, m, _mm512_maskz_loadu_ps(pos, g + i));

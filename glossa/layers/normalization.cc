@@ -12,6 +12,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/layers/bf16_simd.h"
 #include "glossa/runtime/cpu_runtime.h"
 
 namespace glossa {
@@ -26,26 +27,9 @@ namespace {
 // backward writes the bf16 input gradient and the float32 scale and bias gradients, summed over
 // fixed blocks of rows in order, so the same on any number of threads.
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 Load16(const uint16_t* p,
-                                                                          __mmask16 m) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
-// float32 → bf16, round to nearest even, NaN to 0x7FC0 (as gemm.cc's Narrow).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void Store16(uint16_t* p, __m512 x,
-                                                                         __mmask16 m) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i bias = _mm512_add_epi32(
-      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
-  _mm512_mask_cvtepi32_storeu_epi16(p, m, r);
-}
-
-inline __mmask16 Mask(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
-}
+using bf16_simd::FirstLanes;
+using bf16_simd::Load;
+using bf16_simd::Store;
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnForwardRows(
     const uint16_t* x, const float* gamma, const float* beta, int64_t D, float eps, uint16_t* y,
@@ -53,21 +37,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnForwardRows(
   for (int64_t r = lo; r < hi; ++r) {
     const uint16_t* xr = x + r * D;
     __m512 sum = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) sum = _mm512_add_ps(sum, Load16(xr + c, Mask(D - c)));
+    for (int64_t c = 0; c < D; c += 16) sum = _mm512_add_ps(sum, Load(xr + c, FirstLanes(D - c)));
     const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(D);
     const __m512 vm = _mm512_set1_ps(mean);
     __m512 sq = _mm512_setzero_ps();
     for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = Mask(D - c);
-      const __m512 d = _mm512_maskz_sub_ps(m, Load16(xr + c, m), vm);
+      const __mmask16 m = FirstLanes(D - c);
+      const __m512 d = _mm512_maskz_sub_ps(m, Load(xr + c, m), vm);
       sq = _mm512_fmadd_ps(d, d, sq);
     }
     const float rstd = 1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(D) + eps);
     const __m512 vr = _mm512_set1_ps(rstd);
     for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = Mask(D - c);
-      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load16(xr + c, m), vm), vr);
-      Store16(y + r * D + c,
+      const __mmask16 m = FirstLanes(D - c);
+      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load(xr + c, m), vm), vr);
+      Store(y + r * D + c,
               _mm512_fmadd_ps(xhat, _mm512_maskz_loadu_ps(m, gamma + c),
                               _mm512_maskz_loadu_ps(m, beta + c)),
               m);
@@ -88,9 +72,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnBackwardRows(
     const __m512 vm = _mm512_set1_ps(mean[r]), vr = _mm512_set1_ps(rstd[r]);
     __m512 sg = _mm512_setzero_ps(), sgx = _mm512_setzero_ps();
     for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = Mask(D - c);
-      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load16(xr + c, m), vm), vr);
-      const __m512 d = Load16(dyr + c, m);
+      const __mmask16 m = FirstLanes(D - c);
+      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load(xr + c, m), vm), vr);
+      const __m512 d = Load(dyr + c, m);
       const __m512 g = _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, gamma + c));
       sg = _mm512_add_ps(sg, g);
       sgx = _mm512_fmadd_ps(g, xhat, sgx);
@@ -101,10 +85,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnBackwardRows(
     const __m512 a = _mm512_set1_ps(_mm512_reduce_add_ps(sg) / static_cast<float>(D));
     const __m512 b = _mm512_set1_ps(_mm512_reduce_add_ps(sgx) / static_cast<float>(D));
     for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = Mask(D - c);
-      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load16(xr + c, m), vm), vr);
-      const __m512 g = _mm512_mul_ps(Load16(dyr + c, m), _mm512_maskz_loadu_ps(m, gamma + c));
-      Store16(dx + r * D + c, _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_sub_ps(g, a),
+      const __mmask16 m = FirstLanes(D - c);
+      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load(xr + c, m), vm), vr);
+      const __m512 g = _mm512_mul_ps(Load(dyr + c, m), _mm512_maskz_loadu_ps(m, gamma + c));
+      Store(dx + r * D + c, _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_sub_ps(g, a),
                                                               _mm512_mul_ps(xhat, b))),
               m);
     }
