@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -21,6 +24,15 @@ inline std::string ReadSourceFile(const std::string& relative) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A fresh, empty directory for this test process: <tmp>/glossa_test_<pid>/<name>.
+inline std::string TempDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("glossa_test_" + std::to_string(::getpid())) / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
 }
 
 }  // namespace glossa::testing

@@ -384,6 +384,15 @@ glossa::Params DatasetInput::ResolvedArgs() const {
                                         " (map_args) and must not be in p.args"));
     }
     mapped[arg] = params().Get(layer_param.AsString());
+    // The generator's batch_size defaults to 0: mapped into the function, every batch would be
+    // empty (and training would skip every step as if it had diverged).
+    if (layer_param.AsString() == "batch_size" && mapped[arg].kind() == ParamValue::Kind::kInt &&
+        mapped[arg].AsInt() <= 0) {
+      throw InvalidArgumentError(StrCat(
+          "input '", path(), "': batch_size is ", mapped[arg].AsInt(), " (its default is 0), and ",
+          params().GetString("dataset_fn"), " takes its argument '", arg,
+          "' from it (map_args): every batch would be empty; set batch_size on the input"));
+    }
   }
   glossa::Params resolved;
   for (const auto& a : entry.args) {

@@ -4,6 +4,7 @@
 #include <glog/logging.h>
 
 #include <charconv>
+#include <atomic>
 #include <mutex>
 #include <random>
 
@@ -34,16 +35,19 @@ std::string SanitizeScopeKey(const std::string& name) {
   return out;
 }
 
-// The seed used for variables of layers without random_seed: drawn once per process and logged.
+// The seed used for variables of layers without random_seed: drawn once per process. The trainer
+// says it when it initializes a model from scratch (UsedProcessRandomSeed); where weights come
+// from a checkpoint (eval, decode, export, a resumed run) it does not matter and is not said.
+std::atomic<int64_t> g_used_process_seed{-1};
+
 int64_t ProcessRandomSeed() {
   static std::once_flag once;
   static int64_t seed = 0;
   std::call_once(once, [] {
     std::random_device rd;
     seed = static_cast<int64_t>(rd() % 2147483647u);
-    LOG(INFO) << "No random_seed is set: variables are initialized from random seed " << seed
-              << "; set `random_seed : " << seed << "` on the model to repeat this run.";
   });
+  g_used_process_seed.store(seed);
   return seed;
 }
 
@@ -70,6 +74,12 @@ std::optional<int64_t> OptionalInt(const Params& p, const char* key) {
 }
 
 }  // namespace
+
+std::optional<int64_t> UsedProcessRandomSeed() {
+  const int64_t s = g_used_process_seed.load();
+  if (s < 0) return std::nullopt;
+  return s;
+}
 
 bool IsEvalMode() { return t_eval_mode; }
 EvalModeScope::EvalModeScope(bool eval) : saved_(t_eval_mode) { t_eval_mode = eval; }

@@ -21,28 +21,61 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool IsFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string RealPath(const std::string& path) {
+  char* real = ::realpath(path.c_str(), nullptr);
+  std::string out = real != nullptr ? real : path;
+  std::free(real);
+  return out;
+}
+
+std::string Parent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 }  // namespace
+
+std::vector<std::string> DataDirCandidates(const std::string& name) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& dir) {
+    for (const auto& o : out) {
+      if (o == dir) return;
+    }
+    out.push_back(dir);
+  };
+  // The program that runs (a copy of a checkout runs its own build's program).
+  const std::string exe = RealPath("/proc/self/exe");
+  if (exe.find('/') != std::string::npos) {
+    const std::string prefix = Parent(Parent(exe));  // <prefix>/bin/glossa, <build>/bin/glossa
+    add(StrCat(prefix, "/share/glossa/", name));
+    if (IsFile(StrCat(prefix, "/CMakeCache.txt"))) add(StrCat(Parent(prefix), "/data/", name));
+  }
+  // The library (an installation used from another program, such as python3).
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&FindDataDir), &info) != 0 && info.dli_fname != nullptr) {
+    const std::string lib = Parent(RealPath(info.dli_fname));  // <prefix>/lib/libglossa.so
+    add(StrCat(Parent(lib), "/share/glossa/", name));
+  }
+  add(StrCat(GLOSSA_DEFAULT_DATA_DIR, "/", name));  // the checkout it was built from
+  add(StrCat("data/", name));                        // the working directory
+  return out;
+}
 
 std::string FindDataDir(const std::string& name, const std::string& how_to_make) {
   const char* env = std::getenv("GLOSSA_DATA_DIR");
   if (env != nullptr && *env != '\0') return StrCat(env, "/", name);  // as given, checked on use
-  std::vector<std::string> tried;
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&FindDataDir), &info) != 0 && info.dli_fname != nullptr) {
-    // <prefix>/lib/libglossa.so, resolved (the loader may report <prefix>/bin/../lib/...).
-    char* real = ::realpath(info.dli_fname, nullptr);
-    std::string lib = real != nullptr ? real : info.dli_fname;
-    std::free(real);
-    lib = lib.substr(0, lib.rfind('/'));
-    const std::string installed = StrCat(lib.substr(0, lib.rfind('/') + 1), "share/glossa/", name);
-    if (IsDirectory(installed)) return installed;
-    tried.push_back(installed);
+  const std::vector<std::string> tried = DataDirCandidates(name);
+  for (const auto& dir : tried) {
+    if (IsDirectory(dir)) return dir;
   }
-  const std::string source = StrCat(GLOSSA_DEFAULT_DATA_DIR, "/", name);
-  if (IsDirectory(source)) return source;
-  tried.push_back(source);
   throw NotFoundError(StrCat("the data directory ", name, "/ is in none of ", Join(tried, ", "),
-                             "; make it with ", how_to_make,
+                             " (docs/formats.md: where data is found); make it with ", how_to_make,
                              " or set GLOSSA_DATA_DIR to the directory holding ", name, "/"));
 }
 

@@ -198,10 +198,26 @@ int64_t Executor::Run() {
   if (!options_.log && chief_ && options_.verbosity >= 1) bar_ = std::make_unique<ProgressBar>(stdout);
   const int64_t first_step = global_step_;
   double rate = 0;  // recent steps/s (the last loop's)
-  if (bar_ && bar_->enabled()) {
+  double last_line_time = 0;  // elapsed() at the last console line
+  const int64_t steps_per_loop = std::max<int64_t>(1, tp.GetInt("steps_per_loop"));
+  int64_t loop_start_step = global_step_;
+  const bool heartbeat = chief_ && options_.verbosity >= 1 && options_.heartbeat_seconds >= 0;
+  if ((bar_ && bar_->enabled()) || heartbeat) {
     train.SetStepCallback([&](int64_t step) {
-      const double r = rate > 0 ? rate : (step - first_step) / std::max(elapsed(), 1e-9);
-      bar_->Update(step, max_steps, r);
+      const double now = elapsed();
+      const double r = rate > 0 ? rate : (step - first_step) / std::max(now, 1e-9);
+      // Inside a loop: the run's first step, then a line at least every heartbeat_seconds.
+      if (heartbeat && step < max_steps && step - loop_start_step < steps_per_loop &&
+          (step == first_step + 1 || now - last_line_time >= options_.heartbeat_seconds)) {
+        last_line_time = now;
+        ProgressLine pl;
+        pl.step = step;
+        pl.max_steps = max_steps;
+        pl.steps_per_sec = (step - first_step) / std::max(now, 1e-9);
+        pl.elapsed_seconds = now;
+        Log(StrCat(FormatProgressLine(pl), step == first_step + 1 ? " \xC2\xB7 first step" : ""));
+      }
+      if (bar_ && bar_->enabled()) bar_->Update(step, max_steps, r);
     });
   }
   int64_t last_line_step = global_step_;
@@ -215,6 +231,7 @@ int64_t Executor::Run() {
     }
     schedule.BeforeTrainLoop(global_step_);
     TrainProgram::LoopResult r;
+    loop_start_step = global_step_;
     try {
       r = train.RunLoop(&global_step_, [this] { return stop_.load(); });
     } catch (const TrainingDivergedError& e) {
@@ -257,6 +274,7 @@ int64_t Executor::Run() {
                          " in this run)");
         }
         Log(line);
+        last_line_time = elapsed();
       }
     }
     if (r.steps < tp.GetInt("steps_per_loop") && !r.input_exhausted &&

@@ -41,6 +41,9 @@ struct ExecutorOptions {
   int verbosity = 1;
   // The progress line at most every this many steps (0: every train loop); the last always.
   int64_t log_every_n_steps = 0;
+  // Within a loop, a line after the run's first step and then at least this often (a long loop on a
+  // loaded machine is never silent); negative: none.
+  double heartbeat_seconds = 30;
   // Wall time in seconds (save intervals); injectable.
   std::function<double()> clock;
   // Model Params per dataset the program schedule evaluates or decodes in the trainer

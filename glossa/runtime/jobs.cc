@@ -70,6 +70,18 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     CheckSameConfiguration(*dist, params);
     ShardParamsForReplicas(params, dist->world_size(), dist->rank());  // eval: any batch
   }
+  auto model = InstantiateLayer<BaseModel>(params);
+  const Params& tp = model->task().train_params();
+  const Params& ep = model->task().eval_params();
+  // A logdir no trainer has touched is most often a mistyped one: refuse it (creating nothing)
+  // rather than wait forever, unless asked to wait for a run that has not started yet.
+  if (!options.wait_for_train && !ep.IsSet("load_checkpoint_from") && !FileExists(train_dir) &&
+      !FileExists(JoinPath(options.logdir, "control"))) {
+    throw NotFoundError(StrCat("--logdir '", options.logdir,
+                               "' holds no training run (it has no train/ and no control/): a "
+                               "mistyped path? To wait for a run that has not started yet, pass "
+                               "--wait_for_train"));
+  }
   std::unique_ptr<DirectoryLock> lock;
   if (chief) {
     CreateDirectories(job_dir);
@@ -78,10 +90,6 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     RemoveStaleTempFiles(job_dir);
   }
   const std::string processed_file = JoinPath(job_dir, "processed_ckpts.txt");
-
-  auto model = InstantiateLayer<BaseModel>(params);
-  const Params& tp = model->task().train_params();
-  const Params& ep = model->task().eval_params();
   const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
   const int64_t max_steps = tp.GetInt("max_steps");
   const bool all =
@@ -92,6 +100,34 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   if (chief) writer = std::make_unique<EventWriter>(job_dir);
   std::set<std::string> processed;
   if (chief) processed = ReadProcessed(processed_file);
+  // Waiting for checkpoints: a line naming what the job waits for, then a heartbeat at least
+  // every heartbeat_seconds (the backoff is slept in pieces no longer than that).
+  double waited = -1;  // seconds waited since the last checkpoint; -1: not waiting
+  double last_line = 0;
+  auto wait = [&](double seconds, const std::string& newest) {
+    if (waited < 0) {
+      waited = 0;
+      last_line = 0;
+      log(StrCat(kind == JobKind::kEval ? "evaler" : "decoder", ": waiting for a new checkpoint in ",
+                 train_dir, " (", newest, "; the job ends after the checkpoint at step ",
+                 max_steps, ")"));
+    }
+    const double piece = std::max(0.01, options.heartbeat_seconds);
+    for (double left = seconds; left > 0; left -= piece) {
+      if (options.stop != nullptr && options.stop->load()) return;
+      sleep(std::min(left, piece));
+      waited += std::min(left, piece);
+      if (waited - last_line >= options.heartbeat_seconds) {
+        last_line = waited;
+        const int64_t s = static_cast<int64_t>(waited);
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60),
+                      static_cast<long long>(s % 60));
+        log(StrCat("still waiting for a new checkpoint in ", train_dir, " (", buf,
+                   " so far; ", newest, ")"));
+      }
+    }
+  };
   std::set<std::string> gone;  // deleted by retention before we got to them
   int64_t count = 0;
   double backoff = 1;
@@ -227,10 +263,13 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     }
     if (finished) break;
     if (todo.empty()) {
-      sleep(backoff);
+      wait(backoff, state.all_model_checkpoint_paths.empty()
+                        ? std::string("none yet")
+                        : StrCat("newest ", state.all_model_checkpoint_paths.back()));
       backoff = std::min(backoff * 2, options.max_backoff_seconds);
     } else {
       backoff = 1;
+      waited = -1;
     }
   }
   if (writer) writer->Close();

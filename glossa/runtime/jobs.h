@@ -28,6 +28,11 @@ struct JobOptions {
   std::function<void(double)> sleep;            // null: real sleep
   const std::atomic<bool>* stop = nullptr;      // returns when set
   double max_backoff_seconds = 300;
+  // While no new checkpoint comes: a line naming the directory, then one at least this often.
+  double heartbeat_seconds = 30;
+  // Without it, a logdir with neither train/ nor control/ (no run has started there: a mistyped
+  // path?) is NotFound, and nothing is created.
+  bool wait_for_train = false;
   // Data-parallel workers (docs/distributed.md); null: one. Each rank evaluates or decodes its
   // shard of the dataset; metrics are reduced with their weights, and decode outputs gathered
   // before the decoder metrics (corpus BLEU needs every hypothesis). Rank 0 picks the

@@ -150,6 +150,31 @@ TrainProgram::TrainProgram(BaseModel& model, EventWriter* writer, ExponentialMov
   }
 }
 
+namespace {
+
+// A batch without examples: no tensors, or a batch dimension of 0 on every tensor that has one.
+// Trained on, its loss is NaN (a mean over nothing) and every step would be skipped as if training
+// had diverged; say what it is instead.
+void CheckBatchNotEmpty(const NestedMap& batch, BaseTask& task, int64_t step) {
+  bool any_tensor = false;
+  for (const auto& v : batch.Flatten()) {
+    if (!v.is_tensor()) continue;
+    any_tensor = true;
+    if (v.AsTensor().dim() == 0 || v.AsTensor().size(0) > 0) return;
+  }
+  std::string why = any_tensor ? "every tensor in it has 0 rows" : "it holds no tensors";
+  const Params& ip = task.input().params();
+  if (ip.Contains("batch_size") && ip.Get("batch_size").kind() == ParamValue::Kind::kInt) {
+    why += StrCat("; the input's batch_size is ", ip.GetInt("batch_size"),
+                  ip.GetInt("batch_size") <= 0 ? " (its default is 0: set it)" : "");
+  }
+  throw InvalidArgumentError(StrCat("task '", task.path(), "': the training batch at step ", step,
+                                    " is empty (", why, "): input '", task.input().path(),
+                                    "' produced no examples"));
+}
+
+}  // namespace
+
 TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
                                                const std::function<bool()>& stop) {
   const Params& tp = model_.task().train_params();
@@ -201,6 +226,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       result.input_exhausted = true;
       break;
     }
+    CheckBatchNotEmpty(batch, task, *global_step);
     GlobalStepContext step_context(*global_step);
     SetGlobalStep(*global_step);
     BaseTask::FPropResult r = task.FPropDefaultTheta(batch);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 #include "glossa/base/strings.h"
 
@@ -40,16 +41,22 @@ std::string FormatCount(double v) {
 
 namespace {
 
-// 3 significant digits, the exponent without padding: 0.0016 -> "1.6e-3", 4.4213 -> "4.42".
+// 3 significant digits, the exponent without padding: 0.0016 -> "1.6e-3", 4.4213 -> "4.42",
+// 9.996e-5 -> "1e-4" (never "10e-5"), 1234.5 -> "1235".
 std::string Short(double v) {
   char buf[32];
-  if (v != 0 && (std::fabs(v) < 1e-2 || std::fabs(v) >= 1e5)) {
-    const int e = static_cast<int>(std::floor(std::log10(std::fabs(v))));
-    double m = v / std::pow(10.0, e);
-    std::snprintf(buf, sizeof(buf), "%.2g", m);
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  const double a = std::fabs(v);
+  if (v != 0 && (a < 1e-2 || a >= 1e5)) {
+    int e = static_cast<int>(std::floor(std::log10(a)));
+    std::snprintf(buf, sizeof(buf), "%.2g", v / std::pow(10.0, e));
+    if (std::fabs(std::strtod(buf, nullptr)) >= 10) {  // the mantissa rounded up to 10
+      ++e;
+      std::snprintf(buf, sizeof(buf), "%.2g", v / std::pow(10.0, e));
+    }
     return StrCat(buf, "e", e);
   }
-  std::snprintf(buf, sizeof(buf), "%.3g", v);
+  std::snprintf(buf, sizeof(buf), a >= 100 ? "%.0f" : "%.3g", v);
   return buf;
 }
 
@@ -64,9 +71,7 @@ std::string FormatProgressLine(const ProgressLine& p) {
   if (p.loss) line += StrCat(sep, "loss ", Short(*p.loss));
   if (p.log_pplx) line += StrCat(sep, "log_pplx ", Short(*p.log_pplx));
   if (p.learning_rate) line += StrCat(sep, "lr ", Short(*p.learning_rate));
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", p.steps_per_sec);
-  line += StrCat(sep, buf, " steps/s");
+  line += StrCat(sep, Short(p.steps_per_sec), " steps/s");
   if (p.tokens_per_sec > 0) line += StrCat(sep, FormatCount(p.tokens_per_sec), " tok/s");
   line += StrCat(sep, "elapsed ", FormatDuration(p.elapsed_seconds));
   if (p.steps_per_sec > 0 && p.max_steps > p.step) {

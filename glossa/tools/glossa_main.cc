@@ -29,6 +29,7 @@
 #include <iostream>
 #include <limits>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "glossa/base/errors.h"
@@ -55,6 +56,7 @@
 #include "glossa/tools/cli.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/saver.h"
+#include "glossa/runtime/trained_params.h"
 
 namespace glossa {
 namespace {
@@ -132,7 +134,17 @@ struct ModelFlags {
   int64_t topn = 0;
   double keep_every_n_hours = -1;
   bool once = false;
+  // Jobs that follow a run (eval, decode, export, report) build the model it was trained with
+  // (runtime/trained_params.h); --allow_params_change lets overrides differ from it.
+  bool use_trained_params = false, allow_params_change = false, wait_for_train = false;
 };
+
+// Says a note once per process (report reads the Params twice).
+void NoteOnce(const std::string& note) {
+  static std::set<std::string> said;
+  if (!said.insert(note).second) return;
+  std::cerr << "glossa: " << note << std::endl;
+}
 
 // Data parallelism (docs/distributed.md): --nproc_per_node starts local workers; a worker reads
 // the standard environment (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT) set by any launcher.
@@ -198,6 +210,15 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
                   "sample a task (training only).");
   cmd->add_flag("--enable_check_numerics", f.enable_check_numerics,
                 "A gradient with NaN or Inf values is an error (instead of a skipped step).");
+}
+
+// For the jobs that follow a run: they read the model from <logdir>/control/params.txt.
+void AddFollowerFlags(CLI::App* cmd, ModelFlags& f) {
+  f.use_trained_params = true;
+  cmd->add_flag("--allow_params_change", f.allow_params_change,
+                "Let --model_params_override / --model_params_file_override change keys of the "
+                "model the run was trained with (<logdir>/control/params.txt); without it, that is "
+                "an error showing the difference.");
 }
 
 void AddDistFlags(CLI::App* cmd, DistFlags& d, bool training) {
@@ -266,6 +287,16 @@ Params ModelParamsFromFlags(const ModelFlags& f, bool training = false) {
   Params p = GetModelParams(f.model, f.dataset, f.override_text, f.override_file);
   SetCheckNumerics(f.enable_check_numerics);
   if (!f.model_task_name.empty()) SelectModelTask(p, f.model_task_name, training);
+  if (f.use_trained_params && !f.logdir.empty()) {
+    std::string text = f.override_text.empty() ? std::string() : OverrideText(f.override_text);
+    if (!f.override_file.empty() && FileExists(f.override_file)) {
+      text += "\n" + ReadFileToString(f.override_file, 64 << 20);
+    }
+    for (const auto& note : ApplyTrainedParams(p, f.logdir, OverrideKeys(text),
+                                               f.allow_params_change)) {
+      NoteOnce(note);
+    }
+  }
   if (!f.checkpoint.empty()) {
     std::string prefix = f.checkpoint;
     for (const std::string suffix : {".safetensors.index.json", ".safetensors"}) {
@@ -289,6 +320,20 @@ Params ModelParamsFromFlags(const ModelFlags& f, bool training = false) {
   ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads),
                       !fprop.is_none() && fprop.AsDType() == DType::kBFloat16);
   if (f.max_steps >= 0) p.Set("task.train.max_steps", f.max_steps);
+  // The docs test (tests/tools/docs_test.py) runs every documented command with training cut short.
+  if (const char* cap = std::getenv("GLOSSA_DOCS_MAX_STEPS"); cap != nullptr && *cap != '\0') {
+    char* end = nullptr;
+    const long long n = std::strtoll(cap, &end, 10);
+    if (*end != '\0' || n < 1) {
+      throw InvalidArgumentError(
+          StrCat("GLOSSA_DOCS_MAX_STEPS='", cap, "' must be an integer >= 1"));
+    }
+    if (p.GetInt("task.train.max_steps") > n) {
+      NoteOnce(StrCat("GLOSSA_DOCS_MAX_STEPS=", n, ": max_steps ", p.GetInt("task.train.max_steps"),
+                      " cut to ", n));
+      p.Set("task.train.max_steps", static_cast<int64_t>(n));
+    }
+  }
   if (f.saver_max_to_keep >= 0) p.Set("task.train.save_max_to_keep", f.saver_max_to_keep);
   if (f.keep_every_n_hours >= 0)
     p.Set("task.train.save_keep_checkpoint_every_n_hours", f.keep_every_n_hours);
@@ -657,6 +702,10 @@ int Run(const std::vector<std::string>& argv) {
   AddModelFlags(eval, eval_f, true, "Dev");
   AddDistFlags(eval, eval_d, false);
   eval->add_flag("--once", eval_f.once, "Evaluate the latest checkpoint once and exit.");
+  AddFollowerFlags(eval, eval_f);
+  eval->add_flag("--wait_for_train", eval_f.wait_for_train,
+                 "Wait for a training run to start in --logdir (without it, a logdir with no "
+                 "train/ and no control/ is an error).");
   eval->add_option("--checkpoint", eval_f.checkpoint,
                    "Evaluate this checkpoint (a prefix such as <logdir>/train/ckpt-00001000) "
                    "once and exit (task.eval.load_checkpoint_from).");
@@ -665,11 +714,16 @@ int Run(const std::vector<std::string>& argv) {
   AddModelFlags(decode, decode_f, true, "Dev");
   AddDistFlags(decode, decode_d, false);
   decode->add_flag("--once", decode_f.once, "Decode the latest checkpoint once and exit.");
+  AddFollowerFlags(decode, decode_f);
+  decode->add_flag("--wait_for_train", decode_f.wait_for_train,
+                   "Wait for a training run to start in --logdir (without it, a logdir with no "
+                   "train/ and no control/ is an error).");
   decode->add_option("--checkpoint", decode_f.checkpoint,
                      "Decode this checkpoint once and exit (task.eval.load_checkpoint_from).");
   auto* export_cmd = app.add_subcommand(
       "export", "Write an inference bundle (docs/inference.md) from a checkpoint of <logdir>/train.");
   AddModelFlags(export_cmd, export_f, true, "Train");
+  AddFollowerFlags(export_cmd, export_f);
   export_cmd->add_option("--checkpoint", export_f.checkpoint,
                          "The checkpoint prefix to export (default: the latest).");
   std::string export_out, export_dtype = "float32";
@@ -747,6 +801,7 @@ int Run(const std::vector<std::string>& argv) {
                                     "The latest checkpoint's report (the task's Report hook): "
                                     "eval metrics and samples; LMs add a unigram baseline.");
   AddModelFlags(report, report_f, false, "Dev");
+  AddFollowerFlags(report, report_f);
   // --logdir may repeat with --html (runs overlaid); --model is then optional (the headline).
   report->remove_option(report->get_option("--logdir"));
   report->get_option("--model")->required(false);
@@ -888,6 +943,7 @@ int Run(const std::vector<std::string>& argv) {
     o.dataset = f.dataset;
     o.stop = &g_stop;
     o.distributed = dist.get();
+    o.wait_for_train = f.wait_for_train;
     if (dist && dist->rank() != 0) o.log = [](const std::string&) {};
     RunCheckpointJob(is_eval ? JobKind::kEval : JobKind::kDecode, p, o);
     return 0;

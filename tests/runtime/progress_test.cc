@@ -48,6 +48,27 @@ TEST(Progress, TheIssuesLine) {
             "elapsed 0:45");
 }
 
+TEST(Progress, NumbersNeverPrintAsTenToAPower) {
+  // A mantissa that rounds up to 10 moves to the next exponent: 9.996e-5 is "1e-4", not "10e-5".
+  ProgressLine p;
+  p.step = 1;
+  p.max_steps = 2;
+  p.loss = 1234.5;
+  p.learning_rate = 9.996e-5;
+  p.steps_per_sec = 1234.5;
+  const std::string line = FormatProgressLine(p);
+  EXPECT_NE(line.find("lr 1e-4 "), std::string::npos) << line;
+  EXPECT_NE(line.find("loss 1234 "), std::string::npos) << line;  // not 1.23e+03
+  EXPECT_NE(line.find("\u00b7 1234 steps/s"), std::string::npos) << line;
+  EXPECT_EQ(line.find("e+"), std::string::npos) << line;
+  for (double v : {9.95e-3, 9.999e-4, 99999.0, 999999.0, -9.96e-7, 0.0099999}) {
+    p.learning_rate = v;
+    const std::string l = FormatProgressLine(p);
+    EXPECT_EQ(l.find("10e"), std::string::npos) << v << ": " << l;
+    EXPECT_EQ(l.find("e+"), std::string::npos) << v << ": " << l;
+  }
+}
+
 TEST(Progress, TheBarDrawsOnlyOnATerminal) {
   FILE* pipe_end = tmpfile();
   ProgressBar off(pipe_end);
