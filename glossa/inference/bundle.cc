@@ -234,6 +234,9 @@ int64_t ExportBundle(const ExportOptions& o) {
 
 std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
   const std::string path = JoinPath(dir, kManifest);
+  if (!FileExists(dir)) {
+    throw NotFoundError(StrCat("bundle '", dir, "' does not exist (make one with glossa export)"));
+  }
   if (!FileExists(path)) {
     throw DataLossError(StrCat("bundle '", dir, "' has no ", kManifest,
                                " (not a bundle, or its export did not finish)"));

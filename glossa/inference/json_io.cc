@@ -139,6 +139,13 @@ nlohmann::json Row(const InferenceValue& v, const InferenceMap& fetches, int64_t
     const int64_t n = lengths->second.tensor[i].item<int64_t>();
     r = r.narrow(0, 0, std::min<int64_t>(std::max<int64_t>(n, 0), r.size(0)));
   }
+  // Per-hypothesis fetches (scores [B, K], ids [B, K, T]) are cut to the hypotheses found.
+  const auto found = fetches.find("num_hyps_found");
+  if (found != fetches.end() && !found->second.is_strings() && v.tensor.dim() >= 2 &&
+      &v != &found->second) {
+    const int64_t n = found->second.tensor[i].item<int64_t>();
+    r = r.narrow(0, 0, std::min<int64_t>(std::max<int64_t>(n, 0), r.size(0)));
+  }
   return TensorToJson(r);
 }
 

@@ -1,4 +1,5 @@
 #include "glossa/layers/base_layer.h"
+#include "glossa/layers/process_seed.h"
 
 #include <ATen/ATen.h>
 #include <glog/logging.h>

@@ -24,8 +24,7 @@
 //
 // Variable full names are scope paths, `root/child/var`; initial values are deterministic given
 // the layer's random_seed (or the WeightInit's seed) and the full name. Without any seed a random
-// one is drawn once per process; the trainer says it when it starts a model from scratch, so the
-// run can be repeated by setting it.
+// one is drawn once per process and logged, so the run can be repeated by setting it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,10 +41,6 @@
 #include "glossa/layers/weight_init.h"
 
 namespace glossa {
-
-// The per-process seed variables of layers without random_seed were initialized from; none when no
-// variable used it.
-std::optional<int64_t> UsedProcessRandomSeed();
 
 // ---- Execution mode ----
 

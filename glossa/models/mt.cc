@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 #include "glossa/base/errors.h"
@@ -591,8 +592,13 @@ std::map<std::string, InferenceSubgraphSpec> TransformerModel::Inference() const
   t.fetches["translation"] = {"string", 1, false, "[B] the best hypothesis."};
   t.fetches["hyps"] = {"string", 1, false,
                        "[B] every hypothesis, best first, joined by \" ||| \"."};
-  t.fetches["scores"] = {"float32", 2, false, "[B, K] the hypotheses' scores, best first."};
+  t.fetches["scores"] = {"float32", 2, false,
+                         "[B, K] the hypotheses' scores, best first; -inf past num_hyps_found."};
   t.fetches["ids"] = {"int64", 3, false, "[B, K, T] the hypotheses' ids (</s> included)."};
+  t.fetches["num_hyps_found"] = {
+      "int64", 1, false,
+      "[B] the hypotheses the search found (at most K; JSON rows of scores and ids are cut to "
+      "it)."};
   return out;
 }
 
@@ -633,17 +639,27 @@ InferenceMap TransformerModel::RunInference(const std::string& subgraph,
   NestedMap src{{"ids", ids}, {"paddings", paddings}};
   const NestedMap r = Translate(theta(), src, num_hyps);
   const at::Tensor out_ids = r.GetTensor("topk_ids"), lens = r.GetTensor("topk_lens");
+  // A slot the search filled with no hypothesis (fewer ended than were asked for) has length 0:
+  // it is left out of the strings, and its score is -inf, never a 0 that outranks the real ones.
+  at::Tensor scores = r.GetTensor("topk_scores").to(at::kFloat).clone();
+  at::Tensor found = (lens > 0).to(at::kLong).sum(1);
+  scores.masked_fill_(lens <= 0, -std::numeric_limits<float>::infinity());
   std::vector<std::string> best, all;
   for (int64_t i = 0; i < out_ids.size(0); ++i) {
-    const std::vector<std::string> h = RowsToStrings(*tokenizer, out_ids[i], lens[i]);
-    best.push_back(h.empty() ? std::string() : h[0]);
-    all.push_back(Join(h, " ||| "));
+    std::vector<std::string> h = RowsToStrings(*tokenizer, out_ids[i], lens[i]);
+    std::vector<std::string> real;
+    for (size_t k = 0; k < h.size(); ++k) {
+      if (lens[i][static_cast<int64_t>(k)].item<int64_t>() > 0) real.push_back(h[k]);
+    }
+    best.push_back(real.empty() ? std::string() : real[0]);
+    all.push_back(Join(real, " ||| "));
   }
   InferenceMap out;
   out["translation"] = InferenceValue::Strings(std::move(best));
   out["hyps"] = InferenceValue::Strings(std::move(all));
-  out["scores"] = InferenceValue::Of(r.GetTensor("topk_scores").to(at::kFloat));
+  out["scores"] = InferenceValue::Of(scores);
   out["ids"] = InferenceValue::Of(out_ids);
+  out["num_hyps_found"] = InferenceValue::Of(found);
   return out;
 }
 

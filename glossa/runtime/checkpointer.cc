@@ -10,7 +10,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/base_layer.h"
+#include "glossa/layers/process_seed.h"
 
 namespace glossa {
 namespace {

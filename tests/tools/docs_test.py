@@ -26,7 +26,8 @@ What each block gets, by its language and the marker comment on the line right a
   output must fall in [lo, hi].
 - a fence without a language is an error: every block says what it is.
 
-The scratch copy maps a few things no test may touch for real, and says so here: absolute paths
+Without Slurm, tests/tools/fake_slurm/ stands in for `srun` and `scontrol` on one node. The
+scratch copy maps a few things no test may touch for real, and says so here: absolute paths
 under /models, /tmp, /opt and /shared go under the scratch directory; `--port=8080` is a free
 port; `ckpt-<step>` names the last checkpoint of the shortened run.
 """
@@ -295,6 +296,8 @@ def main():
     env["PATH"] = os.path.join(repo, "build", "bin") + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = os.path.join(repo, "build", "python")
     env.pop("WORLD_SIZE", None)
+    if not shutil.which("srun"):  # Slurm's srun and scontrol, as they behave on one node
+        env["PATH"] = os.path.join(src, "tests", "tools", "fake_slurm") + os.pathsep + env["PATH"]
     ran = skipped = 0
     try:
         for b in blocks:
