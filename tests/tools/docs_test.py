@@ -22,7 +22,7 @@ What each block gets, by its language and the marker comment on the line right a
 - ```text: not a command (a diagram, a file's layout, a format), unless marked
   `output: <label>`: then each of its lines must match a line of that block's output, in order,
   with every number in the sample standing for any number (the format is checked). The marker
-  `range: <word> <lo>..<hi>, ...` also checks the value: the last number after <word> in the
+  `range: <words> <lo>..<hi>, ...` (<words> quoted when they hold spaces) also checks the value: the last number after <word> in the
   output must fall in [lo, hi].
 - a fence without a language is an error: every block says what it is.
 
@@ -35,6 +35,7 @@ import argparse
 import glob
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -145,7 +146,7 @@ def check_output(block, output):
         pos += 1
     ranges = block.marker_value("range")
     for spec in (ranges.split(",") if ranges else []):
-        word, bounds = spec.split()
+        word, bounds = shlex.split(spec)
         lo, hi = (float(x) for x in bounds.split(".."))
         found = re.findall(re.escape(word) + r"\s*:?\s*(" + NUMBER + ")", output)
         if not found:
