@@ -137,6 +137,7 @@ struct ModelFlags {
   // Jobs that follow a run (eval, decode, export, report) build the model it was trained with
   // (runtime/trained_params.h); --allow_params_change lets overrides differ from it.
   bool use_trained_params = false, allow_params_change = false, wait_for_train = false;
+  std::string flagfile_help;  // --flagfile is expanded before parsing; declared for --help
 };
 
 // Says a note once per process (report reads the Params twice).
@@ -177,6 +178,36 @@ void AddIntFlag(CLI::App* cmd, const std::string& name, int64_t& target, int64_t
          },
          doc)
       ->type_name("INT");
+  // The default shows in --help; -1 stands for "not given" (the model's value applies).
+  if (target >= 0) cmd->get_option(name)->default_str(std::to_string(target));
+}
+
+// An unknown flag: the nearest flags the command has, as misspelled Params keys get.
+std::string FlagSuggestion(const CLI::App* cmd, const std::string& arg) {
+  std::string name = arg.substr(0, arg.find('='));
+  if (name.rfind("--", 0) != 0) return "";
+  std::vector<std::string> flags;
+  for (const CLI::App* c = cmd; c != nullptr; c = c->get_parent()) {
+    for (const CLI::Option* o : c->get_options()) {
+      for (const auto& l : o->get_lnames()) flags.push_back("--" + l);
+    }
+  }
+  std::vector<std::string> near = SimilarKeys(name, flags);
+  // Also a flag one edit away (--max_step for --max_steps) or with the other separator.
+  for (const auto& f : flags) {
+    const bool prefix = f.size() > name.size() && f.compare(0, name.size(), name) == 0 &&
+                        f.size() - name.size() <= 2;
+    const bool shorter = name.size() > f.size() && name.compare(0, f.size(), f) == 0 &&
+                         name.size() - f.size() <= 2;
+    std::string dashed = name;
+    std::replace(dashed.begin() + 2, dashed.end(), '-', '_');
+    if ((prefix || shorter || dashed == f) &&
+        std::find(near.begin(), near.end(), f) == near.end()) {
+      near.push_back(f);
+    }
+  }
+  if (near.empty()) return "";
+  return StrCat(" (did you mean: ", Join(near, ", "), "?)");
 }
 
 void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
@@ -208,6 +239,9 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
   cmd->add_option("--model_task_name", f.model_task_name,
                   "For multitask models: select task to train/evaluate/decode. Empty means to "
                   "sample a task (training only).");
+  cmd->add_option("--flagfile", f.flagfile_help,
+                  "Read --flag=value lines from this file (one a line, # comments; may nest); "
+                  "they count as if given here.");
   cmd->add_flag("--enable_check_numerics", f.enable_check_numerics,
                 "A gradient with NaN or Inf values is an error (instead of a skipped step).");
 }
@@ -648,7 +682,16 @@ int Serve(ServeFlags& f) {
 }
 
 int Run(const std::vector<std::string>& argv) {
-  CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models."};
+  CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models.", "glossa"};
+  app.footer(
+      "Examples:\n"
+      "  glossa train  --model=lm.austen.TransformerLmTiny --logdir=runs/austen_tiny\n"
+      "  glossa eval   --model=lm.austen.TransformerLmTiny --logdir=runs/austen_tiny "
+      "--dataset=Dev --once\n"
+      "  glossa export --model=lm.austen.TransformerLmTiny --logdir=runs/austen_tiny "
+      "--out=/tmp/austen && echo 'It is a truth' | glossa predict --bundle=/tmp/austen\n"
+      "Every command documents its flags under `glossa <command> --help`; "
+      "--flagfile=F reads --flag=value lines from F. Docs: docs/tutorial.md.");
   // Flag errors are one line, like every other error.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string(e.what()) + " (see --help)\n";
@@ -670,7 +713,7 @@ int Run(const std::vector<std::string>& argv) {
   std::string key, params_file, params_override;
   auto* inspect =
       app.add_subcommand("inspect_params", "Print a registered class's params with their docs.");
-  inspect->add_option("key", key, "Registry key, e.g. glossa.layers.FeedForward")->required();
+  inspect->add_option("key", key, "Registry key, e.g. glossa.layers.ProjectionLayer (see list)")->required();
   inspect->add_option("--params_file", params_file, "A params text file to apply first.");
   inspect->add_option("--params_override", params_override,
                       "'key : value' lines (';' or newline separated) applied last.");
@@ -824,6 +867,26 @@ int Run(const std::vector<std::string>& argv) {
   std::reverse(args.begin(), args.end());
   try {
     app.parse(args);
+  } catch (const CLI::ExtrasError& e) {
+    // Name the flag and the nearest ones the command has.
+    const CLI::App* cmd = &app;
+    for (const CLI::App* sub : app.get_subcommands()) {
+      if (sub->parsed()) cmd = sub;
+    }
+    std::string hint;
+    for (const auto& extra : cmd->remaining()) {
+      hint = FlagSuggestion(cmd, extra);
+      if (!hint.empty()) break;
+    }
+    if (hint.empty()) {
+      for (const auto& extra : app.remaining()) {
+        hint = FlagSuggestion(cmd, extra);
+        if (!hint.empty()) break;
+      }
+    }
+    std::cerr << e.what() << hint << " (see " << (cmd == &app ? "" : cmd->get_name() + " ")
+              << "--help)\n";
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
