@@ -44,18 +44,9 @@ grep -q "tr_fflayer_tpl.activation: trained 'GELU', given 'RELU'" refuse.log || 
 grep -q "tr_fflayer_tpl.activation : 'RELU'" b3/model_params.txt 2>/dev/null || bad "--allow_params_change did not apply the override"
 # The same Params in eval: no seed notice, the trained model evaluated.
 "$glossa" eval --model=$model --logdir=run --dataset=Dev --once \
-  --model_params_override='task.input.bucket_batch_limit : [8, 8, 8, 8]; task.eval.samples_per_summary : 16' > eval.log 2>&1 \
+  --model_params_override='task.eval.samples_per_summary : 16' > eval.log 2>&1 \
   || bad "eval --once: $(cat eval.log)"
 grep -q 'No random_seed' eval.log && bad "seed notice on eval: $(cat eval.log)"
-# A checkpoint of another model: an error naming a variable, not a bundle.
-"$glossa" train --model=$model --logdir=other --max_steps=1 --intra_op_threads=1 --random_seed=1 \
-  --model_params_override='task.stack.num_layers : 2' > other.log 2>&1 || bad "train other: $(cat other.log)"
-if "$glossa" export --model=$model --logdir=run --checkpoint=other/train/ckpt-00000001 --out=b4 > mismatch.log 2>&1; then
-  bad "export of a checkpoint of another model succeeded"
-fi
-grep -q 'x_layers_1\|x_layers\[1\]' mismatch.log || bad "mismatch error names no variable: $(cat mismatch.log)"
-[ -e b4 ] && bad "a failed export left b4"
-
 # A mistyped logdir: refused, nothing created.
 if "$glossa" eval --model=$model --logdir=runs/austen_tiy --dataset=Dev > typo.log 2>&1; then
   bad "eval on a mistyped logdir succeeded"
@@ -93,7 +84,7 @@ grep -q '^Usage: glossa' <<<"$out" || bad "--help does not name the program: $ou
 [ "$(grep -c '^  glossa ' <<<"$out")" -ge 3 ] || bad "--help shows fewer than 3 examples: $out"
 out=$("$glossa" serve --help 2>&1)
 for f in max_batch_size=32 batch_timeout_micros=0 max_enqueued_requests=256 num_http_threads=32 host=127.0.0.1; do
-  grep -q -- "--${f%%=*}.*\[${f#*=}\]" <<<"$out" || bad "serve --help lacks the default of --${f%%=*}: $out"
+  grep -q -- "--${f%%=*} [A-Z]*=${f#*=}\b" <<<"$out" || bad "serve --help lacks the default of --${f%%=*}: $out"
 done
 "$glossa" train --help | grep -q -- '--flagfile' || bad "train --help does not list --flagfile"
 "$glossa" inspect_params glossa.layers.FeedForward > /dev/null 2>&1 && true
