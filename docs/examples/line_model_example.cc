@@ -131,8 +131,9 @@ TEST(DocsExample, TutorialLineModelTrainsAndEvaluates) {
   // The line was learned: w near 3, b near 1, and the Dev loss near the noise's variance.
   const auto ckpt =
       glossa::LoadSafetensors(glossa::JoinPath(logdir, "train/ckpt-00000200.safetensors"));
-  EXPECT_NEAR(ckpt.tensors.at("line/proj/w").item<double>(), 3.0, 0.1);
-  EXPECT_NEAR(ckpt.tensors.at("line/proj/b").item<double>(), 1.0, 0.1);
+  // Variables are named <model>/<task>/...: "regression/line/proj/w".
+  EXPECT_NEAR(ckpt.tensors.at("regression/line/proj/w").item<double>(), 3.0, 0.1);
+  EXPECT_NEAR(ckpt.tensors.at("regression/line/proj/b").item<double>(), 1.0, 0.1);
   const std::string score =
       glossa::ReadFileToString(glossa::JoinPath(logdir, "eval_dev/score-00000200.txt"));
   const size_t at = score.find("loss: ");

@@ -7,8 +7,6 @@
 
 #include "glossa/inference/predictor.h"
 #include "glossa/inference/server.h"
-#include "glossa/models/transformer_lm.h"
-#include "glossa/runtime/saver.h"
 #include "tests/inference/test_bundle.h"  // ExportedBundle(): a bundle of a small Austen LM
 
 TEST(ServingExample, PredictorAndServer) {
@@ -32,32 +30,4 @@ TEST(ServingExample, PredictorAndServer) {
   const auto answer = nlohmann::json::parse(res->body);
   EXPECT_EQ(answer["fetches"]["total_log_prob"][0].get<double>(), log_prob);
   server.Stop();  // stops accepting, finishes the requests in flight
-}
-
-// docs/inference.md's snippets: a bundle loaded by hand, and the Predictor reloading weights.
-TEST(ServingExample, BundleAndReload) {
-  const std::string dir = glossa::ExportedBundle();  // e.g. "/models/austen_tiny"
-  const std::string checkpoint = *glossa::Saver::LatestCheckpoint(glossa::TrainedLogdir() + "/train");
-  {
-    glossa::LoadedBundle b = glossa::LoadBundle(dir);
-    auto& lm = dynamic_cast<glossa::TransformerLmTask&>(b.model->task());
-    std::vector<int64_t> ids = b.tokenizer->StringToIds("It is a truth universally acknowledged");
-    EXPECT_GT(ids.size(), 3u);
-    EXPECT_EQ(&lm.params(), &b.model->task().params());
-  }
-  glossa::Predictor predictor(dir);   // PredictorOptions: subgraphs, checkpoint,
-                                      // max_batch_size, max_input_tokens
-  glossa::InferenceMap out = predictor.Run(
-      "default", {{"text", glossa::InferenceValue::Strings({"It is a truth universally acknowledged"})}});
-  double log_prob = out.at("total_log_prob").tensor[0].item<double>();
-  predictor.Load(checkpoint);  // new weights (their EMA), atomically
-  EXPECT_LT(log_prob, 0);
-  // The bundle holds the EMA of the same checkpoint: reloading it gives the same scores.
-  EXPECT_EQ(predictor
-                .Run("default", {{"text", glossa::InferenceValue::Strings(
-                                              {"It is a truth universally acknowledged"})}})
-                .at("total_log_prob")
-                .tensor[0]
-                .item<double>(),
-            log_prob);
 }

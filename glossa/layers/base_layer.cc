@@ -36,21 +36,8 @@ std::string SanitizeScopeKey(const std::string& name) {
   return out;
 }
 
-// The seed used for variables of layers without random_seed: drawn once per process. The trainer
-// says it when it initializes a model from scratch (UsedProcessRandomSeed); where weights come
-// from a checkpoint (eval, decode, export, a resumed run) it does not matter and is not said.
-std::atomic<int64_t> g_used_process_seed{-1};
-
-int64_t ProcessRandomSeed() {
-  static std::once_flag once;
-  static int64_t seed = 0;
-  std::call_once(once, [] {
-    std::random_device rd;
-    seed = static_cast<int64_t>(rd() % 2147483647u);
-  });
-  g_used_process_seed.store(seed);
-  return seed;
-}
+// Variables initialized from the process seed so far (process_seed.h).
+std::atomic<int64_t> g_process_seed_uses{0};
 
 Params DefaultVN() {
   Params vn;
@@ -76,11 +63,17 @@ std::optional<int64_t> OptionalInt(const Params& p, const char* key) {
 
 }  // namespace
 
-std::optional<int64_t> UsedProcessRandomSeed() {
-  const int64_t s = g_used_process_seed.load();
-  if (s < 0) return std::nullopt;
-  return s;
+int64_t ProcessRandomSeed() {
+  static std::once_flag once;
+  static int64_t seed = 0;
+  std::call_once(once, [] {
+    std::random_device rd;
+    seed = static_cast<int64_t>(rd() % 2147483647u);
+  });
+  return seed;
 }
+
+int64_t ProcessRandomSeedUses() { return g_process_seed_uses.load(); }
 
 bool IsEvalMode() { return t_eval_mode; }
 EvalModeScope::EvalModeScope(bool eval) : saved_(t_eval_mode) { t_eval_mode = eval; }
@@ -217,7 +210,7 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
     const std::optional<int64_t> layer_seed = OptionalInt(params_, "random_seed");
     const int64_t user_seed = wp.init.seed ? *wp.init.seed
                               : layer_seed ? *layer_seed
-                                           : ProcessRandomSeed();
+                                           : (++g_process_seed_uses, ProcessRandomSeed());
     try {
       value = InitializeWeight(wp, {user_seed, GenerateSeedFromName(info.full_name)});
     } catch (const InvalidArgumentError& e) {

@@ -3,15 +3,18 @@
 // repeated; where weights come from a checkpoint (eval, decode, export, a resumed run) it does not
 // matter and is not said.
 //
-//   if (auto seed = UsedProcessRandomSeed()) Log(StrCat("initialized from random seed ", *seed));
+//   const int64_t before = ProcessRandomSeedUses();
+//   auto model = InstantiateLayer<BaseModel>(p);
+//   if (ProcessRandomSeedUses() > before) Log(StrCat("random seed ", ProcessRandomSeed()));
 #pragma once
 
 #include <cstdint>
-#include <optional>
 
 namespace glossa {
 
-// The seed, when some variable was initialized from it; none otherwise.
-std::optional<int64_t> UsedProcessRandomSeed();
+// The seed, drawn on first use.
+int64_t ProcessRandomSeed();
+// How many variables have been initialized from it so far in this process.
+int64_t ProcessRandomSeedUses();
 
 }  // namespace glossa

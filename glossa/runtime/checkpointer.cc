@@ -10,7 +10,6 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/process_seed.h"
 
 namespace glossa {
 namespace {
@@ -271,15 +270,9 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
       AtomicWriteFile(state_path, FormatCheckpointState(next));
     }
     log(StrCat("restored ", JoinPath(train_dir_, *restored), " at step ", step));
+    restored_ = true;
     RestoreInputPositions(contents, model_, log);
   } else {
-    // Said once, by the process that initializes the weights (rank 0 of a data-parallel job, whose
-    // weights every rank starts from).
-    if (const std::optional<int64_t> seed = UsedProcessRandomSeed()) {
-      log(StrCat("No random_seed is set: the variables were initialized from random seed ", *seed,
-                 "; set `random_seed : ", *seed, "` on the model (or --random_seed=", *seed,
-                 ") to repeat this run"));
-    }
     const ParamValue& rules = model_.task().train_params().Get("init_from_checkpoint_rules");
     if (!rules.AsDict().empty()) {
       std::map<std::string, at::Tensor> vars;

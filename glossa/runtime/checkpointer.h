@@ -76,6 +76,9 @@ class Checkpointer {
   // Waits for an asynchronous save; rethrows its error.
   void Wait();
   const std::string& train_dir() const { return train_dir_; }
+  // Whether RestoreOrInitialize restored a checkpoint (false: the model starts from its
+  // initialization, or from init_from_checkpoint_rules).
+  bool restored() const { return restored_; }
 
   // Skips every task's training input of `model` to the position saved in `ckpt` (older
   // checkpoints hold none: the input starts over).
@@ -84,6 +87,7 @@ class Checkpointer {
 
  private:
   std::string train_dir_;
+  bool restored_ = false;
   BaseModel& model_;
   ExponentialMovingAverage* ema_;
   std::function<double()> clock_;

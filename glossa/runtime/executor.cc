@@ -17,6 +17,7 @@
 #include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "glossa/runtime/program_schedule.h"
+#include "glossa/layers/process_seed.h"
 #include "glossa/runtime/progress.h"
 
 namespace glossa {
@@ -94,7 +95,9 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
       ShardParamsForReplicas(p, dist->world_size(), dist->rank());
     }
   }
+  const int64_t seed_uses = ProcessRandomSeedUses();
   model_ = InstantiateLayer<BaseModel>(params_);
+  used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
   ValidateTrainParams(*model_);
   train_dir_ = JoinPath(options_.logdir, "train");
   ema_ = MakeModelEma(*model_);
@@ -172,6 +175,14 @@ int64_t Executor::Run() {
   Distributed* dist = options_.distributed;
   DistributedScope dist_scope(dist);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
+  // Said once, by the process whose initialization the run starts from (rank 0 of a data-parallel
+  // job), and only when it does start from it.
+  if (chief_ && !checkpointer_->restored() && used_process_seed_) {
+    const int64_t seed = ProcessRandomSeed();
+    Log(StrCat("No random_seed is set: the variables were initialized from random seed ", seed,
+               "; set `random_seed : ", seed, "` on the model (or --random_seed=", seed,
+               ") to repeat this run"));
+  }
   if (dist != nullptr) {
     global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log);
     syncs_.clear();

@@ -93,6 +93,8 @@ class Executor {
   bool chief_ = true;
   std::vector<std::shared_ptr<DataParallelGradientSync>> syncs_;
   int64_t global_step_ = 0;
+  // Some variable was initialized from the per-process random seed (no random_seed set).
+  bool used_process_seed_ = false;
   std::atomic<bool> stop_{false};
 };
 

@@ -100,8 +100,8 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   if (chief) writer = std::make_unique<EventWriter>(job_dir);
   std::set<std::string> processed;
   if (chief) processed = ReadProcessed(processed_file);
-  // Waiting for checkpoints: a line naming what the job waits for, then a heartbeat at least
-  // every heartbeat_seconds (the backoff is slept in pieces no longer than that).
+  // Waiting for checkpoints: a line naming what the job waits for, then after each poll a
+  // heartbeat once heartbeat_seconds have passed since the last line.
   double waited = -1;  // seconds waited since the last checkpoint; -1: not waiting
   double last_line = 0;
   auto wait = [&](double seconds, const std::string& newest) {
@@ -112,20 +112,16 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
                  train_dir, " (", newest, "; the job ends after the checkpoint at step ",
                  max_steps, ")"));
     }
-    const double piece = std::max(0.01, options.heartbeat_seconds);
-    for (double left = seconds; left > 0; left -= piece) {
-      if (options.stop != nullptr && options.stop->load()) return;
-      sleep(std::min(left, piece));
-      waited += std::min(left, piece);
-      if (waited - last_line >= options.heartbeat_seconds) {
-        last_line = waited;
-        const int64_t s = static_cast<int64_t>(waited);
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60),
-                      static_cast<long long>(s % 60));
-        log(StrCat("still waiting for a new checkpoint in ", train_dir, " (", buf,
-                   " so far; ", newest, ")"));
-      }
+    sleep(seconds);
+    waited += seconds;
+    if (waited - last_line >= options.heartbeat_seconds) {
+      last_line = waited;
+      const int64_t s = static_cast<int64_t>(waited);
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60),
+                    static_cast<long long>(s % 60));
+      log(StrCat("still waiting for a new checkpoint in ", train_dir, " (", buf, " so far; ",
+                 newest, ")"));
     }
   };
   std::set<std::string> gone;  // deleted by retention before we got to them

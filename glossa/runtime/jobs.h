@@ -28,7 +28,8 @@ struct JobOptions {
   std::function<void(double)> sleep;            // null: real sleep
   const std::atomic<bool>* stop = nullptr;      // returns when set
   double max_backoff_seconds = 300;
-  // While no new checkpoint comes: a line naming the directory, then one at least this often.
+  // While no new checkpoint comes: a line naming the directory, then after a poll a line when
+  // this long has passed since the last (so at least every max(this, the backoff)).
   double heartbeat_seconds = 30;
   // Without it, a logdir with neither train/ nor control/ (no run has started there: a mistyped
   // path?) is NotFound, and nothing is created.

@@ -89,7 +89,16 @@ TEST(MultiHeadedAttention, CausalBlocksGiveTheFullComputation) {
           for (const at::Tensor& v : theta.FlattenTensors()) results[blocks].push_back(v.grad());
         }
         ASSERT_EQ(results[0].size(), results[1].size());
-        EXPECT_TRUE(at::equal(results[0][1], results[1][1]));  // the probabilities
+        // The probabilities: the same arithmetic on blocks of queries. Bit-identical where
+        // OpenBLAS's sgemm gives a row the same bits whatever the number of rows (its SkylakeX
+        // kernels); with other kernel sets (OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU) a
+        // partial tile accumulates in another order, so within float32 rounding.
+        {
+          const at::Tensor want = results[0][1].to(at::kDouble);
+          const double err = (results[1][1].to(at::kDouble) - want).abs().max().item<double>();
+          EXPECT_LE(err, (bf16 ? 1e-2 : 1e-6) * want.abs().max().item<double>())
+              << "the probabilities";
+        }
         for (size_t i = 0; i < results[0].size(); ++i) {
           ASSERT_TRUE(results[1][i].defined()) << i;
           const at::Tensor want = results[0][i].to(at::kDouble);

@@ -239,7 +239,10 @@ TEST(Affine, Float32IsAtensAddmmAndRelu) {
           const auto aten = run(false, x_grad, 0);
           for (size_t i = 0; i < got.size(); ++i) {
             ASSERT_TRUE(got[i].defined()) << i;
-            EXPECT_TRUE(at::equal(got[i], same_threads[i]))
+            // Bit for bit where OpenBLAS gives a row the same bits whatever the number of rows
+            // (its SkylakeX kernels on a Xeon); other kernel sets (OPENBLAS_CORETYPE=Haswell on
+            // an AVX-512 CPU) accumulate partial tiles in another order: float32 rounding.
+            EXPECT_LT(RelError(got[i], same_threads[i]), 1e-6)
                 << "output " << i << " x_grad " << x_grad;
             EXPECT_LT(RelError(got[i], aten[i]), 1e-6) << "output " << i << " x_grad " << x_grad;
           }

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <atomic>
 #include <cmath>
 
@@ -152,18 +154,30 @@ TEST(CheckpointJob, BacksOffWhileWaitingForCheckpoints) {
   JobOptions o;
   o.logdir = logdir;
   o.dataset = "Dev";
-  o.log = [](const std::string&) {};
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& l) { lines.push_back(l); };
   o.sleep = [&](double s) {
     sleeps.push_back(s);
     if (sleeps.size() == 10) stop.store(true);
   };
   o.stop = &stop;
+  o.wait_for_train = true;  // no run has started in logdir yet
   Params mp = SingleTaskModel::Params();
   Params tp = TransformerLmTask::CommonParams(5, 4, 8, 1, 1);
   tp.Set("name", "lm");
   mp.Set("task", tp);
   EXPECT_EQ(RunCheckpointJob(JobKind::kEval, mp, o), 0);
   EXPECT_EQ(sleeps, (std::vector<double>{1, 2, 4, 8, 16, 32, 64, 128, 256, 300}));
+  EXPECT_FALSE(std::filesystem::exists(logdir + "/train"));  // the job only read
+  // What it waits for, then a heartbeat after each poll once 30 s have passed since the last line:
+  // after 31 s (1+2+4+8+16), 63, 127, 255, 511 and 811 s of waiting.
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_EQ(lines[0], "evaler: waiting for a new checkpoint in " + logdir +
+                          "/train (none yet; the job ends after the checkpoint at step 4000000)");
+  EXPECT_EQ(lines[1], "still waiting for a new checkpoint in " + logdir +
+                          "/train (0:31 so far; none yet)");
+  EXPECT_EQ(lines[6], "still waiting for a new checkpoint in " + logdir +
+                          "/train (13:31 so far; none yet)");
 }
 
 }  // namespace

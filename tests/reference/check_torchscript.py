@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Checks a bundle's TorchScript network (glossa export --torchscript) with stock PyTorch (Debian's
 python3-torch): torch.jit.load runs it on the token ids `glossa predict` reported and must give
-the same per-token log-probabilities, bit for bit in float32, for a batch of different lengths.
+the same per-token log-probabilities for a batch of different lengths: bit for bit in float32
+where OpenBLAS gives a row the same bits whatever the GEMM's shape (its SkylakeX kernels on a
+Xeon), and within float32 rounding (1e-6 of the largest value) with other kernel sets.
 
   /usr/bin/python3 tests/reference/check_torchscript.py BUNDLE PREDICTIONS.jsonl
 PREDICTIONS.jsonl: `glossa predict --bundle=BUNDLE` output (ids and log_probs per line).
@@ -33,10 +35,12 @@ with torch.inference_mode():
 assert log_probs.shape[:2] == ids.shape, log_probs.shape
 assert torch.allclose(log_probs.exp().sum(-1), torch.ones(ids.shape), atol=1e-4), "not log-probs"
 got = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-worst = 0.0
+worst, scale = 0.0, 0.0
 for i, r in enumerate(rows):
     n = len(r["ids"])
     want = torch.tensor(r["log_probs"], dtype=torch.float32)
     worst = max(worst, (got[i, :n] - want).abs().max().item())
-print(f"torchscript: {len(rows)} sentences, up to {t} tokens: largest difference {worst}")
-sys.exit(0 if worst == 0.0 else 1)
+    scale = max(scale, want.abs().max().item())
+print(f"torchscript: {len(rows)} sentences, up to {t} tokens: largest difference {worst} "
+      f"({'bit for bit' if worst == 0.0 else f'{worst / scale:.2g} of the largest value'})")
+sys.exit(0 if worst <= 1e-6 * scale else 1)

@@ -93,7 +93,8 @@ one_line_error "exists and is not empty" export "${flags[@]}" --out="$tmp/bundle
 # predict: text lines (one string feed) and JSON lines, in batches; errors name the line.
 printf 'It is a truth universally acknowledged\nthat a single man\nmust be in want of a wife\n' > "$tmp/texts.txt"
 check "predict scores text lines" bash -c "'$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' --batch_size=2 > '$tmp/scores.jsonl' && test \$(wc -l < '$tmp/scores.jsonl') -eq 3 && grep -q '\"total_log_prob\":-' '$tmp/scores.jsonl'"
-# The TorchScript network, run by stock PyTorch, gives predict's log-probs bit for bit.
+# The TorchScript network, run by stock PyTorch, gives predict's log-probs (bit for bit with
+# OpenBLAS's SkylakeX kernels, within float32 rounding with others: check_torchscript.py).
 # (GLOSSA_KEEP_BLAS_KERNELS: the OpenBLAS kernels stock PyTorch uses, for a bit-for-bit comparison.)
 GLOSSA_KEEP_BLAS_KERNELS=1 "$glossa" predict --bundle="$tmp/bundle" --input="$tmp/texts.txt" > "$tmp/scores_one_batch.jsonl" 2>/dev/null
 check "torchscript = predict" /usr/bin/python3 "$(dirname "$0")/../reference/check_torchscript.py" "$tmp/bundle" "$tmp/scores_one_batch.jsonl"
