@@ -182,31 +182,22 @@ void AddIntFlag(CLI::App* cmd, const std::string& name, int64_t& target, int64_t
   if (target >= 0) cmd->get_option(name)->default_str(std::to_string(target));
 }
 
-// An unknown flag: the nearest flags the command has, as misspelled Params keys get.
+// An unknown flag: the nearest flags the command has, as misspelled Params keys get ('-' read as
+// '_': --max-steps finds --max_steps).
 std::string FlagSuggestion(const CLI::App* cmd, const std::string& arg) {
-  std::string name = arg.substr(0, arg.find('='));
-  if (name.rfind("--", 0) != 0) return "";
+  if (arg.rfind("--", 0) != 0) return "";
+  std::string name = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
+                                                                        : arg.find('=') - 2);
+  std::replace(name.begin(), name.end(), '-', '_');
   std::vector<std::string> flags;
   for (const CLI::App* c = cmd; c != nullptr; c = c->get_parent()) {
     for (const CLI::Option* o : c->get_options()) {
-      for (const auto& l : o->get_lnames()) flags.push_back("--" + l);
+      for (const auto& l : o->get_lnames()) flags.push_back(l);
     }
   }
   std::vector<std::string> near = SimilarKeys(name, flags);
-  // Also a flag one edit away (--max_step for --max_steps) or with the other separator.
-  for (const auto& f : flags) {
-    const bool prefix = f.size() > name.size() && f.compare(0, name.size(), name) == 0 &&
-                        f.size() - name.size() <= 2;
-    const bool shorter = name.size() > f.size() && name.compare(0, f.size(), f) == 0 &&
-                         name.size() - f.size() <= 2;
-    std::string dashed = name;
-    std::replace(dashed.begin() + 2, dashed.end(), '-', '_');
-    if ((prefix || shorter || dashed == f) &&
-        std::find(near.begin(), near.end(), f) == near.end()) {
-      near.push_back(f);
-    }
-  }
   if (near.empty()) return "";
+  for (auto& n : near) n = "--" + n;
   return StrCat(" (did you mean: ", Join(near, ", "), "?)");
 }
 

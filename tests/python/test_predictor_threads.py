@@ -57,8 +57,13 @@ def test_predictor_equals_glossa_predict(bundle):
         pred.run("default", text="one string")
     with pytest.raises(TypeError, match="a list feed holds str, not int"):
         pred.run("default", text=[1, 2])
-    with pytest.raises(glossa.GlossaError):
+    # A path that does not exist is NotFound (KeyError, as every NotFound); a directory that is not
+    # a bundle is a damaged one (DataLoss: GlossaError).
+    with pytest.raises(KeyError, match="does not exist"):
         glossa.Predictor(str(d / "no_such_bundle"))
+    (d / "not_a_bundle").mkdir()
+    with pytest.raises(glossa.GlossaError, match="has no MANIFEST.json"):
+        glossa.Predictor(str(d / "not_a_bundle"))
 
 
 def test_calls_from_several_threads(bundle):

@@ -94,6 +94,16 @@ PARAMS
   printf 'In the beginning God created the heaven and the earth.\nAnd God said, Let there be light.\n' > "$tmp/src.txt"
   check "predict translates text lines with the beam" bash -c "'$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/src.txt' > '$tmp/tr.jsonl' 2>'$tmp/predict.log' && test \$(wc -l < '$tmp/tr.jsonl') -eq 2 && grep -q '\"translation\":' '$tmp/tr.jsonl' && grep -q '\"scores\":\\[-[0-9]' '$tmp/tr.jsonl'"
   echo '{"source": "In the beginning", "num_hyps": 99}' > "$tmp/bad.jsonl"
+  # Only the hypotheses the search found: no empty ones, no score of 0 ranked above real ones, and
+  # as many scores as hyps (a 30-step model ends few hypotheses of a wide beam).
+  printf '{"source": "In the beginning God created the heaven and the earth.", "num_hyps": 8}\n' > "$tmp/wide.jsonl"
+  check "translate returns only real hypotheses" bash -c "'$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/wide.jsonl' > '$tmp/wide_out.jsonl' 2>/dev/null && /usr/bin/python3 -c \"
+import json, math, sys
+r = json.loads(open('$tmp/wide_out.jsonl').readline())
+n = r['num_hyps_found']
+ok = (1 <= n <= 8 and r['hyps'].count(' ||| ') + 1 == n == len(r['scores']) == len(r['ids'])
+      and all(isinstance(x, float) and math.isfinite(x) and x != 0.0 for x in r['scores']))
+sys.exit(0 if ok else print(r) or 1)\""
   check "num_hyps out of range is an error naming it" bash -c "! '$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/bad.jsonl' > /dev/null 2> '$tmp/bad.log' && grep -q 'num_hyps' '$tmp/bad.log'"
   # Bad input: a missing corpus file fails the job, naming it.
   { cat "$tmp/small.txt"; echo "task.input.file_pattern : \"text:$tmp/missing.tsv\""; } > "$tmp/missing.txt"
