@@ -16,8 +16,8 @@
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
-#include "glossa/runtime/program_schedule.h"
 #include "glossa/layers/process_seed.h"
+#include "glossa/runtime/program_schedule.h"
 #include "glossa/runtime/progress.h"
 
 namespace glossa {
@@ -216,7 +216,7 @@ int64_t Executor::Run() {
   if ((bar_ && bar_->enabled()) || heartbeat) {
     train.SetStepCallback([&](int64_t step) {
       const double now = elapsed();
-      const double r = rate > 0 ? rate : (step - first_step) / std::max(now, 1e-9);
+      const double average = (step - first_step) / std::max(now, 1e-9);  // steps/s of this run
       // Inside a loop: the run's first step, then a line at least every heartbeat_seconds.
       if (heartbeat && step < max_steps && step - loop_start_step < steps_per_loop &&
           (step == first_step + 1 || now - last_line_time >= options_.heartbeat_seconds)) {
@@ -224,11 +224,11 @@ int64_t Executor::Run() {
         ProgressLine pl;
         pl.step = step;
         pl.max_steps = max_steps;
-        pl.steps_per_sec = (step - first_step) / std::max(now, 1e-9);
+        pl.steps_per_sec = average;
         pl.elapsed_seconds = now;
         Log(StrCat(FormatProgressLine(pl), step == first_step + 1 ? " \xC2\xB7 first step" : ""));
       }
-      if (bar_ && bar_->enabled()) bar_->Update(step, max_steps, r);
+      if (bar_ && bar_->enabled()) bar_->Update(step, max_steps, rate > 0 ? rate : average);
     });
   }
   int64_t last_line_step = global_step_;

@@ -18,6 +18,7 @@
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/program.h"
+#include "glossa/runtime/progress.h"
 
 namespace glossa {
 
@@ -116,12 +117,8 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     waited += seconds;
     if (waited - last_line >= options.heartbeat_seconds) {
       last_line = waited;
-      const int64_t s = static_cast<int64_t>(waited);
-      char buf[32];
-      std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60),
-                    static_cast<long long>(s % 60));
-      log(StrCat("still waiting for a new checkpoint in ", train_dir, " (", buf, " so far; ",
-                 newest, ")"));
+      log(StrCat("still waiting for a new checkpoint in ", train_dir, " (", FormatDuration(waited),
+                 " so far; ", newest, ")"));
     }
   };
   std::set<std::string> gone;  // deleted by retention before we got to them
@@ -151,6 +148,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
       examples = eval.last_samples();
     } else {
       DecodeProgram decode(*model, writer.get());
+      decode.SetProgressLog(log, options.heartbeat_seconds);
       const DecodeProgram::Result r = decode.Run(step, -1, chief ? job_dir : std::string());
       values = r.metrics;
       examples = static_cast<int64_t>(r.lines.size());

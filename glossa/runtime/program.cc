@@ -14,6 +14,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/runtime/data_parallel.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/progress.h"
 #include "glossa/summary/summary.h"
 
 namespace glossa {
@@ -413,6 +414,17 @@ DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batche
   SummaryContext summaries;
   std::optional<SummaryLoop> summary_loop(std::in_place);
   std::vector<NestedMap> outs;  // with several ranks: this rank's, gathered below
+  const auto start = std::chrono::steady_clock::now();
+  double last_line = 0;
+  auto progress = [&] {
+    if (!progress_log_) return;
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (secs - last_line < progress_every_) return;
+    last_line = secs;
+    progress_log_(StrCat("decoding at step ", global_step, ": ", r.batches, " batches, ", samples,
+                         " examples, ", FormatDuration(secs)));
+  };
   while (max_batches < 0 || r.batches < max_batches) {
     if (want_samples > 0 && samples >= want_samples) break;
     NestedMap batch;
@@ -429,11 +441,13 @@ DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batche
       const std::vector<at::Tensor> flat = out.FlattenTensors();
       samples += !flat.empty() && flat.front().dim() > 0 ? flat.front().size(0) : 1;
       outs.push_back(std::move(out));
+      progress();
       continue;
     }
     std::vector<std::string> lines = task.PostProcessDecodeOut(out, r.metrics);
     samples += static_cast<int64_t>(lines.size());
     r.lines.insert(r.lines.end(), lines.begin(), lines.end());
+    progress();
   }
   if (dist != nullptr) {
     // Corpus metrics (BLEU) need every hypothesis: every rank post-processes every rank's

@@ -116,10 +116,18 @@ class DecodeProgram {
   // OutOfRange or decoder_samples_per_summary lines), in eval mode; writes the decoder metrics and
   // summaries at `global_step`, and the lines to `out_dir`/decoder_out_%09d when out_dir is set.
   Result Run(int64_t global_step, int64_t max_batches, const std::string& out_dir = "");
+  // A line ("decoding at step S: B batches, N examples, T s") at least every `every_seconds`
+  // while Run goes on (a beam search over a test set can take minutes).
+  void SetProgressLog(std::function<void(const std::string&)> log, double every_seconds = 30) {
+    progress_log_ = std::move(log);
+    progress_every_ = every_seconds;
+  }
 
  private:
   BaseModel& model_;
   EventWriter* writer_;
+  std::function<void(const std::string&)> progress_log_;
+  double progress_every_ = 30;
 };
 
 enum class JobKind { kEval, kDecode };

@@ -4,6 +4,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <cstdlib>
 #include <sys/stat.h>
@@ -357,6 +358,34 @@ void RestoreVariables(const SafetensorsContents& ckpt,
                                 " in the checkpoint, ", c10::toString(var.scalar_type()),
                                 " in the model"));
     }
+  }
+  // A tensor inside one of the model's layers (below its root) that is neither a variable nor
+  // state of one ("<variable>/..." slots and averages): a checkpoint of another model, e.g. with
+  // more layers. Restoring the rest would silently drop it.
+  std::set<std::string> layers;  // every variable's enclosing layer paths, two levels deep or more
+  for (const auto& [name, var] : variables) {
+    for (size_t slash = name.rfind('/'); slash != std::string::npos && slash > 0;
+         slash = name.rfind('/', slash - 1)) {
+      if (name.find('/') < slash) layers.insert(name.substr(0, slash));
+    }
+  }
+  std::vector<std::string> extra;
+  for (const auto& [name, t] : ckpt.tensors) {
+    bool known = variables.count(name) > 0, in_layer = false;
+    for (size_t slash = name.rfind('/'); !known && slash != std::string::npos && slash > 0;
+         slash = name.rfind('/', slash - 1)) {
+      const std::string prefix = name.substr(0, slash);
+      known = variables.count(prefix) > 0;
+      in_layer = in_layer || layers.count(prefix) > 0;
+    }
+    if (!known && in_layer) extra.push_back(name);
+  }
+  if (!extra.empty()) {
+    const size_t shown = std::min<size_t>(extra.size(), 3);
+    problems.push_back(StrCat(
+        extra.size(), " tensor(s) in the checkpoint are not variables of the model (",
+        Join(std::vector<std::string>(extra.begin(), extra.begin() + shown), ", "),
+        extra.size() > shown ? ", ..." : "", "): a checkpoint of another model"));
   }
   if (!problems.empty()) {
     throw InvalidArgumentError(StrCat(

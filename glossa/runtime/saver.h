@@ -117,7 +117,9 @@ SafetensorsContents LoadCheckpoint(const std::string& prefix);
 SafetensorsContents LoadLatestCheckpoint(const std::string& dir);  // NotFound when none
 
 // Copies checkpoint values into `variables` (full name -> tensor, updated in place). Every missing
-// name and every shape or dtype mismatch is reported at once (InvalidArgument).
+// name, every shape or dtype mismatch, and every tensor inside the model's layers that is no
+// variable (nor a slot or average of one: another model's checkpoint) is reported at once
+// (InvalidArgument).
 void RestoreVariables(const SafetensorsContents& checkpoint,
                       const std::map<std::string, at::Tensor>& variables);
 

@@ -186,8 +186,8 @@ void AddIntFlag(CLI::App* cmd, const std::string& name, int64_t& target, int64_t
 // '_': --max-steps finds --max_steps).
 std::string FlagSuggestion(const CLI::App* cmd, const std::string& arg) {
   if (arg.rfind("--", 0) != 0) return "";
-  std::string name = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
-                                                                        : arg.find('=') - 2);
+  std::string name = arg.substr(2);
+  name = name.substr(0, name.find('='));
   std::replace(name.begin(), name.end(), '-', '_');
   std::vector<std::string> flags;
   for (const CLI::App* c = cmd; c != nullptr; c = c->get_parent()) {
@@ -865,15 +865,9 @@ int Run(const std::vector<std::string>& argv) {
       if (sub->parsed()) cmd = sub;
     }
     std::string hint;
-    for (const auto& extra : cmd->remaining()) {
+    for (const auto& extra : app.remaining()) {  // the subcommand's extras fall through to app
       hint = FlagSuggestion(cmd, extra);
       if (!hint.empty()) break;
-    }
-    if (hint.empty()) {
-      for (const auto& extra : app.remaining()) {
-        hint = FlagSuggestion(cmd, extra);
-        if (!hint.empty()) break;
-      }
     }
     std::cerr << e.what() << hint << " (see " << (cmd == &app ? "" : cmd->get_name() + " ")
               << "--help)\n";

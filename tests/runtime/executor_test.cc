@@ -48,11 +48,19 @@ class FixedLineDataset : public Dataset {
   }
 };
 
+// Batches with no rows (a filter that dropped everything, a batch size of 0 inside the function).
+class EmptyLineDataset : public Dataset {
+ public:
+  NestedMap Next() override { return NestedMap{{"x", at::zeros({0, 1})}, {"y", at::zeros({0, 1})}}; }
+};
+
 [[maybe_unused]] const bool kRegistered = [] {
   RegisterDatasetFn("test.FixedLine", {},
                     [](const Params&) { return std::make_unique<FixedLineDataset>(); });
   RegisterDatasetFn("test.StepLine", {},
                     [](const Params&) { return std::make_unique<StepLineDataset>(); });
+  RegisterDatasetFn("test.EmptyLine", {},
+                    [](const Params&) { return std::make_unique<EmptyLineDataset>(); });
   return true;
 }();
 
@@ -209,6 +217,40 @@ TEST(Executor, TrainsSavesAndLaysOutTheLogDirectory) {
                           "examples/sec", "total_samples", "total_num_params"}) {
     EXPECT_TRUE(tags.count(tag)) << tag;
   }
+}
+
+TEST(Executor, AnEmptyBatchIsAnErrorSayingSoNotADivergence) {
+  // Without the check, the loss of an empty batch is NaN, every step is skipped, and after
+  // max_consecutive_skipped_steps the run ends as "training diverged".
+  Params p = GetModelParams("test.line.LineModel", "Train");
+  p.Set("task.input", DatasetInput::ParamsFor("test.EmptyLine").Set("name", "input"));
+  try {
+    Executor(p, {.logdir = LogDir("empty_batch"), .log = [](const std::string&) {}}).Run();
+    ADD_FAILURE() << "an empty batch trained";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.message()).find("the training batch at step 0 is empty (every tensor "
+                                            "in it has 0 rows; the input's batch_size is 0 (its "
+                                            "default is 0: set it))"),
+              std::string::npos)
+        << e.message();
+  } catch (const TrainingDivergedError& e) {
+    ADD_FAILURE() << "reported as a divergence: " << e.message();
+  }
+}
+
+TEST(DecodeProgram, SaysHowFarItIsWhileItDecodes) {
+  // With every_seconds 0, a line after each batch (30 s in the jobs): a long decode is not silent.
+  auto model = InstantiateLayer<BaseModel>(GetModelParams("test.line.LineModel", "Train"));
+  DecodeProgram decode(*model, nullptr);
+  std::vector<std::string> lines;
+  decode.SetProgressLog([&](const std::string& l) { lines.push_back(l); }, 0);
+  EXPECT_EQ(decode.Run(7, 3).batches, 3);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("decoding at step 7: 1 batches, 8 examples, 0:0", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[2].rfind("decoding at step 7: 3 batches, 24 examples, ", 0), 0u) << lines[2];
+  // Without a log, nothing is said.
+  DecodeProgram quiet(*model, nullptr);
+  EXPECT_EQ(quiet.Run(7, 2).batches, 2);
 }
 
 TEST(Executor, SummaryStepsCarryVarNormWithinALoop) {

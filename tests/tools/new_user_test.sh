@@ -47,6 +47,16 @@ grep -q "tr_fflayer_tpl.activation : 'RELU'" b3/model_params.txt 2>/dev/null || 
   --model_params_override='task.eval.samples_per_summary : 16' > eval.log 2>&1 \
   || bad "eval --once: $(cat eval.log)"
 grep -q 'No random_seed' eval.log && bad "seed notice on eval: $(cat eval.log)"
+# A checkpoint of another model (two layers for the run's one): an error naming a variable it has
+# and the model lacks, and no bundle.
+"$glossa" train --model=$model --logdir=other --max_steps=1 --intra_op_threads=1 --random_seed=1 \
+  --model_params_override='task.stack.num_layers : 2' > other.log 2>&1 || bad "train other: $(cat other.log)"
+if "$glossa" export --model=$model --logdir=run --checkpoint=other/train/ckpt-00000001 --out=b4 > mismatch.log 2>&1; then
+  bad "export of a checkpoint of another model succeeded"
+fi
+grep -q 'not variables of the model (lm/lm/stack/x_layers_1/' mismatch.log || bad "mismatch error names no variable: $(cat mismatch.log)"
+[ -e b4 ] && bad "a failed export left b4"
+
 # A mistyped logdir: refused, nothing created.
 if "$glossa" eval --model=$model --logdir=runs/austen_tiy --dataset=Dev > typo.log 2>&1; then
   bad "eval on a mistyped logdir succeeded"
