@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
+#include <set>
 #include <utility>
 
 #include "glossa/base/errors.h"
@@ -43,6 +45,40 @@ std::string Num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
+}
+
+// An axis label: at most 4 significant digits, short enough for the axis margin: 0.0501044 ->
+// "0.0501", 1080010 -> "1.08e6", 12.5 -> "12.5". The page's script formats the same way (tick()).
+std::string Tick(double v) {
+  if (v == 0 || !std::isfinite(v)) return v == 0 ? "0" : Num(v);
+  char buf[32];
+  const double a = std::fabs(v);
+  if (a >= 1e-3 && a < 1e4) {
+    std::snprintf(buf, sizeof(buf), "%.4g", v);
+    if (std::string(buf).find('e') == std::string::npos) return buf;
+  }
+  int e = static_cast<int>(std::floor(std::log10(a)));
+  std::snprintf(buf, sizeof(buf), "%.3g", v / std::pow(10.0, e));
+  if (std::fabs(std::strtod(buf, nullptr)) >= 10) {  // the mantissa rounded up to 10
+    ++e;
+    std::snprintf(buf, sizeof(buf), "%.3g", v / std::pow(10.0, e));
+  }
+  return StrCat(buf, "e", e);
+}
+
+// The one value every finite point of every series has; none when they differ (or there are
+// none). Such a metric is a table row, not a chart of a flat line.
+template <typename R>
+std::optional<double> ConstantValue(const std::vector<std::pair<R, const Series*>>& all) {
+  std::optional<double> value;
+  for (const auto& [run, s] : all) {
+    for (const auto& [x, y] : *s) {
+      if (!std::isfinite(y)) continue;
+      if (value && *value != y) return std::nullopt;
+      value = y;
+    }
+  }
+  return value;
 }
 
 bool IsDir(const std::string& path) {
@@ -177,7 +213,10 @@ std::string Chart(const std::string& id, const std::string& title,
     }
   }
   if (!std::isfinite(xmin)) return "";
-  if (xmax == xmin) xmax = xmin + 1;
+  if (xmax == xmin) {  // one step (one checkpoint): it sits in the middle
+    xmin -= 1;
+    xmax += 1;
+  }
   if (ymax == ymin) {
     ymax += std::max(1e-9, std::fabs(ymax) * 0.05);
     ymin -= std::max(1e-9, std::fabs(ymin) * 0.05);
@@ -192,12 +231,15 @@ std::string Chart(const std::string& id, const std::string& title,
                            "\"><rect class=\"plot\" x=\"", kLeft, "\" y=\"", kTop, "\" width=\"",
                            kW - kLeft - kRight, "\" height=\"", kH - kTop - kBottom,
                            "\" fill=\"#fafafa\" stroke=\"#999\"/>");
+  std::set<double> xticks;  // whole steps, each once, where they are
   for (int i = 0; i <= 4; ++i) {
-    const double y = ymin + (ymax - ymin) * i / 4, x = xmin + (xmax - xmin) * i / 4;
+    const double y = ymin + (ymax - ymin) * i / 4;
     svg += StrCat("<text class=\"ytick\" x=\"", kLeft - 4, "\" y=\"", Num(py(y) + 4),
-                  "\" text-anchor=\"end\">", Num(y), "</text>");
+                  "\" text-anchor=\"end\">", Tick(y), "</text>");
+    const double x = std::round(xmin + (xmax - xmin) * i / 4);
+    if (x < xmin || x > xmax || !xticks.insert(x).second) continue;
     svg += StrCat("<text class=\"xtick\" x=\"", Num(px(x)), "\" y=\"", kH - kBottom + 16,
-                  "\" text-anchor=\"middle\">", Num(std::round(x)), "</text>");
+                  "\" text-anchor=\"middle\">", Tick(x), "</text>");
   }
   svg += StrCat("<text x=\"", (kW + kLeft) / 2, "\" y=\"", kH - 4,
                 "\" text-anchor=\"middle\" class=\"xlabel\">step</text>");
@@ -217,7 +259,22 @@ std::string Chart(const std::string& id, const std::string& title,
                   "\" data-points=\"", n, "\" data-values=\"", data, "\" points=\"", pts,
                   "\" fill=\"none\" stroke=\"", run->colour, "\" ", extra, "/>");
   };
+  // A dot at every point of a per-checkpoint series, and at the point of a one-point curve (a
+  // line through one point draws nothing).
+  auto dots = [&](const Run* run, const Series& s) {
+    std::string out;
+    for (const auto& [x, y] : s) {
+      if (!std::isfinite(y)) continue;
+      out += StrCat("<circle class=\"point\" data-run=\"", Escape(run->name), "\" data-x=\"",
+                    Num(x), "\" data-y=\"", Num(y), "\" cx=\"", Num(px(x)), "\" cy=\"",
+                    Num(py(y)), "\" r=\"3\" fill=\"", run->colour, "\"/>");
+    }
+    return out;
+  };
   for (const auto& [run, s] : series) {
+    int64_t finite = 0;
+    for (const auto& [x, y] : *s) finite += std::isfinite(y) ? 1 : 0;
+    if (!smooth || finite == 1) svg += dots(run, *s);
     if (smooth) {
       svg += polyline(run, *s, *s, "raw", "stroke-opacity=\"0.25\" stroke-width=\"1\"");
       svg += polyline(run, Smooth(*s, kSmoothing), *s, "smoothed", "stroke-width=\"2\"");
@@ -228,7 +285,8 @@ std::string Chart(const std::string& id, const std::string& title,
       for (const auto& [x, y] : *s) {
         if (x != static_cast<double>(b->second) || !std::isfinite(y)) continue;
         svg += StrCat("<circle class=\"best\" data-run=\"", Escape(run->name), "\" data-step=\"",
-                      b->second, "\" cx=\"", Num(px(x)), "\" cy=\"", Num(py(y)),
+                      b->second, "\" data-x=\"", Num(x), "\" data-y=\"", Num(y), "\" cx=\"",
+                      Num(px(x)), "\" cy=\"", Num(py(y)),
                       "\" r=\"5\" fill=\"none\" stroke=\"", run->colour,
                       "\" stroke-width=\"2\"><title>best at step ", b->second, ": ", Num(y),
                       "</title></circle>");
@@ -253,6 +311,11 @@ td.n{text-align:right}pre{background:#f6f6f6;padding:.5em;overflow:auto;max-heig
 constexpr const char* kScript = R"(
 (function(){
 var W=640,H=260,L=64,R=16,T=12,B=36;
+function tick(y){if(y===0)return '0';var a=Math.abs(y);
+  if(a>=1e-3&&a<1e4){var s=String(+y.toPrecision(4));if(s.indexOf('e')<0)return s;}
+  var e=Math.floor(Math.log10(a)),m=+(y/Math.pow(10,e)).toPrecision(3);
+  if(Math.abs(m)>=10){e+=1;m=+(y/Math.pow(10,e)).toPrecision(3);}
+  return m+'e'+e;}
 function redraw(){
   var w=parseFloat(document.getElementById('smoothing').value);
   var logy=document.getElementById('logy').checked;
@@ -269,7 +332,10 @@ function redraw(){
       pl.setAttribute('points',vals.filter(function(v){return isFinite(v[1])&&(!lg||v[1]>0);}).map(function(v){
         return (L+(v[0]-xmin)/(xmax-xmin)*(W-L-R)).toFixed(2)+','+(T+(b-f(v[1]))/(b-a)*(H-T-B)).toFixed(2);}).join(' '));
     });
-    svg.querySelectorAll('text.ytick').forEach(function(t,i){var y=a+(b-a)*i/4;t.textContent=(lg?Math.pow(10,y):y).toPrecision(4);
+    svg.querySelectorAll('circle[data-y]').forEach(function(c){var y=+c.dataset.y;
+      c.style.display=lg&&y<=0?'none':'';if(lg&&y<=0)return;
+      c.setAttribute('cy',(T+(b-f(y))/(b-a)*(H-T-B)).toFixed(2));});
+    svg.querySelectorAll('text.ytick').forEach(function(t,i){var y=a+(b-a)*i/4;t.textContent=tick(lg?Math.pow(10,y):y);
       t.setAttribute('y',(T+(b-y)/(b-a)*(H-T-B)+4).toFixed(2));});
     svg.dataset.yscale=lg?'log':'linear';
   });
@@ -323,10 +389,26 @@ std::string RenderHtmlReport(const HtmlReportOptions& options) {
   for (const Run& r : runs) {
     for (const auto& [tag, s] : r.train) tags[tag].emplace_back(&r, &s);
   }
+  // Metrics with one value throughout (every run, every point) go to a table: a flat line on a
+  // made-up axis says less than the number.
+  auto constants_table = [](const std::vector<std::pair<std::string, double>>& rows) {
+    if (rows.empty()) return std::string();
+    std::string t = "<table class=\"constants\"><tr><th>constant throughout</th><th>value</th></tr>";
+    for (const auto& [name, v] : rows) {
+      t += StrCat("<tr><td>", Escape(name), "</td><td class=\"n\">", Num(v), "</td></tr>");
+    }
+    return t + "</table>\n";
+  };
   int id = 0;
+  std::vector<std::pair<std::string, double>> constant;
   for (const auto& [tag, series] : tags) {
+    if (const auto v = ConstantValue(series)) {
+      constant.emplace_back(tag, *v);
+      continue;
+    }
     h += Chart(StrCat("train-", id++), tag, series, {}, true);
   }
+  h += constants_table(constant);
   if (tags.empty()) h += "<p>No training events.</p>\n";
   std::map<std::string, std::vector<std::pair<const Run*, const Series*>>> job_metrics;
   std::map<std::string, std::map<const Run*, int64_t>> bests;
@@ -341,13 +423,29 @@ std::string RenderHtmlReport(const HtmlReportOptions& options) {
     }
   }
   h += "<h2 id=\"eval\">Eval and decoder metrics per checkpoint</h2>\n";
+  constant.clear();
   for (const auto& [key, series] : job_metrics) {
+    // With one checkpoint every metric has one value: still a chart, with its point.
+    bool one_point = true;
+    for (const auto& [run, s] : series) one_point = one_point && s->size() <= 1;
+    if (const auto v = ConstantValue(series); v && !one_point) {
+      constant.emplace_back(key, *v);
+      continue;
+    }
     h += Chart(StrCat("job-", id++), key, series, bests[key], false);
   }
+  h += constants_table(constant);
   if (job_metrics.empty()) h += "<p>No eval or decoder scores.</p>\n";
   h += "<h2 id=\"model\">Model</h2>\n";
+  // Runs of the same model share one Params text and one variable table.
+  bool same_model = true;
   for (const Run& r : runs) {
-    h += StrCat("<h3>", Escape(r.name), "</h3>\n");
+    same_model = same_model && r.params == runs[0].params && r.analysis == runs[0].analysis;
+  }
+  for (const Run& r : runs) {
+    if (same_model && &r != &runs[0]) break;
+    h += StrCat("<h3>", same_model && runs.size() > 1 ? std::string("every run") : Escape(r.name),
+                "</h3>\n");
     if (!r.params.empty()) {
       h += StrCat("<details class=\"params\"><summary>Params</summary><pre>", Escape(r.params),
                   "</pre></details>\n");

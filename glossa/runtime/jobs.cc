@@ -157,11 +157,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
       processed.insert(ckpt);
       return step;
     }
-    std::string score;
-    for (const auto& [k, v] : values) score += StrCat(k, ": ", PyFloatRepr(v), "\n");
-    char name[64];
-    std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(step));
-    AtomicWriteFile(JoinPath(job_dir, name), score);
+    const std::string score_file = WriteScoreFile(job_dir, step, values);
     // The metric history early stopping reads (Lingvo's MetricHistory.ConditionalAppend).
     const std::string job = job_dir.substr(job_dir.rfind('/') + 1);
     MaybeAppendMetricHistory(tp.GetParams("early_stop"), options.logdir, job, step, values);
@@ -185,7 +181,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     log(StrCat(kind == JobKind::kEval ? "eval " : "decode ", options.dataset, sep,
                ckpt.substr(ckpt.rfind('/') + 1), " (step ", step, ")", sep, examples,
                kind == JobKind::kEval ? " examples" : " decoded", headline, sep, "all metrics: ",
-               JoinPath(job_dir, name)));
+               score_file));
     return step;
   };
 

@@ -395,6 +395,17 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
 DecodeProgram::DecodeProgram(BaseModel& model, EventWriter* writer)
     : model_(model), writer_(writer) {}
 
+std::string WriteScoreFile(const std::string& dir, int64_t step,
+                           const std::map<std::string, double>& values) {
+  std::string score;
+  for (const auto& [k, v] : values) score += StrCat(k, ": ", PyFloatRepr(v), "\n");
+  char name[64];
+  std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(step));
+  const std::string path = JoinPath(dir, name);
+  AtomicWriteFile(path, score);
+  return path;
+}
+
 DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batches,
                                          const std::string& out_dir) {
   BaseTask& task = model_.task();

@@ -136,6 +136,11 @@ enum class JobKind { kEval, kDecode };
 // "<logdir>/decoder_<dataset>", the dataset lower-cased.
 std::string ProgramDir(JobKind kind, const std::string& logdir, const std::string& dataset);
 
+// <dir>/score-%08d.txt (`step`): a "metric: value" line per metric, what the evaler and decoder
+// jobs and the trainer's program schedule leave for `glossa report`. Returns its path.
+std::string WriteScoreFile(const std::string& dir, int64_t step,
+                           const std::map<std::string, double>& values);
+
 // Writes summaries merged from a SummaryContext at `step`: one-element tensors as scalars, others
 // as histograms.
 void WriteSummaries(EventWriter& writer, const std::map<std::string, at::Tensor>& summaries,

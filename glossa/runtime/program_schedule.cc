@@ -226,6 +226,8 @@ std::optional<double> ProgramSchedule::RunEvalPrograms(int64_t global_step) {
         values[k] = m.first;
       }
       if (IsChief()) {
+        CreateDirectories(dir);
+        WriteScoreFile(dir, global_step, values);
         MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
                                  dir.substr(dir.rfind('/') + 1), global_step, values);
       }
@@ -237,6 +239,7 @@ std::optional<double> ProgramSchedule::RunEvalPrograms(int64_t global_step) {
     DecodeProgram decode(model_, IsChief() ? &Writer(dir) : nullptr);
     auto r = decode.Run(global_step, decode_steps, IsChief() ? dir : std::string());
     if (IsChief()) {
+      WriteScoreFile(dir, global_step, r.metrics);
       MaybeAppendMetricHistory(model_.task().train_params().GetParams("early_stop"), logdir_,
                                dir.substr(dir.rfind('/') + 1), global_step, r.metrics);
     }

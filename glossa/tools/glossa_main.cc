@@ -1020,6 +1020,10 @@ int Run(const std::vector<std::string>& argv) {
   if (*bleu) return Bleu(bleu_ref, bleu_hyp, static_cast<int>(bleu_max_ngram), bleu_separator);
   if (*report) {
     report_f.logdir = report_logdirs.front();
+    // Every run is checked before any work (the headline evaluates the first run).
+    for (const auto& dir : report_logdirs) {
+      if (!FileExists(dir)) throw NotFoundError(StrCat("report: no logdir '", dir, "'"));
+    }
     if (report_html.empty()) {
       if (report_f.model.empty()) throw InvalidArgumentError("report: --model is required");
       if (report_logdirs.size() > 1) {

@@ -22,6 +22,17 @@ for run in a b; do
   check "eval $run" "$glossa" eval "${flags[@]}" --logdir="$tmp/$run" --once > "$tmp/$run-eval.log" 2>&1
   check "decode $run" "$glossa" decode "${flags[@]}" --logdir="$tmp/$run" --once > "$tmp/$run-decode.log" 2>&1
 done
+# Run c evaluates inside the trainer (the program schedule), every 10 steps: score files too.
+check "train c with the program schedule's eval" "$glossa" train "${flags[@]:0:3}" --logdir="$tmp/c" --max_steps=20 \
+  "--model_params_override=$small; program_schedule.eval_dataset_names : ['Dev']; program_schedule.eval_steps_per_loop : 2; program_schedule.train_executions_per_eval : 2" > "$tmp/c.log" 2>&1
+check "the schedule's eval leaves score files" test -f "$tmp/c/eval_dev/score-00000010.txt" -a -f "$tmp/c/eval_dev/score-00000020.txt"
+check "report --html of run c" "$glossa" report --html="$tmp/report_c.html" --logdir="$tmp/c" > "$tmp/report_c.log" 2>&1
+# A missing run is named before any work is done (no headline computed, no file written).
+if "$glossa" report --html="$tmp/missing.html" --logdir="$tmp/a" --logdir="$tmp/nope" "${flags[@]}" > "$tmp/missing.log" 2>&1; then
+  echo "FAIL: a report with a missing logdir succeeded"; fail=1
+fi
+check "the missing logdir is named" grep -q "report: no logdir '$tmp/nope'" "$tmp/missing.log"
+check "nothing was computed for the missing logdir's report" bash -c "! grep -q 'unigram' '$tmp/missing.log' && test ! -e '$tmp/missing.html'"
 ev=$(ls "$tmp"/b/train/events.out.tfevents.*)
 truncate -s -7 "$ev"
 check "report --html" "$glossa" report --html="$tmp/report.html" --logdir="$tmp/a" --logdir="$tmp/b" "${flags[@]}" > "$tmp/report.log" 2>&1
@@ -31,6 +42,7 @@ timeout 120 "$browser" --no-sandbox --disable-gpu --dump-dom "file://$tmp/report
 # The page's controls, preset from the URL: a log y axis and no smoothing.
 timeout 120 "$browser" --no-sandbox --disable-gpu --dump-dom "file://$tmp/report.html#logy&smoothing=0" > "$tmp/dom_log.html" 2> /dev/null
 timeout 120 "$browser" --no-sandbox --disable-gpu --window-size=1400,2000 --screenshot="$tmp/shot.png" "file://$tmp/report.html" > /dev/null 2>&1
+timeout 120 "$browser" --no-sandbox --disable-gpu --dump-dom "file://$tmp/report_c.html" > "$tmp/dom_c.html" 2> /dev/null
 /usr/bin/python3 - "$tmp" <<'PY' || fail=1
 import json, re, struct, sys, zlib, html
 tmp = sys.argv[1]
@@ -66,6 +78,46 @@ for tag, xmin, xmax, ymin, ymax in charts:
 for want in ("eval_dev/log_pplx", "decoder_dev/num_samples_in_batch"):
     if f'data-tag="{want}"' not in dom:
         fail(f"no chart of {want}")
+# What a person reads. Tick labels: at most 4 significant digits, short enough for the margin.
+def sig_digits(label):
+    m = label.lstrip("-").split("e")[0]
+    digits = m.replace(".", "").lstrip("0")
+    if "." not in m:
+        digits = digits.rstrip("0")
+    return len(digits)
+doms = {"report": dom, "report (log y)": open(f"{tmp}/dom_log.html").read(),
+        "report of run c": open(f"{tmp}/dom_c.html").read()}
+for name, d in doms.items():
+    labels = re.findall(r'<text class="[xy]tick"[^>]*>([^<]*)</text>', d)
+    if not labels:
+        fail(f"{name}: no tick labels")
+    for label in labels:
+        if sig_digits(label) > 4 or len(label) > 8:
+            fail(f"{name}: tick label '{label}' has more than 4 significant digits or 8 characters")
+    # No empty chart: a line through two points or more, or a dot.
+    for svg in re.findall(r'<svg [^>]*class="chart".*?</svg>', d, re.S):
+        tag = re.search(r'data-tag="([^"]*)"', svg).group(1)
+        lines = [int(n) for n in re.findall(r'class="series [a-z]+" data-run="[^"]*" data-points="(\d+)"', svg)]
+        if max(lines, default=0) < 2 and '<circle class="point"' not in svg:
+            fail(f"{name}: chart {tag} draws nothing")
+        xt = re.findall(r'<text class="xtick"[^>]*>([^<]*)</text>', svg)
+        if len(xt) != len(set(xt)):
+            fail(f"{name}: chart {tag} repeats x ticks {xt}")
+# One checkpoint: the eval charts of runs a and b show their point.
+ev_chart = re.search(r'<svg [^>]*data-tag="eval_dev/log_pplx".*?</svg>', dom, re.S).group(0)
+if len(re.findall(r'<circle class="point"', ev_chart)) < 2:
+    fail("the one-checkpoint eval chart has no point per run")
+# A metric with one value throughout is a table row, not a chart.
+if 'data-tag="total_num_params"' in dom or not re.search(r'class="constants".*?total_num_params', dom, re.S):
+    fail("total_num_params (constant) is not in the constants table")
+# Two runs of one model: one Params text and one variable table.
+tables = dom.count('class="variables"')
+if tables != 1:
+    fail(f"{tables} variable tables for two runs of one model")
+# The schedule's eval (run c): a chart with both evaluations.
+m = re.search(r'<svg [^>]*data-tag="eval_dev/log_pplx".*?</svg>', doms["report of run c"], re.S)
+if not m or len(re.findall(r'<circle class="point"', m.group(0))) != 2:
+    fail("run c's in-trainer eval is not charted with its 2 points")
 # The controls: log y on positive charts, and smoothing 0 draws the raw values.
 dlog = open(f"{tmp}/dom_log.html").read()
 m = re.search(r'<svg[^>]*data-tag="log_pplx"[^>]*>.*?</svg>', dlog, re.S)
