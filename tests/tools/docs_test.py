@@ -21,7 +21,8 @@ What each block gets, by its language and the marker comment on the line right a
   `skip: <why>`.
 - ```text: not a command (a diagram, a file's layout, a format), unless marked
   `output: <label>`: then each of its lines must match a line of that block's output, in order,
-  with every number in the sample standing for any number (the format is checked). The marker
+  with every number in the sample standing for any number and `...` for anything (the format is
+  checked), after the same path mapping as the commands (below). The marker
   `range: <words> <lo>..<hi>, ...` (<words> quoted when they hold spaces) also checks the value: the last number after <word> in the
   output must fall in [lo, hi].
 - a fence without a language is an error: every block says what it is.
@@ -130,11 +131,11 @@ def sample_regex(line):
     return re.compile("".join(out))
 
 
-def check_output(block, output):
-    """Each sample line matches an output line, in order."""
+def check_output(block, output, scratch):
+    """Each sample line matches an output line, in order (with the commands' path mapping)."""
     out_lines = output.split("\n")
     pos = 0
-    for sample in block.text.split("\n"):
+    for sample in rewrite(block.text, scratch).split("\n"):
         if not sample.strip():
             continue
         rx = sample_regex(sample.strip())
@@ -333,7 +334,7 @@ def main():
             label = b.marker_value("output")
             if label not in names:
                 continue  # its command was not run (--only)
-            err = check_output(b, names[label])
+            err = check_output(b, names[label], scratch)
             if err:
                 failures.append("%s: %s" % (b.where(), err))
             else:
