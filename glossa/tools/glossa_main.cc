@@ -1010,8 +1010,6 @@ int Run(const std::vector<std::string>& argv) {
       if (!latest) throw NotFoundError(StrCat("no checkpoint in ", train_dir));
       ckpt = *latest;
     }
-    std::cout << "exporting " << ckpt << " to " << export_out
-              << (export_torchscript ? " (with TorchScript)" : "") << std::endl;
     const int64_t step =
         ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = export_out,
                       .dtype = export_dtype, .subgraphs = export_subgraphs,
