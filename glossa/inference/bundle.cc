@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -202,7 +203,11 @@ int64_t ExportBundle(const ExportOptions& o) {
   add("model_params.pb");
   AtomicWriteFile(JoinPath(dir, "model_params.txt"), p.ToText());
   add("model_params.txt");
+  auto say = [&](const std::string& line) {
+    if (o.log) o.log(line);
+  };
   if (o.torchscript) {
+    say("export: writing the TorchScript network");
     // The task exports from its variables: give them the exported (EMA) weights in float32.
     {
       at::NoGradGuard no_grad;
@@ -215,6 +220,12 @@ int64_t ExportBundle(const ExportOptions& o) {
       add("torchscript/" + name);
     }
   }
+  int64_t bytes = 0;
+  for (const auto& [name, t] : weights) bytes += static_cast<int64_t>(t.nbytes());
+  char mb[32];
+  std::snprintf(mb, sizeof(mb), "%.1f", bytes / 1e6);
+  say(StrCat("export: writing ", weights.size(), " weights (", mb, " MB, ", o.dtype, ") of step ",
+             *step));
   SaveSafetensors(JoinPath(dir, "weights.safetensors"), weights,
                   {{"global_step", std::to_string(*step)}});
   add("weights.safetensors");

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <functional>
 #include <string>
 
 #include "glossa/core/params.h"
@@ -49,6 +50,8 @@ struct ExportOptions {
   // Also write torchscript/<name>.pt, the task's TorchScript modules (BaseTask::ExportTorchScript;
   // float32, from the float32 weights).
   bool torchscript = false;
+  // A line before each long phase (after the inputs are checked): null says nothing.
+  std::function<void(const std::string&)> log;
 };
 // Writes the bundle (files first, the manifest last and atomically, so a bundle without a
 // manifest is incomplete). Returns the bundle's global step.

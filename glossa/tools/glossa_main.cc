@@ -1013,7 +1013,8 @@ int Run(const std::vector<std::string>& argv) {
     const int64_t step =
         ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = export_out,
                       .dtype = export_dtype, .subgraphs = export_subgraphs,
-                      .torchscript = export_torchscript});
+                      .torchscript = export_torchscript,
+                      .log = [](const std::string& l) { std::cout << l << std::endl; }});
     std::cout << "exported " << ckpt << " (step " << step << ") to " << export_out << "\n";
     return 0;
   }

@@ -29,6 +29,7 @@ grep -q 'No random_seed' resume.log && bad "seed notice on a resumed run: $(cat 
 "$glossa" export --model=$model --logdir=run --out=b1 > export.log 2>&1 || bad "export: $(cat export.log)"
 grep -q "tr_fflayer_tpl.activation : 'GELU'" b1/model_params.txt || bad "export bundled another model: $(grep 'tr_fflayer_tpl.activation' b1/model_params.txt)"
 grep -q "trained 'GELU', given 'RELU'" export.log || bad "export did not say it used the trained Params: $(cat export.log)"
+grep -q '^export: writing [0-9]* weights (.* MB, float32) of step 30$' export.log || bad "export did not say what it writes: $(cat export.log)"
 grep -q 'No random_seed' export.log && bad "seed notice on export: $(cat export.log)"
 # An override that changes the trained model is refused with the difference, and writes nothing.
 if "$glossa" export --model=$model --logdir=run --out=b2 \
