@@ -6,7 +6,9 @@
 // mismatch), others -> RuntimeError.
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "python/common.h"
 
@@ -29,29 +31,51 @@ struct DTypeName {
 
 }  // namespace
 
-ParamValue ToValue(const py::handle& o) {
+namespace {
+
+// Bounds the nesting of values built from Python (a 100,000-deep list would overflow the stack
+// of every recursive walk of the Params).
+constexpr int kMaxValueDepth = 100;
+
+ParamValue ToValueAt(const py::handle& o, int depth);
+
+}  // namespace
+
+ParamValue ToValue(const py::handle& o) { return ToValueAt(o, 0); }
+
+namespace {
+
+ParamValue ToValueAt(const py::handle& o, int depth) {
+  if (depth > kMaxValueDepth) {
+    throw py::value_error(glossa::StrCat("a Params value may nest at most ", kMaxValueDepth,
+                                         " lists, tuples or dicts deep"));
+  }
   if (o.is_none()) return ParamValue();
   if (py::isinstance<py::bool_>(o)) return ParamValue(o.cast<bool>());
   if (py::isinstance<py::int_>(o)) return ParamValue(o.cast<int64_t>());
   if (py::isinstance<py::float_>(o)) return ParamValue(o.cast<double>());
   if (py::isinstance<py::str>(o)) return ParamValue(o.cast<std::string>());
-  if (py::isinstance<Params>(o)) return ParamValue(o.cast<Params>());
+  if (py::isinstance<Params>(o)) return ParamValue(o.cast<const Params&>());
   if (py::isinstance<DTypeName>(o)) {
     return ParamValue(glossa::ParseDType(o.cast<DTypeName>().name));
   }
   if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
     ParamValue::List list;
-    for (const auto& item : o) list.push_back(ToValue(item));
+    for (const auto& item : o) list.push_back(ToValueAt(item, depth + 1));
     return ParamValue(std::move(list));
   }
   if (py::isinstance<py::dict>(o)) {
     ParamValue::Dict dict;
-    for (const auto& [k, v] : o.cast<py::dict>()) dict[py::str(k).cast<std::string>()] = ToValue(v);
+    for (const auto& [k, v] : o.cast<py::dict>()) {
+      dict[py::str(k).cast<std::string>()] = ToValueAt(v, depth + 1);
+    }
     return ParamValue(std::move(dict));
   }
   throw py::type_error(glossa::StrCat("a Params value cannot be a ",
                                       py::str(o.get_type().attr("__name__")).cast<std::string>()));
 }
+
+}  // namespace
 
 py::object FromValue(const ParamValue& v) {
   switch (v.kind()) {
@@ -131,12 +155,48 @@ py::object FromNested(const glossa::NestedValue& v) {
 
 namespace {
 
-void SetAttr(Params& p, const std::string& name, const py::handle& value) {
-  if (py::isinstance<Params>(value)) {
-    p.Set(name, ParamValue(value.cast<Params>()));
-  } else {
-    p.Set(name, ToValue(value));
+// Every Params inside `v` (nested Params, lists and dicts of them).
+void CollectParams(const ParamValue& v, std::vector<const Params*>& out) {
+  if (v.is_params()) {
+    out.push_back(&v.AsParams());
+    for (const auto& e : v.AsParams()) CollectParams(e.value, out);
+  } else if (v.is_list()) {
+    for (const auto& x : v.AsList()) CollectParams(x, out);
+  } else if (v.kind() == ParamValue::Kind::kDict) {
+    for (const auto& [k, x] : v.AsDict()) CollectParams(x, out);
   }
+}
+
+// Whether a Python object refers to a Params inside `v` (a handle such as s = p.task.stack).
+bool HasPythonHandle(const ParamValue& v) {
+  std::vector<const Params*> inside;
+  CollectParams(v, inside);
+  const auto& instances = py::detail::get_internals().registered_instances;
+  for (const Params* q : inside) {
+    if (instances.find(static_cast<const void*>(q)) != instances.end()) return true;
+  }
+  return false;
+}
+
+// Nested Params handed to Python point into their parent's storage. A value replaced while such a
+// handle exists is kept here, so that the handle goes on reading the Params it was taken from (as
+// in Python) instead of freed memory; it is freed once no handle refers to it. Used with the GIL
+// held, which serializes every access from Python threads.
+std::vector<ParamValue>& Replaced() {
+  static auto* replaced = new std::vector<ParamValue>();
+  return *replaced;
+}
+
+void SetAttr(Params& p, const std::string& name, const py::handle& value) {
+  ParamValue v = ToValue(value);
+  auto& replaced = Replaced();
+  replaced.erase(std::remove_if(replaced.begin(), replaced.end(),
+                                [](const ParamValue& r) { return !HasPythonHandle(r); }),
+                 replaced.end());
+  // The old value, moved out (its Params keep their addresses) when a handle refers into it.
+  auto& slot = const_cast<ParamValue&>(p.Get(name));  // NotFound/InvalidArgument for a bad path
+  if (HasPythonHandle(slot)) replaced.push_back(std::move(slot));
+  p.Set(name, std::move(v));
 }
 
 }  // namespace

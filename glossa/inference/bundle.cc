@@ -30,7 +30,7 @@ using json = nlohmann::json;
 constexpr const char* kFormat = "glossa-inference-bundle";
 constexpr const char* kManifest = "MANIFEST.json";
 
-std::string Sha256File(const std::string& path) {
+std::string Sha256FileImpl(const std::string& path) {
   CheckRegularFile(path, "bundle file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw NotFoundError(StrCat("cannot open '", path, "'"));
@@ -109,6 +109,7 @@ int64_t ExportBundle(const ExportOptions& o) {
     if (o.dtype == "bfloat16" && w.is_floating_point()) w = w.to(at::kBFloat16);
     weights[info.full_name] = w.detach();
   }
+  CheckFiniteWeights(weights, StrCat("export: checkpoint '", o.checkpoint, "'"));
   if (o.dtype == "bfloat16") p.Set("dtype", DType::kBFloat16);
   // Everything is written to a staging directory beside out_dir and renamed into place at the end:
   // an export that fails leaves nothing under out_dir (one that is killed, a "<out_dir>.partial-
@@ -177,6 +178,8 @@ int64_t ExportBundle(const ExportOptions& o) {
     out->set_optional(s.optional);
     out->set_bytes(s.bytes);
     out->set_doc(s.doc);
+    if (s.min) out->set_min(*s.min);
+    if (s.max) out->set_max(*s.max);
   };
   std::vector<std::string> wanted = o.subgraphs;
   if (wanted.empty()) {
@@ -243,6 +246,21 @@ int64_t ExportBundle(const ExportOptions& o) {
   return *step;
 }
 
+void CheckFiniteWeights(const std::map<std::string, at::Tensor>& weights,
+                        const std::string& where) {
+  for (const auto& [name, t] : weights) {
+    if (!t.is_floating_point() || t.numel() == 0) continue;
+    const int64_t bad = (~at::isfinite(t)).sum().item<int64_t>();
+    if (bad > 0) {
+      throw DataLossError(StrCat(where, ": weight '", name, "' has ", bad, " NaN or Inf value(s) of ",
+                                 t.numel(), "; a model with non-finite weights gives no answers "
+                                 "(export an earlier checkpoint, e.g. train/healthy_checkpoint)"));
+    }
+  }
+}
+
+std::string Sha256File(const std::string& path) { return Sha256FileImpl(path); }
+
 std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
   const std::string path = JoinPath(dir, kManifest);
   if (!FileExists(dir)) {
@@ -272,6 +290,9 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
     throw InvalidArgumentError(StrCat("bundle '", dir, "' has format_version ", version,
                                       "; this Glossa reads version ", kBundleFormatVersion));
   }
+  if (field("global_step", &json::is_number_integer).get<int64_t>() < 0) {
+    throw DataLossError(StrCat("bundle manifest '", path, "': global_step is negative"));
+  }
   const json& files = field("files", &json::is_object);
   for (const char* required : {"model_params.pb", "weights.safetensors", "inference_graph.pbtxt"}) {
     if (!files.contains(required)) {
@@ -288,8 +309,11 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
       throw DataLossError(StrCat("bundle '", dir, "': ", name, " is missing"));
     }
     if (!it.value().is_object() || !it.value().contains("bytes") ||
-        !it.value().contains("sha256")) {
-      throw DataLossError(StrCat("bundle manifest '", path, "': entry '", name, "' is malformed"));
+        !it.value().contains("sha256") || !it.value()["bytes"].is_number_unsigned() ||
+        !it.value()["sha256"].is_string()) {
+      throw DataLossError(StrCat("bundle manifest '", path, "': entry '", name,
+                                 "' is malformed (it needs \"bytes\": a non-negative integer "
+                                 "and \"sha256\": a string)"));
     }
     const uint64_t bytes = it.value()["bytes"].get<uint64_t>();
     if (FileSize(file) != bytes) {
@@ -309,19 +333,34 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+Params ParamsFromBundleFile(const std::string& dir, const char* name) {
+  try {
+    return Params::FromProtoBytes(ReadFileToString(JoinPath(dir, name)));
+  } catch (const Error& e) {
+    throw DataLossError(StrCat("bundle '", dir, "': ", name, " does not load: ", e.message()));
+  }
+}
+
+}  // namespace
+
 LoadedBundle LoadBundle(const std::string& dir) {
   LoadedBundle b;
   b.dir = dir;
   b.manifest = VerifyBundle(dir);
   b.global_step = std::stoll(b.manifest.at("global_step"));
-  b.model_params = Params::FromProtoBytes(ReadFileToString(JoinPath(dir, "model_params.pb")));
+  b.model_params = ParamsFromBundleFile(dir, "model_params.pb");
   proto::InferenceGraph graph;
   if (!google::protobuf::TextFormat::ParseFromString(
           ReadFileToString(JoinPath(dir, "inference_graph.pbtxt")), &graph)) {
     throw DataLossError(StrCat("bundle '", dir, "': inference_graph.pbtxt does not parse"));
   }
   auto from_proto = [](const proto::TensorSpec& s) {
-    return TensorSpec{s.dtype(), s.rank(), s.optional(), s.doc(), s.bytes()};
+    TensorSpec t{s.dtype(), s.rank(), s.optional(), s.doc(), s.bytes()};
+    if (s.has_min()) t.min = s.min();
+    if (s.has_max()) t.max = s.max();
+    return t;
   };
   for (const auto& [name, sg] : graph.subgraphs()) {
     InferenceSubgraphSpec& spec = b.subgraphs[name];
@@ -345,10 +384,12 @@ LoadedBundle LoadBundle(const std::string& dir) {
   b.model = InstantiateLayer<BaseModel>(b.model_params);
   std::map<std::string, at::Tensor> vars;
   for (const auto& [info, t] : b.model->AllVariables()) vars[info.full_name] = t;
-  RestoreVariables(LoadSafetensors(JoinPath(dir, "weights.safetensors")), vars);
+  const SafetensorsContents weights = LoadSafetensors(JoinPath(dir, "weights.safetensors"));
+  CheckFiniteWeights(weights.tensors, StrCat("bundle '", dir, "': weights.safetensors"));
+  RestoreVariables(weights, vars);
   const std::string tok = JoinPath(dir, "tokenizer_params.pb");
   if (FileExists(tok)) {
-    Params tp = Params::FromProtoBytes(ReadFileToString(tok));
+    Params tp = ParamsFromBundleFile(dir, "tokenizer_params.pb");
     for (const auto& key : tp.Keys()) {
       const ParamValue& v = tp.Get(key);
       if (v.kind() == ParamValue::Kind::kString && v.AsString().rfind("assets/", 0) == 0) {

@@ -20,6 +20,7 @@
 // LoadBundle verifies every file against the manifest before using any: a missing file, a size
 // or hash mismatch (a truncated or edited file), an unknown format version or a malformed
 // manifest is DataLoss (InvalidArgument for a version this build cannot read) naming the file.
+// Weights with NaN or Inf values are refused by both (DataLoss naming the weight).
 //
 //   ExportBundle({.model_params = p, .checkpoint = "/logdir/train/ckpt-00001200",
 //                 .out_dir = "/models/lm"});
@@ -40,6 +41,12 @@
 namespace glossa {
 
 inline constexpr int64_t kBundleFormatVersion = 1;
+
+// The SHA-256 of a file's bytes, as lowercase hex (the manifest's checksums).
+std::string Sha256File(const std::string& path);
+
+// DataLoss naming `where` and the first floating-point weight holding a NaN or Inf.
+void CheckFiniteWeights(const std::map<std::string, at::Tensor>& weights, const std::string& where);
 
 struct ExportOptions {
   Params model_params;      // as trained (GetModelParams(key, dataset, overrides))

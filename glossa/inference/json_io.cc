@@ -185,6 +185,8 @@ nlohmann::ordered_json SpecToJson(const InferenceSubgraphSpec& spec) {
     for (const auto& [name, s] : m) {
       o[name] = {{"dtype", s.dtype}, {"rank", s.rank}, {"optional", s.optional}, {"doc", s.doc}};
       if (s.bytes) o[name]["bytes"] = true;
+      if (s.min) o[name]["min"] = *s.min;
+      if (s.max) o[name]["max"] = *s.max;
     }
     return o;
   };

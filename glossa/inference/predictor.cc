@@ -40,6 +40,13 @@ std::unique_ptr<BaseModel> ModelFromCheckpoint(const Params& bundle_params,
   const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
   const std::optional<int64_t> s = RestoreForEval(LoadCheckpoint(checkpoint), *model, ema.get());
   *step = s.value_or(0);
+  std::map<std::string, at::Tensor> served;
+  const auto shadows = ema ? ema->Shadows() : std::map<std::string, at::Tensor>{};
+  for (const auto& [info, t] : model->AllVariables()) {
+    auto it = shadows.find(info.full_name + ExponentialMovingAverage::kSuffix);
+    served[info.full_name] = it != shadows.end() ? it->second : t;
+  }
+  CheckFiniteWeights(served, StrCat("checkpoint '", checkpoint, "'"));
   if (ema) {  // serve the averages: copy them into the variables
     at::NoGradGuard no_grad;
     const auto shadows = ema->Shadows();
@@ -100,6 +107,28 @@ void Predictor::Load(const std::string& checkpoint) {
   current_ = std::move(loaded);
 }
 
+void Predictor::CheckRange(const std::string& what, const std::string& name,
+                           const TensorSpec& s, const at::Tensor& t) const {
+  if (t.numel() == 0) return;
+  const at::Tensor d = t.to(at::kDouble);
+  if (t.is_floating_point() && !at::isfinite(d).all().item<bool>()) {
+    throw InvalidArgumentError(StrCat(what, " must be finite"));
+  }
+  const double lo = d.min().item<double>(), hi = d.max().item<double>();
+  std::optional<double> max = s.max;
+  if (name == "max_new_tokens") {
+    max = std::min(max.value_or(options_.max_new_tokens), double(options_.max_new_tokens));
+  }
+  auto show = [&](double x) { return t.is_floating_point() ? PyFloatRepr(x) : StrCat(int64_t(x)); };
+  if ((s.min && lo < *s.min) || (max && hi > *max)) {
+    const double bad = s.min && lo < *s.min ? lo : hi;
+    throw InvalidArgumentError(StrCat(what, " is ", show(bad), "; it must be in [",
+                                      s.min ? show(*s.min) : std::string("-inf"), ", ",
+                                      max ? show(*max) : std::string("inf"), "]",
+                                      name == "max_new_tokens" ? " (max_new_tokens)" : ""));
+  }
+}
+
 void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphSpec& spec,
                            const InferenceMap& feeds, const BaseTokenizer* tokenizer) const {
   const std::string where = StrCat("subgraph '", subgraph, "'");
@@ -150,6 +179,7 @@ void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphS
         throw InvalidArgumentError(StrCat(what, " must have rank ", s.rank, ", got shape ",
                                           v.tensor.sizes()));
       }
+      CheckRange(what, name, s, v.tensor);
       if (s.rank > 0) n = v.tensor.size(0);
     }
     if (s.rank == 0) continue;
@@ -188,6 +218,14 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
   const std::shared_ptr<const Loaded> loaded = Current();  // this Run's weights, whatever Load does
   if (global_step != nullptr) *global_step = loaded->global_step;
   InferenceMap all = loaded->model->task().RunInference(subgraph, feeds, bundle_.tokenizer.get());
+  // A NaN is never an answer (JSON would carry it as null): the model or its input broke.
+  for (const auto& [key, v] : all) {
+    if (!v.is_strings() && v.tensor.is_floating_point() && at::isnan(v.tensor).any().item<bool>()) {
+      throw InternalError(StrCat("subgraph '", subgraph, "': fetch '", key,
+                                 "' holds NaN values (the weights at global step ",
+                                 loaded->global_step, " or this input give no finite answer)"));
+    }
+  }
   if (fetch_keys.empty()) return all;
   InferenceMap out;
   for (const auto& key : fetch_keys) {

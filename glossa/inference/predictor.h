@@ -32,6 +32,9 @@ struct PredictorOptions {
   std::string checkpoint;
   int64_t max_batch_size = 1024;
   int64_t max_input_tokens = 4096;
+  // A feed named max_new_tokens (generation) above this is InvalidArgument: one request cannot
+  // hold a batch thread for minutes.
+  int64_t max_new_tokens = 512;
 };
 
 class Predictor {
@@ -58,6 +61,9 @@ class Predictor {
   const std::map<std::string, std::string>& manifest() const { return bundle_.manifest; }
 
  private:
+  // A numeric feed outside its spec's [min, max] (or max_new_tokens), or a non-finite float.
+  void CheckRange(const std::string& what, const std::string& name, const TensorSpec& s,
+                  const at::Tensor& t) const;
   struct Loaded;
   std::shared_ptr<const Loaded> Current() const;
   void CheckFeeds(const std::string& subgraph, const InferenceSubgraphSpec& spec,

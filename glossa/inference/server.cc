@@ -20,6 +20,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/inference/connection_guard.h"
 #include "glossa/inference/json_io.h"
 #include "glossa/inference/predictor.h"
 #include "glossa/runtime/saver.h"
@@ -55,7 +56,8 @@ int HttpStatus(StatusCode code) {
 std::string ErrorBody(std::string_view code, const std::string& message) {
   nlohmann::json j;
   j["error"] = {{"code", code}, {"message", message}};
-  return j.dump();
+  // A message may quote the request's bytes: invalid UTF-8 becomes U+FFFD, never an exception.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // A Prometheus histogram (cumulative buckets when printed).
@@ -183,10 +185,16 @@ struct InferenceServer::Impl {
   std::atomic<int64_t> in_flight{0};
   std::mutex stop_mu;
 
-  // The batch queue.
+  // The batch queues, one per subgraph with its own batch threads: a long generation never holds
+  // up another subgraph's requests.
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::shared_ptr<Pending>> queue;
+  std::map<std::string, std::deque<std::shared_ptr<Pending>>> queues;
+  int64_t queued = 0;
+
+  // Connections (connection_guard.h).
+  std::shared_ptr<ConnectionTable> connections;
+  int port = 0;
   bool paused = false, batch_stop = false;
   bool draining = false;  // stopping: run what is queued without waiting for more
 
@@ -228,17 +236,24 @@ struct InferenceServer::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (batch_stop) throw UnavailableError("the server is stopping");
-      if (static_cast<int64_t>(queue.size()) >= options.max_enqueued_requests) {
+      if (queued >= options.max_enqueued_requests) {
         throw UnavailableError(StrCat("the queue is full (", options.max_enqueued_requests,
                                       " requests wait); retry later"));
       }
-      queue.push_back(std::move(p));
+      queues[subgraph].push_back(std::move(p));
+      ++queued;
     }
     cv.notify_all();
     return future;
   }
 
-  void BatchLoop() {
+  void BatchLoop(const std::string& subgraph) {
+    std::deque<std::shared_ptr<Pending>>* q = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      q = &queues[subgraph];  // map nodes stay put
+    }
+    auto& queue = *q;
     for (;;) {
       std::vector<std::shared_ptr<Pending>> batch;
       {
@@ -247,6 +262,7 @@ struct InferenceServer::Impl {
         if (queue.empty()) return;  // batch_stop
         batch.push_back(queue.front());
         queue.pop_front();
+        --queued;
         int64_t n = batch[0]->n;
         const auto deadline = batch[0]->enqueued + std::chrono::microseconds(
                                                        options.batch_timeout_micros);
@@ -258,6 +274,7 @@ struct InferenceServer::Impl {
             n += (*it)->n;
             batch.push_back(*it);
             queue.erase(it);
+            --queued;
             continue;
           }
           if (batch_stop || draining || Clock::now() >= deadline) break;
@@ -305,7 +322,8 @@ struct InferenceServer::Impl {
 
   // --- HTTP ---------------------------------------------------------------------------------
 
-  void HandleRun(const httplib::Request& req, httplib::Response& res) {
+  void HandleRun(const httplib::Request& req, const std::string& request_body,
+                 httplib::Response& res) {
     const auto start = Clock::now();
     ++in_flight;
     std::string subgraph = req.matches[1];
@@ -316,7 +334,7 @@ struct InferenceServer::Impl {
       if (spec == specs.end()) predictor->Validate(subgraph, {});  // NotFound listing subgraphs
       nlohmann::json body;
       try {
-        body = nlohmann::json::parse(req.body);
+        body = nlohmann::json::parse(request_body);
       } catch (const nlohmann::json::exception& e) {
         throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
       }
@@ -362,7 +380,8 @@ struct InferenceServer::Impl {
       }
       out["global_step"] = result.second;
       res.status = 200;
-      res.set_content(out.dump(), "application/json");
+      res.set_content(out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
+                      "application/json");
     } catch (const Error& e) {
       res.status = HttpStatus(e.code());
       res.set_content(ErrorBody(StatusCodeName(e.code()), e.message()), "application/json");
@@ -388,12 +407,13 @@ struct InferenceServer::Impl {
     res.set_content(out.dump(), "application/json");
   }
 
-  void HandleReload(const httplib::Request& req, httplib::Response& res, InferenceServer* self) {
+  void HandleReload(const std::string& request_body, httplib::Response& res,
+                    InferenceServer* self) {
     try {
       nlohmann::json body = nlohmann::json::object();
-      if (!req.body.empty()) {
+      if (!request_body.empty()) {
         try {
-          body = nlohmann::json::parse(req.body);
+          body = nlohmann::json::parse(request_body);
         } catch (const nlohmann::json::exception& e) {
           throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
         }
@@ -436,6 +456,19 @@ struct InferenceServer::Impl {
     out << "# HELP glossa_serve_in_flight_requests Requests received and not yet answered.\n"
            "# TYPE glossa_serve_in_flight_requests gauge\nglossa_serve_in_flight_requests "
         << in_flight.load() << "\n";
+    out << "# HELP glossa_serve_connections Open client connections.\n"
+           "# TYPE glossa_serve_connections gauge\nglossa_serve_connections "
+        << (connections ? connections->open() : 0) << "\n";
+    out << "# HELP glossa_serve_connections_refused_total Connections answered 503 at once "
+           "(--max_connections, --max_connections_per_client).\n"
+           "# TYPE glossa_serve_connections_refused_total counter\n"
+           "glossa_serve_connections_refused_total "
+        << (connections ? connections->refused_total() : 0) << "\n";
+    out << "# HELP glossa_serve_connections_timed_out_total Connections closed for a header or "
+           "body that did not arrive in time (--header_timeout_secs, --body_timeout_secs).\n"
+           "# TYPE glossa_serve_connections_timed_out_total counter\n"
+           "glossa_serve_connections_timed_out_total "
+        << (connections ? connections->timed_out_total() : 0) << "\n";
     out << "# HELP glossa_serve_model_global_step The global step of the weights served.\n"
            "# TYPE glossa_serve_model_global_step gauge\nglossa_serve_model_global_step "
         << predictor->global_step() << "\n";
@@ -448,7 +481,7 @@ struct InferenceServer::Impl {
 
   int64_t Queued() const {
     std::lock_guard<std::mutex> lock(mu);
-    return static_cast<int64_t>(queue.size());
+    return queued;
   }
 
   void WatchLoop(InferenceServer* self) {
@@ -477,11 +510,16 @@ struct InferenceServer::Impl {
 InferenceServer::InferenceServer(Predictor* predictor, ServeOptions options)
     : impl_(std::make_unique<Impl>(predictor, std::move(options))) {
   const ServeOptions& o = impl_->options;
-  if (o.num_http_threads < 1 || o.num_batch_threads < 1 || o.max_batch_size < 1 ||
+  if (o.connection_limits.max_connections < 1 ||
+      o.connection_limits.max_connections_per_client < 1 ||
+      !(o.connection_limits.header_timeout_secs > 0) ||
+      !(o.connection_limits.body_timeout_secs > 0) || o.num_batch_threads < 1 ||
+      o.max_batch_size < 1 ||
       o.batch_timeout_micros < 0 || o.max_enqueued_requests < 1 || o.max_body_bytes < 1 ||
       o.watch_interval_secs <= 0) {
     throw InvalidArgumentError(
-        "serve: num_http_threads, num_batch_threads, max_batch_size, max_enqueued_requests, "
+        "serve: max_connections, max_connections_per_client, the timeouts, num_batch_threads, "
+        "max_batch_size, max_enqueued_requests, "
         "max_body_bytes and watch_interval_secs must be positive, batch_timeout_micros >= 0");
   }
   if (o.enable_batching && o.max_batch_size > predictor->options().max_batch_size) {
@@ -497,18 +535,84 @@ int InferenceServer::Start() {
   Impl& m = *impl_;
   if (m.started.exchange(true)) throw FailedPreconditionError("serve: Start() called twice");
   auto& http = m.http;
-  const int threads = m.options.num_http_threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  m.connections = std::make_shared<ConnectionTable>(m.options.connection_limits);
+  http.new_task_queue = [&m] { return new ConnectionQueue(m.connections, m.port); };
   http.set_payload_max_length(m.options.max_body_bytes);
   http.set_keep_alive_timeout(2);
   http.set_tcp_nodelay(true);  // no Nagle delay between the header and body writes
   http.set_read_timeout(30);
+  // Before any body is read: the header is complete (the connection's header clock stops), a
+  // declared body over the limit is answered 413 at once, and a POST to no endpoint 404 (neither
+  // is read).
+  http.set_pre_routing_handler([&m](const httplib::Request& req, httplib::Response& res) {
+    m.connections->HeaderDone(req.remote_addr, req.remote_port);
+    const bool post = req.method == "POST";
+    const bool known_post = post && (req.path == "/v1/admin/reload" ||
+                                     (req.path.rfind("/v1/subgraphs/", 0) == 0 &&
+                                      req.path.size() > 18 &&
+                                      req.path.compare(req.path.size() - 4, 4, ":run") == 0));
+    const uint64_t declared = req.has_header("Content-Length")
+                                  ? std::strtoull(req.get_header_value("Content-Length").c_str(),
+                                                  nullptr, 10)
+                                  : 0;
+    const bool chunked = req.get_header_value("Transfer-Encoding") == "chunked";
+    // A body up to 64 times the limit is read and dropped by cpp-httplib (413), so that the
+    // client, still sending it, sees the answer; beyond, the connection stops being read.
+    if (declared > 64 * static_cast<uint64_t>(m.options.max_body_bytes)) {
+      res.status = 413;
+    } else if (post && !known_post && chunked) {
+      res.status = 404;
+    } else {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    m.connections->StopReading(req.remote_addr, req.remote_port);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_logger([&m](const httplib::Request& req, const httplib::Response&) {
+    m.connections->Answered(req.remote_addr, req.remote_port);
+  });
+  // POST bodies are read here, chunked or not, and stop at max_body_bytes (413).
+  auto read_body = [&m](const httplib::Request& req, httplib::Response& res,
+                        const httplib::ContentReader& reader, std::string* body) {
+    bool too_large = false;
+    const bool read = reader([&](const char* data, size_t n) {
+      if (body->size() + n > m.options.max_body_bytes) {
+        too_large = true;
+        return false;
+      }
+      body->append(data, n);
+      return true;
+    });
+    m.connections->BodyDone(req.remote_addr, req.remote_port);
+    if (read) return true;
+    if (!too_large && res.status != 413) {  // cut short by the client, or malformed chunks
+      res.status = 400;
+      res.set_content(ErrorBody("INVALID_ARGUMENT", "the request body could not be read whole"),
+                      "application/json");
+      return false;
+    }
+    // Over the limit: cpp-httplib has dropped a declared body; a chunked one stops being read.
+    if (too_large) m.connections->StopReading(req.remote_addr, req.remote_port);
+    res.status = 413;
+    res.set_content(ErrorBody("RESOURCE_EXHAUSTED",
+                              StrCat("the request body is larger than the server's "
+                                     "max_body_bytes (", m.options.max_body_bytes, ")")),
+                    "application/json");
+    return false;
+  };
   http.Post(R"(/v1/subgraphs/([^/]+):run)",
-            [&m](const httplib::Request& req, httplib::Response& res) { m.HandleRun(req, res); });
+            [&m, read_body](const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& reader) {
+              std::string body;
+              if (read_body(req, res, reader, &body)) m.HandleRun(req, body, res);
+            });
   http.Get("/v1/subgraphs",
            [&m](const httplib::Request&, httplib::Response& res) { m.HandleSubgraphs(res); });
-  http.Post("/v1/admin/reload", [this](const httplib::Request& req, httplib::Response& res) {
-    impl_->HandleReload(req, res, this);
+  http.Post("/v1/admin/reload", [this, read_body](const httplib::Request& req,
+                                                  httplib::Response& res,
+                                                  const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, &body)) impl_->HandleReload(body, res, this);
   });
   http.Get("/healthz", [&m](const httplib::Request&, httplib::Response& res) {
     const bool ok = !m.stopping;
@@ -544,9 +648,12 @@ int InferenceServer::Start() {
     throw AbortedError(StrCat("serve: cannot listen on ", m.options.host, ":", m.options.port,
                               " (in use, or not an address of this machine)"));
   }
+  m.port = port;
   if (m.options.enable_batching) {
-    for (int i = 0; i < m.options.num_batch_threads; ++i) {
-      m.batch_threads.emplace_back([&m] { m.BatchLoop(); });
+    for (const auto& [name, spec] : m.specs) {
+      for (int i = 0; i < m.options.num_batch_threads; ++i) {
+        m.batch_threads.emplace_back([&m, name = name] { m.BatchLoop(name); });
+      }
     }
   }
   m.listen_thread = std::thread([&m] { m.http.listen_after_bind(); });

@@ -32,11 +32,23 @@ namespace glossa {
 
 class Predictor;
 
+// Connection limits (glossa/inference/connection_guard.h): connections in total and per client
+// address, and how long a request's header (from the connection's open or its previous answer)
+// and body (from the header) may take in total.
+struct ConnectionLimits {
+  int64_t max_connections = 512;
+  int64_t max_connections_per_client = 128;
+  double header_timeout_secs = 10;
+  double body_timeout_secs = 60;
+};
+
 struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port (Start returns it)
-  int num_http_threads = 32;
-  size_t max_body_bytes = size_t{4} << 20;
+  size_t max_body_bytes = size_t{4} << 20;  // a larger body, chunked or not, is 413 when it passes it
+  // Connections in total and per client, and how long a header and a body may take
+  // (glossa/inference/connection_guard.h).
+  ConnectionLimits connection_limits;
   // Dynamic batching (TF Serving's BatchingParameters); off: each request runs on its own thread.
   bool enable_batching = true;
   int64_t max_batch_size = 32;

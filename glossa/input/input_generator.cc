@@ -28,6 +28,16 @@ std::vector<std::string> StringOrList(const ParamValue& v) {
   return out;
 }
 
+// A thread-count or queue-size param outside [lo, hi] is InvalidArgument naming it.
+void CheckRange(const Params& p, const std::string& layer, const char* key, int64_t lo,
+                int64_t hi) {
+  const int64_t v = p.GetInt(key);
+  if (v < lo || v > hi) {
+    throw InvalidArgumentError(StrCat("input '", layer, "': ", key, " is ", v, "; it must be in [",
+                                      lo, ", ", hi, "]"));
+  }
+}
+
 }  // namespace
 
 // ---- BaseInputGenerator ----
@@ -95,16 +105,19 @@ glossa::Params BaseSequenceInputGenerator::Params() {
   p.Define("file_random_seed", 301,
            "Seed of the file order and shuffling; 0 means nondeterministic.");
   p.Define("file_buffer_size", 10000, "Records in the shuffle buffer.");
-  p.Define("file_parallelism", 16, "Number of parallel file readers.");
+  p.Define("file_parallelism", 16, "Number of parallel file readers (1 to 256).");
   p.Define("require_sequential_order", false, "Read files and records in order (no shuffling).");
   p.Define("repeat_count", -1, "Epochs to read; -1 repeats forever.");
   p.Define("skip_corrupt_records", false, "Skip (and count) corrupt records instead of failing.");
-  p.Define("num_batcher_threads", 1, "Number of record processor threads.");
+  p.Define("max_line_bytes", int64_t{1} << 20,
+           "Text files: a longer line is a DataLoss error naming the file and offset.");
+  p.Define("num_batcher_threads", 1, "Number of record processor threads (1 to 256).");
   p.Define("bucket_upper_bound", ParamValue::List{100},
            "Bucket upper bounds of the bucket key (sorted).");
   p.Define("bucket_batch_limit", ParamValue::List{16}, "Batch size of each bucket.");
   p.Define("flush_every_n", 0, "Flush every bucket after this many records; 0: never.");
-  p.Define("prefetch", 4, "Batches prepared ahead of the consumer (the infeed queue).");
+  p.Define("prefetch", 4,
+           "Batches prepared ahead of the consumer (the infeed queue; 1 to 4096).");
   p.Define("source_max_length", 300, "Maximum length of source sequences.");
   p.Define("target_max_length", 300, "Maximum length of target sequences.");
   p.Define("tokenizer", AsciiTokenizer::Params(), "Tokenizer params.");
@@ -113,6 +126,11 @@ glossa::Params BaseSequenceInputGenerator::Params() {
 
 BaseSequenceInputGenerator::BaseSequenceInputGenerator(const glossa::Params& p)
     : BaseInputGenerator(p) {
+  CheckRange(params(), path(), "num_batcher_threads", 1, 256);
+  CheckRange(params(), path(), "file_parallelism", 1, 256);
+  CheckRange(params(), path(), "prefetch", 1, 4096);
+  CheckRange(params(), path(), "file_buffer_size", 1, int64_t{1} << 24);
+  CheckRange(params(), path(), "max_line_bytes", 1, int64_t{1} << 30);
   CreateChild("tokenizer", params().GetParams("tokenizer"));
 }
 
@@ -139,6 +157,7 @@ void BaseSequenceInputGenerator::EnsureStarted() {
   yo.num_input_replicas = params().GetInt("num_input_replicas");
   yo.input_replica_id = params().GetInt("input_replica_id");
   yo.skip_corrupt_records = params().GetBool("skip_corrupt_records");
+  yo.max_line_bytes = params().GetInt("max_line_bytes");
   yielder_ = std::make_shared<RecordYielder>(yo);
   BatcherOptions bo;
   bo.bucket_upper_bound = IntList(params(), "bucket_upper_bound");

@@ -164,6 +164,7 @@ struct RecordYielder::Source {
         }
         RecordReaderOptions ro;
         ro.skip_corrupt_records = options.skip_corrupt_records;
+        ro.max_line_bytes = static_cast<size_t>(options.max_line_bytes);
         auto reader = RecordReader::Open(files.type, path, ro);
         // Replica sharding: a record belongs to replica (its index in the file + the file's index
         // in sorted order) mod num_input_replicas.

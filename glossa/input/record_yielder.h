@@ -38,6 +38,8 @@ struct YielderOptions {
   int64_t num_input_replicas = 1;
   int64_t input_replica_id = 0;
   bool skip_corrupt_records = false;
+  // Text files: longer lines are DataLoss (RecordReaderOptions::max_line_bytes).
+  int64_t max_line_bytes = int64_t{1} << 20;
 };
 
 // The files a pattern names, sorted, and their type. NotFound naming the pattern when nothing

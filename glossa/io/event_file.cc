@@ -96,6 +96,37 @@ EventWriter::EventWriter(const std::string& logdir, double flush_secs,
   }
 }
 
+int64_t DropMetricLinesAfter(const std::string& metrics_path, int64_t step) {
+  if (!FileExists(metrics_path)) return 0;
+  const std::string text = ReadFileToString(metrics_path);
+  std::string kept;
+  kept.reserve(text.size());
+  int64_t dropped = 0;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const std::string_view line(text.data() + start, end - start);
+    int64_t line_step = -1;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) {
+        line_step = j["step"].get<int64_t>();
+      }
+    } catch (const nlohmann::json::exception&) {
+      // Not a metrics line: kept as it is.
+    }
+    if (line_step > step) {
+      ++dropped;
+    } else {
+      kept.append(line);
+    }
+    start = end;
+  }
+  if (dropped > 0) AtomicWriteFile(metrics_path, kept);
+  return dropped;
+}
+
 EventWriter::~EventWriter() {
   try {
     Close();

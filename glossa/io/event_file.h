@@ -44,6 +44,11 @@ class EventWriter {
   std::string path_, metrics_path_;
 };
 
+// Removes the lines of a metrics.jsonl whose step is after `step` (a resumed run replays those
+// steps and writes them again). Returns the number removed; the file is rewritten atomically,
+// and left alone when there is nothing to remove.
+int64_t DropMetricLinesAfter(const std::string& metrics_path, int64_t step);
+
 struct EventRecord {
   double wall_time = 0;
   int64_t step = 0;

@@ -27,9 +27,24 @@ namespace {
 // Plain files are read with read(2) straight into the window (no stdio locking or copies).
 class ByteSource {
  public:
+  // zlib reads a file without the gzip magic as plain bytes; a tfrecord_gzip file must be gzip.
+  static void CheckGzipMagic(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw NotFoundError(StrCat("cannot open '", path, "': ", std::strerror(errno)));
+    unsigned char magic[2] = {0, 0};
+    const ssize_t got = ::read(fd, magic, 2);
+    ::close(fd);
+    if (got != 2 || magic[0] != 0x1f || magic[1] != 0x8b) {
+      throw DataLossError(StrCat("'", path, "' is not a gzip file (", got < 2 ? "shorter than"
+                                 : "no gzip magic in", " its first 2 bytes); read it as ",
+                                 "'tfrecord:' if it is uncompressed"));
+    }
+  }
+
   ByteSource(const std::string& path, bool gzip, size_t buffer_size)
       : path_(path), gzip_(gzip), window_(std::max<size_t>(buffer_size, 1 << 16)) {
     if (gzip) {
+      CheckGzipMagic(path);
       gz_ = gzopen(path.c_str(), "rb");
       if (gz_ == nullptr)
         throw NotFoundError(StrCat("cannot open '", path, "': ", std::strerror(errno)));
@@ -234,9 +249,10 @@ class TFRecordReader : public RecordReader {
 
 class TextLineReader : public RecordReader {
  public:
-  static constexpr size_t kMaxLineBytes = size_t{64} << 20;
   TextLineReader(const std::string& path, const RecordReaderOptions& options)
-      : RecordReader(path), source_(path, false, options.buffer_size) {}
+      : RecordReader(path),
+        source_(path, false, options.buffer_size),
+        max_line_bytes_(options.max_line_bytes) {}
   bool Next(std::string* record) override {
     record->clear();
     while (true) {
@@ -256,6 +272,11 @@ class TextLineReader : public RecordReader {
       if (nl != nullptr) {
         const size_t len = static_cast<const char*>(nl) - begin;
         record->append(begin, len);
+        if (record->size() > max_line_bytes_) {
+          throw DataLossError(StrCat("text file '", path(), "': the line at byte offset ", offset_,
+                                     " is longer than ", max_line_bytes_,
+                                     " bytes (max_line_bytes; not a text file?)"));
+        }
         pos_ += len + 1;
         offset_ += record->size() + 1;
         partial_ = false;
@@ -265,10 +286,10 @@ class TextLineReader : public RecordReader {
       record->append(begin, buffer_.size() - pos_);
       partial_ = true;
       pos_ = buffer_.size();
-      if (record->size() > kMaxLineBytes) {
+      if (record->size() > max_line_bytes_) {
         throw DataLossError(StrCat("text file '", path(), "': the line at byte offset ", offset_,
-                                   " is longer than ", kMaxLineBytes,
-                                   " bytes (not a text file?)"));
+                                   " is longer than ", max_line_bytes_,
+                                   " bytes (max_line_bytes; not a text file?)"));
       }
     }
   }
@@ -280,6 +301,7 @@ class TextLineReader : public RecordReader {
   size_t pos_ = 0;
   uint64_t offset_ = 0;
   bool partial_ = false;
+  size_t max_line_bytes_;
 };
 
 }  // namespace

@@ -24,6 +24,8 @@ struct RecordReaderOptions {
   bool skip_corrupt_records = false;
   // Larger records are DataLoss (guards against a corrupt length that passed its CRC).
   uint64_t max_record_size = uint64_t{1} << 31;
+  // Text files: a longer line is DataLoss naming the file and offset (a line is one example).
+  size_t max_line_bytes = size_t{1} << 20;
   size_t buffer_size = 1 << 20;
 };
 
@@ -43,7 +45,7 @@ class RecordReader {
   const std::string& path() const { return path_; }
 
   // type: "tfrecord", "tfrecord_gzip" or "text". NotFound when the file cannot be opened,
-  // InvalidArgument for an unknown type.
+  // InvalidArgument for an unknown type; DataLoss for a tfrecord_gzip file that is not gzip.
   static std::unique_ptr<RecordReader> Open(std::string_view type, const std::string& path,
                                             const RecordReaderOptions& options = {});
 

@@ -1,6 +1,7 @@
 #include "glossa/io/safetensors.h"
 
 #include <ATen/ATen.h>
+#include <glog/logging.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,6 +58,23 @@ std::string Hex32(uint32_t v) {
   return buf;
 }
 
+// The CRC32C of the tensor entries (name, dtype, shape, offsets; __metadata__ excluded), so that a
+// header edit that keeps the byte counts (a swapped dtype or shape) is caught as the data CRCs
+// cannot. Entries in the header's key order, which nlohmann's object keeps sorted.
+constexpr const char* kHeaderChecksumKey = "glossa.header_crc32c";
+std::string HeaderChecksum(const json& header) {
+  std::string text;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    text += it.key();
+    text += '\0';
+    text += it.value().at("dtype").dump() + it.value().at("shape").dump() +
+            it.value().at("data_offsets").dump();
+    text += '\n';
+  }
+  return Hex32(Crc32c(text.data(), text.size()));
+}
+
 // 8-bit floats (OFP8), widened to float32: E4M3 ("fn": no infinities, S.1111.111 is NaN) and
 // E5M2 (IEEE-like: infinities and NaNs at exponent 31).
 float Fp8ToFloat(uint8_t b, bool e4m3) {
@@ -99,6 +117,7 @@ void SaveSafetensors(const std::string& path, const std::map<std::string, at::Te
   }
   std::map<std::string, std::string> meta = metadata;
   meta[kChecksumKey] = checksums.dump();
+  meta[kHeaderChecksumKey] = HeaderChecksum(header);
   header["__metadata__"] = meta;
   std::string header_text = header.dump();
   // Pad the header with spaces so the data starts 8-byte aligned (allowed by the format).
@@ -228,9 +247,24 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
   if (expected != data_size) {
     throw fail(StrCat(data_size - expected, " trailing bytes after the last tensor"));
   }
-  // Checksums, when the writer left them (Glossa always does).
+  // Checksums: Glossa writes them into every file; a key of Glossa's that this version does not
+  // know (e.g. a damaged "glossa.crc32c") must not switch the check off.
+  for (const auto& [key, value] : out.metadata) {
+    if (key.rfind("glossa.", 0) == 0 && key != kChecksumKey && key != kHeaderChecksumKey) {
+      throw fail(StrCat("__metadata__ has the unknown key '", key, "' (Glossa's checksums are '",
+                        kChecksumKey, "'): the header is damaged or from a newer Glossa"));
+    }
+  }
   auto sums = out.metadata.find(kChecksumKey);
-  if (sums != out.metadata.end()) {
+  if (sums == out.metadata.end()) {
+    if (out.metadata.count("format_version")) {
+      throw fail(StrCat("written by Glossa (format_version ", out.metadata["format_version"],
+                        ") but without its '", kChecksumKey,
+                        "' checksums: the header was altered"));
+    }
+    LOG(WARNING) << "safetensors file '" << path
+                 << "' carries no checksums (not written by Glossa): its data is not verified";
+  } else {
     json parsed;
     try {
       parsed = json::parse(sums->second);
@@ -251,6 +285,16 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
       }
     }
     out.metadata.erase(sums);
+  }
+  // Files written before the header checksum existed have none; those written since must match.
+  if (auto h = out.metadata.find(kHeaderChecksumKey); h != out.metadata.end()) {
+    const std::string got = HeaderChecksum(header);
+    if (h->second != got) {
+      throw fail(StrCat("the header's tensor entries fail their CRC32C checksum (stored ",
+                        h->second, ", computed ", got,
+                        "): a dtype, shape or offset was altered"));
+    }
+    out.metadata.erase(h);
   }
   return out;
 }

@@ -144,6 +144,13 @@ BaseLayer::BaseLayer(const glossa::Params& params) : params_(params.Copy()) {
         ") must set `name`"));
   }
   if (!t_constructing_parents.empty()) parent_ = t_constructing_parents.back();
+  // Names become variable names, checkpoint keys and summary tags: keep them short.
+  constexpr size_t kMaxNameBytes = 256;
+  if (name_.size() > kMaxNameBytes) {
+    throw InvalidArgumentError(StrCat(
+        "layer name '", name_.substr(0, 32), "...' under '", parent_ ? parent_->path_ : "", "' is ",
+        name_.size(), " bytes; the limit is ", kMaxNameBytes));
+  }
   const std::string scope_name = SanitizeScopeKey(name_);
   scope_ = parent_ ? parent_->scope_ + "/" + scope_name : scope_name;
   path_ = parent_ ? parent_->path_ + "." + name_ : name_;

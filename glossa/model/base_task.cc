@@ -36,6 +36,9 @@ glossa::Params BaseTask::TrainParams() {
             "Stop with an error (training diverged) after this many consecutive steps whose "
             "update was skipped: a non-finite loss or gradient, or a gradient norm over "
             "grad_norm_to_clip_to_zero. 0 never stops.");
+  tp.Define("max_skipped_steps_fraction", 0.5,
+            "A run that skipped more than this fraction of its steps, or whose last step was "
+            "skipped, ends with an error (training diverged) and no final save.");
   tp.Define("learner", Learner::Params(), "The learner (optimizer, schedule, clipping, ...).");
   tp.Define("save_interval_seconds", 600, "Save a checkpoint roughly this often.");
   tp.Define("save_interval_steps", nullptr,

@@ -7,12 +7,20 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace glossa {
 
 struct TensorSpec {
+  TensorSpec() = default;
+  TensorSpec(std::string dtype, int64_t rank = 1, bool optional = false, std::string doc = "",
+             bool bytes = false)
+      : dtype(std::move(dtype)), rank(rank), optional(optional), doc(std::move(doc)),
+        bytes(bytes) {}
+
   std::string dtype;  // "string", "int64" or "float32"
   int64_t rank = 1;
   bool optional = false;  // feeds only: may be left out (the task's default applies)
@@ -20,6 +28,9 @@ struct TensorSpec {
   // String feeds only: the strings are binary data (WAV files, images), not text: the Predictor
   // does not count their tokens against max_input_tokens.
   bool bytes = false;
+  // Numeric feeds: the allowed range (every value; float feeds must also be finite). Outside it
+  // the Predictor answers InvalidArgument naming the feed and the range.
+  std::optional<double> min, max;
 };
 
 struct InferenceSubgraphSpec {

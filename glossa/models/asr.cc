@@ -458,6 +458,7 @@ std::map<std::string, InferenceSubgraphSpec> AsrModel::Inference() const {
   t.doc = StrCat("Transcribes ", sample_rate_, " Hz PCM WAV utterances.");
   t.feeds["wav"] = {"string", 1, false, "[B] WAV files' bytes, or their base64 (JSON).", true};
   t.feeds["num_hyps"] = {"int64", 0, true, "Hypotheses per utterance (beam width)."};
+  t.feeds["num_hyps"].min = 1;
   t.fetches["transcript"] = {"string", 1, false, "[B] the best hypothesis."};
   t.fetches["hyps"] = {"string", 1, false, "[B] every hypothesis, best first, joined by \" ||| \"."};
   t.fetches["scores"] = {"float32", 2, false, "[B, K] the hypotheses' scores, best first."};

@@ -52,6 +52,36 @@ void CheckIdsPaddings(const BaseLayer& layer, const char* what, const at::Tensor
 
 }  // namespace
 
+// Lingvo's MT layers name some settings differently (lingvo/tasks/mt/layers.py TransformerStack:
+// num_transformer_layers, transformer_tpl, ln_output, model_dim; decoder.py TransformerDecoder:
+// trans_tpl, ln_output). Both names are accepted so that Lingvo override paths carry over: a value
+// given under Lingvo's name moves to Glossa's key before the child is built.
+void DefineLingvoAlias(glossa::Params& p, const char* lingvo, const char* glossa_key) {
+  p.Define(lingvo, nullptr, StrCat("Lingvo's name for ", glossa_key, " (None: use ", glossa_key,
+                                   ")."));
+}
+
+ParamValue ResolveLingvoAlias(const glossa::Params& p, const glossa::Params& defaults,
+                              const std::string& where, const char* lingvo,
+                              const char* glossa_key) {
+  const ParamValue& v = p.Get(lingvo);
+  if (v.is_none()) return p.Get(glossa_key);
+  if (!(p.Get(glossa_key) == defaults.Get(glossa_key))) {
+    throw InvalidArgumentError(StrCat(where, ": both ", lingvo, " (Lingvo's name) and ", glossa_key,
+                                      " are set; set one"));
+  }
+  return v;
+}
+
+glossa::Params EncoderStackParams() {
+  glossa::Params p = TransformerStack::Params();
+  DefineLingvoAlias(p, "num_transformer_layers", "num_layers");
+  DefineLingvoAlias(p, "transformer_tpl", "transformer_layer_params_tpl");
+  DefineLingvoAlias(p, "ln_output", "final_layer_norm");
+  DefineLingvoAlias(p, "model_dim", "mdl_dim");
+  return p;
+}
+
 // ---- TransformerEncoder ----
 
 glossa::Params TransformerEncoder::Params() {
@@ -62,9 +92,10 @@ glossa::Params TransformerEncoder::Params() {
   p.Define("position_emb", PositionalEmbeddingLayer::Params(), "Sinusoidal position embedding.");
   p.Define("model_dim", 512, "Model dimension: the embeddings' and the stack's.");
   p.Define("input_dropout_prob", 0.0, "Dropout on the embedded input.");
-  p.Define("transformer_stack", TransformerStack::Params(),
+  p.Define("transformer_stack", EncoderStackParams(),
            "The encoder's TransformerStack (num_layers, mdl_dim, hidden_dim, num_atten_heads, "
-           "transformer_layer_params_tpl, final_layer_norm).");
+           "transformer_layer_params_tpl, final_layer_norm; or Lingvo's MT names "
+           "num_transformer_layers, transformer_tpl, ln_output, model_dim).");
   return p;
 }
 
@@ -75,6 +106,18 @@ TransformerEncoder::TransformerEncoder(const glossa::Params& p) : BaseLayer(p) {
   glossa::Params pos = p.GetParams("position_emb").Copy();
   if (pos.GetInt("embedding_dim") == 0) pos.Set("embedding_dim", model_dim_);
   glossa::Params stack = p.GetParams("transformer_stack").Copy();
+  const glossa::Params defaults = TransformerStack::Params();
+  for (const auto& [lingvo, key] : {std::pair{"num_transformer_layers", "num_layers"},
+                                    {"transformer_tpl", "transformer_layer_params_tpl"},
+                                    {"ln_output", "final_layer_norm"},
+                                    {"model_dim", "mdl_dim"}}) {
+    if (stack.Contains(lingvo)) {
+      const ParamValue v =
+          ResolveLingvoAlias(stack, defaults, path() + ".transformer_stack", lingvo, key);
+      stack.Delete(lingvo);
+      stack.Set(key, v);
+    }
+  }
   stack.Set("input_dropout_prob", p.GetFloat("input_dropout_prob"));
   if (stack.GetInt("mdl_dim") == 0) stack.Set("mdl_dim", model_dim_);
   token_emb_ = CreateChild<EmbeddingLayer>("token_emb", emb);
@@ -112,6 +155,8 @@ glossa::Params TransformerDecoder::Params() {
            "Decoder layer template (TransformerLayer; causal self-attention and cross-attention "
            "are set here).");
   p.Define("final_layer_norm", true, "A layer norm after the last layer (pre-norm layers).");
+  DefineLingvoAlias(p, "trans_tpl", "trans_decoder_tpl");
+  DefineLingvoAlias(p, "ln_output", "final_layer_norm");
   p.Define("shared_emb", false,
            "Tie the softmax to the target embedding: logits = h · token_emb.emb_varᵀ + bias "
            "(the softmax child is not created).");
@@ -158,8 +203,14 @@ TransformerDecoder::TransformerDecoder(const glossa::Params& p) : BaseLayer(p) {
   stack.Set("num_layers", p.GetInt("num_trans_layers"));
   stack.Set("mdl_dim", model_dim_).Set("mask_self_atten", true).Set("has_aux_atten", true);
   stack.Set("input_dropout_prob", p.GetFloat("input_dropout_prob"));
-  stack.Set("final_layer_norm", p.GetBool("final_layer_norm"));
-  stack.Set("transformer_layer_params_tpl", p.GetParams("trans_decoder_tpl"));
+  {
+    // Lingvo's names (trans_tpl, ln_output) resolved onto Glossa's.
+    const glossa::Params defaults = TransformerDecoder::Params();
+    stack.Set("final_layer_norm",
+              ResolveLingvoAlias(p, defaults, path(), "ln_output", "final_layer_norm"));
+    stack.Set("transformer_layer_params_tpl",
+              ResolveLingvoAlias(p, defaults, path(), "trans_tpl", "trans_decoder_tpl"));
+  }
   token_emb_ = CreateChild<EmbeddingLayer>("token_emb", emb);
   position_emb_ = CreateChild<PositionalEmbeddingLayer>("position_emb", pos);
   stack_ = CreateChild<TransformerStack>("decoder_trans", stack);
@@ -589,6 +640,7 @@ std::map<std::string, InferenceSubgraphSpec> TransformerModel::Inference() const
   t.doc = "Translates source sentences with the decoder's search (beam by default).";
   t.feeds["source"] = {"string", 1, false, "Source sentences."};
   t.feeds["num_hyps"] = {"int64", 0, true, "Hypotheses to return per source (beam width)."};
+  t.feeds["num_hyps"].min = 1;
   t.fetches["translation"] = {"string", 1, false, "[B] the best hypothesis."};
   t.fetches["hyps"] = {"string", 1, false,
                        "[B] every hypothesis, best first, joined by \" ||| \"."};

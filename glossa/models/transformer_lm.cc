@@ -214,7 +214,9 @@ at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& p
     if (temperature <= 0) {
       next = logits.argmax(-1);
     } else {
-      logits = logits / temperature;
+      // Shifted by the row maximum first: a tiny temperature then gives a one-hot distribution
+      // instead of inf - inf = NaN.
+      logits = (logits - std::get<0>(logits.max(-1, /*keepdim=*/true))) / temperature;
       if (top_k > 0 && top_k < logits.size(-1)) {
         at::Tensor kth = std::get<0>(logits.topk(top_k, -1)).select(-1, top_k - 1).unsqueeze(-1);
         logits = logits.masked_fill(logits < kth, -INFINITY);
@@ -245,9 +247,14 @@ std::map<std::string, InferenceSubgraphSpec> TransformerLmTask::Inference() cons
   gen.doc = "Samples a continuation of each prompt.";
   gen.feeds["prompt"] = {"string", 1, false, "Prompts to continue."};
   gen.feeds["max_new_tokens"] = {"int64", 0, true, "Default: decode_max_new_tokens."};
+  gen.feeds["max_new_tokens"].min = 0;
   gen.feeds["temperature"] = {"float32", 0, true, "0: greedy. Default: decode_temperature."};
+  gen.feeds["temperature"].min = 0;
+  gen.feeds["temperature"].max = 100;
   gen.feeds["top_k"] = {"int64", 0, true, "0: all. Default: decode_top_k."};
+  gen.feeds["top_k"].min = 0;
   gen.feeds["seed"] = {"int64", 0, true, "Sampling seed (default 0): same seed, same text."};
+  gen.feeds["seed"].min = 0;
   gen.fetches["text"] = {"string", 1, false, "[B] the continuations."};
   gen.fetches["ids"] = {"int64", 2, false, "[B, T] their ids, </s>-padded."};
   gen.fetches["lengths"] = {"int64", 1, false, "[B] the continuations' ids before </s>."};

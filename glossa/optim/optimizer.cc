@@ -103,6 +103,9 @@ void Optimizer::SetSlot(const std::string& name, const at::Tensor& value) {
                                       ", cannot set a value of shape ", value.sizes()));
   }
   slots_[name] = value.detach().clone();
+  if (const size_t cut = name.rfind('/'); cut != std::string::npos) {
+    restored_families_.insert(name.substr(0, cut + 1));
+  }
 }
 
 at::Tensor& Optimizer::Slot(const std::string& var, const std::string& slot, const at::Tensor& like,
@@ -110,6 +113,18 @@ at::Tensor& Optimizer::Slot(const std::string& var, const std::string& slot, con
   const std::string key = var + "/" + name_ + "/" + slot;
   auto it = slots_.find(key);
   if (it == slots_.end()) {
+    // A variable the loss never reached has no slots at all; one with some restored has them all.
+    const std::string family = var + "/" + name_ + "/";
+    if (restored_families_.count(family)) {
+      auto sibling = slots_.lower_bound(family);
+      if (sibling != slots_.end() && sibling->first.rfind(family, 0) == 0) {
+        throw InvalidArgumentError(StrCat(
+            "the restored checkpoint lacks optimizer slot '", key, "' (it holds '",
+            sibling->first, "' of the same variable): a damaged or edited checkpoint; restore "
+            "an earlier one, or start the optimizer afresh by removing all of the variable's "
+            "slots"));
+      }
+    }
     it = slots_.emplace(key, at::full_like(like.detach(), init)).first;
   } else if (it->second.sizes() != like.sizes()) {
     throw InvalidArgumentError(StrCat("optimizer slot '", key, "' has shape ", it->second.sizes(),
@@ -124,6 +139,15 @@ at::Tensor& Optimizer::GlobalSlot(const std::string& state, double init) {
   const std::string key = name_ + "/" + state;
   auto it = slots_.find(key);
   if (it == slots_.end()) {
+    const std::string suffix = "/" + name_ + "/";
+    if (std::any_of(restored_families_.begin(), restored_families_.end(), [&](const auto& f) {
+          return f.size() > suffix.size() &&
+                 f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0;
+        })) {
+      throw InvalidArgumentError(StrCat("the restored checkpoint lacks optimizer state '", key,
+                                        "' although it holds the optimizer's slots: a damaged "
+                                        "or edited checkpoint; restore an earlier one"));
+    }
     it = slots_.emplace(key, at::full({}, init, at::TensorOptions().dtype(at::kDouble))).first;
   }
   return it->second;

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,7 +41,9 @@ class Optimizer {
 
   // Every slot by full name (wrapping optimizers include their inner optimizer's).
   virtual std::map<std::string, at::Tensor> slots() const { return slots_; }
-  // Sets a slot's value (checkpoint restore); later updates continue from it.
+  // Sets a slot's value (checkpoint restore); later updates continue from it. Once a slot is
+  // set, an update that finds a variable with some of its slots restored but not another (a
+  // checkpoint missing one) is InvalidArgument naming the missing slot, never a silent zero.
   virtual void SetSlot(const std::string& name, const at::Tensor& value);
 
  protected:
@@ -54,6 +57,8 @@ class Optimizer {
  private:
   glossa::Params params_;
   std::string name_;
+  // "<var>/<name>/" of every variable with a slot set by SetSlot (restored from a checkpoint).
+  std::set<std::string> restored_families_;
 };
 
 // w -= lr·g.

@@ -96,6 +96,30 @@ std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel
   return it->second.item<int64_t>();
 }
 
+std::optional<int64_t> CheckedGlobalStep(const SafetensorsContents& ckpt,
+                                         const std::string& prefix) {
+  auto it = ckpt.tensors.find("global_step");
+  if (it == ckpt.tensors.end()) return std::nullopt;
+  const at::Tensor& t = it->second;
+  if (t.numel() != 1 || at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool) {
+    throw DataLossError(StrCat("checkpoint '", prefix, "': global_step is ",
+                               c10::toString(t.scalar_type()), " ", t.sizes(),
+                               ", not an integer scalar"));
+  }
+  const int64_t step = t.to(at::kLong).reshape({}).item<int64_t>();
+  if (step < 0) {
+    throw DataLossError(StrCat("checkpoint '", prefix, "': global_step is ", step, " (negative)"));
+  }
+  const std::string name = prefix.substr(prefix.rfind('/') + 1);
+  if (name.rfind("ckpt-", 0) == 0 && name.size() > 5 && name.size() <= 5 + 18 &&
+      name.find_first_not_of("0123456789", 5) == std::string::npos &&
+      std::stoll(name.substr(5)) != step) {
+    throw DataLossError(StrCat("checkpoint '", prefix, "': global_step is ", step,
+                               ", but the name says step ", std::stoll(name.substr(5))));
+  }
+  return step;
+}
+
 int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema) {
   const std::optional<int64_t> step =
@@ -223,6 +247,15 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
          it != state.all_model_checkpoint_paths.rend(); ++it) {
       if (*it != state.model_checkpoint_path) candidates.push_back(*it);
     }
+    // Then checkpoints on disk the state file does not list, newest first: a state file that
+    // names only deleted or corrupt checkpoints must not hide good ones.
+    const CheckpointState on_disk = CheckpointStateFromFiles(train_dir_);
+    for (auto it = on_disk.all_model_checkpoint_paths.rbegin();
+         it != on_disk.all_model_checkpoint_paths.rend(); ++it) {
+      if (std::find(candidates.begin(), candidates.end(), *it) == candidates.end()) {
+        candidates.push_back(*it);
+      }
+    }
     std::vector<std::string> bad;  // "name: why"
     std::optional<std::string> restored;
     SafetensorsContents contents;
@@ -230,6 +263,7 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
       const std::string prefix = JoinPath(train_dir_, name);
       try {
         contents = LoadCheckpoint(prefix);
+        CheckedGlobalStep(contents, prefix);
         step = RestoreCheckpoint(contents, model_, ema_);
         restored = name;
         break;
@@ -243,7 +277,8 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
       throw DataLossError(StrCat("no checkpoint in ", train_dir_, " can be restored (",
                                  Join(bad, "; "), "); nothing was changed"));
     }
-    if (!bad.empty()) {
+    const auto& listed = state.all_model_checkpoint_paths;
+    if (!bad.empty() || std::find(listed.begin(), listed.end(), *restored) == listed.end()) {
       // Set the bad ones aside (renamed, not deleted) and drop them from the state file.
       CheckpointState next;
       next.last_preserved_timestamp = state.last_preserved_timestamp;
@@ -257,6 +292,15 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
         next.all_model_checkpoint_paths.push_back(p);
         if (i < state.all_model_checkpoint_timestamps.size()) {
           next.all_model_checkpoint_timestamps.push_back(state.all_model_checkpoint_timestamps[i]);
+        }
+      }
+      if (std::find(listed.begin(), listed.end(), *restored) == listed.end()) {
+        log(StrCat("WARNING: the checkpoint state file ", state_path, " did not list ", *restored,
+                   " (found on disk); added it"));
+        next.all_model_checkpoint_paths.push_back(*restored);
+        if (!next.all_model_checkpoint_timestamps.empty() ||
+            next.all_model_checkpoint_paths.size() == 1) {
+          next.all_model_checkpoint_timestamps.push_back(clock_());
         }
       }
       for (const auto& b : bad) {

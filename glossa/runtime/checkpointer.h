@@ -41,6 +41,10 @@ std::shared_ptr<ExponentialMovingAverage> MakeModelEma(BaseModel& model);
 std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel& model,
                                       ExponentialMovingAverage* ema,
                                       bool missing_shadows_from_variables = false);
+// The checkpoint's global_step, checked: a scalar integer >= 0 that equals the step in the
+// prefix's name when it is "ckpt-<N>". DataLoss naming the checkpoint otherwise (absent: nullopt).
+std::optional<int64_t> CheckedGlobalStep(const SafetensorsContents& ckpt, const std::string& prefix);
+
 // RestoreForEval plus the learner slots; returns the global step (DataLoss when absent).
 int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema);

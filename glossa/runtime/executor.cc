@@ -60,6 +60,11 @@ void ValidateTrainParams(BaseModel& model) {
     if (tp.GetInt("max_consecutive_skipped_steps") < 0) {
       throw InvalidArgumentError(StrCat(where, "train.max_consecutive_skipped_steps must be >= 0"));
     }
+    const double skipped_fraction = tp.GetFloat("max_skipped_steps_fraction");
+    if (!(skipped_fraction >= 0 && skipped_fraction <= 1)) {
+      throw InvalidArgumentError(StrCat(where, "train.max_skipped_steps_fraction must be in [0, 1], got ",
+                                        PyFloatRepr(skipped_fraction)));
+    }
   }
 }
 
@@ -116,6 +121,20 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "model_analysis.txt"),
                   ModelAnalysis(*model_));
+}
+
+void Executor::Diverged(const std::string& message, EventWriter* writer) {
+  // No final save: the diverged weights must not become the latest checkpoint.
+  if (!chief_) throw TrainingDivergedError(message);
+  checkpointer_->Wait();
+  writer->Close();
+  const auto healthy = Saver::LastHealthyCheckpoint(train_dir_);
+  throw TrainingDivergedError(StrCat(
+      message, ". The last checkpoint of healthy training is ",
+      healthy ? *healthy : std::string("none (it diverged before the first save)"),
+      healthy ? "; to go on from it, train in a new logdir with "
+                "task.train.init_from_checkpoint_rules (docs/training.md, 'Failure behaviour')"
+              : ""));
 }
 
 std::string Executor::GradientSyncSummary() const {
@@ -197,6 +216,15 @@ int64_t Executor::Run() {
   auto agree = [dist](bool v) { return dist != nullptr ? dist->AnyTrue(v) : v; };
   ProgramSchedule schedule(*model_, options_.dataset_params, options_.logdir, log, options_.clock);
   std::unique_ptr<EventWriter> writer;
+  if (chief_ && checkpointer_->restored()) {
+    // Steps after the restored checkpoint are replayed: their old lines would appear twice.
+    const std::string metrics = JoinPath(train_dir_, "metrics.jsonl");
+    TruncateTornLastLine(metrics);
+    if (const int64_t n = DropMetricLinesAfter(metrics, global_step_); n > 0) {
+      Log(StrCat("dropped ", n, " line(s) of ", metrics, " after step ", global_step_,
+                 " (the steps this run replays from its checkpoint)"));
+    }
+  }
   if (chief_) writer = std::make_unique<EventWriter>(train_dir_, 10.0, options_.clock);
   TrainProgram train(*model_, writer.get(), ema_.get(),
                      options_.verbosity >= 2 ? log : std::function<void(const std::string&)>());
@@ -246,17 +274,7 @@ int64_t Executor::Run() {
     try {
       r = train.RunLoop(&global_step_, [this] { return stop_.load(); });
     } catch (const TrainingDivergedError& e) {
-      // No final save: the diverged weights must not become the latest checkpoint.
-      if (!chief_) throw;
-      checkpointer_->Wait();
-      writer->Close();
-      const auto healthy = Saver::LastHealthyCheckpoint(train_dir_);
-      throw TrainingDivergedError(StrCat(
-          e.message(), ". The last checkpoint of healthy training is ",
-          healthy ? *healthy : std::string("none (it diverged before the first save)"),
-          healthy ? "; to go on from it, train in a new logdir with "
-                    "task.train.init_from_checkpoint_rules (docs/training.md, 'Failure behaviour')"
-                  : ""));
+      Diverged(e.message(), writer.get());
     }
     skipped_since_save += r.skipped_steps;
     if (r.steps > 0) {
@@ -311,6 +329,25 @@ int64_t Executor::Run() {
   }
   schedule.RunStop();
   stopped = stopped || stop_.load();
+  // A run that ends inside a streak of skipped steps, or skipped much of what it ran, diverged
+  // however short it was (max_consecutive_skipped_steps alone misses a 60-step run).
+  if (!stopped) {
+    const int64_t ran = global_step_ - first_step;
+    const double fraction = tp.GetFloat("max_skipped_steps_fraction");
+    if (train.consecutive_skipped() > 0) {
+      Diverged(StrCat("training diverged: the run ended inside a streak of ",
+                      train.consecutive_skipped(), " skipped steps (non-finite loss or "
+                      "gradients, or a gradient norm over grad_norm_to_clip_to_zero; ",
+                      train.total_skipped(), " of its ", ran, " steps were skipped)"),
+               writer.get());
+    }
+    if (ran > 0 && static_cast<double>(train.total_skipped()) > fraction * ran) {
+      Diverged(StrCat("training diverged: ", train.total_skipped(), " of the run's ", ran,
+                      " steps were skipped, more than task.train.max_skipped_steps_fraction (",
+                      PyFloatRepr(fraction), ")"),
+               writer.get());
+    }
+  }
   if (const std::string s = GradientSyncSummary(); !s.empty()) Log(s);
   if (!chief_) return global_step_;
   const bool saved = checkpointer_->SaveIfNew(global_step_, skipped_since_save == 0);

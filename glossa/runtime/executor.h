@@ -28,6 +28,7 @@
 namespace glossa {
 
 class Distributed;
+class EventWriter;
 class DataParallelGradientSync;
 class ProgressBar;
 
@@ -80,6 +81,9 @@ class Executor {
 
  private:
   void Log(const std::string& line);
+  // Ends a diverged run: waits for a pending save, closes `writer` and throws
+  // TrainingDivergedError naming the last healthy checkpoint (no final save).
+  [[noreturn]] void Diverged(const std::string& message, EventWriter* writer);
   // Lingvo's EarlyStop over task.train.early_stop's metric history; true: stop training.
   bool EarlyStopCheck();
   Params params_;

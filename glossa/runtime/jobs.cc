@@ -139,7 +139,8 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     if (dist != nullptr ? dist->AnyTrue(missing.has_value()) : missing.has_value()) {
       throw missing ? *missing : NotFoundError(StrCat(prefix, ": another rank could not load it"));
     }
-    const int64_t step = RestoreForEval(*contents, *model, ema.get()).value_or(StepOf(ckpt));
+    const int64_t checked = CheckedGlobalStep(*contents, prefix).value_or(StepOf(ckpt));
+    const int64_t step = RestoreForEval(*contents, *model, ema.get()).value_or(checked);
     std::map<std::string, double> values;
     int64_t examples = 0;
     if (kind == JobKind::kEval) {
@@ -215,15 +216,19 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
       backoff = todo.empty() ? std::min(backoff * 2, options.max_backoff_seconds) : 1;
       continue;
     }
-    CheckpointState state = ReadCheckpointState(train_dir);
+    // What exists, as the trainer sees it on restore: the state file's entries whose files are
+    // there and checkpoints on disk it does not list (a stale or hand-edited state file).
+    CheckpointState state = ExistingCheckpoints(train_dir);
     for (const auto& c : state.all_model_checkpoint_paths) {
       if (!processed.count(c) && !gone.count(c) && StepOf(c) >= start_after) todo.push_back(c);
     }
-    // Without *_all_checkpoints only the newest checkpoint matters, processed or not.
+    // Without *_all_checkpoints only the newest checkpoint matters, processed or not; one
+    // deleted under us is not retried (the next poll sees what replaced it).
     if (!all) {
       const auto& paths = state.all_model_checkpoint_paths;
       todo.clear();
-      if (!paths.empty() && !processed.count(paths.back()) && StepOf(paths.back()) >= start_after) {
+      if (!paths.empty() && !processed.count(paths.back()) && !gone.count(paths.back()) &&
+          StepOf(paths.back()) >= start_after) {
         todo.push_back(paths.back());
       }
     }
@@ -252,6 +257,16 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
       }
     }
     if (finished) break;
+    if (options.once && todo.empty()) {
+      throw NotFoundError(StrCat(
+          "--once: no checkpoint left to ",
+          kind == JobKind::kEval ? "evaluate" : "decode", " in ", train_dir,
+          state.all_model_checkpoint_paths.empty()
+              ? std::string(" (none exists)")
+              : StrCat(" (newest ", state.all_model_checkpoint_paths.back(), ", step ",
+                       StepOf(state.all_model_checkpoint_paths.back()), ", is before step ",
+                       max_steps, " or could not be loaded)")));
+    }
     if (todo.empty()) {
       wait(backoff, state.all_model_checkpoint_paths.empty()
                         ? std::string("none yet")

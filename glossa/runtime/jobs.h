@@ -34,6 +34,9 @@ struct JobOptions {
   // Without it, a logdir with neither train/ nor control/ (no run has started there: a mistyped
   // path?) is NotFound, and nothing is created.
   bool wait_for_train = false;
+  // --once: a poll that finds nothing to process (the final checkpoint gone or unloadable) is
+  // NotFound instead of a wait, so a job that did nothing never ends as if it had.
+  bool once = false;
   // Data-parallel workers (docs/distributed.md); null: one. Each rank evaluates or decodes its
   // shard of the dataset; metrics are reduced with their weights, and decode outputs gathered
   // before the decoder metrics (corpus BLEU needs every hypothesis). Rank 0 picks the

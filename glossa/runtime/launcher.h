@@ -21,7 +21,7 @@ struct LaunchOptions {
   int nproc = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port on master_addr
-  double grace_seconds = 60;
+  double grace_seconds = 5;
 };
 
 // Returns 0 when every worker exited 0; otherwise the first failure's exit status (128 + signal

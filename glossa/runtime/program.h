@@ -68,6 +68,7 @@ class TrainProgram {
   int64_t total_samples() const { return total_samples_; }
   int64_t total_num_params() const { return total_num_params_; }
   int64_t total_skipped() const { return total_skipped_; }
+  int64_t consecutive_skipped() const { return consecutive_skipped_; }
 
  private:
   BaseModel& model_;

@@ -4,6 +4,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <chrono>
 #include <cstdlib>
@@ -37,7 +38,7 @@ bool IsCheckpointFile(const std::string& name) {
   if (name.rfind("ckpt-", 0) != 0) return false;
   size_t i = 5;
   while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-  return i > 5;
+  return i > 5 && i - 5 <= 18;  // a step fits an int64
 }
 
 }  // namespace
@@ -192,7 +193,7 @@ std::string Saver::Save(int64_t global_step, const std::map<std::string, at::Ten
   // Sanity checks, before anything becomes visible.
   for (const auto& check : checks_) {
     for (const auto& [name, t] : copy) {
-      if (!std::regex_match(name, check.regex)) continue;
+      if (check.pattern != ".*" && !std::regex_match(name, check.regex)) continue;
       std::string reason;
       if (check.finite_only) {
         if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
@@ -320,6 +321,40 @@ CheckpointState CheckpointStateFromFiles(const std::string& dir) {
         ::stat(path.c_str(), &st) == 0 ? static_cast<double>(st.st_mtime) : 0.0);
   }
   if (!found.empty()) s.model_checkpoint_path = found.back().second;
+  return s;
+}
+
+CheckpointState ExistingCheckpoints(const std::string& dir) {
+  if (!FileExists(dir)) return {};
+  CheckpointState listed;
+  try {
+    listed = ReadCheckpointState(dir);
+  } catch (const DataLossError&) {
+    // Unreadable: the files on disk say what exists.
+  }
+  const CheckpointState on_disk = CheckpointStateFromFiles(dir);
+  std::map<int64_t, std::pair<std::string, double>> by_step;  // step -> (name, timestamp)
+  for (size_t i = 0; i < on_disk.all_model_checkpoint_paths.size(); ++i) {
+    const std::string& name = on_disk.all_model_checkpoint_paths[i];
+    by_step[std::stoll(name.substr(5))] = {name, on_disk.all_model_checkpoint_timestamps[i]};
+  }
+  // The state file's timestamps win for the checkpoints it lists (retention keys on them).
+  for (size_t i = 0; i < listed.all_model_checkpoint_paths.size(); ++i) {
+    const std::string& name = listed.all_model_checkpoint_paths[i];
+    if (!IsCheckpointFile(name) || name.find('/') != std::string::npos) continue;
+    auto it = by_step.find(std::stoll(name.substr(5)));
+    if (it != by_step.end() && it->second.first == name &&
+        i < listed.all_model_checkpoint_timestamps.size()) {
+      it->second.second = listed.all_model_checkpoint_timestamps[i];
+    }
+  }
+  CheckpointState s;
+  s.last_preserved_timestamp = listed.last_preserved_timestamp;
+  for (const auto& [step, nt] : by_step) {
+    s.all_model_checkpoint_paths.push_back(nt.first);
+    s.all_model_checkpoint_timestamps.push_back(nt.second);
+  }
+  if (!by_step.empty()) s.model_checkpoint_path = by_step.rbegin()->second.first;
   return s;
 }
 

@@ -112,6 +112,11 @@ class Saver {
 // for a state file that is missing, empty or unreadable while checkpoints exist.
 CheckpointState CheckpointStateFromFiles(const std::string& dir);
 
+// The checkpoints of `dir` that exist: those its state file lists whose files are there, and those
+// on disk it does not list (a state file from before a crash or a backup), oldest first by step;
+// model_checkpoint_path is the newest. A missing or unreadable state file gives the files on disk.
+CheckpointState ExistingCheckpoints(const std::string& dir);
+
 // Loads a checkpoint by prefix ("<dir>/ckpt-00001000"), or the latest in a directory.
 SafetensorsContents LoadCheckpoint(const std::string& prefix);
 SafetensorsContents LoadLatestCheckpoint(const std::string& dir);  // NotFound when none

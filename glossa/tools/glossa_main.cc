@@ -25,6 +25,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -304,7 +305,9 @@ int LaunchWorkers(const DistFlags& d, const std::vector<std::string>& args) {
   lo.nproc = static_cast<int>(d.nproc_per_node);
   if (!d.master_addr.empty()) lo.master_addr = d.master_addr;
   lo.master_port = static_cast<int>(d.master_port);
-  lo.grace_seconds = d.timeout_seconds + 30;
+  // The survivors of a failed rank say what they saw within a few seconds when it crashed; a
+  // rank that hangs (stopped, deadlocked) is ended after this grace rather than its timeout.
+  lo.grace_seconds = 5;
   return LaunchLocalWorkers(lo);
 }
 
@@ -481,13 +484,23 @@ int Bleu(const std::string& ref, const std::string& hyp, int max_ngram,
 // subgraph has a single string feed, through the Predictor in batches of `batch_size`; one JSON
 // object of fetches per input line (row i of each batched fetch).
 struct PredictFlags {
-  std::string bundle, subgraph = "default", input, output;
-  int64_t batch_size = 32;
+  std::string bundle, subgraph = "default", input, output, input_format = "auto";
+  int64_t batch_size = 32, max_line_bytes = 1 << 20, max_new_tokens = 512;
 };
+
+// A write, flush or close that failed is Aborted naming the output: a full disk or a closed pipe
+// never ends a run that looks complete.
+void CheckOutput(std::ostream& out, const std::string& name) {
+  if (!out.good()) {
+    throw AbortedError(StrCat("cannot write ", name, ": ", errno != 0 ? std::strerror(errno)
+                                                                      : "write error"));
+  }
+}
 
 int Predict(const PredictFlags& f) {
   PredictorOptions po;
   po.subgraphs = {f.subgraph};
+  po.max_new_tokens = f.max_new_tokens;
   Predictor predictor(f.bundle, po);
   const InferenceSubgraphSpec spec = predictor.ListSubgraphs().at(f.subgraph);
   std::vector<std::string> string_feeds;
@@ -495,6 +508,14 @@ int Predict(const PredictFlags& f) {
     if (s.dtype == "string") string_feeds.push_back(name);
   }
   const bool plain_text_ok = string_feeds.size() == 1;
+  // auto: a line that starts with '{' is JSON, any other a text line; text and json hold for
+  // every line (text that may start with '{' needs --input_format=text).
+  const std::string& format = f.input_format;
+  if (format == "text" && !plain_text_ok) {
+    throw InvalidArgumentError(StrCat("--input_format=text: subgraph '", f.subgraph, "' has ",
+                                      string_feeds.size(),
+                                      " string feeds; text lines need exactly one (use json)"));
+  }
   std::ifstream in_file;
   if (!f.input.empty()) {
     CheckRegularFile(f.input, "--input");
@@ -507,6 +528,7 @@ int Predict(const PredictFlags& f) {
     if (!out_file) throw AbortedError(StrCat("--output: cannot write '", f.output, "'"));
   }
   std::ostream& out = f.output.empty() ? std::cout : out_file;
+  const std::string out_name = f.output.empty() ? "stdout" : StrCat("'", f.output, "'");
   const std::string source = f.input.empty() ? "stdin" : f.input;
   // A batch: examples with the same non-string feeds (options such as max_new_tokens).
   std::vector<std::map<std::string, std::string>> batch_strings;
@@ -529,22 +551,26 @@ int Predict(const PredictFlags& f) {
     // Per-token fetches [B, T] are cut to each example's length (json_io.h).
     for (size_t i = 0; i < batch_strings.size(); ++i) {
       const nlohmann::ordered_json row = FetchRowToJson(fetches, static_cast<int64_t>(i));
-      out << row.dump() << "\n";
+      out << row.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     }
+    errno = 0;
     out.flush();
+    CheckOutput(out, out_name);
     batch_strings.clear();
   };
   std::string line;
   int64_t line_no = 0;
   while (std::getline(in, line)) {
     ++line_no;
-    if (line.size() > (size_t{16} << 20)) {
-      throw InvalidArgumentError(StrCat(source, ":", line_no, ": line longer than 16 MiB"));
+    if (static_cast<int64_t>(line.size()) > f.max_line_bytes) {
+      throw InvalidArgumentError(StrCat(source, ":", line_no, ": line of ", line.size(),
+                                        " bytes is longer than --max_line_bytes=",
+                                        f.max_line_bytes));
     }
     std::map<std::string, std::string> strings;
     InferenceMap line_options;
     std::string options_key;
-    const bool json_line = !line.empty() && line[0] == '{';
+    const bool json_line = format == "json" || (format == "auto" && !line.empty() && line[0] == '{');
     if (!json_line) {
       if (!plain_text_ok) {
         throw InvalidArgumentError(StrCat(source, ":", line_no, ": expected a JSON object ",
@@ -557,7 +583,15 @@ int Predict(const PredictFlags& f) {
       try {
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
-        throw InvalidArgumentError(StrCat(source, ":", line_no, ": not valid JSON: ", e.what()));
+        throw InvalidArgumentError(StrCat(source, ":", line_no, ": not valid JSON: ", e.what(),
+                                          plain_text_ok && format == "auto"
+                                              ? " (a text line starting with '{'? use "
+                                                "--input_format=text)"
+                                              : ""));
+      }
+      if (!j.is_object()) {
+        throw InvalidArgumentError(
+            StrCat(source, ":", line_no, ": expected a JSON object of feeds, got ", j.type_name()));
       }
       for (auto it = j.begin(); it != j.end(); ++it) {
         auto s = spec.feeds.find(it.key());
@@ -575,10 +609,14 @@ int Predict(const PredictFlags& f) {
           }
           strings[it.key()] = it.value().get<std::string>();
         } else if (ts.rank == 0 && it.value().is_number()) {
+          if (ts.dtype == "int64" && !it.value().is_number_integer()) {
+            throw InvalidArgumentError(StrCat(source, ":", line_no, ": feed '", it.key(),
+                                              "' must be an integer, got ", it.value().dump()));
+          }
           line_options[it.key()] = InferenceValue::Of(
               ts.dtype == "int64"
                   ? at::scalar_tensor(it.value().get<int64_t>(), at::kLong)
-                  : at::scalar_tensor(it.value().get<double>(), at::kFloat));
+                  : at::scalar_tensor(it.value().get<double>(), at::kDouble).to(at::kFloat));
           options_key += it.key() + "=" + it.value().dump() + ";";
         } else {
           throw InvalidArgumentError(StrCat(source, ":", line_no, ": feed '", it.key(), "' must be a ",
@@ -605,10 +643,24 @@ int Predict(const PredictFlags& f) {
       }
     }
   }
+  if (in.bad()) throw DataLossError(StrCat("cannot read ", source, " after line ", line_no));
   try {
     flush();
   } catch (const Error& e) {
     ThrowError(e.code(), StrCat(source, " (the batch ending at line ", line_no, "): ", e.message()));
+  }
+  if (out_file.is_open()) {
+    errno = 0;
+    out_file.close();
+    if (out_file.fail()) {
+      throw AbortedError(StrCat("cannot close ", out_name, ": ",
+                                errno != 0 ? std::strerror(errno) : "write error"));
+    }
+  } else {
+    errno = 0;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      throw AbortedError(StrCat("cannot write stdout: ", std::strerror(errno)));
+    }
   }
   return 0;
 }
@@ -620,8 +672,10 @@ struct ServeFlags {
   std::vector<std::string> subgraphs;
   ServeOptions options;
   int64_t port = 0, max_batch_size = 32, batch_timeout_micros = 0, max_enqueued = 256;
-  int64_t batch_threads = 1, http_threads = 32, max_body_bytes = 4 << 20, intra_op_threads = 0;
-  int64_t max_input_tokens = 4096;
+  int64_t batch_threads = 1, max_body_bytes = 4 << 20, intra_op_threads = 0;
+  int64_t max_input_tokens = 4096, max_new_tokens = 512;
+  int64_t max_connections = 512, max_connections_per_client = 128;
+  double header_timeout_secs = 10, body_timeout_secs = 60;
   bool no_batching = false;
 };
 
@@ -637,16 +691,20 @@ int Serve(ServeFlags& f) {
   po.subgraphs = f.subgraphs;
   po.checkpoint = f.checkpoint;
   po.max_input_tokens = f.max_input_tokens;
+  po.max_new_tokens = f.max_new_tokens;
   po.max_batch_size = std::max<int64_t>(f.max_batch_size, po.max_batch_size);
   Predictor predictor(f.bundle, po);
   ServeOptions& o = f.options;
+  o.connection_limits = {.max_connections = f.max_connections,
+                         .max_connections_per_client = f.max_connections_per_client,
+                         .header_timeout_secs = f.header_timeout_secs,
+                         .body_timeout_secs = f.body_timeout_secs};
   o.port = static_cast<int>(f.port);
   o.enable_batching = !f.no_batching;
   o.max_batch_size = f.max_batch_size;
   o.batch_timeout_micros = f.batch_timeout_micros;
   o.max_enqueued_requests = f.max_enqueued;
   o.num_batch_threads = static_cast<int>(f.batch_threads);
-  o.num_http_threads = static_cast<int>(f.http_threads);
   o.max_body_bytes = static_cast<size_t>(f.max_body_bytes);
   InferenceServer server(&predictor, o);
   const int port = server.Start();
@@ -801,8 +859,22 @@ int Run(const std::vector<std::string>& argv) {
              "Requests that may wait for a batch; more are answered 503.");
   AddIntFlag(serve, "--num_batch_threads", serve_f.batch_threads, 1, 256,
              "Threads running batches.");
-  AddIntFlag(serve, "--num_http_threads", serve_f.http_threads, 1, 4096,
-             "Threads answering connections.");
+  AddIntFlag(serve, "--max_new_tokens", serve_f.max_new_tokens, 0, 1 << 20,
+             "A generation request asking for more new tokens is answered 400 (default 512).");
+  AddIntFlag(serve, "--max_connections", serve_f.max_connections, 1, 1 << 16,
+             "Open connections in all (default 512): more are answered 503 and closed.");
+  AddIntFlag(serve, "--max_connections_per_client", serve_f.max_connections_per_client, 1,
+             1 << 16, "Open connections per client address (default 128): more are answered "
+                      "503 and closed.");
+  serve->add_option("--header_timeout_secs", serve_f.header_timeout_secs,
+                    "A request's header must arrive within this many seconds of the "
+                    "connection's open or previous answer, in total.")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  serve->add_option("--body_timeout_secs", serve_f.body_timeout_secs,
+                    "A request's body must arrive within this many seconds of its header.")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   AddIntFlag(serve, "--max_body_bytes", serve_f.max_body_bytes, 1, int64_t{1} << 31,
              "Larger request bodies are answered 413.");
   AddIntFlag(serve, "--max_input_tokens", serve_f.max_input_tokens, 1, int64_t{1} << 24,
@@ -821,6 +893,15 @@ int Run(const std::vector<std::string>& argv) {
   predict->add_option("--output", predict_f.output, "Output file (default: stdout).");
   AddIntFlag(predict, "--batch_size", predict_f.batch_size, 1, 65536,
              "Lines run together (default 32).");
+  predict->add_option("--input_format", predict_f.input_format,
+                      "text: each line is the subgraph's one string feed; json: each line is a "
+                      "JSON object of feeds; auto: lines starting with '{' are JSON.")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "text", "json"}));
+  AddIntFlag(predict, "--max_line_bytes", predict_f.max_line_bytes, 1, int64_t{1} << 30,
+             "A longer input line is an error naming it (default 1 MiB).");
+  AddIntFlag(predict, "--max_new_tokens", predict_f.max_new_tokens, 0, 1 << 20,
+             "A line asking a generation for more new tokens is an error (default 512).");
   std::string bleu_ref, bleu_hyp, bleu_separator;
   int64_t bleu_max_ngram = 4;
   auto* bleu = app.add_subcommand(
@@ -854,6 +935,13 @@ int Run(const std::vector<std::string>& argv) {
   std::vector<std::string> args;
   args.assign(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
   args = ExpandFlagfiles(args);
+  // `--logdir=` with nothing after '=' would take the next argument as its value.
+  for (const auto& a : args) {
+    if (a.size() > 3 && a.rfind("--", 0) == 0 && a.back() == '=' &&
+        a.find('=') == a.size() - 1) {
+      throw InvalidArgumentError(StrCat(a.substr(0, a.size() - 1), " has an empty value"));
+    }
+  }
   const std::vector<std::string> expanded_args = args;
   std::reverse(args.begin(), args.end());
   try {
@@ -976,14 +1064,15 @@ int Run(const std::vector<std::string>& argv) {
     const std::unique_ptr<Distributed> dist = JoinWorkers(d);
     if (f.once) {
       const std::string train_dir = JoinPath(f.logdir, "train");
-      if (!Saver::LatestCheckpoint(train_dir))
+      const CheckpointState existing = ExistingCheckpoints(train_dir);
+      if (existing.model_checkpoint_path.empty())
         throw NotFoundError(StrCat("no checkpoint in ", train_dir));
       p.Set("task.eval.start_eval_after", 0);
       p.Set("task.eval.start_decoder_after", 0);
       p.Set("task.eval.eval_all_checkpoints", false);
       p.Set("task.eval.decode_all_checkpoints", false);
       // Treat the latest checkpoint as the last one.
-      auto latest = *Saver::LatestCheckpoint(train_dir);
+      const std::string& latest = existing.model_checkpoint_path;
       p.Set("task.train.max_steps", std::stoll(latest.substr(latest.rfind('-') + 1)));
     }
     JobOptions o;
@@ -992,6 +1081,7 @@ int Run(const std::vector<std::string>& argv) {
     o.stop = &g_stop;
     o.distributed = dist.get();
     o.wait_for_train = f.wait_for_train;
+    o.once = f.once;
     if (dist && dist->rank() != 0) o.log = [](const std::string&) {};
     RunCheckpointJob(is_eval ? JobKind::kEval : JobKind::kDecode, p, o);
     return 0;
@@ -1088,6 +1178,11 @@ int Run(const std::vector<std::string>& argv) {
 
 int RunCli(const std::vector<std::string>& argv, const CliOptions& options) {
   if (!options.self_command.empty()) SelfCommand() = options.self_command;
+  // Commands that stop cleanly on SIGTERM/SIGINT take them from the start: a signal while the
+  // model is built is seen by the executor or job once it runs.
+  if (argv.size() > 1 && (argv[1] == "train" || argv[1] == "eval" || argv[1] == "decode")) {
+    InstallStopHandlers();
+  }
   try {
     return Run(argv);
   } catch (const Error& e) {

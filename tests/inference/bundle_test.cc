@@ -130,6 +130,54 @@ TEST(Bundle, DamagedBundlesAreRefusedNamingTheFile) {
   fs::create_directories(empty_dir);
   EXPECT_ERROR_CONTAINS(LoadBundle(empty_dir), DataLossError, "has no MANIFEST.json");
   EXPECT_ERROR_CONTAINS(LoadBundle(Dir("no_such_bundle")), NotFoundError, "does not exist");
+  // A manifest field of the wrong JSON type is DataLoss naming the entry, not a JSON exception.
+  d = fresh("bytes_string");
+  m = nlohmann::json::parse(ReadFileToString(d + "/MANIFEST.json"));
+  m["files"]["model_params.pb"]["bytes"] = "12";
+  AtomicWriteFile(d + "/MANIFEST.json", m.dump());
+  EXPECT_ERROR_CONTAINS(LoadBundle(d), DataLossError, "entry 'model_params.pb' is malformed");
+  // Garbage params files (the manifest updated to match them) name the file.
+  for (const char* name : {"model_params.pb", "tokenizer_params.pb"}) {
+    d = fresh(StrCat("garbage_", name));
+    AtomicWriteFile(StrCat(d, "/", name), "\x08\xff\xff garbage that is no proto");
+    m = nlohmann::json::parse(ReadFileToString(d + "/MANIFEST.json"));
+    m["files"][name] = {{"bytes", FileSize(StrCat(d, "/", name))},
+                        {"sha256", Sha256File(StrCat(d, "/", name))}};
+    AtomicWriteFile(d + "/MANIFEST.json", m.dump());
+    EXPECT_ERROR_CONTAINS(LoadBundle(d), DataLossError, StrCat(name, " does not load"));
+  }
+}
+
+TEST(Bundle, NonFiniteWeightsAreRefusedByExportAndTheLoader) {
+  const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+  // A checkpoint whose weights (and their averages) hold a NaN, with valid checksums.
+  SafetensorsContents c = LoadCheckpoint(ckpt);
+  std::string victim;  // the first variable that has an average
+  for (const auto& [name, t] : c.tensors) {
+    const std::string suffix = "/ExponentialMovingAverage";
+    if (victim.empty() && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      victim = name.substr(0, name.size() - suffix.size());
+    }
+  }
+  ASSERT_FALSE(victim.empty());
+  for (auto& [name, t] : c.tensors) {
+    if (name.rfind(victim, 0) == 0 && t.is_floating_point()) t.view({-1})[0] = NAN;
+  }
+  const std::string dir = Dir("nan_ckpt");
+  fs::create_directories(dir);
+  Saver({.dir = dir, .async = false}).Save(3, c.tensors, c.metadata);
+  EXPECT_ERROR_CONTAINS(
+      ExportBundle({.model_params = p, .checkpoint = dir + "/ckpt-00000003", .out_dir = Dir("nan")}),
+      DataLossError, "weight '" + victim + "' has 1 NaN or Inf value(s)");
+  EXPECT_FALSE(fs::exists(Dir("nan") + "/MANIFEST.json"));
+  // The Predictor refuses such a checkpoint on reload and keeps serving the old weights.
+  Predictor predictor(ExportedBundle());
+  EXPECT_ERROR_CONTAINS(predictor.Load(dir + "/ckpt-00000003"), DataLossError,
+                        "weight '" + victim + "' has 1 NaN");
+  const InferenceMap out = predictor.Run("default", {{"text", InferenceValue::Strings({kTexts[0]})}});
+  EXPECT_TRUE(at::isfinite(out.at("total_log_prob").tensor).all().item<bool>());
 }
 
 TEST(Bundle, TorchScriptNetworkComputesTheLmsLogProbs) {

@@ -6,7 +6,11 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -138,7 +142,13 @@ TEST(Serve, AnswersAsThePredictorDoes) {
   EXPECT_EQ(Metric(metrics, R"(glossa_serve_request_duration_seconds_count{subgraph="default"})"),
             1);
   EXPECT_EQ(Metric(metrics, "glossa_serve_model_global_step"), 3);
-  EXPECT_EQ(Get(port, "/metrics").body.get<std::string>(), server.MetricsText());
+  // The same text over HTTP, but for the open connections (the one asking is open).
+  auto without_connections = [](std::string text) {
+    const size_t at = text.find("\nglossa_serve_connections ");
+    return at == std::string::npos ? text : text.erase(at, text.find('\n', at + 1) - at);
+  };
+  EXPECT_EQ(without_connections(Get(port, "/metrics").body.get<std::string>()),
+            without_connections(server.MetricsText()));
   server.Stop();
 }
 
@@ -420,6 +430,192 @@ TEST(Serve, ReloadsSwapWeightsWithoutFailingRequests) {
   const Answer again = Post(wport, "/v1/admin/reload", "");
   EXPECT_EQ(again.status, 200) << again.body;
   EXPECT_EQ(again.body["global_step"], 6);
+}
+
+// A raw TCP connection to the server (for what cpp-httplib's client cannot do: drip a header,
+// stream an endless chunked body, hold a connection idle).
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// What the server sends until it closes the connection (or a minute passes).
+std::string ReadUntilClosed(int fd) {
+  timeval tv{60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+TEST(Serve, AChunkedBodyIsRefusedWhenItPassesTheLimitNotReadToItsEnd) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.max_body_bytes = 1 << 20;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  const int fd = Connect(port);
+  ASSERT_TRUE(SendAll(fd, "POST /v1/subgraphs/default:run HTTP/1.1\r\nHost: x\r\n"
+                          "Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"));
+  // Up to 256 MiB in 64 KiB chunks; the server must stop reading long before.
+  std::atomic<int64_t> sent{0};
+  std::thread sender([&] {
+    const std::string chunk = "10000\r\n" + std::string(1 << 16, ' ') + "\r\n";
+    while (sent < (int64_t{256} << 20) && SendAll(fd, chunk)) sent += 1 << 16;
+  });
+  const std::string answer = ReadUntilClosed(fd);
+  ::shutdown(fd, SHUT_RDWR);
+  sender.join();
+  ::close(fd);
+  EXPECT_LT(sent.load(), int64_t{256} << 20) << "the whole body was read";
+  // The answer, when the client reads it before the reset: 413.
+  if (!answer.empty()) {
+    EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer.substr(0, 200);
+  }
+  // A declared Content-Length over the limit is refused before any of it is read.
+  const int fd2 = Connect(port);
+  ASSERT_TRUE(SendAll(fd2, "POST /v1/subgraphs/default:run HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Length: 1500000000\r\n\r\n{"));
+  EXPECT_EQ(ReadUntilClosed(fd2).rfind("HTTP/1.1 413", 0), 0u);
+  ::close(fd2);
+  // And a POST to no endpoint is not read either.
+  const int fd3 = Connect(port);
+  ASSERT_TRUE(SendAll(fd3, "POST /nowhere HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  EXPECT_EQ(ReadUntilClosed(fd3).rfind("HTTP/1.1 404", 0), 0u);
+  ::close(fd3);
+  EXPECT_EQ(Post(port, "/v1/subgraphs/default:run", ScoreRequest({"a"}).dump()).status, 200);
+}
+
+TEST(Serve, SlowHeadersDoNotStarveCompleteRequestsAndAreCutOff) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.connection_limits.header_timeout_secs = 1;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  // 64 clients each dripping a header line every 100 ms, never finishing the header: more than
+  // any fixed pool of threads would hold.
+  constexpr int kSlow = 64;
+  std::vector<int> slow;
+  for (int i = 0; i < kSlow; ++i) {
+    slow.push_back(Connect(port));
+    ASSERT_TRUE(SendAll(slow.back(), "POST /v1/subgraphs/default:run HTTP/1.1\r\n"));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> cut{0};
+  std::thread drip([&] {
+    std::vector<bool> open(kSlow, true);
+    while (!stop) {
+      for (int i = 0; i < kSlow; ++i) {
+        if (open[i] && !SendAll(slow[i], "X-Drip: 1\r\n")) {
+          open[i] = false;
+          ++cut;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  // Complete requests are answered meanwhile.
+  for (int i = 0; i < 5; ++i) {
+    const Answer a = Post(port, "/v1/subgraphs/default:run", ScoreRequest({kTexts[i % 3]}).dump());
+    EXPECT_EQ(a.status, 200) << a.body;
+  }
+  // However slowly it drips, a header gets header_timeout_secs in total: every slow client is cut.
+  WaitFor([&] { return cut.load() == kSlow; }, "the slow clients to be cut off");
+  stop = true;
+  drip.join();
+  for (int fd : slow) ::close(fd);
+  EXPECT_GE(Metric(server.MetricsText(), "glossa_serve_connections_timed_out_total"), kSlow);
+}
+
+TEST(Serve, ConnectionsArCappedPerClientAndInTotal) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.connection_limits.max_connections_per_client = 4;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  std::vector<int> held;
+  for (int i = 0; i < 4; ++i) held.push_back(Connect(port));
+  WaitFor([&] { return Metric(server.MetricsText(), "glossa_serve_connections") == 4; },
+          "4 open connections");
+  const int extra = Connect(port);
+  const std::string answer = ReadUntilClosed(extra);
+  ::close(extra);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer;
+  EXPECT_NE(answer.find("--max_connections_per_client"), std::string::npos) << answer;
+  EXPECT_EQ(Metric(server.MetricsText(), "glossa_serve_connections_refused_total"), 1);
+  for (int fd : held) ::close(fd);
+  WaitFor([&] { return Metric(server.MetricsText(), "glossa_serve_connections") == 0; },
+          "the connections to close");
+  EXPECT_EQ(Post(port, "/v1/subgraphs/default:run", ScoreRequest({"a"}).dump()).status, 200);
+}
+
+TEST(Serve, ALongGenerationDoesNotHoldUpScoring) {
+  Predictor predictor(ExportedBundle());
+  InferenceServer server(&predictor, {});
+  const int port = server.Start();
+  std::atomic<bool> generated{false};
+  json g = GenerateRequest("Elizabeth", 1, 512);
+  g["feeds"]["prompt"] = std::vector<std::string>(32, "Elizabeth");
+  std::thread gen([&] {
+    EXPECT_EQ(Post(port, "/v1/subgraphs/generate:run", g.dump()).status, 200);
+    generated = true;
+  });
+  WaitFor([&] { return server.queued() == 0 && Metric(server.MetricsText(),
+                                                       "glossa_serve_in_flight_requests") == 1; },
+          "the generation to run");
+  const Answer a = Post(port, "/v1/subgraphs/default:run", ScoreRequest({"a"}).dump());
+  EXPECT_EQ(a.status, 200);
+  EXPECT_FALSE(generated.load()) << "scoring waited for the generation";
+  gen.join();
+}
+
+TEST(Serve, EveryOptionIsValidatedWithItsRange) {
+  Predictor predictor(ExportedBundle());
+  InferenceServer server(&predictor, {});
+  const int port = server.Start();
+  auto expect = [&](const json& feeds, int status, const std::string& message) {
+    const json body = {{"feeds", feeds}};
+    const Answer a = Post(port, "/v1/subgraphs/generate:run", body.dump());
+    EXPECT_EQ(a.status, status) << feeds << " -> " << a.body;
+    if (status != 200) {
+      EXPECT_NE(a.body["error"]["message"].get<std::string>().find(message), std::string::npos)
+          << a.body;
+    }
+  };
+  const json prompt = {"Elizabeth"};
+  expect({{"prompt", prompt}, {"max_new_tokens", -5}}, 400,
+         "feed 'max_new_tokens' is -5; it must be in [0, 512]");
+  expect({{"prompt", prompt}, {"max_new_tokens", 9223372036854775807LL}}, 400,
+         "it must be in [0, 512] (max_new_tokens)");
+  expect({{"prompt", prompt}, {"max_new_tokens", 1000000000000LL}}, 400, "[0, 512]");
+  expect({{"prompt", prompt}, {"temperature", -1.0}}, 400,
+         "feed 'temperature' is -1.0; it must be in [0.0, 100.0]");
+  expect({{"prompt", prompt}, {"top_k", -3}}, 400, "feed 'top_k' is -3; it must be in [0, inf]");
+  // A tiny temperature is nearly greedy, not NaN.
+  expect({{"prompt", prompt}, {"temperature", 1e-45}, {"max_new_tokens", 3}}, 200, "");
+  // Invalid UTF-8 in a body: 400 naming the problem, never 500.
+  const Answer bad = Post(port, "/v1/subgraphs/default:run", "{\"feeds\": {\"text\": [\"\xff\xfe\"]}}");
+  EXPECT_EQ(bad.status, 400) << bad.body;
 }
 
 }  // namespace

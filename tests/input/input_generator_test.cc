@@ -257,6 +257,31 @@ TEST(TextLmInput, TokenizesBucketsAndPads) {
   EXPECT_ERROR_CONTAINS(missing->GetPreprocessedInputBatch(), NotFoundError, "matches no files");
 }
 
+TEST(TextLmInput, ThreadCountsAndLineLengthsAreBounded) {
+  const fs::path file = Dir() / "bounded.txt";
+  std::ofstream(file) << "short line\n" << std::string(3000, 'x') << "\n";
+  Params p = TextLmInput::Params();
+  p.Set("name", "lm").Set("file_pattern", "text:" + file.string());
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"num_batcher_threads", 100000},
+                                                    {"num_batcher_threads", 0},
+                                                    {"num_batcher_threads", -1},
+                                                    {"file_parallelism", 0},
+                                                    {"prefetch", -3}}) {
+    Params bad = p.Copy();
+    bad.Set(key, value);
+    EXPECT_ERROR_CONTAINS(InstantiateLayer<TextLmInput>(bad), InvalidArgumentError,
+                          StrCat("input 'lm': ", key, " is ", value, "; it must be in ["));
+  }
+  // A line longer than max_line_bytes is DataLoss naming the file and offset.
+  Params small = p.Copy();
+  small.Set("max_line_bytes", 1000).Set("require_sequential_order", true).Set("repeat_count", 1);
+  auto input = InstantiateLayer<TextLmInput>(small);
+  EXPECT_ERROR_CONTAINS(
+      { for (;;) input->GetPreprocessedInputBatch(); }, DataLossError,
+      StrCat("text file '", file.string(), "': the line at byte offset 11 is longer than 1000"));
+}
+
 TEST(TextLmInput, InputThatCanNeverMakeABatchIsAnErrorNotAHang) {
   const fs::path empty = Dir() / "empty_lm.txt";
   std::ofstream(empty).close();

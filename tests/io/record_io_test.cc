@@ -222,6 +222,20 @@ TEST(TextRecords, OneRecordPerLine) {
   EXPECT_EQ(got, (std::vector<std::string>{"one", "two", "", "three"}));
 }
 
+TEST(TFRecord, GzipTypeOnAFileThatIsNotGzipIsAnError) {
+  const std::string dir = TempDir();
+  {
+    TFRecordWriter w(dir + "/plain.tfrecord");
+    w.Write("payload");
+    w.Close();
+  }
+  EXPECT_ERROR_CONTAINS(RecordReader::Open("tfrecord_gzip", dir + "/plain.tfrecord"), DataLossError,
+                        "is not a gzip file (no gzip magic in its first 2 bytes)");
+  WriteFile(dir + "/empty", "");
+  EXPECT_ERROR_CONTAINS(RecordReader::Open("tfrecord_gzip", dir + "/empty"), DataLossError,
+                        "is not a gzip file (shorter than its first 2 bytes)");
+}
+
 std::string TestData(const std::string& name) {
   return testing::SourcePath("../shared/testdata/lingvo/" + name);
 }

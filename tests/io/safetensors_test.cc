@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <unistd.h>
 
 #include <cmath>
@@ -160,6 +162,44 @@ TEST(Safetensors, FlippedBitsFailTheChecksum) {
   // The checksums stay out of the metadata callers see.
   SaveSafetensors(path, {{"a", at::ones({2})}}, {{"k", "v"}});
   EXPECT_EQ(LoadSafetensors(path).metadata, (std::map<std::string, std::string>{{"k", "v"}}));
+}
+
+// Rewrites the header of a safetensors file with `edit` applied to its text (same length kept by
+// the edits below, so the data offsets stay valid).
+void EditHeader(const std::string& path, const std::function<void(std::string&)>& edit) {
+  std::string data = ReadFileToString(path);
+  uint64_t n;
+  std::memcpy(&n, data.data(), 8);
+  std::string header = data.substr(8, n);
+  edit(header);
+  ASSERT_EQ(header.size(), n);
+  data.replace(8, n, header);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+}
+
+TEST(Safetensors, TheChecksumCannotBeSwitchedOffByEditingTheHeader) {
+  const std::string path = Dir() + "/keys.safetensors";
+  auto save = [&] {
+    SaveSafetensors(path, {{"a", at::arange(100, at::kFloat)}}, {{"format_version", "1"}});
+  };
+  // One bit in the key's name: an unknown Glossa key, not a file without checksums.
+  save();
+  EditHeader(path, [](std::string& h) { h.replace(h.find("glossa.crc32c"), 13, "glossa.crc32b"); });
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError, "unknown key 'glossa.crc32b'");
+  // A file that says Glossa wrote it (format_version) must carry the checksums.
+  save();
+  EditHeader(path, [](std::string& h) { h.replace(h.find("glossa.crc32c"), 13, "other.crc32cx"); });
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError,
+                        "written by Glossa (format_version 1) but without its 'glossa.crc32c'");
+  // A dtype swap keeps every byte count and every data CRC: the header checksum catches it.
+  save();
+  EditHeader(path, [](std::string& h) { h.replace(h.find("\"F32\""), 5, "\"I32\""); });
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError,
+                        "the header's tensor entries fail their CRC32C checksum");
+  // A shape swap likewise.
+  SaveSafetensors(path, {{"a", at::zeros({2, 3})}});
+  EditHeader(path, [](std::string& h) { h.replace(h.find("[2,3]"), 5, "[3,2]"); });
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError, "a dtype, shape or offset");
 }
 
 TEST(Safetensors, ReadsTheSafetensorsProjectsSamples) {

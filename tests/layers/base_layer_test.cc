@@ -77,6 +77,10 @@ TEST(BaseLayer, ParamsDefineAndDocumentLingvosFields) {
   EXPECT_TRUE(p.GetParams("vn").Contains("global_vn"));
   EXPECT_ERROR_CONTAINS(InstantiateLayer(TestLayer::Params()), InvalidArgumentError,
                         "must set `name`");
+  // Names have a length limit (they become variable names, checkpoint keys and summary tags).
+  EXPECT_NO_THROW(InstantiateLayer(Named(TestLayer::Params(), std::string(256, 'a'))));
+  EXPECT_ERROR_CONTAINS(InstantiateLayer(Named(TestLayer::Params(), std::string(30000, 'a'))),
+                        InvalidArgumentError, "is 30000 bytes; the limit is 256");
 }
 
 TEST(BaseLayer, VariablesHaveScopedFullNamesAndNestedVars) {

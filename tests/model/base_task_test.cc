@@ -183,7 +183,7 @@ TEST(ModelRegistry, GetModelParamsAppliesDatasetsAndOverrides) {
       GetModelParams("test.regression.RegressionModel", "Train", "task.train.max_stepz : 1"),
       NotFoundError,
       "--model_params_override: params text line 1: task.train.max_stepz (did you mean: "
-      "[max_consecutive_skipped_steps,max_steps])");
+      "[max_consecutive_skipped_steps,max_skipped_steps_fraction,max_steps])");
   EXPECT_THROW(RegisterModel("two.parts", [] { return std::make_unique<RegressionModel>(); }),
                InvalidArgumentError);
 }

@@ -14,6 +14,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/input/nmt_input.h"
+#include "glossa/layers/transformer.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/io/example.h"
 #include "glossa/io/record_io.h"
@@ -338,6 +339,47 @@ Params TextPairParams() {
   p.Set("bucket_batch_limit", ParamValue::List{ParamValue(int64_t{4}), ParamValue(int64_t{2})});
   p.Set("source_max_length", 20).Set("target_max_length", 20);
   return p;
+}
+
+TEST(TransformerModel, AcceptsLingvosMtParamNames) {
+  // The same model configured with Lingvo's MT names (lingvo/tasks/mt/layers.py TransformerStack,
+  // decoder.py TransformerDecoder) builds the same variables and computes the same loss.
+  const Params glossa_names = SmallModel(20, false);
+  Params lingvo_names = glossa_names.Copy();
+  const Params stack_defaults = TransformerStack::Params();
+  const Params decoder_defaults = mt::TransformerDecoder::Params();
+  for (const auto& [lingvo, key] :
+       {std::pair<std::string, std::string>{"num_transformer_layers", "num_layers"},
+        {"transformer_tpl", "transformer_layer_params_tpl"},
+        {"ln_output", "final_layer_norm"},
+        {"model_dim", "mdl_dim"}}) {
+    const std::string base = "encoder.transformer_stack.";
+    lingvo_names.Set(base + lingvo, glossa_names.Get(base + key));
+    lingvo_names.Set(base + key, stack_defaults.Get(key));
+  }
+  lingvo_names.Set("decoder.trans_tpl", glossa_names.Get("decoder.trans_decoder_tpl"));
+  lingvo_names.Set("decoder.trans_decoder_tpl", decoder_defaults.Get("trans_decoder_tpl"));
+  lingvo_names.Set("decoder.ln_output", glossa_names.Get("decoder.final_layer_norm"));
+  ASSERT_NE(glossa_names.GetInt("encoder.transformer_stack.num_layers"),
+            stack_defaults.GetInt("num_layers"));  // the names matter for this model
+  auto a = InstantiateLayer<mt::TransformerModel>(glossa_names);
+  auto b = InstantiateLayer<mt::TransformerModel>(lingvo_names);
+  std::map<std::string, at::Tensor> va, vb;
+  for (const auto& [info, t] : a->AllVariables()) va[info.full_name] = t;
+  for (const auto& [info, t] : b->AllVariables()) vb[info.full_name] = t;
+  ASSERT_EQ(va.size(), vb.size());
+  for (const auto& [name, t] : va) {
+    ASSERT_TRUE(vb.count(name)) << name;
+    EXPECT_TRUE(at::equal(t, vb.at(name))) << name;
+  }
+  const NestedMap batch = RandomBatch(2, 6, 5, 20, 3);
+  EXPECT_TRUE(at::equal(a->FPropDefaultTheta(batch).metrics.at("loss").value,
+                        b->FPropDefaultTheta(batch).metrics.at("loss").value));
+  // Both names set: an error naming them.
+  Params both = glossa_names.Copy();
+  both.Set("encoder.transformer_stack.num_transformer_layers", 3);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<mt::TransformerModel>(both), InvalidArgumentError,
+                        "both num_transformer_layers (Lingvo's name) and num_layers are set");
 }
 
 TEST(TextPairInput, ReadsTsvAndLineAlignedFiles) {

@@ -293,5 +293,23 @@ TEST(Optimizers, RejectMismatchedGradients) {
                InvalidArgumentError);  // no name
 }
 
+TEST(Optimizers, ASlotMissingFromARestoredCheckpointIsAnErrorNotAZero) {
+  at::Tensor w = at::ones({3}), g = at::full({3}, 0.5);
+  auto trained = Adam::Params().Instantiate<Optimizer>();
+  trained->Apply(0.1, {{"model/w", w, g}, {"model/b", w.clone(), g}}, 0);
+  auto slots = trained->slots();
+  ASSERT_TRUE(slots.count("model/w/Adam/v"));
+  slots.erase("model/w/Adam/v");
+  auto restored = Adam::Params().Instantiate<Optimizer>();
+  for (const auto& [name, t] : slots) restored->SetSlot(name, t);
+  const at::Tensor before = w.clone();
+  EXPECT_ERROR_CONTAINS(restored->Apply(0.1, {{"model/w", w, g}}, 1), InvalidArgumentError,
+                        "lacks optimizer slot 'model/w/Adam/v' (it holds 'model/w/Adam/m'");
+  EXPECT_TRUE(at::equal(w, before));  // nothing was updated
+  // A variable with no slots at all (the loss never reached it) starts them at zero.
+  at::Tensor u = at::ones({2});
+  EXPECT_NO_THROW(restored->Apply(0.1, {{"model/u", u, at::ones({2})}}, 1));
+}
+
 }  // namespace
 }  // namespace glossa

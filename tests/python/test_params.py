@@ -29,6 +29,66 @@ def test_attribute_access_reaches_nested_params():
     assert "num_layers" in p.TextDiff(q)
 
 
+def test_a_handle_keeps_its_params_when_the_parent_entry_is_replaced():
+    p = glossa.model_registry.get_params("lm.austen.TransformerLmTiny", "Train")
+    s = p.task.stack
+    other = p.task.stack.Copy()
+    other.num_layers = 7
+    p.task.stack = other
+    # As in Python: s is the object it was taken from, p holds the new one.
+    assert s.num_layers == 2
+    assert p.task.stack.num_layers == 7
+    assert "num_layers : 2" in s.ToText()
+    t = p.task
+    p.task = p.task.Copy()       # a deeper handle survives its grandparent's replacement too
+    assert t.stack.num_layers == 7
+    del s, t
+    p.task.stack = other         # the replaced values are freed once no handle refers to them
+
+
+def test_params_from_threads_never_crash():
+    import threading
+    p = glossa.model_registry.get_params("lm.austen.TransformerLmTiny", "Train")
+    orig = p.task.stack.Copy()
+    errors = []
+
+    def writer():
+        try:
+            for _ in range(300):
+                p.task.stack = orig.Copy()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def reader():
+        try:
+            for _ in range(300):
+                assert p.task.stack.num_layers == 2
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (writer, writer, reader, reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_nesting_depth_is_bounded():
+    p = glossa.Params()
+    p.Define("v", None, "a value")
+    deep = []
+    for _ in range(20000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="may nest at most 100"):
+        p.v = deep
+    ok = []
+    for _ in range(50):
+        ok = [ok]
+    p.v = ok
+    assert p.ToText().count("[") == 51
+
+
 def test_values_map_both_ways():
     p = glossa.Params()
     p.Define("i", 1, "an int").Define("f", 0.5, "a float").Define("s", "x", "a string")

@@ -242,5 +242,65 @@ TEST(Checkpointer, ALearnerSlotOfTheWrongDtypeNamesTheTensor) {
                         "'m/task/proj/w') is Double [2, 2], but the variable is Float [2, 2]");
 }
 
+TEST(Checkpointer, AGlobalStepThatDisagreesWithTheNameFallsBack) {
+  const std::string text = "task.train.async_checkpointing : False\ntask.train.max_steps : 100";
+  for (int64_t crafted : {7, -5}) {
+    SCOPED_TRACE(crafted);
+    const std::string dir = Dir("global_step");
+    SaveThree(dir, text);
+    auto source = Model(text, 40);
+    std::map<std::string, at::Tensor> tensors = Vars(*source);
+    tensors["global_step"] = at::full({}, crafted, at::kLong);
+    Saver({.dir = dir}).Save(40, tensors);
+    auto model = Model(text, 99);
+    Checkpointer ckpt(dir, *model, nullptr, [] { return 0.0; });
+    std::vector<std::string> log;
+    EXPECT_EQ(ckpt.RestoreOrInitialize([&](const std::string& l) { log.push_back(l); }), 30);
+    ASSERT_EQ(log.size(), 2u);
+    EXPECT_NE(log[0].find(crafted < 0 ? "global_step is -5 (negative)"
+                                      : "global_step is 7, but the name says step 40"),
+              std::string::npos)
+        << log[0];
+  }
+}
+
+TEST(Checkpointer, AHeaderDtypeSwapFallsBackLikeOtherCorruption) {
+  const std::string dir = Dir("dtype_swap");
+  const std::string text = "task.train.async_checkpointing : False\ntask.train.max_steps : 100";
+  SaveThree(dir, text);
+  const std::string latest = dir + "/ckpt-00000030.safetensors";
+  std::string data = ReadFileToString(latest);
+  const size_t at = data.find("\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  data.replace(at, 5, "\"I32\"");
+  AtomicWriteFile(latest, data);
+  auto model = Model(text, 99);
+  Checkpointer ckpt(dir, *model, nullptr, [] { return 0.0; });
+  std::vector<std::string> log;
+  EXPECT_EQ(ckpt.RestoreOrInitialize([&](const std::string& l) { log.push_back(l); }), 20);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_NE(log[0].find("fail their CRC32C checksum"), std::string::npos) << log[0];
+}
+
+TEST(Checkpointer, AStateFileNamingOnlyADeletedCheckpointDoesNotHideTheOthers) {
+  const std::string dir = Dir("stale_state");
+  const std::string text = "task.train.async_checkpointing : False\ntask.train.max_steps : 100";
+  SaveThree(dir, text);
+  CheckpointState s;
+  s.model_checkpoint_path = "ckpt-00000050";
+  s.all_model_checkpoint_paths = {"ckpt-00000050"};
+  AtomicWriteFile(dir + "/checkpoint", FormatCheckpointState(s));
+  EXPECT_EQ(ExistingCheckpoints(dir).all_model_checkpoint_paths,
+            (std::vector<std::string>{"ckpt-00000010", "ckpt-00000020", "ckpt-00000030"}));
+  auto model = Model(text, 99);
+  Checkpointer ckpt(dir, *model, nullptr, [] { return 0.0; });
+  std::vector<std::string> log;
+  EXPECT_EQ(ckpt.RestoreOrInitialize([&](const std::string& l) { log.push_back(l); }), 30);
+  EXPECT_EQ(log.back(), "restored " + dir + "/ckpt-00000030 at step 30");
+  EXPECT_EQ(ReadCheckpointState(dir).model_checkpoint_path, "ckpt-00000030");
+  EXPECT_EQ(ReadCheckpointState(dir).all_model_checkpoint_paths,
+            (std::vector<std::string>{"ckpt-00000030"}));
+}
+
 }  // namespace
 }  // namespace glossa

@@ -647,10 +647,77 @@ TEST(CheckpointJob, SkipsACheckpointRetentionRemovedAndGoesOn) {
                                   "task.eval.samples_per_summary : 8");
   JobOptions o{.logdir = logdir, .dataset = "Train",
                .log = [&](const std::string& l) { lines.push_back(l); }};
-  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);  // ckpt-20 evaluated
-  ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines[0].rfind("skipped ckpt-00000010: removed by the trainer's retention", 0), 0u)
-      << lines[0];
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);  // ckpt-20 evaluated, ckpt-10 not seen
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("eval Train \xC2\xB7 ckpt-00000020 (step 20)", 0), 0u) << lines[0];
+}
+
+TEST(CheckpointJob, AStateFileListingOnlyDeletedCheckpointsNeitherSpinsNorHidesTheRest) {
+  const std::string logdir = LogDir("job_stale_state");
+  auto quiet = [](const std::string&) {};
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = logdir, .log = quiet}).Run();
+  CheckpointState s;
+  s.model_checkpoint_path = "ckpt-00000099";
+  s.all_model_checkpoint_paths = {"ckpt-00000099"};
+  AtomicWriteFile(logdir + "/train/checkpoint", FormatCheckpointState(s));
+  std::vector<std::string> lines;
+  const Params p = GetModelParams("test.line.LineModel", "Train",
+                                  "task.eval.samples_per_summary : 8");
+  JobOptions o{.logdir = logdir, .dataset = "Train",
+               .log = [&](const std::string& l) { lines.push_back(l); }};
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);  // ckpt-20, found on disk
+  ASSERT_EQ(lines.size(), 1u) << lines.back();
+  EXPECT_NE(lines[0].find("ckpt-00000020 (step 20)"), std::string::npos) << lines[0];
+  // --once when the final checkpoint is gone: an error after the poll that finds nothing left,
+  // not a wait (nor a busy loop of "skipped" lines).
+  for (const auto& f : SafetensorsFiles(logdir + "/train/ckpt-00000020")) RemoveFileIfExists(f);
+  RemoveFileIfExists(logdir + "/eval_train/processed_ckpts.txt");
+  lines.clear();
+  int sleeps = 0;
+  o.once = true;
+  o.sleep = [&](double) { ++sleeps; };
+  EXPECT_ERROR_CONTAINS(RunCheckpointJob(JobKind::kEval, p, o), NotFoundError,
+                        "--once: no checkpoint left to evaluate in " + logdir + "/train");
+  EXPECT_EQ(sleeps, 0);
+  EXPECT_LE(lines.size(), 1u);  // ckpt-10 evaluated, then the error
+}
+
+TEST(Executor, AShortRunThatEndsSkippingStepsDivergesInsteadOfSavingIt) {
+  const std::string logdir = LogDir("short_diverged");
+  std::vector<std::string> lines;
+  Executor ex(GetModelParams("test.line.LineModel", "Train",
+                             "task.train.learner.learning_rate : 1e30"),
+              {.logdir = logdir, .log = [&](const std::string& l) { lines.push_back(l); }});
+  EXPECT_ERROR_CONTAINS(ex.Run(), AbortedError, "training diverged: the run ended inside a streak");
+  for (const auto& l : lines) EXPECT_EQ(l.find("saved "), std::string::npos) << l;
+  EXPECT_FALSE(FileExists(logdir + "/train/ckpt-00000020.safetensors"));
+  // The fraction alone: a run that skipped most of its steps but not its last one.
+  EXPECT_ERROR_CONTAINS(
+      Executor(GetModelParams("test.line.LineModel", "Train",
+                              "task.train.max_skipped_steps_fraction : 1.5"),
+               {.logdir = LogDir("bad_fraction"), .log = [](const std::string&) {}}),
+      InvalidArgumentError, "max_skipped_steps_fraction must be in [0, 1], got 1.5");
+}
+
+TEST(Executor, AResumedRunDropsTheMetricLinesOfTheStepsItReplays) {
+  const std::string logdir = LogDir("replayed_metrics");
+  auto quiet = [](const std::string&) {};
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = logdir, .log = quiet}).Run();
+  // The run lost its last checkpoint: the next one resumes from step 10 and replays 11..20.
+  for (const auto& f : SafetensorsFiles(logdir + "/train/ckpt-00000020")) RemoveFileIfExists(f);
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = logdir, .log = quiet}).Run();
+  std::map<std::pair<std::string, int64_t>, int> seen;
+  for (const auto& line : Split(ReadFileToString(logdir + "/train/metrics.jsonl"), '\n')) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line);
+    ++seen[{j["tag"].get<std::string>(), j["step"].get<int64_t>()}];
+  }
+  int64_t last_loss_step = 0;
+  for (const auto& [key, n] : seen) {
+    if (key.first == "loss") last_loss_step = std::max(last_loss_step, key.second);
+  }
+  ASSERT_GT(last_loss_step, 10);  // the replayed steps wrote their lines again, once
+  for (const auto& [key, n] : seen) EXPECT_EQ(n, 1) << key.first << " at step " << key.second;
 }
 
 TEST(CheckpointJob, EmaEvaluationRefusesACheckpointWithoutAverages) {

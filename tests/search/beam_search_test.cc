@@ -1,6 +1,9 @@
 // BeamSearchHelper and SampleSearch: the PyTorch reference of Lingvo's search
 // (tests/reference/beam_search_reference.py) on random Markov models, beam width 1 against
-// greedy, an exhaustively enumerable model, and hand-worked length-normalization and </s> cases.
+// greedy, an exhaustively enumerable model, hand-worked length-normalization and </s> cases, and
+// Lingvo's BeamSearchHelper tests with deterministic inputs (beam_search_helper_test.py:
+// force_eos_in_top_k, force_last_chunk_eoc_in_top_k). Lingvo's op-level tests are in
+// beam_search_step_test.cc, its output helpers' in beam_search_outputs_test.cc.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -52,7 +55,7 @@ std::unique_ptr<BeamSearchHelper> MakeBeam(const std::function<void(Params&)>& s
   return InstantiateLayer<BeamSearchHelper>(p);
 }
 
-std::vector<int64_t> Hyp(const SearchResult& r, int64_t b, int64_t k) {
+std::vector<int64_t> HypIds(const SearchResult& r, int64_t b, int64_t k) {
   const int64_t len = r.topk_lens[b][k].item<int64_t>();
   std::vector<int64_t> out;
   for (int64_t t = 0; t < len; ++t) out.push_back(r.topk_ids[b][k][t].item<int64_t>());
@@ -61,7 +64,7 @@ std::vector<int64_t> Hyp(const SearchResult& r, int64_t b, int64_t k) {
 
 TEST(BeamSearch, MatchesThePyTorchReference) {
   const json ref = json::parse(testing::ReadSourceFile("tests/reference/beam_search_reference.json"));
-  ASSERT_GE(ref["cases"].size(), 5u);
+  ASSERT_GE(ref["cases"].size(), 15u);
   for (const json& c : ref["cases"]) {
     const std::string name = c["name"];
     const int64_t b = c["num_beams"], t = c["target_seq_len"], v = c["vocab"];
@@ -76,9 +79,26 @@ TEST(BeamSearch, MatchesThePyTorchReference) {
       p.Set("beam_size", c["beam_size"].get<double>());
       p.Set("force_eos_in_last_step", c["force_eos_in_last_step"].get<bool>());
       p.Set("ensure_full_beam", c["ensure_full_beam"].get<bool>());
+      // Lingvo's newer options (cases 7 on).
+      p.Set("force_eos_in_top_k", c.value("force_eos_in_top_k", false));
+      p.Set("force_last_chunk_eoc_in_top_k", c.value("force_last_chunk_eoc_in_top_k", false));
+      p.Set("terminate_beams_independently", c.value("terminate_beams_independently", false));
+      p.Set("target_eoc_id", c.value("target_eoc_id", int64_t{-1}));
+      p.Set("merge_paths", c.value("merge_paths", false));
+      p.Set("merged_topk_buffer_size_factor",
+            c.value("merged_topk_buffer_size_factor", int64_t{2}));
+      p.Set("allow_empty_terminated_hyp", c.value("allow_empty_terminated_hyp", true));
     });
     const int64_t k = beam->num_hyps_per_beam();
-    SearchResult r = beam->Search(b, model.Init(k * b), model.Step());
+    // Every hypothesis is at its last chunk from step last_chunk_from on (-1: never).
+    const int64_t last_chunk_from = c.value("last_chunk_from", int64_t{-1});
+    DecodeStepFn step = [&](const at::Tensor& ids, int64_t s, const NestedMap& states) {
+      auto [lp, next] = model.Step()(ids, s, states);
+      next.Put("is_last_chunk",
+               at::full({ids.size(0)}, last_chunk_from >= 0 && s >= last_chunk_from, at::kBool));
+      return std::make_pair(lp, next);
+    };
+    SearchResult r = beam->Search(b, model.Init(k * b), step);
     ASSERT_EQ(r.topk_ids.size(0), b) << name;
     ASSERT_EQ(r.topk_ids.size(1), k) << name;
     for (int64_t i = 0; i < b; ++i) {
@@ -88,7 +108,7 @@ TEST(BeamSearch, MatchesThePyTorchReference) {
           EXPECT_EQ(r.topk_lens[i][j].item<int64_t>(), 0) << name << " source " << i << " hyp " << j;
           continue;
         }
-        EXPECT_EQ(Hyp(r, i, j), want[j]["ids"].get<std::vector<int64_t>>())
+        EXPECT_EQ(HypIds(r, i, j), want[j]["ids"].get<std::vector<int64_t>>())
             << name << " source " << i << " hyp " << j;
         EXPECT_NEAR(r.topk_scores[i][j].item<double>(), want[j]["score"].get<double>(), 1e-9)
             << name << " source " << i << " hyp " << j;
@@ -118,7 +138,7 @@ TEST(BeamSearch, WidthOneIsGreedy) {
     SearchResult r = beam->Search(b, model.Init(b), model.Step());
     SearchResult g = SampleSearch(b, model.Init(b), model.Step(), t, 1, 2, 0.0, 0, 0);
     for (int64_t i = 0; i < b; ++i) {
-      std::vector<int64_t> greedy = Hyp(g, i, 0), bh = Hyp(r, i, 0);
+      std::vector<int64_t> greedy = HypIds(g, i, 0), bh = HypIds(r, i, 0);
       if (greedy.back() != 2) greedy.back() = 2;  // greedy ran out of steps: the beam forced </s>
       EXPECT_EQ(bh, greedy) << "seed " << seed << " source " << i;
     }
@@ -162,7 +182,7 @@ TEST(BeamSearch, FindsTheBestSequenceOfAnExhaustivelyEnumerableModel) {
     };
     std::vector<int64_t> seq;
     walk(seq, 0.0);
-    EXPECT_EQ(Hyp(r, 0, 0), best_seq) << "seed " << seed;
+    EXPECT_EQ(HypIds(r, 0, 0), best_seq) << "seed " << seed;
     EXPECT_NEAR(r.topk_scores[0][0].item<double>(), best, 1e-5) << "seed " << seed;
     // Scores are sorted, best first.
     for (int64_t j = 1; j < 27; ++j) {
@@ -201,13 +221,13 @@ SearchResult RunHand(const std::function<void(Params&)>& set) {
 TEST(BeamSearch, LengthNormalizationHandWorked) {
   // α = 1: A -2.0 / (7/5) = -1.428571, B -1.5 / (6/5) = -1.25: B first.
   SearchResult r = RunHand([](Params& p) { p.Set("length_normalization", 1.0); });
-  EXPECT_EQ(Hyp(r, 0, 0), (std::vector<int64_t>{2}));
+  EXPECT_EQ(HypIds(r, 0, 0), (std::vector<int64_t>{2}));
   EXPECT_NEAR(r.topk_scores[0][0].item<double>(), -1.25, 1e-6);
-  EXPECT_EQ(Hyp(r, 0, 1), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(HypIds(r, 0, 1), (std::vector<int64_t>{3, 2}));
   EXPECT_NEAR(r.topk_scores[0][1].item<double>(), -2.0 / 1.4, 1e-6);
   // α = 3: A -2.0 / 2.744 = -0.728863, B -1.5 / 1.728 = -0.868056: A first.
   r = RunHand([](Params& p) { p.Set("length_normalization", 3.0); });
-  EXPECT_EQ(Hyp(r, 0, 0), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(HypIds(r, 0, 0), (std::vector<int64_t>{3, 2}));
   EXPECT_NEAR(r.topk_scores[0][0].item<double>(), -2.0 / 2.744, 1e-6);
   EXPECT_NEAR(r.topk_scores[0][1].item<double>(), -1.5 / 1.728, 1e-6);
   // α = 0: raw log-probs.
@@ -220,11 +240,11 @@ TEST(BeamSearch, EosThresholdsHandWorked) {
   // A's </s> is 1.2475 below the best extension of [3]: with a delta of 1.2 A does not end, only
   // B does; with 1.3 it does.
   SearchResult r = RunHand([](Params& p) { p.Set("valid_eos_max_logit_delta", 1.2); });
-  EXPECT_EQ(Hyp(r, 0, 0), (std::vector<int64_t>{2}));
+  EXPECT_EQ(HypIds(r, 0, 0), (std::vector<int64_t>{2}));
   // The runner-up is [0, </s>] (-22.46: every extension of 0 is equally unlikely), not A.
-  EXPECT_EQ(Hyp(r, 0, 1), (std::vector<int64_t>{0, 2})) << "A must not end with delta 1.2";
+  EXPECT_EQ(HypIds(r, 0, 1), (std::vector<int64_t>{0, 2})) << "A must not end with delta 1.2";
   r = RunHand([](Params& p) { p.Set("valid_eos_max_logit_delta", 1.3); });
-  EXPECT_EQ(Hyp(r, 0, 1), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(HypIds(r, 0, 1), (std::vector<int64_t>{3, 2}));
   // local_eos_threshold -1.4: neither </s> (-1.5 each) may end a hypothesis: nothing finishes...
   r = RunHand([](Params& p) { p.Set("local_eos_threshold", -1.4); });
   EXPECT_EQ(r.topk_lens[0][0].item<int64_t>(), 0);
@@ -232,7 +252,7 @@ TEST(BeamSearch, EosThresholdsHandWorked) {
   r = RunHand([](Params& p) {
     p.Set("local_eos_threshold", -1.4).Set("force_eos_in_last_step", true);
   });
-  EXPECT_EQ(Hyp(r, 0, 0), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(HypIds(r, 0, 0), (std::vector<int64_t>{3, 2}));
   EXPECT_NEAR(r.topk_scores[0][0].item<double>(), -2.0, 1e-6);
   // -1.6 lets both through.
   r = RunHand([](Params& p) { p.Set("local_eos_threshold", -1.6); });
@@ -311,7 +331,7 @@ TEST(BeamSearch, MergePathsMergesEpsilonEquivalentHypotheses) {
   // [0,3] and [3,0] (each 0.25) merge into one hypothesis of probability 0.5 that ends at step 2.
   bool found = false;
   for (int64_t j = 0; j < 2; ++j) {
-    std::vector<int64_t> h = Hyp(r, 0, j);
+    std::vector<int64_t> h = HypIds(r, 0, j);
     if (h.size() == 3 && h[2] == 2 && (h[0] == 3 || h[1] == 3)) {
       found = true;
       EXPECT_NEAR(r.topk_scores[0][j].item<double>(), std::log(0.5), 1e-5);
@@ -341,6 +361,170 @@ TEST(BeamSearch, BadParamsAndStepOutputsAreErrors) {
   EXPECT_ERROR_CONTAINS(beam->Search(1, NestedMap(), small), InvalidArgumentError, "outside the vocabulary");
 }
 
+// Lingvo's testBeamSearchForceEosInTopK: every token 0 except </s> at -1, so </s> never makes the
+// top num_hyps_per_beam + 1 on its own; forced in, it ends hypotheses if within the delta.
+TEST(BeamSearch, ForceEosInTopK) {
+  const int64_t vocab = 300, b = 2, k = 3, n = b * k;
+  DecodeStepFn step = [&](const at::Tensor&, int64_t, const NestedMap& s) {
+    at::Tensor lp = at::zeros({n, vocab});
+    lp.select(1, 2).fill_(-1.0);
+    return std::make_pair(lp, s);
+  };
+  for (double delta : {100.0, 0.5}) {
+    for (bool force : {true, false}) {
+      auto beam = MakeBeam([&](Params& p) {
+        p.Set("target_seq_len", 100).Set("num_hyps_per_beam", k).Set("beam_size", 100000.0);
+        p.Set("valid_eos_max_logit_delta", delta).Set("force_eos_in_top_k", force);
+      });
+      const SearchResult r = beam->Search(b, NestedMap(), step);
+      const bool ends = force && delta >= 1.0;
+      for (int64_t i = 0; i < b; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+          EXPECT_EQ(r.topk_lens[i][j].item<int64_t>() > 0, ends)
+              << "delta " << delta << " force " << force << " source " << i << " hyp " << j;
+        }
+      }
+    }
+  }
+}
+
+// Lingvo's testBeamSearchForceLastChunkEocInTopK: every token 0 except the end-of-chunk (0) at -1
+// and </s> at eos_score; the step function says whether each hypothesis is at its last chunk.
+TEST(BeamSearch, ForceLastChunkEocInTopK) {
+  struct Case {
+    const char* name;
+    bool is_last_chunk, force;
+    double eos_score;
+    std::vector<int64_t> lens;
+    double score;
+  };
+  const std::vector<Case> cases = {
+      // </s> cannot end a hypothesis; the forced end-of-chunk ends one at step 0, then three.
+      {"last_chunk_eoc_in_topk", true, true, -10., {1, 2, 2}, -1.},
+      {"last_chunk_eoc_not_in_topk1", true, false, -10., {0, 0, 0}, 0.},
+      {"last_chunk_eoc_not_in_topk2", false, true, -10., {0, 0, 0}, 0.},
+      {"last_chunk_eoc_not_in_topk3", false, false, -10., {0, 0, 0}, 0.},
+      {"last_chunk_eoc_not_in_topk_eos_in_top_k", false, false, 1., {1, 2, 2}, 1.},
+      // Both end each hypothesis: the lower score (the end-of-chunk's) is kept.
+      {"last_chunk_eoc_in_topk_eos_in_top_k", true, true, 1., {1, 2, 2}, -1.}};
+  const int64_t vocab = 30, b = 2, k = 3, n = b * k;
+  for (const Case& c : cases) {
+    DecodeStepFn step = [&](const at::Tensor&, int64_t, const NestedMap& s) {
+      at::Tensor lp = at::zeros({n, vocab});
+      lp.select(1, 0).fill_(-1.0);
+      lp.select(1, 2).fill_(c.eos_score);
+      NestedMap next = s;
+      next.Put("is_last_chunk", at::full({n}, c.is_last_chunk, at::kBool));
+      return std::make_pair(lp, next);
+    };
+    auto beam = MakeBeam([&](Params& p) {
+      p.Set("target_eoc_id", 0).Set("target_seq_len", 10).Set("num_hyps_per_beam", k);
+      p.Set("beam_size", 100000.0).Set("force_last_chunk_eoc_in_top_k", c.force);
+    });
+    const SearchResult r = beam->Search(b, NestedMap(), step);
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j < k; ++j) {
+        EXPECT_EQ(r.topk_lens[i][j].item<int64_t>(), c.lens[j]) << c.name << " " << i << ", " << j;
+        EXPECT_NEAR(r.topk_scores[i][j].item<double>(), c.score, 1e-6) << c.name;
+      }
+    }
+  }
+}
+
+// A step function that reads its log-probs from a table [step][N, V], whatever the ids.
+DecodeStepFn TableStep(const std::vector<std::vector<std::vector<double>>>& table) {
+  return [table](const at::Tensor& ids, int64_t t, const NestedMap& s) {
+    std::vector<double> flat;
+    for (const auto& row : table[t]) flat.insert(flat.end(), row.begin(), row.end());
+    at::Tensor lp = at::tensor(flat, at::kDouble).view({ids.size(0), -1}).log().to(at::kFloat);
+    return std::make_pair(lp, s);
+  };
+}
+
+TEST(BeamSearch, DecodeReturnsHypothesesAndPerStepState) {
+  // Lingvo's test_three_steps_eos through the whole search.
+  auto beam = MakeBeam([](Params& p) { p.Set("num_hyps_per_beam", 2).Set("target_seq_len", 3); });
+  const BeamSearchDecodeOutput out =
+      beam->BeamSearchDecode(1, NestedMap(),
+                             TableStep({{{0.6, 0.4, 1e-7}, {0.6, 0.4, 1e-7}},
+                                        {{0.55, 0.45, 1e-7}, {0.05, 0.95, 1e-7}},
+                                        {{0.05, 0.05, 0.9}, {0.05, 0.05, 0.9}}}));
+  const BeamSearchState& s = out.search_state;
+  EXPECT_EQ(s.num_steps, 3);
+  EXPECT_NEAR(s.best_scores[0].item<double>(), std::log(0.4 * 0.95 * 0.9), 1e-5);
+  EXPECT_NEAR(s.cumulative_scores[0].item<double>(), std::log(0.4 * 0.95 * 0.05), 1e-5);
+  EXPECT_NEAR(s.cumulative_scores[1].item<double>(), std::log(0.4 * 0.95 * 0.05), 1e-5);
+  EXPECT_FALSE(s.beam_done[0].item<bool>());
+  ASSERT_EQ(out.topk_hyps.size(), 1u);
+  const Hypothesis& best = out.topk_hyps[0][0];
+  EXPECT_EQ(best.ids, (std::vector<int64_t>{1, 1, 2}));
+  ASSERT_EQ(best.scores.size(), 3u);
+  EXPECT_NEAR(best.scores[0], std::log(0.4), 1e-5);
+  EXPECT_NEAR(best.scores[1], std::log(0.95), 1e-5);
+  EXPECT_NEAR(best.scores[2], std::log(0.9), 1e-5);
+  EXPECT_NEAR(best.normalized_score, std::log(0.4 * 0.95 * 0.9), 1e-5);
+  EXPECT_EQ(out.topk_hyps[0][1].ids, (std::vector<int64_t>{0, 0, 2}));
+  EXPECT_EQ(HypIds(out, 0, 0), (std::vector<int64_t>{1, 1, 2}));
+  EXPECT_NEAR(out.topk_scores[0][1].item<double>(), std::log(0.6 * 0.55 * 0.9), 1e-5);
+}
+
+TEST(BeamSearch, TerminateBeamsIndependently) {
+  // Lingvo's testBeamSearchOpV2Independence through the search: source 1 is done after step 1.
+  const std::vector<std::vector<std::vector<double>>> table = {
+      {{0.6, 0.4, 1e-7}, {0.2, 0.8, 1e-7}, {0.6, 0.4, 1e-7}, {0.2, 0.8, 1e-7}},
+      {{0.55, 0.45, 1e-7}, {1e-7, 0.3, 0.6}, {0.05, 0.95, 1e-7}, {0.05, 0.9, 0.05}},
+      {{1e-7, 1.0, 1e-7}, {1e-7, 1.0, 1e-7}, {1e-7, 1.0, 1e-7}, {1e-7, 1.0, 1e-7}},
+      {{0.05, 0.05, 0.9}, {0.05, 0.05, 0.9}, {0.05, 0.05, 0.9}, {0.05, 0.05, 0.9}}};
+  for (bool independent : {false, true}) {
+    auto beam = MakeBeam([&](Params& p) {
+      p.Set("num_hyps_per_beam", 2).Set("target_seq_len", 4).Set("beam_size", 0.1);
+      p.Set("valid_eos_max_logit_delta", 0.1).Set("terminate_beams_independently", independent);
+    });
+    const BeamSearchDecodeOutput out = beam->BeamSearchDecode(2, NestedMap(), TableStep(table));
+    EXPECT_EQ(HypIds(out, 0, 0), (std::vector<int64_t>{1, 1, 1, 2}));
+    EXPECT_EQ(HypIds(out, 1, 0), (std::vector<int64_t>{1, 2}));
+    EXPECT_NEAR(out.topk_scores[1][0].item<double>(), std::log(0.8 * 0.6), 1e-5);
+    const BeamSearchState& s = out.search_state;
+    if (independent) {
+      EXPECT_EQ(out.topk_lens[1][1].item<int64_t>(), 0) << "source 1 stopped after step 1";
+      for (int64_t t : {2, 3}) {
+        for (int64_t i : {1, 3}) {
+          EXPECT_EQ(s.prev_hyps[t][i].item<int64_t>(), i) << "a stopped slot stays in place";
+          EXPECT_EQ(s.hyps[t][i].item<int64_t>(), 2);
+        }
+      }
+    } else {
+      EXPECT_EQ(HypIds(out, 1, 1), (std::vector<int64_t>{1, 1, 1, 2}));
+      EXPECT_NEAR(out.topk_scores[1][1].item<double>(), std::log(0.8 * 0.3 * 0.9), 1e-5);
+    }
+  }
+}
+
+TEST(BeamSearch, LingvoParamsDefaultsAndConflicts) {
+  const Params p = BeamSearchHelper::Params();
+  EXPECT_FALSE(p.GetBool("terminate_beams_independently"));
+  EXPECT_FALSE(p.GetBool("force_eos_in_top_k"));
+  EXPECT_FALSE(p.GetBool("force_last_chunk_eoc_in_top_k"));
+  EXPECT_EQ(p.GetInt("merged_topk_buffer_size_factor"), 2);
+  EXPECT_TRUE(p.GetBool("atten_vecs_in_hypothesis_protos"));
+  EXPECT_TRUE(p.GetBool("allow_empty_terminated_hyp"));
+  EXPECT_EQ(p.GetInt("target_eoc_id"), -1);
+  EXPECT_ERROR_CONTAINS(MakeBeam([](Params& q) {
+                          q.Set("target_seq_len", 3).Set("force_eos_in_top_k", true);
+                          q.Set("force_last_chunk_eoc_in_top_k", true);
+                        }),
+                        InvalidArgumentError, "cannot both be set");
+  EXPECT_THROW(MakeBeam([](Params& q) {
+                 q.Set("target_seq_len", 3).Set("merged_topk_buffer_size_factor", 1);
+               }),
+               InvalidArgumentError);
+  EXPECT_THROW(MakeBeam([](Params& q) {
+                 q.Set("target_seq_len", 3).Set("coverage_penalty", 0.2);
+                 q.Set("atten_vecs_in_hypothesis_protos", false);
+               }),
+               InvalidArgumentError);
+}
+
 TEST(SampleSearch, IsDeterministicGivenTheSeedAndRespectsTopK) {
   MarkovModel model = RandomModel(4, 10, 8, 3);
   SearchResult a = SampleSearch(4, model.Init(4), model.Step(), 10, 1, 2, 1.0, 0, 42);
@@ -352,7 +536,7 @@ TEST(SampleSearch, IsDeterministicGivenTheSeedAndRespectsTopK) {
   EXPECT_TRUE(at::equal(one.topk_ids, greedy.topk_ids));
   // Scores are the sums of the chosen tokens' log-probs up to the length.
   for (int64_t i = 0; i < 4; ++i) {
-    std::vector<int64_t> h = Hyp(greedy, i, 0);
+    std::vector<int64_t> h = HypIds(greedy, i, 0);
     double sum = 0;
     int64_t prev = 1;
     for (size_t t = 0; t < h.size(); ++t) {

@@ -94,7 +94,7 @@ out=$("$glossa" --help 2>&1)
 grep -q '^Usage: glossa' <<<"$out" || bad "--help does not name the program: $out"
 [ "$(grep -c '^  glossa ' <<<"$out")" -ge 3 ] || bad "--help shows fewer than 3 examples: $out"
 out=$("$glossa" serve --help 2>&1)
-for f in max_batch_size=32 batch_timeout_micros=0 max_enqueued_requests=256 num_http_threads=32 host=127.0.0.1; do
+for f in max_batch_size=32 batch_timeout_micros=0 max_enqueued_requests=256 max_connections=512 max_new_tokens=512 host=127.0.0.1; do
   grep -q -- "--${f%%=*} [A-Z]*=${f#*=}\b" <<<"$out" || bad "serve --help lacks the default of --${f%%=*}: $out"
 done
 "$glossa" train --help | grep -q -- '--flagfile' || bad "train --help does not list --flagfile"
