@@ -98,11 +98,16 @@ bool ConnectionTable::Add(int fd, uint64_t inode, const std::string& addr, std::
   return true;
 }
 
-bool ConnectionTable::Remove(uint64_t inode) {
+bool ConnectionTable::Lingers(uint64_t inode) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = conns_.find(inode);
-  if (it == conns_.end()) return false;
-  const bool linger = it->second.linger;
+  return it != conns_.end() && it->second.linger;
+}
+
+void ConnectionTable::Remove(uint64_t inode) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(inode);
+  if (it == conns_.end()) return;
   for (auto p = by_peer_.begin(); p != by_peer_.end(); ++p) {
     if (p->second == inode) {
       by_peer_.erase(p);
@@ -111,7 +116,6 @@ bool ConnectionTable::Remove(uint64_t inode) {
   }
   if (--per_addr_[it->second.addr] <= 0) per_addr_.erase(it->second.addr);
   conns_.erase(it);
-  return linger;
 }
 
 ConnectionTable::Conn* ConnectionTable::Find(const std::string& addr, int port) {
@@ -227,10 +231,12 @@ void ConnectionQueue::enqueue(std::function<void()> fn) {
   const int keep = fd >= 0 ? ::dup(fd) : -1;
   std::thread([this, fn = std::move(fn), inode, keep]() {
     fn();
-    if (inode != 0 && table_->Remove(inode)) {
+    if (inode != 0 && table_->Lingers(inode)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     }
+    // Closed before it leaves the table: enqueue must never take this socket for a new one.
     if (keep >= 0) ::close(keep);
+    if (inode != 0) table_->Remove(inode);
     std::lock_guard<std::mutex> lock(mu_);
     --running_;
     cv_.notify_all();

@@ -67,8 +67,9 @@ class ConnectionTable {
   };
   // Registers the socket `fd`; false when a limit is reached (the caller refuses it).
   bool Add(int fd, uint64_t inode, const std::string& addr, std::string* why);
-  // Removes the connection; true when it should linger before its last descriptor closes.
-  bool Remove(uint64_t inode);
+  // Whether the connection should linger before its last descriptor closes; then its removal.
+  bool Lingers(uint64_t inode) const;
+  void Remove(uint64_t inode);
   Conn* Find(const std::string& addr, int port);  // mu_ held
   void Watch();
 

@@ -1,6 +1,7 @@
 #include "glossa/inference/predictor.h"
 
 #include <ATen/ATen.h>
+#include <malloc.h>
 
 #include <algorithm>
 
@@ -103,8 +104,16 @@ void Predictor::Load(const std::string& checkpoint) {
   auto loaded = std::make_shared<Loaded>();
   loaded->owned = ModelFromCheckpoint(bundle_.model_params, checkpoint, &loaded->global_step);
   loaded->model = loaded->owned.get();
-  std::lock_guard<std::mutex> lock(mu_);
-  current_ = std::move(loaded);
+  std::shared_ptr<const Loaded> previous = std::move(loaded);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::swap(current_, previous);
+  }
+  previous.reset();  // the previous model, unless a Run still holds it
+  // The process keeps freed memory for reuse (glossa/runtime/cpu_runtime.cc raises glibc's trim
+  // threshold for training); a serving process reloading weights for days must hand the freed
+  // copies back, or fragmentation across the threads' arenas grows its memory with every reload.
+  malloc_trim(0);
 }
 
 void Predictor::CheckRange(const std::string& what, const std::string& name,

@@ -256,14 +256,19 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
     }
   }
   auto sums = out.metadata.find(kChecksumKey);
+  // Checkpoints of format_version 2 and later always carry them; version 1 predates them.
+  const auto version = out.metadata.find("format_version");
+  const bool must_have_sums =
+      version != out.metadata.end() && version->second != "1" && !version->second.empty();
   if (sums == out.metadata.end()) {
-    if (out.metadata.count("format_version")) {
-      throw fail(StrCat("written by Glossa (format_version ", out.metadata["format_version"],
-                        ") but without its '", kChecksumKey,
-                        "' checksums: the header was altered"));
+    if (must_have_sums) {
+      throw fail(StrCat("written by Glossa (format_version ", version->second, ") but without its '",
+                        kChecksumKey, "' checksums: the header was altered"));
     }
-    LOG(WARNING) << "safetensors file '" << path
-                 << "' carries no checksums (not written by Glossa): its data is not verified";
+    LOG(WARNING) << "safetensors file '" << path << "' carries no checksums ("
+                 << (version != out.metadata.end() ? "an early Glossa checkpoint"
+                                                   : "not written by Glossa")
+                 << "): its data is not verified";
   } else {
     json parsed;
     try {
@@ -287,7 +292,12 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
     out.metadata.erase(sums);
   }
   // Files written before the header checksum existed have none; those written since must match.
-  if (auto h = out.metadata.find(kHeaderChecksumKey); h != out.metadata.end()) {
+  auto h = out.metadata.find(kHeaderChecksumKey);
+  if (h == out.metadata.end() && must_have_sums) {
+    throw fail(StrCat("written by Glossa (format_version ", version->second, ") but without its '",
+                      kHeaderChecksumKey, "' checksum: the header was altered"));
+  }
+  if (h != out.metadata.end()) {
     const std::string got = HeaderChecksum(header);
     if (h->second != got) {
       throw fail(StrCat("the header's tensor entries fail their CRC32C checksum (stored ",

@@ -315,7 +315,7 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
     }
     log(StrCat("restored ", JoinPath(train_dir_, *restored), " at step ", step));
     restored_ = true;
-    RestoreInputPositions(contents, model_, log);
+    RestoreInputPositions(contents, model_, log, stop_requested_);
   } else {
     const ParamValue& rules = model_.task().train_params().Get("init_from_checkpoint_rules");
     if (!rules.AsDict().empty()) {
@@ -331,16 +331,37 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
 }
 
 void Checkpointer::RestoreInputPositions(const SafetensorsContents& ckpt, BaseModel& model_,
-                                         const std::function<void(const std::string&)>& log) {
+                                         const std::function<void(const std::string&)>& log,
+                                         const std::function<bool()>& stop) {
   for (const auto& task_name : model_.task_names()) {
     const std::string key = (model_.is_multi_task() ? task_name + "/" : "") + kInputPosition;
     auto it = ckpt.tensors.find(key);
     if (it == ckpt.tensors.end() || !model_.GetTask(task_name).has_input()) continue;
-    const int64_t n = it->second.item<int64_t>();
+    const at::Tensor& t = it->second;
+    if (t.numel() != 1 || at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool) {
+      throw DataLossError(StrCat("checkpoint tensor '", key, "' is not an integer scalar"));
+    }
+    const int64_t n = t.to(at::kLong).reshape({}).item<int64_t>();
+    // Training takes one batch per step: a position past the checkpoint's step is damage, not a
+    // reason to read the data for hours.
+    const int64_t step = CheckedGlobalStep(ckpt, "").value_or(0);
+    if (n < 0 || n > step) {
+      throw DataLossError(StrCat("checkpoint tensor '", key, "' is ", n,
+                                 ", outside [0, global_step ", step, "] (one batch per step)"));
+    }
     BaseInputGenerator& input = model_.GetTask(task_name).input();
     if (n <= input.position()) continue;
     const auto start = std::chrono::steady_clock::now();
-    input.SkipBatches(n - input.position());
+    // In chunks, asking `stop` between them: a stop request ends a long skip at once.
+    while (input.position() < n) {
+      if (stop && stop()) {
+        log(StrCat("input", model_.is_multi_task() ? StrCat(" of task ", task_name) : std::string(),
+                   ": stopped at batch ", input.position(), " of the ", n,
+                   " to skip to the checkpoint's input position"));
+        return;
+      }
+      input.SkipBatches(std::min<int64_t>(64, n - input.position()));
+    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char buf[32];

@@ -86,8 +86,13 @@ class Checkpointer {
 
   // Skips every task's training input of `model` to the position saved in `ckpt` (older
   // checkpoints hold none: the input starts over).
+  // `stop` (when set) is asked between chunks of batches: true ends the skipping early (a stop
+  // request; the run then trains nothing).
   static void RestoreInputPositions(const SafetensorsContents& ckpt, BaseModel& model,
-                                    const std::function<void(const std::string&)>& log);
+                                    const std::function<void(const std::string&)>& log,
+                                    const std::function<bool()>& stop = {});
+  // What RestoreOrInitialize asks while it skips the input (the trainer's stop request).
+  void SetStopRequested(std::function<bool()> stop) { stop_requested_ = std::move(stop); }
 
  private:
   std::string train_dir_;
@@ -95,6 +100,7 @@ class Checkpointer {
   BaseModel& model_;
   ExponentialMovingAverage* ema_;
   std::function<double()> clock_;
+  std::function<bool()> stop_requested_;
   std::unique_ptr<Saver> saver_;
   std::optional<int64_t> save_interval_steps_;
   double save_interval_seconds_ = 0;

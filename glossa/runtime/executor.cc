@@ -118,6 +118,7 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   }
   CreateDirectories(JoinPath(options_.logdir, "control"));
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
+  checkpointer_->SetStopRequested([this] { return stop_.load(); });
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "model_analysis.txt"),
                   ModelAnalysis(*model_));

@@ -29,7 +29,9 @@
 
 namespace glossa {
 
-inline constexpr const char* kCheckpointFormatVersion = "1";
+// "2": every file carries its CRC32C checksums (glossa/io/safetensors.h), which the loader then
+// requires; "1" (waves 1 and 2) files may lack them.
+inline constexpr const char* kCheckpointFormatVersion = "2";
 
 struct SaverOptions {
   std::string dir;

@@ -180,7 +180,7 @@ void EditHeader(const std::string& path, const std::function<void(std::string&)>
 TEST(Safetensors, TheChecksumCannotBeSwitchedOffByEditingTheHeader) {
   const std::string path = Dir() + "/keys.safetensors";
   auto save = [&] {
-    SaveSafetensors(path, {{"a", at::arange(100, at::kFloat)}}, {{"format_version", "1"}});
+    SaveSafetensors(path, {{"a", at::arange(100, at::kFloat)}}, {{"format_version", "2"}});
   };
   // One bit in the key's name: an unknown Glossa key, not a file without checksums.
   save();
@@ -190,7 +190,7 @@ TEST(Safetensors, TheChecksumCannotBeSwitchedOffByEditingTheHeader) {
   save();
   EditHeader(path, [](std::string& h) { h.replace(h.find("glossa.crc32c"), 13, "other.crc32cx"); });
   EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError,
-                        "written by Glossa (format_version 1) but without its 'glossa.crc32c'");
+                        "written by Glossa (format_version 2) but without its 'glossa.crc32c'");
   // A dtype swap keeps every byte count and every data CRC: the header checksum catches it.
   save();
   EditHeader(path, [](std::string& h) { h.replace(h.find("\"F32\""), 5, "\"I32\""); });

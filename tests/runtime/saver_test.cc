@@ -55,7 +55,7 @@ TEST(Saver, SavesLoadsAndWritesTheStateFile) {
   SafetensorsContents c = LoadLatestCheckpoint(dir);
   EXPECT_TRUE(at::equal(c.tensors.at("lm/emb/w"), at::full({4, 3}, 1.5)));
   EXPECT_EQ(c.tensors.at("global_step").item<int64_t>(), 1000);
-  EXPECT_EQ(c.metadata.at("format_version"), "1");
+  EXPECT_EQ(c.metadata.at("format_version"), kCheckpointFormatVersion);
   EXPECT_EQ(c.metadata.at("input_position"), "7");
   const CheckpointState s = ReadCheckpointState(dir);
   EXPECT_EQ(s.model_checkpoint_path, "ckpt-00001000");

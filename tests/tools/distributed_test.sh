@@ -95,6 +95,26 @@ done
 # Resuming with a different world size keeps the global batch: 1 worker goes on.
 check "resume with 1 worker" "$glossa" train "${base[@]}" --logdir="$tmp/k" --max_steps=$((target + 5)) > "$tmp/k3.log" 2>&1
 
+# 3b. Under --nproc_per_node, a rank that hangs (SIGSTOP) makes the other fail after
+# --dist_timeout, and the launcher then ends the job within its short grace, not the timeout again.
+"$glossa" train "${base[@]}" --logdir="$tmp/stall" --max_steps=100000 --dist_timeout=10 --nproc_per_node=2 > "$tmp/stall.log" 2>&1 &
+launcher=$!
+pids+=("$launcher")
+for _ in $(seq 1 600); do
+  grep -q '^\[rank 0\] step ' "$tmp/stall.log" 2>/dev/null && break
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.1
+done
+rank1=$(ps --ppid "$launcher" -o pid= | sort -n | tail -1)
+kill -STOP "$rank1"
+start=$(date +%s)
+wait "$launcher"; rc=$?
+took=$(( $(date +%s) - start ))
+kill -9 "$rank1" 2>/dev/null
+check "the launcher exits non-zero when a rank hangs (rc $rc)" test "$rc" -ne 0
+check "within the timeout and a short grace (${took} s; 10 s timeout)" test "$took" -le 45
+check "naming what failed: $(grep 'glossa: rank' "$tmp/stall.log" | head -2)" grep -q 'glossa: rank 0 .*exited with status' "$tmp/stall.log"
+
 # 4. Sharded eval and decode give the unsharded metrics: 48 Dev lines, all of them read. The
 # eval metrics to fp64 rounding of the reduction (1e-6), the greedy decode's lines and metrics
 # exactly.

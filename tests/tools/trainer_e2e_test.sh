@@ -108,6 +108,23 @@ printf '{"prompt": 3}\n' > "$tmp/bad_type.jsonl"
 one_line_error "bad_type.jsonl:1: feed 'prompt' must be a string" predict --bundle="$tmp/bundle" --subgraph=generate --input="$tmp/bad_type.jsonl"
 one_line_error "has no subgraph 'translate'" predict --bundle="$tmp/bundle" --subgraph=translate --input="$tmp/texts.txt"
 one_line_error "has no MANIFEST.json" predict --bundle="$tmp" --input="$tmp/texts.txt"
+# A write that fails (a full device) ends predict non-zero naming the output, never a short file
+# and exit 0.
+check "predict > /dev/full fails naming stdout" bash -c "! '$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' > /dev/full 2> '$tmp/full.log' && grep -q 'cannot write stdout' '$tmp/full.log'"
+check "predict --output=/dev/full fails naming it" bash -c "! '$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' --output=/dev/full 2> '$tmp/full2.log' && grep -q \"cannot write '/dev/full'\" '$tmp/full2.log'"
+# The input format is a flag: a text line that starts with '{' is text with --input_format=text.
+printf '{curly} text\n' > "$tmp/curly.txt"
+one_line_error "curly.txt:1: not valid JSON.*use --input_format=text" predict --bundle="$tmp/bundle" --input="$tmp/curly.txt"
+check "--input_format=text reads a '{' line as text" bash -c "'$glossa' predict --bundle='$tmp/bundle' --input_format=text --input='$tmp/curly.txt' | grep -q '\"total_log_prob\":-'"
+head -c 3000 /dev/zero | tr '\0' a > "$tmp/long.txt"
+one_line_error "long.txt:1: line of 3000 bytes is longer than --max_line_bytes=1000" predict --bundle="$tmp/bundle" --input="$tmp/long.txt" --max_line_bytes=1000
+printf '{"prompt": "Elizabeth", "max_new_tokens": -5}\n' > "$tmp/negative.jsonl"
+one_line_error "feed 'max_new_tokens' is -5; it must be in \[0, 512\]" predict --bundle="$tmp/bundle" --subgraph=generate --input="$tmp/negative.jsonl"
+# An empty flag value is an error (it would take the next flag as its value), and an absurd
+# thread count is refused before anything starts.
+one_line_error "--logdir has an empty value" train --model=lm.austen.TransformerLmTiny --logdir= --max_steps=5
+check "no directory named after the next flag" test ! -e "./--max_steps=5"
+one_line_error "--intra_op_threads=1024 is more than 4 per core" train --model=lm.austen.TransformerLmTiny --logdir="$tmp/threads" --intra_op_threads=1024 --max_steps=1
 one_line_error "dtype must be float32 or bfloat16" export "${flags[@]}" --out="$tmp/bundle16" --dtype=float16
 
 # serve: HTTP on a free 127.0.0.1 port, driven by curl: answers, errors, concurrent clients, a 10 MB
