@@ -96,6 +96,30 @@ std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel
   return it->second.item<int64_t>();
 }
 
+namespace {
+
+// The input position stored under `key`: an integer scalar in [0, global_step] (training takes
+// one batch per step: a position past the step is damage, not a reason to read the data for
+// hours). DataLoss otherwise.
+int64_t CheckedInputPosition(const SafetensorsContents& ckpt, const std::string& key) {
+  const at::Tensor& t = ckpt.tensors.at(key);
+  if (t.numel() != 1 || at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool) {
+    throw DataLossError(StrCat("checkpoint tensor '", key, "' is not an integer scalar"));
+  }
+  const int64_t n = t.to(at::kLong).reshape({}).item<int64_t>();
+  auto step_it = ckpt.tensors.find("global_step");
+  const int64_t step = step_it == ckpt.tensors.end()
+                           ? 0
+                           : step_it->second.to(at::kLong).reshape({-1})[0].item<int64_t>();
+  if (n < 0 || n > step) {
+    throw DataLossError(StrCat("checkpoint tensor '", key, "' is ", n,
+                               ", outside [0, global_step ", step, "] (one batch per step)"));
+  }
+  return n;
+}
+
+}  // namespace
+
 std::optional<int64_t> CheckedGlobalStep(const SafetensorsContents& ckpt,
                                          const std::string& prefix) {
   auto it = ckpt.tensors.find("global_step");
@@ -264,6 +288,13 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
       try {
         contents = LoadCheckpoint(prefix);
         CheckedGlobalStep(contents, prefix);
+        for (const auto& [name, t] : contents.tensors) {
+          const std::string pos = kInputPosition;
+          if (name.size() >= pos.size() &&
+              name.compare(name.size() - pos.size(), pos.size(), pos) == 0) {
+            CheckedInputPosition(contents, name);
+          }
+        }
         step = RestoreCheckpoint(contents, model_, ema_);
         restored = name;
         break;
@@ -337,18 +368,7 @@ void Checkpointer::RestoreInputPositions(const SafetensorsContents& ckpt, BaseMo
     const std::string key = (model_.is_multi_task() ? task_name + "/" : "") + kInputPosition;
     auto it = ckpt.tensors.find(key);
     if (it == ckpt.tensors.end() || !model_.GetTask(task_name).has_input()) continue;
-    const at::Tensor& t = it->second;
-    if (t.numel() != 1 || at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool) {
-      throw DataLossError(StrCat("checkpoint tensor '", key, "' is not an integer scalar"));
-    }
-    const int64_t n = t.to(at::kLong).reshape({}).item<int64_t>();
-    // Training takes one batch per step: a position past the checkpoint's step is damage, not a
-    // reason to read the data for hours.
-    const int64_t step = CheckedGlobalStep(ckpt, "").value_or(0);
-    if (n < 0 || n > step) {
-      throw DataLossError(StrCat("checkpoint tensor '", key, "' is ", n,
-                                 ", outside [0, global_step ", step, "] (one batch per step)"));
-    }
+    const int64_t n = CheckedInputPosition(ckpt, key);
     BaseInputGenerator& input = model_.GetTask(task_name).input();
     if (n <= input.position()) continue;
     const auto start = std::chrono::steady_clock::now();

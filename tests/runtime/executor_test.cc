@@ -682,6 +682,41 @@ TEST(CheckpointJob, AStateFileListingOnlyDeletedCheckpointsNeitherSpinsNorHidesT
   EXPECT_LE(lines.size(), 1u);  // ckpt-10 evaluated, then the error
 }
 
+TEST(Executor, AResumedRunStopsSkippingItsInputWhenAskedAndRefusesAnAbsurdPosition) {
+  const std::string logdir = LogDir("fast_forward");
+  auto quiet = [](const std::string&) {};
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = logdir, .log = quiet}).Run();
+  const std::string ckpt = logdir + "/train/ckpt-00000020";
+  const SafetensorsContents saved = LoadCheckpoint(ckpt);
+  ASSERT_EQ(saved.tensors.at("__input_position__").item<int64_t>(), 20);
+  // A stop requested before the skip is done: no batch is read, nothing is trained or saved.
+  std::vector<std::string> lines;
+  {
+    Executor stopped(GetModelParams("test.line.LineModel", "Train", "task.train.max_steps : 40"),
+                     {.logdir = logdir, .log = [&](const std::string& l) { lines.push_back(l); }});
+    stopped.RequestStop();
+    EXPECT_EQ(stopped.Run(), 20);
+  }
+  bool said = false;
+  for (const auto& l : lines) said = said || l.find("stopped at batch 0 of the 20") != std::string::npos;
+  EXPECT_TRUE(said) << lines.front();
+  EXPECT_FALSE(FileExists(logdir + "/train/ckpt-00000040.safetensors"));
+  // A crafted position far past the checkpoint's step (1e15 would read the data for ever) is
+  // damage: the checkpoint falls back like a corrupt one.
+  SafetensorsContents crafted = saved;
+  crafted.tensors["__input_position__"] = at::full({}, int64_t{1000000000000000}, at::kLong);
+  lines.clear();
+  crafted.tensors["global_step"] = at::full({}, int64_t{30}, at::kLong);
+  Saver({.dir = logdir + "/train"}).Save(30, crafted.tensors, crafted.metadata);
+  Executor resumed(GetModelParams("test.line.LineModel", "Train", "task.train.max_steps : 30"),
+                   {.logdir = logdir, .log = [&](const std::string& l) { lines.push_back(l); }});
+  EXPECT_EQ(resumed.Run(), 30);
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("is 1000000000000000, outside [0, global_step 30]"), std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[1].find("restored " + ckpt + " at step 20"), std::string::npos) << lines[1];
+}
+
 TEST(Executor, AShortRunThatEndsSkippingStepsDivergesInsteadOfSavingIt) {
   const std::string logdir = LogDir("short_diverged");
   std::vector<std::string> lines;
