@@ -152,6 +152,14 @@ if wait_for "the port file" test -s "$tmp/port"; then
   check "serve: bad feed message" grep -q "unknown feed 'txt' (feeds: text)" "$tmp/body"
   head -c 10000000 /dev/zero | tr '\0' 'x' > "$tmp/big.json"
   check "serve: a 10 MB body is 413" test "$(code /v1/subgraphs/default:run --data-binary @"$tmp/big.json")" = 413
+  # Chunked, curl streaming a 200 MB body: refused when it passes the limit, not read to its end
+  # (curl then reports the server's 413, or that the server stopped reading).
+  chunked=$(head -c 200000000 /dev/zero | tr '\0' 'x' | curl -s -o "$tmp/body" -w '%{http_code} %{size_upload}' -X POST "$url/v1/subgraphs/default:run" -H 'Transfer-Encoding: chunked' --data-binary @- || true)
+  check "serve: a chunked 200 MB body stops at the limit ($chunked)" bash -c "[ \"\${1%% *}\" = 413 ] || [ \"\${1#* }\" -lt 200000000 ]" _ "$chunked"
+  check "serve: max_new_tokens over the cap is 400" test "$(code /v1/subgraphs/generate:run -d '{"feeds": {"prompt": ["a"], "max_new_tokens": 8000}}')" = 400
+  check "serve: naming the field and its range" grep -q "feed 'max_new_tokens' is 8000; it must be in \[0, 512\]" "$tmp/body"
+  check "serve: a negative temperature is 400" test "$(code /v1/subgraphs/generate:run -d '{"feeds": {"prompt": ["a"], "temperature": -1}}')" = 400
+  check "serve: invalid UTF-8 is 400, not 500" test "$(code /v1/subgraphs/default:run --data-binary $'{"feeds": {"text": ["\xff\xfe"]}}')" = 400
   # 16 concurrent clients, then SIGTERM.
   for i in $(seq 1 16); do
     curl -s -o "$tmp/c$i.json" -w '%{http_code}\n' -X POST "$url/v1/subgraphs/default:run" \
