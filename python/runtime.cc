@@ -22,6 +22,7 @@
 #include "glossa/model/model_registry.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
+#include "glossa/runtime/trainer.h"
 #include "glossa/tools/cli.h"
 #include "python/common.h"
 
@@ -160,36 +161,16 @@ int64_t Train(const Params& model_params, const std::string& logdir,
               std::optional<int64_t> max_steps, const py::dict& datasets, int verbosity,
               int64_t log_every_n_steps, int intra_op_threads, const py::object& log) {
   InitLogging();
-  Params p = model_params.Copy();
-  if (!p.Contains("task") && !p.Contains("task_params")) {
-    throw py::value_error(
-        "glossa.train: model_params must be a model's Params (SingleTaskModel or MultiTaskModel, "
-        "e.g. glossa.model_registry.get_params(key, 'Train')), not a task's or a layer's");
-  }
-  if (max_steps) {
-    if (*max_steps < 0) throw py::value_error("glossa.train: max_steps must be >= 0");
-    if (p.Contains("task")) {
-      p.Set("task.train.max_steps", *max_steps);
-    } else {
-      for (const auto& name : p.GetParams("task_params").Keys()) {
-        p.Set(StrCat("task_params.", name, ".train.max_steps"), *max_steps);
-      }
-    }
-  }
-  glossa::ExecutorOptions eo;
+  // The CLI's training (glossa/runtime/trainer.h): the same checks, CPU setup and executor.
+  glossa::TrainOptions o;
+  o.max_steps = max_steps;
+  o.intra_op_threads = intra_op_threads;
+  glossa::ExecutorOptions& eo = o.executor;
   eo.logdir = logdir;
   eo.verbosity = verbosity;
   eo.log_every_n_steps = log_every_n_steps;
   for (const auto& [k, v] : datasets) {
     eo.dataset_params[py::str(k).cast<std::string>()] = v.cast<Params>();
-  }
-  for (const auto& ds : p.Get("program_schedule.eval_dataset_names").AsList()) {
-    if (!eo.dataset_params.count(ds.AsString())) {
-      throw py::value_error(StrCat(
-          "glossa.train: the program schedule evaluates '", ds.AsString(),
-          "': pass its Params as datasets={'", ds.AsString(),
-          "': glossa.model_registry.get_params(key, '", ds.AsString(), "')}"));
-    }
   }
   if (!log.is_none()) {
     // Called on this thread, which holds no GIL while training.
@@ -199,21 +180,23 @@ int64_t Train(const Params& model_params, const std::string& logdir,
       (*fn)(line);
     };
   }
-  const glossa::ParamValue& fprop = p.Contains("task") ? p.Get("task.fprop_dtype")
-                                                        : glossa::ParamValue();
-  glossa::ConfigureCpuRuntime(intra_op_threads,
-                              !fprop.is_none() && fprop.AsDType() == glossa::DType::kBFloat16);
   const bool main_thread =
       py::module_::import("threading").attr("current_thread")().is(
           py::module_::import("threading").attr("main_thread")());
-  int64_t step = 0;
+  std::optional<SigintScope> sigint;
   bool interrupted = false;
+  o.on_executor = [&](glossa::Executor* ex) {
+    if (ex != nullptr) {
+      sigint.emplace(ex, main_thread);
+    } else {
+      interrupted = sigint && sigint->interrupted();
+      sigint.reset();
+    }
+  };
+  int64_t step = 0;
   {
     py::gil_scoped_release release;
-    glossa::Executor ex(p, eo);
-    SigintScope sigint(&ex, main_thread);
-    step = ex.Run();
-    interrupted = sigint.interrupted();
+    step = glossa::Train(model_params, std::move(o));
   }
   if (interrupted) {
     PyErr_SetString(PyExc_KeyboardInterrupt,

@@ -15,6 +15,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
+#include "glossa/runtime/metric_history.h"
 #include "glossa/runtime/progress.h"
 
 namespace glossa {
@@ -147,6 +148,7 @@ Run LoadRun(const std::string& dir, int index) {
     if (job.rfind("eval_", 0) != 0 && job.rfind("decoder_", 0) != 0) continue;
     const std::string jd = JoinPath(dir, job);
     if (!IsDir(jd)) continue;
+    for (const auto& [metric, b] : ReadBestStepFiles(jd)) r.best[job][metric] = b.best_step;
     std::string latest_out;
     for (const auto& f : ListDirectory(jd)) {
       const std::string path = JoinPath(jd, f);
@@ -165,12 +167,6 @@ Run LoadRun(const std::string& dir, int index) {
             r.jobs[job][line.substr(0, colon)].emplace_back(step, std::stod(line.substr(colon + 2)));
           } catch (const std::exception&) {
             r.damage.push_back(StrCat(path, ": unreadable line '", line, "'"));
-          }
-        }
-      } else if (f.rfind("best-", 0) == 0 && f.size() > 9 && f.substr(f.size() - 4) == ".txt") {
-        for (const auto& line : Split(ReadFileToString(path, 1 << 16), '\n')) {
-          if (line.rfind("best_step: ", 0) == 0) {
-            r.best[job][f.substr(5, f.size() - 9)] = std::atoll(line.c_str() + 11);
           }
         }
       } else if (f.rfind("decoder_out_", 0) == 0 && f > latest_out) {

@@ -42,6 +42,25 @@ int64_t StepOf(const std::string& ckpt) {
   }
 }
 
+// --once: the latest checkpoint on disk is the last one to process, from step 0 on, alone.
+void OnceParams(Params& p, const std::string& train_dir) {
+  const CheckpointState existing = ExistingCheckpoints(train_dir);
+  if (existing.model_checkpoint_path.empty()) {
+    throw NotFoundError(StrCat("no checkpoint in ", train_dir));
+  }
+  std::string task = "task";
+  if (!p.Contains("task")) {
+    std::string main = p.GetString("main_task");
+    if (main.empty()) main = p.GetParams("task_params").Keys().front();
+    task = StrCat("task_params.", main);
+  }
+  p.Set(task + ".eval.start_eval_after", 0);
+  p.Set(task + ".eval.start_decoder_after", 0);
+  p.Set(task + ".eval.eval_all_checkpoints", false);
+  p.Set(task + ".eval.decode_all_checkpoints", false);
+  p.Set(task + ".train.max_steps", StepOf(existing.model_checkpoint_path));
+}
+
 }  // namespace
 
 int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options) {
@@ -67,6 +86,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   const bool chief = dist == nullptr || dist->rank() == 0;
   DistributedScope dist_scope(dist);
   Params params = model_params.Copy();
+  if (options.once) OnceParams(params, train_dir);
   if (dist != nullptr && dist->world_size() > 1) {
     CheckSameConfiguration(*dist, params);
     ShardParamsForReplicas(params, dist->world_size(), dist->rank());  // eval: any batch

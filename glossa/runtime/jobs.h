@@ -34,8 +34,9 @@ struct JobOptions {
   // Without it, a logdir with neither train/ nor control/ (no run has started there: a mistyped
   // path?) is NotFound, and nothing is created.
   bool wait_for_train = false;
-  // --once: a poll that finds nothing to process (the final checkpoint gone or unloadable) is
-  // NotFound instead of a wait, so a job that did nothing never ends as if it had.
+  // --once: the latest checkpoint on disk (NotFound when there is none) is processed alone and
+  // the job ends; a poll that then finds nothing to process (it was deleted or cannot be loaded)
+  // is NotFound instead of a wait, so a job that did nothing never ends as if it had.
   bool once = false;
   // Data-parallel workers (docs/distributed.md); null: one. Each rank evaluates or decodes its
   // shard of the dataset; metrics are reduced with their weights, and decode outputs gathered

@@ -123,6 +123,27 @@ std::map<std::string, BestStep> TrackBestSteps(const Params& task_params,
   return out;
 }
 
+std::map<std::string, BestStepFile> ReadBestStepFiles(const std::string& job_dir) {
+  std::map<std::string, BestStepFile> out;
+  if (!FileExists(job_dir)) return out;
+  for (const std::string& name : ListDirectory(job_dir)) {
+    if (name.rfind("best-", 0) != 0 || name.size() < 9 || name.substr(name.size() - 4) != ".txt") {
+      continue;
+    }
+    BestStepFile& b = out[name.substr(5, name.size() - 9)];
+    for (const auto& line : Split(ReadFileToString(JoinPath(job_dir, name), 1 << 16), '\n')) {
+      const size_t colon = line.find(": ");
+      if (colon == std::string_view::npos) continue;
+      const std::string key(line.substr(0, colon)), value(line.substr(colon + 2));
+      if (key == "best_step") b.best_step = std::atoll(value.c_str());
+      if (key == "last_step") b.last_step = std::atoll(value.c_str());
+      if (key == "value") b.value = value;
+      if (key == "minimize") b.minimize = value == "True";
+    }
+  }
+  return out;
+}
+
 bool ShouldStopEarly(const BestStep& b, int64_t window, int64_t min_steps) {
   return window > 0 && b.last_step - b.best_step > window && b.last_step >= min_steps;
 }

@@ -52,6 +52,15 @@ std::map<std::string, BestStep> TrackBestSteps(const Params& task_params,
                                                int64_t step,
                                                const std::map<std::string, double>& metrics);
 
+// A best-<metric>.txt that TrackBestSteps wrote.
+struct BestStepFile {
+  int64_t best_step = 0, last_step = 0;
+  std::string value;  // as written
+  bool minimize = true;
+};
+// Every best-<metric>.txt of a job directory, by metric (none when the directory does not exist).
+std::map<std::string, BestStepFile> ReadBestStepFiles(const std::string& job_dir);
+
 // EarlyStop.Stop: last_step - best_step > window and last_step >= min_steps (never with window 0).
 bool ShouldStopEarly(const BestStep& b, int64_t window, int64_t min_steps);
 

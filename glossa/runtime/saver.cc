@@ -366,6 +366,30 @@ std::optional<std::string> Saver::LastHealthyCheckpoint(const std::string& dir) 
   return JoinPath(dir, name);
 }
 
+std::string ResolveCheckpoint(const std::string& given, const std::string& train_dir) {
+  if (given.empty()) {
+    const CheckpointState existing = ExistingCheckpoints(train_dir);
+    if (existing.model_checkpoint_path.empty()) {
+      throw NotFoundError(StrCat("no checkpoint in ", train_dir));
+    }
+    return JoinPath(train_dir, existing.model_checkpoint_path);
+  }
+  std::string prefix = given;
+  for (const std::string suffix : {".safetensors.index.json", ".safetensors"}) {
+    if (prefix.size() > suffix.size() &&
+        prefix.compare(prefix.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      prefix.resize(prefix.size() - suffix.size());
+    }
+  }
+  const std::string dir = prefix.rfind('/') == std::string::npos
+                              ? std::string(".")
+                              : prefix.substr(0, prefix.rfind('/') + 1);
+  if (!FileExists(dir) || SafetensorsFiles(prefix).empty()) {
+    throw NotFoundError(StrCat("no checkpoint files at '", prefix, "'"));
+  }
+  return prefix;
+}
+
 SafetensorsContents LoadCheckpoint(const std::string& prefix) {
   return LoadSafetensorsSharded(prefix);
 }

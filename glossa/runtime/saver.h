@@ -119,6 +119,11 @@ CheckpointState CheckpointStateFromFiles(const std::string& dir);
 // model_checkpoint_path is the newest. A missing or unreadable state file gives the files on disk.
 CheckpointState ExistingCheckpoints(const std::string& dir);
 
+// The checkpoint a user names: `given` (a prefix, or one of its files: ".safetensors" and
+// ".safetensors.index.json" are dropped) when its files exist, or with `given` empty the newest
+// checkpoint of `train_dir` (ExistingCheckpoints). NotFound naming what is missing.
+std::string ResolveCheckpoint(const std::string& given, const std::string& train_dir);
+
 // Loads a checkpoint by prefix ("<dir>/ckpt-00001000"), or the latest in a directory.
 SafetensorsContents LoadCheckpoint(const std::string& prefix);
 SafetensorsContents LoadLatestCheckpoint(const std::string& dir);  // NotFound when none

@@ -668,18 +668,23 @@ TEST(CheckpointJob, AStateFileListingOnlyDeletedCheckpointsNeitherSpinsNorHidesT
   EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);  // ckpt-20, found on disk
   ASSERT_EQ(lines.size(), 1u) << lines.back();
   EXPECT_NE(lines[0].find("ckpt-00000020 (step 20)"), std::string::npos) << lines[0];
-  // --once when the final checkpoint is gone: an error after the poll that finds nothing left,
-  // not a wait (nor a busy loop of "skipped" lines).
+  // --once takes the newest checkpoint that exists as the last one: ckpt-20 gone, ckpt-10, at
+  // once (no wait).
   for (const auto& f : SafetensorsFiles(logdir + "/train/ckpt-00000020")) RemoveFileIfExists(f);
   RemoveFileIfExists(logdir + "/eval_train/processed_ckpts.txt");
   lines.clear();
   int sleeps = 0;
   o.once = true;
   o.sleep = [&](double) { ++sleeps; };
-  EXPECT_ERROR_CONTAINS(RunCheckpointJob(JobKind::kEval, p, o), NotFoundError,
-                        "--once: no checkpoint left to evaluate in " + logdir + "/train");
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);
   EXPECT_EQ(sleeps, 0);
-  EXPECT_LE(lines.size(), 1u);  // ckpt-10 evaluated, then the error
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("ckpt-00000010 (step 10)"), std::string::npos) << lines[0];
+  // With none left: NotFound, not a wait.
+  for (const auto& f : SafetensorsFiles(logdir + "/train/ckpt-00000010")) RemoveFileIfExists(f);
+  EXPECT_ERROR_CONTAINS(RunCheckpointJob(JobKind::kEval, p, o), NotFoundError,
+                        "no checkpoint in " + logdir + "/train");
+  EXPECT_EQ(sleeps, 0);
 }
 
 TEST(Executor, AResumedRunStopsSkippingItsInputWhenAskedAndRefusesAnAbsurdPosition) {

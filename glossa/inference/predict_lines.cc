@@ -1,0 +1,189 @@
+#include "glossa/inference/predict_lines.h"
+
+#include <ATen/ATen.h>
+
+#include <cerrno>
+#include <cstring>
+#include <istream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <vector>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/inference/json_io.h"
+#include "glossa/inference/predictor.h"
+
+namespace glossa {
+namespace {
+
+// One input line: its string feeds, and its options (scalar feeds) with a key that tells which
+// lines may share a batch.
+struct Example {
+  std::map<std::string, std::string> strings;
+  InferenceMap options;
+  std::string options_key;
+};
+
+class LineBatcher {
+ public:
+  LineBatcher(const Predictor& predictor, const PredictLinesOptions& o)
+      : predictor_(predictor), o_(o), spec_(predictor.ListSubgraphs().at(o.subgraph)) {
+    for (const auto& [name, s] : spec_.feeds) {
+      if (s.dtype == "string") string_feeds_.push_back(name);
+    }
+    plain_text_ok_ = string_feeds_.size() == 1;
+    if (o_.input_format != "auto" && o_.input_format != "text" && o_.input_format != "json") {
+      throw InvalidArgumentError(StrCat("input_format must be auto, text or json, got '",
+                                        o_.input_format, "'"));
+    }
+    if (o_.input_format == "text" && !plain_text_ok_) {
+      throw InvalidArgumentError(StrCat("--input_format=text: subgraph '", o_.subgraph, "' has ",
+                                        string_feeds_.size(),
+                                        " string feeds; text lines need exactly one (use json)"));
+    }
+  }
+
+  int64_t Run(std::istream& in, std::ostream& out) {
+    std::string line;
+    int64_t line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      Example ex = Parse(line, line_no);
+      if (!batch_.empty() && (ex.options_key != batch_.front().options_key ||
+                              static_cast<int64_t>(batch_.size()) >= o_.batch_size)) {
+        Flush(out, line_no - 1);
+      }
+      batch_.push_back(std::move(ex));
+      if (static_cast<int64_t>(batch_.size()) >= o_.batch_size) Flush(out, line_no);
+    }
+    if (in.bad()) {
+      throw DataLossError(StrCat("cannot read ", o_.input_name, " after line ", line_no));
+    }
+    Flush(out, line_no);
+    return answered_;
+  }
+
+ private:
+  Example Parse(const std::string& line, int64_t line_no) const {
+    const std::string where = StrCat(o_.input_name, ":", line_no, ": ");
+    if (static_cast<int64_t>(line.size()) > o_.max_line_bytes) {
+      throw InvalidArgumentError(StrCat(where, "line of ", line.size(),
+                                        " bytes is longer than --max_line_bytes=",
+                                        o_.max_line_bytes));
+    }
+    const bool json_line =
+        o_.input_format == "json" || (o_.input_format == "auto" && !line.empty() && line[0] == '{');
+    Example ex;
+    if (!json_line) {
+      if (!plain_text_ok_) {
+        throw InvalidArgumentError(StrCat(where, "expected a JSON object (subgraph '",
+                                          o_.subgraph, "' has ", string_feeds_.size(),
+                                          " string feeds)"));
+      }
+      ex.strings[string_feeds_[0]] = line;
+      return ex;
+    }
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw InvalidArgumentError(StrCat(where, "not valid JSON: ", e.what(),
+                                        plain_text_ok_ && o_.input_format == "auto"
+                                            ? " (a text line starting with '{'? use "
+                                              "--input_format=text)"
+                                            : ""));
+    }
+    if (!j.is_object()) {
+      throw InvalidArgumentError(StrCat(where, "expected a JSON object of feeds, got ",
+                                        j.type_name()));
+    }
+    for (auto it = j.begin(); it != j.end(); ++it) AddFeed(where, it.key(), it.value(), &ex);
+    return ex;
+  }
+
+  void AddFeed(const std::string& where, const std::string& name, const nlohmann::json& v,
+               Example* ex) const {
+    auto s = spec_.feeds.find(name);
+    if (s == spec_.feeds.end()) {
+      std::vector<std::string> names;
+      for (const auto& [n, unused] : spec_.feeds) names.push_back(n);
+      throw InvalidArgumentError(StrCat(where, "unknown feed '", name, "' (feeds: ",
+                                        Join(names, ", "), ")"));
+    }
+    const TensorSpec& ts = s->second;
+    if (ts.dtype == "string") {
+      if (!v.is_string()) {
+        throw InvalidArgumentError(StrCat(where, "feed '", name, "' must be a string"));
+      }
+      ex->strings[name] = v.get<std::string>();
+    } else if (ts.rank == 0 && v.is_number()) {
+      if (ts.dtype == "int64" && !v.is_number_integer()) {
+        throw InvalidArgumentError(StrCat(where, "feed '", name, "' must be an integer, got ",
+                                          v.dump()));
+      }
+      ex->options[name] = InferenceValue::Of(
+          ts.dtype == "int64" ? at::scalar_tensor(v.get<int64_t>(), at::kLong)
+                              : at::scalar_tensor(v.get<double>(), at::kDouble).to(at::kFloat));
+      ex->options_key += name + "=" + v.dump() + ";";
+    } else {
+      throw InvalidArgumentError(StrCat(where, "feed '", name, "' must be a ",
+                                        ts.rank == 0 ? "number" : "string"));
+    }
+  }
+
+  // Runs the batch and writes its lines; errors name the batch's last line.
+  void Flush(std::ostream& out, int64_t last_line) {
+    if (batch_.empty()) return;
+    InferenceMap feeds = batch_.front().options;
+    for (const auto& name : string_feeds_) {
+      std::vector<std::string> column;
+      bool any = false;
+      for (const auto& ex : batch_) {
+        auto it = ex.strings.find(name);
+        any = any || it != ex.strings.end();
+        column.push_back(it == ex.strings.end() ? std::string() : it->second);
+      }
+      if (any) feeds[name] = InferenceValue::Strings(std::move(column));
+    }
+    InferenceMap fetches;
+    try {
+      fetches = predictor_.Run(o_.subgraph, feeds);
+    } catch (const Error& e) {
+      ThrowError(e.code(), StrCat(o_.input_name, " (the batch ending at line ", last_line, "): ",
+                                  e.message()));
+    }
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      const nlohmann::ordered_json row = FetchRowToJson(fetches, static_cast<int64_t>(i));
+      out << row.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    }
+    errno = 0;
+    out.flush();
+    if (!out.good()) {
+      throw AbortedError(StrCat("cannot write ", o_.output_name, ": ",
+                                errno != 0 ? std::strerror(errno) : "write error"));
+    }
+    answered_ += static_cast<int64_t>(batch_.size());
+    batch_.clear();
+  }
+
+  const Predictor& predictor_;
+  const PredictLinesOptions& o_;
+  const InferenceSubgraphSpec spec_;
+  std::vector<std::string> string_feeds_;
+  bool plain_text_ok_ = false;
+  std::vector<Example> batch_;
+  int64_t answered_ = 0;
+};
+
+}  // namespace
+
+int64_t PredictLines(const Predictor& predictor, std::istream& in, std::ostream& out,
+                     const PredictLinesOptions& options) {
+  if (options.batch_size < 1) throw InvalidArgumentError("predict: batch_size must be >= 1");
+  LineBatcher batcher(predictor, options);
+  return batcher.Run(in, out);
+}
+
+}  // namespace glossa

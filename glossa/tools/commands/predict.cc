@@ -1,0 +1,88 @@
+// `glossa predict`: a bundle's subgraph over lines of stdin or --input, JSON lines of fetches to
+// stdout or --output (glossa/inference/predict_lines.h).
+#include <CLI/CLI.hpp>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/base/strings.h"
+#include "glossa/inference/predict_lines.h"
+#include "glossa/inference/predictor.h"
+#include "glossa/tools/command.h"
+#include "glossa/tools/flags.h"
+
+namespace glossa {
+namespace cli {
+namespace {
+
+class PredictCommand : public Command {
+ public:
+  CLI::App* Define(CLI::App& app) override {
+    auto* c = app.add_subcommand(
+        "predict", "Run an inference bundle's subgraph on JSON lines (or text lines) from stdin or "
+                   "--input; JSON lines of fetches to stdout or --output.");
+    c->add_option("--bundle", bundle_, "The bundle directory (glossa export).")->required();
+    c->add_option("--subgraph", o_.subgraph, "The subgraph to run.")->capture_default_str();
+    c->add_option("--input", input_, "Input file (default: stdin).");
+    c->add_option("--output", output_, "Output file (default: stdout).");
+    AddIntFlag(c, "--batch_size", o_.batch_size, 1, 65536, "Lines run together (default 32).");
+    c->add_option("--input_format", o_.input_format,
+                  "text: each line is the subgraph's one string feed; json: each line is a JSON "
+                  "object of feeds; auto: lines starting with '{' are JSON.")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "text", "json"}));
+    AddIntFlag(c, "--max_line_bytes", o_.max_line_bytes, 1, int64_t{1} << 30,
+               "A longer input line is an error naming it (default 1 MiB).");
+    AddIntFlag(c, "--max_new_tokens", max_new_tokens_, 0, 1 << 20,
+               "A line asking a generation for more new tokens is an error (default 512).");
+    return c;
+  }
+
+  int Run(const CommandContext&) override {
+    PredictorOptions po;
+    po.subgraphs = {o_.subgraph};
+    po.max_new_tokens = max_new_tokens_;
+    const Predictor predictor(bundle_, po);
+    std::ifstream in_file;
+    if (!input_.empty()) {
+      CheckRegularFile(input_, "--input");
+      in_file.open(input_);
+      o_.input_name = input_;
+    }
+    std::ofstream out_file;
+    if (!output_.empty()) {
+      out_file.open(output_, std::ios::trunc);
+      if (!out_file) throw AbortedError(StrCat("--output: cannot write '", output_, "'"));
+      o_.output_name = StrCat("'", output_, "'");
+    }
+    PredictLines(predictor, input_.empty() ? std::cin : in_file,
+                 output_.empty() ? std::cout : out_file, o_);
+    // A close that fails (the last buffer on a full disk) fails the run too.
+    errno = 0;
+    if (out_file.is_open()) {
+      out_file.close();
+      if (out_file.fail()) {
+        throw AbortedError(StrCat("cannot close ", o_.output_name, ": ",
+                                  errno != 0 ? std::strerror(errno) : "write error"));
+      }
+    } else if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      throw AbortedError(StrCat("cannot write stdout: ", std::strerror(errno)));
+    }
+    return 0;
+  }
+
+ private:
+  std::string bundle_, input_, output_;
+  PredictLinesOptions o_;
+  int64_t max_new_tokens_ = 512;
+};
+GLOSSA_REGISTER_COMMAND(PredictCommand, 100);
+
+}  // namespace
+}  // namespace cli
+}  // namespace glossa
