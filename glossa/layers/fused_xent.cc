@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "glossa/runtime/cpu_runtime.h"
+#include "glossa/kernels/cpu_features.h"
 
 #include <algorithm>
 #include <cmath>
@@ -375,10 +376,7 @@ void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_
                     [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi, len_of); });
 }
 
-bool FusedSoftmaxXentSupported() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
+bool FusedSoftmaxXentSupported() { return CpuHasAvx512F(); }
 
 SoftmaxXent FusedSoftmaxXent(const at::Tensor& logits, const at::Tensor& labels,
                              double label_weight, double uniform_weight, bool want_argmax,

@@ -15,6 +15,7 @@
 
 #include "glossa/layers/bf16_simd.h"
 #include "glossa/runtime/cpu_runtime.h"
+#include "glossa/kernels/cpu_features.h"
 
 namespace glossa {
 namespace {
@@ -102,7 +103,7 @@ __attribute__((target("avx512f"))) void RoundKeepRange(const float* src, float* 
 }
 
 bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
+  static const bool has = CpuHasAvx512F();
   return has;
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "glossa/base/errors.h"
+#include "glossa/kernels/cpu_features.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/bf16_simd.h"
 #include "glossa/runtime/cpu_runtime.h"
@@ -98,8 +99,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnBackwardRows(
 constexpr int64_t kLnBlock = 64;  // rows per partial sum of dγ, dβ
 
 bool HasAvx512Bw() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
+  static const bool has = CpuHasAvx512BwVl();
   return has;
 }
 

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "glossa/base/errors.h"
+#include "glossa/kernels/cpu_features.h"
 #include "glossa/base/strings.h"
 #include "glossa/runtime/cpu_runtime.h"
 
@@ -67,8 +68,7 @@ __attribute__((target("avx512f"))) void FusedAdamRange(float* var, float* m, flo
 
 bool FusedAdamApplies(const at::Tensor& var, const at::Tensor& m, const at::Tensor& v,
                       const at::Tensor& g) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (!avx512) return false;
+  if (!CpuHasAvx512F()) return false;
   for (const at::Tensor* t : {&var, &m, &v, &g}) {
     if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || !t->is_contiguous()) {
       return false;

@@ -104,9 +104,13 @@ TEST(EventFiles, WrittenEventsReadBackExactlyByBothReaders) {
     }
     w.WriteHistogram("weights", at::tensor({-1.0, 0.5, 0.5, 2.0}), 400);
     w.WriteText("sample", "hello world", 400);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    // The timer flushed: the file already holds the scalars.
-    EXPECT_GE(ReadEvents(path).size(), 11u);
+    // The timer flushes by itself: wait for that event (however slow the machine), never for a
+    // fixed time.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    while (ReadEvents(path).size() < 11u && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_GE(ReadEvents(path).size(), 11u) << "the flush timer never flushed";
   }
   auto events = ReadEvents(path);
   ASSERT_EQ(events.size(), 13u);

@@ -227,7 +227,13 @@ TEST(SaverCrash, ChildSavesForever) {
 TEST(SaverCrash, KilledMidSaveLeavesOnlyCompleteCheckpoints) {
   // Kill points are random offsets after the child's first complete save, whatever the load:
   // waiting for that event (not a fixed delay) keeps the test honest on a busy machine.
-  std::mt19937 rng(std::random_device{}());
+  // The seed is printed; GLOSSA_TEST_SEED=<seed> replays a failing run's kill points.
+  const char* given = std::getenv("GLOSSA_TEST_SEED");
+  const uint32_t seed = given != nullptr ? static_cast<uint32_t>(std::strtoul(given, nullptr, 10))
+                                         : std::random_device{}();
+  std::printf("SaverCrash seed %u (replay: GLOSSA_TEST_SEED=%u)\n", seed, seed);
+  SCOPED_TRACE(StrCat("GLOSSA_TEST_SEED=", seed));
+  std::mt19937 rng(seed);
   for (int round = 0; round < 5; ++round) {
     const std::string dir = NewDir(StrCat("crash", round));
     std::string filter = "--gtest_filter=SaverCrash.ChildSavesForever";
