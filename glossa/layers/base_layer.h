@@ -160,6 +160,10 @@ class BaseLayer {
   // fprop_dtype, or dtype when unset.
   at::ScalarType fprop_dtype() const { return fprop_dtype_; }
   bool is_inference() const;
+  // Why this layer cannot sit inside a container that replays its blocks (recomputation, pipeline
+  // stages on other threads): a reason naming what would go wrong, or "" when it can. Containers
+  // ask every layer under their blocks (CheckReplayable), so they need know no concrete class.
+  virtual std::string ReplayHazard() const { return ""; }
 
   // ---- Variables ----
   struct VariableInfo {
@@ -309,6 +313,11 @@ class Block {
   // padded) or undefined; blocks without paddings ignore them.
   virtual at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
                                 const at::Tensor& paddings) const = 0;
+  // One incremental-decoding step: x [B, 1, D], the step's tokens taken together (a block that
+  // groups tokens, such as MoE routing, overrides this). Default: FPropBlock without paddings.
+  virtual at::Tensor StepBlock(const NestedMap& theta, const at::Tensor& x) const {
+    return FPropBlock(theta, x, {});
+  }
 };
 
 // Builds the layer `p` describes (p.cls) as a root layer.

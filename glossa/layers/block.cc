@@ -6,9 +6,6 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/dropout.h"
-#include "glossa/layers/gpipe.h"
-#include "glossa/layers/moe.h"
 
 namespace glossa {
 
@@ -25,22 +22,9 @@ const Block& AsBlock(const BaseLayer& layer, std::string_view container) {
 
 void CheckReplayable(const BaseLayer& block, std::string_view container) {
   std::function<void(const BaseLayer&)> walk = [&](const BaseLayer& l) {
-    if (dynamic_cast<const TransformerShardedMoeLayer*>(&l) != nullptr) {
-      throw InvalidArgumentError(StrCat(
-          "layer '", l.path(), "' (", l.params().ClsKey(), ") cannot be inside ", container,
-          ": its aux loss would be lost (the block runs without gradients or on another thread)"));
-    }
-    if (dynamic_cast<const PipeliningLayer*>(&l) != nullptr) {
-      throw InvalidArgumentError(StrCat(
-          "layer '", l.path(), "' (", l.params().ClsKey(), ") cannot be inside ", container,
-          ": a pipeline's stage threads and recompute do not nest in a replaying container"));
-    }
-    const auto* dropout = dynamic_cast<const DropoutLayer*>(&l);
-    if (dropout != nullptr && !dropout->ReplaysMasks() && dropout->keep_prob() < 1.0) {
+    if (const std::string why = l.ReplayHazard(); !why.empty()) {
       throw InvalidArgumentError(StrCat("layer '", l.path(), "' (", l.params().ClsKey(),
-                                        ") is plain dropout inside ", container,
-                                        ", whose replay would draw new masks; use "
-                                        "DeterministicDropoutLayer"));
+                                        ") cannot be inside ", container, ": ", why));
     }
     for (const auto& name : l.ChildNames()) {
       for (const BaseLayer* child : l.GetChildren(name)) walk(*child);

@@ -35,6 +35,11 @@ class DropoutLayer : public BaseLayer, public Block {
   // Whether running the layer again under the same step seed draws the same mask (what RevNet's
   // backward replay and pipelined re-runs need): false for plain dropout.
   virtual bool ReplaysMasks() const { return false; }
+  std::string ReplayHazard() const override {
+    return !ReplaysMasks() && keep_prob_ < 1.0
+               ? "plain dropout draws new masks when replayed; use DeterministicDropoutLayer"
+               : "";
+  }
 
  protected:
   // The mask-and-scale step; DeterministicDropoutLayer draws from the step seed pair.

@@ -15,13 +15,11 @@
 #include "glossa/layers/channel.h"
 #include "glossa/layers/custom_gradient.h"
 #include "glossa/layers/block.h"
-#include "glossa/layers/transformer.h"
 #include "glossa/summary/summary.h"
 
 namespace glossa {
-namespace {
 
-std::vector<int64_t> EvenEnds(int64_t cells, int64_t stages) {
+std::vector<int64_t> EvenStageEnds(int64_t cells, int64_t stages) {
   std::vector<int64_t> ends;
   int64_t end = 0;
   for (int64_t s = 0; s < stages; ++s) {
@@ -30,6 +28,8 @@ std::vector<int64_t> EvenEnds(int64_t cells, int64_t stages) {
   }
   return ends;
 }
+
+namespace {
 
 // Runs fn(stage) on one thread per stage with the caller's ATen thread-local state, eval mode and
 // global step. The first exception closes every channel (so no stage waits forever) and is
@@ -114,7 +114,7 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   } else {
     const int64_t stages = params().GetInt("num_stages") > 0 ? params().GetInt("num_stages") : n;
     if (stages > n) fail(StrCat("num_stages ", stages, " exceeds the cell count ", n));
-    ends_ = EvenEnds(n, stages);
+    ends_ = EvenStageEnds(n, stages);
   }
   num_micro_batches_ = params().GetInt("num_micro_batches");
   if (num_micro_batches_ <= 0) fail("num_micro_batches must be > 0");
@@ -322,68 +322,6 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
   return CallWithCustomGradient(fwd, bak, xs).GetTensor("y");
 }
 
-// ---- GPipeTransformerStack ----
-
-namespace {
-
-glossa::Params ExpandTransformerStack(const glossa::Params& p) {
-  glossa::Params out = p.Copy();
-  const std::string where = StrCat("GPipeTransformerStack '", p.GetString("name"), "'");
-  const int64_t n = p.GetInt("num_layers");
-  if (n <= 0) throw InvalidArgumentError(StrCat(where, ": num_layers must be > 0"));
-  if (p.GetBool("has_aux_atten")) {
-    throw InvalidArgumentError(StrCat(where, ": pipeline cells take no cross-attention inputs "
-                                             "(has_aux_atten must be False)"));
-  }
-  ParamValue::List cells;
-  for (auto& l : TransformerStack::LayerParams(p)) cells.push_back(ParamValue(std::move(l)));
-  out.Set("cell_tpl", cells);
-  const ParamValue& splits = p.Get("splits");
-  ParamValue::List ends;
-  if (splits.is_list()) {
-    if (splits.AsList().empty()) throw InvalidArgumentError(StrCat(where, ": splits is empty"));
-    int64_t prev = 0;
-    for (const auto& e : splits.AsList()) {
-      const int64_t end = e.AsInt();
-      if (end <= prev) {
-        throw InvalidArgumentError(
-            StrCat(where, ": splits must be increasing and > 0, got ", end, " after ", prev));
-      }
-      prev = end;
-      ends.push_back(ParamValue(end));
-    }
-    if (prev != n) {
-      throw InvalidArgumentError(
-          StrCat(where, ": the last split must equal num_layers ", n, ", got ", prev));
-    }
-  } else {
-    const int64_t stages = splits.AsInt();
-    if (stages <= 0 || stages > n) {
-      throw InvalidArgumentError(
-          StrCat(where, ": splits must be in [1, num_layers ", n, "], got ", stages));
-    }
-    for (int64_t e : EvenEnds(n, stages)) ends.push_back(ParamValue(e));
-  }
-  out.Set("stage_ends", ends);
-  return out;
-}
-
-}  // namespace
-
-glossa::Params GPipeTransformerStack::Params() {
-  glossa::Params p = PipeliningLayer::Params();
-  p.Set("cls", ClsOf<GPipeTransformerStack>());
-  TransformerStack::DefineLayerFields(p);
-  p.Define("splits", 1,
-           "Stages: an int (that many, layers split evenly) or a list of increasing layer end "
-           "indices whose last is num_layers.");
-  return p;
-}
-
-GPipeTransformerStack::GPipeTransformerStack(const glossa::Params& p)
-    : PipeliningLayer(ExpandTransformerStack(p)) {}
-
 GLOSSA_REGISTER_CLASS(PipeliningLayer, "glossa.layers.PipeliningLayer");
-GLOSSA_REGISTER_CLASS(GPipeTransformerStack, "glossa.layers.GPipeTransformerStack");
 
 }  // namespace glossa

@@ -1,4 +1,4 @@
-// GPipe pipelining (Lingvo's PipeliningLayer and GPipeTransformerStack). The cells (Blocks applied
+// GPipe pipelining (Lingvo's PipeliningLayer; GPipeTransformerStack is in gpipe_transformer.h). The cells (Blocks applied
 // in order through FPropBlock) are split into stages; the batch is split into micro-batches
 // along batch_dim; each stage runs on its own thread and passes micro-batch activations to the
 // next stage over a Channel, so stages work on different micro-batches at the same time. The
@@ -11,10 +11,9 @@
 // differ per micro-batch and replay exactly in the backward pass. Accumulators count once per
 // micro-batch (they are disabled while the backward recomputes).
 //
-//   auto p = GPipeTransformerStack::Params();
-//   p.Set("name", "stack").Set("num_layers", 8).Set("mdl_dim", 64).Set("num_atten_heads", 4)
-//    .Set("hidden_dim", 256).Set("splits", 4).Set("num_micro_batches", 4);
-//   at::Tensor y = stack->FProp(stack->theta(), x /*[B, T, 64]*/, paddings /*[B, T]*/);
+//   auto p = PipeliningLayer::Params();
+//   p.Set("name", "pipe").Set("cell_tpl", cells).Set("num_stages", 4).Set("num_micro_batches", 4);
+//   at::Tensor y = pipe->FProp(pipe->theta(), x, paddings);
 #pragma once
 
 #include <optional>
@@ -26,6 +25,10 @@
 #include "glossa/layers/base_layer.h"
 
 namespace glossa {
+
+// Cell end indices (exclusive) of `stages` stages over `cells` cells, split as evenly as they go
+// (the first stages take one more when they do not divide).
+std::vector<int64_t> EvenStageEnds(int64_t cells, int64_t stages);
 
 // A Block itself: a pipeline can be a block of a SequentialLayer, say.
 class PipeliningLayer : public BaseLayer, public Block {
@@ -44,6 +47,9 @@ class PipeliningLayer : public BaseLayer, public Block {
                         const at::Tensor& paddings) const override {
     return FProp(theta, x, paddings);
   }
+  std::string ReplayHazard() const override {
+    return "a pipeline's stage threads and recompute do not nest in a replaying container";
+  }
 
   int64_t num_stages() const { return static_cast<int64_t>(ends_.size()); }
   // Cell end index (exclusive) of each stage.
@@ -56,18 +62,6 @@ class PipeliningLayer : public BaseLayer, public Block {
   std::vector<int64_t> ends_;
   int64_t num_micro_batches_, batch_dim_;
   std::optional<int64_t> micro_batch_size_;
-};
-
-// A stack of TransformerLayers pipelined over stages; its layers come from
-// transformer_layer_params_tpl exactly as TransformerStack's do (TransformerStack::LayerParams).
-class GPipeTransformerStack : public PipeliningLayer {
- public:
-  // + TransformerStack's layer fields (num_layers, mdl_dim, hidden_dim, num_atten_heads,
-  // dropout_prob, mask_self_atten, transformer_layer_params_tpl), splits (an int: that many
-  // stages with the layers split evenly; or a list of increasing end indices whose last is
-  // num_layers), num_micro_batches, micro_batch_size, batch_dim.
-  static glossa::Params Params();
-  explicit GPipeTransformerStack(const glossa::Params& p);
 };
 
 }  // namespace glossa

@@ -108,6 +108,13 @@ class TransformerShardedMoeLayer : public BaseLayer, public Block {
                         const at::Tensor& paddings) const override {
     return FProp(theta, x, paddings);
   }
+  // A decoding step's tokens route together, as one group.
+  at::Tensor StepBlock(const NestedMap& theta, const at::Tensor& x) const override {
+    return FProp(theta, x, {}, /*num_groups=*/1);
+  }
+  std::string ReplayHazard() const override {
+    return "its aux loss would be lost (the block runs without gradients or on another thread)";
+  }
 
  private:
   int64_t input_dim_, num_groups_;

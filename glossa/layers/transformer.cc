@@ -5,7 +5,6 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/block.h"
-#include "glossa/layers/moe.h"
 
 namespace glossa {
 namespace {
@@ -239,7 +238,6 @@ TransformerLayer::TransformerLayer(const glossa::Params& p) : BaseLayer(p) {
   if (!ln.is_none() && ff.Contains("ln_tpl")) ff.Set("ln_tpl", ln);
   fflayer_ = CreateChild<BaseLayer>("fflayer", ff);
   ff_block_ = &AsBlock(*fflayer_, StrCat("TransformerLayer '", path(), "' (tr_fflayer_tpl)"));
-  moe_ = dynamic_cast<const TransformerShardedMoeLayer*>(fflayer_.get());
 }
 
 std::pair<at::Tensor, at::Tensor> TransformerLayer::FProp(const NestedMap& theta,
@@ -285,10 +283,7 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
     x = cross_atten_->FPropProjected(cross_atten_.Theta(theta), x.unsqueeze(1), aux, aux_paddings)
             .first.squeeze(1);
   }
-  const NestedMap& ff_theta = fflayer_.Theta(theta);
-  // A decoding step's tokens route together, as one group.
-  x = moe_ != nullptr ? moe_->FProp(ff_theta, x.unsqueeze(1), {}, /*num_groups=*/1)
-                      : ff_block_->FPropBlock(ff_theta, x.unsqueeze(1), {});
+  x = ff_block_->StepBlock(fflayer_.Theta(theta), x.unsqueeze(1));
   return {x.squeeze(1), new_states};
 }
 

@@ -24,7 +24,6 @@
 
 namespace glossa {
 
-class TransformerShardedMoeLayer;
 
 // out = x + residual_weight · dropout(fc1(relu_dropout(act(fc0(norm(x)))))) (pre-norm), or
 // norm(x + ...) without norm inside (post-norm).
@@ -131,7 +130,6 @@ class TransformerLayer : public BaseLayer, public Block {
   Child<BaseLayer> fflayer_;
   const Block* ff_block_ = nullptr;
   // Set when the feed-forward block is MoE: a decoding step routes its tokens as one group.
-  const TransformerShardedMoeLayer* moe_ = nullptr;
 };
 
 // Lingvo's StackedTransformerLayers: num_layers TransformerLayers from

@@ -2,6 +2,7 @@
 // (and against the plain whole-batch stack without dropout), outputs and gradients, for 1, 2 and 4
 // stages and 1, 2 and 4 micro-batches, dropout off and on; accumulators, failures, validation.
 #include "glossa/layers/gpipe.h"
+#include "glossa/layers/gpipe_transformer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -323,7 +324,7 @@ TEST(PipeliningLayer, RejectsBlocksThatCannotBeReplayed) {
   p.Set("cell_tpl",
         ParamValue::List{ParamValue(CountingCell::Params().Set("plain_dropout", true))});
   EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
-                        "is plain dropout inside pipeline 'pipe'");
+                        "cannot be inside pipeline 'pipe': plain dropout draws new masks");
   // Plain dropout is a block of a SequentialLayer, which runs once, but not inside a replaying
   // pipeline, however deep.
   Params seq = SequentialLayer::Params().Set(
@@ -332,7 +333,7 @@ TEST(PipeliningLayer, RejectsBlocksThatCannotBeReplayed) {
   EXPECT_NO_THROW(InstantiateLayer<SequentialLayer>(seq));
   p.Set("cell_tpl", ParamValue::List{ParamValue(seq)});
   EXPECT_ERROR_CONTAINS(InstantiateLayer<PipeliningLayer>(p), InvalidArgumentError,
-                        "is plain dropout inside pipeline 'pipe'");
+                        "cannot be inside pipeline 'pipe': plain dropout draws new masks");
 }
 
 TEST(PipeliningLayer, PaddingsMustFollowTheBatch) {
