@@ -1,0 +1,44 @@
+// EmbeddingLayer: out-of-range and float ids are errors.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "glossa/core/step_seed.h"
+#include "glossa/base/strings.h"
+#include "glossa/layers/attention.h"
+#include "glossa/layers/block.h"
+#include "glossa/layers/conv.h"
+#include "glossa/layers/embedding.h"
+#include "glossa/layers/linear.h"
+#include "glossa/layers/normalization.h"
+#include "glossa/layers/revnet.h"
+#include "glossa/layers/rnn.h"
+#include "glossa/layers/softmax.h"
+#include "glossa/layers/transformer.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+template <typename T>
+std::unique_ptr<T> Make(Params p, const std::string& text = "") {
+  p.Set("name", "layer").Set("random_seed", 17);
+  if (!text.empty()) p.FromText(text);
+  return InstantiateLayer<T>(p);
+}
+
+TEST(Embedding, RejectsOutOfRangeAndFloatIds) {
+  auto emb = Make<EmbeddingLayer>(EmbeddingLayer::Params(), "vocab_size : 5\nembedding_dim : 2");
+  EXPECT_EQ(emb->EmbLookup(emb->theta(), at::tensor({0, 4}, at::kLong).view({1, 2})).sizes(),
+            (std::vector<int64_t>{1, 2, 2}));
+  EXPECT_ERROR_CONTAINS(emb->EmbLookup(emb->theta(), at::tensor({5}, at::kLong)),
+                        InvalidArgumentError, "ids must be in [0, 5), found 5");
+  EXPECT_ERROR_CONTAINS(emb->EmbLookup(emb->theta(), at::tensor({-1}, at::kLong)),
+                        InvalidArgumentError, "found -1");
+  EXPECT_ERROR_CONTAINS(emb->EmbLookup(emb->theta(), at::tensor({1.0})), InvalidArgumentError,
+                        "ids must be integers");
+}
+
+}  // namespace
+}  // namespace glossa

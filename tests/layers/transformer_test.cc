@@ -1,0 +1,66 @@
+// TransformerStack: the decoder's incremental steps and the encoder's variables.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "glossa/core/step_seed.h"
+#include "glossa/base/strings.h"
+#include "glossa/layers/attention.h"
+#include "glossa/layers/block.h"
+#include "glossa/layers/conv.h"
+#include "glossa/layers/embedding.h"
+#include "glossa/layers/linear.h"
+#include "glossa/layers/normalization.h"
+#include "glossa/layers/revnet.h"
+#include "glossa/layers/rnn.h"
+#include "glossa/layers/softmax.h"
+#include "glossa/layers/transformer.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+template <typename T>
+std::unique_ptr<T> Make(Params p, const std::string& text = "") {
+  p.Set("name", "layer").Set("random_seed", 17);
+  if (!text.empty()) p.FromText(text);
+  return InstantiateLayer<T>(p);
+}
+
+TEST(TransformerStack, DecoderExtendStepMatchesFProp) {
+  auto dec = Make<TransformerStack>(TransformerDecoder::Params(),
+                                    "num_layers : 2\nmdl_dim : 8\nnum_atten_heads : 2\n"
+                                    "hidden_dim : 16\ndtype : float64");
+  at::Tensor y = at::randn({2, 4, 8}, at::kDouble), enc = at::randn({2, 3, 8}, at::kDouble);
+  at::Tensor enc_paddings = at::zeros({2, 3}, at::kDouble);
+  enc_paddings[1][2] = 1.0;
+  NestedMap theta = dec->theta();
+  at::Tensor full = dec->FProp(theta, y, {}, enc, enc_paddings);
+  NestedMap states = dec->InitStates(2, at::kDouble);
+  for (int64_t t = 0; t < 4; ++t) {
+    auto [out, next] = dec->ExtendStep(theta, y.select(1, t), states, enc, enc_paddings);
+    EXPECT_TRUE(at::allclose(out, full.select(1, t), 1e-9, 1e-9)) << "step " << t;
+    states = next;
+  }
+}
+
+TEST(TransformerStack, EncoderIsNotCausalAndVariablesAreNamed) {
+  auto enc =
+      Make<TransformerStack>(TransformerEncoder::Params(),
+                             "num_layers : 2\nmdl_dim : 8\nnum_atten_heads : 2\nhidden_dim : 16");
+  at::Tensor x = at::randn({1, 4, 8});
+  at::Tensor out = enc->FProp(enc->theta(), x);
+  at::Tensor x2 = x.clone();
+  x2[0][3][0] += 1.0;  // a later position changes earlier outputs: not causal
+  EXPECT_FALSE(at::allclose(enc->FProp(enc->theta(), x2)[0][0], out[0][0]));
+  std::vector<std::string> names;
+  for (const auto& [info, t] : enc->AllVariables()) names.push_back(info.full_name);
+  EXPECT_NE(std::find(names.begin(), names.end(), "layer/x_layers_1/self_atten/atten/query/w"),
+            names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "layer/final_ln/scale"), names.end());
+  EXPECT_FALSE(enc->GetDescendant("x_layers[0]").HasChild("cross_atten"));
+}
+
+}  // namespace
+}  // namespace glossa
