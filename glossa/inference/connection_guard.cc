@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <glog/logging.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -186,7 +187,8 @@ ConnectionQueue::~ConnectionQueue() { shutdown(); }
 
 void ConnectionQueue::enqueue(std::function<void()> fn) {
   // cpp-httplib calls this right after accept(): the new connection is the connected socket on
-  // the server's port that no connection of the table holds yet.
+  // the server's port that no connection of the table holds yet, and of those the newest (sockets'
+  // inode numbers increase as they are created).
   int fd = -1;
   uint64_t inode = 0;
   std::string addr;
@@ -195,7 +197,7 @@ void ConnectionQueue::enqueue(std::function<void()> fn) {
       if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
       const int candidate = std::atoi(e->d_name);
       const uint64_t ino = InodeOf(candidate);
-      if (ino == 0 || LocalPort(candidate) != port_) continue;
+      if (ino == 0 || ino <= inode || LocalPort(candidate) != port_) continue;
       int peer_port = 0;
       std::string peer;
       if (!PeerOf(candidate, &peer, &peer_port)) continue;  // the listening socket
@@ -206,10 +208,10 @@ void ConnectionQueue::enqueue(std::function<void()> fn) {
       fd = candidate;
       inode = ino;
       addr = peer;
-      break;
     }
     closedir(dir);
   }
+  if (fd < 0) LOG(WARNING) << "serve: a new connection was not found among this process's sockets";
   std::string why;
   if (fd >= 0 && !table_->Add(fd, inode, addr, &why)) {
     ++table_->refused_;

@@ -21,7 +21,9 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/inference/connection_guard.h"
+#include "glossa/inference/batching.h"
 #include "glossa/inference/json_io.h"
+#include "glossa/inference/prometheus.h"
 #include "glossa/inference/predictor.h"
 #include "glossa/runtime/saver.h"
 
@@ -60,40 +62,6 @@ std::string ErrorBody(std::string_view code, const std::string& message) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// A Prometheus histogram (cumulative buckets when printed).
-struct Histogram {
-  std::vector<double> bounds;
-  std::vector<int64_t> counts;  // per bucket, plus +Inf
-  double sum = 0;
-  int64_t count = 0;
-  explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
-  void Observe(double v) {
-    size_t i = 0;
-    while (i < bounds.size() && v > bounds[i]) ++i;
-    ++counts[i];
-    sum += v;
-    ++count;
-  }
-  void Print(std::ostringstream& out, const std::string& name, const std::string& labels) const {
-    const std::string sep = labels.empty() ? "" : ",";
-    int64_t cumulative = 0;
-    for (size_t i = 0; i <= bounds.size(); ++i) {
-      cumulative += counts[i];
-      std::ostringstream le;
-      if (i < bounds.size()) {
-        le << bounds[i];
-      } else {
-        le << "+Inf";
-      }
-      out << name << "_bucket{" << labels << sep << "le=\"" << le.str() << "\"} " << cumulative
-          << "\n";
-    }
-    const std::string braces = labels.empty() ? "" : "{" + labels + "}";
-    out << name << "_sum" << braces << " " << sum << "\n";
-    out << name << "_count" << braces << " " << count << "\n";
-  }
-};
-
 const std::vector<double> kLatencyBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                             0.25,  0.5,    1,     2.5,  5,     10,   30};
 const std::vector<double> kBatchBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
@@ -107,69 +75,9 @@ struct Pending {
   std::promise<std::pair<InferenceMap, int64_t>> done;  // fetches, global step
 };
 
-int64_t BatchSize(const InferenceMap& feeds) {
-  for (const auto& [name, v] : feeds) {
-    if (v.is_strings()) return static_cast<int64_t>(v.strings.size());
-    if (v.tensor.dim() > 0) return v.tensor.size(0);
-  }
-  return 1;
-}
-
-// Requests merge when they run the same subgraph with the same feed names, the same option
-// values (rank 0) and the same non-batch dims and dtypes.
-std::string MergeKey(const std::string& subgraph, const InferenceMap& feeds) {
-  std::string key = subgraph;
-  for (const auto& [name, v] : feeds) {
-    key += "|" + name + ":";
-    if (v.is_strings()) {
-      key += "s";
-    } else if (v.tensor.dim() == 0) {
-      key += TensorToJson(v.tensor).dump() + c10::toString(v.tensor.scalar_type());
-    } else {
-      key += StrCat(c10::toString(v.tensor.scalar_type()), v.tensor.sizes().slice(1));
-    }
-  }
-  return key;
-}
-
-InferenceMap MergeFeeds(const std::vector<std::shared_ptr<Pending>>& batch) {
-  InferenceMap out;
-  for (const auto& [name, first] : batch[0]->feeds) {
-    if (first.is_strings()) {
-      std::vector<std::string> all;
-      for (const auto& p : batch) {
-        const auto& s = p->feeds.at(name).strings;
-        all.insert(all.end(), s.begin(), s.end());
-      }
-      out[name] = InferenceValue::Strings(std::move(all));
-    } else if (first.tensor.dim() == 0) {
-      out[name] = first;
-    } else {
-      std::vector<at::Tensor> parts;
-      for (const auto& p : batch) parts.push_back(p->feeds.at(name).tensor);
-      out[name] = InferenceValue::Of(at::cat(parts, 0));
-    }
-  }
-  return out;
-}
-
-// Rows [offset, offset + n) of every batched fetch of a run over `total` examples.
-InferenceMap SliceFetches(const InferenceMap& all, int64_t offset, int64_t n, int64_t total) {
-  InferenceMap out;
-  for (const auto& [name, v] : all) {
-    if (v.is_strings()) {
-      if (static_cast<int64_t>(v.strings.size()) == total) {
-        out[name] = InferenceValue::Strings(std::vector<std::string>(
-            v.strings.begin() + offset, v.strings.begin() + offset + n));
-      } else {
-        out[name] = v;
-      }
-    } else if (v.tensor.dim() > 0 && v.tensor.size(0) == total) {
-      out[name] = InferenceValue::Of(v.tensor.narrow(0, offset, n));
-    } else {
-      out[name] = v;
-    }
-  }
+std::vector<const InferenceMap*> FeedsOf(const std::vector<std::shared_ptr<Pending>>& batch) {
+  std::vector<const InferenceMap*> out;
+  for (const auto& p : batch) out.push_back(&p->feeds);
   return out;
 }
 
@@ -296,7 +204,7 @@ struct InferenceServer::Impl {
       try {
         int64_t step = 0;
         const InferenceMap all =
-            predictor->Run(batch[0]->subgraph, MergeFeeds(batch), {}, true, &step);
+            predictor->Run(batch[0]->subgraph, MergeFeeds(FeedsOf(batch)), {}, true, &step);
         int64_t offset = 0;
         for (const auto& p : batch) {
           p->done.set_value({SliceFetches(all, offset, p->n, total), step});
