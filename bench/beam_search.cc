@@ -21,11 +21,11 @@
 #include "glossa/input/input_generator.h"
 #include "glossa/model/base_model.h"
 #include "glossa/model/model_registry.h"
-#include "glossa/models/data_dir.h"
-#include "glossa/models/mt.h"
-#include "glossa/runtime/checkpointer.h"
+#include "glossa/tasks/data_dir.h"
+#include "glossa/tasks/mt/mt.h"
+#include "glossa/checkpoint/checkpointer.h"
 #include "glossa/runtime/cpu_runtime.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/saver.h"
 #include "bench/bench_util.h"
 
 int main(int argc, char** argv) {

@@ -1,4 +1,4 @@
-// Training throughput of the image classifiers (glossa/models/image.h) on random 28x28 images:
+// Training throughput of the image classifiers (glossa/tasks/image/image.h) on random 28x28 images:
 // images/s, the median over runs, for image.fmnist.LeNet5 or image.fmnist.ResNetSmall (the
 // registered models' tasks, without reading the data). Run by image_throughput.sh beside the same
 // models in PyTorch eager (image_throughput.py).
@@ -15,7 +15,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/model/base_task.h"
 #include "glossa/model/model_registry.h"
-#include "glossa/models/image.h"
+#include "glossa/tasks/image/image.h"
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "bench/bench_util.h"

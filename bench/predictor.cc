@@ -20,10 +20,10 @@
 #include "glossa/inference/bundle.h"
 #include "glossa/inference/predictor.h"
 #include "glossa/model/model_registry.h"
-#include "glossa/models/transformer_lm.h"
+#include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/saver.h"
 #include "bench/bench_util.h"
 
 int main(int argc, char** argv) {

@@ -1,9 +1,9 @@
-// Training throughput of the Transformer LM task (glossa/models/transformer_lm.h), or with
-// --task=mt of the encoder-decoder mt::TransformerModel (glossa/models/mt.h: source and target of
+// Training throughput of the Transformer LM task (glossa/tasks/lm/transformer_lm.h), or with
+// --task=mt of the encoder-decoder mt::TransformerModel (glossa/tasks/mt/mt.h: source and target of
 // --seq tokens, num_layers each side, tokens/s counting target tokens), on random tokens:
 // tokens/s, median over runs, in fp32 or with bf16 compute (fprop_dtype bfloat16); or, with
 // --gemm, the GEMM rate (2048² matmul) this machine reaches in fp32, or with --dtype=bf16 in bf16
-// (each in its thread layout; bf16 also through Glossa's Affine, layers/gemm.h). Run by train_throughput.sh beside the same model in PyTorch
+// (each in its thread layout; bf16 also through Glossa's Affine, kernels/gemm.h). Run by train_throughput.sh beside the same model in PyTorch
 // (train_throughput.py).
 //   bench_train_throughput --model_dim=512 --num_layers=6 --seq=256 --batch=8 --vocab=8000
 //   --dtype=fp32
@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "glossa/layers/gemm.h"
+#include "glossa/kernels/gemm.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/model/model_registry.h"
-#include "glossa/models/mt.h"
-#include "glossa/models/transformer_lm.h"
+#include "glossa/tasks/mt/mt.h"
+#include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/optim/learner.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     }
     std::printf("gemm_%s_gflops %.1f\n", bf16 ? "bf16" : "fp32", Median(rates));
     if (bf16) {
-      // Glossa's own bf16 projections (layers/gemm.h): float32 sgemms of the widened values on
+      // Glossa's own bf16 projections (kernels/gemm.h): float32 sgemms of the widened values on
       // CPUs without AMX, oneDNN's otherwise; widening and rounding included.
       at::NoGradGuard no_grad;
       Affine(a, b, at::Tensor());

@@ -30,6 +30,7 @@ py::object Instantiate(const glossa::Params& p);
 void InitLogging();
 
 void DefineLayers(py::module_& m);   // layers.cc: Layer, InputGenerator, EvalMode
-void DefineRuntime(py::module_& m);  // runtime.cc: models from Python, train, Predictor, cli
+void DefineRuntime(py::module_& m);  // runtime.cc: models from Python, train, Predictor
+void DefineCli(py::module_& m);      // cli_entry.cc: cli_main (python3 -m glossa)
 
 }  // namespace glossa_py

@@ -202,6 +202,8 @@ void SetAttr(Params& p, const std::string& name, const py::handle& value) {
 }  // namespace
 }  // namespace glossa_py
 
+// long function: the module's list of bindings, one .def per Python name with its
+// docstring; the other Define* files hold the rest of the list.
 PYBIND11_MODULE(_glossa, m) {
   using namespace glossa_py;
   m.doc() = "Glossa: Lingvo-style Params, registry and models on libtorch (docs/python.md).";
@@ -336,6 +338,7 @@ PYBIND11_MODULE(_glossa, m) {
   InitLogging();
   DefineLayers(m);
   DefineRuntime(m);
+  DefineCli(m);
 
   m.def("registered_classes", &glossa::ClassRegistry::Keys, "Every registered class key.");
   m.def("registered_models", &glossa::ModelKeys, "Every registered model key.");

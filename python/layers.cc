@@ -20,18 +20,8 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
 #include "glossa/input/input_generator.h"
-#include "glossa/layers/attention.h"
 #include "glossa/layers/base_layer.h"
-#include "glossa/layers/conv.h"
-#include "glossa/layers/embedding.h"
-#include "glossa/layers/linear.h"
-#include "glossa/layers/normalization.h"
-#include "glossa/layers/revnet.h"
-#include "glossa/layers/rnn.h"
-#include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
 #include "glossa/model/base_task.h"
-#include "glossa/models/image.h"
 #include "python/common.h"
 
 namespace glossa_py {
@@ -41,185 +31,6 @@ using glossa::BaseLayer;
 using glossa::NestedMap;
 using glossa::NestedValue;
 using glossa::StrCat;
-
-// One FProp call shape: the argument names after theta (the first `required` of them must be
-// given), and the call. The result is a NestedValue; `tuple` makes a list result a Python tuple.
-struct Adapter {
-  std::string cls;  // the C++ class it handles, for the signature text
-  std::vector<std::string> args;
-  size_t required = 1;
-  std::string returns;
-  bool tuple = false;
-  std::function<bool(const BaseLayer&)> matches;
-  std::function<NestedValue(const BaseLayer&, const NestedMap&, const std::vector<NestedValue>&)>
-      call;
-};
-
-at::Tensor T(const std::vector<NestedValue>& a, size_t i) {
-  if (i >= a.size() || a[i].is_none()) return at::Tensor();
-  return a[i].AsTensor();
-}
-NestedMap M(const std::vector<NestedValue>& a, size_t i) {
-  if (i >= a.size() || a[i].is_none()) return NestedMap();
-  return a[i].AsMap();
-}
-NestedValue Pair(const at::Tensor& x, const at::Tensor& y) {
-  return NestedValue(NestedValue::List{NestedValue(x), NestedValue(y)});
-}
-
-template <typename L>
-std::function<bool(const BaseLayer&)> Is() {
-  return [](const BaseLayer& l) { return dynamic_cast<const L*>(&l) != nullptr; };
-}
-template <typename L>
-const L& As(const BaseLayer& l) {
-  return dynamic_cast<const L&>(l);
-}
-
-const std::vector<Adapter>& Adapters() {
-  using namespace glossa;
-  static const std::vector<Adapter> adapters = [] {
-    std::vector<Adapter> a;
-    a.push_back({"ProjectionLayer", {"inputs", "paddings"}, 1, "Tensor", false,
-                 Is<ProjectionLayer>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<ProjectionLayer>(l).FProp(th, T(x, 0), T(x, 1)));
-                 }});
-    a.push_back({"LayerNorm", {"inputs"}, 1, "Tensor", false, Is<LayerNorm>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<LayerNorm>(l).FProp(th, T(x, 0)));
-                 }});
-    a.push_back({"BatchNormLayer", {"inputs", "paddings"}, 1, "Tensor", false,
-                 Is<BatchNormLayer>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<BatchNormLayer>(l).FProp(th, T(x, 0), T(x, 1)));
-                 }});
-    a.push_back({"EmbeddingLayer", {"ids"}, 1, "Tensor", false, Is<EmbeddingLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<EmbeddingLayer>(l).FProp(th, T(x, 0)));
-                 }});
-    a.push_back({"PositionalEmbeddingLayer", {"seq_length_or_position"}, 1, "Tensor", false,
-                 Is<PositionalEmbeddingLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   const auto& layer = As<PositionalEmbeddingLayer>(l);
-                   if (x[0].kind() == NestedValue::Kind::kInt) return NestedValue(layer.FProp(th, x[0].AsInt()));
-                   return NestedValue(layer.FPropWithPosition(th, T(x, 0)));
-                 }});
-    a.push_back({"MultiHeadedProjectionLayer", {"inputs"}, 1, "Tensor", false,
-                 Is<MultiHeadedProjectionLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<MultiHeadedProjectionLayer>(l).FProp(th, T(x, 0)));
-                 }});
-    a.push_back({"PerDimScaleLayer", {"inputs"}, 1, "Tensor", false, Is<PerDimScaleLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<PerDimScaleLayer>(l).FProp(th, T(x, 0)));
-                 }});
-    a.push_back({"MultiHeadedAttention", {"query", "key", "value", "paddings", "causal"}, 3,
-                 "(context, probs)", true, Is<MultiHeadedAttention>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   const bool causal = x.size() > 4 && !x[4].is_none() && x[4].AsBool();
-                   auto [c, p] = As<MultiHeadedAttention>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2),
-                                                                   T(x, 3), causal);
-                   return Pair(c, p);
-                 }});
-    a.push_back({"Conv2DLayer", {"inputs", "paddings"}, 1, "(outputs, paddings)", true,
-                 Is<Conv2DLayer>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto [y, p] = As<Conv2DLayer>(l).FProp(th, T(x, 0), T(x, 1));
-                   return Pair(y, p);
-                 }});
-    a.push_back({"PoolingLayer", {"inputs", "paddings"}, 1, "(outputs, paddings)", true,
-                 Is<PoolingLayer>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto [y, p] = As<PoolingLayer>(l).FProp(th, T(x, 0), T(x, 1));
-                   return Pair(y, p);
-                 }});
-    a.push_back({"TransformerAttentionLayer", {"query", "source", "paddings"}, 1,
-                 "(outputs, probs)", true, Is<TransformerAttentionLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto [y, p] =
-                       As<TransformerAttentionLayer>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2));
-                   return Pair(y, p);
-                 }});
-    a.push_back({"TransformerLayer", {"inputs", "paddings", "aux_vecs", "aux_paddings"}, 1,
-                 "(outputs, atten_probs)", true, Is<TransformerLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto [y, p] =
-                       As<TransformerLayer>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2), T(x, 3));
-                   return Pair(y, p);
-                 }});
-    a.push_back({"TransformerStack", {"inputs", "paddings", "aux_vecs", "aux_paddings"}, 1,
-                 "Tensor", false, Is<TransformerStack>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(
-                       As<TransformerStack>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2), T(x, 3)));
-                 }});
-    a.push_back({"SimpleFullSoftmax",
-                 {"inputs", "class_ids", "class_weights", "paddings", "class_probabilities"}, 1,
-                 "dict (logits, per_example_xent, ...)", false, Is<SimpleFullSoftmax>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<SimpleFullSoftmax>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2),
-                                                                    T(x, 3), T(x, 4)));
-                 }});
-    a.push_back({"LSTMCellSimple", {"state0", "inputs", "padding"}, 2, "dict (m, c)", false,
-                 Is<LSTMCellSimple>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(As<LSTMCellSimple>(l).FProp(th, M(x, 0), T(x, 1), T(x, 2)));
-                 }});
-    a.push_back({"RNNLayer", {"inputs", "paddings", "state0"}, 1, "(outputs, final_state)", true,
-                 Is<RNNLayer>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto [y, s] = As<RNNLayer>(l).FProp(th, T(x, 0), T(x, 1), M(x, 2));
-                   return NestedValue(NestedValue::List{NestedValue(y), NestedValue(s)});
-                 }});
-    a.push_back({"StackedRNN", {"inputs", "paddings"}, 1, "(outputs, [final_state, ...])", true,
-                 Is<StackedRNN>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto [y, states] = As<StackedRNN>(l).FProp(th, T(x, 0), T(x, 1));
-                   NestedValue::List s;
-                   for (auto& m : states) s.emplace_back(std::move(m));
-                   return NestedValue(NestedValue::List{NestedValue(y), NestedValue(std::move(s))});
-                 }});
-    a.push_back({"RevNetLayer", {"x1", "x2", "extra"}, 2, "(y1, y2)", true, Is<RevNetLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto out = As<RevNetLayer>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2));
-                   return Pair(out.y1, out.y2);
-                 }});
-    a.push_back({"StackedRevNetLayer", {"x1", "x2", "extra"}, 2, "(y1, y2)", true,
-                 Is<StackedRevNetLayer>(),
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   auto [y1, y2] = As<StackedRevNetLayer>(l).FProp(th, T(x, 0), T(x, 1), T(x, 2));
-                   return Pair(y1, y2);
-                 }});
-    a.push_back({"ImageFeatureExtractor", {"images"}, 1, "Tensor [B, D]", false,
-                 [](const BaseLayer& l) {
-                   return dynamic_cast<const ImageFeatureExtractor*>(&l) != nullptr;
-                 },
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(
-                       dynamic_cast<const ImageFeatureExtractor&>(l).FPropImages(th, T(x, 0)));
-                 }});
-    a.push_back({"BaseTask", {"batch"}, 1, "(metrics {name: (value, weight)}, per_example)", true,
-                 Is<BaseTask>(), [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   const auto r = As<BaseTask>(l).FProp(th, M(x, 0));
-                   NestedMap metrics;
-                   for (const auto& [name, m] : r.metrics) {
-                     metrics.Put(name, NestedValue(NestedValue::List{NestedValue(m.value),
-                                                                     NestedValue(m.weight)}));
-                   }
-                   return NestedValue(NestedValue::List{NestedValue(std::move(metrics)),
-                                                        NestedValue(r.per_example)});
-                 }});
-    // Any other Block (SequentialLayer, dropout, feed-forward, MoE, pipelines, a user's block).
-    a.push_back({"Block", {"x", "paddings"}, 1, "Tensor", false,
-                 [](const BaseLayer& l) { return dynamic_cast<const Block*>(&l) != nullptr; },
-                 [](const BaseLayer& l, const NestedMap& th, const auto& x) {
-                   return NestedValue(dynamic_cast<const Block&>(l).FPropBlock(th, T(x, 0), T(x, 1)));
-                 }});
-    return a;
-  }();
-  return adapters;
-}
-
-const Adapter* FindAdapter(const BaseLayer& layer) {
-  for (const auto& a : Adapters()) {
-    if (a.matches(layer)) return &a;
-  }
-  return nullptr;
-}
 
 std::string ClassKey(const BaseLayer& layer) {
   try {
@@ -238,69 +49,70 @@ struct PyLayer {
 // Input generators: batches as dicts of tensors.
 struct PyInputGenerator : PyLayer {};
 
-std::string Signature(const BaseLayer& layer) {
-  const Adapter* a = FindAdapter(layer);
-  if (a == nullptr) return "";
-  std::string s = "FProp(theta";
-  for (size_t i = 0; i < a->args.size(); ++i) {
-    s += ", " + a->args[i] + (i < a->required ? "" : "=None");
-  }
-  return s + ") -> " + a->returns + "  [" + a->cls + "]";
+std::string Signature(const BaseLayer& layer) { return layer.FPropMapSignatureText(); }
+
+// FPropMap's result as Python gets it: a tuple of the outputs in order, a lone output alone, or
+// the dict (BaseLayer::FPropMapSignature).
+py::object ResultToPython(const BaseLayer::FPropMapSignature& spec, const NestedMap& out) {
+  if (spec.outputs.empty()) return FromNested(NestedValue(out));
+  if (spec.outputs.size() == 1 && !spec.tuple) return FromNested(out.at(spec.outputs[0]));
+  py::list l;
+  for (const auto& name : spec.outputs) l.append(FromNested(out.at(name)));
+  return spec.tuple ? py::object(py::tuple(l)) : py::object(l);
 }
 
-py::object ToPython(const NestedValue& v, bool tuple) {
-  if (tuple && v.is_list()) {
-    py::list l = FromNested(v);
-    return py::tuple(l);
-  }
-  return FromNested(v);
-}
-
-py::object CallFProp(const PyLayer& self, const py::dict& theta, const py::args& args,
-                     const py::kwargs& kwargs) {
-  const BaseLayer& layer = *self.layer;
-  const Adapter* a = FindAdapter(layer);
-  if (a == nullptr) {
-    throw py::type_error(StrCat("glossa.Layer: ", ClassKey(layer),
-                                " has no FProp callable from Python (its FProp signature is not one "
-                                "python/layers.cc adapts, and it is not a Block)"));
-  }
-  if (args.size() > a->args.size()) {
-    throw py::type_error(StrCat(Signature(layer), ": takes ", a->args.size(),
+// Python's positional and keyword arguments as FPropMap's named inputs (None: not given).
+NestedMap ArgsToInputs(const BaseLayer& layer, const BaseLayer::FPropMapSignature& spec,
+                       const py::args& args, const py::kwargs& kwargs) {
+  const auto& names = spec.inputs;
+  if (args.size() > names.size()) {
+    throw py::type_error(StrCat(Signature(layer), ": takes ", names.size(),
                                 " inputs after theta, got ", args.size()));
   }
-  std::vector<NestedValue> inputs(a->args.size());
-  std::vector<bool> given(a->args.size(), false);
+  NestedMap inputs;
+  std::vector<bool> given(names.size(), false);
   for (size_t i = 0; i < args.size(); ++i) {
-    inputs[i] = ToNested(args[i], a->args[i]);
     given[i] = !args[i].is_none();
+    if (given[i]) inputs.Put(names[i], ToNested(args[i], names[i]));
   }
   for (const auto& [k, v] : kwargs) {
     const std::string name = py::str(k).cast<std::string>();
-    auto it = std::find(a->args.begin(), a->args.end(), name);
-    if (it == a->args.end()) {
+    auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) {
       throw py::type_error(StrCat(Signature(layer), ": unexpected argument ",
-                                  glossa::KeyErrorString(name, a->args)));
+                                  glossa::KeyErrorString(name, names)));
     }
-    const size_t i = static_cast<size_t>(it - a->args.begin());
+    const size_t i = static_cast<size_t>(it - names.begin());
     if (i < args.size()) {
       throw py::type_error(StrCat(Signature(layer), ": '", name, "' given twice"));
     }
-    inputs[i] = ToNested(v, name);
     given[i] = !v.is_none();
+    if (given[i]) inputs.Put(name, ToNested(v, name));
   }
-  for (size_t i = 0; i < a->required; ++i) {
-    if (!given[i]) {
-      throw py::type_error(StrCat(Signature(layer), ": missing '", a->args[i], "'"));
-    }
+  for (size_t i = 0; i < spec.required && i < names.size(); ++i) {
+    if (!given[i]) throw py::type_error(StrCat(Signature(layer), ": missing '", names[i], "'"));
   }
+  return inputs;
+}
+
+// layer.FProp(theta, *args, **kwargs): any layer, through its uniform call (FPropMap).
+py::object CallFProp(const PyLayer& self, const py::dict& theta, const py::args& args,
+                     const py::kwargs& kwargs) {
+  const BaseLayer& layer = *self.layer;
+  const BaseLayer::FPropMapSignature spec = layer.FPropMapSpec();
+  if (spec.inputs.empty()) {
+    throw py::type_error(StrCat("glossa.Layer: ", ClassKey(layer),
+                                " has no uniform call (FPropMap): it is not a Block and does not "
+                                "override FPropMapSpec/FPropMapImpl"));
+  }
+  const NestedMap inputs = ArgsToInputs(layer, spec, args, kwargs);
   const NestedMap th = ToNestedMap(theta, "theta");
-  NestedValue out;
+  NestedMap out;
   {
     py::gil_scoped_release release;
-    out = a->call(layer, th, inputs);
+    out = layer.FPropMap(th, inputs);
   }
-  return ToPython(out, a->tuple);
+  return ResultToPython(spec, out);
 }
 
 PyLayer Child(const PyLayer& self, const std::string& path) {
@@ -333,6 +145,8 @@ py::object Instantiate(const glossa::Params& p) {
   return py::cast(std::move(out));
 }
 
+// long function: a list of bindings (Layer, InputGenerator, EvalMode), one .def per
+// Python name with its docstring.
 void DefineLayers(py::module_& m) {
   py::class_<PyLayer>(m, "Layer", R"doc(A Glossa layer built from its Params (p.Instantiate()).
 
@@ -444,25 +258,22 @@ backward() accumulate in them. FProp's arguments after theta depend on the layer
   m.def(
       "_cpp_fprop_and_grads",
       [](const PyLayer& s, const py::list& args, const py::list& cotangents) {
-        const Adapter* a = FindAdapter(*s.layer);
-        if (a == nullptr) throw py::type_error("no adapter");
-        std::vector<NestedValue> inputs;
-        for (const auto& x : args) inputs.push_back(ToNested(x, "args"));
-        inputs.resize(a->args.size());
+        const BaseLayer::FPropMapSignature spec = s.layer->FPropMapSpec();
+        if (spec.inputs.empty() || spec.outputs.empty()) throw py::type_error("no uniform call");
+        NestedMap inputs;
+        for (size_t i = 0; i < args.size() && i < spec.inputs.size(); ++i) {
+          if (!args[i].is_none()) inputs.Put(spec.inputs[i], ToNested(args[i], "args"));
+        }
         std::vector<at::Tensor> cots;
         for (const auto& c : cotangents) cots.push_back(c.cast<at::Tensor>());
         const NestedMap theta = s.layer->theta();
-        NestedValue out;
+        NestedMap out;
         std::map<std::string, at::Tensor> grads;
         {
           py::gil_scoped_release release;
-          out = a->call(*s.layer, theta, inputs);
+          out = s.layer->FPropMap(theta, inputs);
           std::vector<at::Tensor> outs;
-          if (out.is_tensor()) {
-            outs.push_back(out.AsTensor());
-          } else {
-            for (const auto& v : out.AsList()) outs.push_back(v.AsTensor());
-          }
+          for (const auto& name : spec.outputs) outs.push_back(out.GetTensor(name));
           at::Tensor total = at::zeros({}, outs[0].options());
           for (size_t i = 0; i < cots.size(); ++i) total = total + (outs[i] * cots[i]).sum();
           std::vector<at::Tensor> leaves;
@@ -476,15 +287,9 @@ backward() accumulate in them. FProp's arguments after theta depend on the layer
           const auto g = torch::autograd::grad({total}, leaves, {}, false, false, true);
           for (size_t i = 0; i < g.size(); ++i) grads[names[i]] = g[i];
           // Detach the outputs: this is the C++ reference, not a graph for Python.
-          if (out.is_tensor()) {
-            out = NestedValue(out.AsTensor().detach());
-          } else {
-            NestedValue::List l;
-            for (const auto& v : out.AsList()) l.emplace_back(v.AsTensor().detach());
-            out = NestedValue(std::move(l));
-          }
+          for (const auto& name : spec.outputs) out.Put(name, out.GetTensor(name).detach());
         }
-        return py::make_tuple(ToPython(out, a->tuple), grads);
+        return py::make_tuple(ResultToPython(spec, out), grads);
       },
       "Test helper: (outputs, {theta key: gradient}) computed in C++ only.");
 }

@@ -23,7 +23,6 @@
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/trainer.h"
-#include "glossa/tools/cli.h"
 #include "python/common.h"
 
 namespace glossa_py {
@@ -257,6 +256,8 @@ py::dict SpecDict(const glossa::InferenceSubgraphSpec& spec) {
 
 }  // namespace
 
+// long function: a list of bindings (models from Python, train, Predictor), one .def
+// per Python name with its docstring.
 void DefineRuntime(py::module_& m) {
   m.def(
       "_register_model",
@@ -273,27 +274,6 @@ void DefineRuntime(py::module_& m) {
         });
       },
       py::arg("key"), py::arg("cls"), py::arg("multitask"));
-
-  m.def(
-      "cli_main",
-      [](const std::vector<std::string>& argv, const std::vector<std::string>& self_command) {
-        InitLogging();
-        // The command installs its own SIGINT/SIGTERM handlers (stop and save); Python's come
-        // back after it.
-        struct sigaction old_int {}, old_term {};
-        sigaction(SIGINT, nullptr, &old_int);
-        sigaction(SIGTERM, nullptr, &old_term);
-        int rc = 0;
-        {
-          py::gil_scoped_release release;
-          rc = glossa::RunCli(argv, glossa::CliOptions{self_command});
-        }
-        sigaction(SIGINT, &old_int, nullptr);
-        sigaction(SIGTERM, &old_term, nullptr);
-        return rc;
-      },
-      py::arg("argv"), py::arg("self_command") = std::vector<std::string>{},
-      "The glossa command line (argv[0] is the program name); returns the exit status.");
 
   m.def("train", &Train, py::arg("model_params"), py::arg("logdir"),
         py::arg("max_steps") = py::none(), py::arg("datasets") = py::dict(),

@@ -8,8 +8,8 @@
 
 #include "glossa/inference/bundle.h"
 #include "glossa/inference/predictor.h"
-#include "glossa/models/transformer_lm.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/tasks/lm/transformer_lm.h"
+#include "glossa/checkpoint/saver.h"
 #include "tests/inference/test_bundle.h"  // ExportedBundle(): a bundle of a small Austen LM
 
 TEST(DocsExample, BundleLoadedByHandAndPredictorReload) {

@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "glossa/models/mt.h"
+#include "glossa/tasks/mt/mt.h"
 
 namespace {
 

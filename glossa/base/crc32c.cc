@@ -149,4 +149,22 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
   return Crc32cExtendPortable(crc, data, size);
 }
 
+namespace {
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t Crc8Hardware(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return ~static_cast<uint32_t>(_mm_crc32_u64(0xffffffffu, v));
+}
+#endif
+}  // namespace
+
+uint32_t Crc32cOf8Bytes(const char* p) {
+#if defined(__x86_64__)
+  static const bool hardware = Crc32cIsHardwareAccelerated();
+  if (hardware) return Crc8Hardware(p);
+#endif
+  return Crc32c(p, 8);
+}
+
 }  // namespace glossa

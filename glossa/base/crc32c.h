@@ -25,6 +25,10 @@ inline uint32_t UnmaskCrc(uint32_t masked) {
 
 // Whether the hardware path is in use.
 bool Crc32cIsHardwareAccelerated();
+
+// The CRC32C of 8 bytes (a TFRecord's length field): one instruction where the CPU has it (this
+// runs once per record, and a call into the general routine cost as much as the checksum).
+uint32_t Crc32cOf8Bytes(const char* p);
 // The table-driven implementation (tests compare both paths).
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size);
 

@@ -450,56 +450,80 @@ std::string Params::ToTextWithDocs() const {
   return out;
 }
 
-Params& Params::FromText(std::string_view text) {
-  CheckMutable("FromText");
-  struct Item {
-    std::string key;
-    std::string value;
-    int line;
-  };
-  std::vector<Item> items;
-  std::map<std::string, size_t> index;  // later lines override earlier ones, as in a Python dict
-  auto add = [&](std::string key, std::string value, int line) {
-    auto it = index.find(key);
-    if (it != index.end()) {
-      items[it->second].value = std::move(value);
-      items[it->second].line = line;
-    } else {
-      index[key] = items.size();
-      items.push_back(Item{std::move(key), std::move(value), line});
-    }
-  };
+namespace {
 
-  // A value that continues over several lines: a quoted string (until a line ending in the closing
-  // quote, as in Lingvo) or a list/dict literal (until its brackets close; ToText writes strings
-  // with newlines inside dicts over several lines).
-  enum class Pending { kNone, kString, kLiteral };
-  Pending pending_kind = Pending::kNone;
-  Item pending;
-  char pending_quote = 0;
+// One `key : value` of params text, with the line it starts on.
+struct TextItem {
+  std::string key;
+  std::string value;
+  int line = 0;
+};
+
+// The items of a params text in the order their keys first appear; a later line of a key
+// overrides the earlier one's value and line, as in a Python dict.
+class TextItems {
+ public:
+  void Add(std::string key, std::string value, int line) {
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      items_[it->second].value = std::move(value);
+      items_[it->second].line = line;
+    } else {
+      index_[key] = items_.size();
+      items_.push_back(TextItem{std::move(key), std::move(value), line});
+    }
+  }
+  std::vector<TextItem> Take() { return std::move(items_); }
+
+ private:
+  std::vector<TextItem> items_;
+  std::map<std::string, size_t> index_;
+};
+
+// A value that continues over several lines: a quoted string (until a line ending in the closing
+// quote, as in Lingvo) or a list/dict literal (until its brackets close; ToText writes strings
+// with newlines inside dicts over several lines).
+struct PendingValue {
+  enum class Kind { kNone, kString, kLiteral };
+  Kind kind = Kind::kNone;
+  TextItem item;
+  char quote = 0;
+};
+
+// Feeds the next `line` to the open multi-line value `p`; when it completes the value, adds that
+// to `items` and closes `p`.
+void ContinuePending(PendingValue& p, std::string_view line, TextItems& items) {
+  if (p.kind == PendingValue::Kind::kString) {
+    std::string_view rstripped = line;
+    while (!rstripped.empty() && std::isspace(static_cast<unsigned char>(rstripped.back()))) {
+      rstripped.remove_suffix(1);
+    }
+    if (!EndsWithTerminalQuote(rstripped, p.quote)) {
+      p.item.value += "\n" + std::string(line);
+      return;
+    }
+    items.Add(p.item.key, p.item.value + "\n" + std::string(rstripped), p.item.line);
+    p.kind = PendingValue::Kind::kNone;
+    return;
+  }
+  p.item.value += "\n" + std::string(line);
+  if (!IsUnclosedLiteral(p.item.value)) {
+    items.Add(p.item.key, std::string(Strip(p.item.value)), p.item.line);
+    p.kind = PendingValue::Kind::kNone;
+  }
+}
+
+// The items of params `text`. InvalidArgumentError (with the line) for a line not in
+// `<key> : <value>` format, an empty key, or a multi-line value still open at the end.
+std::vector<TextItem> ParseTextItems(std::string_view text) {
+  TextItems items;
+  PendingValue pending;
   int line_no = 0;
   for (const std::string& raw : Split(text, '\n')) {
     ++line_no;
     std::string_view line = raw;
-    if (pending_kind == Pending::kString) {
-      std::string_view rstripped = line;
-      while (!rstripped.empty() && std::isspace(static_cast<unsigned char>(rstripped.back()))) {
-        rstripped.remove_suffix(1);
-      }
-      if (!EndsWithTerminalQuote(rstripped, pending_quote)) {
-        pending.value += "\n" + std::string(line);
-        continue;
-      }
-      add(pending.key, pending.value + "\n" + std::string(rstripped), pending.line);
-      pending_kind = Pending::kNone;
-      continue;
-    }
-    if (pending_kind == Pending::kLiteral) {
-      pending.value += "\n" + std::string(line);
-      if (!IsUnclosedLiteral(pending.value)) {
-        add(pending.key, std::string(Strip(pending.value)), pending.line);
-        pending_kind = Pending::kNone;
-      }
+    if (pending.kind != PendingValue::Kind::kNone) {
+      ContinuePending(pending, line, items);
       continue;
     }
     line = Strip(line);
@@ -519,31 +543,39 @@ Params& Params::FromText(std::string_view text) {
     }
     if (!value.empty() && (value[0] == '"' || value[0] == '\'') &&
         !EndsWithTerminalQuote(value.substr(1), value[0])) {
-      pending_kind = Pending::kString;
-      pending = Item{key, std::string(value), line_no};
-      pending_quote = value[0];
+      pending.kind = PendingValue::Kind::kString;
+      pending.item = TextItem{key, std::string(value), line_no};
+      pending.quote = value[0];
       continue;
     }
     if (!value.empty() && (value[0] == '[' || value[0] == '{' || value[0] == '(') &&
         IsUnclosedLiteral(value)) {
-      pending_kind = Pending::kLiteral;
-      pending = Item{key, std::string(value), line_no};
+      pending.kind = PendingValue::Kind::kLiteral;
+      pending.item = TextItem{key, std::string(value), line_no};
       continue;
     }
-    add(key, std::string(Strip(value)), line_no);
+    items.Add(key, std::string(Strip(value)), line_no);
   }
-  if (pending_kind == Pending::kString) {
-    throw InvalidArgumentError(StrCat("params text line ", pending.line, ": string value of '",
-                                      pending.key, "' has no closing ", pending_quote));
+  if (pending.kind == PendingValue::Kind::kString) {
+    throw InvalidArgumentError(StrCat("params text line ", pending.item.line, ": string value of '",
+                                      pending.item.key, "' has no closing ", pending.quote));
   }
-  if (pending_kind == Pending::kLiteral) {
-    throw InvalidArgumentError(StrCat("params text line ", pending.line, ": the value of '",
-                                      pending.key, "' has an unclosed bracket or quote"));
+  if (pending.kind == PendingValue::Kind::kLiteral) {
+    throw InvalidArgumentError(StrCat("params text line ", pending.item.line, ": the value of '",
+                                      pending.item.key, "' has an unclosed bracket or quote"));
   }
+  return items.Take();
+}
+
+}  // namespace
+
+Params& Params::FromText(std::string_view text) {
+  CheckMutable("FromText");
+  const std::vector<TextItem> items = ParseTextItems(text);
 
   // Apply to a copy so that an error leaves this Params unchanged.
   Params updated = *this;
-  for (const Item& item : items) {
+  for (const TextItem& item : items) {
     try {
       const ParamValue& old = updated.Get(item.key);
       updated.Set(item.key, ValueFromText(old, item.value));

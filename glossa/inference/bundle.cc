@@ -20,8 +20,8 @@
 #include "glossa/base/strings.h"
 #include "glossa/io/safetensors.h"
 #include "glossa/optim/ema.h"
-#include "glossa/runtime/checkpointer.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/checkpointer.h"
+#include "glossa/checkpoint/saver.h"
 
 namespace glossa {
 namespace {
@@ -74,7 +74,11 @@ std::string NowIso8601() {
 
 }  // namespace
 
-int64_t ExportBundle(const ExportOptions& o) {
+namespace {
+
+// Throws unless the options name a supported dtype and an output directory that is missing or
+// empty.
+void CheckExportOptions(const ExportOptions& o) {
   if (o.dtype != "float32" && o.dtype != "bfloat16") {
     throw InvalidArgumentError(
         StrCat("export: dtype must be float32 or bfloat16, got '", o.dtype, "'"));
@@ -84,72 +88,82 @@ int64_t ExportBundle(const ExportOptions& o) {
     throw InvalidArgumentError(StrCat("export: '", o.out_dir,
                                       "' exists and is not empty; bundles are never overwritten"));
   }
-  // The model without its training inputs; the main task's tokenizer kept apart.
-  Params p = o.model_params.Copy();
+}
+
+// The main task's tokenizer Params (a copy), when its input sets one (p non-const: the mutable
+// GetParams overload, as before the split).
+std::optional<Params> MainTokenizer(Params& p) {
   std::optional<Params> tokenizer;
   const std::string main_input = MainTaskPath(p) + ".input";
   if (p.IsSet(main_input) && p.GetParams(main_input).Contains("tokenizer") &&
       p.IsSet(main_input + ".tokenizer")) {
     tokenizer = p.GetParams(main_input + ".tokenizer").Copy();
   }
-  for (const auto& task : TaskPaths(p)) p.Set(task + ".input", nullptr);
-  // (Seeded only to build it: the checkpoint overwrites every variable.)
-  auto model = InstantiateLayer<BaseModel>(
-      p.IsSet("random_seed") ? p : p.Copy().Set("random_seed", 0));
-  const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
-  const SafetensorsContents ckpt = LoadCheckpoint(o.checkpoint);
-  const std::optional<int64_t> step = RestoreForEval(ckpt, *model, ema.get());
-  if (!step) throw DataLossError(StrCat("export: checkpoint '", o.checkpoint, "' has no global_step"));
-  // The weights: EMA averages when the model keeps them (what evaluation uses), else the variables.
+  return tokenizer;
+}
+
+// The weights: EMA averages when the model keeps them (what evaluation uses), else the variables,
+// in o.dtype; throws on a non-finite weight.
+std::map<std::string, at::Tensor> ExportedWeights(const BaseModel& model,
+                                                  const ExponentialMovingAverage* ema,
+                                                  const ExportOptions& o) {
   std::map<std::string, at::Tensor> weights;
   const auto shadows = ema ? ema->Shadows() : std::map<std::string, at::Tensor>{};
-  for (const auto& [info, t] : model->AllVariables()) {
+  for (const auto& [info, t] : model.AllVariables()) {
     auto s = shadows.find(info.full_name + ExponentialMovingAverage::kSuffix);
     at::Tensor w = s != shadows.end() ? s->second : t;
     if (o.dtype == "bfloat16" && w.is_floating_point()) w = w.to(at::kBFloat16);
     weights[info.full_name] = w.detach();
   }
   CheckFiniteWeights(weights, StrCat("export: checkpoint '", o.checkpoint, "'"));
-  if (o.dtype == "bfloat16") p.Set("dtype", DType::kBFloat16);
-  // Everything is written to a staging directory beside out_dir and renamed into place at the end:
-  // an export that fails leaves nothing under out_dir (one that is killed, a "<out_dir>.partial-
-  // <pid>" directory beside it).
-  std::string target = o.out_dir;
-  while (target.size() > 1 && target.back() == '/') target.pop_back();
-  const std::string dir = StrCat(target, ".partial-", ::getpid());
-  std::filesystem::remove_all(dir);
-  CreateDirectories(dir);
-  struct Cleanup {
-    std::string dir;
-    bool armed = true;
-    ~Cleanup() {
-      std::error_code ec;
-      if (armed) std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
+  return weights;
+}
+
+// Removes the staging directory when the export does not get to rename it into place.
+struct StagingCleanup {
+  std::string dir;
+  bool armed = true;
+  ~StagingCleanup() {
+    std::error_code ec;
+    if (armed) std::filesystem::remove_all(dir, ec);
+  }
+};
+
+// The staging directory of an export and the MANIFEST's "files" written into it so far.
+struct BundleFiles {
+  std::string dir;
   json files = json::object();
-  auto add = [&](const std::string& name) {
+  // Records the written file `name` (relative to dir) with its size and SHA-256.
+  void Add(const std::string& name) {
     const std::string path = JoinPath(dir, name);
     files[name] = {{"bytes", FileSize(path)}, {"sha256", Sha256File(path)}};
-  };
-  if (tokenizer) {
-    // Files the tokenizer reads become assets/<name>, found relative to the bundle.
-    for (const auto& key : tokenizer->Keys()) {
-      const ParamValue& v = tokenizer->Get(key);
-      if (v.kind() != ParamValue::Kind::kString || v.AsString().empty()) continue;
-      const std::string src = v.AsString();
-      if (!FileExists(src) || std::filesystem::is_directory(src)) continue;
-      const std::string name = "assets/" + std::filesystem::path(src).filename().string();
-      CreateDirectories(JoinPath(dir, "assets"));
-      AtomicWriteFile(JoinPath(dir, name), ReadFileToString(src, uint64_t{1} << 32));
-      tokenizer->Set(key, name);
-      add(name);
-    }
-    AtomicWriteFile(JoinPath(dir, "tokenizer_params.pb"), tokenizer->ToProtoBytes());
-    add("tokenizer_params.pb");
   }
-  // Files the main task reads at inference (BaseTask::AssetParams, e.g. a lexicon) likewise.
-  for (const auto& key : model->task().AssetParams()) {
+};
+
+// Writes the tokenizer's Params, the files it reads becoming assets/<name> (found relative to
+// the bundle).
+void WriteTokenizer(BundleFiles& bundle, Params& tokenizer) {
+  const std::string& dir = bundle.dir;
+  for (const auto& key : tokenizer.Keys()) {
+    const ParamValue& v = tokenizer.Get(key);
+    if (v.kind() != ParamValue::Kind::kString || v.AsString().empty()) continue;
+    const std::string src = v.AsString();
+    if (!FileExists(src) || std::filesystem::is_directory(src)) continue;
+    const std::string name = "assets/" + std::filesystem::path(src).filename().string();
+    CreateDirectories(JoinPath(dir, "assets"));
+    AtomicWriteFile(JoinPath(dir, name), ReadFileToString(src, uint64_t{1} << 32));
+    tokenizer.Set(key, name);
+    bundle.Add(name);
+  }
+  AtomicWriteFile(JoinPath(dir, "tokenizer_params.pb"), tokenizer.ToProtoBytes());
+  bundle.Add("tokenizer_params.pb");
+}
+
+// Copies the files the main task reads at inference (BaseTask::AssetParams, e.g. a lexicon) to
+// assets/, pointing p at them.
+void WriteTaskAssets(BundleFiles& bundle, const BaseModel& model, Params& p) {
+  const std::string& dir = bundle.dir;
+  for (const auto& key : model.task().AssetParams()) {
     const std::string full = StrCat(MainTaskPath(p), ".", key);
     if (!p.GetParams(MainTaskPath(p)).Contains(key) ||
         p.Get(full).kind() != ParamValue::Kind::kString) {
@@ -158,30 +172,38 @@ int64_t ExportBundle(const ExportOptions& o) {
     const std::string src = p.GetString(full);
     if (src.empty()) continue;
     std::string name = "assets/" + std::filesystem::path(src).filename().string();
-    if (files.contains(name)) name = StrCat("assets/", key, "_", std::filesystem::path(src).filename().string());
+    if (bundle.files.contains(name)) {
+      name = StrCat("assets/", key, "_", std::filesystem::path(src).filename().string());
+    }
     CreateDirectories(JoinPath(dir, "assets"));
     AtomicWriteFile(JoinPath(dir, name), ReadFileToString(src, uint64_t{1} << 32));
     p.Set(full, name);
-    add(name);
+    bundle.Add(name);
   }
-  // The inference graph: the task's subgraphs (those asked for) and the params text.
-  const auto declared = model->task().Inference();
+}
+
+// A feed's or fetch's spec in the inference graph proto.
+void ToProto(const TensorSpec& s, proto::TensorSpec* out) {
+  out->set_dtype(s.dtype);
+  out->set_rank(s.rank);
+  out->set_optional(s.optional);
+  out->set_bytes(s.bytes);
+  out->set_doc(s.doc);
+  if (s.min) out->set_min(*s.min);
+  if (s.max) out->set_max(*s.max);
+}
+
+// The inference graph: the task's subgraphs (those asked for: all when `wanted` is empty) and
+// the params text.
+void WriteInferenceGraph(BundleFiles& bundle, const BaseModel& model, const Params& p,
+                         std::vector<std::string> wanted) {
+  const auto declared = model.task().Inference();
   if (declared.empty()) {
     throw FailedPreconditionError(
         StrCat("export: the task of this model declares no inference subgraphs"));
   }
   proto::InferenceGraph graph;
   graph.set_model_params(p.ToText());
-  auto to_proto = [](const TensorSpec& s, proto::TensorSpec* out) {
-    out->set_dtype(s.dtype);
-    out->set_rank(s.rank);
-    out->set_optional(s.optional);
-    out->set_bytes(s.bytes);
-    out->set_doc(s.doc);
-    if (s.min) out->set_min(*s.min);
-    if (s.max) out->set_max(*s.max);
-  };
-  std::vector<std::string> wanted = o.subgraphs;
   if (wanted.empty()) {
     for (const auto& [name, spec] : declared) wanted.push_back(name);
   }
@@ -195,50 +217,94 @@ int64_t ExportBundle(const ExportOptions& o) {
     }
     proto::InferenceSubgraph& sg = (*graph.mutable_subgraphs())[name];
     sg.set_doc(it->second.doc);
-    for (const auto& [k, s] : it->second.feeds) to_proto(s, &(*sg.mutable_feeds())[k]);
-    for (const auto& [k, s] : it->second.fetches) to_proto(s, &(*sg.mutable_fetches())[k]);
+    for (const auto& [k, s] : it->second.feeds) ToProto(s, &(*sg.mutable_feeds())[k]);
+    for (const auto& [k, s] : it->second.fetches) ToProto(s, &(*sg.mutable_fetches())[k]);
   }
   std::string graph_text;
   google::protobuf::TextFormat::PrintToString(graph, &graph_text);
-  AtomicWriteFile(JoinPath(dir, "inference_graph.pbtxt"), graph_text);
-  add("inference_graph.pbtxt");
-  AtomicWriteFile(JoinPath(dir, "model_params.pb"), p.ToProtoBytes());
-  add("model_params.pb");
-  AtomicWriteFile(JoinPath(dir, "model_params.txt"), p.ToText());
-  add("model_params.txt");
-  auto say = [&](const std::string& line) {
-    if (o.log) o.log(line);
-  };
-  if (o.torchscript) {
-    say("export: writing the TorchScript network");
-    // The task exports from its variables: give them the exported (EMA) weights in float32.
-    {
-      at::NoGradGuard no_grad;
-      for (const auto& [info, t] : model->AllVariables()) {
-        auto it = weights.find(info.full_name);
-        if (it != weights.end()) const_cast<at::Tensor&>(t).copy_(it->second.to(t.scalar_type()));
-      }
-    }
-    for (const auto& name : model->task().ExportTorchScript(JoinPath(dir, "torchscript"))) {
-      add("torchscript/" + name);
+  AtomicWriteFile(JoinPath(bundle.dir, "inference_graph.pbtxt"), graph_text);
+  bundle.Add("inference_graph.pbtxt");
+}
+
+// Reports a line of progress through o.log, when set.
+void Say(const ExportOptions& o, const std::string& line) {
+  if (o.log) o.log(line);
+}
+
+// The TorchScript network, exported by the task from its variables, which get the exported
+// (EMA) weights in float32 first.
+void WriteTorchScript(BundleFiles& bundle, const BaseModel& model,
+                      const std::map<std::string, at::Tensor>& weights, const ExportOptions& o) {
+  Say(o, "export: writing the TorchScript network");
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& [info, t] : model.AllVariables()) {
+      auto it = weights.find(info.full_name);
+      if (it != weights.end()) const_cast<at::Tensor&>(t).copy_(it->second.to(t.scalar_type()));
     }
   }
+  for (const auto& name : model.task().ExportTorchScript(JoinPath(bundle.dir, "torchscript"))) {
+    bundle.Add("torchscript/" + name);
+  }
+}
+
+// weights.safetensors, with the step as its global_step.
+void WriteWeights(BundleFiles& bundle, const std::map<std::string, at::Tensor>& weights,
+                  int64_t step, const ExportOptions& o) {
   int64_t bytes = 0;
   for (const auto& [name, t] : weights) bytes += static_cast<int64_t>(t.nbytes());
   char mb[32];
   std::snprintf(mb, sizeof(mb), "%.1f", bytes / 1e6);
-  say(StrCat("export: writing ", weights.size(), " weights (", mb, " MB, ", o.dtype, ") of step ",
-             *step));
-  SaveSafetensors(JoinPath(dir, "weights.safetensors"), weights,
-                  {{"global_step", std::to_string(*step)}});
-  add("weights.safetensors");
+  Say(o, StrCat("export: writing ", weights.size(), " weights (", mb, " MB, ", o.dtype,
+                ") of step ", step));
+  SaveSafetensors(JoinPath(bundle.dir, "weights.safetensors"), weights,
+                  {{"global_step", std::to_string(step)}});
+  bundle.Add("weights.safetensors");
+}
+
+}  // namespace
+
+int64_t ExportBundle(const ExportOptions& o) {
+  CheckExportOptions(o);
+  // The model without its training inputs; the main task's tokenizer kept apart.
+  Params p = o.model_params.Copy();
+  std::optional<Params> tokenizer = MainTokenizer(p);
+  for (const auto& task : TaskPaths(p)) p.Set(task + ".input", nullptr);
+  // (Seeded only to build it: the checkpoint overwrites every variable.)
+  auto model = InstantiateLayer<BaseModel>(
+      p.IsSet("random_seed") ? p : p.Copy().Set("random_seed", 0));
+  const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
+  const SafetensorsContents ckpt = LoadCheckpoint(o.checkpoint);
+  const std::optional<int64_t> step = RestoreForEval(ckpt, *model, ema.get());
+  if (!step) throw DataLossError(StrCat("export: checkpoint '", o.checkpoint, "' has no global_step"));
+  std::map<std::string, at::Tensor> weights = ExportedWeights(*model, ema.get(), o);
+  if (o.dtype == "bfloat16") p.Set("dtype", DType::kBFloat16);
+  // Everything is written to a staging directory beside out_dir and renamed into place at the end:
+  // an export that fails leaves nothing under out_dir (one that is killed, a "<out_dir>.partial-
+  // <pid>" directory beside it).
+  std::string target = o.out_dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  const std::string dir = StrCat(target, ".partial-", ::getpid());
+  std::filesystem::remove_all(dir);
+  CreateDirectories(dir);
+  StagingCleanup cleanup{dir};
+  BundleFiles bundle{dir};
+  if (tokenizer) WriteTokenizer(bundle, *tokenizer);
+  WriteTaskAssets(bundle, *model, p);
+  WriteInferenceGraph(bundle, *model, p, o.subgraphs);
+  AtomicWriteFile(JoinPath(dir, "model_params.pb"), p.ToProtoBytes());
+  bundle.Add("model_params.pb");
+  AtomicWriteFile(JoinPath(dir, "model_params.txt"), p.ToText());
+  bundle.Add("model_params.txt");
+  if (o.torchscript) WriteTorchScript(bundle, *model, weights, o);
+  WriteWeights(bundle, weights, *step, o);
   json manifest = {{"format", kFormat},
                    {"format_version", kBundleFormatVersion},
                    {"created", NowIso8601()},
                    {"source_checkpoint", o.checkpoint},
                    {"global_step", *step},
                    {"dtype", o.dtype},
-                   {"files", files}};
+                   {"files", bundle.files}};
   AtomicWriteFile(JoinPath(dir, kManifest), manifest.dump(2) + "\n");
   if (FileExists(target)) std::filesystem::remove(target);  // empty (checked above)
   std::filesystem::rename(dir, target);

@@ -8,8 +8,8 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/optim/ema.h"
-#include "glossa/runtime/checkpointer.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/checkpointer.h"
+#include "glossa/checkpoint/saver.h"
 
 namespace glossa {
 

@@ -16,10 +16,12 @@
 
 namespace glossa {
 
-NestedMap PadAndStack(const std::vector<NestedMap>& examples,
-                      const std::map<std::string, double>& pad_values) {
-  if (examples.empty()) throw InvalidArgumentError("PadAndStack: no examples");
-  const auto keys = examples[0].Keys();
+namespace {
+
+// The values of each of `keys` across `examples` (column k: key k of each example), after
+// checking that every example has example 0's keys, in its order.
+std::vector<std::vector<NestedValue>> Columns(const std::vector<NestedMap>& examples,
+                                              const std::vector<std::string>& keys) {
   std::vector<std::vector<NestedValue>> columns(keys.size());
   for (size_t e = 0; e < examples.size(); ++e) {
     auto flat = examples[e].FlattenItems();
@@ -36,84 +38,109 @@ NestedMap PadAndStack(const std::vector<NestedMap>& examples,
       columns[k].push_back(flat[k].second);
     }
   }
+  return columns;
+}
+
+// The tensors of `col` (CPU, contiguous, one dtype, rank `rank`) stacked into one
+// [col.size(), max_shape...] tensor filled with `pad`, each copied into its slot.
+at::Tensor StackInPlace(const std::vector<NestedValue>& col, const std::vector<int64_t>& max_shape,
+                        int64_t rank, double pad) {
+  const at::Tensor& first = col[0].AsTensor();
+  std::vector<int64_t> out_shape = {static_cast<int64_t>(col.size())};
+  out_shape.insert(out_shape.end(), max_shape.begin(), max_shape.end());
+  at::Tensor out = at::full(out_shape, pad, first.options());
+  const int64_t item = static_cast<int64_t>(first.element_size());
+  const int64_t slot = out.numel() / std::max<int64_t>(out.size(0), 1) * item;
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (size_t e = 0; e < col.size(); ++e) {
+    const at::Tensor& t = col[e].AsTensor();
+    if (t.numel() == 0) continue;
+    const char* src = static_cast<const char*>(t.data_ptr());
+    if (rank <= 1) {
+      std::memcpy(dst + e * slot, src, t.numel() * item);
+      continue;
+    }
+    // Rows of the last dimension, each to its place in the padded [max_shape] slot.
+    const int64_t row = t.size(rank - 1) * item, rows = t.numel() / t.size(rank - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t offset = 0, rest = r;
+      for (int64_t d = rank - 2; d >= 0; --d) {
+        int64_t stride = max_shape[rank - 1];
+        for (int64_t d2 = d + 1; d2 < rank - 1; ++d2) stride *= max_shape[d2];
+        offset += (rest % t.size(d)) * stride;
+        rest /= t.size(d);
+      }
+      std::memcpy(dst + e * slot + offset * item, src + r * row, row);
+    }
+  }
+  return out;
+}
+
+// The tensors of `col` (rank `rank`), each padded with `pad` to [max_shape] where it is smaller,
+// stacked along a new dim 0.
+at::Tensor PadEachAndStack(const std::vector<NestedValue>& col,
+                           const std::vector<int64_t>& max_shape, int64_t rank, double pad) {
+  std::vector<at::Tensor> padded;
+  for (const auto& v : col) {
+    at::Tensor t = v.AsTensor();
+    std::vector<int64_t> pads;
+    bool needs = false;
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      pads.push_back(0);
+      pads.push_back(max_shape[d] - t.size(d));
+      needs = needs || max_shape[d] != t.size(d);
+    }
+    padded.push_back(needs ? at::constant_pad_nd(t, pads, pad) : t);
+  }
+  return at::stack(padded);
+}
+
+// Column `key` of the batch: its non-tensor values as a list, or its tensors padded to a common
+// shape (pad value from pad_values, else 1 for keys ending in "paddings", else 0) and stacked.
+NestedValue StackColumn(const std::string& key, const std::vector<NestedValue>& col,
+                        const std::map<std::string, double>& pad_values) {
+  if (!col[0].is_tensor()) return NestedValue(NestedValue::List(col.begin(), col.end()));
+  const int64_t rank = col[0].AsTensor().dim();
+  std::vector<int64_t> max_shape = col[0].AsTensor().sizes().vec();
+  for (const auto& v : col) {
+    const at::Tensor& t = v.AsTensor();
+    if (t.dim() != rank) {
+      throw InvalidArgumentError(StrCat("PadAndStack: '", key, "' has rank ", t.dim(),
+                                        " in one example and ", rank, " in another"));
+    }
+    for (int64_t d = 0; d < rank; ++d) max_shape[d] = std::max(max_shape[d], t.size(d));
+  }
+  double pad = 0.0;
+  auto it = pad_values.find(key);
+  if (it != pad_values.end()) {
+    pad = it->second;
+  } else if (key.size() >= 8 && key.compare(key.size() - 8, 8, "paddings") == 0) {
+    pad = 1.0;
+  }
+  // The common case, each example's tensor contiguous on the CPU in one dtype: one output
+  // filled with the pad value and each example copied into its slot (a padded copy and its
+  // allocation per example and column cost more than the copying).
+  const at::Tensor& first = col[0].AsTensor();
+  bool direct = first.device().is_cpu();
+  for (const auto& v : col) {
+    const at::Tensor& t = v.AsTensor();
+    direct = direct && t.device().is_cpu() && t.scalar_type() == first.scalar_type() &&
+             t.is_contiguous() && !t.is_complex();
+  }
+  if (direct) return NestedValue(StackInPlace(col, max_shape, rank, pad));
+  return NestedValue(PadEachAndStack(col, max_shape, rank, pad));
+}
+
+}  // namespace
+
+NestedMap PadAndStack(const std::vector<NestedMap>& examples,
+                      const std::map<std::string, double>& pad_values) {
+  if (examples.empty()) throw InvalidArgumentError("PadAndStack: no examples");
+  const auto keys = examples[0].Keys();
+  const std::vector<std::vector<NestedValue>> columns = Columns(examples, keys);
   std::vector<NestedValue> stacked;
   for (size_t k = 0; k < keys.size(); ++k) {
-    const auto& col = columns[k];
-    if (!col[0].is_tensor()) {
-      stacked.emplace_back(NestedValue::List(col.begin(), col.end()));
-      continue;
-    }
-    const int64_t rank = col[0].AsTensor().dim();
-    std::vector<int64_t> max_shape = col[0].AsTensor().sizes().vec();
-    for (const auto& v : col) {
-      const at::Tensor& t = v.AsTensor();
-      if (t.dim() != rank) {
-        throw InvalidArgumentError(StrCat("PadAndStack: '", keys[k], "' has rank ", t.dim(),
-                                          " in one example and ", rank, " in another"));
-      }
-      for (int64_t d = 0; d < rank; ++d) max_shape[d] = std::max(max_shape[d], t.size(d));
-    }
-    double pad = 0.0;
-    auto it = pad_values.find(keys[k]);
-    if (it != pad_values.end()) {
-      pad = it->second;
-    } else if (keys[k].size() >= 8 && keys[k].compare(keys[k].size() - 8, 8, "paddings") == 0) {
-      pad = 1.0;
-    }
-    // The common case, each example's tensor contiguous on the CPU in one dtype: one output
-    // filled with the pad value and each example copied into its slot (a padded copy and its
-    // allocation per example and column cost more than the copying).
-    const at::Tensor& first = col[0].AsTensor();
-    bool direct = first.device().is_cpu();
-    for (const auto& v : col) {
-      const at::Tensor& t = v.AsTensor();
-      direct = direct && t.device().is_cpu() && t.scalar_type() == first.scalar_type() &&
-               t.is_contiguous() && !t.is_complex();
-    }
-    if (direct) {
-      std::vector<int64_t> out_shape = {static_cast<int64_t>(col.size())};
-      out_shape.insert(out_shape.end(), max_shape.begin(), max_shape.end());
-      at::Tensor out = at::full(out_shape, pad, first.options());
-      const int64_t item = static_cast<int64_t>(first.element_size());
-      const int64_t slot = out.numel() / std::max<int64_t>(out.size(0), 1) * item;
-      char* dst = static_cast<char*>(out.data_ptr());
-      for (size_t e = 0; e < col.size(); ++e) {
-        const at::Tensor& t = col[e].AsTensor();
-        if (t.numel() == 0) continue;
-        const char* src = static_cast<const char*>(t.data_ptr());
-        if (rank <= 1) {
-          std::memcpy(dst + e * slot, src, t.numel() * item);
-          continue;
-        }
-        // Rows of the last dimension, each to its place in the padded [max_shape] slot.
-        const int64_t row = t.size(rank - 1) * item, rows = t.numel() / t.size(rank - 1);
-        for (int64_t r = 0; r < rows; ++r) {
-          int64_t offset = 0, rest = r;
-          for (int64_t d = rank - 2; d >= 0; --d) {
-            int64_t stride = max_shape[rank - 1];
-            for (int64_t d2 = d + 1; d2 < rank - 1; ++d2) stride *= max_shape[d2];
-            offset += (rest % t.size(d)) * stride;
-            rest /= t.size(d);
-          }
-          std::memcpy(dst + e * slot + offset * item, src + r * row, row);
-        }
-      }
-      stacked.emplace_back(out);
-      continue;
-    }
-    std::vector<at::Tensor> padded;
-    for (const auto& v : col) {
-      at::Tensor t = v.AsTensor();
-      std::vector<int64_t> pads;
-      bool needs = false;
-      for (int64_t d = rank - 1; d >= 0; --d) {
-        pads.push_back(0);
-        pads.push_back(max_shape[d] - t.size(d));
-        needs = needs || max_shape[d] != t.size(d);
-      }
-      padded.push_back(needs ? at::constant_pad_nd(t, pads, pad) : t);
-    }
-    stacked.emplace_back(at::stack(padded));
+    stacked.push_back(StackColumn(keys[k], columns[k], pad_values));
   }
   return examples[0].Pack(stacked);
 }

@@ -45,6 +45,32 @@ NestedValue BytesValue(std::vector<std::string> values, bool scalar) {
   return NestedValue(std::move(list));
 }
 
+// Puts into `out` under `name` the default of the missing fixed-length feature `s` (shaped
+// `shape`, `n` elements), or throws InvalidArgumentError if it has none or a wrong count.
+void PutDefault(const FeatureSpec& s, const std::vector<int64_t>& shape, int64_t n,
+                std::string_view where, const std::string& name, NestedMap& out) {
+  if (s.type == FeatureType::kBytes) {
+    if (!s.default_bytes) {
+      throw InvalidArgumentError(StrCat(Where(where, name), " is missing and has no default"));
+    }
+    std::vector<std::string> values = *s.default_bytes;
+    if (values.size() == 1 && n != 1) values.assign(n, values[0]);
+    out.Put(name, BytesValue(values, s.shape.empty()));
+  } else {
+    if (!s.default_numbers) {
+      throw InvalidArgumentError(StrCat(Where(where, name), " is missing and has no default"));
+    }
+    std::vector<double> d = *s.default_numbers;
+    if (d.size() == 1 && n != 1) d.assign(n, d[0]);
+    if (static_cast<int64_t>(d.size()) != n) {
+      throw InvalidArgumentError(
+          StrCat(Where(where, name), ": default has ", d.size(), " values, shape needs ", n));
+    }
+    at::Tensor t = at::tensor(d, at::kDouble).reshape(shape);
+    out.Put(name, t.to(s.type == FeatureType::kInt64 ? at::kLong : at::kFloat));
+  }
+}
+
 }  // namespace
 
 FeatureSpec FeatureSpec::Fixed(FeatureType type, std::vector<int64_t> shape,
@@ -101,26 +127,7 @@ NestedMap ParseExample(std::string_view serialized, const FeatureSpecs& spec,
     }
     if (!present && !s.var_len) {
       // A missing fixed-length feature takes its default.
-      if (s.type == FeatureType::kBytes) {
-        if (!s.default_bytes) {
-          throw InvalidArgumentError(StrCat(Where(where, name), " is missing and has no default"));
-        }
-        std::vector<std::string> values = *s.default_bytes;
-        if (values.size() == 1 && n != 1) values.assign(n, values[0]);
-        out.Put(name, BytesValue(values, s.shape.empty()));
-      } else {
-        if (!s.default_numbers) {
-          throw InvalidArgumentError(StrCat(Where(where, name), " is missing and has no default"));
-        }
-        std::vector<double> d = *s.default_numbers;
-        if (d.size() == 1 && n != 1) d.assign(n, d[0]);
-        if (static_cast<int64_t>(d.size()) != n) {
-          throw InvalidArgumentError(
-              StrCat(Where(where, name), ": default has ", d.size(), " values, shape needs ", n));
-        }
-        at::Tensor t = at::tensor(d, at::kDouble).reshape(shape);
-        out.Put(name, t.to(s.type == FeatureType::kInt64 ? at::kLong : at::kFloat));
-      }
+      PutDefault(s, shape, n, where, name, out);
       continue;
     }
     switch (s.type) {

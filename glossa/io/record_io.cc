@@ -5,7 +5,6 @@
 #include <zlib.h>
 
 #if defined(__x86_64__)
-#include <nmmintrin.h>
 #endif
 
 #include <algorithm>
@@ -148,21 +147,6 @@ uint32_t DecodeFixed32(const char* p) {
   return v;
 }
 
-// The CRC32C of a record's 8-byte length: one instruction where the CPU has it (this runs once
-// per record, and a call into the general routine cost as much as the checksum).
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t LengthCrcHardware(const char* p) {
-  return ~static_cast<uint32_t>(_mm_crc32_u64(0xffffffffu, DecodeFixed64(p)));
-}
-#endif
-uint32_t LengthCrc(const char* p) {
-#if defined(__x86_64__)
-  static const bool hardware = Crc32cIsHardwareAccelerated();
-  if (hardware) return LengthCrcHardware(p);
-#endif
-  return Crc32c(p, 8);
-}
-
 class TFRecordReader : public RecordReader {
  public:
   TFRecordReader(const std::string& path, bool gzip, const RecordReaderOptions& options)
@@ -196,7 +180,7 @@ class TFRecordReader : public RecordReader {
       }
       const char* header = source_.Data();
       const uint64_t length = DecodeFixed64(header);
-      if (MaskCrc(LengthCrc(header)) != DecodeFixed32(header + 8)) {
+      if (MaskCrc(Crc32cOf8Bytes(header)) != DecodeFixed32(header + 8)) {
         return Corrupt(start, "corrupt record length (CRC mismatch)", true);
       }
       if (length > options_.max_record_size) {

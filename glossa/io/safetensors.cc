@@ -132,181 +132,268 @@ void SaveSafetensors(const std::string& path, const std::map<std::string, at::Te
   });
 }
 
-SafetensorsContents LoadSafetensors(const std::string& path) {
-  auto fail = [&](const std::string& why) -> DataLossError {
+namespace {
+
+// One tensor's bytes in the data section.
+struct Span {
+  uint64_t begin, end;
+  std::string name;
+};
+
+// The state of one LoadSafetensors call, shared by its steps.
+struct SafetensorsLoad {
+  explicit SafetensorsLoad(const std::string& p) : path(p) {}
+  // The error for a damaged file.
+  DataLossError fail(const std::string& why) const {
     return DataLossError(StrCat("safetensors file '", path, "': ", why));
-  };
-  const uint64_t file_size = FileSize(path);
+  }
+
+  const std::string& path;
+  uint64_t file_size = 0;
+  std::string data;            // the whole file
+  uint64_t n = 0;              // the header's length
+  json header;
+  uint64_t data_size = 0;      // the bytes after the header
+  const char* base = nullptr;  // the data section, in data
+  std::vector<Span> spans;     // every tensor's bytes, in header order
+  SafetensorsContents out;
+};
+
+// Reads the file and parses its header, checking the header length against the file.
+void ReadHeader(SafetensorsLoad& ld) {
+  const uint64_t file_size = FileSize(ld.path);
+  ld.file_size = file_size;
   if (file_size < 8)
-    throw fail(StrCat("file is ", file_size, " bytes, shorter than the 8-byte header length"));
-  const std::string data = ReadFileToString(path);
+    throw ld.fail(StrCat("file is ", file_size, " bytes, shorter than the 8-byte header length"));
+  ld.data = ReadFileToString(ld.path);
+  const std::string& data = ld.data;
   uint64_t n;
   std::memcpy(&n, data.data(), 8);
+  ld.n = n;
   if (n > kMaxHeaderSize)
-    throw fail(StrCat("header length ", n, " exceeds the limit ", kMaxHeaderSize));
+    throw ld.fail(StrCat("header length ", n, " exceeds the limit ", kMaxHeaderSize));
   if (n > file_size - 8)
-    throw fail(StrCat("header length ", n, " goes beyond the file (", file_size, " bytes)"));
-  json header;
+    throw ld.fail(StrCat("header length ", n, " goes beyond the file (", file_size, " bytes)"));
   try {
-    header = json::parse(data.begin() + 8, data.begin() + 8 + static_cast<int64_t>(n));
+    ld.header = json::parse(data.begin() + 8, data.begin() + 8 + static_cast<int64_t>(n));
   } catch (const json::exception& e) {
-    throw fail(StrCat("header is not valid JSON: ", e.what()));
+    throw ld.fail(StrCat("header is not valid JSON: ", e.what()));
   }
-  if (!header.is_object()) throw fail("header is not a JSON object");
-  const uint64_t data_size = file_size - 8 - n;
-  const char* base = data.data() + 8 + n;
-  SafetensorsContents out;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-  };
-  std::vector<Span> spans;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& e = it.value();
-    if (name == "__metadata__") {
-      if (!e.is_object()) throw fail("__metadata__ is not an object");
-      for (auto m = e.begin(); m != e.end(); ++m) {
-        if (!m.value().is_string())
-          throw fail(StrCat("__metadata__ '", m.key(), "' is not a string"));
-        out.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
-        !e.contains("data_offsets") || !e["dtype"].is_string() || !e["shape"].is_array() ||
-        !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
-      throw fail(StrCat("tensor '", name, "' needs dtype, shape and data_offsets [begin, end]"));
-    }
-    const std::string dtype = e["dtype"].get<std::string>();
-    static const DTypeInfo kFp8[] = {{"F8_E4M3", at::kByte, at::kFloat, 1},
-                                     {"F8_E5M2", at::kByte, at::kFloat, 1}};
-    const DTypeInfo* info = nullptr;
-    for (const auto& d : DTypes()) {
-      if (dtype == d.name) info = &d;
-    }
-    for (const auto& d : kFp8) {
-      if (dtype == d.name) info = &d;
-    }
-    if (info == nullptr) {
-      // A well-formed file with a type of the format we cannot represent (F8_E8M0, F4, ...):
-      // not corrupt, just unsupported.
-      throw UnimplementedError(StrCat("safetensors file '", path, "': tensor '", name,
-                                      "' has dtype '", dtype,
-                                      "', which Glossa cannot load (supported: BOOL, U8, I8, I16, "
-                                      "U16, I32, U32, I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2)"));
-    }
-    std::vector<int64_t> shape;
-    uint64_t numel = 1;
-    for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
-        throw fail(StrCat("tensor '", name, "' has an invalid shape"));
-      }
-      shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
-      if (numel > (uint64_t{1} << 40)) throw fail(StrCat("tensor '", name, "' is too large"));
-    }
-    for (const auto& o : e["data_offsets"]) {
-      if (!o.is_number_unsigned())
-        throw fail(StrCat("tensor '", name, "' has invalid data_offsets"));
-    }
-    const uint64_t begin = e["data_offsets"][0].get<uint64_t>(),
-                   end = e["data_offsets"][1].get<uint64_t>();
-    if (begin > end || end > data_size) {
-      throw fail(StrCat("tensor '", name, "' data_offsets [", begin, ", ", end,
-                        "] are outside the data (", data_size, " bytes)"));
-    }
-    if (end - begin != numel * info->size) {
-      throw fail(StrCat("tensor '", name, "' has ", end - begin, " bytes, but dtype ", dtype,
-                        " and shape need ", numel * info->size));
-    }
-    spans.push_back({begin, end, name});
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(info->stored));
-    if (end > begin) std::memcpy(t.data_ptr(), base + begin, end - begin);
-    if (dtype == "U16") t = t.to(at::kInt).bitwise_and(static_cast<int64_t>(0xFFFF));
-    if (dtype == "U32") t = t.to(at::kLong).bitwise_and(static_cast<int64_t>(0xFFFFFFFFLL));
-    if (dtype == "F8_E4M3" || dtype == "F8_E5M2") {
-      at::Tensor widened = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-      const uint8_t* src = t.data_ptr<uint8_t>();
-      float* dst = widened.data_ptr<float>();
-      for (int64_t i = 0; i < t.numel(); ++i) dst[i] = Fp8ToFloat(src[i], dtype == "F8_E4M3");
-      t = widened;
-    }
-    out.tensors[name] = t;
+  if (!ld.header.is_object()) throw ld.fail("header is not a JSON object");
+}
+
+// The header's __metadata__ entry e into ld.out.metadata (string values only).
+void ReadMetadata(SafetensorsLoad& ld, const json& e) {
+  if (!e.is_object()) throw ld.fail("__metadata__ is not an object");
+  for (auto m = e.begin(); m != e.end(); ++m) {
+    if (!m.value().is_string())
+      throw ld.fail(StrCat("__metadata__ '", m.key(), "' is not a string"));
+    ld.out.metadata[m.key()] = m.value().get<std::string>();
   }
-  std::sort(spans.begin(), spans.end(),
+}
+
+// The type of tensor `name`'s dtype; a type Glossa cannot represent is Unimplemented.
+const DTypeInfo& FindDType(const std::string& path, const std::string& name,
+                           const std::string& dtype) {
+  static const DTypeInfo kFp8[] = {{"F8_E4M3", at::kByte, at::kFloat, 1},
+                                   {"F8_E5M2", at::kByte, at::kFloat, 1}};
+  const DTypeInfo* info = nullptr;
+  for (const auto& d : DTypes()) {
+    if (dtype == d.name) info = &d;
+  }
+  for (const auto& d : kFp8) {
+    if (dtype == d.name) info = &d;
+  }
+  if (info == nullptr) {
+    // A well-formed file with a type of the format we cannot represent (F8_E8M0, F4, ...):
+    // not corrupt, just unsupported.
+    throw UnimplementedError(StrCat("safetensors file '", path, "': tensor '", name,
+                                    "' has dtype '", dtype,
+                                    "', which Glossa cannot load (supported: BOOL, U8, I8, I16, "
+                                    "U16, I32, U32, I64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2)"));
+  }
+  return *info;
+}
+
+// Tensor `name`'s shape (each dimension at most 2^40, as is the element count, set in numel).
+std::vector<int64_t> ReadShape(const SafetensorsLoad& ld, const std::string& name,
+                               const json& e, uint64_t& numel) {
+  std::vector<int64_t> shape;
+  numel = 1;
+  for (const auto& d : e["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) {
+      throw ld.fail(StrCat("tensor '", name, "' has an invalid shape"));
+    }
+    shape.push_back(d.get<int64_t>());
+    numel *= d.get<uint64_t>();
+    if (numel > (uint64_t{1} << 40)) throw ld.fail(StrCat("tensor '", name, "' is too large"));
+  }
+  return shape;
+}
+
+// Tensor `name`'s data_offsets, checked to lie in the data and to hold numel elements of info.
+Span ReadSpan(const SafetensorsLoad& ld, const std::string& name, const json& e,
+              const std::string& dtype, const DTypeInfo& info, uint64_t numel) {
+  for (const auto& o : e["data_offsets"]) {
+    if (!o.is_number_unsigned())
+      throw ld.fail(StrCat("tensor '", name, "' has invalid data_offsets"));
+  }
+  const uint64_t begin = e["data_offsets"][0].get<uint64_t>(),
+                 end = e["data_offsets"][1].get<uint64_t>();
+  if (begin > end || end > ld.data_size) {
+    throw ld.fail(StrCat("tensor '", name, "' data_offsets [", begin, ", ", end,
+                         "] are outside the data (", ld.data_size, " bytes)"));
+  }
+  if (end - begin != numel * info.size) {
+    throw ld.fail(StrCat("tensor '", name, "' has ", end - begin, " bytes, but dtype ", dtype,
+                         " and shape need ", numel * info.size));
+  }
+  return {begin, end, name};
+}
+
+// The tensor of span's bytes, widened to what the reader returns (U16, U32, F8_*).
+at::Tensor ReadTensorData(const SafetensorsLoad& ld, const Span& span,
+                          const std::vector<int64_t>& shape, const DTypeInfo& info,
+                          const std::string& dtype) {
+  const uint64_t begin = span.begin, end = span.end;
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(info.stored));
+  if (end > begin) std::memcpy(t.data_ptr(), ld.base + begin, end - begin);
+  if (dtype == "U16") t = t.to(at::kInt).bitwise_and(static_cast<int64_t>(0xFFFF));
+  if (dtype == "U32") t = t.to(at::kLong).bitwise_and(static_cast<int64_t>(0xFFFFFFFFLL));
+  if (dtype == "F8_E4M3" || dtype == "F8_E5M2") {
+    at::Tensor widened = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+    const uint8_t* src = t.data_ptr<uint8_t>();
+    float* dst = widened.data_ptr<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) dst[i] = Fp8ToFloat(src[i], dtype == "F8_E4M3");
+    t = widened;
+  }
+  return t;
+}
+
+// The header's tensor entry `name`: checked, recorded in ld.spans and loaded into ld.out.
+void ReadTensor(SafetensorsLoad& ld, const std::string& name, const json& e) {
+  if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
+      !e.contains("data_offsets") || !e["dtype"].is_string() || !e["shape"].is_array() ||
+      !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
+    throw ld.fail(StrCat("tensor '", name, "' needs dtype, shape and data_offsets [begin, end]"));
+  }
+  const std::string dtype = e["dtype"].get<std::string>();
+  const DTypeInfo& info = FindDType(ld.path, name, dtype);
+  uint64_t numel = 1;
+  const std::vector<int64_t> shape = ReadShape(ld, name, e, numel);
+  const Span span = ReadSpan(ld, name, e, dtype, info, numel);
+  ld.spans.push_back(span);
+  ld.out.tensors[name] = ReadTensorData(ld, span, shape, info, dtype);
+}
+
+// Sorts ld.spans by offset and checks that they tile the data section: no overlaps, gaps or
+// trailing bytes.
+void CheckSpansTileData(SafetensorsLoad& ld) {
+  std::sort(ld.spans.begin(), ld.spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });
   uint64_t expected = 0;
-  for (const auto& s : spans) {
+  for (const auto& s : ld.spans) {
     if (s.begin < expected)
-      throw fail(StrCat("tensor '", s.name, "' overlaps the previous tensor's data"));
+      throw ld.fail(StrCat("tensor '", s.name, "' overlaps the previous tensor's data"));
     if (s.begin > expected)
-      throw fail(StrCat("unused bytes before tensor '", s.name, "' at data offset ", expected));
+      throw ld.fail(StrCat("unused bytes before tensor '", s.name, "' at data offset ", expected));
     expected = s.end;
   }
-  if (expected != data_size) {
-    throw fail(StrCat(data_size - expected, " trailing bytes after the last tensor"));
+  if (expected != ld.data_size) {
+    throw ld.fail(StrCat(ld.data_size - expected, " trailing bytes after the last tensor"));
   }
+}
+
+// Checks every tensor's bytes against its CRC32C in `sums` (the kChecksumKey metadata).
+void VerifyDataChecksums(const SafetensorsLoad& ld, const std::string& sums) {
+  json parsed;
+  try {
+    parsed = json::parse(sums);
+  } catch (const json::exception&) {
+    throw ld.fail(StrCat("__metadata__ '", kChecksumKey, "' is not a JSON object"));
+  }
+  if (!parsed.is_object())
+    throw ld.fail(StrCat("__metadata__ '", kChecksumKey, "' is not an object"));
+  for (const auto& s : ld.spans) {
+    if (!parsed.contains(s.name) || !parsed[s.name].is_string()) {
+      throw ld.fail(StrCat("tensor '", s.name, "' has no checksum in '", kChecksumKey, "'"));
+    }
+    const std::string want = parsed[s.name].get<std::string>();
+    const std::string got = Hex32(Crc32c(ld.base + s.begin, s.end - s.begin));
+    if (want != got) {
+      throw ld.fail(StrCat("tensor '", s.name, "' fails its CRC32C checksum (stored ", want,
+                           ", computed ", got, " over data bytes [", s.begin, ", ", s.end,
+                           ")): the file is corrupt"));
+    }
+  }
+}
+
+// Verifies Glossa's checksums (data and header) and takes them out of the metadata.
+void VerifyChecksums(SafetensorsLoad& ld) {
+  auto& metadata = ld.out.metadata;
   // Checksums: Glossa writes them into every file; a key of Glossa's that this version does not
   // know (e.g. a damaged "glossa.crc32c") must not switch the check off.
-  for (const auto& [key, value] : out.metadata) {
+  for (const auto& [key, value] : metadata) {
     if (key.rfind("glossa.", 0) == 0 && key != kChecksumKey && key != kHeaderChecksumKey) {
-      throw fail(StrCat("__metadata__ has the unknown key '", key, "' (Glossa's checksums are '",
-                        kChecksumKey, "'): the header is damaged or from a newer Glossa"));
+      throw ld.fail(StrCat("__metadata__ has the unknown key '", key,
+                           "' (Glossa's checksums are '", kChecksumKey,
+                           "'): the header is damaged or from a newer Glossa"));
     }
   }
-  auto sums = out.metadata.find(kChecksumKey);
+  auto sums = metadata.find(kChecksumKey);
   // Checkpoints of format_version 2 and later always carry them; version 1 predates them.
-  const auto version = out.metadata.find("format_version");
+  const auto version = metadata.find("format_version");
   const bool must_have_sums =
-      version != out.metadata.end() && version->second != "1" && !version->second.empty();
-  if (sums == out.metadata.end()) {
+      version != metadata.end() && version->second != "1" && !version->second.empty();
+  if (sums == metadata.end()) {
     if (must_have_sums) {
-      throw fail(StrCat("written by Glossa (format_version ", version->second, ") but without its '",
-                        kChecksumKey, "' checksums: the header was altered"));
+      throw ld.fail(StrCat("written by Glossa (format_version ", version->second,
+                           ") but without its '", kChecksumKey,
+                           "' checksums: the header was altered"));
     }
-    LOG(WARNING) << "safetensors file '" << path << "' carries no checksums ("
-                 << (version != out.metadata.end() ? "an early Glossa checkpoint"
-                                                   : "not written by Glossa")
+    LOG(WARNING) << "safetensors file '" << ld.path << "' carries no checksums ("
+                 << (version != metadata.end() ? "an early Glossa checkpoint"
+                                               : "not written by Glossa")
                  << "): its data is not verified";
   } else {
-    json parsed;
-    try {
-      parsed = json::parse(sums->second);
-    } catch (const json::exception&) {
-      throw fail(StrCat("__metadata__ '", kChecksumKey, "' is not a JSON object"));
-    }
-    if (!parsed.is_object()) throw fail(StrCat("__metadata__ '", kChecksumKey, "' is not an object"));
-    for (const auto& s : spans) {
-      if (!parsed.contains(s.name) || !parsed[s.name].is_string()) {
-        throw fail(StrCat("tensor '", s.name, "' has no checksum in '", kChecksumKey, "'"));
-      }
-      const std::string want = parsed[s.name].get<std::string>();
-      const std::string got = Hex32(Crc32c(base + s.begin, s.end - s.begin));
-      if (want != got) {
-        throw fail(StrCat("tensor '", s.name, "' fails its CRC32C checksum (stored ", want,
-                          ", computed ", got, " over data bytes [", s.begin, ", ", s.end,
-                          ")): the file is corrupt"));
-      }
-    }
-    out.metadata.erase(sums);
+    VerifyDataChecksums(ld, sums->second);
+    metadata.erase(sums);
   }
   // Files written before the header checksum existed have none; those written since must match.
-  auto h = out.metadata.find(kHeaderChecksumKey);
-  if (h == out.metadata.end() && must_have_sums) {
-    throw fail(StrCat("written by Glossa (format_version ", version->second, ") but without its '",
-                      kHeaderChecksumKey, "' checksum: the header was altered"));
+  auto h = metadata.find(kHeaderChecksumKey);
+  if (h == metadata.end() && must_have_sums) {
+    throw ld.fail(StrCat("written by Glossa (format_version ", version->second,
+                         ") but without its '", kHeaderChecksumKey,
+                         "' checksum: the header was altered"));
   }
-  if (h != out.metadata.end()) {
-    const std::string got = HeaderChecksum(header);
+  if (h != metadata.end()) {
+    const std::string got = HeaderChecksum(ld.header);
     if (h->second != got) {
-      throw fail(StrCat("the header's tensor entries fail their CRC32C checksum (stored ",
-                        h->second, ", computed ", got,
-                        "): a dtype, shape or offset was altered"));
+      throw ld.fail(StrCat("the header's tensor entries fail their CRC32C checksum (stored ",
+                           h->second, ", computed ", got,
+                           "): a dtype, shape or offset was altered"));
     }
-    out.metadata.erase(h);
+    metadata.erase(h);
   }
-  return out;
+}
+
+}  // namespace
+
+SafetensorsContents LoadSafetensors(const std::string& path) {
+  SafetensorsLoad ld(path);
+  ReadHeader(ld);
+  ld.data_size = ld.file_size - 8 - ld.n;
+  ld.base = ld.data.data() + 8 + ld.n;
+  for (auto it = ld.header.begin(); it != ld.header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      ReadMetadata(ld, it.value());
+    } else {
+      ReadTensor(ld, it.key(), it.value());
+    }
+  }
+  CheckSpansTileData(ld);
+  VerifyChecksums(ld);
+  return std::move(ld.out);
 }
 
 std::vector<std::string> SaveSafetensorsSharded(const std::string& stem,

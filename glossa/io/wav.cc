@@ -33,6 +33,37 @@ std::string FormatName(uint16_t code) {
   }
 }
 
+// The `frames` interleaved integer-PCM frames at byte `body` of `b`, each the mean of its
+// `channels` samples, as a [frames] float32 tensor on the int16 scale.
+at::Tensor DecodePcmFrames(const std::string& b, size_t body, int64_t frames, int64_t channels,
+                           int64_t bits) {
+  at::Tensor out = at::zeros({frames}, at::kFloat);
+  float* o = out.data_ptr<float>();
+  const int bytes = static_cast<int>(bits / 8);
+  for (int64_t f = 0; f < frames; ++f) {
+    double sum = 0;
+    for (int64_t c = 0; c < channels; ++c) {
+      const size_t at = body + static_cast<size_t>((f * channels + c) * bytes);
+      const auto* u = reinterpret_cast<const unsigned char*>(b.data() + at);
+      double v = 0;
+      switch (bytes) {
+        case 1: v = (static_cast<int>(u[0]) - 128) * 256.0; break;
+        case 2: v = static_cast<int16_t>(u[0] | u[1] << 8); break;
+        case 3: {
+          int32_t x = u[0] | u[1] << 8 | u[2] << 16;
+          if (x & 0x800000) x -= 0x1000000;
+          v = x / 256.0;
+          break;
+        }
+        default: v = static_cast<int32_t>(U32(b, at)) / 65536.0; break;
+      }
+      sum += v;
+    }
+    o[f] = static_cast<float>(sum / static_cast<double>(channels));
+  }
+  return out;
+}
+
 }  // namespace
 
 Wav ParseWav(const std::string& b, const std::string& what) {
@@ -80,32 +111,8 @@ Wav ParseWav(const std::string& b, const std::string& what) {
         throw DataLossError(StrCat(what, ": data chunk at byte ", pos, " holds ", size,
                                    " bytes, not a whole number of ", block_align, "-byte frames"));
       }
-      const int64_t frames = static_cast<int64_t>(size / block_align);
-      at::Tensor out = at::zeros({frames}, at::kFloat);
-      float* o = out.data_ptr<float>();
-      const int bytes = static_cast<int>(w.bits / 8);
-      for (int64_t f = 0; f < frames; ++f) {
-        double sum = 0;
-        for (int64_t c = 0; c < w.channels; ++c) {
-          const size_t at = body + static_cast<size_t>((f * w.channels + c) * bytes);
-          const auto* u = reinterpret_cast<const unsigned char*>(b.data() + at);
-          double v = 0;
-          switch (bytes) {
-            case 1: v = (static_cast<int>(u[0]) - 128) * 256.0; break;
-            case 2: v = static_cast<int16_t>(u[0] | u[1] << 8); break;
-            case 3: {
-              int32_t x = u[0] | u[1] << 8 | u[2] << 16;
-              if (x & 0x800000) x -= 0x1000000;
-              v = x / 256.0;
-              break;
-            }
-            default: v = static_cast<int32_t>(U32(b, at)) / 65536.0; break;
-          }
-          sum += v;
-        }
-        o[f] = static_cast<float>(sum / static_cast<double>(w.channels));
-      }
-      w.samples = out;
+      w.samples = DecodePcmFrames(b, body, static_cast<int64_t>(size / block_align), w.channels,
+                                  w.bits);
       return w;
     }
     if (body + size > b.size()) {

@@ -20,7 +20,7 @@ bool ReadMode() {
 }
 
 bool Probe(bool bw_vl) {
-#if defined(__x86_64__) || defined(__i386__)
+#if GLOSSA_X86_SIMD
   if (!__builtin_cpu_supports("avx512f")) return false;
   return !bw_vl || (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"));
 #else
@@ -39,6 +39,24 @@ bool KernelsForcedToReference() {
 bool CpuHasAvx512F() {
   static const bool has = !KernelsForcedToReference() && Probe(false);
   return has;
+}
+
+X86Features ProbeX86Features() {
+  X86Features f;
+#if GLOSSA_X86_SIMD
+  __builtin_cpu_init();
+  f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512dq = __builtin_cpu_supports("avx512dq");
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+#endif
+  return f;
+}
+
+void NoSimdInThisBuild() {
+  throw InternalError("a native kernel was called in a build without x86 SIMD (GLOSSA_X86_SIMD 0)");
 }
 
 bool CpuHasAvx512BwVl() {

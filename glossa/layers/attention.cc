@@ -1,8 +1,6 @@
 #include "glossa/layers/attention.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
@@ -11,9 +9,8 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/dropout.h"
-#include "glossa/layers/fused_xent.h"
-#include "glossa/layers/gemm.h"
-#include "glossa/runtime/cpu_runtime.h"
+#include "glossa/kernels/attention_core.h"
+#include "glossa/kernels/gemm.h"
 
 namespace glossa {
 
@@ -211,194 +208,6 @@ at::Tensor MaskBias(const at::Tensor& key_mask, const at::TensorOptions& options
   return last_bias;
 }
 
-// ---- The attention core on strided heads ----
-//
-// softmax(q·kᵀ + bias)·v for float32 q [B, T, N, H] and k, v [B, S, N, H] in whatever layout the
-// projections left them (the fused QKV projection's views), one BLAS sgemm per batch row and
-// head, reading each head in place through its row stride. ATen's einsum instead copies q, k
-// and v into [B·N, T, H] and its bmm runs per batch slice through the dispatcher (a select, a
-// resize and checks each; 768 slices per tiny-LM step), and the output needs a copy back to
-// [B, T, N·H] for the output projection. Here the output is written as [B, T, N, H] directly,
-// and the backward (dP = dO·vᵀ, dS = softmax'(dP), dq = dS·k, dk = dSᵀ·q, dv = Pᵀ·dO) reads and
-// writes the same layouts.
-
-// Whether the strided core can run attention on these operands.
-// float32 heads, or bf16 ones on CPUs without AMX (layers/gemm.h): the core widens them to
-// float32, runs its sgemms on them, and rounds its outputs and gradients back to bf16. Not for
-// bf16 one-step decoding (T = 1), where the cached keys would be widened every step.
-bool StridedCoreApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (!HasSgemm()) return false;
-  const at::ScalarType dtype = q.scalar_type();
-  if (dtype == at::kBFloat16 && (!Bf16GemmViaFloat32() || q.dim() != 4 || q.size(1) <= 1)) {
-    return false;
-  }
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    if ((dtype != at::kFloat && dtype != at::kBFloat16) || t->scalar_type() != dtype ||
-        !t->device().is_cpu() || t->dim() != 4 || t->stride(3) != 1 || t->numel() == 0 ||
-        t->stride(1) > (int64_t{1} << 30)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// A head's [rows, H] matrix of x [B, rows, N, H]: its start and row stride.
-struct Heads {
-  const float* data;
-  int64_t sb, sn, row;
-  explicit Heads(const at::Tensor& x)
-      : data(x.data_ptr<float>()), sb(x.stride(0)), sn(x.stride(2)), row(x.stride(1)) {}
-  const float* at(int64_t b, int64_t n) const { return data + b * sb + n * sn; }
-};
-
-// f(b, n) for every head, split over the kernel threads (glossa/runtime/cpu_runtime.h): ATen's
-// in the bf16 layout, Glossa's own in the fp32 layout, each running single-threaded sgemms (one
-// head's GEMMs are too small to split across cores).
-template <typename F>
-void ForEachHead(int64_t batch, int64_t heads, const F& f) {
-  KernelParallelFor(0, batch * heads, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) f(i / heads, i % heads);
-  });
-}
-
-// Causal attention (T = S, key s masked for query t < s) in blocks of this many queries: block j's
-// queries see keys [0, (j + 1)·c) only, so the GEMMs skip the masked blocks above the diagonal
-// (with 4 blocks, 37.5% of the work). A skipped product would only have added exact zeros (its
-// probabilities are 0), but BLAS groups its partial sums by the inner dimension's length, so the
-// outputs and gradients round differently in the last bits (the probabilities do not change);
-// `causal_blocks: false` keeps the full computation.
-int64_t CausalBlock(bool causal, int64_t T, int64_t S) {
-  if (!causal || T != S || T < 64) return 0;
-  return (T / 4 + 15) / 16 * 16;
-}
-
-// [1, 1, T, S]: true where causal blocks of c queries skip the key (s ≥ (t / c + 1)·c).
-at::Tensor SkippedByCausalBlocks(int64_t T, int64_t S, int64_t c) {
-  const at::Tensor t = at::arange(T, at::kLong).view({T, 1}), s = at::arange(S, at::kLong);
-  return (s >= (t.div(c, "floor") + 1) * c).view({1, 1, T, S});
-}
-
-class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& q_in, const at::Tensor& k_in,
-                                                const at::Tensor& v_in, const at::Tensor& bias,
-                                                bool causal) {
-    const bool bf16 = q_in.scalar_type() == at::kBFloat16;
-    const at::Tensor q = bf16 ? Widen(q_in) : q_in, k = bf16 ? Widen(k_in) : k_in,
-                     v = bf16 ? Widen(v_in) : v_in;
-    const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
-    const int64_t cb = CausalBlock(causal, T, S), blk = cb > 0 ? cb : T;
-    // Block [t0, t1)'s keys: [0, t1) when causal, else all.
-    auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
-    at::Tensor logits = at::empty({B, N, T, S}, q.options());
-    const Heads hq(q), hk(k), hv(v);
-    float* lp = logits.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
-      for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, true, t1 - t0, keys(t1), H, hq.at(b, n) + t0 * hq.row, hq.row,
-                      hk.at(b, n), hk.row, 0.0f, lp + ((b * N + n) * T + t0) * S, S);
-      }
-    });
-    at::Tensor probs;
-    if (FusedSoftmaxXentSupported()) {
-      SoftmaxWithBiasInPlace(logits, bias, cb);  // one kernel: + mask, max, e^x, Σ, scale
-      probs = logits;
-    } else {
-      if (cb > 0) {  // the skipped blocks (masked by the bias) were not computed
-        logits.masked_fill_(SkippedByCausalBlocks(T, S, cb), 0.0);
-      }
-      if (bias.numel() > 0) logits.add_(bias);
-      probs = at::softmax(logits, -1);
-    }
-    at::Tensor out = at::empty({B, T, N, H}, q.options());
-    const float* pp = probs.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
-      for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, false, t1 - t0, H, keys(t1), pp + ((b * N + n) * T + t0) * S, S,
-                      hv.at(b, n), hv.row, 0.0f, op + (b * T + t0) * N * H + n * H, N * H);
-      }
-    });
-    ctx->save_for_backward({q, k, v, probs});
-    ctx->saved_data["bf16"] = bf16;
-    ctx->saved_data["causal_block"] = cb;
-    // An unused output (the probs, mostly) gets no gradient rather than a materialized zero
-    // tensor [B, N, T, S] that backward would then add.
-    ctx->set_materialize_grads(false);
-    if (bf16) return {Narrow(out, at::kBFloat16), Narrow(probs, at::kBFloat16)};
-    return {out, probs};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
-    const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
-    // dL/dP: through the output, plus the probs' own gradient when they were used (then over
-    // whole rows: that gradient may be nonzero where the probabilities are 0).
-    const bool bf16 = ctx->saved_data["bf16"].toBool();
-    const int64_t cb = grads[1].defined() ? 0 : ctx->saved_data["causal_block"].toInt();
-    const int64_t blk = cb > 0 ? cb : T;
-    auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
-    const at::Tensor g =
-        grads[0].defined() ? Widen(grads[0]) : at::zeros({B, T, N, H}, q.options());
-    const Heads hq(q), hk(k), hv(v);
-    const float* gp = g.data_ptr<float>();
-    const float* pp = probs.data_ptr<float>();
-    at::Tensor dp = at::empty({B, N, T, S}, q.options());
-    float* dpp = dp.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
-      for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, true, t1 - t0, keys(t1), H, gp + (b * T + t0) * N * H + n * H, N * H,
-                      hv.at(b, n), hv.row, 0.0f, dpp + ((b * N + n) * T + t0) * S, S);
-      }
-    });
-    if (grads[1].defined()) dp.add_(bf16 ? Widen(grads[1]) : grads[1]);
-    at::Tensor ds;
-    if (FusedSoftmaxXentSupported()) {
-      SoftmaxBackwardInPlace(dp, probs, cb);
-      ds = dp;
-    } else {
-      if (cb > 0) dp.masked_fill_(SkippedByCausalBlocks(T, S, cb), 0.0);
-      ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
-    }
-    const float* dsp = ds.data_ptr<float>();
-    at::Tensor dq = at::empty({B, T, N, H}, q.options());
-    at::Tensor dk = at::empty({B, S, N, H}, q.options());
-    at::Tensor dv = at::empty({B, S, N, H}, q.options());
-    float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
-      const float* ds_bn = dsp + (b * N + n) * T * S;
-      const float* p_bn = pp + (b * N + n) * T * S;
-      for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, false, t1 - t0, H, keys(t1), ds_bn + t0 * S, S, hk.at(b, n), hk.row,
-                      0.0f, dqp + (b * T + t0) * N * H + n * H, N * H);
-      }
-      // Keys [s0, s1): causal, only queries from s0 on see them.
-      const int64_t kblk = cb > 0 ? cb : S;
-      for (int64_t s0 = 0; s0 < S; s0 += kblk) {
-        const int64_t s1 = std::min(S, s0 + kblk), from = cb > 0 ? s0 : 0;
-        RowMajorSgemm(true, false, s1 - s0, H, T - from, ds_bn + from * S + s0, S,
-                      hq.at(b, n) + from * hq.row, hq.row, 0.0f,
-                      dkp + (b * S + s0) * N * H + n * H, N * H);
-        RowMajorSgemm(true, false, s1 - s0, H, T - from, p_bn + from * S + s0, S,
-                      gp + (b * T + from) * N * H + n * H, N * H, 0.0f,
-                      dvp + (b * S + s0) * N * H + n * H, N * H);
-      }
-    });
-    if (bf16) {
-      return {Narrow(dq, at::kBFloat16), Narrow(dk, at::kBFloat16), Narrow(dv, at::kBFloat16),
-              at::Tensor(), at::Tensor()};
-    }
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
-  }
-};
-
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& theta, at::Tensor q,
@@ -412,19 +221,18 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
   } else {
     q = q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
   }
-  if (!atten_dropout_active_ && StridedCoreApplies(q, k, v)) {
-    const auto f32 = q.options().dtype(at::kFloat);  // the core's own dtype
-    const at::Tensor bias = key_mask.defined() ? MaskBias(key_mask, f32) : at::empty({0}, f32);
-    auto out = StridedAttentionCore::apply(q, k, v, bias, causal);
-    return {post_->FProp(post_.Theta(theta), out[0]), out[1]};
+  if (!atten_dropout_active_) {
+    // The kernel: its native core where it applies (its bias in float32), else the reference.
+    const auto options =
+        AttentionCoreNativeApplies(q, k, v) ? q.options().dtype(at::kFloat) : q.options();
+    const at::Tensor bias =
+        key_mask.defined() ? MaskBias(key_mask, options) : at::empty({0}, options);
+    auto [encoded, probs] = AttentionCore(q, k, v, bias, causal);
+    return {post_->FProp(post_.Theta(theta), encoded), probs};
   }
+  // With attention dropout: the reference composition with the dropout between its two products.
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
-  if (key_mask.defined()) {
-    // Added as a bias built on the (small, broadcast) mask: a masked_fill over the full
-    // [B, N, T, S] logits, and its backward, cost ~10x more on CPU. logit + lowest rounds to
-    // lowest for any finite logit of sane size, so the result is the same.
-    logits = logits + MaskBias(key_mask, logits.options());
-  }
+  if (key_mask.defined()) logits = logits + MaskBias(key_mask, logits.options());
   at::Tensor probs = at::softmax(logits, -1);
   at::Tensor dropped = atten_dropout_->FProp(atten_dropout_.Theta(theta), probs);
   at::Tensor encoded = at::einsum("bnts,bsnh->btnh", {dropped, v});
@@ -564,5 +372,42 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
 GLOSSA_REGISTER_CLASS(MultiHeadedProjectionLayer, "glossa.layers.MultiHeadedProjectionLayer");
 GLOSSA_REGISTER_CLASS(PerDimScaleLayer, "glossa.layers.PerDimScaleLayer");
 GLOSSA_REGISTER_CLASS(MultiHeadedAttention, "glossa.layers.MultiHeadedAttention");
+
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature MultiHeadedProjectionLayer::FPropMapSpec() const {
+  return {{"inputs"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap MultiHeadedProjectionLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap out;
+  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs")));
+  return out;
+}
+
+BaseLayer::FPropMapSignature PerDimScaleLayer::FPropMapSpec() const {
+  return {{"inputs"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap PerDimScaleLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap out;
+  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs")));
+  return out;
+}
+
+BaseLayer::FPropMapSignature MultiHeadedAttention::FPropMapSpec() const {
+  return {{"query", "key", "value", "paddings", "causal"}, 3, {"context", "probs"}, true, "(context, probs)"};
+}
+
+NestedMap MultiHeadedAttention::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  const bool causal = inputs.contains("causal") && !inputs.at("causal").is_none() &&
+                      inputs.at("causal").AsBool();
+  auto [context, probs] = FProp(theta, inputs.GetTensor("query"), inputs.GetTensor("key"),
+                                inputs.GetTensor("value"), OptionalInput(inputs, "paddings"), causal);
+  NestedMap out;
+  out.Put("context", context);
+  out.Put("probs", probs);
+  return out;
+}
 
 }  // namespace glossa

@@ -20,6 +20,9 @@ namespace glossa {
 // b [N, H] (output projection: b [D]).
 class MultiHeadedProjectionLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, num_heads, dim_per_head, is_output_projection (False), use_bias (True).
   static glossa::Params Params();
   explicit MultiHeadedProjectionLayer(const glossa::Params& p);
@@ -32,6 +35,9 @@ class MultiHeadedProjectionLayer : public BaseLayer {
 // Scales the last dim by 1.442695041/sqrt(dim) · softplus(per_dim_scale) (1/sqrt(dim) at init).
 class PerDimScaleLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + dim.
   static glossa::Params Params();
   explicit PerDimScaleLayer(const glossa::Params& p);
@@ -43,6 +49,9 @@ class PerDimScaleLayer : public BaseLayer {
 
 class MultiHeadedAttention : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, query, key, value, paddings=None, causal=None) -> (context, probs).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, hidden_dim (0: input_dim), num_heads, atten_dropout_prob, enable_per_dim_scale
   // (True; otherwise queries scale by 1/sqrt(dim_per_head)), use_bias (True).
   static glossa::Params Params();

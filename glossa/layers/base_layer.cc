@@ -83,21 +83,6 @@ VariableStubScope::VariableStubScope() : previous_(t_stub_scope) { t_stub_scope 
 VariableStubScope::~VariableStubScope() { t_stub_scope = previous_; }
 size_t VariableStubScope::num_cached() const { return cache_.size(); }
 
-at::Tensor Accumulator::GetValue() const {
-  if (IsDisabled() || !value_.defined()) return DefaultValue();
-  return value_;
-}
-void Accumulator::SetValue(at::Tensor value) {
-  if (!IsDisabled()) value_ = std::move(value);
-}
-void Accumulator::Reset() {
-  if (!IsDisabled()) value_ = at::Tensor();
-}
-void Accumulator::Enable() {
-  if (disable_count_ <= 0) throw FailedPreconditionError("unbalanced Accumulator Enable/Disable");
-  --disable_count_;
-}
-
 // A child slot: one layer, a list of slots or a dict of slots.
 struct BaseLayer::ChildTree {
   std::unique_ptr<BaseLayer> layer;
@@ -546,30 +531,6 @@ void BaseLayer::MoveTo(at::Device device) {
   ForEachChild([&](BaseLayer& c) { c.MoveTo(device); });
 }
 
-void BaseLayer::RegisterAccumulator(const std::string& name, std::unique_ptr<Accumulator> acc) {
-  CheckConstructing("RegisterAccumulator");
-  CheckName(name, "accumulator");
-  accumulators_[name] = std::move(acc);
-}
-
-Accumulator& BaseLayer::GetAccumulator(const std::string& name) const {
-  auto it = accumulators_.find(name);
-  if (it == accumulators_.end()) {
-    std::vector<std::string> keys;
-    for (const auto& [k, v] : accumulators_) keys.push_back(k);
-    throw NotFoundError(
-        StrCat("layer '", path_, "' has no accumulator ", KeyErrorString(name, keys)));
-  }
-  return *it->second;
-}
-
-NestedMap BaseLayer::GetAccumulatorValues() const {
-  NestedMap out =
-      CollectTree([](const BaseLayer& c) { return NestedValue(c.GetAccumulatorValues()); });
-  for (const auto& [name, acc] : accumulators_) out.Put(name, acc->GetValue());
-  return out;
-}
-
 void BaseLayer::SetAccumulatorValues(const NestedMap& values) {
   if (!values.IsCompatible(GetAccumulatorValues())) {
     throw InvalidArgumentError(StrCat(
@@ -590,19 +551,6 @@ void BaseLayer::SetAccumulatorValues(const NestedMap& values) {
     };
     if (values.contains(name)) walk(*tree, values.at(name));
   }
-}
-
-void BaseLayer::ResetAccumulators() {
-  for (auto& [name, acc] : accumulators_) acc->Reset();
-  ForEachChild([](BaseLayer& c) { c.ResetAccumulators(); });
-}
-void BaseLayer::DisableAccumulators() {
-  for (auto& [name, acc] : accumulators_) acc->Disable();
-  ForEachChild([](BaseLayer& c) { c.DisableAccumulators(); });
-}
-void BaseLayer::EnableAccumulators() {
-  for (auto& [name, acc] : accumulators_) acc->Enable();
-  ForEachChild([](BaseLayer& c) { c.EnableAccumulators(); });
 }
 
 at::Tensor BaseLayer::CastToFPropDtype(const at::Tensor& x) const {

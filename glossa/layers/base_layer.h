@@ -165,6 +165,33 @@ class BaseLayer {
   // ask every layer under their blocks (CheckReplayable), so they need know no concrete class.
   virtual std::string ReplayHazard() const { return ""; }
 
+  // ---- The uniform call ----
+  // Every layer can be called by name, whatever its typed FProp looks like: FPropMap(theta,
+  // inputs) maps named inputs to named outputs, as Lingvo documents FProp's arguments and
+  // NestedMap results. The typed FProp overloads stay for C++ callers; FPropMap is what generic
+  // callers use (the Python binding, tools), so they need know no concrete class. A class
+  // documents its inputs and outputs in FPropMapSignature() (and its header); FPropMap checks that
+  // the required inputs are present and that no unknown input is given (InvalidArgumentError
+  // naming the layer and the key). The default serves a Block ({x, paddings?} -> {outputs}); any
+  // other class without an override is UnimplementedError naming the class.
+  //
+  //   NestedMap in;  in.Put("inputs", x);
+  //   at::Tensor y = layer.FPropMap(theta, in).GetTensor("outputs");
+  struct FPropMapSignature {
+    std::vector<std::string> inputs;   // in positional order (Python's *args map onto them)
+    size_t required = 1;               // the first `required` inputs must be given
+    std::vector<std::string> outputs;  // in order; empty: a dict of whatever FPropMap returns
+    // How Python returns it: a tuple of the outputs in order (else a lone output alone, or the
+    // dict), and what the result is, for humans.
+    bool tuple = false;
+    std::string returns;
+  };
+  // The inputs and outputs FPropMap takes and gives; inputs empty: no uniform call.
+  virtual FPropMapSignature FPropMapSpec() const;
+  NestedMap FPropMap(const NestedMap& theta, const NestedMap& inputs) const;
+  // "FProp(theta, inputs, paddings=None) -> outputs  [ProjectionLayer]"; "" without a call.
+  std::string FPropMapSignatureText() const;
+
   // ---- Variables ----
   struct VariableInfo {
     std::string name;       // within this layer
@@ -223,6 +250,10 @@ class BaseLayer {
   void FinishConstruction() { constructed_ = true; }
 
  protected:
+  // FPropMap's body, after the inputs were checked against FPropMapSpec(): absent optional
+  // inputs are missing from `inputs` (NestedMap::Get... on them throws; use contains()).
+  virtual NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const;
+
   // Creates variable `name` (checked like NestedMap keys; shares one namespace with children and
   // accumulators) and returns it.
   at::Tensor CreateVariable(const std::string& name, WeightParams wp);
@@ -319,6 +350,10 @@ class Block {
     return FPropBlock(theta, x, {});
   }
 };
+
+// For FPropMapImpl bodies: inputs[key] as a tensor, or an undefined tensor when the optional input
+// is absent or None.
+at::Tensor OptionalInput(const NestedMap& inputs, std::string_view key);
 
 // Builds the layer `p` describes (p.cls) as a root layer.
 template <typename T = BaseLayer>

@@ -190,4 +190,30 @@ std::pair<at::Tensor, at::Tensor> PoolingLayer::FProp(const NestedMap&, const at
 GLOSSA_REGISTER_CLASS(Conv2DLayer, "glossa.layers.Conv2DLayer");
 GLOSSA_REGISTER_CLASS(PoolingLayer, "glossa.layers.PoolingLayer");
 
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature Conv2DLayer::FPropMapSpec() const {
+  return {{"inputs", "paddings"}, 1, {"outputs", "paddings"}, true, "(outputs, paddings)"};
+}
+
+NestedMap Conv2DLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  auto [y, p] = FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"));
+  NestedMap out;
+  out.Put("outputs", y);
+  out.Put("paddings", p);
+  return out;
+}
+
+BaseLayer::FPropMapSignature PoolingLayer::FPropMapSpec() const {
+  return {{"inputs", "paddings"}, 1, {"outputs", "paddings"}, true, "(outputs, paddings)"};
+}
+
+NestedMap PoolingLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  auto [y, p] = FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"));
+  NestedMap out;
+  out.Put("outputs", y);
+  out.Put("paddings", p);
+  return out;
+}
+
 }  // namespace glossa

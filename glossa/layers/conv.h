@@ -14,6 +14,9 @@ namespace glossa {
 
 class Conv2DLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> (outputs, paddings).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + filter_shape [h, w, in, out], filter_stride [sh, sw], dilation_rate [dh, dw], padding
   // ('SAME' | 'VALID'), bias (False), activation ('NONE').
   static glossa::Params Params();
@@ -31,6 +34,9 @@ class Conv2DLayer : public BaseLayer {
 
 class PoolingLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> (outputs, paddings).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + window_shape [h, w], window_stride [sh, sw], pooling_type ('MAX' | 'AVG'),
   // padding ('SAME' | 'VALID'). AVG over SAME padding averages the real values only (as TF).
   static glossa::Params Params();

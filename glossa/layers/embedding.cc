@@ -91,4 +91,31 @@ at::Tensor PositionalEmbeddingLayer::FProp(const NestedMap& theta, int64_t seq_l
 GLOSSA_REGISTER_CLASS(EmbeddingLayer, "glossa.layers.EmbeddingLayer");
 GLOSSA_REGISTER_CLASS(PositionalEmbeddingLayer, "glossa.layers.PositionalEmbeddingLayer");
 
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature EmbeddingLayer::FPropMapSpec() const {
+  return {{"ids"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap EmbeddingLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap out;
+  out.Put("outputs", FProp(theta, inputs.GetTensor("ids")));
+  return out;
+}
+
+BaseLayer::FPropMapSignature PositionalEmbeddingLayer::FPropMapSpec() const {
+  return {{"seq_length_or_position"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap PositionalEmbeddingLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  const NestedValue& x = inputs.at("seq_length_or_position");
+  NestedMap out;
+  if (x.kind() == NestedValue::Kind::kInt) {
+    out.Put("outputs", FProp(theta, x.AsInt()));
+  } else {
+    out.Put("outputs", FPropWithPosition(theta, x.AsTensor()));
+  }
+  return out;
+}
+
 }  // namespace glossa

@@ -11,6 +11,9 @@ namespace glossa {
 
 class EmbeddingLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, ids) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + vocab_size, embedding_dim, scale_sqrt_depth (False: multiply by sqrt(embedding_dim)).
   static glossa::Params Params();
   explicit EmbeddingLayer(const glossa::Params& p);
@@ -28,6 +31,9 @@ class EmbeddingLayer : public BaseLayer {
 
 class PositionalEmbeddingLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, seq_length_or_position) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + min_timescale (1), max_timescale (10000), embedding_dim.
   static glossa::Params Params();
   explicit PositionalEmbeddingLayer(const glossa::Params& p);

@@ -5,7 +5,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/activations.h"
-#include "glossa/layers/gemm.h"
+#include "glossa/kernels/gemm.h"
 
 namespace glossa {
 
@@ -105,6 +105,18 @@ GLOSSA_REGISTER_CLASS(FCLayer, "glossa.layers.FCLayer");
 at::Tensor ProjectionLayer::FPropBlock(const NestedMap& theta, const at::Tensor& x,
                                        const at::Tensor& paddings) const {
   return FProp(theta, x, paddings.defined() && x.dim() == paddings.dim() + 1 ? paddings : at::Tensor());
+}
+
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature ProjectionLayer::FPropMapSpec() const {
+  return {{"inputs", "paddings"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap ProjectionLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap out;
+  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings")));
+  return out;
 }
 
 }  // namespace glossa

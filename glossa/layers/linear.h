@@ -12,6 +12,9 @@ namespace glossa {
 
 class ProjectionLayer : public BaseLayer, public Block {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, output_dim, activation ('RELU'), has_bias (False), bias_init (0.0).
   static glossa::Params Params();
   explicit ProjectionLayer(const glossa::Params& p);

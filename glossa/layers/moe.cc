@@ -66,10 +66,10 @@ at::Tensor Uniform(std::vector<int64_t> shape, at::ScalarType dtype,
   return at::empty(shape, at::TensorOptions().dtype(dtype)).uniform_(0.0, 1.0, gen);
 }
 
-}  // namespace
-
-Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tensor& paddings,
-                                    const Top2GatingOptions& o) {
+// Throws unless the logits are [G, S, E] with E >= 2, the optional [G, S] inputs and the
+// sampling noise fit them, and the second expert policy is known.
+void CheckTop2GatingInputs(const at::Tensor& logits_in, const at::Tensor& paddings,
+                           const Top2GatingOptions& o) {
   if (logits_in.dim() != 3) {
     throw InvalidArgumentError(
         StrCat("Top2GatingOnLogits: logits must be [G, S, E], got rank ", logits_in.dim()));
@@ -95,9 +95,11 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tenso
     throw InvalidArgumentError(StrCat("Top2GatingOnLogits: second_expert_policy must be all, ",
                                       "sampling or random, got '", policy, "'"));
   }
-  const at::ScalarType dt = logits_in.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor logits = logits_in.to(dt);
+}
 
+// The expert capacity C (expert_capacity_dim, raised by capacity_factor), recorded as the
+// expert_capacity summary; throws when it is not positive.
+int64_t ExpertCapacity(int64_t S, int64_t E, const Top2GatingOptions& o) {
   int64_t C = o.expert_capacity_dim;
   if (o.capacity_factor && *o.capacity_factor > 0) {
     int64_t auto_capacity = static_cast<int64_t>((S * *o.capacity_factor) / E);
@@ -112,102 +114,155 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tenso
         "Top2GatingOnLogits: expert_capacity_dim must be > 0 (or set capacity_factor)");
   }
   summary::Scalar("expert_capacity", static_cast<double>(C));
+  return C;
+}
 
-  const at::Tensor raw_gates = at::softmax(logits, -1);
-  const at::Tensor index_1 = raw_gates.argmax(-1);
-  at::Tensor mask_1 = OneHot(index_1, E, dt);
-  at::Tensor density_1_proxy = raw_gates;
-  at::Tensor importance;
+// The routing of one Top2GatingOnLogits call, filled in step by step.
+struct Top2Routing {
+  at::ScalarType dt = at::kFloat;  // the gating dtype (float32 or float64)
+  int64_t G = 0, S = 0, E = 0, C = 0;
+  at::Tensor logits, raw_gates;
+  at::Tensor index_1, mask_1, density_1_proxy, importance, gate_1, gates_without_top_1;
+  at::Tensor index_2, mask_2, gate_2;
+  at::Tensor position_in_expert_1, position_in_expert_2;  // [G, S, E], then [G, S] after capacity
+  at::Tensor mask_1_flat, mask_2_flat;                     // [G, S]
+};
+
+// The first choice: each token's top expert masked by the importance (or the paddings), its
+// gate, and the gates without it.
+void ChooseFirstExpert(Top2Routing& r, const at::Tensor& paddings, const Top2GatingOptions& o) {
+  r.raw_gates = at::softmax(r.logits, -1);
+  r.index_1 = r.raw_gates.argmax(-1);
+  r.mask_1 = OneHot(r.index_1, r.E, r.dt);
+  r.density_1_proxy = r.raw_gates;
   if (o.importance.defined()) {
-    const at::Tensor is_one = (o.importance == 1.0).to(dt).unsqueeze(-1);
-    mask_1 = mask_1 * is_one;
-    density_1_proxy = density_1_proxy * is_one;
-    importance = o.importance.to(dt);
+    const at::Tensor is_one = (o.importance == 1.0).to(r.dt).unsqueeze(-1);
+    r.mask_1 = r.mask_1 * is_one;
+    r.density_1_proxy = r.density_1_proxy * is_one;
+    r.importance = o.importance.to(r.dt);
   } else {
-    importance = at::ones({G, S}, logits.options());
+    r.importance = at::ones({r.G, r.S}, r.logits.options());
     if (paddings.defined()) {
-      const at::Tensor nonpaddings = 1.0 - paddings.to(dt);
-      mask_1 = mask_1 * nonpaddings.unsqueeze(-1);
-      density_1_proxy = density_1_proxy * nonpaddings.unsqueeze(-1);
-      importance = nonpaddings;
+      const at::Tensor nonpaddings = 1.0 - paddings.to(r.dt);
+      r.mask_1 = r.mask_1 * nonpaddings.unsqueeze(-1);
+      r.density_1_proxy = r.density_1_proxy * nonpaddings.unsqueeze(-1);
+      r.importance = nonpaddings;
     }
   }
-  at::Tensor gate_1 = (raw_gates * mask_1).sum(-1);
-  const at::Tensor gates_without_top_1 = raw_gates * (1.0 - mask_1);
+  r.gate_1 = (r.raw_gates * r.mask_1).sum(-1);
+  r.gates_without_top_1 = r.raw_gates * (1.0 - r.mask_1);
+}
 
-  at::Tensor index_2;
-  if (policy == "sampling") {
+// The second choice: the best remaining expert ('sampling': Gumbel-max over the logits without
+// the first), masked by the importance when paddings are given, and its gate.
+void ChooseSecondExpert(Top2Routing& r, const at::Tensor& paddings, const Top2GatingOptions& o) {
+  const at::ScalarType dt = r.dt;
+  if (o.second_expert_policy == "sampling") {
     const at::Tensor u = o.sampling_uniform.defined() ? o.sampling_uniform.to(dt)
-                                                      : Uniform({G, S, E}, dt, o.random_seed);
+                                                      : Uniform({r.G, r.S, r.E}, dt, o.random_seed);
     const at::Tensor noise = -at::log(-at::log(u));
     const double very_negative = (dt == at::kDouble ? std::numeric_limits<double>::max()
                                                     : std::numeric_limits<float>::max()) *
                                  -0.7;
-    const at::Tensor updated = at::where(mask_1 > 0.0, at::full({}, very_negative, dt), logits);
-    index_2 = (updated + noise).argmax(-1);
+    const at::Tensor updated =
+        at::where(r.mask_1 > 0.0, at::full({}, very_negative, dt), r.logits);
+    r.index_2 = (updated + noise).argmax(-1);
   } else {
-    index_2 = gates_without_top_1.argmax(-1);
+    r.index_2 = r.gates_without_top_1.argmax(-1);
   }
-  at::Tensor mask_2 = OneHot(index_2, E, dt);
+  r.mask_2 = OneHot(r.index_2, r.E, dt);
   // As in Lingvo, importance gates the second expert only when paddings are given.
-  if (paddings.defined()) mask_2 = mask_2 * (importance > 0.0).to(dt).unsqueeze(-1);
-  at::Tensor gate_2 = (gates_without_top_1 * mask_2).sum(-1);
+  if (paddings.defined()) r.mask_2 = r.mask_2 * (r.importance > 0.0).to(dt).unsqueeze(-1);
+  r.gate_2 = (r.gates_without_top_1 * r.mask_2).sum(-1);
+}
 
-  if (o.legacy_mtf_behavior) {
-    const at::Tensor denom = gate_1 + gate_2 + 1e-9;
-    gate_1 = gate_1 / denom;
-    gate_2 = gate_2 / denom;
-  }
-
-  at::Tensor position_in_expert_1 = ExclusiveCumsum(mask_1);
-  // Aux loss, before capacity: mean over experts of (fraction routed first) x (mean gate).
-  at::Tensor density_1 = mask_1.mean(1);
-  at::Tensor proxy = density_1_proxy.mean(1);
+// The load-balancing aux loss, before capacity: mean over experts of (fraction routed first) x
+// (mean gate).
+at::Tensor Top2AuxLoss(const Top2Routing& r, const Top2GatingOptions& o) {
+  at::Tensor density_1 = r.mask_1.mean(1);
+  at::Tensor proxy = r.density_1_proxy.mean(1);
   if (!o.legacy_mtf_behavior) {
-    const at::Tensor denom = importance.mean(1).unsqueeze(1) + 1e-6;
+    const at::Tensor denom = r.importance.mean(1).unsqueeze(1) + 1e-6;
     density_1 = density_1 / denom;
     proxy = proxy / denom;
   }
-  const at::Tensor aux_loss = (proxy * density_1).mean() * static_cast<double>(E * E);
+  return (proxy * density_1).mean() * static_cast<double>(r.E * r.E);
+}
 
-  const at::Tensor over_1 = OverCapacityRatio(mask_1, position_in_expert_1, C);
-  mask_1 = mask_1 * (position_in_expert_1 < static_cast<double>(C)).to(dt);
-  position_in_expert_1 = (position_in_expert_1 * mask_1).sum(-1);
-  const at::Tensor mask_1_count = mask_1.sum(1);  // [G, E]
-  const at::Tensor mask_1_flat = mask_1.sum(-1);  // [G, S]
+// Drops the choices at or past capacity C from mask and turns position into each token's slot
+// ([G, S]); returns the over-capacity ratio.
+at::Tensor DropOverCapacity(at::Tensor& mask, at::Tensor& position, int64_t C,
+                            at::ScalarType dt) {
+  const at::Tensor over = OverCapacityRatio(mask, position, C);
+  mask = mask * (position < static_cast<double>(C)).to(dt);
+  position = (position * mask).sum(-1);
+  return over;
+}
 
-  if (policy == "random") {
-    const at::Tensor u =
-        o.random_uniform.defined() ? o.random_uniform.to(dt) : Uniform({G, S}, dt, o.random_seed);
-    const at::Tensor sampled =
-        (u < gate_2 / std::max(o.second_expert_threshold, 1e-9)).to(dt).detach();
-    gate_2 = gate_2 * sampled;
-    mask_2 = mask_2 * sampled.unsqueeze(-1);
-  }
-  // Second choices queue behind every first choice of the same expert.
-  at::Tensor position_in_expert_2 = ExclusiveCumsum(mask_2) + mask_1_count.unsqueeze(1);
-  const at::Tensor over_2 = OverCapacityRatio(mask_2, position_in_expert_2, C);
-  mask_2 = mask_2 * (position_in_expert_2 < static_cast<double>(C)).to(dt);
-  position_in_expert_2 = (position_in_expert_2 * mask_2).sum(-1);
-  const at::Tensor mask_2_flat = mask_2.sum(-1);
+// 'random': keeps each second choice with probability gate_2 / second_expert_threshold.
+void SampleSecondExpert(Top2Routing& r, const Top2GatingOptions& o) {
+  const at::Tensor u = o.random_uniform.defined() ? o.random_uniform.to(r.dt)
+                                                  : Uniform({r.G, r.S}, r.dt, o.random_seed);
+  const at::Tensor sampled =
+      (u < r.gate_2 / std::max(o.second_expert_threshold, 1e-9)).to(r.dt).detach();
+  r.gate_2 = r.gate_2 * sampled;
+  r.mask_2 = r.mask_2 * sampled.unsqueeze(-1);
+}
 
-  gate_1 = gate_1 * mask_1_flat;
-  gate_2 = gate_2 * mask_2_flat;
-  if (!o.legacy_mtf_behavior) {
-    at::Tensor denom = gate_1 + gate_2;
-    denom = at::where(denom > 0.0, denom, at::ones_like(denom));
-    gate_1 = gate_1 / denom;
-    gate_2 = gate_2 / denom;
-  }
-
+// The [G, S, E, C] combine tensor: each choice's gate at its (expert, position).
+at::Tensor CombineTensor(const Top2Routing& r) {
   auto part = [&](const at::Tensor& gate, const at::Tensor& flat, const at::Tensor& index,
                   const at::Tensor& position) {
-    const at::Tensor a = (gate * flat).unsqueeze(-1) * OneHot(index, E, dt);  // [G, S, E]
-    const at::Tensor b = OneHot(position.to(at::kLong), C, dt);               // [G, S, C]
-    return a.unsqueeze(-1) * b.unsqueeze(2);                                  // [G, S, E, C]
+    const at::Tensor a = (gate * flat).unsqueeze(-1) * OneHot(index, r.E, r.dt);  // [G, S, E]
+    const at::Tensor b = OneHot(position.to(at::kLong), r.C, r.dt);              // [G, S, C]
+    return a.unsqueeze(-1) * b.unsqueeze(2);                                     // [G, S, E, C]
   };
-  const at::Tensor combine = part(gate_1, mask_1_flat, index_1, position_in_expert_1) +
-                             part(gate_2, mask_2_flat, index_2, position_in_expert_2);
+  return part(r.gate_1, r.mask_1_flat, r.index_1, r.position_in_expert_1) +
+         part(r.gate_2, r.mask_2_flat, r.index_2, r.position_in_expert_2);
+}
+
+}  // namespace
+
+Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tensor& paddings,
+                                    const Top2GatingOptions& o) {
+  CheckTop2GatingInputs(logits_in, paddings, o);
+  Top2Routing r;
+  r.G = logits_in.size(0);
+  r.S = logits_in.size(1);
+  r.E = logits_in.size(2);
+  r.dt = logits_in.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  r.logits = logits_in.to(r.dt);
+  r.C = ExpertCapacity(r.S, r.E, o);
+
+  ChooseFirstExpert(r, paddings, o);
+  ChooseSecondExpert(r, paddings, o);
+  if (o.legacy_mtf_behavior) {
+    const at::Tensor denom = r.gate_1 + r.gate_2 + 1e-9;
+    r.gate_1 = r.gate_1 / denom;
+    r.gate_2 = r.gate_2 / denom;
+  }
+
+  r.position_in_expert_1 = ExclusiveCumsum(r.mask_1);
+  const at::Tensor aux_loss = Top2AuxLoss(r, o);
+  const at::Tensor over_1 = DropOverCapacity(r.mask_1, r.position_in_expert_1, r.C, r.dt);
+  const at::Tensor mask_1_count = r.mask_1.sum(1);  // [G, E]
+  r.mask_1_flat = r.mask_1.sum(-1);                 // [G, S]
+
+  if (o.second_expert_policy == "random") SampleSecondExpert(r, o);
+  // Second choices queue behind every first choice of the same expert.
+  r.position_in_expert_2 = ExclusiveCumsum(r.mask_2) + mask_1_count.unsqueeze(1);
+  const at::Tensor over_2 = DropOverCapacity(r.mask_2, r.position_in_expert_2, r.C, r.dt);
+  r.mask_2_flat = r.mask_2.sum(-1);
+
+  r.gate_1 = r.gate_1 * r.mask_1_flat;
+  r.gate_2 = r.gate_2 * r.mask_2_flat;
+  if (!o.legacy_mtf_behavior) {
+    at::Tensor denom = r.gate_1 + r.gate_2;
+    denom = at::where(denom > 0.0, denom, at::ones_like(denom));
+    r.gate_1 = r.gate_1 / denom;
+    r.gate_2 = r.gate_2 / denom;
+  }
+  const at::Tensor combine = CombineTensor(r);
 
   summary::Scalar("over_capacity_1_ratio", over_1);
   summary::Scalar("over_capacity_2_ratio", over_2);
@@ -215,7 +270,7 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits_in, const at::Tenso
   out.aux_loss = aux_loss;
   out.combine = combine.to(o.fprop_dtype);
   out.dispatch = (combine != 0.0).to(o.fprop_dtype);
-  out.capacity = C;
+  out.capacity = r.C;
   out.over_capacity_1_ratio = over_1;
   out.over_capacity_2_ratio = over_2;
   return out;

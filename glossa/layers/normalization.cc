@@ -1,156 +1,16 @@
 #include "glossa/layers/normalization.h"
 
 #include <ATen/ATen.h>
-// GCC 12 flags the AVX-512 intrinsics' masked loads as maybe-uninitialized; a known false positive.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "glossa/base/errors.h"
-#include "glossa/kernels/cpu_features.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/bf16_simd.h"
-#include "glossa/runtime/cpu_runtime.h"
+#include "glossa/kernels/layer_norm.h"
 
 namespace glossa {
-namespace {
-
-// ---- Layer norm of bf16 rows in one pass each way ----
-//
-// For bf16 inputs the layer used to widen x to float32 (a pass and a copy), run ATen's float32
-// layer norm, and round its output to bf16 (another pass); and the backward the same in reverse.
-// These kernels read the bf16 rows, normalize in float32 (the same arithmetic: mean, biased
-// variance, rsqrt(var + eps), · scale + bias) and write bf16, on Glossa's loop threads; the
-// backward writes the bf16 input gradient and the float32 scale and bias gradients, summed over
-// fixed blocks of rows in order, so the same on any number of threads.
-
-using bf16_simd::FirstLanes;
-using bf16_simd::Load;
-using bf16_simd::Store;
-
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void LnForwardRows(
-    const uint16_t* x, const float* gamma, const float* beta, int64_t D, float eps, uint16_t* y,
-    float* mean_out, float* rstd_out, int64_t lo, int64_t hi) {
-  for (int64_t r = lo; r < hi; ++r) {
-    const uint16_t* xr = x + r * D;
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) sum = _mm512_add_ps(sum, Load(xr + c, FirstLanes(D - c)));
-    const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(D);
-    const __m512 vm = _mm512_set1_ps(mean);
-    __m512 sq = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = FirstLanes(D - c);
-      const __m512 d = _mm512_maskz_sub_ps(m, Load(xr + c, m), vm);
-      sq = _mm512_fmadd_ps(d, d, sq);
-    }
-    const float rstd = 1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(D) + eps);
-    const __m512 vr = _mm512_set1_ps(rstd);
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = FirstLanes(D - c);
-      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load(xr + c, m), vm), vr);
-      Store(y + r * D + c,
-              _mm512_fmadd_ps(xhat, _mm512_maskz_loadu_ps(m, gamma + c),
-                              _mm512_maskz_loadu_ps(m, beta + c)),
-              m);
-    }
-    mean_out[r] = mean;
-    rstd_out[r] = rstd;
-  }
-}
-
-// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·γ; dγ += dy·x̂ and dβ += dy into this block's
-// row of the partial sums.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void LnBackwardRows(
-    const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
-    const float* rstd, int64_t D, uint16_t* dx, float* dgamma, float* dbeta, int64_t lo,
-    int64_t hi) {
-  for (int64_t r = lo; r < hi; ++r) {
-    const uint16_t *xr = x + r * D, *dyr = dy + r * D;
-    const __m512 vm = _mm512_set1_ps(mean[r]), vr = _mm512_set1_ps(rstd[r]);
-    __m512 sg = _mm512_setzero_ps(), sgx = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = FirstLanes(D - c);
-      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load(xr + c, m), vm), vr);
-      const __m512 d = Load(dyr + c, m);
-      const __m512 g = _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, gamma + c));
-      sg = _mm512_add_ps(sg, g);
-      sgx = _mm512_fmadd_ps(g, xhat, sgx);
-      _mm512_mask_storeu_ps(dgamma + c, m,
-                            _mm512_fmadd_ps(d, xhat, _mm512_maskz_loadu_ps(m, dgamma + c)));
-      _mm512_mask_storeu_ps(dbeta + c, m, _mm512_add_ps(d, _mm512_maskz_loadu_ps(m, dbeta + c)));
-    }
-    const __m512 a = _mm512_set1_ps(_mm512_reduce_add_ps(sg) / static_cast<float>(D));
-    const __m512 b = _mm512_set1_ps(_mm512_reduce_add_ps(sgx) / static_cast<float>(D));
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = FirstLanes(D - c);
-      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(Load(xr + c, m), vm), vr);
-      const __m512 g = _mm512_mul_ps(Load(dyr + c, m), _mm512_maskz_loadu_ps(m, gamma + c));
-      Store(dx + r * D + c, _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_sub_ps(g, a),
-                                                              _mm512_mul_ps(xhat, b))),
-              m);
-    }
-  }
-}
-
-constexpr int64_t kLnBlock = 64;  // rows per partial sum of dγ, dβ
-
-bool HasAvx512Bw() {
-  static const bool has = CpuHasAvx512BwVl();
-  return has;
-}
-
-class Bf16LayerNormFunction : public torch::autograd::Function<Bf16LayerNormFunction> {
- public:
-  // x [M, D] bf16 contiguous; gamma, beta [D] float32 contiguous.
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& x, const at::Tensor& gamma,
-                                                const at::Tensor& beta, double eps) {
-    const int64_t M = x.size(0), D = x.size(1);
-    at::Tensor y = at::empty({M, D}, x.options());
-    at::Tensor mean = at::empty({M}, gamma.options()), rstd = at::empty({M}, gamma.options());
-    const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-    uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-    const float *gp = gamma.data_ptr<float>(), *bp = beta.data_ptr<float>();
-    float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
-    KernelParallelFor(0, M, std::max<int64_t>(1, 16384 / D), [&](int64_t lo, int64_t hi) {
-      LnForwardRows(xp, gp, bp, D, static_cast<float>(eps), yp, mp, rp, lo, hi);
-    });
-    ctx->save_for_backward({x, gamma, mean, rstd});
-    ctx->set_materialize_grads(false);
-    return {y};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    if (!grads[0].defined()) return torch::autograd::variable_list(4);  // one per input
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &gamma = saved[1], &mean = saved[2], &rstd = saved[3];
-    const at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
-    const int64_t M = x.size(0), D = x.size(1), blocks = (M + kLnBlock - 1) / kLnBlock;
-    at::Tensor dx = at::empty({M, D}, x.options());
-    at::Tensor partial = at::zeros({2, blocks, D}, gamma.options());
-    const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-    const uint16_t* dyp = reinterpret_cast<const uint16_t*>(dy.data_ptr());
-    uint16_t* dxp = reinterpret_cast<uint16_t*>(dx.data_ptr());
-    float* pp = partial.data_ptr<float>();
-    KernelParallelFor(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t blk = lo; blk < hi; ++blk) {
-        LnBackwardRows(xp, dyp, gamma.data_ptr<float>(), mean.data_ptr<float>(),
-                       rstd.data_ptr<float>(), D, dxp, pp + blk * D, pp + (blocks + blk) * D,
-                       blk * kLnBlock, std::min(M, (blk + 1) * kLnBlock));
-      }
-    });
-    // The blocks' partial sums in block order (at::sum's order over dim 1 is fixed, too).
-    const at::Tensor sums = partial.sum(1);
-    return {dx, sums[0], sums[1], at::Tensor()};
-  }
-};
-
-}  // namespace
 
 glossa::Params LayerNorm::Params() {
   glossa::Params p = BaseLayer::Params();
@@ -182,25 +42,7 @@ at::Tensor LayerNorm::FProp(const NestedMap& theta, const at::Tensor& inputs) co
   at::Tensor x = CastToFPropDtype(inputs);
   at::Tensor scale = theta.GetTensor("scale");
   if (!direct_scale_) scale = scale + 1;
-  // (x - mean) * rsqrt(var + eps) * scale + bias with the biased variance over the last dim:
-  // ATen's fused kernel computes exactly this (and its gradient) in one pass.
-  // bf16/fp16 inputs are normalized in float32 (as autocast does; ATen's reduced-precision
-  // kernel is also several times slower on CPU) and cast back.
-  if (x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && HasAvx512Bw() &&
-      x.numel() > 0) {
-    // One pass each way over the bf16 rows (Bf16LayerNormFunction above).
-    const at::Tensor x2 = x.contiguous().view({-1, input_dim_});
-    return Bf16LayerNormFunction::apply(x2, scale.to(at::kFloat).contiguous(),
-                                        theta.GetTensor("bias").to(at::kFloat).contiguous(),
-                                        epsilon_)[0]
-        .view(x.sizes());
-  }
-  if (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) {
-    return at::layer_norm(x.to(at::kFloat), {input_dim_}, scale.to(at::kFloat),
-                          theta.GetTensor("bias").to(at::kFloat), epsilon_)
-        .to(x.scalar_type());
-  }
-  return at::layer_norm(x, {input_dim_}, scale, theta.GetTensor("bias"), epsilon_);
+  return LayerNormLastDim(x, scale, theta.GetTensor("bias"), epsilon_);
 }
 
 glossa::Params BatchNormLayer::Params() {
@@ -281,5 +123,27 @@ at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& input
 
 GLOSSA_REGISTER_CLASS(LayerNorm, "glossa.layers.LayerNorm");
 GLOSSA_REGISTER_CLASS(BatchNormLayer, "glossa.layers.BatchNormLayer");
+
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature LayerNorm::FPropMapSpec() const {
+  return {{"inputs"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap LayerNorm::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap out;
+  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs")));
+  return out;
+}
+
+BaseLayer::FPropMapSignature BatchNormLayer::FPropMapSpec() const {
+  return {{"inputs", "paddings"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap BatchNormLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap out;
+  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings")));
+  return out;
+}
 
 }  // namespace glossa

@@ -12,6 +12,9 @@ namespace glossa {
 // (Lingvo's default, direct_scale = False) or is used directly (direct_scale = True, init 1).
 class LayerNorm : public BaseLayer, public Block {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, epsilon (1e-6), direct_scale (False).
   static glossa::Params Params();
   explicit LayerNorm(const glossa::Params& p);
@@ -34,6 +37,9 @@ class LayerNorm : public BaseLayer, public Block {
 // does); in eval the moving averages are used.
 class BatchNormLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + dim, decay (0.999), epsilon (0.001), set_padded_output_to_zero (True),
   // use_moving_avg_in_training (False).
   static glossa::Params Params();

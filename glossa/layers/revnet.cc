@@ -212,4 +212,30 @@ std::pair<at::Tensor, at::Tensor> StackedRevNetLayer::FProp(const NestedMap& the
 GLOSSA_REGISTER_CLASS(RevNetLayer, "glossa.layers.RevNetLayer");
 GLOSSA_REGISTER_CLASS(StackedRevNetLayer, "glossa.layers.StackedRevNetLayer");
 
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature RevNetLayer::FPropMapSpec() const {
+  return {{"x1", "x2", "extra"}, 2, {"y1", "y2"}, true, "(y1, y2)"};
+}
+
+NestedMap RevNetLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  auto r = FProp(theta, inputs.GetTensor("x1"), inputs.GetTensor("x2"), OptionalInput(inputs, "extra"));
+  NestedMap out;
+  out.Put("y1", r.y1);
+  out.Put("y2", r.y2);
+  return out;
+}
+
+BaseLayer::FPropMapSignature StackedRevNetLayer::FPropMapSpec() const {
+  return {{"x1", "x2", "extra"}, 2, {"y1", "y2"}, true, "(y1, y2)"};
+}
+
+NestedMap StackedRevNetLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  auto [y1, y2] = FProp(theta, inputs.GetTensor("x1"), inputs.GetTensor("x2"), OptionalInput(inputs, "extra"));
+  NestedMap out;
+  out.Put("y1", y1);
+  out.Put("y2", y2);
+  return out;
+}
+
 }  // namespace glossa

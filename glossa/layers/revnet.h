@@ -20,6 +20,9 @@ namespace glossa {
 
 class RevNetLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, x1, x2, extra=None) -> (y1, y2).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + f_params, g_params: Params of shape-preserving Blocks (base_layer.h), e.g. a
   // SequentialLayer or a TransformerFeedForwardLayer.
   static glossa::Params Params();
@@ -55,6 +58,9 @@ class RevNetLayer : public BaseLayer {
 
 class StackedRevNetLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, x1, x2, extra=None) -> (y1, y2).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + sub_layer_params (a list of RevNetLayer Params), custom_gradient (True: the memory-saving
   // backward; False: plain autograd through every layer).
   static glossa::Params Params();

@@ -157,4 +157,44 @@ GLOSSA_REGISTER_CLASS(LSTMCellSimple, "glossa.layers.LSTMCellSimple");
 GLOSSA_REGISTER_CLASS(RNNLayer, "glossa.layers.RNNLayer");
 GLOSSA_REGISTER_CLASS(StackedRNN, "glossa.layers.StackedRNN");
 
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature LSTMCellSimple::FPropMapSpec() const {
+  return {{"state0", "inputs", "padding"}, 2, {}, false, "dict (m, c)"};
+}
+
+NestedMap LSTMCellSimple::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  return FProp(theta, inputs.at("state0").AsMap(), inputs.GetTensor("inputs"), OptionalInput(inputs, "padding"));
+}
+
+BaseLayer::FPropMapSignature RNNLayer::FPropMapSpec() const {
+  return {{"inputs", "paddings", "state0"}, 1, {"outputs", "final_state"}, true, "(outputs, final_state)"};
+}
+
+NestedMap RNNLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap state0;
+  if (inputs.contains("state0") && !inputs.at("state0").is_none()) {
+    state0 = inputs.at("state0").AsMap();
+  }
+  auto [y, s] = FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"), state0);
+  NestedMap out;
+  out.Put("outputs", y);
+  out.Put("final_state", std::move(s));
+  return out;
+}
+
+BaseLayer::FPropMapSignature StackedRNN::FPropMapSpec() const {
+  return {{"inputs", "paddings"}, 1, {"outputs", "final_states"}, true, "(outputs, [final_state, ...])"};
+}
+
+NestedMap StackedRNN::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  auto [y, states] = FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"));
+  NestedValue::List s;
+  for (auto& m : states) s.emplace_back(std::move(m));
+  NestedMap out;
+  out.Put("outputs", y);
+  out.Put("final_states", NestedValue(std::move(s)));
+  return out;
+}
+
 }  // namespace glossa

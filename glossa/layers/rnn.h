@@ -19,6 +19,9 @@ namespace glossa {
 //   m' = sigmoid(o_g)·tanh(c')   (or sigmoid(o_g)·c' without output_nonlinearity)
 class LSTMCellSimple : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, state0, inputs, padding=None) -> dict (m, c).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + num_input_nodes, num_output_nodes, forget_gate_bias (0), cell_value_cap (10; None: no cap),
   // output_nonlinearity (True).
   static glossa::Params Params();
@@ -40,6 +43,9 @@ class LSTMCellSimple : public BaseLayer {
 // Runs a cell over time.
 class RNNLayer : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, state0=None) -> (outputs, final_state).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + cell (LSTMCellSimple params), reverse (False: run backwards in time).
   static glossa::Params Params();
   explicit RNNLayer(const glossa::Params& p);
@@ -58,6 +64,9 @@ class RNNLayer : public BaseLayer {
 // input is added to its output (residual).
 class StackedRNN : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> (outputs, [final_state, ...]).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + num_layers, num_input_nodes, num_output_nodes, cell_tpl, skip_start (None: no residuals).
   static glossa::Params Params();
   explicit StackedRNN(const glossa::Params& p);

@@ -4,10 +4,42 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/fused_xent.h"
-#include "glossa/layers/gemm.h"
+#include "glossa/kernels/fused_xent.h"
+#include "glossa/kernels/gemm.h"
 
 namespace glossa {
+namespace {
+
+// Throws InvalidArgumentError unless exactly one of class_ids and class_probabilities is given,
+// logits end in num_classes, and that target is shaped (and for class_ids, valued) to match.
+void CheckXentInputs(const std::string& path, int64_t num_classes, const at::Tensor& logits,
+                     const at::Tensor& class_ids, const at::Tensor& class_probabilities) {
+  if (class_ids.defined() == class_probabilities.defined()) {
+    throw InvalidArgumentError(
+        StrCat("layer '", path, "': give exactly one of class_ids and class_probabilities"));
+  }
+  if (logits.dim() < 1 || logits.size(-1) != num_classes) {
+    throw InvalidArgumentError(StrCat("layer '", path, "': logits must end in num_classes ",
+                                      num_classes, ", got shape ", logits.sizes()));
+  }
+  const auto batch_shape = logits.sizes().slice(0, logits.dim() - 1).vec();
+  if (class_ids.defined()) {
+    if (class_ids.sizes().vec() != batch_shape || at::isFloatingType(class_ids.scalar_type())) {
+      throw InvalidArgumentError(StrCat("layer '", path, "': class_ids must be integers shaped ",
+                                        at::IntArrayRef(batch_shape), ", got ", class_ids.sizes()));
+    }
+    if (class_ids.numel() > 0 &&
+        (class_ids.min().item<int64_t>() < 0 || class_ids.max().item<int64_t>() >= num_classes)) {
+      throw InvalidArgumentError(
+          StrCat("layer '", path, "': class_ids must be in [0, ", num_classes, ")"));
+    }
+  } else if (class_probabilities.sizes() != logits.sizes()) {
+    throw InvalidArgumentError(StrCat("layer '", path, "': class_probabilities must be shaped ",
+                                      logits.sizes(), ", got ", class_probabilities.sizes()));
+  }
+}
+
+}  // namespace
 
 glossa::Params SimpleFullSoftmax::Params() {
   glossa::Params p = BaseLayer::Params();
@@ -21,7 +53,7 @@ glossa::Params SimpleFullSoftmax::Params() {
            "Output per_example_argmax (an argmax over the classes, ~10x a max on CPU). Tasks that "
            "only need next-step accuracy can turn it off and use per_example_max_log_prob.");
   p.Define("fused_xent", true,
-           "Cross-entropy against class_ids in one fused kernel (glossa/layers/fused_xent.h; CPUs "
+           "Cross-entropy against class_ids in one fused kernel (glossa/kernels/fused_xent.h; CPUs "
            "with AVX-512F, float32 or bfloat16 logits): one pass forward and one backward, and no "
            "[..., num_classes] log_probs tensor, so the output then has no log_probs. false, "
            "other CPUs, float64 logits and class_probabilities targets: ATen's log_softmax, and "
@@ -70,7 +102,7 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
                                    const at::Tensor& paddings,
                                    const at::Tensor& class_probabilities) const {
   if (class_ids.defined() && !class_probabilities.defined() && fused_xent_ && !logits_abs_max_ &&
-      FusedSoftmaxXentSupported() &&
+      FusedSoftmaxXentApplies(inputs) &&
       inputs.scalar_type() != at::kDouble && inputs.dim() >= 1 && inputs.size(-1) == input_dim_) {
     // x·w alone; the kernel adds the bias as it reads the logits (addmm would first broadcast it
     // into its whole [N, C] output) and computes its gradient in its backward pass.
@@ -99,35 +131,13 @@ NestedMap SimpleFullSoftmax::Xent(const at::Tensor& logits, const at::Tensor& bi
                                   const at::Tensor& class_ids, const at::Tensor& class_weights,
                                   const at::Tensor& paddings,
                                   const at::Tensor& class_probabilities) const {
-  if (class_ids.defined() == class_probabilities.defined()) {
-    throw InvalidArgumentError(
-        StrCat("layer '", path(), "': give exactly one of class_ids and class_probabilities"));
-  }
-  if (logits.dim() < 1 || logits.size(-1) != num_classes_) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': logits must end in num_classes ",
-                                      num_classes_, ", got shape ", logits.sizes()));
-  }
-  const auto batch_shape = logits.sizes().slice(0, logits.dim() - 1).vec();
-  if (class_ids.defined()) {
-    if (class_ids.sizes().vec() != batch_shape || at::isFloatingType(class_ids.scalar_type())) {
-      throw InvalidArgumentError(StrCat("layer '", path(), "': class_ids must be integers shaped ",
-                                        at::IntArrayRef(batch_shape), ", got ", class_ids.sizes()));
-    }
-    if (class_ids.numel() > 0 &&
-        (class_ids.min().item<int64_t>() < 0 || class_ids.max().item<int64_t>() >= num_classes_)) {
-      throw InvalidArgumentError(
-          StrCat("layer '", path(), "': class_ids must be in [0, ", num_classes_, ")"));
-    }
-  } else if (class_probabilities.sizes() != logits.sizes()) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': class_probabilities must be shaped ",
-                                      logits.sizes(), ", got ", class_probabilities.sizes()));
-  }
+  CheckXentInputs(path(), num_classes_, logits, class_ids, class_probabilities);
   NestedMap out;
   // With a separate bias (FProp's fused path) the logits are never formed; Logits() gives them.
   if (!bias.defined()) out.Put("logits", logits);
   at::Tensor xent;
   if (class_ids.defined() && fused_xent_ && logits.scalar_type() != at::kDouble &&
-      FusedSoftmaxXentSupported()) {
+      FusedSoftmaxXentApplies(logits)) {
     // -Σ_c t_c log p_c with t = (1 - ls)·one_hot + ls/C, in one pass.
     SoftmaxXent r = FusedSoftmaxXent(logits, class_ids, 1 - label_smoothing_,
                                      label_smoothing_ / num_classes_, compute_per_example_argmax_,
@@ -178,5 +188,16 @@ NestedMap SimpleFullSoftmax::Xent(const at::Tensor& logits, const at::Tensor& bi
 }
 
 GLOSSA_REGISTER_CLASS(SimpleFullSoftmax, "glossa.layers.SimpleFullSoftmax");
+
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature SimpleFullSoftmax::FPropMapSpec() const {
+  return {{"inputs", "class_ids", "class_weights", "paddings", "class_probabilities"}, 1, {}, false, "dict (logits, per_example_xent, ...)"};
+}
+
+NestedMap SimpleFullSoftmax::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  return FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "class_ids"), OptionalInput(inputs, "class_weights"),
+               OptionalInput(inputs, "paddings"), OptionalInput(inputs, "class_probabilities"));
+}
 
 }  // namespace glossa

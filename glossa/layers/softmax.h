@@ -14,6 +14,9 @@ namespace glossa {
 
 class SimpleFullSoftmax : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, class_ids=None, class_weights=None, paddings=None, class_probabilities=None) -> dict (logits, per_example_xent, ...).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, num_classes, label_smoothing (0), logits_abs_max (None: no clipping).
   static glossa::Params Params();
   explicit SimpleFullSoftmax(const glossa::Params& p);

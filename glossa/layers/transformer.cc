@@ -495,4 +495,42 @@ GLOSSA_REGISTER_CLASS(TransformerStack, "glossa.layers.TransformerStack");
 GLOSSA_REGISTER_CLASS(TransformerEncoder, "glossa.layers.TransformerEncoder");
 GLOSSA_REGISTER_CLASS(TransformerDecoder, "glossa.layers.TransformerDecoder");
 
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature TransformerAttentionLayer::FPropMapSpec() const {
+  return {{"query", "source", "paddings"}, 1, {"outputs", "probs"}, true, "(outputs, probs)"};
+}
+
+NestedMap TransformerAttentionLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  auto [y, p] = FProp(theta, inputs.GetTensor("query"), OptionalInput(inputs, "source"), OptionalInput(inputs, "paddings"));
+  NestedMap out;
+  out.Put("outputs", y);
+  out.Put("probs", p);
+  return out;
+}
+
+BaseLayer::FPropMapSignature TransformerLayer::FPropMapSpec() const {
+  return {{"inputs", "paddings", "aux_vecs", "aux_paddings"}, 1, {"outputs", "atten_probs"}, true, "(outputs, atten_probs)"};
+}
+
+NestedMap TransformerLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  auto [y, p] = FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"), OptionalInput(inputs, "aux_vecs"),
+                      OptionalInput(inputs, "aux_paddings"));
+  NestedMap out;
+  out.Put("outputs", y);
+  out.Put("atten_probs", p);
+  return out;
+}
+
+BaseLayer::FPropMapSignature TransformerStack::FPropMapSpec() const {
+  return {{"inputs", "paddings", "aux_vecs", "aux_paddings"}, 1, {"outputs"}, false, "Tensor"};
+}
+
+NestedMap TransformerStack::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  NestedMap out;
+  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"), OptionalInput(inputs, "aux_vecs"),
+                           OptionalInput(inputs, "aux_paddings")));
+  return out;
+}
+
 }  // namespace glossa

@@ -52,6 +52,9 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
 // Self- or cross-attention with layer norm, residual dropout and the residual connection.
 class TransformerAttentionLayer : public BaseLayer, public Block {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, query, source=None, paddings=None) -> (outputs, probs).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, num_heads, hidden_dim (0: input_dim), is_masked (causal self-attention),
   // atten_dropout_prob, residual_dropout_prob, pre_layer_norm (True), atten_tpl
   // (MultiHeadedAttention; input_dim, hidden_dim, num_heads and atten_dropout_prob set here),
@@ -90,6 +93,9 @@ class TransformerAttentionLayer : public BaseLayer, public Block {
 // TransformerLayer).
 class TransformerLayer : public BaseLayer, public Block {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> (outputs, atten_probs).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, num_heads (0: the templates' own), mask_self_atten, has_aux_atten,
   // tr_atten_tpl (TransformerAttentionLayer), tr_self_atten_tpl (None: tr_atten_tpl),
   // tr_aux_atten_tpl (None: tr_atten_tpl), tr_fflayer_tpl (TransformerFeedForwardLayer,
@@ -139,6 +145,9 @@ class TransformerLayer : public BaseLayer, public Block {
 // num_atten_heads > 0, dropout_prob not None); mask_self_atten and has_aux_atten always do.
 class TransformerStack : public BaseLayer, public Block {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> Tensor.
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + num_layers, mdl_dim, hidden_dim, num_atten_heads, dropout_prob, mask_self_atten,
   // has_aux_atten, input_dropout_prob, final_layer_norm (True), ln_tpl,
   // transformer_layer_params_tpl.

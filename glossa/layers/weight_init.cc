@@ -170,7 +170,11 @@ at::Generator MakeSeededGenerator(std::array<int64_t, 2> seed) {
   return at::make_generator<at::CPUGeneratorImpl>(mixed);
 }
 
-at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed) {
+namespace {
+
+// Throws InvalidArgumentError if `wp`'s shape has a dimension <= 0, its method is unknown, or its
+// scale is negative for a method other than constant.
+void CheckWeightParams(const WeightParams& wp) {
   const WeightInit& init = wp.init;
   const std::vector<int64_t>& shape = wp.shape;
   for (int64_t d : shape) {
@@ -188,6 +192,14 @@ at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed)
     throw InvalidArgumentError(
         StrCat("WeightInit ", init.method, ": scale must be >= 0, got ", PyFloatRepr(init.scale)));
   }
+}
+
+}  // namespace
+
+at::Tensor InitializeWeight(const WeightParams& wp, std::array<int64_t, 2> seed) {
+  CheckWeightParams(wp);
+  const WeightInit& init = wp.init;
+  const std::vector<int64_t>& shape = wp.shape;
   const at::ScalarType dtype = ToScalarType(wp.dtype);
   const auto opts = at::TensorOptions().dtype(at::kDouble);
   if (init.method == "constant") return at::full(shape, init.scale, opts).to(dtype);

@@ -14,7 +14,7 @@ glossa::Params BaseTask::TrainParams() {
   tp.Define("max_steps", 4000000, "Maximum number of training steps.");
   tp.Define("steps_per_loop", 100, "Training steps per train-program loop.");
   {
-    // Lingvo's EarlyStop with its MetricHistory (glossa/runtime/metric_history.h).
+    // Lingvo's EarlyStop with its MetricHistory (glossa/model/metric_history.h).
     glossa::Params history;
     history.Define("jobname", "eval_dev", "The job whose metric is tracked, e.g. eval_dev.");
     history.Define("metric", "log_pplx", "The metric tracked.");
@@ -212,6 +212,24 @@ InferenceMap BaseTask::RunInference(const std::string& subgraph, const Inference
                                     const BaseTokenizer*) const {
   throw UnimplementedError(StrCat("task '", path(), "' has no inference subgraph '", subgraph,
                                   "'"));
+}
+
+// ---- The uniform call (BaseLayer::FPropMap) ----
+
+BaseLayer::FPropMapSignature BaseTask::FPropMapSpec() const {
+  return {{"batch"}, 1, {"metrics", "per_example"}, true, "(metrics {name: (value, weight)}, per_example)"};
+}
+
+NestedMap BaseTask::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
+  const FPropResult r = FProp(theta, inputs.at("batch").AsMap());
+  NestedMap metrics;
+  for (const auto& [name, m] : r.metrics) {
+    metrics.Put(name, NestedValue(NestedValue::List{NestedValue(m.value), NestedValue(m.weight)}));
+  }
+  NestedMap out;
+  out.Put("metrics", std::move(metrics));
+  out.Put("per_example", r.per_example);
+  return out;
 }
 
 }  // namespace glossa

@@ -28,6 +28,9 @@ class BaseTokenizer;
 
 class BaseTask : public BaseLayer {
  public:
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, batch) -> (metrics {name: (value, weight)}, per_example).
+  FPropMapSignature FPropMapSpec() const override;
+  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input, encoder, decoder, num_splits, train {...}, eval {...} (see docs/training.md).
   static glossa::Params Params();
   // The default `train` and `eval` sub-Params.

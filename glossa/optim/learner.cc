@@ -180,20 +180,147 @@ void Learner::SetGradientReducer(GradientReducer reducer) {
   sync_ = reducer ? std::make_shared<FunctionSync>(std::move(reducer)) : nullptr;
 }
 
-Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
-                       int64_t global_step, bool var_norm) {
-  auto it = metrics.find(loss_name_);
+namespace {
+
+// The loss metric `loss_name` of metrics; throws when it is missing or not a scalar.
+const at::Tensor& FindLoss(const Metrics& metrics, const Params& p, const std::string& loss_name) {
+  auto it = metrics.find(loss_name);
   if (it == metrics.end()) {
     std::vector<std::string> keys;
     for (const auto& [k, v] : metrics) keys.push_back(k);
-    throw NotFoundError(StrCat("learner '", params_.GetString("name"), "': loss ",
-                               KeyErrorString(loss_name_, keys), " not in metrics"));
+    throw NotFoundError(StrCat("learner '", p.GetString("name"), "': loss ",
+                               KeyErrorString(loss_name, keys), " not in metrics"));
   }
   const at::Tensor& loss = it->second.value;
   if (loss.dim() != 0) {
     throw InvalidArgumentError(
-        StrCat("learner: loss '", loss_name_, "' must be a scalar, got shape ", loss.sizes()));
+        StrCat("learner: loss '", loss_name, "' must be a scalar, got shape ", loss.sizes()));
   }
+  return loss;
+}
+
+// The gradients of loss with respect to the selected variables (backward into .grad when the
+// sync overlaps), reduced by the sync when there is one.
+std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
+                                      const std::vector<LearnerVariable>& selected,
+                                      const std::shared_ptr<Learner::GradientSync>& sync) {
+  std::vector<VarGrad> var_grads;
+  std::vector<at::Tensor> inputs;
+  for (const auto& v : selected) inputs.push_back(v.value);
+  std::vector<at::Tensor> grads;
+  bool overlap = sync && sync->overlaps();
+  for (const auto& v : inputs) overlap = overlap && v.is_leaf();
+  if (overlap) {
+    // Into .grad, so that the sync's accumulator hooks see each gradient as it is final.
+    for (auto& v : inputs) v.mutable_grad() = at::Tensor();
+    sync->BeforeBackward(inputs);
+    torch::autograd::backward({loss}, {}, c10::nullopt, false, inputs);
+    for (auto& v : inputs) {
+      grads.push_back(v.grad());
+      v.mutable_grad() = at::Tensor();
+    }
+  } else {
+    grads = torch::autograd::grad({loss}, inputs, {}, c10::nullopt, false,
+                                  /*allow_unused=*/true);
+  }
+  for (size_t i = 0; i < selected.size(); ++i) {
+    if (!grads[i].defined()) {
+      if (!sync) continue;  // not connected to the loss: dropped, as in Lingvo
+      grads[i] = at::zeros_like(selected[i].value);
+    }
+    var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach()});
+  }
+  if (sync) {
+    std::vector<at::Tensor> to_reduce;
+    for (const auto& vg : var_grads) to_reduce.push_back(vg.grad);
+    sync->Reduce(to_reduce);
+    for (size_t i = 0; i < var_grads.size(); ++i) var_grads[i].grad = to_reduce[i];
+  }
+  return var_grads;
+}
+
+// L2 / L1 regularization: adjusts the gradients (the loss itself is unchanged, as in Lingvo)
+// and reports l2_loss / l1_loss.
+void Regularize(const Params& p, const std::vector<LearnerVariable>& selected,
+                std::vector<VarGrad>& var_grads, Metrics& out) {
+  auto skip_lp = [&](const std::string& name) {
+    for (const auto& v : selected) {
+      if (v.name == name) return v.skip_lp_regularization;
+    }
+    return false;
+  };
+  at::NoGradGuard no_grad;
+  if (p.IsSet("l2_regularizer_weight")) {
+    const double w = p.GetFloat("l2_regularizer_weight");
+    double l2 = 0;
+    for (auto& vg : var_grads) {
+      if (skip_lp(vg.name)) continue;
+      l2 += SumOfSquares(vg.var);
+      vg.grad = vg.grad + vg.var.detach() * w;
+    }
+    out["l2_loss"] = M(0.5 * w * l2);
+  }
+  if (p.IsSet("l1_regularizer_weight")) {
+    const double w = p.GetFloat("l1_regularizer_weight");
+    double l1 = 0;
+    for (auto& vg : var_grads) {
+      if (skip_lp(vg.name)) continue;
+      l1 += vg.var.to(at::kDouble).abs().sum().item<double>();
+      vg.grad = vg.grad + at::sign(vg.var.detach()) * w;
+    }
+    out["l1_loss"] = M(w * l1);
+  }
+}
+
+// scale_gradients: the norm metrics, NaN/Inf detection and norm clipping (per tensor, or global
+// with grad_norm_to_clip_to_zero and the tracker). Returns the gradient scale (0: skip the step).
+double ScaleGradients(const Params& p, GradNormTracker* tracker, bool var_norm,
+                      std::vector<VarGrad>& var_grads, Metrics& out) {
+  double grad_scale = 1.0;
+  at::NoGradGuard no_grad;
+  double grad_sq = 0, var_sq = 0;
+  bool has_nan = false;
+  for (const auto& vg : var_grads) {
+    grad_sq += SumOfSquares(vg.grad);
+    if (var_norm) var_sq += SumOfSquares(vg.var);
+  }
+  // Squares are non-negative, so Σ g² is NaN or Inf exactly when some gradient element is (or
+  // when the sum overflows): one check instead of one isfinite pass per variable.
+  has_nan = !std::isfinite(grad_sq);
+  const double grad_norm = std::sqrt(grad_sq), var_norm_value = std::sqrt(var_sq);
+  const bool norm_nan = !std::isfinite(grad_norm);
+  has_nan = has_nan || norm_nan;
+  out["grad_norm_is_nan_or_inf"] = M(norm_nan ? 1.0 : 0.0);
+  out["has_nan_or_inf"] = M(has_nan ? 1.0 : 0.0);
+  const double single = p.GetFloat("clip_gradient_single_norm_to_value");
+  if (single > 0) {
+    for (auto& vg : var_grads) {
+      const double n = std::sqrt(SumOfSquares(vg.grad));
+      vg.grad = vg.grad * (single / std::max(n, single));
+    }
+    if (has_nan) grad_scale = 0.0;
+  } else {
+    const double clip = p.GetFloat("clip_gradient_norm_to_value");
+    if (clip > 0) grad_scale = std::min(1.0, clip / grad_norm);
+    const double to_zero = p.GetFloat("grad_norm_to_clip_to_zero");
+    if (to_zero > 0 && !(grad_norm < to_zero)) grad_scale = 0.0;
+    if (tracker) grad_scale *= tracker->Update(grad_norm, has_nan);
+    if (has_nan) grad_scale = 0.0;
+    out["grad_norm/all"] = M(grad_norm);
+    if (var_norm) out["var_norm/all"] = M(var_norm_value);
+    out["grad_scale_all"] = M(grad_scale);
+    if (grad_scale != 1.0 && grad_scale != 0.0) {
+      for (auto& vg : var_grads) vg.grad = vg.grad * grad_scale;
+    }
+  }
+  return grad_scale;
+}
+
+}  // namespace
+
+Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable>& vars,
+                       int64_t global_step, bool var_norm) {
+  const at::Tensor& loss = FindLoss(metrics, params_, loss_name_);
   Metrics out;
   const double schedule_value = schedule_->Value(global_step);
   const double lr = params_.GetFloat("learning_rate") * schedule_value;
@@ -201,37 +328,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
   std::vector<LearnerVariable> selected = SelectVariables(vars);
   std::vector<VarGrad> var_grads;
   if (!selected.empty() && loss.requires_grad()) {
-    std::vector<at::Tensor> inputs;
-    for (const auto& v : selected) inputs.push_back(v.value);
-    std::vector<at::Tensor> grads;
-    bool overlap = sync_ && sync_->overlaps();
-    for (const auto& v : inputs) overlap = overlap && v.is_leaf();
-    if (overlap) {
-      // Into .grad, so that the sync's accumulator hooks see each gradient as it is final.
-      for (auto& v : inputs) v.mutable_grad() = at::Tensor();
-      sync_->BeforeBackward(inputs);
-      torch::autograd::backward({loss}, {}, c10::nullopt, false, inputs);
-      for (auto& v : inputs) {
-        grads.push_back(v.grad());
-        v.mutable_grad() = at::Tensor();
-      }
-    } else {
-      grads = torch::autograd::grad({loss}, inputs, {}, c10::nullopt, false,
-                                    /*allow_unused=*/true);
-    }
-    for (size_t i = 0; i < selected.size(); ++i) {
-      if (!grads[i].defined()) {
-        if (!sync_) continue;  // not connected to the loss: dropped, as in Lingvo
-        grads[i] = at::zeros_like(selected[i].value);
-      }
-      var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach()});
-    }
-    if (sync_) {
-      std::vector<at::Tensor> to_reduce;
-      for (const auto& vg : var_grads) to_reduce.push_back(vg.grad);
-      sync_->Reduce(to_reduce);
-      for (size_t i = 0; i < var_grads.size(); ++i) var_grads[i].grad = to_reduce[i];
-    }
+    var_grads = ComputeGradients(loss, selected, sync_);
   }
   if (CheckNumericsEnabled()) {
     for (const auto& vg : var_grads) {
@@ -240,74 +337,10 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
       }
     }
   }
-  // Regularization adjusts the gradients (the loss itself is unchanged, as in Lingvo).
-  auto skip_lp = [&](const std::string& name) {
-    for (const auto& v : selected) {
-      if (v.name == name) return v.skip_lp_regularization;
-    }
-    return false;
-  };
-  {
-    at::NoGradGuard no_grad;
-    if (params_.IsSet("l2_regularizer_weight")) {
-      const double w = params_.GetFloat("l2_regularizer_weight");
-      double l2 = 0;
-      for (auto& vg : var_grads) {
-        if (skip_lp(vg.name)) continue;
-        l2 += SumOfSquares(vg.var);
-        vg.grad = vg.grad + vg.var.detach() * w;
-      }
-      out["l2_loss"] = M(0.5 * w * l2);
-    }
-    if (params_.IsSet("l1_regularizer_weight")) {
-      const double w = params_.GetFloat("l1_regularizer_weight");
-      double l1 = 0;
-      for (auto& vg : var_grads) {
-        if (skip_lp(vg.name)) continue;
-        l1 += vg.var.to(at::kDouble).abs().sum().item<double>();
-        vg.grad = vg.grad + at::sign(vg.var.detach()) * w;
-      }
-      out["l1_loss"] = M(w * l1);
-    }
-  }
+  Regularize(params_, selected, var_grads, out);
   double grad_scale = 1.0;
   if (params_.GetBool("scale_gradients")) {
-    at::NoGradGuard no_grad;
-    double grad_sq = 0, var_sq = 0;
-    bool has_nan = false;
-    for (const auto& vg : var_grads) {
-      grad_sq += SumOfSquares(vg.grad);
-      if (var_norm) var_sq += SumOfSquares(vg.var);
-    }
-    // Squares are non-negative, so Σ g² is NaN or Inf exactly when some gradient element is (or
-    // when the sum overflows): one check instead of one isfinite pass per variable.
-    has_nan = !std::isfinite(grad_sq);
-    const double grad_norm = std::sqrt(grad_sq), var_norm_value = std::sqrt(var_sq);
-    const bool norm_nan = !std::isfinite(grad_norm);
-    has_nan = has_nan || norm_nan;
-    out["grad_norm_is_nan_or_inf"] = M(norm_nan ? 1.0 : 0.0);
-    out["has_nan_or_inf"] = M(has_nan ? 1.0 : 0.0);
-    const double single = params_.GetFloat("clip_gradient_single_norm_to_value");
-    if (single > 0) {
-      for (auto& vg : var_grads) {
-        const double n = std::sqrt(SumOfSquares(vg.grad));
-        vg.grad = vg.grad * (single / std::max(n, single));
-      }
-      if (has_nan) grad_scale = 0.0;
-    } else {
-      const double clip = params_.GetFloat("clip_gradient_norm_to_value");
-      if (clip > 0) grad_scale = std::min(1.0, clip / grad_norm);
-      const double to_zero = params_.GetFloat("grad_norm_to_clip_to_zero");
-      if (to_zero > 0 && !(grad_norm < to_zero)) grad_scale = 0.0;
-      if (tracker_) grad_scale *= tracker_->Update(grad_norm, has_nan);
-      if (has_nan) grad_scale = 0.0;
-      out["grad_norm/all"] = M(grad_norm);
-      if (var_norm) out["var_norm/all"] = M(var_norm_value);
-      out["grad_scale_all"] = M(grad_scale);
-      if (grad_scale != 1.0 && grad_scale != 0.0) {
-        for (auto& vg : var_grads) vg.grad = vg.grad * grad_scale;
-      }
-    }
+    grad_scale = ScaleGradients(params_, tracker_.get(), var_norm, var_grads, out);
   }
   out["learning_rate"] = M(lr);
   // A non-finite loss is a diverged step whatever its gradients say (and without

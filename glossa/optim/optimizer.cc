@@ -1,17 +1,14 @@
 #include "glossa/optim/optimizer.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "glossa/base/errors.h"
-#include "glossa/kernels/cpu_features.h"
 #include "glossa/base/strings.h"
-#include "glossa/runtime/cpu_runtime.h"
+#include "glossa/kernels/adam.h"
 
 namespace glossa {
 namespace {
@@ -27,54 +24,6 @@ void CheckVarGrad(const VarGrad& vg) {
     throw InvalidArgumentError(StrCat("optimizer: variable '", vg.name,
                                       "' and its gradient must be defined with equal shapes"));
   }
-}
-
-// GCC 12 reports _mm512_undefined_ps() inside its masked-load intrinsics as maybe-uninitialized;
-// a known false positive.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Adam's update of float32 var, m and v from g in one pass (AVX-512), as the ATen ops do in
-// seven (mul_, add_, mul_, addcmul_, sqrt, add_, addcdiv_) with a temporary:
-//   m = b1·m + (1 − b1)·g;  v = b2·v + (1 − b2)·g²;  var −= lr_t · m / (√v + ε).
-// The same roundings as those ops (tests/optim/optimizer_test.cc checks bit equality).
-__attribute__((target("avx512f"))) void FusedAdamRange(float* var, float* m, float* v,
-                                                      const float* g, int64_t lo, int64_t hi,
-                                                      double b1, double b2, double eps,
-                                                      double lr_t) {
-  // The constants as ATen's ops get them: each scalar rounded to float from double.
-  const __m512 vb1 = _mm512_set1_ps(static_cast<float>(b1));
-  const __m512 vc1 = _mm512_set1_ps(static_cast<float>(1 - b1));
-  const __m512 vb2 = _mm512_set1_ps(static_cast<float>(b2));
-  const __m512 vc2 = _mm512_set1_ps(static_cast<float>(1 - b2));
-  const __m512 veps = _mm512_set1_ps(static_cast<float>(eps));
-  const __m512 vlr = _mm512_set1_ps(static_cast<float>(-lr_t));
-  for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 k =
-        hi - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (hi - i)) - 1);
-    const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
-    // Rounded where ATen's ops round: m·b1, then the add with alpha as a fused multiply-add;
-    // v·b2, then (c2·g)·g + v as one; √v, + ε, then (−lr_t·m) / denominator + var.
-    const __m512 mi = _mm512_fmadd_ps(gi, vc1, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, m + i), vb1));
-    const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(vc2, gi), gi,
-                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + i), vb2));
-    const __m512 step =
-        _mm512_div_ps(_mm512_mul_ps(vlr, mi), _mm512_add_ps(_mm512_sqrt_ps(vi), veps));
-    _mm512_mask_storeu_ps(m + i, k, mi);
-    _mm512_mask_storeu_ps(v + i, k, vi);
-    _mm512_mask_storeu_ps(var + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, var + i), step));
-  }
-}
-#pragma GCC diagnostic pop
-
-bool FusedAdamApplies(const at::Tensor& var, const at::Tensor& m, const at::Tensor& v,
-                      const at::Tensor& g) {
-  if (!CpuHasAvx512F()) return false;
-  for (const at::Tensor* t : {&var, &m, &v, &g}) {
-    if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || !t->is_contiguous()) {
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -225,18 +174,7 @@ void Adam::Apply(double lr, const std::vector<VarGrad>& var_grads, int64_t) {
     at::Tensor g = vg.grad.to(vg.var.scalar_type());
     at::Tensor& m = Slot(vg.name, "m", vg.var, 0.0);
     at::Tensor& v = Slot(vg.name, "v", vg.var, 0.0);
-    if (FusedAdamApplies(vg.var, m, v, g)) {
-      float *pw = vg.var.data_ptr<float>(), *pm = m.data_ptr<float>(), *pv = v.data_ptr<float>();
-      const float* pg = g.data_ptr<float>();
-      KernelParallelFor(0, vg.var.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
-        FusedAdamRange(pw, pm, pv, pg, lo, hi, b1, b2, eps, lr_t);
-      });
-      continue;
-    }
-    // In place, one temporary (the denominator) per variable.
-    m.mul_(b1).add_(g, 1 - b1);
-    v.mul_(b2).addcmul_(g, g, 1 - b2);
-    vg.var.addcdiv_(m, v.sqrt().add_(eps), -lr_t);
+    AdamUpdate(vg.var, m, v, g, b1, b2, eps, lr_t);
   }
   b1_power.mul_(b1);
   b2_power.mul_(b2);

@@ -1,9 +1,5 @@
 #include "glossa/runtime/cpu_runtime.h"
 
-#ifndef _OPENMP
-#error "cpu_runtime.cc must be built with -fopenmp (glossa/CMakeLists.txt)"
-#endif
-
 #include <ATen/Parallel.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -25,6 +21,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/kernels/cpu_features.h"
 
 extern "C" {
 void openblas_set_num_threads(int) __attribute__((weak));
@@ -38,137 +35,6 @@ int blas_thread_shutdown_(void) __attribute__((weak));
 
 namespace glossa {
 namespace {
-
-// Glossa's kernel threads: workers with one job slot each, statically assigned a chunk per loop.
-class KernelPool {
- public:
-  static KernelPool& Get() {
-    static std::once_flag once;
-    std::call_once(once, [] {
-      current_ = new KernelPool;  // never destroyed: workers may still be blocked
-      // A forked child has none of the workers (fork copies only the calling thread), and the
-      // pool's locks may be held: it starts over with a pool of its own, one thread, so its
-      // loops run inline instead of waiting for workers that do not exist.
-      pthread_atfork(nullptr, nullptr, [] { current_ = new KernelPool; });
-    });
-    return *current_;
-  }
-
-  void SetThreads(int threads) {
-    std::lock_guard<std::mutex> run(run_mu_);
-    threads_.store(std::max(1, threads));
-    while (static_cast<int>(workers_.size()) < threads_.load() - 1) {
-      workers_.push_back(std::make_unique<Worker>());
-      Worker* w = workers_.back().get();
-      w->thread = std::thread([this, w] { WorkerLoop(w); });
-      w->thread.detach();
-    }
-  }
-  int threads() const { return threads_.load(); }
-
-  // Runs f over [begin, end) on the caller and up to threads() - 1 workers; false (nothing run)
-  // when the pool is busy with another thread's loop or there is a single chunk.
-  bool Run(int64_t begin, int64_t end, int64_t grain,
-           const std::function<void(int64_t, int64_t)>& f) {
-    if (in_loop_) return false;
-    const int64_t n = end - begin;
-    grain = std::max<int64_t>(grain, 1);
-    int64_t chunks = std::min<int64_t>(threads_.load(), (n + grain - 1) / grain);
-    const int64_t per = (n + chunks - 1) / std::max<int64_t>(chunks, 1);
-    chunks = (n + per - 1) / per;  // none empty (7 over 5 threads: 4 chunks of 2, 2, 2, 1)
-    if (chunks <= 1) return false;
-    std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
-    if (!run.owns_lock()) return false;
-    const int blas = openblas_get_num_threads != nullptr ? openblas_get_num_threads() : 1;
-    if (blas > 1) openblas_set_num_threads(1);
-    error_ = nullptr;
-    outstanding_.store(static_cast<int>(chunks - 1));
-    for (int64_t c = 1; c < chunks; ++c) {
-      Worker* w = workers_[c - 1].get();
-      {
-        std::lock_guard<std::mutex> lock(w->mu);
-        w->f = &f;
-        w->lo = begin + c * per;
-        w->hi = std::min(end, begin + (c + 1) * per);
-        ++w->generation;
-      }
-      w->cv.notify_one();
-    }
-    in_loop_ = true;
-    std::exception_ptr mine;
-    try {
-      f(begin, std::min(end, begin + per));
-    } catch (...) {
-      mine = std::current_exception();
-    }
-    in_loop_ = false;
-    // The workers' chunks take about as long as ours: spin briefly, then sleep.
-    for (int i = 0; i < 4000 && outstanding_.load(std::memory_order_acquire) > 0; ++i) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-    }
-    {
-      std::unique_lock<std::mutex> lock(done_mu_);
-      done_cv_.wait(lock, [&] { return outstanding_.load(std::memory_order_acquire) == 0; });
-    }
-    if (blas > 1) openblas_set_num_threads(blas);
-    if (mine) std::rethrow_exception(mine);
-    if (error_) std::rethrow_exception(error_);
-    return true;
-  }
-
- private:
-  struct Worker {
-    std::thread thread;
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t generation = 0;
-    const std::function<void(int64_t, int64_t)>* f = nullptr;
-    int64_t lo = 0, hi = 0;
-  };
-
-  void WorkerLoop(Worker* w) {
-    uint64_t seen = 0;
-    while (true) {
-      const std::function<void(int64_t, int64_t)>* f;
-      int64_t lo, hi;
-      {
-        std::unique_lock<std::mutex> lock(w->mu);
-        w->cv.wait(lock, [&] { return w->generation != seen; });
-        seen = w->generation;
-        f = w->f;
-        lo = w->lo;
-        hi = w->hi;
-      }
-      in_loop_ = true;
-      try {
-        (*f)(lo, hi);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(done_mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-      in_loop_ = false;
-      if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(done_mu_);
-        done_cv_.notify_one();
-      }
-    }
-  }
-
-  std::mutex run_mu_;  // one loop at a time
-  std::atomic<int> threads_{1};
-  std::vector<std::unique_ptr<Worker>> workers_;
-  std::atomic<int> outstanding_{0};
-  std::mutex done_mu_;
-  std::condition_variable done_cv_;
-  std::exception_ptr error_;
-  static thread_local bool in_loop_;
-  static KernelPool* current_;
-};
-
-thread_local bool KernelPool::in_loop_ = false;
-KernelPool* KernelPool::current_ = nullptr;
 
 // OpenBLAS's idle GEMM threads spin (yielding) for 2^28 cycles, about 0.1 s, after each GEMM
 // before they sleep. A spinning thread makes its core look busy, so the scheduler put Glossa's
@@ -200,21 +66,6 @@ int BlasThreadTimeout() {
   return openblas_thread_timeout != nullptr ? openblas_thread_timeout() : 0;
 }
 
-void SetKernelThreads(int threads) { KernelPool::Get().SetThreads(threads); }
-int KernelThreads() { return KernelPool::Get().threads(); }
-
-void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
-                       const std::function<void(int64_t, int64_t)>& f) {
-  if (begin >= end) return;
-  if (at::get_num_threads() > 1 || at::in_parallel_region()) {
-    // This file is built with -fopenmp: ATen's OpenMP threads (at::parallel_for runs inline in
-    // code built without it).
-    at::parallel_for(begin, end, grain, [&f](int64_t lo, int64_t hi) { f(lo, hi); });
-    return;
-  }
-  if (KernelPool::Get().threads() > 1 && KernelPool::Get().Run(begin, end, grain, f)) return;
-  f(begin, end);
-}
 
 CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute) {
   mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
@@ -279,12 +130,11 @@ void UseBestBlasKernels(char** argv) {
   if (std::none_of(std::begin(kOld), std::end(kOld), [&](const char* c) { return core == c; })) {
     return;
   }
-  __builtin_cpu_init();
+  const X86Features cpu = ProbeX86Features();
   const char* better = nullptr;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+  if (cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512dq) {
     better = "SkylakeX";
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  } else if (cpu.avx2 && cpu.fma) {
     better = "Haswell";
   }
   if (better == nullptr) return;

@@ -1,4 +1,5 @@
-// CPU runtime setup for training and benchmarks: the thread layout and the allocator.
+// Process setup for training, serving and benchmarks: the thread layout (ATen, OpenBLAS and the
+// kernel threads of glossa/kernels/parallel.h), the allocator and the BLAS kernel choice.
 //
 // On a CPU, ATen's intra-op OpenMP threads and OpenBLAS's own GEMM threads oversubscribe the cores
 // when both use all of them (measured on 2 cores: the tiny LM trains 2.4x slower). The layout:
@@ -15,7 +16,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+
+#include "glossa/kernels/parallel.h"  // SetKernelThreads: the layout sets the kernel threads
 
 namespace glossa {
 
@@ -26,21 +28,6 @@ struct CpuRuntimeLayout {
 
 CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute);
 
-// Parallel loops of Glossa's own kernels (attention heads, softmax rows, the fused
-// cross-entropy's forward, Adam): f(lo, hi) over [begin, end) in chunks of at least `grain`.
-// Where ATen has several intra-op threads (the bf16 layout) they run on them (at::parallel_for).
-// In the fp32 layout ATen has one thread and they run on Glossa's kernel threads instead: the
-// caller plus sleeping workers, woken per loop and blocked (never spinning) between loops, so
-// they leave the cores to OpenBLAS's GEMM threads. OpenBLAS is held to one thread while such a
-// loop runs (GEMMs inside it, such as the attention core's per-head ones, run one per thread).
-// Each index's result must not depend on how the range is split: results are then the same for
-// any number of threads. Nested calls, and calls while another thread's loop runs, run inline.
-void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
-                       const std::function<void(int64_t, int64_t)>& f);
-// The kernel threads, the caller included (1: loops run inline). ConfigureCpuRuntime sets them
-// to the fp32 layout's BLAS threads, and to 1 in the bf16 layout.
-void SetKernelThreads(int threads);
-int KernelThreads();
 // OpenBLAS's idle-thread spin, as log2 cycles (0: unknown). With kernel threads, the fp32 layout
 // sets it to 8 unless OPENBLAS_THREAD_TIMEOUT says otherwise (cpu_runtime.cc: ShortenBlasSpin).
 int BlasThreadTimeout();

@@ -10,7 +10,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/safetensors.h"
-#include "glossa/runtime/checkpointer.h"
+#include "glossa/checkpoint/checkpointer.h"
 
 namespace glossa {
 namespace {

@@ -14,11 +14,11 @@
 #include "glossa/io/event_file.h"
 #include "glossa/runtime/data_parallel.h"
 #include "glossa/runtime/distributed.h"
-#include "glossa/runtime/metric_history.h"
+#include "glossa/model/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "glossa/layers/process_seed.h"
 #include "glossa/runtime/program_schedule.h"
-#include "glossa/runtime/progress.h"
+#include "glossa/base/progress.h"
 
 namespace glossa {
 namespace {
@@ -65,6 +65,150 @@ void ValidateTrainParams(BaseModel& model) {
       throw InvalidArgumentError(StrCat(where, "train.max_skipped_steps_fraction must be in [0, 1], got ",
                                         PyFloatRepr(skipped_fraction)));
     }
+  }
+}
+
+// Said once, by the process whose initialization the run starts from (rank 0 of a data-parallel
+// job), and only when it does start from it: the seed, and how to repeat the run.
+std::string ProcessSeedNote() {
+  const int64_t seed = ProcessRandomSeed();
+  return StrCat("No random_seed is set: the variables were initialized from random seed ", seed,
+                "; set `random_seed : ", seed, "` on the model (or --random_seed=", seed,
+                ") to repeat this run");
+}
+
+// With several ranks: a gradient sync per task, installed in its learner and kept in `syncs`.
+void InstallGradientSyncs(Distributed& dist, BaseModel& model, const ExecutorOptions& options,
+                          std::vector<std::shared_ptr<DataParallelGradientSync>>& syncs) {
+  for (const auto& name : model.task_names()) {
+    auto sync = std::make_shared<DataParallelGradientSync>(dist, options.grad_bucket_bytes,
+                                                           options.overlap_grad_reduce);
+    model.GetTask(name).learner().SetGradientSync(sync);
+    syncs.push_back(std::move(sync));
+  }
+}
+
+// Steps after the restored checkpoint are replayed: their old lines of metrics.jsonl (and a torn
+// last line) are dropped, lest they appear twice.
+void DropReplayedMetricLines(const std::string& train_dir, int64_t global_step,
+                             const std::function<void(const std::string&)>& log) {
+  const std::string metrics = JoinPath(train_dir, "metrics.jsonl");
+  TruncateTornLastLine(metrics);
+  if (const int64_t n = DropMetricLinesAfter(metrics, global_step); n > 0) {
+    log(StrCat("dropped ", n, " line(s) of ", metrics, " after step ", global_step,
+               " (the steps this run replays from its checkpoint)"));
+  }
+}
+
+// The console of a run: a concise line per loop, and on a terminal a bar between them.
+struct Console {
+  std::chrono::steady_clock::time_point run_start;
+  int64_t max_steps = 0;
+  int64_t first_step = 0;
+  int64_t steps_per_loop = 1;  // at least 1
+  double rate = 0;             // recent steps/s (the last loop's)
+  double last_line_time = 0;   // Elapsed() at the last console line
+  int64_t loop_start_step = 0;
+  int64_t last_line_step = 0;
+
+  // Seconds since the run started.
+  double Elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  }
+};
+
+// After every step of `train`: with `heartbeat`, the run's first step and then a line at least
+// every heartbeat_seconds inside a loop; and the bar, when it is enabled.
+void ShowStepsOnConsole(TrainProgram& train, Console& console, bool heartbeat,
+                        const ExecutorOptions& options, const std::unique_ptr<ProgressBar>& bar,
+                        std::function<void(const std::string&)> log) {
+  train.SetStepCallback([&console, heartbeat, &options, &bar, log](int64_t step) {
+    const double now = console.Elapsed();
+    // steps/s of this run
+    const double average = (step - console.first_step) / std::max(now, 1e-9);
+    // Inside a loop: the run's first step, then a line at least every heartbeat_seconds.
+    if (heartbeat && step < console.max_steps &&
+        step - console.loop_start_step < console.steps_per_loop &&
+        (step == console.first_step + 1 ||
+         now - console.last_line_time >= options.heartbeat_seconds)) {
+      console.last_line_time = now;
+      ProgressLine pl;
+      pl.step = step;
+      pl.max_steps = console.max_steps;
+      pl.steps_per_sec = average;
+      pl.elapsed_seconds = now;
+      log(StrCat(FormatProgressLine(pl),
+                 step == console.first_step + 1 ? " \xC2\xB7 first step" : ""));
+    }
+    if (bar && bar->enabled()) {
+      bar->Update(step, console.max_steps, console.rate > 0 ? console.rate : average);
+    }
+  });
+}
+
+// After a loop that ran steps: the progress line with the loop's metrics (verbosity >= 1), at
+// most every log_every_n_steps steps and always after the last.
+void LogLoopLine(Console& console, const TrainProgram::LoopResult& r, const TrainProgram& train,
+                 int64_t global_step, const ExecutorOptions& options,
+                 const std::function<void(const std::string&)>& log) {
+  const bool last = global_step >= console.max_steps;
+  if (options.verbosity >= 1 &&
+      (last || global_step - console.last_line_step >=
+                   std::max<int64_t>(options.log_every_n_steps, 1))) {
+    console.last_line_step = global_step;
+    ProgressLine pl;
+    pl.step = global_step;
+    pl.max_steps = console.max_steps;
+    auto metric = [&](const char* name) -> std::optional<double> {
+      auto it = r.metrics.find(name);
+      if (it == r.metrics.end()) return std::nullopt;
+      return it->second.first;
+    };
+    pl.loss = metric("loss");
+    pl.log_pplx = metric("log_pplx");
+    pl.learning_rate = metric("learning_rate");
+    pl.steps_per_sec = r.steps_per_sec;
+    pl.tokens_per_sec = r.tokens_per_sec;
+    pl.elapsed_seconds = console.Elapsed();
+    std::string line = FormatProgressLine(pl);
+    if (train.total_skipped() > 0) {
+      line += StrCat(" \xC2\xB7 skipped ", r.skipped_steps, " steps (", train.total_skipped(),
+                     " in this run)");
+    }
+    log(line);
+    console.last_line_time = console.Elapsed();
+  }
+}
+
+// A run that ends inside a streak of skipped steps, or skipped much of what it ran, diverged
+// however short it was (max_consecutive_skipped_steps alone misses a 60-step run): the message
+// saying so, or none. `ran`: the run's steps; `fraction`: max_skipped_steps_fraction.
+std::optional<std::string> SkippedStepsDivergence(const TrainProgram& train, int64_t ran,
+                                                  double fraction) {
+  if (train.consecutive_skipped() > 0) {
+    return StrCat("training diverged: the run ended inside a streak of ",
+                  train.consecutive_skipped(), " skipped steps (non-finite loss or "
+                  "gradients, or a gradient norm over grad_norm_to_clip_to_zero; ",
+                  train.total_skipped(), " of its ", ran, " steps were skipped)");
+  }
+  if (ran > 0 && static_cast<double>(train.total_skipped()) > fraction * ran) {
+    return StrCat("training diverged: ", train.total_skipped(), " of the run's ", ran,
+                  " steps were skipped, more than task.train.max_skipped_steps_fraction (",
+                  PyFloatRepr(fraction), ")");
+  }
+  return std::nullopt;
+}
+
+// The run's last line: the checkpoint it saved at `step` (its files, as they are on disk now), or
+// that this checkpoint already was the latest.
+void LogFinalCheckpoint(const std::string& train_dir, int64_t step, bool saved, bool stopped,
+                        const std::function<void(const std::string&)>& log) {
+  const std::string prefix = Saver::CheckpointPrefix(train_dir, step);
+  if (saved) {
+    // The files written, as they are on disk now.
+    log(StrCat("saved ", Join(SafetensorsFiles(prefix), ", "), stopped ? " (stopped)" : ""));
+  } else {
+    log(StrCat("checkpoint ", prefix, " is already the latest", stopped ? " (stopped)" : ""));
   }
 }
 
@@ -189,130 +333,101 @@ bool Executor::EarlyStopCheck() {
   return stop;
 }
 
+// What Run shares with its train loops: the programs, the console, and how the loops ended.
+struct Executor::RunState {
+  TrainProgram& train;
+  ProgramSchedule& schedule;
+  EventWriter* writer;  // null off rank 0
+  Console console;
+  int64_t skipped_since_save = 0;
+  bool stopped = false;  // by a stop request (here or on another rank)
+};
+
 int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
   Distributed* dist = options_.distributed;
   DistributedScope dist_scope(dist);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
-  // Said once, by the process whose initialization the run starts from (rank 0 of a data-parallel
-  // job), and only when it does start from it.
-  if (chief_ && !checkpointer_->restored() && used_process_seed_) {
-    const int64_t seed = ProcessRandomSeed();
-    Log(StrCat("No random_seed is set: the variables were initialized from random seed ", seed,
-               "; set `random_seed : ", seed, "` on the model (or --random_seed=", seed,
-               ") to repeat this run"));
-  }
+  if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
   if (dist != nullptr) {
     global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log);
     syncs_.clear();
-    for (const auto& name : model_->task_names()) {
-      auto sync = std::make_shared<DataParallelGradientSync>(*dist, options_.grad_bucket_bytes,
-                                                             options_.overlap_grad_reduce);
-      model_->GetTask(name).learner().SetGradientSync(sync);
-      syncs_.push_back(std::move(sync));
-    }
+    InstallGradientSyncs(*dist, *model_, options_, syncs_);
   }
-  // The ranks agree on every decision that changes which collectives run next.
-  auto agree = [dist](bool v) { return dist != nullptr ? dist->AnyTrue(v) : v; };
   ProgramSchedule schedule(*model_, options_.dataset_params, options_.logdir, log, options_.clock);
   std::unique_ptr<EventWriter> writer;
-  if (chief_ && checkpointer_->restored()) {
-    // Steps after the restored checkpoint are replayed: their old lines would appear twice.
-    const std::string metrics = JoinPath(train_dir_, "metrics.jsonl");
-    TruncateTornLastLine(metrics);
-    if (const int64_t n = DropMetricLinesAfter(metrics, global_step_); n > 0) {
-      Log(StrCat("dropped ", n, " line(s) of ", metrics, " after step ", global_step_,
-                 " (the steps this run replays from its checkpoint)"));
-    }
-  }
+  if (chief_ && checkpointer_->restored()) DropReplayedMetricLines(train_dir_, global_step_, log);
   if (chief_) writer = std::make_unique<EventWriter>(train_dir_, 10.0, options_.clock);
   TrainProgram train(*model_, writer.get(), ema_.get(),
                      options_.verbosity >= 2 ? log : std::function<void(const std::string&)>());
   const int64_t max_steps = tp.GetInt("max_steps");
   // The console: a concise line per loop, and on a terminal a bar between them.
   const auto run_start = std::chrono::steady_clock::now();
-  auto elapsed = [run_start] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  };
   if (!options_.log && chief_ && options_.verbosity >= 1) bar_ = std::make_unique<ProgressBar>(stdout);
   const int64_t first_step = global_step_;
-  double rate = 0;  // recent steps/s (the last loop's)
-  double last_line_time = 0;  // elapsed() at the last console line
-  const int64_t steps_per_loop = std::max<int64_t>(1, tp.GetInt("steps_per_loop"));
-  int64_t loop_start_step = global_step_;
+  RunState run{train, schedule, writer.get(),
+               Console{run_start, max_steps, first_step,
+                       std::max<int64_t>(1, tp.GetInt("steps_per_loop")), 0.0, 0.0, global_step_,
+                       global_step_}};
   const bool heartbeat = chief_ && options_.verbosity >= 1 && options_.heartbeat_seconds >= 0;
   if ((bar_ && bar_->enabled()) || heartbeat) {
-    train.SetStepCallback([&](int64_t step) {
-      const double now = elapsed();
-      const double average = (step - first_step) / std::max(now, 1e-9);  // steps/s of this run
-      // Inside a loop: the run's first step, then a line at least every heartbeat_seconds.
-      if (heartbeat && step < max_steps && step - loop_start_step < steps_per_loop &&
-          (step == first_step + 1 || now - last_line_time >= options_.heartbeat_seconds)) {
-        last_line_time = now;
-        ProgressLine pl;
-        pl.step = step;
-        pl.max_steps = max_steps;
-        pl.steps_per_sec = average;
-        pl.elapsed_seconds = now;
-        Log(StrCat(FormatProgressLine(pl), step == first_step + 1 ? " \xC2\xB7 first step" : ""));
-      }
-      if (bar_ && bar_->enabled()) bar_->Update(step, max_steps, rate > 0 ? rate : average);
-    });
+    ShowStepsOnConsole(train, run.console, heartbeat, options_, bar_, log);
   }
-  int64_t last_line_step = global_step_;
-  int64_t skipped_since_save = 0;
-  bool stopped = false;
-  schedule.RunStart();
+  run.schedule.RunStart();
+  TrainLoops(run);
+  run.schedule.RunStop();
+  run.stopped = run.stopped || stop_.load();
+  if (!run.stopped) {
+    const int64_t ran = global_step_ - first_step;
+    const double fraction = tp.GetFloat("max_skipped_steps_fraction");
+    if (const std::optional<std::string> message = SkippedStepsDivergence(train, ran, fraction)) {
+      Diverged(*message, writer.get());
+    }
+  }
+  if (const std::string s = GradientSyncSummary(); !s.empty()) Log(s);
+  if (!chief_) return global_step_;
+  const bool saved = checkpointer_->SaveIfNew(global_step_, run.skipped_since_save == 0);
+  checkpointer_->Wait();
+  writer->Close();
+  LogFinalCheckpoint(train_dir_, global_step_, saved, run.stopped, log);
+  return global_step_;
+}
+
+// The train loops of a run, until max_steps, a stop request, the end of the input, or the program
+// schedule or early stopping ends it; saves on the checkpointer's cadence between loops.
+void Executor::TrainLoops(RunState& run) {
+  const Params& tp = model_->task().train_params();
+  Distributed* dist = options_.distributed;
+  // The ranks agree on every decision that changes which collectives run next.
+  auto agree = [dist](bool v) { return dist != nullptr ? dist->AnyTrue(v) : v; };
+  Console& console = run.console;
+  const int64_t max_steps = console.max_steps;
   while (global_step_ < max_steps) {
     if (agree(stop_.load())) {
-      stopped = true;
+      run.stopped = true;
       break;
     }
-    schedule.BeforeTrainLoop(global_step_);
+    run.schedule.BeforeTrainLoop(global_step_);
     TrainProgram::LoopResult r;
-    loop_start_step = global_step_;
+    console.loop_start_step = global_step_;
     try {
-      r = train.RunLoop(&global_step_, [this] { return stop_.load(); });
+      r = run.train.RunLoop(&global_step_, [this] { return stop_.load(); });
     } catch (const TrainingDivergedError& e) {
-      Diverged(e.message(), writer.get());
+      Diverged(e.message(), run.writer);
     }
-    skipped_since_save += r.skipped_steps;
+    run.skipped_since_save += r.skipped_steps;
     if (r.steps > 0) {
-      rate = r.steps_per_sec;
-      const bool last = global_step_ >= max_steps;
-      if (options_.verbosity >= 1 &&
-          (last || global_step_ - last_line_step >= std::max<int64_t>(options_.log_every_n_steps, 1))) {
-        last_line_step = global_step_;
-        ProgressLine pl;
-        pl.step = global_step_;
-        pl.max_steps = max_steps;
-        auto metric = [&](const char* name) -> std::optional<double> {
-          auto it = r.metrics.find(name);
-          if (it == r.metrics.end()) return std::nullopt;
-          return it->second.first;
-        };
-        pl.loss = metric("loss");
-        pl.log_pplx = metric("log_pplx");
-        pl.learning_rate = metric("learning_rate");
-        pl.steps_per_sec = r.steps_per_sec;
-        pl.tokens_per_sec = r.tokens_per_sec;
-        pl.elapsed_seconds = elapsed();
-        std::string line = FormatProgressLine(pl);
-        if (train.total_skipped() > 0) {
-          line += StrCat(" \xC2\xB7 skipped ", r.skipped_steps, " steps (", train.total_skipped(),
-                         " in this run)");
-        }
-        Log(line);
-        last_line_time = elapsed();
-      }
+      console.rate = r.steps_per_sec;
+      LogLoopLine(console, r, run.train, global_step_, options_,
+                  [this](const std::string& l) { Log(l); });
     }
     if (r.steps < tp.GetInt("steps_per_loop") && !r.input_exhausted &&
         global_step_ < max_steps) {
-      stopped = true;  // the ranks agreed to stop inside the loop
+      run.stopped = true;  // the ranks agreed to stop inside the loop
     }
-    if (schedule.AfterTrainLoop(global_step_, r.steps, global_step_ >= max_steps)) {
-      Log(schedule.ml_success()
+    if (run.schedule.AfterTrainLoop(global_step_, r.steps, global_step_ >= max_steps)) {
+      Log(run.schedule.ml_success()
               ? StrCat("decoder metric passed its threshold at step ", global_step_, "; stopping")
               : StrCat("MLPerf: max_steps_to_train reached at step ", global_step_, "; stopping"));
       break;
@@ -323,45 +438,11 @@ int64_t Executor::Run() {
       break;
     }
     if (chief_ && global_step_ < max_steps &&
-        checkpointer_->MaybeSave(global_step_, skipped_since_save == 0)) {
-      skipped_since_save = 0;
+        checkpointer_->MaybeSave(global_step_, run.skipped_since_save == 0)) {
+      run.skipped_since_save = 0;
     }
     if (r.steps == 0) break;
   }
-  schedule.RunStop();
-  stopped = stopped || stop_.load();
-  // A run that ends inside a streak of skipped steps, or skipped much of what it ran, diverged
-  // however short it was (max_consecutive_skipped_steps alone misses a 60-step run).
-  if (!stopped) {
-    const int64_t ran = global_step_ - first_step;
-    const double fraction = tp.GetFloat("max_skipped_steps_fraction");
-    if (train.consecutive_skipped() > 0) {
-      Diverged(StrCat("training diverged: the run ended inside a streak of ",
-                      train.consecutive_skipped(), " skipped steps (non-finite loss or "
-                      "gradients, or a gradient norm over grad_norm_to_clip_to_zero; ",
-                      train.total_skipped(), " of its ", ran, " steps were skipped)"),
-               writer.get());
-    }
-    if (ran > 0 && static_cast<double>(train.total_skipped()) > fraction * ran) {
-      Diverged(StrCat("training diverged: ", train.total_skipped(), " of the run's ", ran,
-                      " steps were skipped, more than task.train.max_skipped_steps_fraction (",
-                      PyFloatRepr(fraction), ")"),
-               writer.get());
-    }
-  }
-  if (const std::string s = GradientSyncSummary(); !s.empty()) Log(s);
-  if (!chief_) return global_step_;
-  const bool saved = checkpointer_->SaveIfNew(global_step_, skipped_since_save == 0);
-  checkpointer_->Wait();
-  writer->Close();
-  const std::string prefix = Saver::CheckpointPrefix(train_dir_, global_step_);
-  if (saved) {
-    // The files written, as they are on disk now.
-    Log(StrCat("saved ", Join(SafetensorsFiles(prefix), ", "), stopped ? " (stopped)" : ""));
-  } else {
-    Log(StrCat("checkpoint ", prefix, " is already the latest", stopped ? " (stopped)" : ""));
-  }
-  return global_step_;
 }
 
 }  // namespace glossa

@@ -23,7 +23,7 @@
 #include "glossa/base/file.h"
 #include "glossa/model/base_model.h"
 #include "glossa/optim/ema.h"
-#include "glossa/runtime/checkpointer.h"
+#include "glossa/checkpoint/checkpointer.h"
 
 namespace glossa {
 
@@ -35,7 +35,7 @@ class ProgressBar;
 struct ExecutorOptions {
   std::string logdir;
   // Console lines (the progress line, saves); null: stdout, with a progress bar redrawn in place
-  // between the lines when stdout is a terminal (glossa/runtime/progress.h).
+  // between the lines when stdout is a terminal (glossa/base/progress.h).
   std::function<void(const std::string&)> log;
   // 0: no per-loop lines; 1: one concise progress line per loop ("step 400/1200 (33%) · loss
   // ... · ETA 1:30"); 2: also Lingvo's full metric line.
@@ -86,6 +86,9 @@ class Executor {
   [[noreturn]] void Diverged(const std::string& message, EventWriter* writer);
   // Lingvo's EarlyStop over task.train.early_stop's metric history; true: stop training.
   bool EarlyStopCheck();
+  // What Run sets up for its train loops (executor.cc), and the loops themselves.
+  struct RunState;
+  void TrainLoops(RunState& run);
   Params params_;
   ExecutorOptions options_;
   std::unique_ptr<DirectoryLock> lock_;  // one trainer per logdir

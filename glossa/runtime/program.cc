@@ -14,7 +14,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/runtime/data_parallel.h"
 #include "glossa/runtime/distributed.h"
-#include "glossa/runtime/progress.h"
+#include "glossa/base/progress.h"
 #include "glossa/summary/summary.h"
 
 namespace glossa {
@@ -174,7 +174,78 @@ void CheckBatchNotEmpty(const NestedMap& batch, BaseTask& task, int64_t step) {
                                     "' produced no examples"));
 }
 
+// Each task's learner updates that task's variables (all of a single-task model's).
+std::map<const BaseTask*, std::vector<LearnerVariable>> TaskVariables(BaseModel& model,
+                                                                      bool multi) {
+  std::map<const BaseTask*, std::vector<LearnerVariable>> task_vars;
+  if (!multi) {
+    task_vars[&model.task()] = LearnerVariables(model);
+  } else {
+    for (const auto& name : model.task_names()) {
+      const BaseTask& t = model.GetTask(name);
+      task_vars[&t] = LearnerVariables(t);
+    }
+  }
+  return task_vars;
+}
+
+// Takes the task's next training batch into `batch`; false when the input is exhausted. With
+// several ranks they agree on the end of the data, so that every rank runs the same steps.
+bool TakeBatchOnEveryRank(BaseTask& task, Distributed* dist, NestedMap& batch) {
+  bool exhausted = false;
+  try {
+    batch = task.input().TakeTrainBatch();
+  } catch (const OutOfRangeError&) {
+    exhausted = true;
+  }
+  return !(dist != nullptr ? dist->AnyTrue(exhausted) : exhausted);
+}
+
+// Completes a step's metrics: the learner's added, all detached, reduced over the ranks (with the
+// batch's tokens) and, in a multi-task model, named "<task>/<metric>" plus the step's loss as
+// "loss". Returns the step's non-padding tokens (over every rank).
+double CompleteStepMetrics(Metrics& metrics, const Metrics& learner_metrics,
+                           const NestedMap& batch, BaseTask& task, bool multi, Distributed* dist) {
+  for (const auto& [k, v] : learner_metrics) metrics[k] = v;
+  for (auto& [k, v] : metrics) v.value = v.value.detach();
+  double tokens = CountTokens(batch);
+  if (dist != nullptr) {
+    metrics[kTokensKey] = Metric{at::scalar_tensor(tokens, at::kDouble),
+                                 at::scalar_tensor(1.0, at::kDouble)};
+    ReduceStepMetrics(*dist, metrics);
+    tokens = metrics.at(kTokensKey).value.item<double>();
+    metrics.erase(kTokensKey);
+  }
+  if (multi) {  // "<task>/<metric>", plus the step's loss as "loss"
+    Metrics prefixed;
+    for (auto& [k, v] : metrics) prefixed[task.params().GetString("name") + "/" + k] = v;
+    prefixed["loss"] = metrics.at("loss");
+    prefixed["num_samples_in_batch"] = metrics.at("num_samples_in_batch");
+    metrics = std::move(prefixed);
+  }
+  return tokens;
+}
+
 }  // namespace
+
+// What one RunLoop keeps over its steps: its settings, its result, and what the steps add up for
+// the loop's metrics, outfeed and summaries.
+struct TrainProgram::LoopState {
+  bool multi;
+  int64_t max_steps;
+  int64_t steps_per_loop;
+  int64_t summary_every;
+  int64_t max_skipped;
+  LoopResult& result;
+  // What layers record during the loop's steps, reduced over the loop (Lingvo's tpu_summary
+  // context with its while-loop rewrite).
+  SummaryContext& summaries;
+  MetricsAccumulator metrics = {};
+  std::map<BaseTask*, std::vector<NestedMap>> outfeed = {};
+  int64_t examples = 0;
+  double tokens = 0;
+  std::map<std::string, std::vector<at::Tensor>> per_example = {};  // also written as histograms
+};
 
 TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
                                                const std::function<bool()>& stop) {
@@ -185,25 +256,11 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
   const int64_t summary_every = std::max<int64_t>(1, tp.GetInt("summary_interval_steps"));
   const int64_t max_skipped = tp.GetInt("max_consecutive_skipped_steps");
   LoopResult result;
-  MetricsAccumulator loop_metrics;
-  // Each task's learner updates that task's variables (all of a single-task model's).
-  std::map<const BaseTask*, std::vector<LearnerVariable>> task_vars;
-  if (!multi) {
-    task_vars[&model_.task()] = LearnerVariables(model_);
-  } else {
-    for (const auto& name : model_.task_names()) {
-      const BaseTask& t = model_.GetTask(name);
-      task_vars[&t] = LearnerVariables(t);
-    }
-  }
-  std::map<BaseTask*, std::vector<NestedMap>> outfeed;
-  int64_t examples = 0;
-  double loop_tokens = 0;
-  // What layers record during the loop's steps, reduced over the loop (Lingvo's tpu_summary
-  // context with its while-loop rewrite).
+  const std::map<const BaseTask*, std::vector<LearnerVariable>> task_vars =
+      TaskVariables(model_, multi);
   SummaryContext summaries;
   std::optional<SummaryLoop> summary_loop(std::in_place);
-  std::map<std::string, std::vector<at::Tensor>> per_example;  // also written as histograms
+  LoopState loop{multi, max_steps, steps_per_loop, summary_every, max_skipped, result, summaries};
   const auto start = std::chrono::steady_clock::now();
   while (result.steps < steps_per_loop) {
     if (*global_step >= max_steps) {  // Lingvo checks before each step
@@ -217,116 +274,112 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     BaseTask& task = model_.SampleTask(*global_step);
     const auto& vars = task_vars.at(&task);
     NestedMap batch;
-    bool exhausted = false;
-    try {
-      batch = task.input().TakeTrainBatch();
-    } catch (const OutOfRangeError&) {
-      exhausted = true;
-    }
-    if (dist != nullptr ? dist->AnyTrue(exhausted) : exhausted) {
+    if (!TakeBatchOnEveryRank(task, dist, batch)) {
       result.input_exhausted = true;
       break;
     }
     CheckBatchNotEmpty(batch, task, *global_step);
-    GlobalStepContext step_context(*global_step);
-    SetGlobalStep(*global_step);
-    BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
-    Metrics metrics = r.metrics;
-    metrics["loss"].value = r.metrics.at("loss").value.detach();
-    // var_norm/all only where it is seen: a summary step, or the loop's last (the console line).
-    // (Not whether this rank writes: every rank must compute the same metrics.)
-    const bool summary_step = *global_step + 1 - last_summary_step_ >= summary_every;
-    const bool last_step = result.steps + 1 == steps_per_loop || *global_step + 1 >= max_steps;
-    Metrics learner_metrics = task.learner().Apply(
-        {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars,
-        *global_step, summary_step || last_step);
-    if (ema_) ema_->Apply(*global_step);
-    const bool skipped = task.learner().last_step_skipped();
-    consecutive_skipped_ = skipped ? consecutive_skipped_ + 1 : 0;
-    if (skipped) {
-      ++result.skipped_steps;
-      ++total_skipped_;
-    }
-    for (const auto& [k, v] : learner_metrics) metrics[k] = v;
-    for (auto& [k, v] : metrics) v.value = v.value.detach();
-    double tokens = CountTokens(batch);
-    if (dist != nullptr) {
-      metrics[kTokensKey] = Metric{at::scalar_tensor(tokens, at::kDouble),
-                                   at::scalar_tensor(1.0, at::kDouble)};
-      ReduceStepMetrics(*dist, metrics);
-      tokens = metrics.at(kTokensKey).value.item<double>();
-      metrics.erase(kTokensKey);
-    }
-    loop_tokens += tokens;
-    if (multi) {  // "<task>/<metric>", plus the step's loss as "loss"
-      Metrics prefixed;
-      for (auto& [k, v] : metrics) prefixed[task.params().GetString("name") + "/" + k] = v;
-      prefixed["loss"] = metrics.at("loss");
-      prefixed["num_samples_in_batch"] = metrics.at("num_samples_in_batch");
-      metrics = std::move(prefixed);
-    }
-    loop_metrics.Add(metrics);
-    NestedMap step_outfeed = r.per_example.Transform(
-        [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); });
-    std::map<std::string, at::Tensor> step_per_example = summaries.TakePerExample();
-    for (const auto& [k, v] : step_per_example) per_example[k].push_back(v.reshape({-1}));
-    AddPerExampleSummaries(std::move(step_per_example), step_outfeed,
-                           StrCat("task '", task.path(), "'"));
-    if (!step_outfeed.empty()) outfeed[&task].push_back(std::move(step_outfeed));
-    const int64_t n = static_cast<int64_t>(
-        std::llround(metrics.at("num_samples_in_batch").value.item<double>()));
-    examples += n;
-    total_samples_ += n;
-    ++*global_step;
-    ++result.steps;
-    if (on_step_) on_step_(*global_step);
-    if (*global_step - last_summary_step_ >= summary_every) {
-      last_summary_step_ = *global_step;
-    }
-    if (writer_ && last_summary_step_ == *global_step) {
-      for (const auto& [k, v] : metrics)
-        writer_->WriteScalar(k, v.value.item<double>(), *global_step);
-      writer_->WriteScalar("total_samples", static_cast<double>(total_samples_), *global_step);
-      writer_->WriteScalar("total_num_params", static_cast<double>(total_num_params_),
-                           *global_step);
-    }
-    if (max_skipped > 0 && consecutive_skipped_ >= max_skipped) {
-      if (writer_) {
-        writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), *global_step);
-        writer_->Flush();
-      }
-      throw TrainingDivergedError(StrCat(
-          "training diverged: ", consecutive_skipped_,
-          " consecutive steps were skipped (non-finite loss or gradients, or a gradient norm over "
-          "grad_norm_to_clip_to_zero), the last at step ", *global_step - 1, " with loss ",
-          PyFloatRepr(metrics.at("loss").value.to(at::kDouble).item<double>()),
-          " (task.train.max_consecutive_skipped_steps: ", max_skipped,
-          "); lower the learning rate or clip the gradients"));
-    }
+    TrainStep(loop, task, vars, batch, dist, global_step);
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   summary_loop.reset();  // reduces the loop's summaries
-  result.metrics = loop_metrics.Means();
+  FinishLoop(loop, secs, *global_step);
+  return result;
+}
+
+// One step of `task` on `batch` at *global_step: FProp, the learner's update and the EMA; the
+// step's metrics and per-example outputs join the loop's, the step's scalars are written on a
+// summary step, and too many skipped steps in a row end the run (TrainingDivergedError).
+void TrainProgram::TrainStep(LoopState& loop, BaseTask& task,
+                             const std::vector<LearnerVariable>& vars, const NestedMap& batch,
+                             Distributed* dist, int64_t* global_step) {
+  LoopResult& result = loop.result;
+  GlobalStepContext step_context(*global_step);
+  SetGlobalStep(*global_step);
+  BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
+  Metrics metrics = r.metrics;
+  metrics["loss"].value = r.metrics.at("loss").value.detach();
+  // var_norm/all only where it is seen: a summary step, or the loop's last (the console line).
+  // (Not whether this rank writes: every rank must compute the same metrics.)
+  const bool summary_step = *global_step + 1 - last_summary_step_ >= loop.summary_every;
+  const bool last_step =
+      result.steps + 1 == loop.steps_per_loop || *global_step + 1 >= loop.max_steps;
+  Metrics learner_metrics = task.learner().Apply(
+      {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars,
+      *global_step, summary_step || last_step);
+  if (ema_) ema_->Apply(*global_step);
+  const bool skipped = task.learner().last_step_skipped();
+  consecutive_skipped_ = skipped ? consecutive_skipped_ + 1 : 0;
+  if (skipped) {
+    ++result.skipped_steps;
+    ++total_skipped_;
+  }
+  loop.tokens += CompleteStepMetrics(metrics, learner_metrics, batch, task, loop.multi, dist);
+  loop.metrics.Add(metrics);
+  NestedMap step_outfeed = r.per_example.Transform(
+      [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); });
+  std::map<std::string, at::Tensor> step_per_example = loop.summaries.TakePerExample();
+  for (const auto& [k, v] : step_per_example) loop.per_example[k].push_back(v.reshape({-1}));
+  AddPerExampleSummaries(std::move(step_per_example), step_outfeed,
+                         StrCat("task '", task.path(), "'"));
+  if (!step_outfeed.empty()) loop.outfeed[&task].push_back(std::move(step_outfeed));
+  const int64_t n = static_cast<int64_t>(
+      std::llround(metrics.at("num_samples_in_batch").value.item<double>()));
+  loop.examples += n;
+  total_samples_ += n;
+  ++*global_step;
+  ++result.steps;
+  if (on_step_) on_step_(*global_step);
+  if (*global_step - last_summary_step_ >= loop.summary_every) {
+    last_summary_step_ = *global_step;
+  }
+  if (writer_ && last_summary_step_ == *global_step) {
+    for (const auto& [k, v] : metrics)
+      writer_->WriteScalar(k, v.value.item<double>(), *global_step);
+    writer_->WriteScalar("total_samples", static_cast<double>(total_samples_), *global_step);
+    writer_->WriteScalar("total_num_params", static_cast<double>(total_num_params_),
+                         *global_step);
+  }
+  if (loop.max_skipped > 0 && consecutive_skipped_ >= loop.max_skipped) {
+    if (writer_) {
+      writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), *global_step);
+      writer_->Flush();
+    }
+    throw TrainingDivergedError(StrCat(
+        "training diverged: ", consecutive_skipped_,
+        " consecutive steps were skipped (non-finite loss or gradients, or a gradient norm over "
+        "grad_norm_to_clip_to_zero), the last at step ", *global_step - 1, " with loss ",
+        PyFloatRepr(metrics.at("loss").value.to(at::kDouble).item<double>()),
+        " (task.train.max_consecutive_skipped_steps: ", loop.max_skipped,
+        "); lower the learning rate or clip the gradients"));
+  }
+}
+
+// The end of a loop that took `secs` (its summaries reduced): the loop's means and rates; after
+// steps, its events and summaries, Lingvo's step line, and each task's ProcessFPropResults.
+void TrainProgram::FinishLoop(LoopState& loop, double secs, int64_t global_step) {
+  LoopResult& result = loop.result;
+  result.metrics = loop.metrics.Means();
   result.steps_per_sec = result.steps / std::max(secs, 1e-9);
-  result.examples_per_sec = examples / std::max(secs, 1e-9);
-  result.tokens_per_sec = loop_tokens / std::max(secs, 1e-9);
+  result.examples_per_sec = loop.examples / std::max(secs, 1e-9);
+  result.tokens_per_sec = loop.tokens / std::max(secs, 1e-9);
   if (result.steps > 0) {
     if (writer_) {
-      writer_->WriteScalar("global_step/sec", result.steps_per_sec, *global_step);
-      writer_->WriteScalar("examples/sec", result.examples_per_sec, *global_step);
-      writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), *global_step);
+      writer_->WriteScalar("global_step/sec", result.steps_per_sec, global_step);
+      writer_->WriteScalar("examples/sec", result.examples_per_sec, global_step);
+      writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), global_step);
     }
-    std::map<std::string, at::Tensor> all = summaries.MergeAll();
+    std::map<std::string, at::Tensor> all = loop.summaries.MergeAll();
     if (Distributed* d = CurrentDistributed()) ReduceScalarSummaries(*d, all);
     if (writer_) {
-      for (auto& [k, v] : per_example) all[k] = at::cat(v);
-      WriteSummaries(*writer_, all, *global_step);
+      for (auto& [k, v] : loop.per_example) all[k] = at::cat(v);
+      WriteSummaries(*writer_, all, global_step);
       writer_->Flush();  // every loop's events reach the disk, whatever kills the run next
     }
     if (log_) {
       std::string line =
-          FormatStepLine(*global_step, result.steps_per_sec, result.examples_per_sec,
+          FormatStepLine(global_step, result.steps_per_sec, result.examples_per_sec,
                          result.metrics);
       if (total_skipped_ > 0) {
         line += StrCat(", skipped_steps: ", result.skipped_steps, " (", total_skipped_,
@@ -334,9 +387,8 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       }
       log_(line);
     }
-    for (auto& [t, feed] : outfeed) t->ProcessFPropResults(*global_step, result.metrics, feed);
+    for (auto& [t, feed] : loop.outfeed) t->ProcessFPropResults(global_step, result.metrics, feed);
   }
-  return result;
 }
 
 EvalProgram::EvalProgram(BaseModel& model, EventWriter* writer) : model_(model), writer_(writer) {}

@@ -29,6 +29,8 @@
 
 namespace glossa {
 
+class Distributed;
+
 // Weighted sums of metrics over a loop: mean = Σ value·weight / Σ weight.
 class MetricsAccumulator {
  public:
@@ -71,6 +73,11 @@ class TrainProgram {
   int64_t consecutive_skipped() const { return consecutive_skipped_; }
 
  private:
+  // RunLoop's parts (program.cc): the state of one loop, one step of it, and its end.
+  struct LoopState;
+  void TrainStep(LoopState& loop, BaseTask& task, const std::vector<LearnerVariable>& vars,
+                 const NestedMap& batch, Distributed* dist, int64_t* global_step);
+  void FinishLoop(LoopState& loop, double secs, int64_t global_step);
   BaseModel& model_;
   EventWriter* writer_;
   ExponentialMovingAverage* ema_;

@@ -11,7 +11,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
-#include "glossa/runtime/metric_history.h"
+#include "glossa/model/metric_history.h"
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/program.h"
 

@@ -22,8 +22,8 @@
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/launcher.h"
-#include "glossa/runtime/saver.h"
-#include "glossa/runtime/trained_params.h"
+#include "glossa/checkpoint/saver.h"
+#include "glossa/checkpoint/trained_params.h"
 
 namespace glossa {
 namespace cli {

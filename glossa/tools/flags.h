@@ -36,7 +36,7 @@ struct ModelFlags {
   double keep_every_n_hours = -1;
   bool once = false;
   // Jobs that follow a run (eval, decode, export, report) build the model it was trained with
-  // (runtime/trained_params.h); --allow_params_change lets overrides differ from it.
+  // (checkpoint/trained_params.h); --allow_params_change lets overrides differ from it.
   bool use_trained_params = false, allow_params_change = false, wait_for_train = false;
   std::string flagfile_help;  // --flagfile is expanded before parsing; declared for --help
 };

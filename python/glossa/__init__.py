@@ -18,6 +18,7 @@ Model configurations in Python (Lingvo's model_registry):
 
 and `glossa train --model=py:mymodule.MyLm --logdir=...`. See docs/python.md.
 """
+import ctypes
 import os
 import subprocess
 import sys
@@ -118,6 +119,14 @@ def run_cli(args):
     """Runs `glossa <args>` in this process (e.g. ["export", "--model=...", "--logdir=...",
     "--out=..."]), with the models registered here; returns its exit status."""
     return _glossa.cli_main(["glossa"] + list(args), [sys.executable, "-m", "glossa"])
+
+
+def load_library(path):
+    """Loads a shared library of your own C++ layers, models or input generators (as
+    torch.ops.load_library does): its GLOSSA_REGISTER_CLASS registrations join the registry, so
+    class_params() finds them, and their layers are called from Python through the uniform call
+    (FPropMap) with no binding code."""
+    ctypes.CDLL(os.fspath(path), mode=ctypes.RTLD_GLOBAL)
 
 
 def load_checkpoint(prefix):

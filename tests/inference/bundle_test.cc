@@ -17,10 +17,10 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/model/model_registry.h"
-#include "glossa/models/transformer_lm.h"
-#include "glossa/runtime/checkpointer.h"
+#include "glossa/tasks/lm/transformer_lm.h"
+#include "glossa/checkpoint/checkpointer.h"
 #include "glossa/runtime/executor.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/saver.h"
 #include "tests/inference/test_bundle.h"
 #include "tests/test_util.h"
 

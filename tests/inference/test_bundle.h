@@ -10,7 +10,7 @@
 #include "glossa/inference/bundle.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/runtime/executor.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/saver.h"
 
 namespace glossa {
 

@@ -26,8 +26,8 @@
 #include "glossa/layers/rnn.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
-#include "glossa/models/asr.h"
-#include "glossa/models/image.h"
+#include "glossa/tasks/asr/asr.h"
+#include "glossa/tasks/image/image.h"
 #include "tests/test_util.h"
 
 namespace glossa {

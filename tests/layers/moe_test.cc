@@ -15,7 +15,7 @@
 #include "glossa/layers/normalization.h"
 #include "glossa/layers/transformer.h"
 #include "glossa/layers/weight_init.h"
-#include "glossa/models/transformer_lm.h"
+#include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/optim/learner.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"

@@ -1,6 +1,8 @@
 """Glossa layers from Python: FProp on torch tensors equals the C++ result, gradients from
 Python's backward() equal the C++ autograd gradients and finite differences, and a Glossa layer
 learns inside a PyTorch training loop."""
+import os
+
 import pytest
 import torch
 
@@ -164,3 +166,30 @@ def test_children_tasks_and_eval_mode():
     assert loss.requires_grad and float(weight) > 0
     loss.backward()
     assert task.child("softmax").vars["weight_0"].grad is not None
+
+
+def test_a_users_cpp_layer_is_called_with_no_binding_code():
+    """A layer registered in a library of its own (tests/python/user_layer/user_layer.cc): loaded,
+    instantiated from its Params and called through its uniform call, FPropMap."""
+    path = os.environ.get("GLOSSA_TEST_USER_LAYER")
+    if not path:
+        pytest.skip("GLOSSA_TEST_USER_LAYER is not set (CTest sets it)")
+    glossa.load_library(path)
+    layer = glossa.class_params("user.ScaleShiftLayer").Set(name="ss", dim=3).Instantiate()
+    assert layer.fprop_signature == (
+        "FProp(theta, inputs, mask=None) -> (outputs, mean)  [ScaleShiftLayer]")
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    y, mean = layer.FProp(layer.theta, x)
+    assert torch.equal(y, x * 2 + 0.5)
+    assert torch.allclose(mean, torch.tensor([4.5]))
+    y2, _ = layer.FProp(layer.theta, x, mask=torch.tensor([[1.0, 0.0, 1.0]]))
+    assert torch.equal(y2, torch.tensor([[2.5, 0.0, 6.5]]))
+    # Autograd flows through the C++ body into Python's tensors.
+    theta = {k: v.detach().clone().requires_grad_(True) for k, v in layer.theta.items()}
+    layer.FProp(theta, x)[0].sum().backward()
+    assert torch.equal(theta["scale"].grad, x[0])
+    with pytest.raises(TypeError, match="missing 'inputs'"):
+        layer.FProp(layer.theta, mask=x)
+    with pytest.raises(TypeError, match=r"unexpected argument masks"):
+        layer.FProp(layer.theta, x, masks=x)
+

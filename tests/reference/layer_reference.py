@@ -399,7 +399,7 @@ for kind in ('MAX', 'AVG'):
        f"window_shape : [3, 3]\nwindow_stride : [2, 2]\npooling_type : '{kind}'",
        {'x': rnd(2, 6, 5, 3)}, {}, lambda i, t, kind=kind: pool(i, kind))
 
-# ---- Image feature extractors (glossa/models/image.h) ----
+# ---- Image feature extractors (glossa/tasks/image/image.h) ----
 
 
 def conv_same(x, w, b, stride, activation='NONE', pad=None):
@@ -506,7 +506,7 @@ case('image_resnet', 'glossa.image.ResNet',
      'input_shape : [5, 5, 2]\nstem_channels : 3\nstage_channels : [3, 4]\nblocks_per_stage : 1',
      {'x': rnd(3, 5, 5, 2)}, rn_theta, resnet)
 
-# ---- Speech encoder (glossa/models/asr.h): conv subsampling, projection, positions, Transformer --
+# ---- Speech encoder (glossa/tasks/asr/asr.h): conv subsampling, projection, positions, Transformer --
 enc_theta = {'conv[0].w': rnd(3, 3, 1, 2, scale=0.5), 'conv[0].b': rnd(2, scale=0.1),
              'conv[1].w': rnd(3, 3, 2, 2, scale=0.5), 'conv[1].b': rnd(2, scale=0.1),
              'proj.w': rnd(4, d, scale=0.5), 'proj.b': rnd(d, scale=0.1)}

@@ -17,7 +17,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/layers/attention.h"
-#include "glossa/layers/fused_xent.h"
+#include "glossa/kernels/fused_xent.h"
 #include "glossa/optim/optimizer.h"
 
 namespace glossa {

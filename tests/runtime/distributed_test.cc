@@ -20,7 +20,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/input/input_generator.h"
-#include "glossa/models/transformer_lm.h"
+#include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 #include "tests/test_util.h"

@@ -17,7 +17,7 @@
 #include "glossa/layers/linear.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/runtime/jobs.h"
-#include "glossa/runtime/metric_history.h"
+#include "glossa/model/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "tests/test_util.h"
 
@@ -194,7 +194,7 @@ TEST(Executor, TrainsSavesAndLaysOutTheLogDirectory) {
   // The first step's line comes before the first loop ends (a long first loop is not silent).
   EXPECT_EQ(lines[0].rfind("step 1/20 (5%) \xC2\xB7 ", 0), 0u) << lines[0];
   EXPECT_NE(lines[0].find(" \xC2\xB7 first step"), std::string::npos) << lines[0];
-  // The concise progress line (glossa/runtime/progress.h).
+  // The concise progress line (glossa/base/progress.h).
   EXPECT_EQ(lines[1].rfind("step 5/20 (25%) \xC2\xB7 loss ", 0), 0u) << lines[1];
   EXPECT_NE(lines[1].find(" steps/s \xC2\xB7 elapsed "), std::string::npos) << lines[1];
   EXPECT_NE(lines[1].find(" \xC2\xB7 ETA "), std::string::npos) << lines[1];

@@ -16,7 +16,7 @@
 #include "glossa/layers/linear.h"
 #include "glossa/layers/moe.h"
 #include "glossa/model/model_registry.h"
-#include "glossa/models/transformer_lm.h"
+#include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/program.h"
 #include "glossa/summary/summary.h"

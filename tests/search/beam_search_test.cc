@@ -22,7 +22,7 @@ namespace {
 using json = nlohmann::json;
 
 // A Markov "model": log-probs [B, T, V(prev), V]; hypothesis h reads source h % B. The states
-// carry each hypothesis' history, which the search reorders (tests/models/mt_test.cc checks the
+// carry each hypothesis' history, which the search reorders (tests/tasks/mt/mt_test.cc checks the
 // reordering on a real decoder's caches).
 struct MarkovModel {
   at::Tensor logp;  // [B, T, V, V] float32

@@ -6,7 +6,7 @@
 
 #include "glossa/base/file.h"
 #include "glossa/inference/bundle.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/saver.h"
 #include "glossa/tools/command.h"
 #include "glossa/tools/flags.h"
 

@@ -1,6 +1,6 @@
 // `glossa report`: the latest checkpoint's report (the task's Report hook: eval metrics, samples,
 // an LM's unigram baseline, the jobs' best steps), or with --html a self-contained HTML report of
-// one or more runs (glossa/runtime/html_report.h).
+// one or more runs (glossa/report/html_report.h).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -12,12 +12,12 @@
 #include "glossa/input/input_generator.h"
 #include "glossa/model/base_model.h"
 #include "glossa/optim/ema.h"
-#include "glossa/runtime/checkpointer.h"
-#include "glossa/runtime/html_report.h"
+#include "glossa/checkpoint/checkpointer.h"
+#include "glossa/report/html_report.h"
 #include "glossa/runtime/jobs.h"
-#include "glossa/runtime/metric_history.h"
+#include "glossa/model/metric_history.h"
 #include "glossa/runtime/program.h"
-#include "glossa/runtime/saver.h"
+#include "glossa/checkpoint/saver.h"
 #include "glossa/tools/command.h"
 #include "glossa/tools/flags.h"
 

@@ -1,0 +1,388 @@
+#include "glossa/kernels/attention_core.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <limits>
+
+#include "glossa/kernels/cpu_features.h"
+#include "glossa/kernels/gemm.h"
+#include "glossa/kernels/parallel.h"
+#if GLOSSA_X86_SIMD
+#include "glossa/kernels/simd_math.h"
+#endif
+
+namespace glossa {
+namespace {
+
+#if GLOSSA_X86_SIMD
+
+using simd_math::Exp16;
+using simd_math::TailMask;
+
+// Row r of x [rows, S] in place: softmax(x_r + bias_r) over its first len(r) entries (the rest
+// is masked: it becomes 0 and is not read).
+__attribute__((target("avx512f"))) void SoftmaxRows(float* x, int64_t S, int64_t lo, int64_t hi,
+                                                    const std::function<const float*(int64_t)>& bias_row,
+                                                    const std::function<int64_t(int64_t)>& len_of) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r = lo; r < hi; ++r) {
+    float* row = x + r * S;
+    const int64_t L = len_of(r);
+    if (L < S) std::fill(row + L, row + S, 0.0f);
+    const int64_t full = L / 16 * 16;
+    const __mmask16 tail = TailMask(L - full);
+    const float* b = bias_row(r);
+    __m512 vmax = neg_inf;
+    for (int64_t c = 0; c < full; c += 16) {
+      __m512 z = _mm512_loadu_ps(row + c);
+      if (b) z = _mm512_add_ps(z, _mm512_loadu_ps(b + c));
+      _mm512_storeu_ps(row + c, z);
+      vmax = _mm512_max_ps(vmax, z);
+    }
+    if (tail) {
+      __m512 z = _mm512_mask_loadu_ps(neg_inf, tail, row + full);
+      if (b) z = _mm512_mask_add_ps(neg_inf, tail, z, _mm512_maskz_loadu_ps(tail, b + full));
+      _mm512_mask_storeu_ps(row + full, tail, z);
+      vmax = _mm512_max_ps(vmax, z);
+    }
+    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; c += 16) {
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(row + c), vm));
+      _mm512_storeu_ps(row + c, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    if (tail) {
+      const __m512 e = _mm512_maskz_mov_ps(
+          tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + full), vm)));
+      _mm512_mask_storeu_ps(row + full, tail, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int64_t c = 0; c < full; c += 16) {
+      _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), inv));
+    }
+    if (tail) {
+      _mm512_mask_storeu_ps(row + full, tail,
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + full), inv));
+    }
+  }
+}
+
+// Row r in place over its first len(r) entries (the rest of dy is not read or written):
+// dy_r = y_r ∘ (dy_r − Σ dy_r∘y_r).
+__attribute__((target("avx512f"))) void SoftmaxBackwardRows(float* dy, const float* y, int64_t S,
+                                                            int64_t lo, int64_t hi,
+                                                            const std::function<int64_t(int64_t)>& len_of) {
+  for (int64_t r = lo; r < hi; ++r) {
+    float* d = dy + r * S;
+    const float* p = y + r * S;
+    const int64_t L = len_of(r);
+    const int64_t full = L / 16 * 16;
+    const __mmask16 tail = TailMask(L - full);
+    __m512 dot = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; c += 16) {
+      dot = _mm512_fmadd_ps(_mm512_loadu_ps(d + c), _mm512_loadu_ps(p + c), dot);
+    }
+    if (tail) {
+      dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, d + full),
+                            _mm512_maskz_loadu_ps(tail, p + full), dot);
+    }
+    const __m512 vd = _mm512_set1_ps(_mm512_reduce_add_ps(dot));
+    for (int64_t c = 0; c < full; c += 16) {
+      _mm512_storeu_ps(d + c, _mm512_mul_ps(_mm512_loadu_ps(p + c),
+                                            _mm512_sub_ps(_mm512_loadu_ps(d + c), vd)));
+    }
+    if (tail) {
+      _mm512_mask_storeu_ps(d + full, tail,
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, p + full),
+                                          _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, d + full), vd)));
+    }
+  }
+}
+
+#else  // no x86 SIMD in this build: CpuHasAvx512F() is false and these are never called
+
+void SoftmaxRows(float*, int64_t, int64_t, int64_t, const std::function<const float*(int64_t)>&,
+                 const std::function<int64_t(int64_t)>&) {
+  NoSimdInThisBuild();
+}
+void SoftmaxBackwardRows(float*, const float*, int64_t, int64_t, int64_t,
+                         const std::function<int64_t(int64_t)>&) {
+  NoSimdInThisBuild();
+}
+
+#endif  // GLOSSA_X86_SIMD
+
+// Row r's length in x [B, N, T, S]: S, or with a causal block the end of r's block of queries.
+std::function<int64_t(int64_t)> RowLengths(int64_t T, int64_t S, int64_t causal_block) {
+  if (causal_block <= 0) return [S](int64_t) { return S; };
+  return [=](int64_t r) { return std::min(S, (r % T / causal_block + 1) * causal_block); };
+}
+
+}  // namespace
+
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block) {
+  TORCH_CHECK(CpuHasAvx512F() && x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+                  x.dim() == 4,
+              "SoftmaxWithBiasInPlace: float32 contiguous [B, N, T, S] on an AVX-512 CPU");
+  const int64_t B = x.size(0), N = x.size(1), T = x.size(2), S = x.size(3);
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  if (has_bias) {
+    TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.dim() == 4 &&
+                    (bias.size(0) == B || bias.size(0) == 1) && bias.size(1) == 1 &&
+                    (bias.size(2) == T || bias.size(2) == 1) && bias.size(3) == S,
+                "SoftmaxWithBiasInPlace: bias ", bias.sizes(), " does not broadcast to ", x.sizes());
+  }
+  const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
+  const int64_t bb = has_bias && bias.size(0) > 1 ? bias.size(2) * S : 0;
+  const int64_t bt = has_bias && bias.size(2) > 1 ? S : 0;
+  const std::function<const float*(int64_t)> bias_row = [&](int64_t r) -> const float* {
+    if (!bp) return nullptr;
+    const int64_t b = r / (N * T), t = r % T;
+    return bp + b * bb + t * bt;
+  };
+  float* xp = x.data_ptr<float>();
+  const auto len_of = RowLengths(T, S, causal_block);
+  KernelParallelFor(0, B * N * T, 64, [&](int64_t lo, int64_t hi) {
+    SoftmaxRows(xp, S, lo, hi, bias_row, len_of);
+  });
+}
+
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block) {
+  TORCH_CHECK(CpuHasAvx512F() && dy.device().is_cpu() && dy.scalar_type() == at::kFloat &&
+                  y.scalar_type() == at::kFloat && dy.is_contiguous() && y.is_contiguous() &&
+                  dy.sizes() == y.sizes() && dy.dim() >= 1,
+              "SoftmaxBackwardInPlace: float32 contiguous tensors of one shape on an AVX-512 CPU");
+  const int64_t S = dy.size(-1), rows = S > 0 ? dy.numel() / S : 0;
+  float* d = dy.data_ptr<float>();
+  const float* p = y.data_ptr<float>();
+  TORCH_CHECK(causal_block <= 0 || dy.dim() == 4, "SoftmaxBackwardInPlace: a causal block needs [B, N, T, S]");
+  const auto len_of = RowLengths(causal_block > 0 ? dy.size(2) : 1, S, causal_block);
+  KernelParallelFor(0, rows, 64,
+                    [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi, len_of); });
+}
+
+namespace {
+
+// ---- The attention core on strided heads ----
+//
+// softmax(q·kᵀ + bias)·v for float32 q [B, T, N, H] and k, v [B, S, N, H] in whatever layout the
+// projections left them (the fused QKV projection's views), one BLAS sgemm per batch row and
+// head, reading each head in place through its row stride. ATen's einsum instead copies q, k
+// and v into [B·N, T, H] and its bmm runs per batch slice through the dispatcher (a select, a
+// resize and checks each; 768 slices per tiny-LM step), and the output needs a copy back to
+// [B, T, N·H] for the output projection. Here the output is written as [B, T, N, H] directly,
+// and the backward (dP = dO·vᵀ, dS = softmax'(dP), dq = dS·k, dk = dSᵀ·q, dv = Pᵀ·dO) reads and
+// writes the same layouts.
+
+// Whether the strided core can run attention on these operands.
+// float32 heads, or bf16 ones on CPUs without AMX (kernels/gemm.h): the core widens them to
+// float32, runs its sgemms on them, and rounds its outputs and gradients back to bf16. Not for
+// bf16 one-step decoding (T = 1), where the cached keys would be widened every step.
+bool StridedCoreAppliesImpl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!HasSgemm()) return false;
+  const at::ScalarType dtype = q.scalar_type();
+  if (dtype == at::kBFloat16 && (!Bf16GemmViaFloat32() || q.dim() != 4 || q.size(1) <= 1)) {
+    return false;
+  }
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if ((dtype != at::kFloat && dtype != at::kBFloat16) || t->scalar_type() != dtype ||
+        !t->device().is_cpu() || t->dim() != 4 || t->stride(3) != 1 || t->numel() == 0 ||
+        t->stride(1) > (int64_t{1} << 30)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A head's [rows, H] matrix of x [B, rows, N, H]: its start and row stride.
+struct Heads {
+  const float* data;
+  int64_t sb, sn, row;
+  explicit Heads(const at::Tensor& x)
+      : data(x.data_ptr<float>()), sb(x.stride(0)), sn(x.stride(2)), row(x.stride(1)) {}
+  const float* at(int64_t b, int64_t n) const { return data + b * sb + n * sn; }
+};
+
+// f(b, n) for every head, split over the kernel threads (glossa/kernels/parallel.h): ATen's
+// in the bf16 layout, Glossa's own in the fp32 layout, each running single-threaded sgemms (one
+// head's GEMMs are too small to split across cores).
+template <typename F>
+void ForEachHead(int64_t batch, int64_t heads, const F& f) {
+  KernelParallelFor(0, batch * heads, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) f(i / heads, i % heads);
+  });
+}
+
+// Causal attention (T = S, key s masked for query t < s) in blocks of this many queries: block j's
+// queries see keys [0, (j + 1)·c) only, so the GEMMs skip the masked blocks above the diagonal
+// (with 4 blocks, 37.5% of the work). A skipped product would only have added exact zeros (its
+// probabilities are 0), but BLAS groups its partial sums by the inner dimension's length, so the
+// outputs and gradients round differently in the last bits (the probabilities do not change);
+// `causal_blocks: false` keeps the full computation.
+int64_t CausalBlock(bool causal, int64_t T, int64_t S) {
+  if (!causal || T != S || T < 64) return 0;
+  return (T / 4 + 15) / 16 * 16;
+}
+
+// [1, 1, T, S]: true where causal blocks of c queries skip the key (s ≥ (t / c + 1)·c).
+at::Tensor SkippedByCausalBlocks(int64_t T, int64_t S, int64_t c) {
+  const at::Tensor t = at::arange(T, at::kLong).view({T, 1}), s = at::arange(S, at::kLong);
+  return (s >= (t.div(c, "floor") + 1) * c).view({1, 1, T, S});
+}
+
+class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& q_in, const at::Tensor& k_in,
+                                                const at::Tensor& v_in, const at::Tensor& bias,
+                                                bool causal) {
+    const bool bf16 = q_in.scalar_type() == at::kBFloat16;
+    const at::Tensor q = bf16 ? Widen(q_in) : q_in, k = bf16 ? Widen(k_in) : k_in,
+                     v = bf16 ? Widen(v_in) : v_in;
+    const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
+    const int64_t cb = CausalBlock(causal, T, S), blk = cb > 0 ? cb : T;
+    // Block [t0, t1)'s keys: [0, t1) when causal, else all.
+    auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
+    at::Tensor logits = at::empty({B, N, T, S}, q.options());
+    const Heads hq(q), hk(k), hv(v);
+    float* lp = logits.data_ptr<float>();
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+      for (int64_t t0 = 0; t0 < T; t0 += blk) {
+        const int64_t t1 = std::min(T, t0 + blk);
+        RowMajorSgemm(false, true, t1 - t0, keys(t1), H, hq.at(b, n) + t0 * hq.row, hq.row,
+                      hk.at(b, n), hk.row, 0.0f, lp + ((b * N + n) * T + t0) * S, S);
+      }
+    });
+    at::Tensor probs;
+    if (CpuHasAvx512F()) {
+      SoftmaxWithBiasInPlace(logits, bias, cb);  // one kernel: + mask, max, e^x, Σ, scale
+      probs = logits;
+    } else {
+      if (cb > 0) {  // the skipped blocks (masked by the bias) were not computed
+        logits.masked_fill_(SkippedByCausalBlocks(T, S, cb), 0.0);
+      }
+      if (bias.numel() > 0) logits.add_(bias);
+      probs = at::softmax(logits, -1);
+    }
+    at::Tensor out = at::empty({B, T, N, H}, q.options());
+    const float* pp = probs.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+      for (int64_t t0 = 0; t0 < T; t0 += blk) {
+        const int64_t t1 = std::min(T, t0 + blk);
+        RowMajorSgemm(false, false, t1 - t0, H, keys(t1), pp + ((b * N + n) * T + t0) * S, S,
+                      hv.at(b, n), hv.row, 0.0f, op + (b * T + t0) * N * H + n * H, N * H);
+      }
+    });
+    ctx->save_for_backward({q, k, v, probs});
+    ctx->saved_data["bf16"] = bf16;
+    ctx->saved_data["causal_block"] = cb;
+    // An unused output (the probs, mostly) gets no gradient rather than a materialized zero
+    // tensor [B, N, T, S] that backward would then add.
+    ctx->set_materialize_grads(false);
+    if (bf16) return {Narrow(out, at::kBFloat16), Narrow(probs, at::kBFloat16)};
+    return {out, probs};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
+    // dL/dP: through the output, plus the probs' own gradient when they were used (then over
+    // whole rows: that gradient may be nonzero where the probabilities are 0).
+    const bool bf16 = ctx->saved_data["bf16"].toBool();
+    const int64_t cb = grads[1].defined() ? 0 : ctx->saved_data["causal_block"].toInt();
+    const int64_t blk = cb > 0 ? cb : T;
+    auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
+    const at::Tensor g =
+        grads[0].defined() ? Widen(grads[0]) : at::zeros({B, T, N, H}, q.options());
+    const Heads hq(q), hk(k), hv(v);
+    const float* gp = g.data_ptr<float>();
+    const float* pp = probs.data_ptr<float>();
+    at::Tensor dp = at::empty({B, N, T, S}, q.options());
+    float* dpp = dp.data_ptr<float>();
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+      for (int64_t t0 = 0; t0 < T; t0 += blk) {
+        const int64_t t1 = std::min(T, t0 + blk);
+        RowMajorSgemm(false, true, t1 - t0, keys(t1), H, gp + (b * T + t0) * N * H + n * H, N * H,
+                      hv.at(b, n), hv.row, 0.0f, dpp + ((b * N + n) * T + t0) * S, S);
+      }
+    });
+    if (grads[1].defined()) dp.add_(bf16 ? Widen(grads[1]) : grads[1]);
+    at::Tensor ds;
+    if (CpuHasAvx512F()) {
+      SoftmaxBackwardInPlace(dp, probs, cb);
+      ds = dp;
+    } else {
+      if (cb > 0) dp.masked_fill_(SkippedByCausalBlocks(T, S, cb), 0.0);
+      ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
+    }
+    const float* dsp = ds.data_ptr<float>();
+    at::Tensor dq = at::empty({B, T, N, H}, q.options());
+    at::Tensor dk = at::empty({B, S, N, H}, q.options());
+    at::Tensor dv = at::empty({B, S, N, H}, q.options());
+    float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+      const float* ds_bn = dsp + (b * N + n) * T * S;
+      const float* p_bn = pp + (b * N + n) * T * S;
+      for (int64_t t0 = 0; t0 < T; t0 += blk) {
+        const int64_t t1 = std::min(T, t0 + blk);
+        RowMajorSgemm(false, false, t1 - t0, H, keys(t1), ds_bn + t0 * S, S, hk.at(b, n), hk.row,
+                      0.0f, dqp + (b * T + t0) * N * H + n * H, N * H);
+      }
+      // Keys [s0, s1): causal, only queries from s0 on see them.
+      const int64_t kblk = cb > 0 ? cb : S;
+      for (int64_t s0 = 0; s0 < S; s0 += kblk) {
+        const int64_t s1 = std::min(S, s0 + kblk), from = cb > 0 ? s0 : 0;
+        RowMajorSgemm(true, false, s1 - s0, H, T - from, ds_bn + from * S + s0, S,
+                      hq.at(b, n) + from * hq.row, hq.row, 0.0f,
+                      dkp + (b * S + s0) * N * H + n * H, N * H);
+        RowMajorSgemm(true, false, s1 - s0, H, T - from, p_bn + from * S + s0, S,
+                      gp + (b * T + from) * N * H + n * H, N * H, 0.0f,
+                      dvp + (b * S + s0) * N * H + n * H, N * H);
+      }
+    });
+    if (bf16) {
+      return {Narrow(dq, at::kBFloat16), Narrow(dk, at::kBFloat16), Narrow(dv, at::kBFloat16),
+              at::Tensor(), at::Tensor()};
+    }
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return StridedCoreAppliesImpl(q, k, v);
+}
+
+std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& bias,
+                                                bool causal_blocks) {
+  if (AttentionCoreNativeApplies(q, k, v)) {
+    auto out = StridedAttentionCore::apply(q, k, v, bias, causal_blocks);
+    return {out[0], out[1]};
+  }
+  return AttentionCoreReference(q, k, v, bias);
+}
+
+std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v,
+                                                         const at::Tensor& bias) {
+  at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
+  // The mask as an additive bias on the (small, broadcast) mask: a masked_fill over the full
+  // [B, N, T, S] logits, and its backward, cost ~10x more on CPU. logit + lowest rounds to
+  // lowest for any finite logit of sane size, so the result is the same.
+  if (bias.defined() && bias.numel() > 0) logits = logits + bias;
+  at::Tensor probs = at::softmax(logits, -1);
+  return {at::einsum("bnts,bsnh->btnh", {probs, v}), probs};
+}
+
+}  // namespace glossa

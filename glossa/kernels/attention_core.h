@@ -1,0 +1,45 @@
+// The attention core: softmax(q·kᵀ + bias)·v over heads, and its gradient (MultiHeadedAttention
+// in glossa/layers/attention.h projects, scales and masks around it).
+//
+//   // q [B, T, N, H], k and v [B, S, N, H] (any strides with contiguous rows), bias
+//   // [B or 1, 1, T or 1, S] or empty: the additive mask.
+//   auto [out, probs] = AttentionCore(q, k, v, bias, /*causal_blocks=*/false);
+//   // out [B, T, N, H], probs [B, N, T, S]
+//
+// The native core (float32 heads, or bf16 ones where Affine runs bf16 as float32 GEMMs; CPU
+// tensors; BLAS sgemm linked) runs one single-threaded sgemm per batch row and head on the kernel
+// threads, reading each head in place through its strides, and writes the output as [B, T, N, H]
+// directly; its softmax is one AVX-512 pass per row where the CPU has it. Its bias must be
+// float32. With causal_blocks (T = S ≥ 64, causal), query block j's products cover keys
+// [0, (j + 1)·c) only. Everything else, GLOSSA_KERNELS=reference, and non-CPU tensors take the
+// reference: ATen's einsum, + bias, softmax, einsum (the bias in q's dtype).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace glossa {
+
+// Whether AttentionCore runs its native core for these operands (then its bias is float32).
+bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& bias,
+                                                bool causal_blocks);
+std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v,
+                                                         const at::Tensor& bias);
+
+// The native core's softmax, in place on float32 contiguous CPU tensors, on a CPU with AVX-512F
+// (else an error): x [B, N, T, S] becomes softmax(x + bias) over S, bias [B or 1, 1, T or 1, S]
+// (or empty) added as each row is read; and the softmax backward dy ← y ∘ (dy − Σ dy∘y) over the
+// last dimension. With causal_block c > 0 (causal attention computed in blocks of c queries),
+// row t covers only its block's keys [0, (t / c + 1)·c): the softmax sets the rest of the row to
+// 0 without reading it (the bias masks those keys anyway), and the backward neither reads nor
+// writes it.
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block = 0);
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block = 0);
+
+}  // namespace glossa

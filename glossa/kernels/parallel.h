@@ -1,0 +1,32 @@
+// The kernel thread pool: parallel loops of Glossa's own kernels (glossa/kernels/).
+//
+//   KernelParallelFor(0, rows, /*grain=*/16, [&](int64_t lo, int64_t hi) {
+//     for (int64_t r = lo; r < hi; ++r) Row(r);
+//   });
+//
+// The process layout (how many kernel threads, against ATen's and OpenBLAS's) is set by
+// glossa/runtime/cpu_runtime.h; kernels only use the pool.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace glossa {
+
+// Parallel loops of Glossa's own kernels (attention heads, softmax rows, the fused
+// cross-entropy's forward, Adam): f(lo, hi) over [begin, end) in chunks of at least `grain`.
+// Where ATen has several intra-op threads (the bf16 layout) they run on them (at::parallel_for).
+// In the fp32 layout ATen has one thread and they run on Glossa's kernel threads instead: the
+// caller plus sleeping workers, woken per loop and blocked (never spinning) between loops, so
+// they leave the cores to OpenBLAS's GEMM threads. OpenBLAS is held to one thread while such a
+// loop runs (GEMMs inside it, such as the attention core's per-head ones, run one per thread).
+// Each index's result must not depend on how the range is split: results are then the same for
+// any number of threads. Nested calls, and calls while another thread's loop runs, run inline.
+void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
+                       const std::function<void(int64_t, int64_t)>& f);
+// The kernel threads, the caller included (1: loops run inline). ConfigureCpuRuntime sets them
+// to the fp32 layout's BLAS threads, and to 1 in the bf16 layout.
+void SetKernelThreads(int threads);
+int KernelThreads();
+
+}  // namespace glossa
