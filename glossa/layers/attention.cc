@@ -340,6 +340,13 @@ NestedMap MultiHeadedAttention::InitStates(int64_t batch_size, at::ScalarType dt
   return states;
 }
 
+std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(const NestedMap& theta,
+                                                                const at::Tensor& query,
+                                                                const NestedMap& cached_states,
+                                                                const NestedMap& context) const {
+  return ExtendStep(theta, query, cached_states, OptionalInput(context, "paddings"));
+}
+
 std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
     const NestedMap& theta, const at::Tensor& query, const NestedMap& cached_states,
     const at::Tensor& paddings) const {

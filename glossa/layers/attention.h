@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "glossa/layers/base_layer.h"
+#include "glossa/layers/step_layer.h"
 #include "glossa/layers/dropout.h"
 
 namespace glossa {
@@ -47,7 +48,7 @@ class PerDimScaleLayer : public BaseLayer {
   int64_t dim_;
 };
 
-class MultiHeadedAttention : public BaseLayer {
+class MultiHeadedAttention : public BaseLayer, public StepLayer {
  public:
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, key, value, paddings=None, causal=None) -> (context, probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -72,7 +73,11 @@ class MultiHeadedAttention : public BaseLayer {
                                                    const at::Tensor& paddings = {}) const;
 
   // An empty cache: key and value [B, 0, N, H].
-  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
+  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
+  // StepLayer: ExtendStep below with context.paddings (optional).
+  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
+                                              const NestedMap& cached_states,
+                                              const NestedMap& context) const override;
   // One decoding step of causal self-attention: query [B, D] attends to every cached step and
   // itself. `paddings` (optional) [B, S+1] covers the cached steps and this one. Returns
   // (encoded [B, D], cache with this step's key and value appended).

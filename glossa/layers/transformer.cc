@@ -256,6 +256,33 @@ std::pair<at::Tensor, at::Tensor> TransformerLayer::FProp(const NestedMap& theta
   return {x, probs};
 }
 
+std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(
+    const NestedMap& theta, const at::Tensor& query, const NestedMap& states,
+    const NestedMap& /*context*/) const {
+  return ExtendStep(theta, query, states);
+}
+
+NestedMap TransformerLayer::PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
+                                              const at::Tensor& source_paddings) const {
+  NestedMap context = StepLayer::PrecomputeContext(theta, source, source_paddings);
+  if (source.defined()) context.Put("aux", PrecomputeAux(theta, source));
+  return context;
+}
+
+std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(const NestedMap& theta,
+                                                              const at::Tensor& inputs,
+                                                              const NestedMap& states,
+                                                              const NestedMap& context) const {
+  if (cross_atten_ && !context.contains("aux")) {
+    throw InvalidArgumentError(StrCat("layer '", path(),
+                                      "': has_aux_atten needs a context with aux "
+                                      "(PrecomputeContext of the source)"));
+  }
+  return ExtendStepProjected(theta, inputs, states,
+                             context.contains("aux") ? context.at("aux").AsMap() : NestedMap(),
+                             OptionalInput(context, "aux_paddings"));
+}
+
 NestedMap TransformerLayer::InitStates(int64_t batch_size, at::ScalarType dtype) const {
   return self_atten_->InitStates(batch_size, dtype);
 }
@@ -278,7 +305,8 @@ NestedMap TransformerLayer::PrecomputeAux(const NestedMap& theta,
 std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
     const NestedMap& aux, const at::Tensor& aux_paddings) const {
-  auto [x, new_states] = self_atten_->ExtendStep(self_atten_.Theta(theta), inputs, states);
+  const StepLayer& self_atten = *self_atten_;
+  auto [x, new_states] = self_atten.ExtendStep(self_atten_.Theta(theta), inputs, states, {});
   if (cross_atten_) {
     x = cross_atten_->FPropProjected(cross_atten_.Theta(theta), x.unsqueeze(1), aux, aux_paddings)
             .first.squeeze(1);
@@ -443,6 +471,22 @@ std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(
   return ExtendStepProjected(theta, inputs, states, PrecomputeAux(theta, aux_vecs), aux_paddings);
 }
 
+NestedMap TransformerStack::PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
+                                              const at::Tensor& source_paddings) const {
+  NestedMap context = StepLayer::PrecomputeContext(theta, source, source_paddings);
+  context.Put("aux", PrecomputeAux(theta, source));
+  return context;
+}
+
+std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(const NestedMap& theta,
+                                                              const at::Tensor& inputs,
+                                                              const NestedMap& states,
+                                                              const NestedMap& context) const {
+  const NestedMap aux =
+      context.contains("aux") ? context.at("aux").AsMap() : PrecomputeAux(theta, at::Tensor());
+  return ExtendStepProjected(theta, inputs, states, aux, OptionalInput(context, "aux_paddings"));
+}
+
 NestedMap TransformerStack::PrecomputeAux(const NestedMap& theta,
                                           const at::Tensor& aux_vecs) const {
   NestedValue::List per_layer;
@@ -463,9 +507,12 @@ std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStepProjected(
   const auto& layer_states = states.at("x_layers").AsList();
   NestedValue::List new_states;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    auto [y, s] = layers_[i]->ExtendStepProjected(layers_[i].Theta(theta), x,
-                                                  layer_states[i].AsMap(), layer_aux[i].AsMap(),
-                                                  aux_paddings);
+    // Each layer through the one decoding interface, with its own projected source.
+    NestedMap context;
+    if (!layer_aux[i].AsMap().empty()) context.Put("aux", layer_aux[i].AsMap());
+    if (aux_paddings.defined()) context.Put("aux_paddings", aux_paddings);
+    const StepLayer& layer = *layers_[i];
+    auto [y, s] = layer.ExtendStep(layers_[i].Theta(theta), x, layer_states[i].AsMap(), context);
     x = y;
     new_states.push_back(std::move(s));
   }

@@ -18,6 +18,7 @@
 
 #include "glossa/layers/attention.h"
 #include "glossa/layers/base_layer.h"
+#include "glossa/layers/step_layer.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/linear.h"
 #include "glossa/layers/normalization.h"
@@ -50,7 +51,7 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
 };
 
 // Self- or cross-attention with layer norm, residual dropout and the residual connection.
-class TransformerAttentionLayer : public BaseLayer, public Block {
+class TransformerAttentionLayer : public BaseLayer, public Block, public StepLayer {
  public:
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, source=None, paddings=None) -> (outputs, probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -75,7 +76,11 @@ class TransformerAttentionLayer : public BaseLayer, public Block {
   std::pair<at::Tensor, at::Tensor> FPropProjected(const NestedMap& theta, const at::Tensor& query,
                                                    const NestedMap& source,
                                                    const at::Tensor& paddings = {}) const;
-  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
+  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
+  // StepLayer: the step below (the context is not read).
+  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
+                                              const NestedMap& states,
+                                              const NestedMap& context) const override;
   // One step of masked self-attention: query [B, D] -> (output [B, D], new states).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
                                               const NestedMap& states) const;
@@ -91,7 +96,7 @@ class TransformerAttentionLayer : public BaseLayer, public Block {
 
 // Self-attention, optional cross-attention, then the feed-forward block (Lingvo's batch-major
 // TransformerLayer).
-class TransformerLayer : public BaseLayer, public Block {
+class TransformerLayer : public BaseLayer, public Block, public StepLayer {
  public:
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> (outputs, atten_probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -116,7 +121,13 @@ class TransformerLayer : public BaseLayer, public Block {
                         const at::Tensor& paddings) const override {
     return FProp(theta, x, paddings).first;
   }
-  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
+  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
+  // StepLayer: context {aux: PrecomputeAux(source), aux_paddings} (needed with has_aux_atten).
+  NestedMap PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
+                              const at::Tensor& source_paddings) const override;
+  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
+                                              const NestedMap& states,
+                                              const NestedMap& context) const override;
   // One decoding step: inputs [B, D] -> (output [B, D], new states).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
                                               const NestedMap& states,
@@ -143,7 +154,7 @@ class TransformerLayer : public BaseLayer, public Block {
 // uses template i / (num_layers / len)), then an optional final layer norm. The stack's fields
 // set the corresponding template fields of every layer when given (mdl_dim > 0, hidden_dim > 0,
 // num_atten_heads > 0, dropout_prob not None); mask_self_atten and has_aux_atten always do.
-class TransformerStack : public BaseLayer, public Block {
+class TransformerStack : public BaseLayer, public Block, public StepLayer {
  public:
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
@@ -168,7 +179,13 @@ class TransformerStack : public BaseLayer, public Block {
     return FProp(theta, x, paddings);
   }
   // Per-layer decoding caches.
-  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const;
+  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
+  // StepLayer: context {aux: PrecomputeAux(source), aux_paddings}; without one, no source.
+  NestedMap PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
+                              const at::Tensor& source_paddings) const override;
+  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
+                                              const NestedMap& states,
+                                              const NestedMap& context) const override;
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
                                               const NestedMap& states,
                                               const at::Tensor& aux_vecs = {},

@@ -45,6 +45,33 @@ TEST(TransformerStack, DecoderExtendStepMatchesFProp) {
   }
 }
 
+// The same decoder driven only through the StepLayer interface (what the tasks use): the source
+// projected once into the context, every layer stepped through it; bit for bit the typed steps.
+TEST(TransformerStack, DecodingThroughStepLayerMatchesTheTypedSteps) {
+  auto dec = Make<TransformerStack>(TransformerDecoder::Params(),
+                                    "num_layers : 2\nmdl_dim : 8\nnum_atten_heads : 2\n"
+                                    "hidden_dim : 16\ndtype : float64");
+  at::Tensor y = at::randn({2, 4, 8}, at::kDouble), enc = at::randn({2, 3, 8}, at::kDouble);
+  at::Tensor enc_paddings = at::zeros({2, 3}, at::kDouble);
+  enc_paddings[1][2] = 1.0;
+  const NestedMap theta = dec->theta();
+  const StepLayer& step = *dec;
+  const NestedMap context = step.PrecomputeContext(theta, enc, enc_paddings);
+  NestedMap states = step.InitStates(2, at::kDouble), typed_states = states;
+  for (int64_t t = 0; t < 4; ++t) {
+    auto [out, next] = step.ExtendStep(theta, y.select(1, t), states, context);
+    auto [want, typed_next] = dec->ExtendStep(theta, y.select(1, t), typed_states, enc, enc_paddings);
+    EXPECT_TRUE(at::equal(out, want)) << "step " << t;
+    states = next;
+    typed_states = typed_next;
+  }
+  // A decoder with cross-attention needs the source: a step without a context names it.
+  const TransformerLayer& layer = dynamic_cast<const TransformerLayer&>(*dec->GetChildren("x_layers")[0]);
+  const StepLayer& one = layer;
+  EXPECT_ERROR_CONTAINS(one.ExtendStep(layer.theta(), y.select(1, 0), one.InitStates(2, at::kDouble), {}),
+                        InvalidArgumentError, "has_aux_atten needs a context with aux");
+}
+
 TEST(TransformerStack, EncoderIsNotCausalAndVariablesAreNamed) {
   auto enc =
       Make<TransformerStack>(TransformerEncoder::Params(),

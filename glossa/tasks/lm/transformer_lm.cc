@@ -179,7 +179,8 @@ std::pair<at::Tensor, NestedMap> TransformerLmTask::ExtendStep(const NestedMap& 
       position_emb_->FProp(position_emb_.Theta(theta), step + 1).select(0, step);
   at::Tensor x = emb_->FProp(emb_.Theta(theta), ids.to(at::kLong).unsqueeze(1)).squeeze(1);
   x = x + position.to(x.scalar_type());
-  auto [y, new_states] = stack_->ExtendStep(stack_.Theta(theta), x, states);
+  const StepLayer& dec = *stack_;  // incremental decoding through StepLayer
+  auto [y, new_states] = dec.ExtendStep(stack_.Theta(theta), x, states, {});
   at::Tensor logits = softmax_->Logits(softmax_.Theta(theta), y).to(at::kFloat);
   return {at::log_softmax(logits, -1), std::move(new_states)};
 }
@@ -203,7 +204,8 @@ at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& p
   at::Tensor token = prompts.select(1, 0);
   for (int64_t t = 0; t < p_len + max_new_tokens - 1; ++t) {
     at::Tensor x = emb_->FProp(emb_theta, token.unsqueeze(1)).squeeze(1) + positions[t];
-    auto [y, new_states] = stack_->ExtendStep(stack_theta, x, states);
+    const StepLayer& dec = *stack_;
+    auto [y, new_states] = dec.ExtendStep(stack_theta, x, states, {});
     states = std::move(new_states);
     if (t + 1 < p_len) {
       token = prompts.select(1, t + 1);

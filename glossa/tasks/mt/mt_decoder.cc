@@ -276,9 +276,12 @@ std::pair<at::Tensor, NestedMap> TransformerDecoder::ExtendStep(const NestedMap&
   }
   at::Tensor x = token_emb_->FProp(token_emb_.Theta(theta), ids);
   x = x + positions[step].to(x.scalar_type());
-  auto [y, new_states] = stack_->ExtendStepProjected(stack_.Theta(theta), x, states,
-                                                     source.GetItem("aux").AsMap(),
-                                                     source.GetTensor("aux_paddings"));
+  // The stack through the one decoding interface, with the source projected once (Precompute).
+  NestedMap context;
+  context.Put("aux", source.GetItem("aux").AsMap());
+  context.Put("aux_paddings", source.GetTensor("aux_paddings"));
+  const StepLayer& dec = *stack_;
+  auto [y, new_states] = dec.ExtendStep(stack_.Theta(theta), x, states, context);
   at::Tensor logits =
       source.contains("softmax_weight")
           ? at::addmm(theta.GetTensor("softmax_bias").to(y.scalar_type()), y,
