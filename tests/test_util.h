@@ -11,6 +11,8 @@
 #include <string>
 
 #include "glossa/base/errors.h"
+#include "glossa/core/params.h"
+#include "glossa/layers/base_layer.h"
 
 namespace glossa::testing {
 
@@ -60,3 +62,16 @@ inline std::string TempDir(const std::string& name) {
           << "message: " << e.message() << "\nexpected to contain: " << substring; \
     }                                                                              \
   } while (0)
+
+namespace glossa {
+
+// The layer `p` describes, named "layer" with random_seed 17, after `text` (params text) is
+// applied: the layer tests' one way to build what they test.
+template <typename T>
+std::unique_ptr<T> Make(Params p, const std::string& text = "") {
+  p.Set("name", "layer").Set("random_seed", 17);
+  if (!text.empty()) p.FromText(text);
+  return InstantiateLayer<T>(p);
+}
+
+}  // namespace glossa

@@ -50,6 +50,9 @@ class PerDimScaleLayer : public BaseLayer {
 
 class MultiHeadedAttention : public BaseLayer, public StepLayer {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, key, value, paddings=None, causal=None) -> (context, probs).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

@@ -42,6 +42,8 @@
 
 namespace glossa {
 
+class TorchScriptWriter;  // glossa/layers/torchscript.h
+
 // ---- Execution mode ----
 
 // True inside an EvalModeScope on this thread (Lingvo's cluster.do_eval): no dropout, EMA weights.
@@ -191,6 +193,13 @@ class BaseLayer {
   NestedMap FPropMap(const NestedMap& theta, const NestedMap& inputs) const;
   // "FProp(theta, inputs, paddings=None) -> outputs  [ProjectionLayer]"; "" without a call.
   std::string FPropMapSignatureText() const;
+
+  // ---- TorchScript ----
+  // Writes this layer's forward as TorchScript (glossa/layers/torchscript.h): reads the variable
+  // `in`, assigns `out`, registers its weights with the name prefix `prefix`, using the same ATen
+  // calls as FProp. Default: UnimplementedError naming the layer (the export does not cover it).
+  virtual void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                               const std::string& prefix) const;
 
   // ---- Variables ----
   struct VariableInfo {

@@ -104,4 +104,10 @@ at::Tensor DeterministicDropoutLayer::Dropout(
 GLOSSA_REGISTER_CLASS(DropoutLayer, "glossa.layers.DropoutLayer");
 GLOSSA_REGISTER_CLASS(DeterministicDropoutLayer, "glossa.layers.DeterministicDropoutLayer");
 
+glossa::Params DropoutParams(const glossa::Params& p, const char* prob_key) {
+  glossa::Params out = p.GetParams("dropout_tpl").Copy();
+  out.Set("keep_prob", 1.0 - p.GetFloat(prob_key));
+  return out;
+}
+
 }  // namespace glossa

@@ -67,4 +67,8 @@ class DeterministicDropoutLayer : public DropoutLayer {
   std::optional<int64_t> random_seed_;
 };
 
+// The dropout template `p.dropout_tpl` with keep_prob = 1 − p.<prob_key> (the Transformer
+// layers' and stacks' dropout children, as Lingvo builds them).
+glossa::Params DropoutParams(const glossa::Params& p, const char* prob_key);
+
 }  // namespace glossa

@@ -11,6 +11,9 @@ namespace glossa {
 
 class EmbeddingLayer : public BaseLayer {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, ids) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -31,6 +34,9 @@ class EmbeddingLayer : public BaseLayer {
 
 class PositionalEmbeddingLayer : public BaseLayer {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, seq_length_or_position) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

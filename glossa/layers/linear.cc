@@ -1,3 +1,4 @@
+#include "glossa/layers/torchscript.h"
 #include "glossa/layers/linear.h"
 
 #include <ATen/ATen.h>
@@ -117,6 +118,25 @@ NestedMap ProjectionLayer::FPropMapImpl(const NestedMap& theta, const NestedMap&
   NestedMap out;
   out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings")));
   return out;
+}
+
+// ---- TorchScript export ----
+
+// x·w + b over the flattened batch, then the activation (RELU or NONE).
+void ProjectionLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
+                                      const std::string& out, const std::string& prefix) const {
+  if (!has_bias_) TorchScriptWriter::Unsupported(*this, "a projection without bias");
+  const at::Tensor wt = GetVariable("w");
+  const std::string wn = w.Param(prefix + "_w", wt);
+  const std::string bn = w.Param(prefix + "_b", GetVariable("b"));
+  w.Line(StrCat(out, " = torch.addmm(", bn, ", ", in, ".reshape(-1, [", wt.size(0), "][0]), ", wn,
+                ").view(b, t, ", wt.size(1), ")"));
+  const std::string act = params().GetString("activation");
+  if (act == "RELU") {
+    w.Line(StrCat(out, " = torch.relu(", out, ")"));
+  } else if (act != "NONE") {
+    TorchScriptWriter::Unsupported(*this, StrCat("activation ", act));
+  }
 }
 
 }  // namespace glossa

@@ -12,6 +12,9 @@ namespace glossa {
 
 class ProjectionLayer : public BaseLayer, public Block {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

@@ -12,6 +12,9 @@ namespace glossa {
 // (Lingvo's default, direct_scale = False) or is used directly (direct_scale = True, init 1).
 class LayerNorm : public BaseLayer, public Block {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

@@ -14,6 +14,9 @@ namespace glossa {
 
 class SimpleFullSoftmax : public BaseLayer {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, class_ids=None, class_weights=None, paddings=None, class_probabilities=None) -> dict (logits, per_example_xent, ...).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

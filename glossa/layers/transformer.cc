@@ -1,3 +1,4 @@
+#include "glossa/layers/torchscript.h"
 #include "glossa/layers/transformer.h"
 
 #include <ATen/ATen.h>
@@ -5,16 +6,10 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/block.h"
+#include "glossa/layers/dropout.h"
 
 namespace glossa {
 namespace {
-
-// The dropout template `p.dropout_tpl` with keep_prob = 1 - p.<prob_key>.
-glossa::Params DropoutParams(const glossa::Params& p, const char* prob_key) {
-  glossa::Params out = p.GetParams("dropout_tpl").Copy();
-  out.Set("keep_prob", 1.0 - p.GetFloat(prob_key));
-  return out;
-}
 
 // The template `p.<key>` as a mutable copy with input_dim set.
 glossa::Params BlockParams(const glossa::Params& p, const char* key, int64_t input_dim) {
@@ -315,232 +310,9 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
   return {x.squeeze(1), new_states};
 }
 
-// ---- TransformerStack ----
-
-glossa::Params TransformerStack::Params() {
-  glossa::Params p = BaseLayer::Params();
-  p.Set("cls", ClsOf<TransformerStack>());
-  DefineLayerFields(p);
-  p.Define("input_dropout_prob", 0.0, "Dropout probability on the stack's input.");
-  p.Define("final_layer_norm", nullptr,
-           "A layer norm after the last layer. None: when the first layer's self-attention is "
-           "pre-layer-norm (Lingvo's default is False; post-norm layers end normalized already).");
-  p.Define("ln_tpl", LayerNorm::Params(), "The final layer norm's params.");
-  p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
-           "Params of the input dropout (keep_prob is set from input_dropout_prob).");
-  return p;
-}
-
-void TransformerStack::DefineLayerFields(glossa::Params& p) {
-  p.Define("num_layers", 1, "Number of transformer layers.");
-  p.Define("mdl_dim", 0, "Model dimension set into every layer's input_dim; 0 keeps theirs.");
-  p.Define("hidden_dim", 0,
-           "Feed-forward hidden dimension set into every layer's tr_fflayer_tpl; 0 keeps theirs.");
-  p.Define("num_atten_heads", 0,
-           "Attention heads set into every layer's attention templates; 0 keeps theirs.");
-  p.Define("dropout_prob", nullptr,
-           "When set, the attention, residual and relu dropout probability of every block.");
-  p.Define("mask_self_atten", false, "Causal self-attention in every layer (decoder).");
-  p.Define("has_aux_atten", false, "Cross-attention to the encoder output (decoder).");
-  p.Define("transformer_layer_params_tpl", TransformerLayer::Params(),
-           "TransformerLayer params: one template for every layer, or a list whose length "
-           "divides num_layers (layer i uses entry i / (num_layers / len)): with [dense, moe] and 4 "
-           "layers, layers 0-1 are dense and 2-3 MoE, as in Lingvo.");
-}
-
-std::vector<glossa::Params> TransformerStack::LayerParams(const glossa::Params& p) {
-  const std::string where = StrCat("layer '", p.GetString("name"), "' (", p.ClsKey(), ")");
-  const int64_t n = p.GetInt("num_layers");
-  if (n <= 0) throw InvalidArgumentError(StrCat(where, ": num_layers must be > 0, got ", n));
-  const ParamValue& tpl = p.Get("transformer_layer_params_tpl");
-  std::vector<glossa::Params> templates;
-  if (tpl.is_list()) {
-    for (const auto& t : tpl.AsList()) {
-      if (!t.is_params()) {
-        throw InvalidArgumentError(
-            StrCat(where, ": transformer_layer_params_tpl must hold Params, found a ", t.KindName()));
-      }
-      templates.push_back(t.AsParams());
-    }
-    if (templates.empty() || n % static_cast<int64_t>(templates.size()) != 0) {
-      throw InvalidArgumentError(StrCat(where, ": transformer_layer_params_tpl has ",
-                                        templates.size(), " templates, which must divide num_layers ",
-                                        n));
-    }
-  } else if (tpl.is_params()) {
-    templates.push_back(tpl.AsParams());
-  } else {
-    throw InvalidArgumentError(StrCat(where, ": transformer_layer_params_tpl must be Params or a "
-                                             "list of Params, got ",
-                                      tpl.KindName()));
-  }
-  const int64_t factor = n / static_cast<int64_t>(templates.size());
-  const ParamValue& dropout = p.Get("dropout_prob");
-  std::vector<glossa::Params> layers;
-  for (int64_t i = 0; i < n; ++i) {
-    const size_t t = static_cast<size_t>(i / factor);
-    glossa::Params l = templates[t].Copy();
-    const std::string which =
-        tpl.is_list() ? StrCat("transformer_layer_params_tpl[", t, "]")
-                      : std::string("transformer_layer_params_tpl");
-    for (const char* field : {"mask_self_atten", "has_aux_atten", "tr_fflayer_tpl"}) {
-      if (!l.Contains(field)) {
-        throw InvalidArgumentError(StrCat(where, ": ", which, " (", l.ClsKey(), ") has no ", field,
-                                          " field; use TransformerLayer Params"));
-      }
-    }
-    if (p.GetInt("hidden_dim") > 0 &&
-        !(l.Get("tr_fflayer_tpl").is_params() &&
-          l.GetParams("tr_fflayer_tpl").Contains("hidden_dim"))) {
-      throw InvalidArgumentError(StrCat(
-          where, ": hidden_dim is set but ", which,
-          ".tr_fflayer_tpl has no hidden_dim field; set hidden_dim to 0 to keep the template's"));
-    }
-    l.Set("name", "");  // children are named x_layers_<i>
-    l.Set("mask_self_atten", p.GetBool("mask_self_atten"));
-    l.Set("has_aux_atten", p.GetBool("has_aux_atten"));
-    if (p.GetInt("mdl_dim") > 0) l.Set("input_dim", p.GetInt("mdl_dim"));
-    if (p.GetInt("num_atten_heads") > 0) l.Set("num_heads", p.GetInt("num_atten_heads"));
-    if (p.GetInt("hidden_dim") > 0) l.Set("tr_fflayer_tpl.hidden_dim", p.GetInt("hidden_dim"));
-    if (!dropout.is_none()) {
-      const double d = dropout.AsFloat();
-      for (const char* a : {"tr_atten_tpl", "tr_self_atten_tpl", "tr_aux_atten_tpl"}) {
-        if (!l.Get(a).is_params()) continue;
-        l.Set(StrCat(a, ".atten_dropout_prob"), d).Set(StrCat(a, ".residual_dropout_prob"), d);
-      }
-      l.Set("tr_fflayer_tpl.residual_dropout_prob", d).Set("tr_fflayer_tpl.relu_dropout_prob", d);
-    }
-    layers.push_back(std::move(l));
-  }
-  return layers;
-}
-
-TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
-  ParamValue::List layers;
-  for (auto& l : LayerParams(p)) layers.push_back(ParamValue(std::move(l)));
-  input_dropout_ =
-      CreateChild<DropoutLayer>("input_dropout", DropoutParams(p, "input_dropout_prob"));
-  layers_ = CreateChildren<TransformerLayer>("x_layers", layers);
-  model_dim_ = layers_.front()->params().GetInt("input_dim");
-  for (size_t i = 1; i < layers_.size(); ++i) {
-    const int64_t d = layers_[i]->params().GetInt("input_dim");
-    if (d != model_dim_) {
-      throw InvalidArgumentError(StrCat("layer '", path(), "': layer ", i, " has input_dim ", d,
-                                        " but layer 0 has ", model_dim_,
-                                        "; set mdl_dim to give every layer one width"));
-    }
-  }
-  const ParamValue& final_ln = p.Get("final_layer_norm");
-  bool use_final_ln;
-  if (final_ln.is_none()) {
-    const glossa::Params& l0 = layers_.front()->params();
-    const ParamValue& self = l0.Get("tr_self_atten_tpl");
-    const glossa::Params& atten = self.is_params() ? self.AsParams() : l0.GetParams("tr_atten_tpl");
-    use_final_ln = atten.Contains("pre_layer_norm") && atten.GetBool("pre_layer_norm");
-  } else {
-    use_final_ln = final_ln.AsBool();
-  }
-  if (use_final_ln) {
-    final_ln_ =
-        CreateChild<LayerNorm>("final_ln", p.GetParams("ln_tpl").Copy().Set("input_dim", model_dim_));
-  }
-}
-
-at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inputs,
-                                   const at::Tensor& paddings, const at::Tensor& aux_vecs,
-                                   const at::Tensor& aux_paddings) const {
-  at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
-  for (const auto& layer : layers_) {
-    x = layer->FProp(layer.Theta(theta), x, paddings, aux_vecs, aux_paddings).first;
-  }
-  if (final_ln_) x = final_ln_->FProp(final_ln_.Theta(theta), x);
-  return x;
-}
-
-NestedMap TransformerStack::InitStates(int64_t batch_size, at::ScalarType dtype) const {
-  NestedMap states;
-  NestedValue::List per_layer;
-  for (const auto& layer : layers_) per_layer.push_back(layer->InitStates(batch_size, dtype));
-  states.Put("x_layers", std::move(per_layer));
-  return states;
-}
-
-std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(
-    const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
-    const at::Tensor& aux_vecs, const at::Tensor& aux_paddings) const {
-  return ExtendStepProjected(theta, inputs, states, PrecomputeAux(theta, aux_vecs), aux_paddings);
-}
-
-NestedMap TransformerStack::PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
-                                              const at::Tensor& source_paddings) const {
-  NestedMap context = StepLayer::PrecomputeContext(theta, source, source_paddings);
-  context.Put("aux", PrecomputeAux(theta, source));
-  return context;
-}
-
-std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(const NestedMap& theta,
-                                                              const at::Tensor& inputs,
-                                                              const NestedMap& states,
-                                                              const NestedMap& context) const {
-  const NestedMap aux =
-      context.contains("aux") ? context.at("aux").AsMap() : PrecomputeAux(theta, at::Tensor());
-  return ExtendStepProjected(theta, inputs, states, aux, OptionalInput(context, "aux_paddings"));
-}
-
-NestedMap TransformerStack::PrecomputeAux(const NestedMap& theta,
-                                          const at::Tensor& aux_vecs) const {
-  NestedValue::List per_layer;
-  for (const auto& layer : layers_) {
-    per_layer.push_back(aux_vecs.defined() ? layer->PrecomputeAux(layer.Theta(theta), aux_vecs)
-                                           : NestedMap());
-  }
-  NestedMap out;
-  out.Put("x_layers", std::move(per_layer));
-  return out;
-}
-
-std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStepProjected(
-    const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
-    const NestedMap& aux, const at::Tensor& aux_paddings) const {
-  const auto& layer_aux = aux.at("x_layers").AsList();
-  at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
-  const auto& layer_states = states.at("x_layers").AsList();
-  NestedValue::List new_states;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    // Each layer through the one decoding interface, with its own projected source.
-    NestedMap context;
-    if (!layer_aux[i].AsMap().empty()) context.Put("aux", layer_aux[i].AsMap());
-    if (aux_paddings.defined()) context.Put("aux_paddings", aux_paddings);
-    const StepLayer& layer = *layers_[i];
-    auto [y, s] = layer.ExtendStep(layers_[i].Theta(theta), x, layer_states[i].AsMap(), context);
-    x = y;
-    new_states.push_back(std::move(s));
-  }
-  if (final_ln_) x = final_ln_->FProp(final_ln_.Theta(theta), x);
-  NestedMap out;
-  out.Put("x_layers", std::move(new_states));
-  return {x, out};
-}
-
-glossa::Params TransformerEncoder::Params() {
-  glossa::Params p = TransformerStack::Params();
-  p.Set("cls", ClsOf<TransformerEncoder>());
-  return p;
-}
-
-glossa::Params TransformerDecoder::Params() {
-  glossa::Params p = TransformerStack::Params();
-  p.Set("cls", ClsOf<TransformerDecoder>());
-  p.Set("mask_self_atten", true).Set("has_aux_atten", true);
-  return p;
-}
-
 GLOSSA_REGISTER_CLASS(TransformerFeedForwardLayer, "glossa.layers.TransformerFeedForwardLayer");
 GLOSSA_REGISTER_CLASS(TransformerAttentionLayer, "glossa.layers.TransformerAttentionLayer");
 GLOSSA_REGISTER_CLASS(TransformerLayer, "glossa.layers.TransformerLayer");
-GLOSSA_REGISTER_CLASS(TransformerStack, "glossa.layers.TransformerStack");
-GLOSSA_REGISTER_CLASS(TransformerEncoder, "glossa.layers.TransformerEncoder");
-GLOSSA_REGISTER_CLASS(TransformerDecoder, "glossa.layers.TransformerDecoder");
 
 // ---- The uniform call (BaseLayer::FPropMap) ----
 
@@ -569,15 +341,39 @@ NestedMap TransformerLayer::FPropMapImpl(const NestedMap& theta, const NestedMap
   return out;
 }
 
-BaseLayer::FPropMapSignature TransformerStack::FPropMapSpec() const {
-  return {{"inputs", "paddings", "aux_vecs", "aux_paddings"}, 1, {"outputs"}, false, "Tensor"};
+// ---- TorchScript export ----
+
+// Pre-layer-norm causal self-attention with its residual: out = in + atten(ln(in)).
+void TransformerAttentionLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
+                                                const std::string& out,
+                                                const std::string& prefix) const {
+  if (!pre_layer_norm_) TorchScriptWriter::Unsupported(*this, "post-layer-norm attention");
+  if (!is_masked_) TorchScriptWriter::Unsupported(*this, "non-causal self-attention");
+  ln_->EmitTorchScript(w, in, "h", prefix + "atten_ln");
+  atten_->EmitTorchScript(w, "h", "a", prefix);
+  w.Line(StrCat(out, " = ", in, " + a"));
 }
 
-NestedMap TransformerStack::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
-  NestedMap out;
-  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"), OptionalInput(inputs, "aux_vecs"),
-                           OptionalInput(inputs, "aux_paddings")));
-  return out;
+// Pre-layer-norm feed-forward with its residual, padded rows zeroed after each FC layer.
+void TransformerFeedForwardLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
+                                                  const std::string& out,
+                                                  const std::string& prefix) const {
+  if (!pre_layer_norm_) TorchScriptWriter::Unsupported(*this, "post-layer-norm feed-forward");
+  ln_->EmitTorchScript(w, in, "h", prefix + "ff_ln");
+  fc0_->EmitTorchScript(w, "h", "h", prefix + "fc0");
+  w.Line("if any_pad:\n        h = h * (1 - pad)");
+  fc1_->EmitTorchScript(w, "h", "h", prefix + "fc1");
+  w.Line("if any_pad:\n        h = h * (1 - pad)");
+  w.Line(StrCat(out, " = torch.add(", in, ", h, alpha=", TorchScriptWriter::Num(residual_weight_),
+                ")"));
+}
+
+// Self-attention, then the feed-forward block (no cross-attention).
+void TransformerLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
+                                       const std::string& out, const std::string& prefix) const {
+  if (cross_atten_) TorchScriptWriter::Unsupported(*this, "cross-attention");
+  GetChild("self_atten").EmitTorchScript(w, in, out, prefix);
+  GetChild("fflayer").EmitTorchScript(w, out, out, prefix);
 }
 
 }  // namespace glossa

@@ -30,6 +30,9 @@ namespace glossa {
 // norm(x + ...) without norm inside (post-norm).
 class TransformerFeedForwardLayer : public BaseLayer, public Block {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // + input_dim, hidden_dim, activation ('RELU'), residual_dropout_prob, relu_dropout_prob,
   // pre_layer_norm (True), residual_weight (1.0), ln_tpl (LayerNorm; input_dim set here).
   static glossa::Params Params();
@@ -53,6 +56,9 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
 // Self- or cross-attention with layer norm, residual dropout and the residual connection.
 class TransformerAttentionLayer : public BaseLayer, public Block, public StepLayer {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, source=None, paddings=None) -> (outputs, probs).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -98,6 +104,9 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
 // TransformerLayer).
 class TransformerLayer : public BaseLayer, public Block, public StepLayer {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> (outputs, atten_probs).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -156,6 +165,9 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
 // num_atten_heads > 0, dropout_prob not None); mask_self_atten and has_aux_atten always do.
 class TransformerStack : public BaseLayer, public Block, public StepLayer {
  public:
+  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

@@ -19,13 +19,13 @@ std::string TestData(const std::string& name) {
 }
 
 template <typename T>
-std::unique_ptr<T> Make(Params p) {
+std::unique_ptr<T> MakeTokenizer(Params p) {
   p.Set("name", "tokenizer");
   return InstantiateLayer<T>(p);
 }
 
 TEST(AsciiTokenizer, LingvosIdsAndSpecialTokens) {
-  auto tok = Make<AsciiTokenizer>(AsciiTokenizer::Params());
+  auto tok = MakeTokenizer<AsciiTokenizer>(AsciiTokenizer::Params());
   EXPECT_EQ(tok->StringToIds("Hi!"), (std::vector<int64_t>{12, 13, 35}));
   EXPECT_EQ(tok->StringToIds("a z 0 9"), (std::vector<int64_t>{5, 3, 30, 3, 39, 3, 48}));
   EXPECT_EQ(tok->StringToIds("<noise>x</s>"), (std::vector<int64_t>{4, 28, 2}));
@@ -35,7 +35,7 @@ TEST(AsciiTokenizer, LingvosIdsAndSpecialTokens) {
 }
 
 TEST(BaseTokenizer, StringsToIdsFollowsLingvosLayout) {
-  auto tok = Make<AsciiTokenizer>(AsciiTokenizer::Params());
+  auto tok = MakeTokenizer<AsciiTokenizer>(AsciiTokenizer::Params());
   NestedMap out = tok->StringsToIds({"ab", "abcdef"}, 4);
   EXPECT_TRUE(at::equal(out.GetTensor("ids"),
                         at::tensor({1, 5, 6, 2, 1, 5, 6, 7}, at::kLong).view({2, 4})));
@@ -43,7 +43,7 @@ TEST(BaseTokenizer, StringsToIdsFollowsLingvosLayout) {
                         at::tensor({5, 6, 2, 2, 5, 6, 7, 8}, at::kLong).view({2, 4})));
   EXPECT_TRUE(at::equal(out.GetTensor("paddings"),
                         at::tensor({0.f, 0.f, 0.f, 1.f, 0.f, 0.f, 0.f, 0.f}).view({2, 4})));
-  auto no_eos = Make<AsciiTokenizer>(
+  auto no_eos = MakeTokenizer<AsciiTokenizer>(
       AsciiTokenizer::Params().Set("append_eos", false).Set("pad_to_max_length", false));
   NestedMap o2 = no_eos->StringsToIds({"ab"}, 10);
   EXPECT_TRUE(at::equal(o2.GetTensor("ids"), at::tensor({1, 5}, at::kLong).view({1, 2})));
@@ -57,17 +57,17 @@ TEST(VocabFileTokenizer, ReadsLingvoVocabFiles) {
   const fs::path dir = fs::temp_directory_path() / ("glossa_tok_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "v.txt") << "<unk>\t0\n<s>\t0\n</s>\t0\nhello\t-1\nworld\t-2\n";
-  auto tok = Make<VocabFileTokenizer>(
+  auto tok = MakeTokenizer<VocabFileTokenizer>(
       VocabFileTokenizer::Params().Set("token_vocab_filepath", (dir / "v.txt").string()));
   EXPECT_EQ(tok->vocab_size(), 5);
   EXPECT_EQ(tok->StringToIds("hello  world moon"), (std::vector<int64_t>{3, 4, 0}));
   EXPECT_EQ(tok->IdsToString({3, 4}), "hello world");
-  EXPECT_ERROR_CONTAINS(Make<VocabFileTokenizer>(
+  EXPECT_ERROR_CONTAINS(MakeTokenizer<VocabFileTokenizer>(
                             VocabFileTokenizer::Params().Set("token_vocab_filepath", "/no/vocab")),
                         NotFoundError, "cannot open vocabulary file '/no/vocab'");
   const std::string wmt_vocab = TestData("wmt14_ende_wpm_32k_test.vocab");
   if (fs::exists(wmt_vocab)) {
-    auto wmt = Make<VocabFileTokenizer>(
+    auto wmt = MakeTokenizer<VocabFileTokenizer>(
         VocabFileTokenizer::Params().Set("token_vocab_filepath", wmt_vocab));
     EXPECT_EQ(wmt->vocab_size(), 32000);
     EXPECT_EQ(wmt->unk_id(), 0);
@@ -80,7 +80,7 @@ TEST(SentencePieceTokenizer, EncodesLikeLingvosModel) {
   const std::string model = TestData("en-1k.spm.model");
   if (!fs::exists(model)) GTEST_SKIP() << "../shared/testdata is absent: " << model;
   auto tok =
-      Make<SentencePieceTokenizer>(SentencePieceTokenizer::Params().Set("spm_model_file", model));
+      MakeTokenizer<SentencePieceTokenizer>(SentencePieceTokenizer::Params().Set("spm_model_file", model));
   EXPECT_EQ(tok->StringToIds("Hello world!"), (std::vector<int64_t>{136, 263, 36, 779, 185}));
   EXPECT_EQ(tok->StringToIds("why"), (std::vector<int64_t>{109, 534}));
   EXPECT_EQ(tok->sos_id(), 1);
@@ -97,17 +97,17 @@ TEST(SentencePieceTokenizer, TrainsAModelFromText) {
     for (int i = 0; i < 200; ++i) out << "the cat sat on the mat number " << i % 17 << "\n";
   }
   TrainSentencePiece((dir / "corpus.txt").string(), (dir / "m").string(), 40);
-  auto tok = Make<SentencePieceTokenizer>(
+  auto tok = MakeTokenizer<SentencePieceTokenizer>(
       SentencePieceTokenizer::Params().Set("spm_model_file", (dir / "m.model").string()));
   auto ids = tok->StringToIds("the cat sat");
   EXPECT_FALSE(ids.empty());
   EXPECT_EQ(tok->IdsToString(ids), "the cat sat");
   EXPECT_ERROR_CONTAINS(TrainSentencePiece("/no/corpus.txt", (dir / "x").string(), 40),
                         InvalidArgumentError, "SentencePiece training on '/no/corpus.txt' failed");
-  EXPECT_ERROR_CONTAINS(Make<SentencePieceTokenizer>(
+  EXPECT_ERROR_CONTAINS(MakeTokenizer<SentencePieceTokenizer>(
                             SentencePieceTokenizer::Params().Set("spm_model_file", "/no/model")),
                         NotFoundError, "spm_model_file '/no/model' does not exist");
-  EXPECT_ERROR_CONTAINS(Make<SentencePieceTokenizer>(
+  EXPECT_ERROR_CONTAINS(MakeTokenizer<SentencePieceTokenizer>(
                             SentencePieceTokenizer::Params().Set("spm_model_file", "/dev/zero")),
                         InvalidArgumentError, "spm_model_file '/dev/zero' is a character device");
 }

@@ -21,13 +21,6 @@
 namespace glossa {
 namespace {
 
-template <typename T>
-std::unique_ptr<T> Make(Params p, const std::string& text = "") {
-  p.Set("name", "layer").Set("random_seed", 17);
-  if (!text.empty()) p.FromText(text);
-  return InstantiateLayer<T>(p);
-}
-
 TEST(MultiHeadedAttention, ExtendStepMatchesCausalFProp) {
   auto atten = Make<MultiHeadedAttention>(MultiHeadedAttention::Params(),
                                           "input_dim : 8\nnum_heads : 2\ndtype : float64");

@@ -21,13 +21,6 @@
 namespace glossa {
 namespace {
 
-template <typename T>
-std::unique_ptr<T> Make(Params p, const std::string& text = "") {
-  p.Set("name", "layer").Set("random_seed", 17);
-  if (!text.empty()) p.FromText(text);
-  return InstantiateLayer<T>(p);
-}
-
 TEST(Conv2D, OutputPaddingsFollowTheStride) {
   auto conv = Make<Conv2DLayer>(Conv2DLayer::Params(),
                                 "filter_shape : [3, 1, 1, 2]\nfilter_stride : [2, 1]");

@@ -21,13 +21,6 @@
 namespace glossa {
 namespace {
 
-template <typename T>
-std::unique_ptr<T> Make(Params p, const std::string& text = "") {
-  p.Set("name", "layer").Set("random_seed", 17);
-  if (!text.empty()) p.FromText(text);
-  return InstantiateLayer<T>(p);
-}
-
 TEST(Embedding, RejectsOutOfRangeAndFloatIds) {
   auto emb = Make<EmbeddingLayer>(EmbeddingLayer::Params(), "vocab_size : 5\nembedding_dim : 2");
   EXPECT_EQ(emb->EmbLookup(emb->theta(), at::tensor({0, 4}, at::kLong).view({1, 2})).sizes(),

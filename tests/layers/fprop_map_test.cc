@@ -15,13 +15,6 @@
 namespace glossa {
 namespace {
 
-template <typename T>
-std::unique_ptr<T> MakeLayer(Params p, const std::string& text) {
-  p.Set("name", "layer").Set("random_seed", 17);
-  if (!text.empty()) p.FromText(text);
-  return InstantiateLayer<T>(p);
-}
-
 NestedMap Inputs(std::initializer_list<std::pair<const char*, NestedValue>> items) {
   NestedMap m;
   for (const auto& [k, v] : items) m.Put(k, v);
@@ -29,7 +22,7 @@ NestedMap Inputs(std::initializer_list<std::pair<const char*, NestedValue>> item
 }
 
 TEST(FPropMap, ProjectionGivesWhatFPropGives) {
-  auto layer = MakeLayer<ProjectionLayer>(ProjectionLayer::Params(),
+  auto layer = Make<ProjectionLayer>(ProjectionLayer::Params(),
                                           "input_dim : 4\noutput_dim : 3\nactivation : 'RELU'");
   const at::Tensor x = at::randn({5, 4});
   const at::Tensor p = (at::rand({5, 1}) > 0.5).to(at::kFloat);
@@ -41,7 +34,7 @@ TEST(FPropMap, ProjectionGivesWhatFPropGives) {
 }
 
 TEST(FPropMap, AttentionTakesFlagsAndGivesBothOutputs) {
-  auto layer = MakeLayer<MultiHeadedAttention>(MultiHeadedAttention::Params(),
+  auto layer = Make<MultiHeadedAttention>(MultiHeadedAttention::Params(),
                                                "input_dim : 8\nhidden_dim : 8\nnum_heads : 2");
   const at::Tensor q = at::randn({2, 3, 8});
   const NestedMap out = layer->FPropMap(
@@ -53,7 +46,7 @@ TEST(FPropMap, AttentionTakesFlagsAndGivesBothOutputs) {
 }
 
 TEST(FPropMap, RecurrentAndPositionalLayersPassStructuredValues) {
-  auto rnn = MakeLayer<RNNLayer>(RNNLayer::Params(),
+  auto rnn = Make<RNNLayer>(RNNLayer::Params(),
                                  "cell.num_input_nodes : 3\ncell.num_output_nodes : 4");
   const at::Tensor x = at::randn({5, 2, 3});
   const NestedMap out = rnn->FPropMap(rnn->theta(), Inputs({{"inputs", x}}));
@@ -61,7 +54,7 @@ TEST(FPropMap, RecurrentAndPositionalLayersPassStructuredValues) {
   EXPECT_TRUE(at::equal(out.GetTensor("outputs"), y));
   EXPECT_TRUE(at::equal(out.at("final_state").AsMap().GetTensor("m"), state.GetTensor("m")));
 
-  auto pos = MakeLayer<PositionalEmbeddingLayer>(PositionalEmbeddingLayer::Params(),
+  auto pos = Make<PositionalEmbeddingLayer>(PositionalEmbeddingLayer::Params(),
                                                  "embedding_dim : 6");
   const NestedMap by_length =
       pos->FPropMap(pos->theta(), Inputs({{"seq_length_or_position", int64_t{4}}}));
@@ -82,7 +75,7 @@ TEST(FPropMap, ABlockWithoutItsOwnCallUsesTheBlockShape) {
 TEST(FPropMap, WrongInputsAreErrorsNamingTheLayerAndKey) {
   Params tl = TransformerLayer::Params();
   TransformerLayer::SetCanonicalShapeParams(tl, 8, 16, 2);
-  auto layer = MakeLayer<TransformerLayer>(tl, "");
+  auto layer = Make<TransformerLayer>(tl, "");
   const at::Tensor x = at::randn({2, 3, 8});
   EXPECT_ERROR_CONTAINS(layer->FPropMap(layer->theta(), Inputs({{"input", x}})),
                         InvalidArgumentError, "unexpected input input (did you mean");

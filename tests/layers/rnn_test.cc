@@ -21,13 +21,6 @@
 namespace glossa {
 namespace {
 
-template <typename T>
-std::unique_ptr<T> Make(Params p, const std::string& text = "") {
-  p.Set("name", "layer").Set("random_seed", 17);
-  if (!text.empty()) p.FromText(text);
-  return InstantiateLayer<T>(p);
-}
-
 TEST(LSTM, PaddedStepsCarryTheStateAndReverseRuns) {
   auto rnn =
       Make<RNNLayer>(RNNLayer::Params(), "cell.num_input_nodes : 3\ncell.num_output_nodes : 4");

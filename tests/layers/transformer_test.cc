@@ -21,13 +21,6 @@
 namespace glossa {
 namespace {
 
-template <typename T>
-std::unique_ptr<T> Make(Params p, const std::string& text = "") {
-  p.Set("name", "layer").Set("random_seed", 17);
-  if (!text.empty()) p.FromText(text);
-  return InstantiateLayer<T>(p);
-}
-
 TEST(TransformerStack, DecoderExtendStepMatchesFProp) {
   auto dec = Make<TransformerStack>(TransformerDecoder::Params(),
                                     "num_layers : 2\nmdl_dim : 8\nnum_atten_heads : 2\n"

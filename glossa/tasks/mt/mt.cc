@@ -14,6 +14,7 @@
 #include "glossa/input/tokenizers.h"
 #include "glossa/layers/embedding.h"
 #include "glossa/kernels/fused_xent.h"
+#include "glossa/search/fusion.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
 #include "glossa/metrics/bleu.h"
@@ -108,46 +109,28 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
                                       lm->lm->vocab_size(), ") differs from the decoder's (",
                                       dec.vocab_size(), ")"));
   }
-  // The decoder's step, joined with the CTC prefix scores (whose states ride along under
-  // "ctc_prefix") and the fused LM's log-probs (under "lm_fusion") when there are any.
+  // The decoder's step joined with the CTC prefix scores, the fused LM's log-probs and the
+  // lexicon mask when there are any (glossa/search/fusion.h), their states riding along.
+  std::vector<FusedScorer> scorers;
+  if (ctc) scorers.push_back(CtcJoin(*ctc));
+  if (lm) {
+    scorers.push_back(LmShallowFusion(
+        [lm](int64_t n) { return lm->lm->InitDecodeStates(n); },
+        [lm](const at::Tensor& ids, int64_t step, const NestedMap& states) {
+          return lm->lm->ExtendStep(*lm->theta, ids, step, states);
+        },
+        lm->weight));
+  }
+  if (lexicon) scorers.push_back(LexiconMask(*lexicon));
   auto make_step = [&](const NestedMap& source) -> DecodeStepFn {
-    if (!ctc && !lm && !lexicon) {
-      return [&dec, &dec_theta, source](const at::Tensor& ids, int64_t step, const NestedMap& states) {
-        return dec.ExtendStep(dec_theta, source, ids, step, states);
-      };
-    }
-    return [&dec, &dec_theta, source, ctc, lm, lexicon](const at::Tensor& ids, int64_t step,
-                                                        const NestedMap& states) {
-      NestedMap dec_states = states;
-      if (ctc) dec_states.erase("ctc_prefix");
-      if (lm) dec_states.erase("lm_fusion");
-      if (lexicon) dec_states.erase("lexicon");
-      auto [log_probs, new_states] = dec.ExtendStep(dec_theta, source, ids, step, dec_states);
-      if (ctc) {
-        auto [joint, ctc_states] = ctc->Step(ids, log_probs, states.GetItem("ctc_prefix").AsMap());
-        log_probs = joint;
-        new_states.Put("ctc_prefix", std::move(ctc_states));
-      }
-      if (lm) {
-        auto [lm_log_probs, lm_states] =
-            lm->lm->ExtendStep(*lm->theta, ids, step, states.GetItem("lm_fusion").AsMap());
-        log_probs = log_probs + lm->weight * lm_log_probs;
-        new_states.Put("lm_fusion", std::move(lm_states));
-      }
-      if (lexicon) {
-        auto [masked, lex_states] = lexicon->Step(ids, log_probs, states.GetItem("lexicon").AsMap());
-        log_probs = masked;
-        new_states.Put("lexicon", std::move(lex_states));
-      }
-      return std::make_pair(log_probs, new_states);
-    };
+    return FuseScorers(
+        [&dec, &dec_theta, source](const at::Tensor& ids, int64_t step, const NestedMap& states) {
+          return dec.ExtendStep(dec_theta, source, ids, step, states);
+        },
+        scorers);
   };
   auto init_states = [&](int64_t n) {
-    NestedMap states = dec.InitDecodeStates(n);
-    if (ctc) states.Put("ctc_prefix", ctc->InitStates(n));
-    if (lm) states.Put("lm_fusion", lm->lm->InitDecodeStates(n));
-    if (lexicon) states.Put("lexicon", lexicon->InitStates(n));
-    return states;
+    return FuseInitStates(dec.InitDecodeStates(n), scorers, n);
   };
   SearchResult r;
   if (decoding == "beam") {

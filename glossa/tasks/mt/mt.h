@@ -188,7 +188,8 @@ const BaseTokenizer& TokenizerOf(const BaseTask& task);
 // model over the decoder's vocabulary whose next-token log-probs, times `weight`, are added to
 // every step's scores (after the CTC join): log p_dec + weight·log p_lm. Its caches ride with the
 // decoder's under "lm_fusion". With `lexicon`, last, every token that would spell a word outside
-// the word list is masked (glossa/search/lexicon.h; states under "lexicon").
+// the word list is masked (glossa/search/lexicon.h; states under "lexicon"). The joining itself is
+// glossa/search/fusion.h's.
 struct LmFusion {
   const TransformerLmTask* lm = nullptr;
   const NestedMap* theta = nullptr;
