@@ -9,15 +9,8 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
-#include "glossa/input/input_generator.h"
-#include "glossa/model/base_model.h"
-#include "glossa/optim/ema.h"
-#include "glossa/checkpoint/checkpointer.h"
 #include "glossa/report/html_report.h"
-#include "glossa/runtime/jobs.h"
-#include "glossa/model/metric_history.h"
-#include "glossa/runtime/program.h"
-#include "glossa/checkpoint/saver.h"
+#include "glossa/report/text_report.h"
 #include "glossa/tools/command.h"
 #include "glossa/tools/flags.h"
 
@@ -25,59 +18,19 @@ namespace glossa {
 namespace cli {
 namespace {
 
-// Loads the latest checkpoint of <logdir>/train into a model built for `f.dataset` (EMA shadows
-// when the model keeps them).
-std::unique_ptr<BaseModel> LoadLatestForEval(const Params& p, const std::string& logdir,
-                                             int64_t* step) {
-  auto model = InstantiateLayer<BaseModel>(p);
-  const std::string train_dir = JoinPath(logdir, "train");
-  auto latest = Saver::LatestCheckpoint(train_dir);
-  if (!latest)
-    throw NotFoundError(StrCat("no checkpoint in ", train_dir, " (run `glossa train` first)"));
-  const std::shared_ptr<ExponentialMovingAverage> ema = MakeModelEma(*model);
-  const std::optional<int64_t> global_step =
-      RestoreForEval(LoadCheckpoint(*latest), *model, ema.get());
-  if (!global_step) throw DataLossError(StrCat(*latest, ": checkpoint has no global_step"));
-  *step = *global_step;
-  return model;
-}
-
-// `report`: the task's Report hook on the latest checkpoint, given the eval metrics on
-// f.dataset, one decoded batch (when the task decodes) and a way to read Train once.
+// The text report (glossa/report/text_report.h) of the run f.logdir on f.dataset.
 std::string ReportText(const ModelFlags& f, int64_t num_samples) {
-  Params p = ModelParamsFromFlags(f);
-  int64_t step = 0;
-  auto model = LoadLatestForEval(p, f.logdir, &step);
-  BaseTask::ReportInputs in;
-  in.model_key = f.model;
-  in.dataset = f.dataset;
-  in.global_step = step;
-  in.num_samples = num_samples;
-  in.eval_metrics = EvalProgram(*model, nullptr).Run(step);
-  try {
-    in.decode_lines = DecodeProgram(*model, nullptr).Run(step, 1).lines;
-  } catch (const UnimplementedError&) {  // a task without Decode reports its metrics only
-  }
-  const std::string input_path = EvalTaskParamsPath(*model) + ".input";
-  in.train_input = [f, input_path]() {
+  TextReportOptions o;
+  o.model_key = f.model;
+  o.dataset = f.dataset;
+  o.logdir = f.logdir;
+  o.num_samples = num_samples;
+  o.train_params = [f] {
     ModelFlags train_flags = f;
     train_flags.dataset = "Train";
-    Params ip = ModelParamsFromFlags(train_flags).GetParams(input_path).Copy();
-    if (ip.Contains("repeat_count")) ip.Set("repeat_count", 1);
-    if (ip.Contains("require_sequential_order")) ip.Set("require_sequential_order", true);
-    return InstantiateLayer<BaseInputGenerator>(ip);
+    return ModelParamsFromFlags(train_flags);
   };
-  std::string out = model->task().Report(in);
-  // The best steps the evaler and decoder jobs tracked on this dataset (best-<metric>.txt).
-  for (JobKind kind : {JobKind::kEval, JobKind::kDecode}) {
-    for (const auto& [metric, b] : ReadBestStepFiles(ProgramDir(kind, f.logdir, f.dataset))) {
-      out += StrCat("best ", metric, " on ", f.dataset, " (",
-                    kind == JobKind::kEval ? "evaler" : "decoder", " job, ",
-                    b.minimize ? "lower" : "higher", " is better): ", b.value, " at step ",
-                    b.best_step, "; last step ", b.last_step, "\n");
-    }
-  }
-  return out;
+  return RenderTextReport(ModelParamsFromFlags(f), o);
 }
 
 class ReportCommand : public Command {
