@@ -1,0 +1,66 @@
+// AttentionCore: the native core on strided heads against the reference (einsum, softmax,
+// einsum), outputs, probabilities and gradients; causal blocks; what it sends to the reference.
+#include "glossa/kernels/attention_core.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <limits>
+
+namespace glossa {
+namespace {
+
+// The causal mask of T queries over T keys as an additive float32 bias [1, 1, T, T].
+at::Tensor CausalBias(int64_t t) {
+  return at::zeros({t, t}).masked_fill(at::ones({t, t}).triu(1) > 0.5,
+                                       std::numeric_limits<float>::lowest()).view({1, 1, t, t});
+}
+
+void Compare(const at::Tensor& qkv0, int64_t b, int64_t t, int64_t n, int64_t h,
+             const at::Tensor& bias, bool causal_blocks) {
+  auto run = [&](bool native) {
+    at::Tensor qkv = qkv0.clone().requires_grad_(true);
+    // Views of one fused projection, as the attention layer hands them over.
+    const at::Tensor q = qkv.narrow(2, 0, n * h).view({b, t, n, h});
+    const at::Tensor k = qkv.narrow(2, n * h, n * h).view({b, t, n, h});
+    const at::Tensor v = qkv.narrow(2, 2 * n * h, n * h).view({b, t, n, h});
+    if (native) {
+      EXPECT_TRUE(AttentionCoreNativeApplies(q, k, v));
+    }
+    auto [out, probs] = native ? AttentionCore(q, k, v, bias, causal_blocks)
+                               : AttentionCoreReference(q, k, v, bias);
+    const at::Tensor loss = (out * out).sum() + (probs * at::arange(t).to(at::kFloat)).sum();
+    const at::Tensor g = torch::autograd::grad({loss}, {qkv})[0];
+    return std::vector<at::Tensor>{out.detach(), probs.detach(), g};
+  };
+  const auto got = run(true), want = run(false);
+  EXPECT_TRUE(at::allclose(got[0], want[0], 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(got[1], want[1], 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(got[2], want[2], 1e-4, 1e-4));
+}
+
+TEST(AttentionCoreKernel, NativeMatchesTheReference) {
+  const int64_t b = 2, t = 9, n = 3, h = 4;
+  const at::Tensor padded = at::zeros({b, 1, 1, t}).index_put_(
+      {1, 0, 0, at::indexing::Slice(6, t)}, std::numeric_limits<float>::lowest());
+  Compare(at::randn({b, t, 3 * n * h}), b, t, n, h, padded, false);
+  Compare(at::randn({b, t, 3 * n * h}), b, t, n, h, at::empty({0}), false);
+}
+
+TEST(AttentionCoreKernel, CausalBlocksMatchTheReference) {
+  for (int64_t t : {64, 80}) Compare(at::randn({2, t, 3 * 2 * 8}), 2, t, 2, 8, CausalBias(t), true);
+}
+
+TEST(AttentionCoreKernel, OtherOperandsTakeTheReference) {
+  const at::Tensor q = at::randn({1, 3, 2, 4}, at::kDouble);
+  EXPECT_FALSE(AttentionCoreNativeApplies(q, q, q));
+  auto [out, probs] = AttentionCore(q, q, q, at::empty({0}, at::kDouble), false);
+  auto [rout, rprobs] = AttentionCoreReference(q, q, q, at::empty({0}, at::kDouble));
+  EXPECT_TRUE(at::equal(out, rout));
+  EXPECT_TRUE(at::equal(probs, rprobs));
+  EXPECT_TRUE(at::allclose(probs.sum(-1), at::ones({1, 2, 3}, at::kDouble)));
+}
+
+}  // namespace
+}  // namespace glossa
