@@ -3,13 +3,16 @@
 // Run by predictor_throughput.sh beside the same network in PyTorch eager (predictor_throughput.py),
 // which reads the bundle's weights and the ids this program writes.
 //   bench_predictor --workdir=/tmp/glossa_bench_predictor --sentences=200 --batch=1 --runs=3
-// The first run trains lm.austen.TransformerLmTiny one step and exports <workdir>/bundle.
+// The first run trains lm.austen.TransformerLmTiny one step and exports <workdir>/bundle (with
+// --onnx: onnx/lm_score.onnx, which ONNX Runtime runs on the batches written to
+// <workdir>/onnx_feeds_b<batch>.jsonl, the same ids and paddings the network alone gets).
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -43,7 +46,8 @@ int main(int argc, char** argv) {
   const std::string bundle = JoinPath(work, "bundle");
   const Params dev = GetModelParams("lm.austen.TransformerLmTiny", "Dev",
                                     "random_seed : 1\ntask.random_seed : 1\n");
-  if (!FileExists(JoinPath(bundle, "MANIFEST.json"))) {
+  if (!FileExists(JoinPath(bundle, "onnx/lm_score.onnx"))) {
+    std::filesystem::remove_all(bundle);
     const std::string logdir = JoinPath(work, "lm");
     Executor(GetModelParams("lm.austen.TransformerLmTiny", "Train",
                             "random_seed : 1\ntask.random_seed : 1\ntask.train.max_steps : 1\n"
@@ -52,7 +56,8 @@ int main(int argc, char** argv) {
         .Run();
     ExportBundle({.model_params = dev,
                   .checkpoint = *Saver::LatestCheckpoint(JoinPath(logdir, "train")),
-                  .out_dir = bundle});
+                  .out_dir = bundle,
+                  .onnx = true});
   }
   // Sentences: the first non-empty lines of the Dev text.
   std::string pattern = dev.GetString("task.input.file_pattern");
@@ -108,6 +113,28 @@ int main(int argc, char** argv) {
     inputs.emplace_back(ids, (at::arange(labels.size(1)).unsqueeze(0) >= lengths.unsqueeze(1))
                                  .to(at::kFloat));
   }
+  {
+    // The same batches for ONNX Runtime (bench/onnx/ort_run.js): ids, labels, paddings.
+    std::ofstream feeds(JoinPath(work, "onnx_feeds_b" + std::to_string(batch) + ".jsonl"),
+                        std::ios::trunc);
+    auto field = [](const at::Tensor& t, const char* type) {
+      const at::Tensor c = t.contiguous();
+      nlohmann::json f = {{"type", type}, {"dims", c.sizes().vec()}};
+      if (c.scalar_type() == at::kLong) {
+        f["data"] = std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+      } else {
+        f["data"] = std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+      }
+      return f;
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      feeds << nlohmann::json({{"ids", field(inputs[i].first, "int64")},
+                               {"labels", field(outs[i].at("ids").tensor, "int64")},
+                               {"paddings", field(inputs[i].second, "float32")}})
+                   .dump()
+            << "\n";
+    }
+  }
   std::vector<double> rates, net_rates;
   for (int r = 0; r < runs; ++r) {
     double t0 = Now();
@@ -123,8 +150,10 @@ int main(int argc, char** argv) {
   std::sort(rates.begin(), rates.end());
   std::sort(net_rates.begin(), net_rates.end());
 
-  std::printf("glossa_tokens_per_sec %.1f network_only %.1f sentences %zu batch %lld blas_core %s\n",
-              rates[rates.size() / 2], net_rates[net_rates.size() / 2], sentences.size(),
-              static_cast<long long>(batch), BlasCoreName());
+  std::printf(
+      "glossa_tokens_per_sec %.1f network_only %.1f sentences %zu batch %lld blas_core %s "
+      "tokens %lld\n",
+      rates[rates.size() / 2], net_rates[net_rates.size() / 2], sentences.size(),
+      static_cast<long long>(batch), BlasCoreName(), static_cast<long long>(total));
   return 0;
 }

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev python3-torch libopenblas-dev
-  libprotobuf-dev protobuf-compiler
+  libprotobuf-dev protobuf-compiler libonnx-dev
   libgtest-dev libgmock-dev
   libssl-dev zlib1g-dev
   nlohmann-json3-dev libcli11-dev libgoogle-glog-dev
@@ -26,8 +26,29 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# Node.js and npm run ONNX Runtime (bench/onnx): Debian's packages, unless a node and an npm are
+# already on PATH (a NodeSource nodejs ships its own npm and conflicts with Debian's).
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+
+# ONNX Runtime's CPU build from the npm registry, pinned by bench/onnx/package-lock.json. Its
+# install script only downloads GPU providers, so it is skipped (--ignore-scripts).
+install_onnxruntime() {
+  local dir want have
+  dir="$(cd "$(dirname "$0")/.." && pwd)/bench/onnx"
+  want="$(sed -n 's/.*"onnxruntime-node": "\(.*\)".*/\1/p' "$dir/package.json")"
+  have="$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$dir/node_modules/onnxruntime-node/package.json" 2>/dev/null || true)"
+  if [ "$have" = "$want" ]; then return 0; fi
+  echo "setup.sh: installing onnxruntime-node $want into bench/onnx (npm ci --ignore-scripts)"
+  if ! (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund >/dev/null); then
+    echo "setup.sh: ERROR: npm could not install onnxruntime-node $want into $dir" >&2
+    exit 1
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup.sh: all ${#PACKAGES[@]} packages already installed"
+  install_onnxruntime
   exit 0
 fi
 
@@ -46,4 +67,5 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   done
   exit 1
 fi
+install_onnxruntime
 echo "setup.sh: done"

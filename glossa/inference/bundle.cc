@@ -231,20 +231,33 @@ void Say(const ExportOptions& o, const std::string& line) {
   if (o.log) o.log(line);
 }
 
+// Copies the exported (EMA) weights into the model's variables, for the exports that read them.
+void LoadExportedWeights(const BaseModel& model, const std::map<std::string, at::Tensor>& weights) {
+  at::NoGradGuard no_grad;
+  for (const auto& [info, t] : model.AllVariables()) {
+    auto it = weights.find(info.full_name);
+    if (it != weights.end()) const_cast<at::Tensor&>(t).copy_(it->second.to(t.scalar_type()));
+  }
+}
+
 // The TorchScript network, exported by the task from its variables, which get the exported
 // (EMA) weights in float32 first.
 void WriteTorchScript(BundleFiles& bundle, const BaseModel& model,
                       const std::map<std::string, at::Tensor>& weights, const ExportOptions& o) {
   Say(o, "export: writing the TorchScript network");
-  {
-    at::NoGradGuard no_grad;
-    for (const auto& [info, t] : model.AllVariables()) {
-      auto it = weights.find(info.full_name);
-      if (it != weights.end()) const_cast<at::Tensor&>(t).copy_(it->second.to(t.scalar_type()));
-    }
-  }
+  LoadExportedWeights(model, weights);
   for (const auto& name : model.task().ExportTorchScript(JoinPath(bundle.dir, "torchscript"))) {
     bundle.Add("torchscript/" + name);
+  }
+}
+
+// The ONNX networks (BaseTask::ExportOnnx), from the same float32 weights as TorchScript's.
+void WriteOnnx(BundleFiles& bundle, const BaseModel& model,
+               const std::map<std::string, at::Tensor>& weights, const ExportOptions& o) {
+  Say(o, "export: writing the ONNX networks");
+  LoadExportedWeights(model, weights);
+  for (const auto& name : model.task().ExportOnnx(JoinPath(bundle.dir, "onnx"))) {
+    bundle.Add("onnx/" + name);
   }
 }
 
@@ -297,6 +310,7 @@ int64_t ExportBundle(const ExportOptions& o) {
   AtomicWriteFile(JoinPath(dir, "model_params.txt"), p.ToText());
   bundle.Add("model_params.txt");
   if (o.torchscript) WriteTorchScript(bundle, *model, weights, o);
+  if (o.onnx) WriteOnnx(bundle, *model, weights, o);
   WriteWeights(bundle, weights, *step, o);
   json manifest = {{"format", kFormat},
                    {"format_version", kBundleFormatVersion},

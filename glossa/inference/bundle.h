@@ -57,6 +57,9 @@ struct ExportOptions {
   // Also write torchscript/<name>.pt, the task's TorchScript modules (BaseTask::ExportTorchScript;
   // float32, from the float32 weights).
   bool torchscript = false;
+  // Also write onnx/<name>.onnx, the task's networks with a static graph as ONNX models
+  // (BaseTask::ExportOnnx; float32, opset 17, checked by onnx's checker).
+  bool onnx = false;
   // A line before each long phase (after the inputs are checked): null says nothing.
   std::function<void(const std::string&)> log;
 };

@@ -53,6 +53,17 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
                        const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
+                       const std::string& prefix) const override;
+  // Self-attention of `in` with the additive bias g.Get("atten_bias") is EmitOnnx; the pieces:
+  // the projection of x [B, T, D] by "query", "key" or "value" to [B, T, N, H], and the core
+  // (scaled queries, softmax over keys with `bias` added, the output projection) -> [B, T, D].
+  std::string EmitOnnxProjection(OnnxGraph& g, const std::string& x, const std::string& which,
+                                 const std::string& prefix) const;
+  std::string EmitOnnxCore(OnnxGraph& g, const std::string& q, const std::string& k,
+                           const std::string& v, const std::string& bias,
+                           const std::string& prefix) const;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, key, value, paddings=None, causal=None) -> (context, probs).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

@@ -43,6 +43,7 @@
 namespace glossa {
 
 class TorchScriptWriter;  // glossa/layers/torchscript.h
+class OnnxGraph;          // glossa/layers/onnx_graph.h
 
 // ---- Execution mode ----
 
@@ -199,6 +200,12 @@ class BaseLayer {
   // `in`, assigns `out`, registers its weights with the name prefix `prefix`, using the same ATen
   // calls as FProp. Default: UnimplementedError naming the layer (the export does not cover it).
   virtual void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                               const std::string& prefix) const;
+  // ---- ONNX ----
+  // Appends this layer's forward to an ONNX graph (glossa/layers/onnx_graph.h): reads the value
+  // `in`, returns the value it computes, adds its weights as initializers named with `prefix`.
+  // Default: UnimplementedError naming the layer (the export does not cover it).
+  virtual std::string EmitOnnx(OnnxGraph& g, const std::string& in,
                                const std::string& prefix) const;
 
   // ---- Variables ----

@@ -14,6 +14,9 @@ class EmbeddingLayer : public BaseLayer {
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
                        const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, ids) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -34,8 +37,13 @@ class EmbeddingLayer : public BaseLayer {
 
 class PositionalEmbeddingLayer : public BaseLayer {
  public:
+  // The ONNX export's table of positions (EmitOnnx): sequences up to this length.
+  static constexpr int64_t kOnnxMaxPositions = 2048;
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
                        const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, seq_length_or_position) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;

@@ -1,3 +1,4 @@
+#include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
 #include "glossa/layers/linear.h"
 
@@ -137,6 +138,20 @@ void ProjectionLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& i
   } else if (act != "NONE") {
     TorchScriptWriter::Unsupported(*this, StrCat("activation ", act));
   }
+}
+
+std::string ProjectionLayer::EmitOnnx(OnnxGraph& g, const std::string& in,
+                                      const std::string& prefix) const {
+  if (!has_bias_) OnnxGraph::Unsupported(*this, "a projection without bias");
+  std::string y = g.Affine(in, g.Weight(prefix + "_w", GetVariable("w")),
+                           g.Weight(prefix + "_b", GetVariable("b")));
+  const std::string act = params().GetString("activation");
+  if (act == "RELU") {
+    y = g.Op("Relu", {y});
+  } else if (act != "NONE") {
+    OnnxGraph::Unsupported(*this, StrCat("activation ", act));
+  }
+  return y;
 }
 
 }  // namespace glossa

@@ -1,3 +1,4 @@
+#include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
 #include "glossa/layers/normalization.h"
 
@@ -158,6 +159,15 @@ void LayerNorm::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
   const std::string bs = w.Param(prefix + "_bias", GetVariable("bias"));
   w.Line(StrCat(out, " = torch.layer_norm(", in, ", [", scale.size(0), "], ", ws, ", ", bs, ", ",
                 TorchScriptWriter::Num(epsilon_), ")"));
+}
+
+std::string LayerNorm::EmitOnnx(OnnxGraph& g, const std::string& in,
+                                const std::string& prefix) const {
+  at::Tensor scale = GetVariable("scale");
+  if (!direct_scale_) scale = scale + 1;
+  return g.Op("LayerNormalization",
+              {in, g.Weight(prefix + "_scale", scale), g.Weight(prefix + "_bias", GetVariable("bias"))},
+              {OnnxAttr::Int("axis", -1), OnnxAttr::Float("epsilon", static_cast<float>(epsilon_))});
 }
 
 }  // namespace glossa

@@ -15,6 +15,9 @@ class LayerNorm : public BaseLayer, public Block {
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
                        const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

@@ -1,3 +1,4 @@
+#include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
 #include "glossa/layers/softmax.h"
 
@@ -214,6 +215,13 @@ void SimpleFullSoftmax::EmitTorchScript(TorchScriptWriter& w, const std::string&
   const std::string wn = w.Param(prefix + "softmax_w", wt);
   w.Line(StrCat(out, " = torch.addmm(", bn, ", ", in, ".reshape(-1, [", wt.size(0), "][0]), ", wn,
                 ").view(b, t, ", wt.size(1), ")"));
+}
+
+std::string SimpleFullSoftmax::EmitOnnx(OnnxGraph& g, const std::string& in,
+                                        const std::string& prefix) const {
+  if (!params().Get("logits_abs_max").is_none()) OnnxGraph::Unsupported(*this, "logits_abs_max");
+  return g.Affine(in, g.Weight(prefix + "softmax_w", GetVariable("weight_0")),
+                  g.Weight(prefix + "softmax_b", GetVariable("bias_0")));
 }
 
 }  // namespace glossa

@@ -17,6 +17,9 @@ class SimpleFullSoftmax : public BaseLayer {
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
                        const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, class_ids=None, class_weights=None, paddings=None, class_probabilities=None) -> dict (logits, per_example_xent, ...).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;

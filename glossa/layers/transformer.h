@@ -33,6 +33,9 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
                        const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
+                       const std::string& prefix) const override;
   // + input_dim, hidden_dim, activation ('RELU'), residual_dropout_prob, relu_dropout_prob,
   // pre_layer_norm (True), residual_weight (1.0), ln_tpl (LayerNorm; input_dim set here).
   static glossa::Params Params();
@@ -58,6 +61,9 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
  public:
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
                        const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, source=None, paddings=None) -> (outputs, probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -90,6 +96,18 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
   // One step of masked self-attention: query [B, D] -> (output [B, D], new states).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
                                               const NestedMap& states) const;
+  // ONNX pieces of decoding (glossa/layers/onnx_graph.h), x [N, 1, D]: one causal self-attention
+  // step whose earlier keys and values are graph values (cache [N, P, heads, dim] in, with this
+  // step's appended out), cross-attention to source keys and values projected once, and that
+  // projection of source [N, S, D] -> (keys, values) [N, S, heads, dim].
+  std::string EmitOnnxStep(OnnxGraph& g, const std::string& x, const std::string& cache_k,
+                           const std::string& cache_v, const std::string& prefix,
+                           std::string* new_k, std::string* new_v) const;
+  std::string EmitOnnxCross(OnnxGraph& g, const std::string& x, const std::string& source_k,
+                            const std::string& source_v, const std::string& bias,
+                            const std::string& prefix) const;
+  std::pair<std::string, std::string> EmitOnnxSource(OnnxGraph& g, const std::string& source,
+                                                     const std::string& prefix) const;
 
  private:
   at::Tensor Norm(const NestedMap& theta, const at::Tensor& x) const;
@@ -106,6 +124,9 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
  public:
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
+                       const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
                        const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> (outputs, atten_probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -168,6 +189,9 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
   void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
                        const std::string& prefix) const override;
+  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
+  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
+                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -210,6 +234,17 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
                                                        const NestedMap& states,
                                                        const NestedMap& aux,
                                                        const at::Tensor& aux_paddings) const;
+  // ONNX (glossa/layers/onnx_graph.h): every layer's cross-attention keys and values of source
+  // [N, S, D] (two values per layer: k0, v0, k1, ...), and one decoding step of x [N, 1, D] with
+  // each layer's cache (k, v per layer, [N, P, heads, dim]) in and the caches with this step out,
+  // the projected source as EmitOnnxSource gave it, g.Get("source_bias") masking the source.
+  std::vector<std::string> EmitOnnxSource(OnnxGraph& g, const std::string& source,
+                                          const std::string& prefix) const;
+  std::string EmitOnnxStep(OnnxGraph& g, const std::string& x, const std::string& prefix,
+                           const std::vector<std::string>& caches,
+                           const std::vector<std::string>& sources,
+                           std::vector<std::string>* new_caches) const;
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t model_dim() const { return model_dim_; }
 
  private:

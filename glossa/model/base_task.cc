@@ -208,6 +208,10 @@ std::vector<std::string> BaseTask::ExportTorchScript(const std::string&) const {
   throw UnimplementedError(StrCat("task '", path(), "' has no TorchScript export"));
 }
 
+std::vector<std::string> BaseTask::ExportOnnx(const std::string&) const {
+  throw UnimplementedError(StrCat("task '", path(), "' has no ONNX export"));
+}
+
 InferenceMap BaseTask::RunInference(const std::string& subgraph, const InferenceMap&,
                                     const BaseTokenizer*) const {
   throw UnimplementedError(StrCat("task '", path(), "' has no inference subgraph '", subgraph,

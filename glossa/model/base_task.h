@@ -108,6 +108,10 @@ class BaseTask : public BaseLayer {
   // loads with torch.jit.load, written under `dir` from the current weights. Returns the files
   // written, relative to `dir`. Unimplemented by default.
   virtual std::vector<std::string> ExportTorchScript(const std::string& dir) const;
+  // `glossa export --onnx`: the subgraphs' networks with a static graph as ONNX models
+  // (glossa/layers/onnx_graph.h), written under `dir` from the current weights. Returns the files
+  // written, relative to `dir`. Unimplemented by default.
+  virtual std::vector<std::string> ExportOnnx(const std::string& dir) const;
   // Params of this task (top-level keys) that name files inference reads, e.g. a speech model's
   // lexicon_file: `glossa export` copies each set one into the bundle's assets/ and LoadBundle
   // points it there. None by default.

@@ -21,6 +21,7 @@
 #include "glossa/checkpoint/checkpointer.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/checkpoint/saver.h"
+#include "tests/inference/onnx_runtime.h"
 #include "tests/inference/test_bundle.h"
 #include "tests/test_util.h"
 
@@ -227,6 +228,54 @@ TEST(Bundle, TorchScriptExportNamesWhatItDoesNotCover) {
   }
   // Without --torchscript the same model exports.
   EXPECT_EQ(ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = out}), 3);
+}
+
+TEST(Bundle, OnnxNetworkInOnnxRuntimeGivesThePredictorsScores) {
+  const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  const std::string out = Dir("onnx");
+  ExportBundle({.model_params = p,
+                .checkpoint = *Saver::LatestCheckpoint(TrainedLogdir() + "/train"),
+                .out_dir = out,
+                .onnx = true});
+  LoadedBundle b = LoadBundle(out);  // the manifest lists and hashes onnx/lm_score.onnx
+  EXPECT_TRUE(std::filesystem::exists(out + "/onnx/lm_score.onnx"));
+  Predictor predictor(out);
+  // Three sentences of different lengths (two padded), and one alone (no padding at all).
+  const std::vector<std::string> texts = {kTexts[0], kTexts[1], "Mr. Darcy"};
+  for (const auto& batch : {texts, std::vector<std::string>{kTexts[1]}}) {
+    const InferenceMap want = predictor.Run("default", {{"text", InferenceValue::Strings(batch)}});
+    int64_t longest = 0;
+    for (const auto& t : batch) longest = std::max<int64_t>(longest, static_cast<int64_t>(t.size()));
+    const NestedMap in = b.tokenizer->StringsToIds(batch, longest + 1, /*pad_to_longest=*/true);
+    const auto got = RunOnnxRuntime(out + "/onnx/lm_score.onnx",
+                                    {{"ids", in.GetTensor("ids")},
+                                     {"labels", in.GetTensor("labels")},
+                                     {"paddings", in.GetTensor("paddings").to(at::kFloat)}},
+                                    Dir("onnx_feeds.json"));
+    ASSERT_EQ(got.count("log_probs"), 1u);
+    for (const char* name : {"log_probs", "total_log_prob"}) {
+      const at::Tensor w = want.at(name).tensor.to(at::kDouble);
+      ASSERT_EQ(got.at(name).sizes(), w.sizes()) << name;
+      const double err = (got.at(name) - w).abs().max().item<double>();
+      EXPECT_LE(err, 1e-4 * std::max(1.0, w.abs().max().item<double>()))
+          << name << ": largest difference " << err;
+    }
+    // The scores are real: far from zero where the tokens are.
+    EXPECT_LT(want.at("total_log_prob").tensor.max().item<double>(), -1.0);
+  }
+}
+
+TEST(Bundle, OnnxExportNamesWhatItDoesNotCover) {
+  const Params p = GetModelParams(
+      "lm.austen.TransformerLmTiny", "Dev",
+      std::string(kSmall) + "task.stack.transformer_layer_params_tpl.tr_fflayer_tpl.activation : "
+                            "'GELU'\n");
+  const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+  const std::string out = Dir("onnx_gelu");
+  EXPECT_ERROR_CONTAINS(
+      ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = out, .onnx = true}),
+      UnimplementedError, "fc0': activation GELU is not covered by the ONNX export");
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(Predictor, ScoresAsTheEvalModelDoes) {

@@ -81,9 +81,10 @@ check "decoder output $out" test "$(grep -c ' ||| ' "$out" 2>/dev/null)" -ge 16
 check "decoder score" grep -q "^num_samples_in_batch: " "$(printf "%s/decoder_dev/score-%08d.txt" "$logdir" "$target")"
 
 # 3b. export: an inference bundle of the final checkpoint; never over an existing one.
-check "export" "$glossa" export "${flags[@]}" --max_steps=$target --out="$tmp/bundle" --torchscript > "$tmp/export.log" 2>&1
+check "export" "$glossa" export "${flags[@]}" --max_steps=$target --out="$tmp/bundle" --torchscript --onnx > "$tmp/export.log" 2>&1
 check "export names the checkpoint: $(cat "$tmp/export.log")" grep -q "exported .*$final (step $target) to $tmp/bundle" "$tmp/export.log"
 check "bundle manifest and weights" test -s "$tmp/bundle/MANIFEST.json" -a -s "$tmp/bundle/weights.safetensors" -a -s "$tmp/bundle/assets/spm_2k.model"
+check "the manifest lists the ONNX network" grep -q '"onnx/lm_score.onnx"' "$tmp/bundle/MANIFEST.json"
 one_line_error() {  # one_line_error <pattern> <args...>
   local pattern="$1"; shift
   local out

@@ -87,6 +87,10 @@ class TransformerLmTask : public BaseTask {
   // network.pt: forward(ids [B, T] int64, paddings [B, T] float32) -> log-probs [B, T, V]
   // (glossa/tasks/lm/transformer_lm_torchscript.cc).
   std::vector<std::string> ExportTorchScript(const std::string& dir) const override;
+  // onnx/lm_score.onnx: ids, labels [B, T] int64, paddings [B, T] float32 -> log_probs [B, T]
+  // (of each label; 0 where padded) and total_log_prob [B]: the numbers of the "default" subgraph
+  // (glossa/tasks/lm/transformer_lm_onnx.cc).
+  std::vector<std::string> ExportOnnx(const std::string& dir) const override;
   InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
 

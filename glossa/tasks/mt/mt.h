@@ -45,6 +45,9 @@ class TransformerEncoder : public BaseLayer {
   // src {ids, paddings} [B, S] -> {encoded [B, S, D], paddings [B, S]}.
   NestedMap FProp(const NestedMap& theta, const NestedMap& src) const;
   int64_t model_dim() const { return model_dim_; }
+  // ONNX (glossa/layers/onnx_graph.h): ids [B, S] int64, paddings [B, S] float32 -> encoded.
+  std::string EmitOnnxEncode(OnnxGraph& g, const std::string& ids,
+                             const std::string& paddings) const;
 
  private:
   int64_t model_dim_;
@@ -89,6 +92,13 @@ class TransformerDecoder : public BaseLayer {
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const NestedMap& source,
                                               const at::Tensor& ids, int64_t step,
                                               const NestedMap& states) const;
+  // ONNX (glossa/tasks/mt/mt_onnx.cc): each layer's cross-attention keys and values of encoded
+  // [B, S, D] (k0, v0, k1, ...), and the model of one ExtendStep written to `path`: ids [N]
+  // int64, step [] int64, source_paddings [N, S], cache_k<i>/cache_v<i> [N, P, heads, dim] and
+  // source_k<i>/source_v<i> [N, S, heads, dim] -> log_probs [N, V] and new_cache_k<i>/v<i>
+  // [N, P + 1, heads, dim].
+  std::vector<std::string> EmitOnnxSource(OnnxGraph& g, const std::string& encoded) const;
+  void WriteOnnxStep(const std::string& path) const;
 
   // The decoder's beam search (beam_search with target_seq_len, target_sos_id and target_eos_id
   // set from the decoder's), and the sampling settings.
@@ -159,6 +169,11 @@ class TransformerModel : public BaseTask {
   std::map<std::string, InferenceSubgraphSpec> Inference() const override;
   InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
+  // onnx/mt_encoder.onnx: src_ids [B, S] int64, src_paddings [B, S] float32 -> encoded [B, S, D]
+  // and every decoder layer's source_k<i>, source_v<i> [B, S, heads, dim] (computed once per
+  // source); onnx/mt_decoder_step.onnx: TransformerDecoder::WriteOnnxStep's. A beam search runs the
+  // step with its hypotheses' caches (glossa/tasks/mt/mt_onnx.cc).
+  std::vector<std::string> ExportOnnx(const std::string& dir) const override;
 
   const TransformerEncoder& encoder() const { return *encoder_; }
   const TransformerDecoder& decoder() const { return *decoder_; }

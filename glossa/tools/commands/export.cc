@@ -30,6 +30,8 @@ class ExportCommand : public Command {
     c->add_option("--dtype", dtype_, "Weights: float32 or bfloat16.")->capture_default_str();
     c->add_flag("--torchscript", torchscript_,
                 "Also write torchscript/network.pt (ids to log-probs) for torch.jit.load.");
+    c->add_flag("--onnx", onnx_,
+                "Also write onnx/<network>.onnx (opset 17) for ONNX Runtime and other engines.");
     return c;
   }
 
@@ -40,7 +42,7 @@ class ExportCommand : public Command {
     const std::string ckpt = ResolveCheckpoint(f_.checkpoint, JoinPath(f.logdir, "train"));
     const int64_t step =
         ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = out_, .dtype = dtype_,
-                      .subgraphs = subgraphs_, .torchscript = torchscript_,
+                      .subgraphs = subgraphs_, .torchscript = torchscript_, .onnx = onnx_,
                       .log = [](const std::string& l) { std::cout << l << std::endl; }});
     std::cout << "exported " << ckpt << " (step " << step << ") to " << out_ << "\n";
     return 0;
@@ -51,6 +53,7 @@ class ExportCommand : public Command {
   std::string out_, dtype_ = "float32";
   std::vector<std::string> subgraphs_;
   bool torchscript_ = false;
+  bool onnx_ = false;
 };
 GLOSSA_REGISTER_COMMAND(ExportCommand, 80);
 

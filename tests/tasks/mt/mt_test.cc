@@ -23,6 +23,7 @@
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 #include "glossa/search/beam_search.h"
+#include "tests/inference/onnx_runtime.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -91,6 +92,63 @@ TEST(TransformerModel, ExtendStepMatchesTeacherForcedLogits) {
             << "shared " << shared << " k " << k << " step " << t << " max diff "
             << (lp - full.select(1, t).repeat({k, 1})).abs().max().item<double>();
         states = next;
+      }
+    }
+  }
+}
+
+// `glossa export --onnx` for MT: the encoder (with the decoder's projected source) and the decoder
+// step with its caches as inputs and outputs, run in ONNX Runtime step by step, against the
+// encoder's FProp and the decoder's ExtendStep.
+TEST(TransformerModel, OnnxEncoderAndDecoderStepInOnnxRuntimeMatchExtendStep) {
+  const std::string dir = ::testing::TempDir() + "/mt_onnx";
+  for (bool shared : {true, false}) {
+    auto model = InstantiateLayer<mt::TransformerModel>(SmallModel(20, shared));
+    EvalModeScope eval;
+    at::NoGradGuard no_grad;
+    fs::remove_all(dir);
+    ASSERT_EQ(model->ExportOnnx(dir),
+              (std::vector<std::string>{"mt_encoder.onnx", "mt_decoder_step.onnx"}));
+    const NestedMap batch = RandomBatch(2, 6, 5, 20, 3);
+    const NestedMap theta = model->theta();
+    const NestedMap enc = model->encoder().FProp(theta.GetItem("encoder").AsMap(),
+                                                 batch.GetItem("src").AsMap());
+    const at::Tensor src_pad = batch.GetTensor("src.paddings");
+    auto encoded = RunOnnxRuntime(dir + "/mt_encoder.onnx",
+                                  {{"src_ids", batch.GetTensor("src.ids")}, {"src_paddings", src_pad}},
+                                  dir + "/enc.json");
+    ASSERT_EQ(encoded.count("encoded"), 1u);
+    const at::Tensor real = (src_pad < 0.5).unsqueeze(-1).expand_as(enc.GetTensor("encoded"));
+    EXPECT_LE((encoded.at("encoded") - enc.GetTensor("encoded")).abs().masked_select(real).max().item<double>(),
+              1e-5);
+    const NestedMap& dtheta = theta.GetItem("decoder").AsMap();
+    const NestedMap source = model->decoder().PrecomputeSource(dtheta, enc, 2);
+    NestedMap states = model->decoder().InitDecodeStates(2);
+    std::vector<std::pair<std::string, at::Tensor>> caches;
+    for (int i = 0; i < 2; ++i) {
+      for (const char* kv : {"cache_k", "cache_v"}) caches.push_back({StrCat(kv, i), at::zeros({2, 0, 2, 8})});
+    }
+    const at::Tensor ids = batch.GetTensor("tgt.ids");
+    for (int64_t t = 0; t < 3; ++t) {
+      auto [want, next] = model->decoder().ExtendStep(dtheta, source, ids.select(1, t), t, states);
+      states = next;
+      std::vector<std::pair<std::string, at::Tensor>> feeds = {
+          {"ids", ids.select(1, t).contiguous()},
+          {"step", at::scalar_tensor(t, at::kLong)},
+          {"source_paddings", src_pad}};
+      for (const auto& c : caches) feeds.push_back(c);
+      for (int i = 0; i < 2; ++i) {
+        for (const char* kv : {"source_k", "source_v"}) {
+          feeds.push_back({StrCat(kv, i), encoded.at(StrCat(kv, i)).to(at::kFloat)});
+        }
+      }
+      auto got = RunOnnxRuntime(dir + "/mt_decoder_step.onnx", feeds, dir + "/step.json");
+      ASSERT_EQ(got.count("log_probs"), 1u);
+      const double err = (got.at("log_probs") - want.to(at::kDouble)).abs().max().item<double>();
+      EXPECT_LE(err, 1e-4) << "shared " << shared << " step " << t;
+      for (auto& [name, c] : caches) {
+        c = got.at("new_" + name).to(at::kFloat);
+        EXPECT_EQ(c.size(1), t + 1) << name;
       }
     }
   }
