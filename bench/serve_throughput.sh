@@ -2,7 +2,9 @@
 # `glossa serve` under load: 1, 4 and 16 concurrent clients (bench_serve_load, keep-alive HTTP
 # connections) scoring short Austen sentences (the first 12 words of Dev lines) with the bundle
 # bench_predictor exports, dynamic batching on (--max_batch_size=16, --batch_timeout_micros=0, or
-# $BATCH_TIMEOUT_MICROS) and off (--no_batching: each request runs alone on its HTTP thread).
+# $BATCH_TIMEOUT_MICROS) with batch-invariant kernels (the default, "on"), with ATen's kernels
+# ("plain": --no_batch_invariant), and off (--no_batching: each request runs alone on its HTTP
+# thread).
 # Prints requests/s and p50/p99 latency, medians over `reps` runs of `requests` requests.
 #   bash bench/serve_throughput.sh [requests=400] [build_dir=build] [reps=3]
 set -euo pipefail
@@ -18,8 +20,9 @@ work="${TMPDIR:-/tmp}/glossa_bench_predictor"
 awk 'NF && c++ < 400 { n = NF < 12 ? NF : 12; s = $1; for (i = 2; i <= n; i++) s = s " " $i; print s }' data/austen/dev.txt > "$work/sentences.txt"
 med() { printf "%s\n" "$@" | sort -g | sed -n "$(( (reps + 1) / 2 ))p"; }
 printf "%-9s %8s %10s %9s %9s\n" batching clients req/s p50_ms p99_ms
-for mode in on off; do
+for mode in on plain off; do
   flags=(--max_batch_size=16 --batch_timeout_micros=${BATCH_TIMEOUT_MICROS:-0})
+  [ "$mode" = plain ] && flags+=(--no_batch_invariant)
   [ "$mode" = off ] && flags=(--no_batching)
   rm -f "$work/port"
   "$build/bin/glossa" serve --bundle="$work/bundle" --port=0 --port_file="$work/port" "${flags[@]}" > "$work/serve.log" 2>&1 &

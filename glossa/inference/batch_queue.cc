@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <optional>
 
 #include "glossa/base/strings.h"
 #include "glossa/inference/batching.h"
+#include "glossa/kernels/batch_invariant.h"
 
 namespace glossa {
 
@@ -144,6 +146,8 @@ void BatchQueue::Loop(const std::string& subgraph) {
 }
 
 void BatchQueue::RunBatch(const std::vector<std::shared_ptr<Pending>>& batch) {
+  std::optional<BatchInvariantScope> invariant;
+  if (options_.batch_invariant) invariant.emplace();
   int64_t total = 0;
   for (const auto& p : batch) total += p->n;
   if (on_batch_) on_batch_(total);

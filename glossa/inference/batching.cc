@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "glossa/base/strings.h"
 #include "glossa/inference/json_io.h"
 
@@ -20,7 +22,14 @@ std::string MergeKey(const std::string& subgraph, const InferenceMap& feeds) {
   for (const auto& [name, v] : feeds) {
     key += "|" + name + ":";
     if (v.is_strings()) {
-      key += "s";
+      size_t longest = 0;
+      for (const auto& s : v.strings) longest = std::max(longest, s.size());
+      int bucket = 0;
+      while (longest > 0) {
+        ++bucket;
+        longest >>= 1;
+      }
+      key += StrCat("s", bucket);
     } else if (v.tensor.dim() == 0) {
       key += TensorToJson(v.tensor).dump() + c10::toString(v.tensor.scalar_type());
     } else {

@@ -16,7 +16,9 @@ namespace glossa {
 // Examples in a request: the first batched feed's size (1 when every feed is an option).
 int64_t BatchSize(const InferenceMap& feeds);
 // Requests merge when they run the same subgraph with the same feed names, the same option
-// values (rank 0) and the same non-batch dims and dtypes: the same key.
+// values (rank 0) and the same non-batch dims and dtypes, and when their longest strings fall in
+// the same length bucket (powers of two of bytes: 0, 1, 2-3, 4-7, ..., so that a merged batch pads
+// little): the same key.
 std::string MergeKey(const std::string& subgraph, const InferenceMap& feeds);
 // The requests' feeds as one: batched feeds concatenated in order, options from the first.
 InferenceMap MergeFeeds(const std::vector<const InferenceMap*>& batch);

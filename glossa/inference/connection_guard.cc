@@ -180,6 +180,25 @@ void ConnectionTable::Watch() {
   }
 }
 
+bool WidenListenBacklog(int port) {
+  bool found = false;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      const int fd = std::atoi(e->d_name);
+      int listening = 0;
+      socklen_t len = sizeof(listening);
+      if (InodeOf(fd) == 0 || LocalPort(fd) != port ||
+          getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) {
+        continue;
+      }
+      found = ::listen(fd, SOMAXCONN) == 0 || found;
+    }
+    closedir(dir);
+  }
+  return found;
+}
+
 ConnectionQueue::ConnectionQueue(std::shared_ptr<ConnectionTable> table, int port)
     : table_(std::move(table)), port_(port) {}
 

@@ -84,6 +84,12 @@ class ConnectionTable {
   std::thread watcher_;
 };
 
+// Raises the listen backlog of this process's listening socket on `port` to SOMAXCONN. Debian's
+// cpp-httplib listens with a backlog of 5: a burst of more clients connecting at once overflows
+// it, and the kernel drops their handshakes, to be retried seconds (or, under load, a minute)
+// later. Returns whether the socket was found.
+bool WidenListenBacklog(int port);
+
 // cpp-httplib's task queue over a ConnectionTable: a thread per admitted connection.
 class ConnectionQueue : public httplib::TaskQueue {
  public:

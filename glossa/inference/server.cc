@@ -13,6 +13,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "glossa/inference/serve_metrics.h"
 #include "glossa/inference/predictor.h"
 #include "glossa/checkpoint/saver.h"
+#include "glossa/kernels/batch_invariant.h"
 
 namespace glossa {
 
@@ -132,6 +134,8 @@ struct InferenceServer::Impl {
       if (options.enable_batching) {
         result = batches->Enqueue(subgraph, std::move(feeds)).get();
       } else {
+        std::optional<BatchInvariantScope> invariant;
+        if (options.batch_invariant) invariant.emplace();
         result.first = predictor->Run(subgraph, feeds, {}, true, &result.second);
       }
       // Convert all fetches (per-token rows are cut by "lengths"), then keep the asked ones.
@@ -390,12 +394,17 @@ int InferenceServer::Start() {
                               " (in use, or not an address of this machine)"));
   }
   m.port = port;
+  if (!WidenListenBacklog(port)) {
+    LOG(WARNING) << "serve: the listening socket on port " << port
+                 << " was not found; its backlog stays cpp-httplib's 5";
+  }
   if (m.options.enable_batching) {
     BatchQueue::Options bo;
     bo.max_batch_size = m.options.max_batch_size;
     bo.batch_timeout_micros = m.options.batch_timeout_micros;
     bo.max_enqueued_requests = m.options.max_enqueued_requests;
     bo.num_batch_threads = m.options.num_batch_threads;
+    bo.batch_invariant = m.options.batch_invariant;
     m.batches = std::make_unique<BatchQueue>(m.predictor, bo,
                                              [&m](int64_t n) { m.metrics.ObserveBatch(n); });
     std::vector<std::string> names;

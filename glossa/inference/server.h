@@ -56,6 +56,9 @@ struct ServeOptions {
                                      // queue while a batch runs and merge)
   int64_t max_enqueued_requests = 256;
   int num_batch_threads = 1;
+  // Batch-invariant kernels for every run (glossa/kernels/batch_invariant.h): the same request
+  // returns the same bits alone or merged into any batch, at any thread count.
+  bool batch_invariant = true;
   // Reload the latest checkpoint of <watch_logdir>/train when it changes (empty: no watching).
   std::string watch_logdir;
   double watch_interval_secs = 10;

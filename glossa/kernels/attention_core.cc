@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 
+#include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/parallel.h"
@@ -366,6 +367,10 @@ bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const 
 std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& v, const at::Tensor& bias,
                                                 bool causal_blocks) {
+  if (BatchInvariantActive() && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
+      k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat) {
+    return InvariantAttention(q, k, v, bias);  // the bias masks the future: no causal blocks
+  }
   if (AttentionCoreNativeApplies(q, k, v)) {
     auto out = StridedAttentionCore::apply(q, k, v, bias, causal_blocks);
     return {out[0], out[1]};

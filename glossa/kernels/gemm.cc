@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
@@ -426,6 +427,11 @@ bool Bf16GemmViaFloat32() {
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool relu,
                   bool float_out) {
+  if (BatchInvariantActive() && x.device().is_cpu() && x.dim() == 2 && w.dim() == 2 &&
+      x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+      (!b.defined() || b.scalar_type() == at::kFloat)) {
+    return InvariantAffine(x, w, b.defined() && b.numel() > 0 ? b : at::Tensor(), relu);
+  }
   const bool shapes_ok = x.device().is_cpu() && x.dim() == 2 && w.dim() == 2 &&
                          x.size(1) == w.size(0) && x.numel() > 0 && w.numel() > 0 &&
                          (!b.defined() || (b.dim() == 1 && b.size(0) == w.size(1))) &&

@@ -11,10 +11,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "glossa/base/file.h"
+#include "glossa/kernels/batch_invariant.h"
+#include "glossa/kernels/cpu_features.h"
+#include "glossa/kernels/parallel.h"
 #include "glossa/base/strings.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/lm/transformer_lm.h"
@@ -306,7 +310,8 @@ TEST(Predictor, ScoresAsTheEvalModelDoes) {
                 .gather(-1, b.GetTensor("labels").unsqueeze(-1))
                 .squeeze(-1) *
             (1 - pad))
-               .sum(1);
+               .cumsum(1)
+               .select(1, -1);  // summed in position order
   }
   EXPECT_TRUE(at::equal(out.at("total_log_prob").tensor, want));
   EXPECT_TRUE(at::equal(out.at("ids").tensor, b.GetTensor("labels")));
@@ -328,6 +333,45 @@ TEST(Predictor, ScoresAsTheEvalModelDoes) {
   InferenceMap only = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}},
                                     {"total_log_prob"});
   EXPECT_EQ(only.size(), 1u);
+}
+
+// The same request gives the same bits alone and at any place in batches of 2-16 with shorter
+// and longer companions (kernels whose reduction order per row does not depend on the other rows
+// or on the padded length), at one and at two threads.
+TEST(Predictor, ScoresAreTheSameBitsAloneOrInAnyBatch) {
+  if (KernelsForcedToReference()) {
+    GTEST_SKIP() << "GLOSSA_KERNELS=reference: ATen's kernels are not batch-invariant (OpenBLAS "
+                    "picks its kernels by the whole matrix's shape); the native ones are";
+  }
+  Predictor predictor(ExportedBundle());
+  BatchInvariantScope invariant;
+  const int threads = KernelThreads();
+  const std::vector<std::string> pool = {
+      kTexts[0], "a", kTexts[2], "Mr. Darcy said nothing at all, and Elizabeth said less",
+      "It is", kTexts[1] + " " + kTexts[0] + " " + kTexts[2]};
+  for (const std::string& me : {kTexts[1], std::string("Elizabeth")}) {
+    SetKernelThreads(1);
+    const InferenceMap alone = predictor.Run("default", {{"text", InferenceValue::Strings({me})}});
+    SetKernelThreads(2);
+    const at::Tensor want_lp = alone.at("log_probs").tensor[0].contiguous();
+    const float want_total = alone.at("total_log_prob").tensor[0].item<float>();
+    for (int64_t n : {2, 3, 5, 8, 16}) {
+      std::vector<std::string> batch;
+      for (int64_t i = 0; i < n; ++i) batch.push_back(pool[(i * 7 + n) % pool.size()]);
+      const int64_t at_row = (n * 5) % n;
+      batch[at_row] = me;
+      const InferenceMap got = predictor.Run("default", {{"text", InferenceValue::Strings(batch)}});
+      const at::Tensor lp = got.at("log_probs").tensor[at_row].contiguous();
+      ASSERT_GE(lp.size(0), want_lp.size(0));
+      EXPECT_EQ(0, std::memcmp(lp.data_ptr<float>(), want_lp.data_ptr<float>(),
+                               want_lp.numel() * sizeof(float)))
+          << "'" << me << "' in a batch of " << n << ": largest difference "
+          << (lp.narrow(0, 0, want_lp.size(0)) - want_lp).abs().max().item<float>();
+      EXPECT_EQ(got.at("total_log_prob").tensor[at_row].item<float>(), want_total)
+          << "'" << me << "' in a batch of " << n;
+    }
+  }
+  SetKernelThreads(threads);
 }
 
 TEST(Predictor, ServesTheSubgraphsTheBundleExported) {

@@ -21,6 +21,7 @@
 
 #include "glossa/inference/json_io.h"
 #include "glossa/inference/predictor.h"
+#include "glossa/kernels/batch_invariant.h"
 #include "tests/inference/test_bundle.h"
 #include "tests/test_util.h"
 
@@ -111,7 +112,13 @@ TEST(Serve, AnswersAsThePredictorDoes) {
 
   const Answer a = Post(port, "/v1/subgraphs/default:run", ScoreRequest(kTexts).dump());
   ASSERT_EQ(a.status, 200) << a.body;
-  const InferenceMap want = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
+  // The server's runs are batch-invariant (ServeOptions::batch_invariant): the Predictor with the
+  // same kernels gives the same bits.
+  InferenceMap want;
+  {
+    BatchInvariantScope invariant;
+    want = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
+  }
   EXPECT_EQ(a.body["fetches"], json::parse(FetchesToJson(want).dump()));
   for (size_t i = 0; i < kTexts.size(); ++i) {  // the float32 values themselves
     EXPECT_EQ(a.body["fetches"]["total_log_prob"][i].get<double>(),
@@ -301,12 +308,49 @@ TEST(Serve, QueuedRequestsMergeIntoOneBatchPerOptions) {
                   want["total_log_prob"][0].get<double>(), 1e-4);
     }
   }
-  // One batch of 5 texts, and one per generation (their option feeds differ).
+  // One batch of the 4 texts of 32-63 bytes, one of the shorter text (another length bucket), and
+  // one per generation (their option feeds differ).
   const std::string metrics = server.MetricsText();
-  EXPECT_EQ(Metric(metrics, "glossa_serve_batch_size_count"), 3);
+  EXPECT_EQ(Metric(metrics, "glossa_serve_batch_size_count"), 4);
   EXPECT_EQ(Metric(metrics, "glossa_serve_batch_size_sum"), 7);
-  EXPECT_EQ(Metric(metrics, R"(glossa_serve_batch_size_bucket{le="4"})"), 2);
-  EXPECT_EQ(Metric(metrics, R"(glossa_serve_batch_size_bucket{le="8"})"), 3);
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_batch_size_bucket{le="1"})"), 3);
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_batch_size_bucket{le="4"})"), 4);
+}
+
+// Batch-invariant answers (the default): one request alone, and merged into batches of 2 to 16
+// with texts of other token lengths in its length bucket, gets the same bytes.
+TEST(Serve, ARequestGetsTheSameBytesAloneOrMergedIntoAnyBatch) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.max_batch_size = 16;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  const std::string mine = ScoreRequest({kTexts[1]}).dump();  // 49 bytes
+  const Answer alone = Post(port, "/v1/subgraphs/default:run", mine);
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  const std::vector<std::string> others = {kTexts[0], "Mr. Darcy said nothing at all to her",
+                                           "Elizabeth and Jane walked to the town",
+                                           "It was a truth universally acknowledged by all"};
+  int64_t batches = 0;
+  for (int n : {2, 3, 8, 16}) {
+    server.PauseBatching();
+    std::vector<Answer> answers(n);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < n; ++i) {
+      clients.emplace_back([&, i] {
+        const std::string req =
+            i == n / 2 ? mine : ScoreRequest({others[i % others.size()]}).dump();
+        answers[i] = Post(port, "/v1/subgraphs/default:run", req);
+      });
+    }
+    WaitFor([&] { return server.queued() == n; }, "the batch queued");
+    server.ResumeBatching();
+    for (auto& t : clients) t.join();
+    for (const auto& a : answers) ASSERT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(answers[n / 2].body.dump(), alone.body.dump()) << "in a batch of " << n;
+    EXPECT_EQ(Metric(server.MetricsText(), "glossa_serve_batch_size_count"), 1 + ++batches)
+        << "the " << n << " requests ran as one batch";
+  }
 }
 
 TEST(Serve, AFullQueueAnswers503) {

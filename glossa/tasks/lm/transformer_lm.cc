@@ -329,7 +329,11 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     const at::Tensor log_probs =
         at::log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1) * (1 - paddings);
     out["log_probs"] = InferenceValue::Of(log_probs);
-    out["total_log_prob"] = InferenceValue::Of(log_probs.sum(1));
+    // The sum in position order, one add at a time (cumsum), so a row's total does not depend on
+    // how far the batch pads it (a vectorized sum's order does).
+    out["total_log_prob"] = InferenceValue::Of(
+        log_probs.size(1) > 0 ? log_probs.cumsum(1).select(1, -1).contiguous()
+                              : at::zeros({log_probs.size(0)}, log_probs.options()));
     out["ids"] = InferenceValue::Of(labels);
     const at::Tensor lengths = (1 - paddings).sum(1).to(at::kLong);
     out["lengths"] = InferenceValue::Of(lengths);

@@ -1,0 +1,57 @@
+// Batch-invariant inference kernels: the same request gives the same bits whether it runs alone or
+// inside any batch, at any thread count (glossa serve's default; docs/inference.md).
+//
+// BLAS libraries pick their kernels, blockings and thread splits from the whole matrix's shape, so
+// a row's result can change with the rows beside it (OpenBLAS's Haswell sgemm computes the rows of
+// a partial tile with other instructions) and with the padded length (the q·kᵀ of a longer batch
+// goes through another code path). These kernels fix each output element's arithmetic instead:
+//
+//  - InvariantAffine: y[i][j] = relu?(fma(x[i][K-1], w[K-1][j], ... fma(x[i][0], w[0][j], 0)) +
+//    b[j]): one fused multiply-add chain over k in increasing order, whatever M, the tile, the
+//    thread or the SIMD width (vector lanes hold different j, never parts of one sum);
+//  - InvariantAttention, per batch row, head and query: logits[s] = fma chain over h of q·k, plus
+//    bias; softmax with the maximum (exact in any order), e^x per element, the sum of the row in
+//    increasing s one add at a time, and the output as an fma chain over s. Keys past a row's own
+//    length are masked (bias = the lowest float), so they add exact zeros: the padded length does
+//    not change a row's bits either.
+//
+// They run in inference (no autograd) inside a BatchInvariantScope; Affine and AttentionCore take
+// them there (glossa/kernels/gemm.h, attention_core.h). The AVX-512 paths and the portable ones
+// give the same bits for the affine map; for attention, e^x is Exp16 (simd_math.h) on AVX-512 and
+// std::exp elsewhere. GLOSSA_KERNELS=reference turns the scope off (ATen's kernels are not
+// batch-invariant).
+//
+//   BatchInvariantScope invariant;            // what the serving batch threads do
+//   at::Tensor y = Affine(x, w, b, true);     // InvariantAffine inside the scope
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace glossa {
+
+// Batch-invariant kernels on this thread while one is alive (nests).
+class BatchInvariantScope {
+ public:
+  BatchInvariantScope();
+  ~BatchInvariantScope();
+  BatchInvariantScope(const BatchInvariantScope&) = delete;
+  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
+};
+// Inside a scope, with autograd off and GLOSSA_KERNELS not reference.
+bool BatchInvariantActive();
+
+// x [M, K], w [K, N] float32 CPU (any strides; copied to contiguous), b [N] or undefined.
+at::Tensor InvariantAffine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                           bool relu);
+// The portable path of InvariantAffine (no SIMD): the same bits.
+at::Tensor InvariantAffinePortable(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                   bool relu);
+
+// q [B, T, N, H], k and v [B, S, N, H] float32 CPU, bias float32 [B or 1, 1, T or 1, S] or empty
+// (numel 0) -> (out [B, T, N, H], probs [B, N, T, S]).
+std::pair<at::Tensor, at::Tensor> InvariantAttention(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& v, const at::Tensor& bias);
+
+}  // namespace glossa
