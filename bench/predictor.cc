@@ -16,12 +16,14 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "glossa/base/file.h"
 #include "glossa/inference/bundle.h"
 #include "glossa/inference/predictor.h"
+#include "glossa/kernels/batch_invariant.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/runtime/cpu_runtime.h"
@@ -38,11 +40,15 @@ int main(int argc, char** argv) {
                               {"sentences", "200"},
                               {"batch", "1"},
                               {"runs", "3"},
-                              {"threads", "0"}});
+                              {"threads", "0"},
+                              {"batch_invariant", "0"}});
   const std::string work = f["workdir"];
   const int64_t num_sentences = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int runs = std::stoi(f["runs"]);
   ConfigureCpuRuntime(std::stoi(f["threads"]), false);
+  // --batch_invariant=1: the kernels glossa serve runs (glossa/kernels/batch_invariant.h).
+  std::optional<BatchInvariantScope> invariant;
+  if (f["batch_invariant"] == "1") invariant.emplace();
   const std::string bundle = JoinPath(work, "bundle");
   const Params dev = GetModelParams("lm.austen.TransformerLmTiny", "Dev",
                                     "random_seed : 1\ntask.random_seed : 1\n");

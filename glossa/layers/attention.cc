@@ -12,6 +12,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/kernels/attention_core.h"
+#include "glossa/kernels/step_attention.h"
 #include "glossa/kernels/gemm.h"
 
 namespace glossa {
@@ -212,17 +213,18 @@ at::Tensor MaskBias(const at::Tensor& key_mask, const at::TensorOptions& options
 
 }  // namespace
 
+at::Tensor MultiHeadedAttention::ScaleQuery(const NestedMap& theta, const at::Tensor& q) const {
+  if (per_dim_scale_) return per_dim_scale_layer_->FProp(per_dim_scale_layer_.Theta(theta), q);
+  return q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
+}
+
 std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& theta, at::Tensor q,
                                                                const at::Tensor& k,
                                                                const at::Tensor& v,
                                                                const at::Tensor& key_mask,
                                                                bool causal) const {
   // q [B, T, N, H], k/v [B, S, N, H], key_mask [B or 1, 1, T or 1, S] (true = masked).
-  if (per_dim_scale_) {
-    q = per_dim_scale_layer_->FProp(per_dim_scale_layer_.Theta(theta), q);
-  } else {
-    q = q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
-  }
+  q = ScaleQuery(theta, q);
   if (!atten_dropout_active_) {
     // The kernel: its native core where it applies (its bias in float32), else the reference.
     const auto options =
@@ -335,10 +337,15 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FPropProjected(
 }
 
 NestedMap MultiHeadedAttention::InitStates(int64_t batch_size, at::ScalarType dtype) const {
-  NestedMap states;
   auto opts = at::TensorOptions().dtype(dtype);
-  states.Put("key", at::zeros({batch_size, 0, num_heads_, dim_per_head_}, opts));
-  states.Put("value", at::zeros({batch_size, 0, num_heads_, dim_per_head_}, opts));
+  const int64_t c = kInitialCacheSteps;
+  NestedMap kv;
+  kv.Put("key", at::zeros({batch_size, c, num_heads_, dim_per_head_}, opts));
+  kv.Put("value", at::zeros({batch_size, c, num_heads_, dim_per_head_}, opts));
+  NestedMap states;
+  states.Put("unordered", kv);
+  states.Put("rows", at::zeros({batch_size, c}, at::kLong));
+  states.Put("length", at::zeros({batch_size}, at::kLong));
   return states;
 }
 
@@ -349,6 +356,20 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(const NestedMa
   return ExtendStep(theta, query, cached_states, OptionalInput(context, "paddings"));
 }
 
+namespace {
+
+// `t` [B, C, ...] with its capacity C at least `need` (doubled), the first C columns kept.
+at::Tensor WithCapacity(const at::Tensor& t, int64_t need) {
+  if (t.size(1) >= need) return t;
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[1] = std::max(need, 2 * t.size(1));
+  at::Tensor grown = at::zeros(shape, t.options());
+  grown.narrow(1, 0, t.size(1)).copy_(t);
+  return grown;
+}
+
+}  // namespace
+
 std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
     const NestedMap& theta, const at::Tensor& query, const NestedMap& cached_states,
     const at::Tensor& paddings) const {
@@ -356,26 +377,56 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
     throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep query must be [B, ",
                                       input_dim_, "], got ", query.sizes()));
   }
+  const int64_t n = query.size(0);
+  if (!cached_states.contains("unordered") || !cached_states.contains("rows") ||
+      !cached_states.contains("length")) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep states must come from "
+                                      "InitStates ({unordered: {key, value}, rows, length})"));
+  }
+  const NestedMap& kv = cached_states.GetItem("unordered").AsMap();
+  const at::Tensor& length_in = cached_states.GetTensor("length");
+  at::Tensor rows = cached_states.GetTensor("rows");
+  at::Tensor kbuf = kv.GetTensor("key"), vbuf = kv.GetTensor("value");
+  if (rows.size(0) != n || length_in.numel() != n || kbuf.size(0) != n) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep states are for ",
+                                      kbuf.size(0), " hypotheses, the query has ", n));
+  }
+  const int64_t step = n > 0 ? length_in[0].item<int64_t>() : 0;
   at::Tensor x = CastToFPropDtype(query).unsqueeze(1);  // [B, 1, D]
   auto proj = [&](const Child<MultiHeadedProjectionLayer>& p) {
-    return p->FProp(p.Theta(theta), x);
+    return p->FProp(p.Theta(theta), x).squeeze(1);  // [B, N, H]
   };
-  at::Tensor q = proj(query_);
-  at::Tensor k = at::cat({cached_states.GetTensor("key").to(q.scalar_type()), proj(key_)}, 1);
-  at::Tensor v = at::cat({cached_states.GetTensor("value").to(q.scalar_type()), proj(value_)}, 1);
-  at::Tensor mask;
-  if (paddings.defined()) {
-    if (paddings.dim() != 2 || paddings.size(1) != k.size(1)) {
-      throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep paddings must be [B, ",
-                                        k.size(1), "], got ", paddings.sizes()));
-    }
-    mask = (paddings > 0.5).view({paddings.size(0), 1, 1, k.size(1)});
+  const at::Tensor q = proj(query_);
+  {
+    // This step's key and value go into column `step` of the caches, in place: earlier states
+    // (of length <= step) never read that column.
+    at::NoGradGuard no_grad;
+    kbuf = WithCapacity(kbuf.to(q.scalar_type()), step + 1);
+    vbuf = WithCapacity(vbuf.to(q.scalar_type()), step + 1);
+    rows = WithCapacity(rows, step + 1);
+    kbuf.select(1, step).copy_(proj(key_));
+    vbuf.select(1, step).copy_(proj(value_));
+    rows.select(1, step).copy_(at::arange(n, rows.options()));
   }
-  auto [encoded, probs] = Attend(theta, q, k, v, mask);
+  at::Tensor bias;
+  if (paddings.defined()) {
+    if (paddings.dim() != 2 || paddings.size(0) != n || paddings.size(1) != step + 1) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep paddings must be [B, ",
+                                        step + 1, "], got ", paddings.sizes()));
+    }
+    bias = at::zeros(paddings.sizes(), paddings.options().dtype(at::kFloat))
+               .masked_fill_(paddings > 0.5, std::numeric_limits<float>::lowest());
+  }
+  const at::Tensor ctx = StepAttention(ScaleQuery(theta, q), kbuf, vbuf, rows, step + 1, bias);
+  const at::Tensor encoded = post_->FProp(post_.Theta(theta), ctx.unsqueeze(1)).squeeze(1);
+  NestedMap new_kv;
+  new_kv.Put("key", kbuf);
+  new_kv.Put("value", vbuf);
   NestedMap new_states;
-  new_states.Put("key", k);
-  new_states.Put("value", v);
-  return {encoded.squeeze(1), new_states};
+  new_states.Put("unordered", new_kv);
+  new_states.Put("rows", rows);
+  new_states.Put("length", length_in + 1);
+  return {encoded, new_states};
 }
 
 GLOSSA_REGISTER_CLASS(MultiHeadedProjectionLayer, "glossa.layers.MultiHeadedProjectionLayer");

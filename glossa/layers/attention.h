@@ -86,8 +86,15 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
                                                    const NestedMap& source,
                                                    const at::Tensor& paddings = {}) const;
 
-  // An empty cache: key and value [B, 0, N, H].
+  // An empty cache of B hypotheses: {unordered: {key, value} [B, C, N, H] (preallocated, written
+  // in place one step column at a time; C grows by doubling), rows [B, C] int64 (the slot of each
+  // step's key and value, as a beam search reorders it), length [B] int64 (the steps so far)}.
+  // Beam search reorders rows and length, never the caches (GatherStates skips "unordered"), and
+  // the step's attention reads through rows (glossa/kernels/step_attention.h). For decoding: no
+  // gradient flows through the cached keys and values, and the states a step returns are valid
+  // until ExtendStep is called again on the states they came from.
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
+  static constexpr int64_t kInitialCacheSteps = 16;
   // StepLayer: ExtendStep below with context.paddings (optional).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
                                               const NestedMap& cached_states,
@@ -103,6 +110,8 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   int64_t dim_per_head() const { return dim_per_head_; }
 
  private:
+  // q [..., H] times the per-dim scale (or 1/sqrt(H)).
+  at::Tensor ScaleQuery(const NestedMap& theta, const at::Tensor& q) const;
   std::pair<at::Tensor, at::Tensor> Attend(const NestedMap& theta, at::Tensor q,
                                            const at::Tensor& k, const at::Tensor& v,
                                            const at::Tensor& key_mask, bool causal = false) const;

@@ -486,8 +486,11 @@ HypothesisGrid BeamSearchHelper::TopKTerminatedHyps(const BeamSearchState& state
 }
 
 NestedMap GatherStates(const NestedMap& states, const at::Tensor& index) {
-  return states.Transform([&](const NestedValue& v) -> NestedValue {
+  return states.TransformWithKey([&](const std::string& key, const NestedValue& v) -> NestedValue {
     if (!v.is_tensor()) return v;
+    // Caches read through row tables (glossa/kernels/step_attention.h) stay where they are.
+    const std::string path = "." + key + ".";
+    if (path.find(".unordered.") != std::string::npos) return v;
     return v.AsTensor().index_select(0, index);
   });
 }

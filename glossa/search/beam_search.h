@@ -120,7 +120,9 @@ SearchResult SampleSearch(int64_t num_beams, NestedMap states, const DecodeStepF
                           int64_t max_len, int64_t sos_id, int64_t eos_id, double temperature,
                           int64_t top_k, uint64_t seed);
 
-// Reorders every tensor of `states` along dim 0 by `index` [N] (int64).
+// Reorders every tensor of `states` along dim 0 by `index` [N] (int64), except those under a key
+// named "unordered": caches every hypothesis reads through its own row table, which is reordered
+// instead (MultiHeadedAttention's k/v caches, glossa/kernels/step_attention.h).
 NestedMap GatherStates(const NestedMap& states, const at::Tensor& index);
 
 }  // namespace glossa

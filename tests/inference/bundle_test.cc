@@ -335,6 +335,36 @@ TEST(Predictor, ScoresAsTheEvalModelDoes) {
   EXPECT_EQ(only.size(), 1u);
 }
 
+// `generate` decodes all its prompts together (one stack step for every row), and each row's
+// continuation is what it is alone: each draws with its own generator, and inside a
+// BatchInvariantScope the logits have the same bits.
+TEST(Predictor, GenerateDecodesPromptsTogetherAsEachAlone) {
+  if (KernelsForcedToReference()) {
+    GTEST_SKIP() << "GLOSSA_KERNELS=reference: ATen's kernels are not batch-invariant";
+  }
+  Predictor predictor(ExportedBundle());
+  BatchInvariantScope invariant;
+  const std::vector<std::string> prompts = {"Elizabeth", "It is a truth universally", "Mr."};
+  for (double temperature : {0.0, 1.0}) {
+    auto run = [&](const std::vector<std::string>& p) {
+      return predictor.Run(
+          "generate", {{"prompt", InferenceValue::Strings(p)},
+                       {"max_new_tokens", InferenceValue::Of(at::scalar_tensor(12, at::kLong))},
+                       {"temperature", InferenceValue::Of(at::scalar_tensor(temperature, at::kFloat))},
+                       {"seed", InferenceValue::Of(at::scalar_tensor(7, at::kLong))}});
+    };
+    const InferenceMap together = run(prompts);
+    ASSERT_EQ(together.at("text").strings.size(), prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const InferenceMap alone = run({prompts[i]});
+      EXPECT_EQ(together.at("text").strings[i], alone.at("text").strings[0])
+          << "'" << prompts[i] << "' at temperature " << temperature;
+      EXPECT_EQ(together.at("lengths").tensor[static_cast<int64_t>(i)].item<int64_t>(),
+                alone.at("lengths").tensor[0].item<int64_t>());
+    }
+  }
+}
+
 // The same request gives the same bits alone and at any place in batches of 2-16 with shorter
 // and longer companions (kernels whose reduction order per row does not depend on the other rows
 // or on the padded length), at one and at two threads.

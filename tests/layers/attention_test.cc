@@ -16,6 +16,7 @@
 #include "glossa/layers/rnn.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
+#include "glossa/search/beam_search.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -33,7 +34,47 @@ TEST(MultiHeadedAttention, ExtendStepMatchesCausalFProp) {
     EXPECT_TRUE(at::allclose(y, full.select(1, t), 1e-10, 1e-10)) << "step " << t;
     cache = next;
   }
-  EXPECT_EQ(cache.GetTensor("key").sizes(), (std::vector<int64_t>{3, 5, 2, 4}));
+  EXPECT_TRUE(at::equal(cache.GetTensor("length"), at::full({3}, 5, at::kLong)));
+  EXPECT_GE(cache.GetTensor("unordered.key").size(1), 5);
+  EXPECT_EQ(cache.GetTensor("unordered.key").size(0), 3);
+}
+
+// Decoding with a beam search's reorders: the caches are written in place and never copied by
+// GatherStates (only the row tables move), they grow past their first capacity, and every
+// hypothesis's output equals the causal FProp of the sequence of inputs it descends from.
+TEST(MultiHeadedAttention, ExtendStepReadsReorderedHypothesesThroughTheirRows) {
+  for (bool f32 : {true, false}) {
+    auto atten = Make<MultiHeadedAttention>(
+        MultiHeadedAttention::Params(),
+        StrCat("input_dim : 8\nnum_heads : 2\ndtype : ", f32 ? "float32" : "float64"));
+    const at::ScalarType dt = f32 ? at::kFloat : at::kDouble;
+    const NestedMap theta = atten->theta();
+    const int64_t n = 4, steps = MultiHeadedAttention::kInitialCacheSteps + 5;
+    at::manual_seed(9);
+    NestedMap cache = atten->InitStates(n, dt);
+    std::vector<at::Tensor> history(n);  // each hypothesis's inputs so far [t, 8]
+    for (auto& h : history) h = at::zeros({0, 8}, dt);
+    for (int64_t t = 0; t < steps; ++t) {
+      const at::Tensor x = at::randn({n, 8}, dt);
+      auto [y, next] = atten->ExtendStep(theta, x, cache);
+      for (int64_t i = 0; i < n; ++i) {
+        history[i] = at::cat({history[i], x[i].unsqueeze(0)});
+        const at::Tensor seq = history[i].unsqueeze(0);
+        const at::Tensor want = atten->FProp(theta, seq, seq, seq, {}, true).first[0][t];
+        EXPECT_TRUE(at::allclose(y[i], want, f32 ? 1e-5 : 1e-10, f32 ? 1e-5 : 1e-10))
+            << "step " << t << " hypothesis " << i;
+      }
+      // Reorder as a beam search does: hypotheses 0 and 2 continue twice, 1 and 3 end.
+      const at::Tensor parents = at::tensor(std::vector<int64_t>{2, 0, 2, 0}, at::kLong);
+      const at::Tensor before = next.GetTensor("unordered.key");
+      cache = GatherStates(next, parents);
+      EXPECT_EQ(cache.GetTensor("unordered.key").data_ptr(), before.data_ptr()) << "copied";
+      std::vector<at::Tensor> moved;
+      for (int64_t i = 0; i < n; ++i) moved.push_back(history[parents[i].item<int64_t>()]);
+      history = moved;
+    }
+    EXPECT_GE(cache.GetTensor("unordered.key").size(1), steps);
+  }
 }
 
 // Causal self-attention in blocks of queries (causal_blocks, the default) gives the full

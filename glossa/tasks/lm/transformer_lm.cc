@@ -185,6 +185,88 @@ std::pair<at::Tensor, NestedMap> TransformerLmTask::ExtendStep(const NestedMap& 
   return {at::log_softmax(logits, -1), std::move(new_states)};
 }
 
+namespace {
+
+// The next token of each row of logits [n, V]: the argmax at temperature 0, else a draw from the
+// softmax of logits / temperature over the top_k (0: all).
+at::Tensor PickTokens(at::Tensor logits, double temperature, int64_t top_k, at::Generator& gen) {
+  if (temperature <= 0) return logits.argmax(-1);
+  // Shifted by the row maximum first: a tiny temperature then gives a one-hot distribution
+  // instead of inf - inf = NaN.
+  logits = (logits - std::get<0>(logits.max(-1, /*keepdim=*/true))) / temperature;
+  if (top_k > 0 && top_k < logits.size(-1)) {
+    at::Tensor kth = std::get<0>(logits.topk(top_k, -1)).select(-1, top_k - 1).unsqueeze(-1);
+    logits = logits.masked_fill(logits < kth, -INFINITY);
+  }
+  return at::multinomial(at::softmax(logits, -1), 1, /*replacement=*/false, gen).squeeze(1);
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> TransformerLmTask::SampleTogether(
+    const NestedMap& theta, const std::vector<std::vector<int64_t>>& prompts,
+    int64_t max_new_tokens, double temperature, int64_t top_k, uint64_t seed) const {
+  at::NoGradGuard no_grad;
+  EvalModeScope eval;
+  const int64_t b = static_cast<int64_t>(prompts.size());
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(b));
+  if (b == 0 || max_new_tokens <= 0) return out;
+  int64_t longest = 0;
+  for (const auto& p : prompts) {
+    if (p.empty()) throw InvalidArgumentError(StrCat("task '", path(), "': an empty prompt (no <s>)"));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  }
+  const int64_t eos = 2;
+  std::vector<at::Generator> gens;
+  for (int64_t i = 0; i < b; ++i) gens.push_back(at::make_generator<at::CPUGeneratorImpl>(seed));
+  const at::Tensor positions =
+      position_emb_->FProp(position_emb_.Theta(theta), longest + max_new_tokens);
+  const NestedMap& emb_theta = emb_.Theta(theta);
+  const NestedMap& stack_theta = stack_.Theta(theta);
+  const NestedMap& softmax_theta = softmax_.Theta(theta);
+  NestedMap states = stack_->InitStates(b, at::kFloat);
+  std::vector<int64_t> token(static_cast<size_t>(b));
+  std::vector<bool> done(static_cast<size_t>(b), false);
+  for (int64_t i = 0; i < b; ++i) token[i] = prompts[i][0];
+  // Step t feeds every row its token at position t: a prompt token while the row's prompt lasts,
+  // then its last draw. Row i draws from step len_i - 1 on, with its own generator: what it would
+  // draw alone.
+  for (int64_t t = 0; t < longest + max_new_tokens - 1; ++t) {
+    const at::Tensor x =
+        emb_->FProp(emb_theta, at::tensor(token, at::kLong).unsqueeze(1)).squeeze(1) + positions[t];
+    const StepLayer& dec = *stack_;
+    auto [y, new_states] = dec.ExtendStep(stack_theta, x, states, {});
+    states = std::move(new_states);
+    std::vector<int64_t> drawing;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t len = static_cast<int64_t>(prompts[i].size());
+      if (t + 1 < len) {
+        token[i] = prompts[i][t + 1];
+      } else if (!done[i]) {
+        drawing.push_back(i);
+      }
+    }
+    if (drawing.empty()) {
+      bool all_done = true;
+      for (int64_t i = 0; i < b; ++i) all_done = all_done && done[i];
+      if (all_done) break;
+      continue;
+    }
+    const at::Tensor rows = at::tensor(drawing, at::kLong);
+    const at::Tensor logits = softmax_->Logits(softmax_theta, y.index_select(0, rows)).to(at::kFloat);
+    for (size_t r = 0; r < drawing.size(); ++r) {
+      const int64_t i = drawing[r];
+      const int64_t next =
+          PickTokens(logits.narrow(0, static_cast<int64_t>(r), 1), temperature, top_k, gens[i])[0]
+              .item<int64_t>();
+      out[i].push_back(next);
+      token[i] = next;
+      done[i] = next == eos || static_cast<int64_t>(out[i].size()) >= max_new_tokens;
+    }
+  }
+  return out;
+}
+
 at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& prompts,
                                      int64_t max_new_tokens, double temperature, int64_t top_k,
                                      uint64_t seed) const {
@@ -211,20 +293,8 @@ at::Tensor TransformerLmTask::Sample(const NestedMap& theta, const at::Tensor& p
       token = prompts.select(1, t + 1);
       continue;
     }
-    at::Tensor logits = softmax_->Logits(softmax_theta, y).to(at::kFloat);
-    at::Tensor next;
-    if (temperature <= 0) {
-      next = logits.argmax(-1);
-    } else {
-      // Shifted by the row maximum first: a tiny temperature then gives a one-hot distribution
-      // instead of inf - inf = NaN.
-      logits = (logits - std::get<0>(logits.max(-1, /*keepdim=*/true))) / temperature;
-      if (top_k > 0 && top_k < logits.size(-1)) {
-        at::Tensor kth = std::get<0>(logits.topk(top_k, -1)).select(-1, top_k - 1).unsqueeze(-1);
-        logits = logits.masked_fill(logits < kth, -INFINITY);
-      }
-      next = at::multinomial(at::softmax(logits, -1), 1, /*replacement=*/false, gen).squeeze(1);
-    }
+    at::Tensor next =
+        PickTokens(softmax_->Logits(softmax_theta, y).to(at::kFloat), temperature, top_k, gen);
     next = next.masked_fill(done, eos);
     done = done | (next == eos);
     out.push_back(next.unsqueeze(1));
@@ -353,12 +423,15 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     std::vector<at::Tensor> rows;
     std::vector<int64_t> lengths;
     int64_t width = 1;
+    // Every prompt of the batch decodes together (one step of the stack for all of them).
+    std::vector<std::vector<int64_t>> prompts;
     for (const auto& prompt : feeds.at("prompt").strings) {
       std::vector<int64_t> ids = {tokenizer->sos_id()};
       for (int64_t id : tokenizer->StringToIds(prompt)) ids.push_back(id);
-      const at::Tensor prompt_ids = at::tensor(ids, at::kLong).unsqueeze(0);
-      const at::Tensor sample = Sample(theta, prompt_ids, max_new, temperature, top_k, seed);
-      at::Tensor cont = sample[0].narrow(0, prompt_ids.size(1), sample.size(1) - prompt_ids.size(1));
+      prompts.push_back(std::move(ids));
+    }
+    for (const auto& drawn : SampleTogether(theta, prompts, max_new, temperature, top_k, seed)) {
+      const at::Tensor cont = at::tensor(drawn, at::kLong);  // its draws, </s> last when drawn
       const std::vector<int64_t> new_ids = IdsBeforeEos(*tokenizer, cont);
       lengths.push_back(static_cast<int64_t>(new_ids.size()));
       texts.push_back(tokenizer->IdsToString(new_ids));

@@ -60,6 +60,14 @@ class TransformerLmTask : public BaseTask {
   // Stops a row at </s>. Deterministic given `seed`.
   at::Tensor Sample(const NestedMap& theta, const at::Tensor& prompts, int64_t max_new_tokens,
                     double temperature, int64_t top_k, uint64_t seed) const;
+  // Samples continuations of prompts of any lengths (each starting with <s>) together, one step of
+  // the stack for all of them: returns each prompt's new tokens (up to max_new_tokens, the last
+  // </s> when drawn). Each row draws with its own generator seeded with `seed`, so its
+  // continuation is what it would be alone (bit for bit inside a BatchInvariantScope).
+  std::vector<std::vector<int64_t>> SampleTogether(const NestedMap& theta,
+                                                   const std::vector<std::vector<int64_t>>& prompts,
+                                                   int64_t max_new_tokens, double temperature,
+                                                   int64_t top_k, uint64_t seed) const;
 
   // Incremental scoring, for shallow fusion in another model's search (AsrModel's `lm`): empty
   // caches of n sequences, and one step: each sequence's previous token ids [N] (<s> at step 0)

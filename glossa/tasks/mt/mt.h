@@ -85,10 +85,11 @@ class TransformerDecoder : public BaseLayer {
   // hypotheses within a beam leaves it valid.
   NestedMap PrecomputeSource(const NestedMap& theta, const NestedMap& encoder_outputs,
                              int64_t num_hyps) const;
-  // Empty per-layer key/value caches ([N, 0, heads, dim]) of N hypotheses.
+  // Empty per-layer key/value caches of N hypotheses (MultiHeadedAttention::InitStates: written in
+  // place, reordered by their row tables).
   NestedMap InitDecodeStates(int64_t num_hyps) const;
   // One step: the previous token of each hypothesis ids [N] at position `step` ->
-  // (log-probs [N, V] in float32, the caches with this step appended along dim 1).
+  // (log-probs [N, V] in float32, the caches with this step's keys and values).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const NestedMap& source,
                                               const at::Tensor& ids, int64_t step,
                                               const NestedMap& states) const;

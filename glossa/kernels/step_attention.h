@@ -1,0 +1,33 @@
+// One decoding step of attention over preallocated k/v caches read through a row table: the
+// attention core of incremental decoding (MultiHeadedAttention::ExtendStep), one query row per
+// hypothesis and head, with no cache copied when a beam search reorders its hypotheses.
+//
+// The caches hold step s of every hypothesis slot at column s: key and value [slots, C, heads,
+// dim], written in place as steps come (C, the capacity, grows by doubling). rows [N, ≥ L] (int64)
+// says, for each hypothesis and step s < L, which slot's column s is its own: a beam search
+// reorders the rows table (N × L integers), never the caches.
+//
+//   at::Tensor out = StepAttention(q, key, value, rows, L, bias);  // q [N, heads, dim] scaled
+//
+// out[i, n] = Σ_s softmax_s(q[i, n]·key[rows[i, s], s, n] + bias[i, s]) · value[rows[i, s], s, n]
+// over s < L; bias [N, L] float (the additive mask: the lowest float for a masked step) or
+// undefined. The native kernel (float32 CPU tensors, AVX-512) computes each (hypothesis, head)
+// row on its own: a dot product per step, the softmax with the sum in step order, and the output
+// as one fused multiply-add chain over the steps, so a hypothesis's bits do not depend on the
+// others (glossa/kernels/batch_invariant.h). Otherwise, and with GLOSSA_KERNELS=reference, the
+// reference gathers each hypothesis's keys and values and runs ATen's einsum, softmax, einsum.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace glossa {
+
+at::Tensor StepAttention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+                         const at::Tensor& rows, int64_t length, const at::Tensor& bias);
+at::Tensor StepAttentionReference(const at::Tensor& q, const at::Tensor& key,
+                                  const at::Tensor& value, const at::Tensor& rows, int64_t length,
+                                  const at::Tensor& bias);
+
+}  // namespace glossa
