@@ -148,22 +148,32 @@ struct AttentionArgs {
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2;  // strides of dims 0-2 (dim 3 is 1)
   int64_t bias_b, bias_t;  // bias rows: 0 when broadcast
   float *out, *probs;
+
+  // Head n of batch row bi's keys transposed into kt [H, ld] (columns past S zero).
+  void TransposeKeys(int64_t bi, int64_t n, int64_t ld, std::vector<float>& kt) const {
+    kt.assign(static_cast<size_t>(H * ld), 0.0f);
+    for (int64_t s = 0; s < S; ++s) {
+      const float* kr = k + bi * ks0 + s * ks1 + n * ks2;
+      for (int64_t h = 0; h < H; ++h) kt[h * ld + s] = kr[h];
+    }
+  }
+  const float* Query(int64_t bi, int64_t t, int64_t n) const { return q + bi * qs0 + t * qs1 + n * qs2; }
+  float* Probs(int64_t bi, int64_t n, int64_t t) const { return probs + ((bi * N + n) * T + t) * S; }
+  // The bias row of (bi, t), or null.
+  const float* BiasRow(int64_t bi, int64_t t) const {
+    if (bias == nullptr) return nullptr;
+    return bias + ((bias_b ? bi : 0) * (bias_t ? T : 1) + (bias_t ? t : 0)) * S;
+  }
 };
 
 // One (batch row, head): every query's probabilities and output. `kt` is scratch [H, S16].
 void AttendHeadPortable(const AttentionArgs& a, int64_t bi, int64_t n, std::vector<float>& kt) {
   const int64_t S = a.S, H = a.H;
-  kt.assign(static_cast<size_t>(H * S), 0.0f);
-  for (int64_t s = 0; s < S; ++s) {
-    const float* kr = a.k + bi * a.ks0 + s * a.ks1 + n * a.ks2;
-    for (int64_t h = 0; h < H; ++h) kt[h * S + s] = kr[h];
-  }
+  a.TransposeKeys(bi, n, S, kt);
   for (int64_t t = 0; t < a.T; ++t) {
-    const float* qr = a.q + bi * a.qs0 + t * a.qs1 + n * a.qs2;
-    float* p = a.probs + ((bi * a.N + n) * a.T + t) * S;
-    const float* br = a.bias != nullptr
-                          ? a.bias + ((a.bias_b ? bi : 0) * (a.bias_t ? a.T : 1) + (a.bias_t ? t : 0)) * S
-                          : nullptr;
+    const float* qr = a.Query(bi, t, n);
+    float* p = a.Probs(bi, n, t);
+    const float* br = a.BiasRow(bi, t);
     for (int64_t s = 0; s < S; ++s) {
       float acc = 0.0f;
       for (int64_t h = 0; h < H; ++h) acc = std::fma(qr[h], kt[h * S + s], acc);
@@ -190,17 +200,11 @@ void AttendHeadPortable(const AttentionArgs& a, int64_t bi, int64_t n, std::vect
 __attribute__((target("avx512f"))) void AttendHead512(const AttentionArgs& a, int64_t bi,
                                                       int64_t n, std::vector<float>& kt) {
   const int64_t S = a.S, H = a.H, S16 = (S + 15) / 16 * 16;
-  kt.assign(static_cast<size_t>(H * S16), 0.0f);
-  for (int64_t s = 0; s < S; ++s) {
-    const float* kr = a.k + bi * a.ks0 + s * a.ks1 + n * a.ks2;
-    for (int64_t h = 0; h < H; ++h) kt[h * S16 + s] = kr[h];
-  }
+  a.TransposeKeys(bi, n, S16, kt);
   for (int64_t t = 0; t < a.T; ++t) {
-    const float* qr = a.q + bi * a.qs0 + t * a.qs1 + n * a.qs2;
-    float* p = a.probs + ((bi * a.N + n) * a.T + t) * S;
-    const float* br = a.bias != nullptr
-                          ? a.bias + ((a.bias_b ? bi : 0) * (a.bias_t ? a.T : 1) + (a.bias_t ? t : 0)) * S
-                          : nullptr;
+    const float* qr = a.Query(bi, t, n);
+    float* p = a.Probs(bi, n, t);
+    const float* br = a.BiasRow(bi, t);
     __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int64_t c = 0; c < S; c += 16) {
       const __mmask16 m = S - c >= 16 ? 0xFFFF : simd_math::TailMask(S - c);
@@ -246,6 +250,11 @@ BatchInvariantScope::~BatchInvariantScope() { --scope_depth; }
 
 bool BatchInvariantActive() {
   return scope_depth > 0 && !at::GradMode::is_enabled() && !KernelsForcedToReference();
+}
+
+bool RowKernelsFor(int64_t rows) {
+  return BatchInvariantActive() ||
+         (rows <= kRowKernelMaxRows && !at::GradMode::is_enabled() && !KernelsForcedToReference());
 }
 
 at::Tensor InvariantAffine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,

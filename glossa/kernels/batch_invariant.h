@@ -41,6 +41,12 @@ class BatchInvariantScope {
 };
 // Inside a scope, with autograd off and GLOSSA_KERNELS not reference.
 bool BatchInvariantActive();
+// Whether Affine takes InvariantAffine for an x of `rows` rows: inside a scope, and also for
+// short inputs (at most kRowKernelMaxRows rows) without autograd, where reading the weights in
+// place beats BLAS, which packs the whole weight matrix on every call (a decoding step's logits
+// GEMM at beam 4 spent 22% of its time packing the 256 × 8,000 softmax weight; bench/README.md).
+constexpr int64_t kRowKernelMaxRows = 32;
+bool RowKernelsFor(int64_t rows);
 
 // x [M, K], w [K, N] float32 CPU (any strides; copied to contiguous), b [N] or undefined.
 at::Tensor InvariantAffine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,

@@ -427,7 +427,7 @@ bool Bf16GemmViaFloat32() {
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool relu,
                   bool float_out) {
-  if (BatchInvariantActive() && x.device().is_cpu() && x.dim() == 2 && w.dim() == 2 &&
+  if (x.dim() == 2 && RowKernelsFor(x.size(0)) && x.device().is_cpu() && w.dim() == 2 &&
       x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
       (!b.defined() || b.scalar_type() == at::kFloat)) {
     return InvariantAffine(x, w, b.defined() && b.numel() > 0 ? b : at::Tensor(), relu);

@@ -1,6 +1,7 @@
 // The MT Transformer decoder (Lingvo's mt.decoder.TransformerDecoder): teacher-forced loss,
 // incremental steps, beam search, greedy and sampling.
 #include "glossa/tasks/mt/mt.h"
+#include "glossa/kernels/gemm.h"
 
 #include <ATen/ATen.h>
 
@@ -284,8 +285,8 @@ std::pair<at::Tensor, NestedMap> TransformerDecoder::ExtendStep(const NestedMap&
   auto [y, new_states] = dec.ExtendStep(stack_.Theta(theta), x, states, context);
   at::Tensor logits =
       source.contains("softmax_weight")
-          ? at::addmm(theta.GetTensor("softmax_bias").to(y.scalar_type()), y,
-                      source.GetTensor("softmax_weight").to(y.scalar_type()))
+          ? Affine(y, source.GetTensor("softmax_weight").to(y.scalar_type()),
+                   theta.GetTensor("softmax_bias").to(y.scalar_type()))
           : Project(theta, y);
   return {at::log_softmax(logits.to(at::kFloat), -1), std::move(new_states)};
 }
