@@ -45,7 +45,9 @@ bool BatchInvariantActive();
 // short inputs (at most kRowKernelMaxRows rows) without autograd, where reading the weights in
 // place beats BLAS, which packs the whole weight matrix on every call (a decoding step's logits
 // GEMM at beam 4 spent 22% of its time packing the 256 × 8,000 softmax weight; bench/README.md).
-constexpr int64_t kRowKernelMaxRows = 32;
+// (Attention takes InvariantAttention only inside a scope: on longer batches ATen's BLAS calls per
+// head were faster.)
+constexpr int64_t kRowKernelMaxRows = 64;
 bool RowKernelsFor(int64_t rows);
 
 // x [M, K], w [K, N] float32 CPU (any strides; copied to contiguous), b [N] or undefined.

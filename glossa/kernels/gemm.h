@@ -13,6 +13,11 @@
 // dw at once; gemm.cc: Fp32AffineFunction), with the bits ATen gives with one OpenBLAS thread. `relu` applies max(0, ·) to the result in place, on the kernel
 // threads, and its backward masks the gradient in one pass (ATen's relu and threshold_backward).
 //
+// Without autograd, float32 inputs of at most 64 rows (a decoding step, a short sentence) and
+// every call inside a BatchInvariantScope take InvariantAffine instead
+// (glossa/kernels/batch_invariant.h: RowKernelsFor): it reads the weights in place, where BLAS
+// packs the whole weight matrix on every call, and its rows' bits do not depend on the others.
+//
 //   at::Tensor y = Affine(x2d, w, b);  // x [M, K], w [K, N], b [N] or undefined
 //   at::Tensor h = Affine(x2d, w, b, /*relu=*/true);
 #pragma once

@@ -107,6 +107,16 @@ TEST(BatchInvariantScope, RoutesAffineAndTheAttentionCoreOnlyWithoutAutograd) {
     EXPECT_TRUE(Affine(x, wg, b).requires_grad());
   }
   EXPECT_FALSE(BatchInvariantActive());
+  // Outside a scope, short inputs without autograd take the row kernel too (RowKernelsFor);
+  // longer ones, ATen's GEMM.
+  at::NoGradGuard no_grad;
+  EXPECT_EQ(RowKernelsFor(kRowKernelMaxRows), !KernelsForcedToReference());
+  EXPECT_FALSE(RowKernelsFor(kRowKernelMaxRows + 1));
+  if (!KernelsForcedToReference()) {
+    EXPECT_TRUE(SameBits(Affine(x, w, b), InvariantAffine(x, w, b, false)));
+  }
+  const at::Tensor tall = at::randn({kRowKernelMaxRows + 1, 16});
+  EXPECT_TRUE(at::allclose(Affine(tall, w, b), at::addmm(b, tall, w), 1e-5, 1e-5));
 }
 
 }  // namespace
