@@ -29,7 +29,7 @@ TEST(DocsExample, IncrementalDecodingStepByStep) {
   at::Tensor ids = at::full({num_hyps}, 1, at::kLong);  // <s>
   int64_t step = 0;
   const NestedMap source = decoder->PrecomputeSource(theta, encoder_outputs, num_hyps);
-  NestedMap states = decoder->InitDecodeStates(num_hyps);       // per-layer k/v caches [N, 0, H, d]
+  NestedMap states = decoder->InitDecodeStates(num_hyps);       // per-layer k/v caches, preallocated
   auto [log_probs, next] = decoder->ExtendStep(theta, source, ids, step, states);  // [N, V]
   // Greedy: the best token is the next step's input; the caches grow by one position a step.
   std::vector<at::Tensor> inputs{ids}, step_log_probs{log_probs};

@@ -71,8 +71,10 @@ for _ in $(seq 1 600); do grep -q 'waiting for a new checkpoint in later/train' 
 grep -q 'waiting for a new checkpoint in later/train' wait.log || bad "no waiting line: $(cat wait.log)"
 kill -TERM $pid; wait $pid || bad "decode --wait_for_train did not stop cleanly: $(cat wait.log)"
 
-# A copied checkout's program finds the copy's data first.
-mkdir -p copy/build/bin copy/data
+# A copied checkout's program finds the copy's data first: with the copy's own (empty)
+# data/bible_mt it reads that, whatever the original checkout holds (a checkout that ran
+# scripts/prepare_bible_mt.sh would otherwise be found next, and the corpus trained on).
+mkdir -p copy/build/bin copy/data/bible_mt
 cp "$glossa" copy/build/bin/glossa
 touch copy/build/CMakeCache.txt
 out=$(env -u GLOSSA_DATA_DIR copy/build/bin/glossa train --model=mt.bible.TransformerEnEsTiny --logdir=mt 2>&1)
