@@ -56,6 +56,9 @@ function tensorOf(ort, name, f) {
   throw new Error(`feed '${name}': type '${f.type}' (int64 or float32)`);
 }
 
+// A reader that stops early (`| head`) is not an error of this script.
+process.stdout.on('error', (e) => process.exit(e.code === 'EPIPE' ? 0 : 1));
+
 async function main() {
   const a = parseArgs(process.argv.slice(2));
   let ort;
@@ -73,7 +76,13 @@ async function main() {
         throw new Error(`${a.feeds}:${i + 1}: ${e.message}`);
       }
     })
-    : [JSON.parse(text)];
+    : [(() => {
+      try {
+        return JSON.parse(text);
+      } catch (e) {
+        throw new Error(`${a.feeds}: ${e.message}`);
+      }
+    })()];
   if (specs.length === 0) throw new Error(`${a.feeds}: no feeds`);
   const feedSets = specs.map((spec) => {
     const feeds = {};

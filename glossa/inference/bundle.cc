@@ -240,24 +240,23 @@ void LoadExportedWeights(const BaseModel& model, const std::map<std::string, at:
   }
 }
 
-// The TorchScript network, exported by the task from its variables, which get the exported
-// (EMA) weights in float32 first.
-void WriteTorchScript(BundleFiles& bundle, const BaseModel& model,
-                      const std::map<std::string, at::Tensor>& weights, const ExportOptions& o) {
-  Say(o, "export: writing the TorchScript network");
+// The task's networks (--torchscript: BaseTask::ExportTorchScript under torchscript/; --onnx:
+// BaseTask::ExportOnnx under onnx/), exported from its variables, which get the exported (EMA)
+// weights in float32 first, once for both.
+void WriteNetworks(BundleFiles& bundle, const BaseModel& model,
+                   const std::map<std::string, at::Tensor>& weights, const ExportOptions& o) {
+  if (!o.torchscript && !o.onnx) return;
   LoadExportedWeights(model, weights);
-  for (const auto& name : model.task().ExportTorchScript(JoinPath(bundle.dir, "torchscript"))) {
-    bundle.Add("torchscript/" + name);
+  auto write = [&](const char* what, const std::string& sub, const auto& exporter) {
+    Say(o, StrCat("export: writing the ", what));
+    for (const auto& name : exporter(JoinPath(bundle.dir, sub))) bundle.Add(sub + "/" + name);
+  };
+  if (o.torchscript) {
+    write("TorchScript network", "torchscript",
+          [&](const std::string& dir) { return model.task().ExportTorchScript(dir); });
   }
-}
-
-// The ONNX networks (BaseTask::ExportOnnx), from the same float32 weights as TorchScript's.
-void WriteOnnx(BundleFiles& bundle, const BaseModel& model,
-               const std::map<std::string, at::Tensor>& weights, const ExportOptions& o) {
-  Say(o, "export: writing the ONNX networks");
-  LoadExportedWeights(model, weights);
-  for (const auto& name : model.task().ExportOnnx(JoinPath(bundle.dir, "onnx"))) {
-    bundle.Add("onnx/" + name);
+  if (o.onnx) {
+    write("ONNX networks", "onnx", [&](const std::string& dir) { return model.task().ExportOnnx(dir); });
   }
 }
 
@@ -309,8 +308,7 @@ int64_t ExportBundle(const ExportOptions& o) {
   bundle.Add("model_params.pb");
   AtomicWriteFile(JoinPath(dir, "model_params.txt"), p.ToText());
   bundle.Add("model_params.txt");
-  if (o.torchscript) WriteTorchScript(bundle, *model, weights, o);
-  if (o.onnx) WriteOnnx(bundle, *model, weights, o);
+  WriteNetworks(bundle, *model, weights, o);
   WriteWeights(bundle, weights, *step, o);
   json manifest = {{"format", kFormat},
                    {"format_version", kBundleFormatVersion},
@@ -320,8 +318,15 @@ int64_t ExportBundle(const ExportOptions& o) {
                    {"dtype", o.dtype},
                    {"files", bundle.files}};
   AtomicWriteFile(JoinPath(dir, kManifest), manifest.dump(2) + "\n");
-  if (FileExists(target)) std::filesystem::remove(target);  // empty (checked above)
-  std::filesystem::rename(dir, target);
+  // The target was missing or empty when the export began; another export (or anyone) may have
+  // filled it meanwhile: then this one fails and its staging directory goes (cleanup), never
+  // touching what is there.
+  std::error_code ec;
+  if (FileExists(target)) std::filesystem::remove(target, ec);  // only removes an empty directory
+  if (ec || (std::filesystem::rename(dir, target, ec), ec)) {
+    throw AbortedError(StrCat("export: '", o.out_dir, "' was filled by something else while this "
+                              "export ran (", ec.message(), "); nothing of this export was kept"));
+  }
   cleanup.armed = false;
   return *step;
 }
