@@ -15,6 +15,8 @@ ap.add_argument("--batch", type=int, default=128)
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--threads", type=int, default=1)
+ap.add_argument("--channels_last", action="store_true",
+                help="the model and images in torch.channels_last (PyTorch's fastest CPU layout)")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 torch.manual_seed(1)
@@ -75,6 +77,9 @@ model = LeNet5() if args.model == "lenet5" else ResNet()
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 x = torch.randn(args.batch, 1, 28, 28)
 y = torch.randint(0, 10, (args.batch,))
+if args.channels_last:
+    model = model.to(memory_format=torch.channels_last)
+    x = x.contiguous(memory_format=torch.channels_last)
 
 
 def step():

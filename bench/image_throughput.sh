@@ -3,7 +3,7 @@
 # the same models in PyTorch eager (Debian's python3-torch), on random 28x28 images, batch 128, in
 # one run. Both get the fp32 thread layout Glossa uses (glossa/runtime/cpu_runtime.h: 1 ATen
 # thread + OpenBLAS on every core) and the same allocator settings. Prints images/s medians and
-# their ratio.
+# their ratio, against PyTorch as usually written (NCHW) and in channels_last (its fastest layout).
 #   bash bench/image_throughput.sh [runs=3] [build_dir=build] [reps=3]
 # Each framework is invoked `reps` times, alternating, each invocation timing `runs` runs.
 set -euo pipefail
@@ -22,17 +22,20 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo; then
 elif [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo; then
   export OPENBLAS_CORETYPE=Haswell
 fi
-printf "%-7s %16s %16s %7s\n" model glossa_images/s torch_images/s ratio
+printf "%-7s %16s %16s %7s %19s %7s\n" model glossa_images/s torch_images/s ratio torch_cl_images/s ratio
 for model in ${MODELS:-lenet5 resnet}; do
   steps=20
   [ "$model" = resnet ] && steps=5
-  gs=(); ps=()
+  gs=(); ps=(); cs=()
   for _ in $(seq "$reps"); do
     gs+=("$("$bin" --model=$model --steps=$steps --runs="$runs" 2>/dev/null | awk '/glossa_images_per_sec/ {print $2}')")
     ps+=("$(OPENBLAS_NUM_THREADS=$cores /usr/bin/python3 bench/image_throughput.py --model=$model --steps=$steps --runs="$runs" --threads=1 | awk '{print $2}')")
+    cs+=("$(OPENBLAS_NUM_THREADS=$cores /usr/bin/python3 bench/image_throughput.py --model=$model --steps=$steps --runs="$runs" --threads=1 --channels_last | awk '{print $2}')")
   done
   gt=$(printf "%s\n" "${gs[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
   pt=$(printf "%s\n" "${ps[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
-  awk -v m=$model -v g="$gt" -v p="$pt" 'BEGIN { printf "%-7s %16.1f %16.1f %7.2f\n", m, g, p, g / p }'
+  ct=$(printf "%s\n" "${cs[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
+  awk -v m=$model -v g="$gt" -v p="$pt" -v c="$ct" \
+    'BEGIN { printf "%-7s %16.1f %16.1f %7.2f %19.1f %7.2f\n", m, g, p, g / p, c, g / c }'
 done
 echo "reproduce: bash bench/image_throughput.sh $runs $build $reps"

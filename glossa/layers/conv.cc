@@ -106,12 +106,24 @@ std::pair<at::Tensor, at::Tensor> Conv2DLayer::FProp(const NestedMap& theta,
     throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must be [B, H, W, ",
                                       filter_shape_[2], "], got ", inputs.sizes()));
   }
+  // Channels-last end to end: the NHWC input viewed as NCHW has ATen's channels-last strides, the
+  // HWIO filter is laid out O,H,W,I once per call (an OIHW view with channels-last strides), so
+  // the convolution (oneDNN's, forward and backward) reads and writes NHWC memory and the result
+  // viewed back as NHWC is contiguous: no layout copies around it.
   at::Tensor x = MaskInput(CastToFPropDtype(inputs), paddings).permute({0, 3, 1, 2});
-  if (same_) x = PadSame(x, {filter_shape_[0], filter_shape_[1]}, stride_, dilation_, 0.0);
-  at::Tensor w = theta.GetTensor("w").permute({3, 2, 0, 1});  // HWIO -> OIHW
+  std::vector<int64_t> padding = {0, 0};
+  if (same_) {
+    auto [ht, hb] = SamePadding(x.size(2), filter_shape_[0], stride_[0], dilation_[0]);
+    auto [wl, wr] = SamePadding(x.size(3), filter_shape_[1], stride_[1], dilation_[1]);
+    if (ht == hb && wl == wr) {
+      padding = {ht, wl};  // symmetric: the convolution pads, no padded copy
+    } else {
+      x = at::constant_pad_nd(x, {wl, wr, ht, hb}, 0.0);
+    }
+  }
+  at::Tensor w = theta.GetTensor("w").permute({3, 0, 1, 2}).contiguous().permute({0, 3, 1, 2});
   at::Tensor b = bias_ ? theta.GetTensor("b") : at::Tensor();
-  const std::vector<int64_t> no_padding = {0, 0};
-  at::Tensor y = at::conv2d(x, w, b, stride_, no_padding, dilation_).permute({0, 2, 3, 1});
+  at::Tensor y = at::conv2d(x, w, b, stride_, padding, dilation_).permute({0, 2, 3, 1});
   y = Activate(activation_, y);
   at::Tensor out_paddings;
   if (paddings.defined()) {

@@ -87,8 +87,17 @@ at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& input
                                       ", got shape ", inputs.sizes()));
   }
   at::Tensor x = CastToFPropDtype(inputs);
-  at::Tensor mean, var;
   const bool training = !IsEvalMode() && !is_inference();
+  const bool fusable = (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble) &&
+                       x.numel() > 0 &&
+                       (!training || (!paddings.defined() && !use_moving_avg_in_training_));
+  if (fusable) {
+    at::Tensor out = FusedFProp(theta, x, training);
+    if (paddings.defined() && set_padded_output_to_zero_)
+      out = out * (1 - paddings.to(out.scalar_type())).unsqueeze(-1);
+    return out;
+  }
+  at::Tensor mean, var;
   if (training) {
     at::Tensor w = paddings.defined() ? (1 - paddings.to(x.scalar_type())).unsqueeze(-1)
                                       : at::ones_like(x.select(-1, 0)).unsqueeze(-1);
@@ -121,6 +130,36 @@ at::Tensor BatchNormLayer::FProp(const NestedMap& theta, const at::Tensor& input
   if (paddings.defined() && set_padded_output_to_zero_)
     out = out * (1 - paddings.to(out.scalar_type())).unsqueeze(-1);
   return out;
+}
+
+// ATen's fused batch norm over [rows, dim] (one pass for the statistics, one for the output, and
+// one fused backward): used where every row counts, i.e. without paddings in training. The batch
+// variance for the moving average comes back from the saved 1 / sqrt(var + epsilon), in double.
+at::Tensor BatchNormLayer::FusedFProp(const NestedMap& theta, const at::Tensor& x,
+                                      bool training) const {
+  const at::ScalarType t = x.scalar_type();
+  const at::Tensor rows = x.reshape({-1, dim_});
+  const at::Tensor weight = (1 + theta.GetTensor("gamma")).to(t);
+  const at::Tensor bias = theta.GetTensor("beta").to(t);
+  if (!training) {
+    return at::batch_norm(rows, weight, bias, theta.GetTensor("moving_mean").to(t),
+                          theta.GetTensor("moving_variance").to(t), /*training=*/false, 0.0,
+                          epsilon_, /*cudnn_enabled=*/false)
+        .view(x.sizes());
+  }
+  auto [out, batch_mean, invstd] =
+      at::native_batch_norm(rows, weight, bias, {}, {}, /*training=*/true, 0.0, epsilon_);
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor batch_var =
+        at::clamp_min(invstd.detach().to(at::kDouble).pow(-2) - epsilon_, 0.0);
+    for (const auto& [name, stat] : {std::make_pair("moving_mean", batch_mean.detach()),
+                                     std::make_pair("moving_variance", batch_var)}) {
+      at::Tensor var_tensor = GetVariable(name);
+      var_tensor.sub_((var_tensor - stat.to(var_tensor.scalar_type())) * (1 - decay_));
+    }
+  }
+  return out.view(x.sizes());
 }
 
 GLOSSA_REGISTER_CLASS(LayerNorm, "glossa.layers.LayerNorm");

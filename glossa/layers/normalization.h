@@ -55,6 +55,7 @@ class BatchNormLayer : public BaseLayer {
                    const at::Tensor& paddings = {}) const;
 
  private:
+  at::Tensor FusedFProp(const NestedMap& theta, const at::Tensor& x, bool training) const;
   int64_t dim_;
   double decay_, epsilon_;
   bool set_padded_output_to_zero_, use_moving_avg_in_training_;

@@ -242,6 +242,9 @@ def batch_norm(i, t):
 
 case('batch_norm_train', 'glossa.layers.BatchNormLayer', 'dim : 4\ndecay : 0.9',
      {'x': bn_x, 'paddings': bn_pad}, bn_theta, batch_norm, int_inputs=('paddings',))
+# Without paddings every row counts (Glossa's fused path: ATen's native_batch_norm).
+case('batch_norm_train_unpadded', 'glossa.layers.BatchNormLayer', 'dim : 4\ndecay : 0.9',
+     {'x': bn_x}, bn_theta, lambda i, t: batch_norm({'x': i['x'], 'paddings': torch.zeros(3, 5)}, t))
 
 # ---- Attention ----
 d, n = 8, 2
