@@ -4,6 +4,8 @@
 // over --runs. Writes the source ids and the best hypotheses to <workdir> for the PyTorch eager
 // peer (bench/beam_search.py), which runs the same model and search and compares its outputs.
 //   bench_beam_search --logdir=runs/bible_tiny --workdir=/tmp/glossa_bench_beam --batch=1
+// --int8=1 runs the projections in int8 (what `glossa export --quantize=int8` bundles run) and
+// writes glossa_hyps_int8.jsonl.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/input/input_generator.h"
+#include "glossa/kernels/int8_gemm.h"
 #include "glossa/model/base_model.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/data_dir.h"
@@ -38,7 +42,8 @@ int main(int argc, char** argv) {
                               {"sentences", "64"},
                               {"batch", "1"},
                               {"beam", "4"},
-                              {"runs", "3"}});
+                              {"runs", "3"},
+                              {"int8", "0"}});
   const int64_t n = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int64_t runs = std::stoll(f["runs"]);
   CreateDirectories(f["workdir"]);
@@ -89,6 +94,12 @@ int main(int argc, char** argv) {
   std::vector<double> sps, tps;
   std::vector<std::vector<int64_t>> hyps;
   const NestedMap theta = task.theta();
+  // --int8=1: the projections in int8, as the Predictor of a bundle exported with
+  // --quantize=int8 runs them (glossa/kernels/int8_gemm.h).
+  const bool int8 = f["int8"] == "1";
+  at::NoGradGuard no_grad;
+  std::optional<Int8Scope> int8_scope;
+  if (int8) int8_scope.emplace();
   for (int64_t r = 0; r <= runs; ++r) {  // run 0 warms up
     hyps.clear();
     int64_t tokens = 0;
@@ -111,7 +122,7 @@ int main(int argc, char** argv) {
     }
   }
   {
-    std::ofstream out(JoinPath(f["workdir"], "glossa_hyps.jsonl"));
+    std::ofstream out(JoinPath(f["workdir"], int8 ? "glossa_hyps_int8.jsonl" : "glossa_hyps.jsonl"));
     for (const auto& h : hyps) out << nlohmann::json(h).dump() << "\n";
   }
   std::sort(sps.begin(), sps.end());

@@ -3,6 +3,7 @@
 // Run by predictor_throughput.sh beside the same network in PyTorch eager (predictor_throughput.py),
 // which reads the bundle's weights and the ids this program writes.
 //   bench_predictor --workdir=/tmp/glossa_bench_predictor --sentences=200 --batch=1 --runs=3
+// --int8=1 runs the same checkpoint exported with --quantize=int8 (<workdir>/bundle_int8).
 // The first run trains lm.austen.TransformerLmTiny one step and exports <workdir>/bundle (with
 // --onnx: onnx/lm_score.onnx, which ONNX Runtime runs on the batches written to
 // <workdir>/onnx_feeds_b<batch>.jsonl, the same ids and paddings the network alone gets).
@@ -24,6 +25,7 @@
 #include "glossa/inference/bundle.h"
 #include "glossa/inference/predictor.h"
 #include "glossa/kernels/batch_invariant.h"
+#include "glossa/kernels/int8_gemm.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/runtime/cpu_runtime.h"
@@ -41,7 +43,8 @@ int main(int argc, char** argv) {
                               {"batch", "1"},
                               {"runs", "3"},
                               {"threads", "0"},
-                              {"batch_invariant", "0"}});
+                              {"batch_invariant", "0"},
+                              {"int8", "0"}});
   const std::string work = f["workdir"];
   const int64_t num_sentences = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int runs = std::stoi(f["runs"]);
@@ -49,12 +52,16 @@ int main(int argc, char** argv) {
   // --batch_invariant=1: the kernels glossa serve runs (glossa/kernels/batch_invariant.h).
   std::optional<BatchInvariantScope> invariant;
   if (f["batch_invariant"] == "1") invariant.emplace();
-  const std::string bundle = JoinPath(work, "bundle");
+  // --int8=1: the same checkpoint exported with --quantize=int8 (<workdir>/bundle_int8).
+  const bool int8 = f["int8"] == "1";
+  const std::string bundle = JoinPath(work, int8 ? "bundle_int8" : "bundle");
   const Params dev = GetModelParams("lm.austen.TransformerLmTiny", "Dev",
                                     "random_seed : 1\ntask.random_seed : 1\n");
-  if (!FileExists(JoinPath(bundle, "onnx/lm_score.onnx"))) {
-    std::filesystem::remove_all(bundle);
-    const std::string logdir = JoinPath(work, "lm");
+  const std::string logdir = JoinPath(work, "lm");
+  if (!FileExists(JoinPath(work, "bundle/onnx/lm_score.onnx"))) {
+    std::filesystem::remove_all(JoinPath(work, "bundle"));
+    std::filesystem::remove_all(JoinPath(work, "bundle_int8"));
+    std::filesystem::remove_all(logdir);
     Executor(GetModelParams("lm.austen.TransformerLmTiny", "Train",
                             "random_seed : 1\ntask.random_seed : 1\ntask.train.max_steps : 1\n"
                             "task.train.steps_per_loop : 1\n"),
@@ -62,8 +69,15 @@ int main(int argc, char** argv) {
         .Run();
     ExportBundle({.model_params = dev,
                   .checkpoint = *Saver::LatestCheckpoint(JoinPath(logdir, "train")),
-                  .out_dir = bundle,
+                  .out_dir = JoinPath(work, "bundle"),
                   .onnx = true});
+  }
+  if (int8 && !FileExists(JoinPath(bundle, "MANIFEST.json"))) {
+    std::filesystem::remove_all(bundle);
+    ExportBundle({.model_params = dev,
+                  .checkpoint = *Saver::LatestCheckpoint(JoinPath(logdir, "train")),
+                  .out_dir = bundle,
+                  .quantize = "int8"});
   }
   // Sentences: the first non-empty lines of the Dev text.
   std::string pattern = dev.GetString("task.input.file_pattern");
@@ -148,6 +162,8 @@ int main(int argc, char** argv) {
     rates.push_back(static_cast<double>(tokens) / (Now() - t0));
     at::NoGradGuard no_grad;
     EvalModeScope eval;
+    std::optional<Int8Scope> int8_scope;  // what the Predictor of an int8 bundle opens
+    if (int8) int8_scope.emplace();
     const NestedMap theta = lm.theta();
     t0 = Now();
     for (const auto& [ids, paddings] : inputs) at::log_softmax(lm.Logits(theta, ids, paddings), -1);

@@ -83,6 +83,14 @@ void CheckExportOptions(const ExportOptions& o) {
     throw InvalidArgumentError(
         StrCat("export: dtype must be float32 or bfloat16, got '", o.dtype, "'"));
   }
+  if (o.quantize != "none" && o.quantize != "int8") {
+    throw InvalidArgumentError(
+        StrCat("export: quantize must be none or int8, got '", o.quantize, "'"));
+  }
+  if (o.quantize == "int8" && o.dtype != "float32") {
+    throw InvalidArgumentError(StrCat("export: quantize int8 needs dtype float32 (it quantizes the "
+                                      "float32 weights), got '", o.dtype, "'"));
+  }
   if (o.out_dir.empty()) throw InvalidArgumentError("export: the output directory is not set");
   if (FileExists(o.out_dir) && !ListDirectory(o.out_dir).empty()) {
     throw InvalidArgumentError(StrCat("export: '", o.out_dir,
@@ -100,6 +108,19 @@ std::optional<Params> MainTokenizer(Params& p) {
     tokenizer = p.GetParams(main_input + ".tokenizer").Copy();
   }
   return tokenizer;
+}
+
+// int8 bundles compute in float32 around the int8 projections (the kernel quantizes float32
+// activations; CTranslate2's int8_float32): every fprop_dtype set in the tree goes back to None.
+void FloatActivations(Params& p) {
+  for (const auto& key : p.Keys()) {
+    const ParamValue& v = p.Get(key);
+    if (key == "fprop_dtype" && !v.is_none()) {
+      p.Set(key, nullptr);
+    } else if (v.is_params()) {
+      FloatActivations(p.GetParams(key));
+    }
+  }
 }
 
 // The weights: EMA averages when the model keeps them (what evaluation uses), else the variables,
@@ -291,6 +312,7 @@ int64_t ExportBundle(const ExportOptions& o) {
   if (!step) throw DataLossError(StrCat("export: checkpoint '", o.checkpoint, "' has no global_step"));
   std::map<std::string, at::Tensor> weights = ExportedWeights(*model, ema.get(), o);
   if (o.dtype == "bfloat16") p.Set("dtype", DType::kBFloat16);
+  if (o.quantize == "int8") FloatActivations(p);
   // Everything is written to a staging directory beside out_dir and renamed into place at the end:
   // an export that fails leaves nothing under out_dir (one that is killed, a "<out_dir>.partial-
   // <pid>" directory beside it).
@@ -316,6 +338,7 @@ int64_t ExportBundle(const ExportOptions& o) {
                    {"source_checkpoint", o.checkpoint},
                    {"global_step", *step},
                    {"dtype", o.dtype},
+                   {"quantize", o.quantize},
                    {"files", bundle.files}};
   AtomicWriteFile(JoinPath(dir, kManifest), manifest.dump(2) + "\n");
   // The target was missing or empty when the export began; another export (or anyone) may have
@@ -377,6 +400,12 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
   }
   if (field("global_step", &json::is_number_integer).get<int64_t>() < 0) {
     throw DataLossError(StrCat("bundle manifest '", path, "': global_step is negative"));
+  }
+  // Absent in bundles from before int8 export: none.
+  if (m.contains("quantize") && (!m["quantize"].is_string() ||
+                                 (m["quantize"] != "none" && m["quantize"] != "int8"))) {
+    throw DataLossError(StrCat("bundle manifest '", path, "': quantize must be \"none\" or "
+                               "\"int8\", got ", m["quantize"].dump()));
   }
   const json& files = field("files", &json::is_object);
   for (const char* required : {"model_params.pb", "weights.safetensors", "inference_graph.pbtxt"}) {

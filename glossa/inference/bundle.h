@@ -60,6 +60,12 @@ struct ExportOptions {
   // Also write onnx/<name>.onnx, the task's networks with a static graph as ONNX models
   // (BaseTask::ExportOnnx; float32, opset 17, checked by onnx's checker).
   bool onnx = false;
+  // "int8": the Predictor runs the projections (x·w through Affine) in int8, weights quantized
+  // per output channel and activations per row at run time (glossa/kernels/int8_gemm.h); the
+  // manifest records it ("quantize"). Needs dtype float32. The weights file keeps float32 (the
+  // Predictor quantizes each weight on its first use), and the TorchScript and ONNX networks stay
+  // float32. "none": float arithmetic throughout.
+  std::string quantize = "none";
   // A line before each long phase (after the inputs are checked): null says nothing.
   std::function<void(const std::string&)> log;
 };

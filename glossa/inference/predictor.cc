@@ -4,9 +4,11 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/kernels/int8_gemm.h"
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
 #include "glossa/checkpoint/saver.h"
@@ -84,6 +86,8 @@ Predictor::Predictor(const std::string& bundle_dir, PredictorOptions options)
       specs_[name] = it->second;
     }
   }
+  auto q = bundle_.manifest.find("quantize");
+  int8_ = q != bundle_.manifest.end() && q->second == "int8";
   auto loaded = std::make_shared<Loaded>();
   loaded->model = bundle_.model.get();
   loaded->global_step = bundle_.global_step;
@@ -226,6 +230,8 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
   Validate(subgraph, feeds, fetch_keys, validate_fetches);
   const std::shared_ptr<const Loaded> loaded = Current();  // this Run's weights, whatever Load does
   if (global_step != nullptr) *global_step = loaded->global_step;
+  std::optional<Int8Scope> int8;  // a bundle exported with --quantize=int8
+  if (int8_) int8.emplace();
   InferenceMap all = loaded->model->task().RunInference(subgraph, feeds, bundle_.tokenizer.get());
   // A NaN is never an answer (JSON would carry it as null): the model or its input broke.
   for (const auto& [key, v] : all) {

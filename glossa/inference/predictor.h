@@ -71,6 +71,7 @@ class Predictor {
   LoadedBundle bundle_;
   PredictorOptions options_;
   std::map<std::string, InferenceSubgraphSpec> specs_;
+  bool int8_ = false;  // the manifest's quantize is int8: Runs open an Int8Scope
   mutable std::mutex mu_;
   std::shared_ptr<const Loaded> current_;
 };

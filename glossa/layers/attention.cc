@@ -14,6 +14,7 @@
 #include "glossa/kernels/attention_core.h"
 #include "glossa/kernels/step_attention.h"
 #include "glossa/kernels/gemm.h"
+#include "glossa/kernels/int8_gemm.h"
 
 namespace glossa {
 
@@ -262,7 +263,9 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
     return p->FProp(p.Theta(theta), CastToFPropDtype(x));
   };
   at::Tensor q, k, v;
-  if (fuse_qkv_ && query.is_same(key) && key.is_same(value)) {
+  // Not under int8 (glossa/kernels/int8_gemm.h): the concatenated weight would be a new tensor
+  // each call, quantized again each time; the three projections keep theirs.
+  if (fuse_qkv_ && query.is_same(key) && key.is_same(value) && !Int8Active()) {
     std::tie(q, k, v) = ProjectQkv(theta, CastToFPropDtype(query));
   } else {
     q = proj(query_, query);

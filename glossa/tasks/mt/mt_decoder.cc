@@ -2,6 +2,7 @@
 // incremental steps, beam search, greedy and sampling.
 #include "glossa/tasks/mt/mt.h"
 #include "glossa/kernels/gemm.h"
+#include "glossa/kernels/int8_gemm.h"
 
 #include <ATen/ATen.h>
 
@@ -255,8 +256,9 @@ NestedMap TransformerDecoder::PrecomputeSource(const NestedMap& theta,
   if (shared_emb_) {
     // The tied softmax weight transposed once ([D, V], contiguous): each step's logits GEMM then
     // reads it in the layout the BLAS packs fastest, not the embedding's [V, D] transposed.
-    out.Put("softmax_weight",
-            token_emb_.Theta(theta).GetTensor("emb_var").to(fprop_dtype()).t().contiguous());
+    // Under int8 the embedding's own transposed view: its quantized form is cached with it.
+    const at::Tensor emb = token_emb_.Theta(theta).GetTensor("emb_var").to(fprop_dtype());
+    out.Put("softmax_weight", Int8Active() ? emb.t() : emb.t().contiguous());
   }
   return out;
 }

@@ -32,6 +32,10 @@ class ExportCommand : public Command {
                 "Also write torchscript/network.pt (ids to log-probs) for torch.jit.load.");
     c->add_flag("--onnx", onnx_,
                 "Also write onnx/<network>.onnx (opset 17) for ONNX Runtime and other engines.");
+    c->add_option("--quantize", quantize_,
+                  "none, or int8: the Predictor runs the projections in int8 (weights per output "
+                  "channel, activations per row at run time; float32 only).")
+        ->capture_default_str();
     return c;
   }
 
@@ -43,6 +47,7 @@ class ExportCommand : public Command {
     const int64_t step =
         ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = out_, .dtype = dtype_,
                       .subgraphs = subgraphs_, .torchscript = torchscript_, .onnx = onnx_,
+                      .quantize = quantize_,
                       .log = [](const std::string& l) { std::cout << l << std::endl; }});
     std::cout << "exported " << ckpt << " (step " << step << ") to " << out_ << "\n";
     return 0;
@@ -50,7 +55,7 @@ class ExportCommand : public Command {
 
  private:
   ModelFlags f_;
-  std::string out_, dtype_ = "float32";
+  std::string out_, dtype_ = "float32", quantize_ = "none";
   std::vector<std::string> subgraphs_;
   bool torchscript_ = false;
   bool onnx_ = false;
