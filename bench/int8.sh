@@ -2,6 +2,7 @@
 # int8 against fp32 (`glossa export --quantize=int8`: weights per output channel, activations per
 # row at run time; glossa/kernels/int8_gemm.h), quality and speed in one run.
 #   bash bench/int8.sh [austen_logdir=runs/austen_tiny] [mt_logdir=runs/bible_tiny] [build=build] [reps=3] [verses=300]
+#   SPEED=0 bash bench/int8.sh ...   # the quality rows only
 # Quality, from the two logdirs' latest checkpoints, each exported twice (float32 and int8):
 #   - Austen Dev log_pplx: -sum(total_log_prob) / sum(lengths) over every Dev line, by the bundle's
 #     Predictor (`glossa predict`, subgraph default). Target: int8 within 0.02 of fp32.
@@ -56,13 +57,14 @@ bleu() {
 import json, sys
 for line in sys.stdin:
     print(json.loads(line)["translation"])' > "$1.hyp"
-  quiet "$glossa" bleu --hyp="$1.hyp" --ref="$work/test.es" | awk '/BLEU/ {print $NF; exit}'
+  quiet "$glossa" bleu --hyp="$1.hyp" --ref="$work/test.es" | awk '$1 == "BLEU" {print $3; exit}'
 }
 p0=$(pplx "$work/lm_none"); p1=$(pplx "$work/lm_int8")
 awk -v a="$p0" -v b="$p1" 'BEGIN { printf "%-34s %10.4f %10.4f %+8.4f\n", "austen Dev log_pplx (target 0.02)", a, b, b - a }'
 b0=$(bleu "$work/mt_none"); b1=$(bleu "$work/mt_int8")
 awk -v a="$b0" -v b="$b1" -v n="$verses" 'BEGIN { printf "%-34s %10.2f %10.2f %+8.2f\n", "bible Test BLEU, " n " verses (0.5)", a, b, b - a }'
 
+[ "${SPEED:-1}" = 0 ] && exit 0  # SPEED=0: the quality rows only
 median() { printf "%s\n" "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
 printf "\n%-26s %12s %12s %7s\n" speed fp32 int8 ratio
 for batch in 1 8; do

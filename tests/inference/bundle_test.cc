@@ -88,6 +88,49 @@ TEST(Bundle, ExportedModelScoresExactlyAsTheEvalModel) {
   EXPECT_TRUE(at::allclose(got16.to(at::kFloat), want, 0.05, 0.1));
 }
 
+// --quantize=int8: the manifest says so, the Predictor runs the projections in int8 (the scores
+// move, a little), activations are float32 whatever the model trained in, and bad settings are
+// refused naming them.
+TEST(Bundle, Int8ExportRunsTheProjectionsInInt8CloseToFloat) {
+  Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  p.Set("task.fprop_dtype", DType::kBFloat16);
+  const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+  const std::string out = Dir("int8");
+  ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = out, .quantize = "int8"});
+  Predictor int8(out);
+  EXPECT_EQ(int8.manifest().at("quantize"), "int8");
+  EXPECT_TRUE(LoadBundle(out).model_params.Get("task.fprop_dtype").is_none());
+  Predictor fp32(ExportedBundle());
+  EXPECT_EQ(fp32.manifest().at("quantize"), "none");
+  const InferenceMap want = fp32.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
+  const InferenceMap got = int8.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
+  const at::Tensor a = want.at("log_probs").tensor, b = got.at("log_probs").tensor;
+  ASSERT_EQ(a.sizes(), b.sizes());
+  EXPECT_FALSE(at::equal(a, b));  // int8 ran
+  EXPECT_LT((a - b).abs().max().item<double>(), 0.05);
+  // Each sentence alone gets its batched scores: int8's rows do not depend on the others here.
+  // (The projections: per-row activation scales; the rest of the LM runs ATen's kernels, so the
+  // comparison is within float rounding, not bits.)
+  for (size_t i = 0; i < kTexts.size(); ++i) {
+    const InferenceMap one = int8.Run("default", {{"text", InferenceValue::Strings({kTexts[i]})}});
+    const at::Tensor row = one.at("log_probs").tensor[0];
+    const int64_t n = one.at("lengths").tensor[0].item<int64_t>();
+    EXPECT_LT((row.narrow(0, 0, n) - b[i].narrow(0, 0, n)).abs().max().item<double>(), 1e-4) << i;
+  }
+  EXPECT_ERROR_CONTAINS(
+      ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = Dir("q4"), .quantize = "int4"}),
+      InvalidArgumentError, "quantize must be none or int8, got 'int4'");
+  EXPECT_ERROR_CONTAINS(ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = Dir("qbf"),
+                                      .dtype = "bfloat16", .quantize = "int8"}),
+                        InvalidArgumentError, "quantize int8 needs dtype float32");
+  // A manifest that says something else is refused naming the field.
+  const std::string manifest = out + "/MANIFEST.json";
+  nlohmann::json m = nlohmann::json::parse(ReadFileToString(manifest));
+  m["quantize"] = "int4";
+  AtomicWriteFile(manifest, m.dump());
+  EXPECT_ERROR_CONTAINS(Predictor{out}, DataLossError, "quantize must be");
+}
+
 TEST(Bundle, DamagedBundlesAreRefusedNamingTheFile) {
   const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
   const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
