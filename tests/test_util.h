@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -64,6 +65,13 @@ inline std::string TempDir(const std::string& name) {
   } while (0)
 
 namespace glossa {
+
+// Whether two float32 tensors hold the same shape and the same bits.
+inline bool SameBits(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.contiguous(), y = b.contiguous();
+  return x.sizes() == y.sizes() &&
+         std::memcmp(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() * sizeof(float)) == 0;
+}
 
 // The layer `p` describes, named "layer" with random_seed 17, after `text` (params text) is
 // applied: the layer tests' one way to build what they test.

@@ -10,15 +10,10 @@
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/parallel.h"
+#include "tests/test_util.h"
 
 namespace glossa {
 namespace {
-
-bool SameBits(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.contiguous(), y = b.contiguous();
-  return x.sizes() == y.sizes() &&
-         std::memcmp(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() * sizeof(float)) == 0;
-}
 
 // Against ATen in double precision, and row by row: a row's bits alone are its bits among any
 // number of other rows, at one or two threads; the SIMD path gives the portable path's bits.

@@ -9,15 +9,10 @@
 #include "glossa/base/errors.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/parallel.h"
+#include "tests/test_util.h"
 
 namespace glossa {
 namespace {
-
-bool SameBits(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.contiguous(), y = b.contiguous();
-  return x.sizes() == y.sizes() &&
-         std::memcmp(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() * sizeof(float)) == 0;
-}
 
 // The weight quantization in double: s = max|w[:, n]| / 127, q = round(w / s), and
 // dequantized it is within s / 2 of w.
