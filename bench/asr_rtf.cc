@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   using namespace glossa;
   auto f = bench::ParseFlags(argc, argv,
                              {{"bundle", ""}, {"manifest", ""}, {"n", "50"}, {"num_hyps", "0"}});
-  ConfigureCpuRuntime(0, false);
+  ConfigureCpuRuntime(0, false, CpuWorkload::kInference);
   const std::string root = f["manifest"].substr(0, f["manifest"].rfind('/'));
   std::ifstream in(f["manifest"]);
   std::vector<std::string> wavs;

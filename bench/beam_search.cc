@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
                               {"beam", "4"},
                               {"runs", "3"},
                               {"int8", "0"}});
+  ConfigureCpuRuntime(0, false, CpuWorkload::kInference);
   const int64_t n = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int64_t runs = std::stoll(f["runs"]);
   CreateDirectories(f["workdir"]);

@@ -4,11 +4,17 @@
 //   const double t0 = glossa::bench::Now();
 #pragma once
 
+#include <ATen/record_function.h>
+
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace glossa::bench {
 
@@ -38,6 +44,46 @@ inline std::map<std::string, std::string> ParseFlags(int argc, char** argv,
 // Seconds on the steady clock.
 inline double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Runs f once and prints its op counts: dispatcher calls (every ATen op, nested ones included), the
+// outermost ones (what the model code calls) by name, and the autograd nodes a backward pass ran.
+//   ops_per_<what> 812 outermost_ops_per_<what> 301 autograd_nodes_per_<what> 0
+inline void PrintOpCounts(const std::function<void()>& f, const std::string& what) {
+  static thread_local int depth = 0;
+  static std::map<std::string, int64_t> outer;
+  static int64_t all = 0, nodes = 0;
+  outer.clear();
+  all = nodes = 0;
+  auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+            if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+              ++nodes;
+            } else {
+              ++all;
+              if (depth == 0) ++outer[fn.name()];
+            }
+            ++depth;
+            return nullptr;
+          },
+          [](const at::RecordFunction&, at::ObserverContext*) { --depth; })
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  f();
+  at::removeCallback(handle);
+  int64_t outer_total = 0;
+  std::vector<std::pair<int64_t, std::string>> top;
+  for (const auto& [name, n] : outer) {
+    outer_total += n;
+    top.emplace_back(n, name);
+  }
+  std::sort(top.rbegin(), top.rend());
+  std::printf("ops_per_%s %lld outermost_ops_per_%s %lld autograd_nodes_per_%s %lld\n", what.c_str(),
+              static_cast<long long>(all), what.c_str(), static_cast<long long>(outer_total),
+              what.c_str(), static_cast<long long>(nodes));
+  for (size_t i = 0; i < std::min<size_t>(top.size(), 20); ++i) {
+    std::printf("  %6lld %s\n", static_cast<long long>(top[i].first), top[i].second.c_str());
+  }
 }
 
 }  // namespace glossa::bench

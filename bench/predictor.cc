@@ -4,6 +4,7 @@
 // which reads the bundle's weights and the ids this program writes.
 //   bench_predictor --workdir=/tmp/glossa_bench_predictor --sentences=200 --batch=1 --runs=3
 // --int8=1 runs the same checkpoint exported with --quantize=int8 (<workdir>/bundle_int8).
+// --count_ops=1 prints the ATen ops of one batch through the network alone instead of timings.
 // The first run trains lm.austen.TransformerLmTiny one step and exports <workdir>/bundle (with
 // --onnx: onnx/lm_score.onnx, which ONNX Runtime runs on the batches written to
 // <workdir>/onnx_feeds_b<batch>.jsonl, the same ids and paddings the network alone gets).
@@ -44,11 +45,12 @@ int main(int argc, char** argv) {
                               {"runs", "3"},
                               {"threads", "0"},
                               {"batch_invariant", "0"},
-                              {"int8", "0"}});
+                              {"int8", "0"},
+                             {"count_ops", "0"}});
   const std::string work = f["workdir"];
   const int64_t num_sentences = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int runs = std::stoi(f["runs"]);
-  ConfigureCpuRuntime(std::stoi(f["threads"]), false);
+  ConfigureCpuRuntime(std::stoi(f["threads"]), false, CpuWorkload::kInference);
   // --batch_invariant=1: the kernels glossa serve runs (glossa/kernels/batch_invariant.h).
   std::optional<BatchInvariantScope> invariant;
   if (f["batch_invariant"] == "1") invariant.emplace();
@@ -154,6 +156,15 @@ int main(int argc, char** argv) {
                    .dump()
             << "\n";
     }
+  }
+  if (f["count_ops"] == "1") {
+    // The ops of one batch through the network alone (--count_ops=1), nested ones included.
+    at::NoGradGuard no_grad;
+    EvalModeScope eval;
+    const NestedMap theta = lm.theta();
+    bench::PrintOpCounts(
+        [&] { at::log_softmax(lm.Logits(theta, inputs[0].first, inputs[0].second), -1); }, "batch");
+    return 0;
   }
   std::vector<double> rates, net_rates;
   for (int r = 0; r < runs; ++r) {

@@ -180,40 +180,7 @@ int main(int argc, char** argv) {
   };
   train_step();  // warm-up (slot creation, allocator)
   if (f["count_ops"] == "1") {
-    // One step's dispatcher calls (every ATen op, nested ones included), the outermost ones (what
-    // the model code calls) and autograd nodes run by the backward pass, by name.
-    static thread_local int depth = 0;
-    static std::map<std::string, int64_t> outer;
-    static int64_t all = 0, nodes = 0;
-    auto handle = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-              if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
-                ++nodes;
-              } else {
-                ++all;
-                if (depth == 0) ++outer[fn.name()];
-              }
-              ++depth;
-              return nullptr;
-            },
-            [](const at::RecordFunction&, at::ObserverContext*) { --depth; })
-            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
-    train_step();
-    at::removeCallback(handle);
-    int64_t outer_total = 0;
-    std::vector<std::pair<int64_t, std::string>> top;
-    for (const auto& [name, n] : outer) {
-      outer_total += n;
-      top.emplace_back(n, name);
-    }
-    std::sort(top.rbegin(), top.rend());
-    std::printf("ops_per_step %lld outermost_ops_per_step %lld autograd_nodes_per_step %lld\n",
-                static_cast<long long>(all), static_cast<long long>(outer_total),
-                static_cast<long long>(nodes));
-    for (size_t i = 0; i < std::min<size_t>(top.size(), 15); ++i) {
-      std::printf("  %6lld %s\n", static_cast<long long>(top[i].first), top[i].second.c_str());
-    }
+    bench::PrintOpCounts(train_step, "step");
     return 0;
   }
   if (f["profile_ops"] == "1") {

@@ -149,7 +149,7 @@ void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causa
   };
   float* xp = x.data_ptr<float>();
   const auto len_of = RowLengths(T, S, causal_block);
-  KernelParallelFor(0, B * N * T, 64, [&](int64_t lo, int64_t hi) {
+  KernelParallelFor(0, B * N * T, ParallelGrain(8 * S), [&](int64_t lo, int64_t hi) {
     SoftmaxRows(xp, S, lo, hi, bias_row, len_of);
   });
 }
@@ -164,7 +164,7 @@ void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_
   const float* p = y.data_ptr<float>();
   TORCH_CHECK(causal_block <= 0 || dy.dim() == 4, "SoftmaxBackwardInPlace: a causal block needs [B, N, T, S]");
   const auto len_of = RowLengths(causal_block > 0 ? dy.size(2) : 1, S, causal_block);
-  KernelParallelFor(0, rows, 64,
+  KernelParallelFor(0, rows, ParallelGrain(4 * S),
                     [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi, len_of); });
 }
 
@@ -214,8 +214,8 @@ struct Heads {
 // in the bf16 layout, Glossa's own in the fp32 layout, each running single-threaded sgemms (one
 // head's GEMMs are too small to split across cores).
 template <typename F>
-void ForEachHead(int64_t batch, int64_t heads, const F& f) {
-  KernelParallelFor(0, batch * heads, 1, [&](int64_t lo, int64_t hi) {
+void ForEachHead(int64_t batch, int64_t heads, int64_t work_per_head, const F& f) {
+  KernelParallelFor(0, batch * heads, ParallelGrain(work_per_head), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) f(i / heads, i % heads);
   });
 }
@@ -253,7 +253,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor logits = at::empty({B, N, T, S}, q.options());
     const Heads hq(q), hk(k), hv(v);
     float* lp = logits.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk);
         RowMajorSgemm(false, true, t1 - t0, keys(t1), H, hq.at(b, n) + t0 * hq.row, hq.row,
@@ -274,7 +274,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor out = at::empty({B, T, N, H}, q.options());
     const float* pp = probs.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk);
         RowMajorSgemm(false, false, t1 - t0, H, keys(t1), pp + ((b * N + n) * T + t0) * S, S,
@@ -309,7 +309,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const float* pp = probs.data_ptr<float>();
     at::Tensor dp = at::empty({B, N, T, S}, q.options());
     float* dpp = dp.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk);
         RowMajorSgemm(false, true, t1 - t0, keys(t1), H, gp + (b * T + t0) * N * H + n * H, N * H,
@@ -330,7 +330,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor dk = at::empty({B, S, N, H}, q.options());
     at::Tensor dv = at::empty({B, S, N, H}, q.options());
     float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-    ForEachHead(B, N, [&](int64_t b, int64_t n) {
+    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
       const float* ds_bn = dsp + (b * N + n) * T * S;
       const float* p_bn = pp + (b * N + n) * T * S;
       for (int64_t t0 = 0; t0 < T; t0 += blk) {

@@ -126,8 +126,7 @@ at::Tensor AffineImpl(const at::Tensor& x_in, const at::Tensor& w_in, const at::
   const int64_t row_blocks = (M + kRows - 1) / kRows, col_blocks = (N + kCols - 1) / kCols;
   // Column panel major: a panel of w (K × 32) stays in L1 across its row blocks. Each element's
   // arithmetic is the same whichever thread computes its tile.
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, K * kRows * kCols / 64));
-  KernelParallelFor(0, row_blocks * col_blocks, grain, [&](int64_t lo, int64_t hi) {
+  KernelParallelFor(0, row_blocks * col_blocks, ParallelGrain(K * kRows * kCols), [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t cb = t / row_blocks, rb = t % row_blocks;
       const int64_t i0 = rb * kRows, j0 = cb * kCols;
@@ -305,7 +304,7 @@ std::pair<at::Tensor, at::Tensor> InvariantAttention(const at::Tensor& q_in, con
   a.vs0 = v.stride(0), a.vs1 = v.stride(1), a.vs2 = v.stride(2);
   a.out = out.data_ptr<float>(), a.probs = probs.data_ptr<float>();
   const bool simd = CpuHasAvx512F();
-  KernelParallelFor(0, a.B * a.N, 1, [&](int64_t lo, int64_t hi) {
+  KernelParallelFor(0, a.B * a.N, ParallelGrain(2 * a.T * a.S * a.H), [&](int64_t lo, int64_t hi) {
     std::vector<float> kt;
     for (int64_t i = lo; i < hi; ++i) {
 #if GLOSSA_X86_SIMD

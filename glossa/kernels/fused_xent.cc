@@ -161,7 +161,7 @@ int64_t Ranges(int64_t rows) {
 }
 
 // Rows per parallel task: about 32k logits.
-int64_t Grain(int64_t classes) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(classes, 1)); }
+int64_t Grain(int64_t classes) { return ParallelGrain(8 * classes); }
 
 class FusedXentFunction : public torch::autograd::Function<FusedXentFunction> {
  public:

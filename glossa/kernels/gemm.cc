@@ -57,12 +57,12 @@ void ParallelSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   const int64_t lda = a.size(1), ldb = b.size(1);
   const float beta = accumulate ? 1.0f : 0.0f;
   if (m >= n) {
-    KernelParallelFor(0, m, 16, [&](int64_t lo, int64_t hi) {
+    KernelParallelFor(0, m, ParallelGrain(n * k), [&](int64_t lo, int64_t hi) {
           const float* a_rows = trans_a ? ap + lo : ap + lo * lda;  // rows of op(A)
       RowMajorSgemm(trans_a, trans_b, hi - lo, n, k, a_rows, lda, bp, ldb, beta, cp + lo * n, n);
     });
   } else {
-    KernelParallelFor(0, n, 16, [&](int64_t lo, int64_t hi) {
+    KernelParallelFor(0, n, ParallelGrain(m * k), [&](int64_t lo, int64_t hi) {
       const float* b_cols = trans_b ? bp + lo * ldb : bp + lo;  // columns of op(B)
       RowMajorSgemm(trans_a, trans_b, m, hi - lo, k, ap, lda, b_cols, ldb, beta, cp + lo, n);
     });

@@ -196,8 +196,8 @@ void VnniPanel(const VnniArgs& a, int64_t j0) {
 void VnniGemm(const VnniArgs& a) {
   const int64_t blocks = a.w->n16 / 16;
   const int64_t panels = (blocks + 3) / 4;
-  const int64_t work = std::max<int64_t>(1, a.m * a.w->k4 * 64);
-  KernelParallelFor(0, panels, std::max<int64_t>(1, (int64_t{1} << 19) / work),
+  // A panel: m × 64 columns × k4 int8 multiply-adds, a half unit each (vpdpbusd does four a lane).
+  KernelParallelFor(0, panels, ParallelGrain(a.m * a.w->k4 * 32),
                     [&](int64_t lo, int64_t hi) {
                       for (int64_t p = lo; p < hi; ++p) {
                         const int64_t j0 = p * 4, nb = std::min<int64_t>(4, blocks - j0);
@@ -302,7 +302,7 @@ at::Tensor Int8AffinePortable(const at::Tensor& x, const Int8Weight& w, const at
   const float* pb = bc.defined() ? bc.data_ptr<float>() : nullptr;
   at::Tensor y = at::empty({r.m, w.n}, x.options().dtype(at::kFloat));
   float* py = y.data_ptr<float>();
-  KernelParallelFor(0, r.m, 1, [&](int64_t lo, int64_t hi) {
+  KernelParallelFor(0, r.m, ParallelGrain(r.k4 * w.n), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const int8_t* xq = r.q.data() + i * r.k4;
       for (int64_t n = 0; n < w.n; ++n) {

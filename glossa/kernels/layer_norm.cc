@@ -132,7 +132,7 @@ class Bf16LayerNormFunction : public torch::autograd::Function<Bf16LayerNormFunc
     uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
     const float *gp = gamma.data_ptr<float>(), *bp = beta.data_ptr<float>();
     float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
-    KernelParallelFor(0, M, std::max<int64_t>(1, 16384 / D), [&](int64_t lo, int64_t hi) {
+    KernelParallelFor(0, M, ParallelGrain(4 * D), [&](int64_t lo, int64_t hi) {
       LnForwardRows(xp, gp, bp, D, static_cast<float>(eps), yp, mp, rp, lo, hi);
     });
     ctx->save_for_backward({x, gamma, mean, rstd});
@@ -153,7 +153,7 @@ class Bf16LayerNormFunction : public torch::autograd::Function<Bf16LayerNormFunc
     const uint16_t* dyp = reinterpret_cast<const uint16_t*>(dy.data_ptr());
     uint16_t* dxp = reinterpret_cast<uint16_t*>(dx.data_ptr());
     float* pp = partial.data_ptr<float>();
-    KernelParallelFor(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+    KernelParallelFor(0, blocks, ParallelGrain(8 * kLnBlock * D), [&](int64_t lo, int64_t hi) {
       for (int64_t blk = lo; blk < hi; ++blk) {
         LnBackwardRows(xp, dyp, gamma.data_ptr<float>(), mean.data_ptr<float>(),
                        rstd.data_ptr<float>(), D, dxp, pp + blk * D, pp + (blocks + blk) * D,

@@ -157,6 +157,11 @@ KernelPool* KernelPool::current_ = nullptr;
 
 }  // namespace
 
+int64_t ParallelGrain(int64_t work_per_item) {
+  const int64_t w = std::max<int64_t>(1, work_per_item);
+  return std::max<int64_t>(1, (kParallelMinWork + w - 1) / w);
+}
+
 void SetKernelThreads(int threads) { KernelPool::Get().SetThreads(threads); }
 int KernelThreads() { return KernelPool::Get().threads(); }
 

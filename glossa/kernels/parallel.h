@@ -24,6 +24,15 @@ namespace glossa {
 // any number of threads. Nested calls, and calls while another thread's loop runs, run inline.
 void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
                        const std::function<void(int64_t, int64_t)>& f);
+// The grain (items per chunk) of a loop whose items cost `work_per_item` units each (a unit: a
+// multiply-add, or one element of an exp, a division or a reduction): chunks of at least
+// kParallelMinWork units. Waking a sleeping worker costs some 10-30 µs (a futex wake and a
+// reschedule), a few times less than 2^20 units take on one core; smaller chunks made the tiny
+// LM's batch-1 scoring slower on two kernel threads than on one (its attention heads and softmax
+// rows are a few thousand units each), while its training steps ran the same with chunks of 2^16
+// to 2^22 units. The rule is per loop and does not depend on the core count.
+constexpr int64_t kParallelMinWork = int64_t{1} << 20;
+int64_t ParallelGrain(int64_t work_per_item);
 // The kernel threads, the caller included (1: loops run inline). ConfigureCpuRuntime sets them
 // to the fp32 layout's BLAS threads, and to 1 in the bf16 layout.
 void SetKernelThreads(int threads);

@@ -120,7 +120,7 @@ at::Tensor StepAttention(const at::Tensor& q, const at::Tensor& key, const at::T
                bc.defined() ? bc.data_ptr<float>() : nullptr, rc.data_ptr<int64_t>(),
                qc.size(0), qc.size(1), qc.size(2), kc.size(1), length, rc.size(1), kc.size(0),
                out.data_ptr<float>()};
-    KernelParallelFor(0, a.N * a.heads, std::max<int64_t>(1, 4096 / (length * a.H)),
+    KernelParallelFor(0, a.N * a.heads, ParallelGrain(2 * length * a.H),
                       [&](int64_t lo, int64_t hi) {
                         std::vector<float> p;
                         for (int64_t j = lo; j < hi; ++j) StepRow512(a, j / a.heads, j % a.heads, p);

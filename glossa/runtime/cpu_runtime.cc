@@ -42,17 +42,24 @@ namespace {
 // threads than on one (tiny LM layer, fwd+bwd: 23 ms either way; 18.8 ms with the spin cut).
 // Unless OPENBLAS_THREAD_TIMEOUT is set, this restarts OpenBLAS's threads with a spin of 2^8
 // cycles: they sleep right after each GEMM, and each GEMM wakes them (microseconds).
-void ShortenBlasSpin() {
-  static bool done = false;
-  if (done || std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr || openblas_read_env == nullptr ||
+// Inference is the other way round: its GEMMs are small and follow each other closely, and
+// waking the threads for each cost the tiny LM's batch-1 scoring 30% (39k against 57k tokens/s),
+// while its kernel loops are mostly too small to split (kernels/parallel.h: ParallelGrain). The
+// inference workload keeps OpenBLAS's spin, or gives it back (its value when the process started).
+void SetBlasSpin(bool shorten) {
+  static int original = -1;  // the timeout OpenBLAS started with; -1: never changed
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr || openblas_read_env == nullptr ||
       openblas_thread_timeout == nullptr || blas_thread_init == nullptr ||
       blas_thread_shutdown_ == nullptr || openblas_set_num_threads == nullptr ||
       openblas_get_num_threads == nullptr) {
     return;
   }
-  done = true;
+  if (original < 0 && !shorten) return;  // OpenBLAS's own spin, never changed
+  if (original < 0) original = openblas_thread_timeout();
+  const int want = shorten ? 8 : original;
+  if (openblas_thread_timeout() == want) return;
   const int threads = openblas_get_num_threads();
-  setenv("OPENBLAS_THREAD_TIMEOUT", "8", 0);
+  setenv("OPENBLAS_THREAD_TIMEOUT", std::to_string(want).c_str(), 1);
   openblas_read_env();
   unsetenv("OPENBLAS_THREAD_TIMEOUT");  // not for child processes
   blas_thread_shutdown_();
@@ -67,7 +74,8 @@ int BlasThreadTimeout() {
 }
 
 
-CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute) {
+CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute,
+                                     CpuWorkload workload) {
   mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 64 * 1024 * 1024);
@@ -110,7 +118,7 @@ CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute) {
     kernel_threads = static_cast<int>(n);
   }
   SetKernelThreads(kernel_threads);
-  if (kernel_threads > 1 && layout.blas_threads > 1) ShortenBlasSpin();
+  SetBlasSpin(workload == CpuWorkload::kTraining && kernel_threads > 1 && layout.blas_threads > 1);
   return layout;
 }
 

@@ -26,10 +26,15 @@ struct CpuRuntimeLayout {
   int blas_threads = 0;  // 0: OpenBLAS not found (its threads left as they are)
 };
 
-CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute);
+// kTraining: with kernel threads, OpenBLAS's idle threads sleep right after each GEMM, so that
+// the kernel threads' loops get both cores. kInference (the Predictor, glossa serve): they keep
+// OpenBLAS's spin, which catches the next of many small GEMMs at once (cpu_runtime.cc).
+enum class CpuWorkload { kTraining, kInference };
+CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute,
+                                     CpuWorkload workload = CpuWorkload::kTraining);
 
-// OpenBLAS's idle-thread spin, as log2 cycles (0: unknown). With kernel threads, the fp32 layout
-// sets it to 8 unless OPENBLAS_THREAD_TIMEOUT says otherwise (cpu_runtime.cc: ShortenBlasSpin).
+// OpenBLAS's idle-thread spin, as log2 cycles (0: OpenBLAS's default, 2^28 cycles, or unknown). With kernel threads, the fp32 training
+// layout sets it to 8 unless OPENBLAS_THREAD_TIMEOUT says otherwise (cpu_runtime.cc: SetBlasSpin).
 int BlasThreadTimeout();
 
 // OpenBLAS picks its GEMM kernels from CPUID when it loads. In some VMs it settles on a pre-AVX2

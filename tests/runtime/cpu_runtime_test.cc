@@ -18,6 +18,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/layers/attention.h"
 #include "glossa/kernels/fused_xent.h"
+#include "glossa/kernels/parallel.h"
 #include "glossa/optim/optimizer.h"
 
 namespace glossa {
@@ -61,11 +62,33 @@ TEST(CpuRuntime, ThreadLayoutPerComputeDtype) {
     EXPECT_EQ(BlasThreadTimeout(), 8);  // OpenBLAS's idle threads sleep at once
     check_blas(explicit_one);
     EXPECT_EQ(std::getenv("OPENBLAS_THREAD_TIMEOUT"), nullptr);  // not left for children
+    // Inference gives OpenBLAS its spin back (its default, 2^28 cycles), and training takes it
+    // again, the thread counts unchanged.
+    const CpuRuntimeLayout inference = ConfigureCpuRuntime(0, false, CpuWorkload::kInference);
+    EXPECT_NE(BlasThreadTimeout(), 8);  // 0: OpenBLAS's default
+    EXPECT_EQ(inference.blas_threads, cores);
+    check_blas(inference);
+    EXPECT_EQ(KernelThreads(), cores);
+    ConfigureCpuRuntime(0, false);
+    EXPECT_EQ(BlasThreadTimeout(), 8);
+    check_blas(explicit_one);
   }
   ConfigureCpuRuntime(0, /*bf16_compute=*/true);
   EXPECT_EQ(KernelThreads(), 1);
   at::set_num_threads(saved);
   SetKernelThreads(1);
+}
+
+TEST(CpuRuntime, ParallelGrainGivesEachChunkTheMinimumWork) {
+  for (int64_t work : {int64_t{1}, int64_t{7}, int64_t{4096}, kParallelMinWork - 1, kParallelMinWork,
+                       kParallelMinWork + 1, int64_t{1} << 40}) {
+    const int64_t g = ParallelGrain(work);
+    EXPECT_GE(g, 1);
+    EXPECT_GE(g * work, kParallelMinWork) << work;        // enough work per chunk
+    EXPECT_LT((g - 1) * work, kParallelMinWork) << work;  // and no more grain than that needs
+  }
+  EXPECT_EQ(ParallelGrain(0), kParallelMinWork);  // a free item counts as one unit
+  EXPECT_EQ(ParallelGrain(-5), kParallelMinWork);
 }
 
 TEST(CpuRuntime, BadKernelThreadsAreAnError) {

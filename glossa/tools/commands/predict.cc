@@ -13,6 +13,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/inference/predict_lines.h"
 #include "glossa/inference/predictor.h"
+#include "glossa/runtime/cpu_runtime.h"
 #include "glossa/tools/command.h"
 #include "glossa/tools/flags.h"
 
@@ -44,6 +45,7 @@ class PredictCommand : public Command {
   }
 
   int Run(const CommandContext&) override {
+    ConfigureCpuRuntime(0, false, CpuWorkload::kInference);  // as glossa serve
     PredictorOptions po;
     po.subgraphs = {o_.subgraph};
     po.max_new_tokens = max_new_tokens_;

@@ -43,7 +43,7 @@ int Serve(ServeFlags& f) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   CheckIntraOpThreads(f.intra_op_threads);
-  ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads), false);
+  ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads), false, CpuWorkload::kInference);
   PredictorOptions po;
   po.subgraphs = f.subgraphs;
   po.checkpoint = f.checkpoint;
