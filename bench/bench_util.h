@@ -81,7 +81,7 @@ inline void PrintOpCounts(const std::function<void()>& f, const std::string& wha
   std::printf("ops_per_%s %lld outermost_ops_per_%s %lld autograd_nodes_per_%s %lld\n", what.c_str(),
               static_cast<long long>(all), what.c_str(), static_cast<long long>(outer_total),
               what.c_str(), static_cast<long long>(nodes));
-  for (size_t i = 0; i < std::min<size_t>(top.size(), 20); ++i) {
+  for (size_t i = 0; i < std::min<size_t>(top.size(), 40); ++i) {
     std::printf("  %6lld %s\n", static_cast<long long>(top[i].first), top[i].second.c_str());
   }
 }
