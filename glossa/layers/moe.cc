@@ -9,6 +9,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/activations.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/mesh.h"
 #include "glossa/layers/normalization.h"
 #include "glossa/layers/weight_init.h"
 #include "glossa/summary/summary.h"
@@ -298,6 +299,10 @@ glossa::Params TransformerShardedMoeLayer::Params() {
            "Capacity over the uniform share (x2 for the two choices) when expert_capacity_dim "
            "is 0.");
   p.Define("second_expert_policy", "all", "How to pick the second expert: all, sampling, random.");
+  p.Define("num_devices", 1,
+           "GShard's expert sharding: > 1 spreads the experts over this many ranks of the mesh's "
+           "'expert' axis (glossa/layers/mesh.h), num_experts / num_devices on each, and tokens "
+           "travel to their experts' ranks and back by all-to-all. 1: every expert here.");
   p.Define("ln_tpl", LayerNorm::Params(), "Layer norm params (input_dim is set by this layer).");
   p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
            "Params of the relu and residual dropouts (keep_prob is set from the *_prob fields).");
@@ -319,6 +324,10 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
     fail("set expert_capacity_dim > 0 or expert_capacity_factor >= 1");
   }
   if (out != m) fail("output_dim must equal input_dim (the residual connection)");
+  const int64_t devices = params().GetInt("num_devices");
+  if (devices < 1 || e % devices != 0) {
+    fail(StrCat("num_devices must be >= 1 and divide num_experts (", e, "), got ", devices));
+  }
   const std::string policy = params().GetString("second_expert_policy");
   if (policy != "all" && policy != "sampling" && policy != "random") {
     fail(StrCat("second_expert_policy must be all, sampling or random, got '", policy, "'"));
@@ -329,10 +338,13 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   const DType dtype = params().Get("dtype").AsDType();
   CreateVariable("gate", WeightParams({m, e}, WeightInit::Uniform(gate_scale), dtype));
   const int64_t wi_out = params().GetBool("use_glu") ? 2 * h : h;
-  CreateVariable("wi", WeightParams({e, m, wi_out}, WeightInit::Uniform(gate_scale), dtype));
-  CreateVariable(
-      "wo", WeightParams({e, h, out}, WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
-                         dtype));
+  // This rank's experts only (all of them when num_devices is 1).
+  const int64_t local = e / devices;
+  CreateVariable("wi", WeightParams({local, m, wi_out}, WeightInit::Uniform(gate_scale), dtype));
+  CreateVariable("wo", WeightParams({local, h, out},
+                                    WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
+                                    dtype));
+  num_devices_ = devices;
   ln_ = CreateChild<LayerNorm>("layer_norm", params().GetParams("ln_tpl").Copy().Set("input_dim", m));
   residual_dropout_ = CreateChild<DropoutLayer>(
       "residual_dropout", params().GetParams("dropout_tpl").Copy().Set(
@@ -393,17 +405,10 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
     gating = Top2GatingOnLogits(logits, gs_paddings, o);
   }
 
-  const at::Tensor wi = theta.GetTensor("wi"), wo = theta.GetTensor("wo");
   const at::Tensor expert_inputs = at::einsum("gsec,gsm->egcm", {gating.dispatch, gsm});
-  at::Tensor hidden = at::einsum("egcm,emh->egch", {expert_inputs, wi});
-  if (use_glu_) {
-    auto halves = hidden.chunk(2, -1);
-    hidden = Activate(activation_, halves[0]) * halves[1];
-  } else {
-    hidden = Activate(activation_, hidden);
-  }
-  hidden = relu_dropout_->FProp(relu_dropout_.Theta(theta), hidden);
-  const at::Tensor expert_outputs = at::einsum("egch,ehm->gecm", {hidden, wo});
+  const at::Tensor expert_outputs = num_devices_ > 1
+                                        ? ShardedExperts(theta, expert_inputs)
+                                        : Experts(theta, expert_inputs).permute({1, 0, 2, 3});
   at::Tensor combined =
       at::einsum("gsec,gecm->gsm", {gating.combine, expert_outputs}).reshape({b, t, m});
   if (paddings.defined())
@@ -413,6 +418,42 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
   if (!pre_layer_norm_) out = ln_->FProp(ln_.Theta(theta), out);
   AuxLossContext::AddLoss(gating.aux_loss);
   return out;
+}
+
+// [E, G, C, M] → [E, G, C, M] through this rank's experts.
+at::Tensor TransformerShardedMoeLayer::Experts(const NestedMap& theta, const at::Tensor& x) const {
+  at::Tensor hidden = at::einsum("egcm,emh->egch", {x, theta.GetTensor("wi")});
+  if (use_glu_) {
+    auto halves = hidden.chunk(2, -1);
+    hidden = Activate(activation_, halves[0]) * halves[1];
+  } else {
+    hidden = Activate(activation_, hidden);
+  }
+  hidden = relu_dropout_->FProp(relu_dropout_.Theta(theta), hidden);
+  return at::einsum("egch,ehm->egcm", {hidden, theta.GetTensor("wo")});
+}
+
+// GShard's expert parallelism: [E, G, C, M] of this rank's groups → the all-to-all hands rank i
+// the slots of its E/n experts from every rank ([E/n, n·G, C, M]) → its experts → the all-to-all
+// back → [G, E, C, M] for this rank's groups, every expert's outputs.
+at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
+                                                      const at::Tensor& x) const {
+  MeshAxis* axis = CurrentMeshAxis("expert");
+  if (axis == nullptr || axis->size() != num_devices_) {
+    throw FailedPreconditionError(StrCat(
+        "layer '", path(), "': num_devices = ", num_devices_, " needs a mesh with an 'expert' axis ",
+        "of ", num_devices_, " ranks, ",
+        axis == nullptr ? std::string("but none is set (run it under glossa train with that mesh)")
+                        : StrCat("but the axis has ", axis->size())));
+  }
+  const int64_t n = num_devices_, e = x.size(0), g = x.size(1), c = x.size(2), m = x.size(3);
+  const int64_t local = e / n;
+  const at::Tensor mine = AllToAll(*axis, x)  // [n (from rank i), E/n, G, C, M]
+                              .view({n, local, g, c, m})
+                              .permute({1, 0, 2, 3, 4})
+                              .reshape({local, n * g, c, m});
+  const at::Tensor out = Experts(theta, mine).view({local, n, g, c, m}).permute({1, 0, 2, 3, 4});
+  return AllToAll(*axis, out.contiguous().view({e, g, c, m})).permute({1, 0, 2, 3});
 }
 
 GLOSSA_REGISTER_CLASS(TransformerShardedMoeLayer, "glossa.layers.TransformerShardedMoeLayer");

@@ -97,7 +97,9 @@ class TransformerShardedMoeLayer : public BaseLayer, public Block {
   // + input_dim, output_dim (0: input_dim), hidden_dim, activation ('RELU'), use_glu,
   // residual_dropout_prob, relu_dropout_prob, pre_layer_norm (True), residual_weight (1.0),
   // num_experts, num_groups, expert_capacity_dim (0: from the factor), expert_capacity_factor
-  // (1.5), second_expert_policy ('all'), ln_tpl (LayerNorm; input_dim set here).
+  // (1.5), second_expert_policy ('all'), ln_tpl (LayerNorm; input_dim set here), num_devices
+  // (1; n > 1: GShard's expert parallelism, num_experts / n experts on each rank of the mesh's
+  // 'expert' axis, glossa/layers/mesh.h, tokens exchanged by all-to-all).
   static glossa::Params Params();
   explicit TransformerShardedMoeLayer(const glossa::Params& p);
   // inputs [B, T, M], paddings [B, T] (or undefined). B·T must be divisible by the group count
@@ -117,7 +119,9 @@ class TransformerShardedMoeLayer : public BaseLayer, public Block {
   }
 
  private:
-  int64_t input_dim_, num_groups_;
+  at::Tensor Experts(const NestedMap& theta, const at::Tensor& x) const;
+  at::Tensor ShardedExperts(const NestedMap& theta, const at::Tensor& x) const;
+  int64_t input_dim_, num_groups_, num_devices_ = 1;
   bool pre_layer_norm_, use_glu_;
   double residual_weight_;
   std::string activation_;

@@ -229,6 +229,20 @@ int64_t Distributed::AllReduceMean(const std::vector<at::Tensor>& tensors, int64
   return sent;
 }
 
+at::Tensor Distributed::AllToAll(const at::Tensor& input) {
+  if (input.dim() < 1 || input.size(0) % options_.world_size != 0) {
+    throw InvalidArgumentError(StrCat("all-to-all: dim 0 of ", input.sizes(),
+                                      " does not split into ", options_.world_size, " blocks"));
+  }
+  at::Tensor in = input.contiguous();
+  at::Tensor out = at::empty_like(in);
+  if (options_.world_size == 1) return out.copy_(in);
+  std::vector<int64_t> out_splits, in_splits;  // empty: equal blocks
+  Wait(impl_->pg->alltoall_base(out, in, out_splits, in_splits), options_, impl_->store.get(),
+       "all-to-all");
+  return out;
+}
+
 std::vector<std::string> Distributed::AllGatherStrings(const std::string& value) {
   const int64_t seq = impl_->sequence++;
   const std::string prefix = StrCat("glossa/gather/", seq, "/");

@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "glossa/layers/mesh.h"
 #include "glossa/optim/learner.h"
 
 namespace glossa {
@@ -80,12 +81,29 @@ class Distributed {
   // ranks that differ (values are compared by SHA-256).
   void CheckSame(const std::string& what, const std::string& value);
   void Barrier();
+  // All-to-all of equal blocks of dim 0 (c10d's alltoall_base): block j of `input` (contiguous,
+  // dim 0 divisible by the world size, the same shape on every rank) goes to rank j; block i of
+  // the result came from rank i.
+  at::Tensor AllToAll(const at::Tensor& input);
 
  private:
   friend class DataParallelGradientSync;
   struct Impl;
   DistributedOptions options_;
   std::unique_ptr<Impl> impl_;
+};
+
+// The expert axis of GShard's mesh over all of `dist`'s ranks (glossa/layers/mesh.h): the
+// all-to-all that carries tokens to the ranks holding their experts.
+class DistributedMeshAxis : public MeshAxis {
+ public:
+  explicit DistributedMeshAxis(Distributed& dist) : dist_(dist) {}
+  int size() const override { return dist_.world_size(); }
+  int index() const override { return dist_.rank(); }
+  at::Tensor ExchangeBlocks(const at::Tensor& input) override { return dist_.AllToAll(input); }
+
+ private:
+  Distributed& dist_;
 };
 
 // The workers this thread's programs run over, as Lingvo's cluster_factory.Current(): the

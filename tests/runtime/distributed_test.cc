@@ -18,8 +18,11 @@
 #include <vector>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/input/input_generator.h"
+#include "glossa/layers/mesh.h"
+#include "glossa/layers/moe.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
@@ -316,6 +319,112 @@ TEST(DataParallel, DecodeOutputsSurviveSerialization) {
   std::string bytes = SerializeNestedMaps({m});
   bytes.resize(bytes.size() - 3);
   EXPECT_ERROR_CONTAINS(DeserializeNestedMaps(bytes), DataLossError, "truncated");
+}
+
+TEST(Distributed, AllToAllSendsBlockJToRankJ) {
+  RunWorkers(3, [](Distributed& dist) {
+    const int r = dist.rank();
+    // Block j of rank r holds 100·r + 10·j + (0, 1) in two rows of two.
+    at::Tensor in = at::empty({6, 2}, at::kFloat);
+    for (int j = 0; j < 3; ++j) in.slice(0, 2 * j, 2 * j + 2).fill_(100 * r + 10 * j);
+    in.add_(at::arange(12, at::kFloat).view({6, 2}) % 2);
+    const at::Tensor out = dist.AllToAll(in);
+    for (int i = 0; i < 3; ++i) {
+      at::Tensor want = at::full({2, 2}, 100 * i + 10 * r, at::kFloat) +
+                        at::arange(4, at::kFloat).view({2, 2}) % 2;
+      EXPECT_TRUE(at::equal(out.slice(0, 2 * i, 2 * i + 2), want)) << "rank " << r << " from " << i;
+    }
+    try {
+      dist.AllToAll(at::zeros({4, 2}));
+      ADD_FAILURE() << "4 rows split into 3 blocks";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("does not split into 3"), std::string::npos);
+    }
+  });
+}
+
+// GShard's expert parallelism (TransformerShardedMoeLayer with num_devices = 2 on a 2-rank expert
+// axis): each rank holds 2 of the 4 experts and routes its own half of the batch; outputs, aux
+// losses and every gradient match the same layer with all experts in one process on the whole
+// batch (float64, so the comparison is to rounding).
+TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
+  auto make = [](int devices) {
+    Params p = TransformerShardedMoeLayer::Params();
+    p.Set("name", "moe").Set("random_seed", 11).Set("dtype", DType::kFloat64);
+    p.FromText(StrCat("input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_groups : 2\n"
+                      "expert_capacity_dim : 3\nuse_glu : True\nnum_devices : ", devices, "\n"));
+    return InstantiateLayer<TransformerShardedMoeLayer>(p);
+  };
+  auto whole = make(1);
+  const NestedMap full = whole->theta();
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({4, 4, 6}, at::kDouble), w = at::randn({4, 4, 6}, at::kDouble);
+  // One process, all experts, the whole batch in 2 × 2 groups.
+  NestedMap theta = full.DeepCopy();
+  std::vector<at::Tensor> ref_vars;
+  for (const char* name : {"gate", "wi", "wo"}) {
+    theta.Set(name, full.GetTensor(name).detach().clone().requires_grad_(true));
+    ref_vars.push_back(theta.GetTensor(name));
+  }
+  const at::Tensor xr = x.clone().requires_grad_(true);
+  at::Tensor ref_out, ref_aux;
+  {
+    AuxLossContext aux;
+    ref_out = whole->FProp(theta, xr, {}, /*num_groups=*/4);
+    ref_aux = aux.Sum();
+  }
+  (ref_out * w).sum().backward();
+  RunWorkers(2, [&](Distributed& dist) {
+    const int r = dist.rank();
+    auto sharded = make(2);
+    DistributedMeshAxis axis(dist);
+    MeshAxisScope scope("expert", &axis);
+    NestedMap mine = sharded->theta();
+    std::vector<at::Tensor> vars;
+    for (const char* name : {"gate", "wi", "wo"}) {
+      at::Tensor v = full.GetTensor(name).detach();
+      if (std::string(name) != "gate") v = v.slice(0, 2 * r, 2 * r + 2);  // experts 2r, 2r + 1
+      mine.Set(name, v.clone().requires_grad_(true));
+      vars.push_back(mine.GetTensor(name));
+    }
+    const at::Tensor xs = x.slice(0, 2 * r, 2 * r + 2).clone().requires_grad_(true);
+    at::Tensor out, aux_loss;
+    {
+      AuxLossContext aux;
+      out = sharded->FProp(mine, xs, {}, /*num_groups=*/2);
+      aux_loss = aux.Sum();
+    }
+    EXPECT_TRUE(at::allclose(out, ref_out.slice(0, 2 * r, 2 * r + 2), 1e-12, 1e-12)) << "rank " << r;
+    (out * w.slice(0, 2 * r, 2 * r + 2)).sum().backward();
+    EXPECT_TRUE(at::allclose(xs.grad(), xr.grad().slice(0, 2 * r, 2 * r + 2), 1e-12, 1e-12));
+    // Expert gradients: this rank's experts, from every rank's tokens.
+    for (int i : {1, 2}) {
+      EXPECT_TRUE(at::allclose(vars[i].grad(), ref_vars[i].grad().slice(0, 2 * r, 2 * r + 2),
+                               1e-12, 1e-12))
+          << "rank " << r << " var " << i;
+    }
+    // The replicated gate: this rank's part of the whole batch's gradient, summed over ranks.
+    at::Tensor gate = vars[0].grad().clone();
+    dist.AllReduceSum({gate});
+    EXPECT_TRUE(at::allclose(gate, ref_vars[0].grad(), 1e-12, 1e-12));
+    // The aux loss is a mean over groups: the ranks' mean is the whole batch's.
+    at::Tensor mean_aux = aux_loss.detach().clone().view({1});
+    dist.AllReduceSum({mean_aux});
+    EXPECT_NEAR(mean_aux.item<double>() / 2, ref_aux.item<double>(), 1e-12);
+  });
+  // Without the mesh axis the sharded layer says what it needs.
+  auto orphan = make(2);
+  try {
+    orphan->FProp(orphan->theta(), x.slice(0, 0, 2), {}, 2);
+    ADD_FAILURE() << "ran without an expert axis";
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.what()).find("'expert' axis of 2 ranks"), std::string::npos) << e.what();
+  }
+  // Experts that do not divide over the devices are refused at construction.
+  Params bad = TransformerShardedMoeLayer::Params();
+  bad.Set("name", "moe");
+  bad.FromText("input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_devices : 3\n");
+  EXPECT_THROW(InstantiateLayer<TransformerShardedMoeLayer>(bad), InvalidArgumentError);
 }
 
 TEST(Distributed, OptionsFromTheEnvironment) {

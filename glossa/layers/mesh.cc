@@ -1,0 +1,57 @@
+#include "glossa/layers/mesh.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <utility>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+
+namespace glossa {
+namespace {
+
+thread_local MeshAxisScope* current_scope = nullptr;
+
+class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& input, int64_t axis_ptr) {
+    ctx->saved_data["axis"] = axis_ptr;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return {reinterpret_cast<MeshAxis*>(axis_ptr)->ExchangeBlocks(input.contiguous())};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* axis = reinterpret_cast<MeshAxis*>(ctx->saved_data["axis"].toInt());
+    // A gradient the loss did not reach is zeros: the peers still exchange theirs.
+    const at::Tensor g = grads[0];
+    return {axis->ExchangeBlocks(g.contiguous()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+MeshAxisScope::MeshAxisScope(std::string name, MeshAxis* axis)
+    : name_(std::move(name)), axis_(axis), previous_(current_scope) {
+  current_scope = this;
+}
+
+MeshAxisScope::~MeshAxisScope() { current_scope = previous_; }
+
+MeshAxis* CurrentMeshAxis(const std::string& name) {
+  for (MeshAxisScope* s = current_scope; s != nullptr; s = s->previous_) {
+    if (s->name_ == name) return s->axis_;
+  }
+  return nullptr;
+}
+
+at::Tensor AllToAll(MeshAxis& axis, const at::Tensor& input) {
+  if (input.dim() < 1 || input.size(0) % axis.size() != 0) {
+    throw InvalidArgumentError(StrCat("AllToAll: dim 0 of ", input.sizes(),
+                                      " does not split into ", axis.size(), " equal blocks"));
+  }
+  return AllToAllFunction::apply(input, reinterpret_cast<int64_t>(&axis))[0];
+}
+
+}  // namespace glossa
