@@ -293,7 +293,9 @@ glossa::Params TransformerShardedMoeLayer::Params() {
   p.Define("residual_weight", 1.0, "out = x + residual_weight * moe(x).");
   p.Define("num_experts", 0, "Number of experts.");
   p.Define("num_groups", 1,
-           "Groups the B*T tokens are split into; each group routes independently.");
+           "Groups the B*T tokens are split into; each group routes independently. With "
+           "num_devices > 1, the groups of all ranks together (each rank routes num_groups / "
+           "num_devices of its own tokens), as in Lingvo.");
   p.Define("expert_capacity_dim", 0, "Examples per group per expert; 0: from the factor.");
   p.Define("expert_capacity_factor", 1.5,
            "Capacity over the uniform share (x2 for the two choices) when expert_capacity_dim "
@@ -325,8 +327,9 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   }
   if (out != m) fail("output_dim must equal input_dim (the residual connection)");
   const int64_t devices = params().GetInt("num_devices");
-  if (devices < 1 || e % devices != 0) {
-    fail(StrCat("num_devices must be >= 1 and divide num_experts (", e, "), got ", devices));
+  if (devices < 1 || e % devices != 0 || params().GetInt("num_groups") % devices != 0) {
+    fail(StrCat("num_devices must be >= 1 and divide num_experts (", e, ") and num_groups (",
+                params().GetInt("num_groups"), "), got ", devices));
   }
   const std::string policy = params().GetString("second_expert_policy");
   if (policy != "all" && policy != "sampling" && policy != "random") {
@@ -340,10 +343,13 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   const int64_t wi_out = params().GetBool("use_glu") ? 2 * h : h;
   // This rank's experts only (all of them when num_devices is 1).
   const int64_t local = e / devices;
-  CreateVariable("wi", WeightParams({local, m, wi_out}, WeightInit::Uniform(gate_scale), dtype));
+  std::vector<std::string> expert_collections;
+  if (devices > 1) expert_collections.push_back(kExpertShardedCollection);
+  CreateVariable("wi", WeightParams({local, m, wi_out}, WeightInit::Uniform(gate_scale), dtype,
+                                    expert_collections));
   CreateVariable("wo", WeightParams({local, h, out},
                                     WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
-                                    dtype));
+                                    dtype, expert_collections));
   num_devices_ = devices;
   ln_ = CreateChild<LayerNorm>("layer_norm", params().GetParams("ln_tpl").Copy().Set("input_dim", m));
   residual_dropout_ = CreateChild<DropoutLayer>(
@@ -380,7 +386,8 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
       (paddings.dim() != 2 || paddings.size(0) != b || paddings.size(1) != t)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [", b, ", ", t, "]"));
   }
-  const int64_t g = num_groups > 0 ? num_groups : num_groups_;
+  // num_groups is global, as in Lingvo: each of num_devices ranks routes its share of them.
+  const int64_t g = num_groups > 0 ? num_groups : num_groups_ / num_devices_;
   if ((b * t) % g != 0) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': ", b * t, " tokens do not split into ", g, " groups"));
@@ -443,7 +450,7 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
     throw FailedPreconditionError(StrCat(
         "layer '", path(), "': num_devices = ", num_devices_, " needs a mesh with an 'expert' axis ",
         "of ", num_devices_, " ranks, ",
-        axis == nullptr ? std::string("but none is set (run it under glossa train with that mesh)")
+        axis == nullptr ? std::string("but this thread has none (glossa/layers/mesh.h: MeshAxisScope)")
                         : StrCat("but the axis has ", axis->size())));
   }
   const int64_t n = num_devices_, e = x.size(0), g = x.size(1), c = x.size(2), m = x.size(3);

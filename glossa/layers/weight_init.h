@@ -99,6 +99,10 @@ struct WeightParams {
 
 inline constexpr const char* kNonTrainableCollection = "non_trainable";
 inline constexpr const char* kSkipLpRegularizationCollection = "skip_lp_regularization";
+// A variable that holds this rank's share only (GShard's experts on the mesh's expert axis,
+// glossa/layers/mesh.h): data parallelism neither averages its gradient nor broadcasts its value,
+// and the global gradient norm sums its squares over the ranks.
+inline constexpr const char* kExpertShardedCollection = "expert_sharded";
 // Non-trainable statistics that exponential moving averages also track (batch-norm moving stats).
 inline constexpr const char* kMovingVarsCollection = "moving_vars";
 

@@ -36,7 +36,8 @@ std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model) {
   for (const auto& [info, value] : model.AllVariables()) {
     const auto& c = info.params.collections;
     out.push_back({info.full_name, value, info.trainable,
-                   std::find(c.begin(), c.end(), kSkipLpRegularizationCollection) != c.end()});
+                   std::find(c.begin(), c.end(), kSkipLpRegularizationCollection) != c.end(),
+                   std::find(c.begin(), c.end(), kExpertShardedCollection) != c.end()});
   }
   return out;
 }
@@ -208,6 +209,11 @@ std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
   std::vector<at::Tensor> inputs;
   for (const auto& v : selected) inputs.push_back(v.value);
   std::vector<at::Tensor> grads;
+  if (sync) {
+    std::vector<bool> sharded;
+    for (const auto& v : selected) sharded.push_back(v.expert_sharded);
+    sync->SetSharded(sharded);
+  }
   bool overlap = sync && sync->overlaps();
   for (const auto& v : inputs) overlap = overlap && v.is_leaf();
   if (overlap) {
@@ -228,7 +234,8 @@ std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
       if (!sync) continue;  // not connected to the loss: dropped, as in Lingvo
       grads[i] = at::zeros_like(selected[i].value);
     }
-    var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach()});
+    var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach(),
+                         selected[i].expert_sharded});
   }
   if (sync) {
     std::vector<at::Tensor> to_reduce;
@@ -275,15 +282,18 @@ void Regularize(const Params& p, const std::vector<LearnerVariable>& selected,
 // scale_gradients: the norm metrics, NaN/Inf detection and norm clipping (per tensor, or global
 // with grad_norm_to_clip_to_zero and the tracker). Returns the gradient scale (0: skip the step).
 double ScaleGradients(const Params& p, GradNormTracker* tracker, bool var_norm,
-                      std::vector<VarGrad>& var_grads, Metrics& out) {
+                      std::vector<VarGrad>& var_grads, Learner::GradientSync* sync, Metrics& out) {
   double grad_scale = 1.0;
   at::NoGradGuard no_grad;
-  double grad_sq = 0, var_sq = 0;
+  double grad_sq = 0, sharded_sq = 0, var_sq = 0, sharded_var_sq = 0;
   bool has_nan = false;
   for (const auto& vg : var_grads) {
-    grad_sq += SumOfSquares(vg.grad);
-    if (var_norm) var_sq += SumOfSquares(vg.var);
+    (vg.sharded ? sharded_sq : grad_sq) += SumOfSquares(vg.grad);
+    if (var_norm) (vg.sharded ? sharded_var_sq : var_sq) += SumOfSquares(vg.var);
   }
+  // With experts sharded over ranks, every rank decides on the norm of the whole model's gradient.
+  grad_sq = sync ? sync->GlobalSquaredNorm(grad_sq, sharded_sq) : grad_sq + sharded_sq;
+  if (var_norm) var_sq = sync ? sync->GlobalSquaredNorm(var_sq, sharded_var_sq) : var_sq + sharded_var_sq;
   // Squares are non-negative, so Σ g² is NaN or Inf exactly when some gradient element is (or
   // when the sum overflows): one check instead of one isfinite pass per variable.
   has_nan = !std::isfinite(grad_sq);
@@ -340,7 +350,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
   Regularize(params_, selected, var_grads, out);
   double grad_scale = 1.0;
   if (params_.GetBool("scale_gradients")) {
-    grad_scale = ScaleGradients(params_, tracker_.get(), var_norm, var_grads, out);
+    grad_scale = ScaleGradients(params_, tracker_.get(), var_norm, var_grads, sync_.get(), out);
   }
   out["learning_rate"] = M(lr);
   // A non-finite loss is a diverged step whatever its gradients say (and without

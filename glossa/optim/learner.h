@@ -37,6 +37,7 @@ struct LearnerVariable {
   at::Tensor value;
   bool trainable = true;
   bool skip_lp_regularization = false;
+  bool expert_sharded = false;  // kExpertShardedCollection: this rank's experts only
 };
 // Every variable of a layer tree (trainable or not: the learner selects).
 std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model);
@@ -105,6 +106,14 @@ class Learner {
     // Every variable's gradient, reduced: in place, or replaced by a tensor of the same shape
     // (valid until the next step's backward pass).
     virtual void Reduce(std::vector<at::Tensor>& grads) = 0;
+    // Which of the coming step's variables (in BeforeBackward's and Reduce's order) hold this
+    // rank's share only (kExpertShardedCollection); called before BeforeBackward and Reduce.
+    virtual void SetSharded(const std::vector<bool>& sharded) { (void)sharded; }
+    // The global Σ g² from this rank's sums over replicated and over sharded gradients (the
+    // replicated ones are already reduced, so every rank has the same sum; sharded ones differ).
+    virtual double GlobalSquaredNorm(double replicated, double sharded) {
+      return replicated + sharded;
+    }
   };
   void SetGradientSync(std::shared_ptr<GradientSync> sync) { sync_ = std::move(sync); }
   // A sync from a function that reduces the gradients after the backward pass.

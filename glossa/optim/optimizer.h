@@ -24,6 +24,7 @@ struct VarGrad {
   std::string name;  // the variable's full name (slot names derive from it)
   at::Tensor var;
   at::Tensor grad;
+  bool sharded = false;  // this rank's experts only (LearnerVariable::expert_sharded)
 };
 
 class Optimizer {

@@ -355,6 +355,7 @@ struct DataParallelGradientSync::Core {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
   std::vector<const void*> keys;  // the variables' TensorImpls: a new set rebuilds the buckets
   std::vector<at::Tensor> vars;
+  std::vector<bool> sharded;  // per variable: this rank's experts only, in no bucket
   std::vector<size_t> bucket_of;
   std::vector<int64_t> offset_of;
   std::vector<bool> ready;
@@ -381,7 +382,7 @@ struct DataParallelGradientSync::Core {
   // The accumulator hook of variable i: its gradient is final.
   void GradReady(size_t i, int64_t gen) {
     std::lock_guard<std::mutex> lock(mu);
-    if (!active || gen != generation || ready[i]) return;
+    if (!active || gen != generation || ready[i] || sharded[i]) return;
     const at::Tensor g = vars[i].grad();
     if (!g.defined()) return;
     Bucket& b = buckets[bucket_of[i]];
@@ -421,17 +422,21 @@ void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& var
   std::lock_guard<std::mutex> lock(c.mu);
   std::vector<const void*> keys;
   for (const at::Tensor& v : vars) keys.push_back(v.unsafeGetTensorImpl());
-  if (keys != c.keys) {
+  std::vector<bool> sharded = sharded_.size() == vars.size() ? sharded_
+                                                             : std::vector<bool>(vars.size(), false);
+  if (keys != c.keys || sharded != c.sharded) {
     // New buckets, in reverse variable order (DDP's approximation of the backward order).
     ++c.generation;
     c.keys = keys;
     c.vars = vars;
+    c.sharded = sharded;
     c.bucket_of.assign(vars.size(), 0);
     c.offset_of.assign(vars.size(), 0);
     c.buckets.clear();
     c.accumulators.clear();
     std::vector<int64_t> fill;
     for (size_t k = vars.size(); k-- > 0;) {
+      if (sharded[k]) continue;  // not averaged: Reduce scales it
       const at::Tensor& v = vars[k];
       const int64_t bytes = v.numel() * static_cast<int64_t>(v.element_size());
       // The first bucket is small (1 MB at most, as DDP's), so that communication starts early.
@@ -456,6 +461,7 @@ void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& var
     const int64_t gen = c.generation;
     std::weak_ptr<Core> weak = core_;
     for (size_t k = 0; k < vars.size(); ++k) {
+      if (sharded[k]) continue;
       std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(vars[k]);
       if (!acc) continue;  // not a leaf: filled in by Reduce
       acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
@@ -477,9 +483,32 @@ void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& var
   c.active = true;
 }
 
+void DataParallelGradientSync::SetSharded(const std::vector<bool>& sharded) { sharded_ = sharded; }
+
+double DataParallelGradientSync::GlobalSquaredNorm(double replicated, double sharded) {
+  if (std::find(sharded_.begin(), sharded_.end(), true) == sharded_.end()) {
+    return replicated + sharded;
+  }
+  at::Tensor t = at::scalar_tensor(sharded, at::kDouble).view({1});
+  dist_.AllReduceSum({t});
+  return replicated + t.item<double>();
+}
+
 void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
+  // A sharded variable's gradient already sums every rank's tokens' contributions to this rank's
+  // experts (the all-to-all's backward); the loss is each rank's mean, so the global mean's
+  // gradient is that sum over the ranks.
+  const bool any_sharded = sharded_.size() == grads.size() &&
+                           std::find(sharded_.begin(), sharded_.end(), true) != sharded_.end();
   if (!overlap_) {
-    const std::vector<at::Tensor>& in = grads;
+    std::vector<at::Tensor> in;
+    for (size_t k = 0; k < grads.size(); ++k) {
+      if (any_sharded && sharded_[k]) {
+        grads[k] = grads[k] / static_cast<double>(dist_.world_size());
+      } else {
+        in.push_back(grads[k]);
+      }
+    }
     const auto start = std::chrono::steady_clock::now();
     const int64_t bytes = dist_.AllReduceMean(in, bucket_bytes_);
     std::lock_guard<std::mutex> lock(core_->mu);
@@ -501,6 +530,10 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   at::NoGradGuard no_grad;
   // What the hooks did not see (variables the loss does not reach, or not leaves).
   for (size_t k = 0; k < grads.size(); ++k) {
+    if (c.sharded[k]) {
+      grads[k] = grads[k] * c.scale.to(grads[k].scalar_type());
+      continue;
+    }
     if (c.ready[k]) continue;
     Core::Bucket& b = c.buckets[c.bucket_of[k]];
     at::Tensor slot = b.flat.slice(0, c.offset_of[k], c.offset_of[k] + grads[k].numel());

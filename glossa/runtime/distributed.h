@@ -139,6 +139,11 @@ class DataParallelGradientSync : public Learner::GradientSync {
   bool overlaps() const override { return overlap_; }
   void BeforeBackward(const std::vector<at::Tensor>& vars) override;
   void Reduce(std::vector<at::Tensor>& grads) override;
+  // Expert-sharded variables (kExpertShardedCollection) stay out of the buckets: their gradient
+  // is divided by the world size instead of averaged; the gradient norm sums their squares over
+  // the ranks (one small allreduce, only when there are such variables).
+  void SetSharded(const std::vector<bool>& sharded) override;
+  double GlobalSquaredNorm(double replicated, double sharded) override;
 
   struct Stats {
     int64_t steps = 0;
@@ -154,6 +159,7 @@ class DataParallelGradientSync : public Learner::GradientSync {
   Distributed& dist_;
   int64_t bucket_bytes_;
   bool overlap_;
+  std::vector<bool> sharded_;
   std::shared_ptr<Core> core_;
 };
 
