@@ -302,9 +302,15 @@ struct Restored {
 
 // Restores the first of `candidates` that loads and passes its checks into `model` (and `ema`);
 // DataLoss listing why each failed when none does (nothing was changed then).
+// What a rank of a sharded model restores: block `index` of `count` of the variables `names`.
+struct Shards {
+  const std::vector<std::string>& names;
+  int index, count;
+};
+
 Restored RestoreFirstGood(const std::vector<std::string>& candidates,
                           const std::string& train_dir, BaseModel& model,
-                          ExponentialMovingAverage* ema) {
+                          ExponentialMovingAverage* ema, const Shards& shards) {
   Restored out;
   std::optional<std::string> restored;
   for (const auto& name : candidates) {
@@ -312,6 +318,7 @@ Restored RestoreFirstGood(const std::vector<std::string>& candidates,
     try {
       out.contents = LoadCheckpoint(prefix);
       CheckedGlobalStep(out.contents, prefix);
+      if (shards.count > 1) SliceShards(out.contents, shards.names, shards.index, shards.count);
       for (const auto& [name, t] : out.contents.tensors) {
         const std::string pos = kInputPosition;
         if (name.size() >= pos.size() &&
@@ -398,9 +405,10 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
   const std::string state_path = JoinPath(train_dir_, "checkpoint");
   const CheckpointState state = ReadOrRebuildState(train_dir_, state_path, log);
   if (!state.model_checkpoint_path.empty()) {
-    const Restored r =
-        RestoreFirstGood(RestoreCandidates(state, train_dir_), train_dir_, model_, ema_);
+    const Restored r = RestoreFirstGood(RestoreCandidates(state, train_dir_), train_dir_, model_,
+                                        ema_, Shards{shard_names_, shard_index_, shard_count_});
     step = r.step;
+    restored_prefix_ = JoinPath(train_dir_, r.name);
     RepairStateFile(state, r, train_dir_, state_path, clock_, log);
     log(StrCat("restored ", JoinPath(train_dir_, r.name), " at step ", step));
     restored_ = true;
@@ -443,22 +451,43 @@ void Checkpointer::RestoreInputPositions(const SafetensorsContents& ckpt, BaseMo
   }
 }
 
+bool Checkpointer::SaveDue(int64_t global_step) const {
+  return save_interval_steps_ ? global_step - last_save_step_ >= *save_interval_steps_
+                              : clock_() - last_save_time_ >= save_interval_seconds_;
+}
+
+bool Checkpointer::IsNew(int64_t global_step) const {
+  return !(global_step == last_save_step_ && Saver::LatestCheckpoint(train_dir_));
+}
+
 bool Checkpointer::MaybeSave(int64_t global_step, bool healthy) {
-  const bool due = save_interval_steps_ ? global_step - last_save_step_ >= *save_interval_steps_
-                                        : clock_() - last_save_time_ >= save_interval_seconds_;
-  if (!due) return false;
+  if (!SaveDue(global_step)) return false;
   Save(global_step, healthy);
   return true;
 }
 
 bool Checkpointer::SaveIfNew(int64_t global_step, bool healthy) {
-  if (global_step == last_save_step_ && Saver::LatestCheckpoint(train_dir_)) return false;
+  if (!IsNew(global_step)) return false;
   Save(global_step, healthy);
   return true;
 }
 
+void Checkpointer::SetShards(std::vector<std::string> names, int index, int count) {
+  shard_names_ = std::move(names);
+  shard_index_ = index;
+  shard_count_ = count;
+}
+
 void Checkpointer::Save(int64_t global_step, bool healthy) {
-  saver_->Save(global_step, CheckpointTensors(model_, ema_, global_step), {}, healthy);
+  std::map<std::string, at::Tensor> tensors = CheckpointTensors(model_, ema_, global_step);
+  std::map<std::string, std::string> metadata;
+  if (shard_count_ > 1 && !shard_names_.empty()) {
+    for (auto it = tensors.begin(); it != tensors.end();) {
+      it = IsShardTensor(it->first, shard_names_) ? tensors.erase(it) : std::next(it);
+    }
+    metadata[kShardedRanksMetadata] = StrCat(shard_count_);
+  }
+  saver_->Save(global_step, tensors, std::move(metadata), healthy);
   last_save_step_ = global_step;
   last_save_time_ = clock_();
 }

@@ -79,6 +79,17 @@ class Checkpointer {
   void Save(int64_t global_step, bool healthy = true);
   // Waits for an asynchronous save; rethrows its error.
   void Wait();
+  // Whether MaybeSave would save at `global_step`, and whether SaveIfNew would (the ranks of a
+  // sharded model agree on it before each writes its shard).
+  bool SaveDue(int64_t global_step) const;
+  bool IsNew(int64_t global_step) const;
+  // Model parallelism: the variables `names` (and their slots and averages) hold block `index` of
+  // `count` along dim 0 (kExpertShardedCollection). Restores cut that block from the whole
+  // checkpoint (saver.h: SliceShards, any mesh's checkpoint); Save leaves them out of the chief's
+  // file, which it marks sharded_ranks = count (the ranks have written them with SaveRankShard).
+  void SetShards(std::vector<std::string> names, int index, int count);
+  // The checkpoint RestoreOrInitialize restored ("" when none).
+  const std::string& restored_prefix() const { return restored_prefix_; }
   const std::string& train_dir() const { return train_dir_; }
   // Whether RestoreOrInitialize restored a checkpoint (false: the model starts from its
   // initialization, or from init_from_checkpoint_rules).
@@ -97,6 +108,9 @@ class Checkpointer {
  private:
   std::string train_dir_;
   bool restored_ = false;
+  std::string restored_prefix_;
+  std::vector<std::string> shard_names_;
+  int shard_index_ = 0, shard_count_ = 1;
   BaseModel& model_;
   ExponentialMovingAverage* ema_;
   std::function<double()> clock_;

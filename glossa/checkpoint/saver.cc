@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <sys/stat.h>
 
@@ -391,7 +392,17 @@ std::string ResolveCheckpoint(const std::string& given, const std::string& train
 }
 
 SafetensorsContents LoadCheckpoint(const std::string& prefix) {
-  return LoadSafetensorsSharded(prefix);
+  SafetensorsContents c = LoadSafetensorsSharded(prefix);
+  auto it = c.metadata.find(kShardedRanksMetadata);
+  if (it == c.metadata.end()) return c;
+  char* end = nullptr;
+  const long ranks = std::strtol(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || ranks < 1 || ranks > 65536) {
+    throw DataLossError(StrCat("checkpoint ", prefix, ": metadata ", kShardedRanksMetadata, " '",
+                               it->second, "' is not a rank count"));
+  }
+  MergeRankShards(prefix, static_cast<int>(ranks), c);
+  return c;
 }
 
 SafetensorsContents LoadLatestCheckpoint(const std::string& dir) {

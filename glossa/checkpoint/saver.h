@@ -124,7 +124,33 @@ CheckpointState ExistingCheckpoints(const std::string& dir);
 // checkpoint of `train_dir` (ExistingCheckpoints). NotFound naming what is missing.
 std::string ResolveCheckpoint(const std::string& given, const std::string& train_dir);
 
-// Loads a checkpoint by prefix ("<dir>/ckpt-00001000"), or the latest in a directory.
+// Model-parallel checkpoints: variables split along dim 0 over the ranks (GShard's experts, their
+// optimizer slots and averages) are written by each rank r of n to
+// `<prefix>-rank-%05d-of-%05d.safetensors` (SaveRankShard) before the chief writes the checkpoint
+// itself with metadata sharded_ranks = n; a checkpoint is visible only through the chief's file
+// and the state file, so one whose ranks did not all finish never is. LoadCheckpoint then
+// concatenates every sharded tensor's pieces in rank order: a sharded checkpoint loads as the
+// whole model, which SliceShards cuts for any other mesh (re-meshing), or not at all (export).
+inline constexpr const char* kShardedRanksMetadata = "sharded_ranks";
+std::string RankShardPath(const std::string& prefix, int rank, int ranks);
+void SaveRankShard(const std::string& prefix, int rank, int ranks,
+                   const std::map<std::string, at::Tensor>& tensors);
+// Whether tensor `name` is one of the variables `sharded` or under one ("<variable>/..." slots and
+// averages).
+bool IsShardTensor(const std::string& name, const std::vector<std::string>& sharded);
+// Replaces every tensor named in `sharded`, or under one of those names ("<name>/..."), by block
+// `index` of `count` equal blocks of its dim 0. InvalidArgument naming a tensor whose dim 0 does
+// not divide (or a scalar).
+void SliceShards(SafetensorsContents& contents, const std::vector<std::string>& sharded, int index,
+                 int count);
+
+// Adds the rank files' pieces of a checkpoint sharded over `ranks` ranks to `contents`, each
+// tensor's pieces concatenated in rank order (what LoadCheckpoint does for sharded_ranks).
+void MergeRankShards(const std::string& prefix, int ranks, SafetensorsContents& contents);
+
+// Loads a checkpoint by prefix ("<dir>/ckpt-00001000"), or the latest in a directory. A sharded
+// checkpoint's rank files must all be there, name the same tensors with the same trailing shapes
+// and dtypes, and hold none of the chief's; otherwise DataLoss naming the file.
 SafetensorsContents LoadCheckpoint(const std::string& prefix);
 SafetensorsContents LoadLatestCheckpoint(const std::string& dir);  // NotFound when none
 

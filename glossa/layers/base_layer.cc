@@ -204,7 +204,16 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
                               : layer_seed ? *layer_seed
                                            : (++g_process_seed_uses, ProcessRandomSeed());
     try {
-      value = InitializeWeight(wp, {user_seed, GenerateSeedFromName(info.full_name)});
+      const std::array<int64_t, 2> seed = {user_seed, GenerateSeedFromName(info.full_name)};
+      if (wp.shard_count > 1 && !wp.shape.empty()) {
+        WeightParams whole = wp;
+        whole.shape[0] *= wp.shard_count;
+        const int64_t n = wp.shape[0];
+        value = InitializeWeight(whole, seed).slice(0, wp.shard_index * n, (wp.shard_index + 1) * n)
+                    .contiguous();
+      } else {
+        value = InitializeWeight(wp, seed);
+      }
     } catch (const InvalidArgumentError& e) {
       throw InvalidArgumentError(StrCat("variable '", info.full_name, "': ", e.message()));
     }

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -100,7 +102,7 @@ void CheckTop2GatingInputs(const at::Tensor& logits_in, const at::Tensor& paddin
 
 // The expert capacity C (expert_capacity_dim, raised by capacity_factor), recorded as the
 // expert_capacity summary; throws when it is not positive.
-int64_t ExpertCapacity(int64_t S, int64_t E, const Top2GatingOptions& o) {
+int64_t CapacityOf(int64_t S, int64_t E, const Top2GatingOptions& o) {
   int64_t C = o.expert_capacity_dim;
   if (o.capacity_factor && *o.capacity_factor > 0) {
     int64_t auto_capacity = static_cast<int64_t>((S * *o.capacity_factor) / E);
@@ -110,6 +112,11 @@ int64_t ExpertCapacity(int64_t S, int64_t E, const Top2GatingOptions& o) {
       while (C % 4 != 0) ++C;
     }
   }
+  return C;
+}
+
+int64_t ExpertCapacity(int64_t S, int64_t E, const Top2GatingOptions& o) {
+  const int64_t C = CapacityOf(S, E, o);
   if (C <= 0) {
     throw InvalidArgumentError(
         "Top2GatingOnLogits: expert_capacity_dim must be > 0 (or set capacity_factor)");
@@ -342,14 +349,22 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   CreateVariable("gate", WeightParams({m, e}, WeightInit::Uniform(gate_scale), dtype));
   const int64_t wi_out = params().GetBool("use_glu") ? 2 * h : h;
   // This rank's experts only (all of them when num_devices is 1).
+  // This rank's experts: block `index` of the whole initialization (the expert axis's rank when
+  // one is set while the layer is built; ShardedExperts checks that it runs on that rank).
   const int64_t local = e / devices;
-  std::vector<std::string> expert_collections;
-  if (devices > 1) expert_collections.push_back(kExpertShardedCollection);
-  CreateVariable("wi", WeightParams({local, m, wi_out}, WeightInit::Uniform(gate_scale), dtype,
-                                    expert_collections));
-  CreateVariable("wo", WeightParams({local, h, out},
-                                    WeightInit::Uniform(std::sqrt(3.0 / static_cast<double>(h))),
-                                    dtype, expert_collections));
+  MeshAxis* axis = devices > 1 ? CurrentMeshAxis("expert") : nullptr;
+  expert_shard_ = axis != nullptr ? axis->index() : 0;
+  for (const auto& [name, shape, scale] :
+       {std::tuple<const char*, std::vector<int64_t>, double>{"wi", {local, m, wi_out}, gate_scale},
+        {"wo", {local, h, out}, std::sqrt(3.0 / static_cast<double>(h))}}) {
+    WeightParams wp(shape, WeightInit::Uniform(scale), dtype);
+    if (devices > 1) {
+      wp.collections.push_back(kExpertShardedCollection);
+      wp.shard_index = expert_shard_;
+      wp.shard_count = devices;
+    }
+    CreateVariable(name, wp);
+  }
   num_devices_ = devices;
   ln_ = CreateChild<LayerNorm>("layer_norm", params().GetParams("ln_tpl").Copy().Set("input_dim", m));
   residual_dropout_ = CreateChild<DropoutLayer>(
@@ -406,6 +421,15 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
       at::einsum("gsm,me->gse", {gsm.to(gating_dtype), theta.GetTensor("gate").to(gating_dtype)});
   Top2GatingOptions o = gating_options_;
   o.fprop_dtype = x.scalar_type();
+  if (num_devices_ > 1 && o.capacity_factor) {
+    // The all-to-all needs one capacity on every rank, but each rank's batch has its own padded
+    // length: the capacity of the longest group over the ranks (each rank sends its length to all).
+    MeshAxis& axis = ExpertAxis();
+    const at::Tensor lengths = axis.ExchangeBlocks(at::full({axis.size()}, s, at::kLong));
+    o.expert_capacity_dim = std::max(
+        o.expert_capacity_dim,
+        CapacityOf(lengths.max().item<int64_t>(), theta.GetTensor("gate").size(1), o));
+  }
   Top2GatingOutput gating;
   {
     SummaryNameScope scope(path());
@@ -443,8 +467,7 @@ at::Tensor TransformerShardedMoeLayer::Experts(const NestedMap& theta, const at:
 // GShard's expert parallelism: [E, G, C, M] of this rank's groups → the all-to-all hands rank i
 // the slots of its E/n experts from every rank ([E/n, n·G, C, M]) → its experts → the all-to-all
 // back → [G, E, C, M] for this rank's groups, every expert's outputs.
-at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
-                                                      const at::Tensor& x) const {
+MeshAxis& TransformerShardedMoeLayer::ExpertAxis() const {
   MeshAxis* axis = CurrentMeshAxis("expert");
   if (axis == nullptr || axis->size() != num_devices_) {
     throw FailedPreconditionError(StrCat(
@@ -453,6 +476,17 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
         axis == nullptr ? std::string("but this thread has none (glossa/layers/mesh.h: MeshAxisScope)")
                         : StrCat("but the axis has ", axis->size())));
   }
+  if (axis->index() != expert_shard_) {
+    throw FailedPreconditionError(StrCat(
+        "layer '", path(), "' holds the experts of expert rank ", expert_shard_,
+        " but runs on rank ", axis->index(), ": build it while the mesh's 'expert' axis is set"));
+  }
+  return *axis;
+}
+
+at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
+                                                      const at::Tensor& x) const {
+  MeshAxis* axis = &ExpertAxis();
   const int64_t n = num_devices_, e = x.size(0), g = x.size(1), c = x.size(2), m = x.size(3);
   const int64_t local = e / n;
   const at::Tensor mine = AllToAll(*axis, x)  // [n (from rank i), E/n, G, C, M]

@@ -91,6 +91,7 @@ Top2GatingOutput Top2GatingOnLogits(const at::Tensor& logits, const at::Tensor& 
 // The aux loss goes to the current AuxLossContext.
 class LayerNorm;
 class DropoutLayer;
+class MeshAxis;
 
 class TransformerShardedMoeLayer : public BaseLayer, public Block {
  public:
@@ -121,7 +122,9 @@ class TransformerShardedMoeLayer : public BaseLayer, public Block {
  private:
   at::Tensor Experts(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor ShardedExperts(const NestedMap& theta, const at::Tensor& x) const;
-  int64_t input_dim_, num_groups_, num_devices_ = 1;
+  // The mesh's 'expert' axis this layer was built for; FailedPrecondition when absent or other.
+  MeshAxis& ExpertAxis() const;
+  int64_t input_dim_, num_groups_, num_devices_ = 1, expert_shard_ = 0;
   bool pre_layer_norm_, use_glu_;
   double residual_weight_;
   std::string activation_;

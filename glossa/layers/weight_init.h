@@ -95,6 +95,11 @@ struct WeightParams {
   // Collection names; "non_trainable" makes the variable non-trainable (no gradient, not given to
   // the optimizer), "skip_lp_regularization" exempts it from L1/L2 penalties.
   std::vector<std::string> collections;
+  // A variable split along dim 0 over shard_count ranks (GShard's experts) holds block
+  // shard_index: `shape` is the block's, and its initial value is that block of the whole
+  // variable's (shape[0] · shard_count rows) initial value, so any split starts as one process.
+  int64_t shard_index = 0;
+  int64_t shard_count = 1;
 };
 
 inline constexpr const char* kNonTrainableCollection = "non_trainable";

@@ -11,6 +11,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/io/safetensors.h"
 #include "glossa/checkpoint/checkpointer.h"
+#include "glossa/checkpoint/saver.h"
 
 namespace glossa {
 namespace {
@@ -135,13 +136,18 @@ void CheckSameConfiguration(Distributed& dist, const Params& model_params) {
 
 int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovingAverage* ema,
                            int64_t global_step,
-                           const std::function<void(const std::string&)>& log) {
+                           const std::function<void(const std::string&)>& log,
+                           const std::vector<std::string>& sharded,
+                           const std::string& restored_prefix) {
   if (dist.world_size() == 1) return global_step;
   const bool chief = dist.rank() == 0;
   std::map<std::string, at::Tensor> state;
   std::string spec;
+  const std::string prefix =
+      sharded.empty() ? std::string() : dist.AllGatherStrings(chief ? restored_prefix : "")[0];
   if (chief) {
     for (const auto& [name, t] : CheckpointTensors(model, ema, global_step)) {
+      if (IsShardTensor(name, sharded)) continue;  // each rank has its own
       state[name] = t.detach().contiguous().clone();
       std::vector<std::string> dims;
       for (int64_t d : t.sizes()) dims.push_back(StrCat(d));
@@ -176,6 +182,20 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
     }
   }
   if (chief) return global_step;
+  if (!sharded.empty()) {
+    // This rank's experts: its block of the restored checkpoint, or its own initialization.
+    std::map<std::string, at::Tensor> own;
+    if (!prefix.empty()) {
+      SafetensorsContents c = LoadCheckpoint(prefix);
+      SliceShards(c, sharded, dist.rank(), dist.world_size());
+      own = std::move(c.tensors);
+    } else {
+      own = CheckpointTensors(model, ema, global_step);
+    }
+    for (auto& [name, t] : own) {
+      if (IsShardTensor(name, sharded)) state[name] = t;
+    }
+  }
   SafetensorsContents contents;
   contents.tensors = std::move(state);
   const int64_t step = RestoreCheckpoint(contents, model, ema);

@@ -38,8 +38,13 @@ void CheckSameConfiguration(Distributed& dist, const Params& model_params);
 // Rank 0's variables, learner slots, EMA shadows, global step and input position on every rank
 // (one broadcast per dtype); the other ranks restore them as from a checkpoint and skip their
 // input shards to the position. Returns the global step.
+// A sharded model's variables `sharded` (and their slots and averages; kExpertShardedCollection)
+// are not broadcast: each rank cuts its block from the checkpoint the chief restored
+// (`restored_prefix`, the chief's; "" when it restored none) or keeps its own initialization.
 int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovingAverage* ema,
-                           int64_t global_step, const std::function<void(const std::string&)>& log);
+                           int64_t global_step, const std::function<void(const std::string&)>& log,
+                           const std::vector<std::string>& sharded = {},
+                           const std::string& restored_prefix = "");
 
 // Decode outputs (NestedMaps of tensors) to bytes and back, to gather them across ranks.
 std::string SerializeNestedMaps(const std::vector<NestedMap>& maps);

@@ -12,6 +12,8 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
+#include "glossa/checkpoint/saver.h"
+#include "glossa/optim/learner.h"
 #include "glossa/runtime/data_parallel.h"
 #include "glossa/runtime/distributed.h"
 #include "glossa/model/metric_history.h"
@@ -245,8 +247,18 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
     }
   }
   const int64_t seed_uses = ProcessRandomSeedUses();
-  model_ = InstantiateLayer<BaseModel>(params_);
+  {
+    std::optional<MeshAxisScope> expert_scope;
+    if (dist != nullptr && dist->world_size() > 1) {
+      expert_axis_ = std::make_unique<DistributedMeshAxis>(*dist);
+      expert_scope.emplace("expert", expert_axis_.get());
+    }
+    model_ = InstantiateLayer<BaseModel>(params_);
+  }
   used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
+  for (const auto& v : LearnerVariables(*model_)) {
+    if (v.expert_sharded) sharded_vars_.push_back(v.name);
+  }
   ValidateTrainParams(*model_);
   train_dir_ = JoinPath(options_.logdir, "train");
   ema_ = MakeModelEma(*model_);
@@ -262,6 +274,9 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   }
   CreateDirectories(JoinPath(options_.logdir, "control"));
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
+  if (!sharded_vars_.empty() && dist != nullptr) {
+    checkpointer_->SetShards(sharded_vars_, dist->rank(), dist->world_size());
+  }
   checkpointer_->SetStopRequested([this] { return stop_.load(); });
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "model_analysis.txt"),
@@ -348,10 +363,13 @@ int64_t Executor::Run() {
   auto log = [this](const std::string& l) { Log(l); };
   Distributed* dist = options_.distributed;
   DistributedScope dist_scope(dist);
+  std::optional<MeshAxisScope> expert_scope;
+  if (expert_axis_) expert_scope.emplace("expert", expert_axis_.get());
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
   if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
   if (dist != nullptr) {
-    global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log);
+    global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log, sharded_vars_,
+                                      chief_ ? checkpointer_->restored_prefix() : "");
     syncs_.clear();
     InstallGradientSyncs(*dist, *model_, options_, syncs_);
   }
@@ -386,12 +404,32 @@ int64_t Executor::Run() {
     }
   }
   if (const std::string s = GradientSyncSummary(); !s.empty()) Log(s);
+  const bool saved =
+      SaveCheckpoint(chief_ && checkpointer_->IsNew(global_step_), run.skipped_since_save == 0);
   if (!chief_) return global_step_;
-  const bool saved = checkpointer_->SaveIfNew(global_step_, run.skipped_since_save == 0);
   checkpointer_->Wait();
   writer->Close();
   LogFinalCheckpoint(train_dir_, global_step_, saved, run.stopped, log);
   return global_step_;
+}
+
+bool Executor::SaveCheckpoint(bool due, bool healthy) {
+  Distributed* dist = options_.distributed;
+  if (sharded_vars_.empty() || dist == nullptr) {
+    if (!chief_ || !due) return false;
+    checkpointer_->Save(global_step_, healthy);
+    return true;
+  }
+  if (!dist->AnyTrue(due)) return false;
+  std::map<std::string, at::Tensor> mine;
+  for (auto& [name, t] : CheckpointTensors(*model_, ema_.get(), global_step_)) {
+    if (IsShardTensor(name, sharded_vars_)) mine[name] = t;
+  }
+  SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), dist->rank(),
+                dist->world_size(), mine);
+  dist->Barrier();  // every rank's shard is complete before the checkpoint can become visible
+  if (chief_) checkpointer_->Save(global_step_, healthy);
+  return true;
 }
 
 // The train loops of a run, until max_steps, a stop request, the end of the input, or the program
@@ -437,8 +475,9 @@ void Executor::TrainLoops(RunState& run) {
       Log(StrCat("training input exhausted at step ", global_step_));
       break;
     }
-    if (chief_ && global_step_ < max_steps &&
-        checkpointer_->MaybeSave(global_step_, run.skipped_since_save == 0)) {
+    if (global_step_ < max_steps &&
+        SaveCheckpoint(chief_ && checkpointer_->SaveDue(global_step_),
+                       run.skipped_since_save == 0)) {
       run.skipped_since_save = 0;
     }
     if (r.steps == 0) break;

@@ -24,6 +24,7 @@
 #include "glossa/model/base_model.h"
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
+#include "glossa/runtime/distributed.h"
 
 namespace glossa {
 
@@ -89,6 +90,10 @@ class Executor {
   // What Run sets up for its train loops (executor.cc), and the loops themselves.
   struct RunState;
   void TrainLoops(RunState& run);
+  // Saves at global_step_ when `due` on the chief and returns whether it did. A sharded model's
+  // ranks agree first; each writes its experts' shard, all wait, then the chief writes the
+  // checkpoint (so none is visible before every shard is complete).
+  bool SaveCheckpoint(bool due, bool healthy);
   Params params_;
   ExecutorOptions options_;
   std::unique_ptr<DirectoryLock> lock_;  // one trainer per logdir
@@ -96,6 +101,10 @@ class Executor {
   std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;
+  // With several ranks: the expert axis of GShard's mesh (all ranks), open while the model is
+  // built and trained; the variables sharded over it (kExpertShardedCollection), if any.
+  std::unique_ptr<DistributedMeshAxis> expert_axis_;
+  std::vector<std::string> sharded_vars_;
   std::string train_dir_;
   bool chief_ = true;
   std::vector<std::shared_ptr<DataParallelGradientSync>> syncs_;

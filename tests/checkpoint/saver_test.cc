@@ -75,6 +75,68 @@ TEST(Saver, ShardsLargeCheckpoints) {
   EXPECT_TRUE(at::equal(c.tensors.at("lm/emb/w/Adam/m"), at::full({4, 3}, 1.0)));
 }
 
+// A model-parallel checkpoint: 2 ranks each write their 2 experts (and the experts' Adam slot),
+// the chief the rest with sharded_ranks = 2. It loads as the whole model, re-meshes onto 4 ranks
+// or 1, and retention deletes its rank files with it. Missing, inconsistent or overlapping rank
+// files are DataLoss naming the file.
+TEST(Saver, RankShardedCheckpointsLoadWholeAndReMesh) {
+  const std::string dir = NewDir("rank_sharded");
+  const at::Tensor wi = at::arange(4 * 3, at::kFloat).view({4, 3});  // 4 experts
+  const at::Tensor m = wi * 10;
+  Saver saver({.dir = dir, .keep_latest_n = 1});
+  const std::string prefix = Saver::CheckpointPrefix(dir, 7);
+  for (int r = 0; r < 2; ++r) {
+    SaveRankShard(prefix, r, 2,
+                  {{"lm/moe/wi", wi.slice(0, 2 * r, 2 * r + 2)},
+                   {"lm/moe/wi/Adam/m", m.slice(0, 2 * r, 2 * r + 2)}});
+  }
+  EXPECT_FALSE(Saver::LatestCheckpoint(dir));  // not visible before the chief's file
+  saver.Save(7, {{"lm/gate", at::ones({3, 4})}}, {{kShardedRanksMetadata, "2"}});
+  SafetensorsContents c = LoadCheckpoint(*Saver::LatestCheckpoint(dir));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/moe/wi"), wi));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/moe/wi/Adam/m"), m));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/gate"), at::ones({3, 4})));
+  // Onto 4 ranks: rank 3 holds expert 3 and its slot; the replicated gate stays whole.
+  SafetensorsContents four = c;
+  SliceShards(four, {"lm/moe/wi"}, 3, 4);
+  EXPECT_TRUE(at::equal(four.tensors.at("lm/moe/wi"), wi.slice(0, 3, 4)));
+  EXPECT_TRUE(at::equal(four.tensors.at("lm/moe/wi/Adam/m"), m.slice(0, 3, 4)));
+  EXPECT_TRUE(at::equal(four.tensors.at("lm/gate"), at::ones({3, 4})));
+  SafetensorsContents three = c;
+  EXPECT_THROW(SliceShards(three, {"lm/moe/wi"}, 0, 3), InvalidArgumentError);
+  // Broken rank files.
+  auto expect_data_loss = [&](const std::string& what, const std::string& needle) {
+    try {
+      LoadCheckpoint(prefix);
+      ADD_FAILURE() << what << ": loaded";
+    } catch (const DataLossError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  const std::string r1 = RankShardPath(prefix, 1, 2);
+  fs::rename(r1, r1 + ".away");
+  expect_data_loss("missing", "-rank-00001-of-00002.safetensors is missing");
+  SaveSafetensors(r1, {{"lm/moe/wi", at::zeros({2, 5})}, {"lm/moe/wi/Adam/m", at::zeros({2, 3})}},
+                  {{"rank", "1"}, {"ranks", "2"}});
+  expect_data_loss("shape", "'lm/moe/wi' is [2, 5]");
+  SaveSafetensors(r1, {{"lm/moe/wi", at::zeros({2, 3})}}, {{"rank", "1"}, {"ranks", "2"}});
+  expect_data_loss("fewer tensors", "holds 1 tensors, not the 2");
+  SaveSafetensors(r1, {{"lm/moe/wi", at::zeros({2, 3})}, {"lm/moe/wi/Adam/m", at::zeros({2, 3})}},
+                  {{"rank", "0"}, {"ranks", "2"}});
+  expect_data_loss("wrong rank", "says rank 0 of 2, not 1 of 2");
+  SaveSafetensors(r1, {{"lm/moe/wi", at::zeros({2, 3})}, {"lm/moe/wi/Adam/m", at::zeros({2, 3})},
+                       {"lm/gate", at::zeros({3, 4})}},
+                  {{"rank", "1"}, {"ranks", "2"}});
+  expect_data_loss("overlap", "'lm/gate' is also in the chief's file");
+  fs::rename(r1 + ".away", r1);
+  EXPECT_TRUE(at::equal(LoadCheckpoint(prefix).tensors.at("lm/moe/wi"), wi));
+  // Retention (keep_latest_n = 1) deletes the rank files with their checkpoint.
+  saver.Save(8, {{"lm/gate", at::ones({3, 4})}});
+  EXPECT_FALSE(FileExists(RankShardPath(prefix, 0, 2)));
+  EXPECT_FALSE(FileExists(r1));
+  EXPECT_EQ(CheckpointFiles(dir), std::vector<std::string>{"ckpt-00000008.safetensors"});
+}
+
 // The retention rule, written out independently: keep the last n, and every checkpoint more than
 // hours·3600 s after the last one kept by that rule (the first always).
 std::vector<std::string> ExpectedKept(const std::vector<std::pair<double, std::string>>& all, int n,

@@ -377,10 +377,15 @@ TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
   (ref_out * w).sum().backward();
   RunWorkers(2, [&](Distributed& dist) {
     const int r = dist.rank();
-    auto sharded = make(2);
     DistributedMeshAxis axis(dist);
     MeshAxisScope scope("expert", &axis);
+    auto sharded = make(2);  // built under the axis: experts 2r, 2r + 1
     NestedMap mine = sharded->theta();
+    // Initialized as those experts' rows of the one-process layer's initial value.
+    for (const char* name : {"wi", "wo"}) {
+      EXPECT_TRUE(at::equal(mine.GetTensor(name), full.GetTensor(name).slice(0, 2 * r, 2 * r + 2)))
+          << name << " on rank " << r;
+    }
     std::vector<at::Tensor> vars;
     for (const char* name : {"gate", "wi", "wo"}) {
       at::Tensor v = full.GetTensor(name).detach();
@@ -413,6 +418,20 @@ TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
     dist.AllReduceSum({mean_aux});
     EXPECT_NEAR(mean_aux.item<double>() / 2, ref_aux.item<double>(), 1e-12);
   });
+  // A layer built for expert rank 0 refuses to run as rank 1.
+  RunWorkers(2, [&](Distributed& dist) {
+    auto built_alone = make(2);
+    DistributedMeshAxis axis(dist);
+    MeshAxisScope scope("expert", &axis);
+    if (dist.rank() == 0) return;
+    try {
+      built_alone->FProp(built_alone->theta(), x.slice(0, 2, 4));
+      ADD_FAILURE() << "ran rank 0's experts as rank 1";
+    } catch (const FailedPreconditionError& e) {
+      EXPECT_NE(std::string(e.what()).find("holds the experts of expert rank 0 but runs on rank 1"),
+                std::string::npos) << e.what();
+    }
+  });
   // Without the mesh axis the sharded layer says what it needs.
   auto orphan = make(2);
   try {
@@ -426,6 +445,37 @@ TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
   bad.Set("name", "moe");
   bad.FromText("input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_devices : 3\n");
   EXPECT_THROW(InstantiateLayer<TransformerShardedMoeLayer>(bad), InvalidArgumentError);
+}
+
+// Each rank's batch has its own padded length (12 and 5 tokens a row here), so capacities from
+// the factor would differ and the all-to-all's blocks with them: the ranks agree on the longest
+// group's capacity (12 for groups of 12 at factor 1.5 × 2 over 4 experts), and each rank's
+// output is what all 4 experts in one process give its batch at that capacity.
+TEST(Distributed, ExpertParallelRanksOfDifferentLengthsAgreeOnTheCapacity) {
+  auto make = [](int devices, int groups, int capacity) {
+    Params p = TransformerShardedMoeLayer::Params();
+    p.Set("name", "moe").Set("random_seed", 11).Set("dtype", DType::kFloat64);
+    p.FromText(StrCat("input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_groups : ", groups,
+                      "\nexpert_capacity_dim : ", capacity, "\nnum_devices : ", devices, "\n"));
+    return InstantiateLayer<TransformerShardedMoeLayer>(p);
+  };
+  at::manual_seed(9);
+  const std::vector<at::Tensor> xs = {at::randn({2, 12, 6}, at::kDouble),
+                                      at::randn({2, 5, 6}, at::kDouble)};
+  RunWorkers(2, [&](Distributed& dist) {
+    const int r = dist.rank();
+    DistributedMeshAxis axis(dist);
+    MeshAxisScope scope("expert", &axis);
+    auto sharded = make(2, 4, 0);  // capacity from the factor (1.5)
+    auto whole = make(1, 2, 12);
+    NestedMap theta = whole->theta();
+    for (const char* name : {"wi", "wo"}) {
+      EXPECT_TRUE(at::equal(sharded->theta().GetTensor(name),
+                            theta.GetTensor(name).slice(0, 2 * r, 2 * r + 2)));
+    }
+    const at::Tensor y = sharded->FProp(sharded->theta(), xs[r]);
+    EXPECT_TRUE(at::allclose(y, whole->FProp(theta, xs[r]), 1e-12, 1e-12)) << "rank " << r;
+  });
 }
 
 // A 2-layer LM whose second layer is a 4-expert MoE block spread over `devices` ranks.
@@ -476,17 +526,17 @@ TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
     std::vector<int> sharded_vars(2, 0);
     RunWorkers(2, [&](Distributed& dist) {
       const int r = dist.rank();
-      auto lm = SmallMoeLm(2);
       DistributedMeshAxis axis(dist);
       MeshAxisScope scope("expert", &axis);
+      auto lm = SmallMoeLm(2);
       const auto vars = LearnerVariables(*lm);
-      {
-        at::NoGradGuard no_grad;  // the one-process model's start, experts 2r and 2r + 1 here
-        for (const auto& v : vars) {
-          const at::Tensor& src = init.at(v.name);
-          v.value.copy_(v.expert_sharded ? src.slice(0, 2 * r, 2 * r + 2) : src);
-          sharded_vars[r] += v.expert_sharded;
-        }
+      // The same seed gives every variable the one-process model's start: dense ones whole,
+      // experts 2r and 2r + 1 here.
+      for (const auto& v : vars) {
+        const at::Tensor& src = init.at(v.name);
+        EXPECT_TRUE(at::equal(v.value, v.expert_sharded ? src.slice(0, 2 * r, 2 * r + 2) : src))
+            << v.name << " on rank " << r;
+        sharded_vars[r] += v.expert_sharded;
       }
       lm->learner().SetGradientSync(
           std::make_shared<DataParallelGradientSync>(dist, 1 << 12, overlapped));

@@ -175,5 +175,30 @@ check "--nproc_per_node=0 is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -
 WORLD_SIZE=2 RANK=5 "$glossa" train "${base[@]}" --logdir="$tmp/n" > "$tmp/n4.log" 2>&1; rc=$?
 check "RANK out of range is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'RANK must be in' '$tmp/n4.log'"
 
+# 6. GShard's expert parallelism: lm.austen.TransformerLmMoeTinyExpertParallel keeps 2 of its 4
+# experts on each of 2 ranks. Each rank writes its experts' shard before rank 0 writes the
+# checkpoint; a restart resumes from it on both ranks; the checkpoint loads whole, and export
+# builds the model in one process (num_devices 1: every expert) and serves it.
+moe=(--model=lm.austen.TransformerLmMoeTinyExpertParallel --random_seed=3 --intra_op_threads=1
+     "--model_params_override=task.train.steps_per_loop : 5; task.train.save_interval_steps : 10")
+"$glossa" train "${moe[@]}" --logdir="$tmp/e" --max_steps=10 --nproc_per_node=2 > "$tmp/e.log" 2>&1; rc=$?
+check "expert-parallel training exits 0 (rc $rc): $(tail -2 "$tmp/e.log")" test "$rc" -eq 0
+for r in 0 1; do
+  check "rank $r's expert shard" test -f "$tmp/e/train/ckpt-00000010-rank-0000$r-of-00002.safetensors"
+done
+check "the chief's checkpoint" test -f "$tmp/e/train/ckpt-00000010.safetensors"
+"$glossa" train "${moe[@]}" --logdir="$tmp/e" --max_steps=20 --nproc_per_node=2 > "$tmp/e2.log" 2>&1; rc=$?
+check "expert-parallel resume exits 0 (rc $rc): $(tail -2 "$tmp/e2.log")" test "$rc" -eq 0
+check "it resumed from step 10" grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' "$tmp/e2.log"
+check "step 20's shards" test -f "$tmp/e/train/ckpt-00000020-rank-00001-of-00002.safetensors"
+"$glossa" export "${moe[@]}" --logdir="$tmp/e" --out="$tmp/e_bundle" > "$tmp/e3.log" 2>&1; rc=$?
+check "the expert-parallel checkpoint exports in one process (rc $rc): $(tail -2 "$tmp/e3.log")" test "$rc" -eq 0
+check "the bundle's model has every expert" grep -q 'num_devices : 1' "$tmp/e_bundle/model_params.txt"
+echo 'It is a truth universally acknowledged' | "$glossa" predict --bundle="$tmp/e_bundle" > "$tmp/e_pred.jsonl" 2>"$tmp/e_pred.err"; rc=$?
+check "the bundle scores text (rc $rc): $(tail -1 "$tmp/e_pred.err")" bash -c "test $rc -eq 0 && grep -q total_log_prob '$tmp/e_pred.jsonl'"
+rm "$tmp/e/train/ckpt-00000020-rank-00001-of-00002.safetensors"
+"$glossa" export "${moe[@]}" --logdir="$tmp/e" --out="$tmp/e_bundle2" > "$tmp/e4.log" 2>&1; rc=$?
+check "a missing shard is an error naming it (rc $rc): $(tail -1 "$tmp/e4.log")" bash -c "test $rc -ne 0 && grep -q 'ckpt-00000020-rank-00001-of-00002.safetensors is missing' '$tmp/e4.log'"
+
 [ "$fail" -eq 0 ] && echo "distributed_test: all checks passed"
 exit "$fail"

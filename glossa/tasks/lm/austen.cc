@@ -103,6 +103,24 @@ class TransformerLmMoeTiny : public AustenLmBase {
 };
 GLOSSA_REGISTER_MODEL(TransformerLmMoeTiny, "lm.austen.TransformerLmMoeTiny");
 
+// TransformerLmMoeTiny with its 4 experts on 2 ranks (GShard's expert parallelism, num_devices 2:
+// `glossa train --nproc_per_node=2`, docs/distributed.md). The variables keep their names and
+// its checkpoints load whole, so TransformerLmMoeTiny exports and serves them in one process.
+class TransformerLmMoeTinyExpertParallel : public TransformerLmMoeTiny {
+ public:
+  Params Task() const override {
+    Params p = TransformerLmMoeTiny::Task();
+    ParamValue::List layers = p.Get("stack.transformer_layer_params_tpl").AsList();
+    Params moe = layers[1].AsParams().Copy();
+    moe.Set("tr_fflayer_tpl.num_devices", 2).Set("tr_fflayer_tpl.num_groups", 2);
+    layers[1] = moe;
+    p.Set("stack.transformer_layer_params_tpl", layers);
+    return p;
+  }
+};
+GLOSSA_REGISTER_MODEL(TransformerLmMoeTinyExpertParallel,
+                      "lm.austen.TransformerLmMoeTinyExpertParallel");
+
 // A larger model (model_dim 512, 6 layers, sequences up to 256): the throughput benchmark's size.
 class TransformerLm512 : public AustenLmBase {
  protected:
