@@ -354,6 +354,8 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   const int64_t local = e / devices;
   MeshAxis* axis = devices > 1 ? CurrentMeshAxis("expert") : nullptr;
   expert_shard_ = axis != nullptr ? axis->index() : 0;
+  num_devices_ = devices;
+  if (axis != nullptr) ExpertAxis();  // a mesh of another size: said now, not at the first step
   for (const auto& [name, shape, scale] :
        {std::tuple<const char*, std::vector<int64_t>, double>{"wi", {local, m, wi_out}, gate_scale},
         {"wo", {local, h, out}, std::sqrt(3.0 / static_cast<double>(h))}}) {
@@ -474,7 +476,9 @@ MeshAxis& TransformerShardedMoeLayer::ExpertAxis() const {
         "layer '", path(), "': num_devices = ", num_devices_, " needs a mesh with an 'expert' axis ",
         "of ", num_devices_, " ranks, ",
         axis == nullptr ? std::string("but this thread has none (glossa/layers/mesh.h: MeshAxisScope)")
-                        : StrCat("but the axis has ", axis->size())));
+                        : StrCat("but the axis has ", axis->size()),
+        ": train it on ", num_devices_, " ranks (glossa train --nproc_per_node=", num_devices_,
+        "), or set num_devices to 1"));
   }
   if (axis->index() != expert_shard_) {
     throw FailedPreconditionError(StrCat(

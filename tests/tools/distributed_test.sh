@@ -196,6 +196,10 @@ check "the expert-parallel checkpoint exports in one process (rc $rc): $(tail -2
 check "the bundle's model has every expert" grep -q 'num_devices : 1' "$tmp/e_bundle/model_params.txt"
 echo 'It is a truth universally acknowledged' | "$glossa" predict --bundle="$tmp/e_bundle" > "$tmp/e_pred.jsonl" 2>"$tmp/e_pred.err"; rc=$?
 check "the bundle scores text (rc $rc): $(tail -1 "$tmp/e_pred.err")" bash -c "test $rc -eq 0 && grep -q total_log_prob '$tmp/e_pred.jsonl'"
+"$glossa" train "${moe[@]}" --logdir="$tmp/e1" --max_steps=5 > "$tmp/e5.log" 2>&1; rc=$?
+check "one process cannot train the 2-rank experts (rc $rc): $(tail -1 "$tmp/e5.log")" bash -c "test $rc -ne 0 && grep -q \"needs a mesh with an 'expert' axis of 2 ranks.*--nproc_per_node=2\" '$tmp/e5.log'"
+"$glossa" train "${moe[@]}" --logdir="$tmp/e3" --max_steps=5 --nproc_per_node=3 > "$tmp/e6.log" 2>&1; rc=$?
+check "nor 3 ranks (rc $rc): $(grep -m1 'expert' "$tmp/e6.log")" bash -c "test $rc -ne 0 && grep -q 'but the axis has 3' '$tmp/e6.log'"
 rm "$tmp/e/train/ckpt-00000020-rank-00001-of-00002.safetensors"
 "$glossa" export "${moe[@]}" --logdir="$tmp/e" --out="$tmp/e_bundle2" > "$tmp/e4.log" 2>&1; rc=$?
 check "a missing shard is an error naming it (rc $rc): $(tail -1 "$tmp/e4.log")" bash -c "test $rc -ne 0 && grep -q 'ckpt-00000020-rank-00001-of-00002.safetensors is missing' '$tmp/e4.log'"
