@@ -5,7 +5,9 @@
 // peer (bench/beam_search.py), which runs the same model and search and compares its outputs.
 //   bench_beam_search --logdir=runs/bible_tiny --workdir=/tmp/glossa_bench_beam --batch=1
 // --int8=1 runs the projections in int8 (what `glossa export --quantize=int8` bundles run) and
-// writes glossa_hyps_int8.jsonl.
+// writes glossa_hyps_int8.jsonl. --fused=0 runs each decoder layer's step as the unfused
+// composition of the layers' ExtendStep instead of one DecoderLayerStep
+// (glossa/kernels/decoder_step.h), for the comparison in bench/README.md.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/input/input_generator.h"
+#include "glossa/kernels/decoder_step.h"
 #include "glossa/kernels/int8_gemm.h"
 #include "glossa/model/base_model.h"
 #include "glossa/model/model_registry.h"
@@ -43,7 +46,8 @@ int main(int argc, char** argv) {
                               {"batch", "1"},
                               {"beam", "4"},
                               {"runs", "3"},
-                              {"int8", "0"}});
+                              {"int8", "0"},
+                              {"fused", "1"}});
   ConfigureCpuRuntime(0, false, CpuWorkload::kInference);
   const int64_t n = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int64_t runs = std::stoll(f["runs"]);
@@ -101,6 +105,8 @@ int main(int argc, char** argv) {
   at::NoGradGuard no_grad;
   std::optional<Int8Scope> int8_scope;
   if (int8) int8_scope.emplace();
+  std::optional<UnfusedDecoderStepScope> unfused;
+  if (f["fused"] == "0") unfused.emplace();
   for (int64_t r = 0; r <= runs; ++r) {  // run 0 warms up
     hyps.clear();
     int64_t tokens = 0;

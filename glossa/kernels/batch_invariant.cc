@@ -104,25 +104,9 @@ __attribute__((target("avx512f"))) void AffineTile512Rows(const float* x, const 
 }
 #endif
 
-at::Tensor AffineImpl(const at::Tensor& x_in, const at::Tensor& w_in, const at::Tensor& b_in,
-                      bool relu, bool simd) {
-  if (x_in.dim() != 2 || w_in.dim() != 2 || x_in.size(1) != w_in.size(0) ||
-      x_in.scalar_type() != at::kFloat || w_in.scalar_type() != at::kFloat ||
-      (b_in.defined() && (b_in.numel() != w_in.size(1) || b_in.scalar_type() != at::kFloat))) {
-    throw InvalidArgumentError(StrCat("InvariantAffine: x [M, K], w [K, N], b [N] float32, got ",
-                                      x_in.sizes(), ", ", w_in.sizes(), ", ",
-                                      b_in.defined() ? b_in.sizes() : at::IntArrayRef{}));
-  }
-  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
-  const at::Tensor b = b_in.defined() ? b_in.contiguous() : at::Tensor();
+void AffineRaw(const float* xp, const float* wp, const float* bp, float* yp, int64_t M,
+               int64_t K, int64_t N, bool relu, bool simd) {
   (void)simd;  // (a build without GLOSSA_X86_SIMD has only the portable path)
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
   const int64_t row_blocks = (M + kRows - 1) / kRows, col_blocks = (N + kCols - 1) / kCols;
   // Column panel major: a panel of w (K × 32) stays in L1 across its row blocks. Each element's
   // arithmetic is the same whichever thread computes its tile.
@@ -140,7 +124,108 @@ at::Tensor AffineImpl(const at::Tensor& x_in, const at::Tensor& w_in, const at::
       AffineTilePortable(xp, wp, bp, yp, K, N, i0, rows, j0, cols, relu);
     }
   });
+}
+
+at::Tensor AffineImpl(const at::Tensor& x_in, const at::Tensor& w_in, const at::Tensor& b_in,
+                      bool relu, bool simd) {
+  if (x_in.dim() != 2 || w_in.dim() != 2 || x_in.size(1) != w_in.size(0) ||
+      x_in.scalar_type() != at::kFloat || w_in.scalar_type() != at::kFloat ||
+      (b_in.defined() && (b_in.numel() != w_in.size(1) || b_in.scalar_type() != at::kFloat))) {
+    throw InvalidArgumentError(StrCat("InvariantAffine: x [M, K], w [K, N], b [N] float32, got ",
+                                      x_in.sizes(), ", ", w_in.sizes(), ", ",
+                                      b_in.defined() ? b_in.sizes() : at::IntArrayRef{}));
+  }
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const at::Tensor b = b_in.defined() ? b_in.contiguous() : at::Tensor();
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  AffineRaw(x.data_ptr<float>(), w.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+            y.data_ptr<float>(), M, K, N, relu, simd);
   return y;
+}
+
+
+// ---- The affine map with transposed weights: y[i][j] = Σ_k x[i][k] · w[j][k] (+ b[j]) ----
+//
+// Each output is a dot product of two contiguous rows: 16 partial sums (lane l takes k ≡ l mod 16,
+// one fma chain each, in increasing k), then the lanes summed in the tree of _mm512_reduce_add_ps
+// (Reduce16), so the AVX-512 and the portable paths give the same bits and no row depends on
+// another.
+
+inline float Reduce16(const float* l) {
+  float t3[8], t6[4];
+  for (int i = 0; i < 8; ++i) t3[i] = l[i + 8] + l[i];
+  for (int i = 0; i < 4; ++i) t6[i] = t3[i + 4] + t3[i];
+  return (t6[2] + t6[0]) + (t6[3] + t6[1]);
+}
+
+void DotTilePortable(const float* x, const float* w, const float* b, float* y, int64_t M,
+                     int64_t K, int64_t N, int64_t j, bool relu) {
+  const float* wj = w + j * K;
+  for (int64_t i = 0; i < M; ++i) {
+    const float* xi = x + i * K;
+    float lanes[16] = {};
+    for (int64_t k = 0; k < K; ++k) lanes[k % 16] = std::fma(xi[k], wj[k], lanes[k % 16]);
+    y[i * N + j] = Finish(Reduce16(lanes), b, j, relu);
+  }
+}
+
+#if GLOSSA_X86_SIMD
+template <int R>
+__attribute__((target("avx512f"))) void DotRows512(const float* x, const float* wj, int64_t K,
+                                                  float* out) {
+  __m512 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? 0xFFFF : simd_math::TailMask(K - k);
+    const __m512 wv = _mm512_maskz_loadu_ps(m, wj + k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + r * K + k), wv, acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[r]);
+    out[r] = Reduce16(lanes);
+  }
+}
+
+__attribute__((target("avx512f"))) void DotTile512(const float* x, const float* w, const float* b,
+                                                   float* y, int64_t M, int64_t K, int64_t N,
+                                                   int64_t j, bool relu) {
+  const float* wj = w + j * K;
+  float out[4];
+  for (int64_t i = 0; i < M; i += 4) {
+    const int64_t r = std::min<int64_t>(4, M - i);
+    switch (r) {
+      case 4: DotRows512<4>(x + i * K, wj, K, out); break;
+      case 3: DotRows512<3>(x + i * K, wj, K, out); break;
+      case 2: DotRows512<2>(x + i * K, wj, K, out); break;
+      default: DotRows512<1>(x + i * K, wj, K, out); break;
+    }
+    for (int64_t t = 0; t < r; ++t) y[(i + t) * N + j] = Finish(out[t], b, j, relu);
+  }
+}
+#endif
+
+void AffineTransposedRaw(const float* x, const float* w, const float* b, float* y, int64_t M,
+                         int64_t K, int64_t N, bool relu, bool simd) {
+  (void)simd;
+  KernelParallelFor(0, N, ParallelGrain(M * K), [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+#if GLOSSA_X86_SIMD
+      if (simd) {
+        DotTile512(x, w, b, y, M, K, N, j, relu);
+        continue;
+      }
+#endif
+      DotTilePortable(x, w, b, y, M, K, N, j, relu);
+    }
+  });
 }
 
 // ---- Attention ----
@@ -263,6 +348,34 @@ bool RowKernelsFor(int64_t rows) {
 at::Tensor InvariantAffine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                            bool relu) {
   return AffineImpl(x, w, b, relu, CpuHasAvx512F());
+}
+
+void InvariantAffineRaw(const float* x, const float* w, const float* b, float* y, int64_t m,
+                        int64_t k, int64_t n, bool relu) {
+  if (m > 0 && n > 0) AffineRaw(x, w, b, y, m, k, n, relu, CpuHasAvx512F());
+}
+
+void InvariantAffineTransposedRaw(const float* x, const float* w, const float* b, float* y,
+                                  int64_t m, int64_t k, int64_t n, bool relu) {
+  if (m > 0 && n > 0) AffineTransposedRaw(x, w, b, y, m, k, n, relu, CpuHasAvx512F());
+}
+
+at::Tensor InvariantAffineTransposed(const at::Tensor& x_in, const at::Tensor& w_in,
+                                     const at::Tensor& b_in, bool relu, bool portable) {
+  if (x_in.dim() != 2 || w_in.dim() != 2 || x_in.size(1) != w_in.size(1) ||
+      x_in.scalar_type() != at::kFloat || w_in.scalar_type() != at::kFloat ||
+      (b_in.defined() && (b_in.numel() != w_in.size(0) || b_in.scalar_type() != at::kFloat))) {
+    throw InvalidArgumentError(StrCat("InvariantAffineTransposed: x [M, K], w [N, K], b [N] "
+                                      "float32, got ", x_in.sizes(), ", ", w_in.sizes()));
+  }
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const at::Tensor b = b_in.defined() ? b_in.contiguous() : at::Tensor();
+  at::Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+  if (y.numel() == 0) return y;
+  AffineTransposedRaw(x.data_ptr<float>(), w.data_ptr<float>(),
+                      b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0),
+                      x.size(1), w.size(0), relu, !portable && CpuHasAvx512F());
+  return y;
 }
 
 at::Tensor InvariantAffinePortable(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,

@@ -53,6 +53,17 @@ bool RowKernelsFor(int64_t rows);
 // x [M, K], w [K, N] float32 CPU (any strides; copied to contiguous), b [N] or undefined.
 at::Tensor InvariantAffine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                            bool relu);
+// The raw form for fused kernels: x [m, k], w [k, n], b [n] or null, y [m, n], all contiguous.
+void InvariantAffineRaw(const float* x, const float* w, const float* b, float* y, int64_t m,
+                        int64_t k, int64_t n, bool relu);
+// With the weights transposed, w [n, k]: y = x·wᵀ (+ b), each output a dot product of two
+// contiguous rows (16 lanes of fma chains over k, then a fixed tree); the AVX-512 and portable
+// paths (`portable`) give the same bits. What a decoding step's output projections use: their
+// weights [D, heads·dim] are the transpose of what InvariantAffine reads.
+void InvariantAffineTransposedRaw(const float* x, const float* w, const float* b, float* y,
+                                  int64_t m, int64_t k, int64_t n, bool relu);
+at::Tensor InvariantAffineTransposed(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                     bool relu, bool portable = false);
 // The portable path of InvariantAffine (no SIMD): the same bits.
 at::Tensor InvariantAffinePortable(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                    bool relu);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -35,23 +36,51 @@ void Check(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
   }
 }
 
-#if GLOSSA_X86_SIMD
-struct StepArgs {
-  const float *q, *key, *value, *bias;
-  const int64_t* rows;
-  int64_t N, heads, H, C, L, rows_stride, slots;
-  float* out;
-};
+const float* KeyRow(const StepAttentionArgs& a, const float* base, int64_t i, int64_t s,
+                    int64_t n) {
+  const int64_t slot = a.rows != nullptr ? a.rows[i * a.rows_stride + s] : i;
+  return base + ((slot * a.capacity + s) * a.heads + n) * a.dim;
+}
 
-__attribute__((target("avx512f"))) void StepRow512(const StepArgs& a, int64_t i, int64_t n,
-                                                   std::vector<float>& p) {
-  const int64_t H = a.H, L = a.L;
+// Row (i, n), portable: the dot products as fma chains over the head dim, the softmax with the
+// sum in step order, the output as an fma chain over the steps, scaled by 1 / sum.
+void StepRowPortable(const StepAttentionArgs& a, int64_t i, int64_t n, std::vector<float>& p) {
+  const int64_t H = a.dim, L = a.length;
   p.resize(static_cast<size_t>(L));
   const float* qr = a.q + (i * a.heads + n) * H;
-  const int64_t* ri = a.rows + i * a.rows_stride;
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < L; ++s) {
-    const float* kr = a.key + ((ri[s] * a.C + s) * a.heads + n) * H;
+    const float* kr = KeyRow(a, a.key, i, s, n);
+    float acc = 0.0f;
+    for (int64_t h = 0; h < H; ++h) acc = std::fma(qr[h], kr[h], acc);
+    if (a.bias != nullptr) acc += a.bias[i * L + s];
+    p[static_cast<size_t>(s)] = acc;
+    m = std::max(m, acc);
+  }
+  float sum = 0.0f;
+  for (int64_t s = 0; s < L; ++s) {
+    p[static_cast<size_t>(s)] = std::exp(p[static_cast<size_t>(s)] - m);
+    sum += p[static_cast<size_t>(s)];
+  }
+  const float inv = 1.0f / sum;
+  float* o = a.out + (i * a.heads + n) * H;
+  for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
+  for (int64_t s = 0; s < L; ++s) {
+    const float* vr = KeyRow(a, a.value, i, s, n);
+    for (int64_t h = 0; h < H; ++h) o[h] = std::fma(p[static_cast<size_t>(s)], vr[h], o[h]);
+  }
+  for (int64_t h = 0; h < H; ++h) o[h] *= inv;
+}
+
+#if GLOSSA_X86_SIMD
+__attribute__((target("avx512f"))) void StepRow512(const StepAttentionArgs& a, int64_t i,
+                                                   int64_t n, std::vector<float>& p) {
+  const int64_t H = a.dim, L = a.length;
+  p.resize(static_cast<size_t>(L));
+  const float* qr = a.q + (i * a.heads + n) * H;
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t s = 0; s < L; ++s) {
+    const float* kr = KeyRow(a, a.key, i, s, n);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t c = 0; c < H; c += 16) {
       const __mmask16 mk = H - c >= 16 ? 0xFFFF : simd_math::TailMask(H - c);
@@ -77,9 +106,8 @@ __attribute__((target("avx512f"))) void StepRow512(const StepArgs& a, int64_t i,
     const __mmask16 mk = H - c >= 16 ? 0xFFFF : simd_math::TailMask(H - c);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t s = 0; s < L; ++s) {
-      const float* vr = a.value + ((ri[s] * a.C + s) * a.heads + n) * H;
       acc = _mm512_fmadd_ps(_mm512_set1_ps(p[static_cast<size_t>(s)]),
-                            _mm512_maskz_loadu_ps(mk, vr + c), acc);
+                            _mm512_maskz_loadu_ps(mk, KeyRow(a, a.value, i, s, n) + c), acc);
     }
     _mm512_mask_storeu_ps(o + c, mk, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
   }
@@ -87,6 +115,24 @@ __attribute__((target("avx512f"))) void StepRow512(const StepArgs& a, int64_t i,
 #endif
 
 }  // namespace
+
+void StepAttentionRaw(const StepAttentionArgs& a) {
+  const bool simd = CpuHasAvx512F();
+  KernelParallelFor(0, a.n * a.heads, ParallelGrain(2 * a.length * a.dim),
+                    [&](int64_t lo, int64_t hi) {
+                      std::vector<float> p;
+                      for (int64_t j = lo; j < hi; ++j) {
+#if GLOSSA_X86_SIMD
+                        if (simd) {
+                          StepRow512(a, j / a.heads, j % a.heads, p);
+                          continue;
+                        }
+#endif
+                        StepRowPortable(a, j / a.heads, j % a.heads, p);
+                      }
+                    });
+  (void)simd;
+}
 
 at::Tensor StepAttentionReference(const at::Tensor& q, const at::Tensor& key,
                                   const at::Tensor& value, const at::Tensor& rows, int64_t length,
@@ -116,15 +162,13 @@ at::Tensor StepAttention(const at::Tensor& q, const at::Tensor& key, const at::T
                                         kc.size(0), ")"));
     }
     at::Tensor out = at::empty(qc.sizes(), qc.options());
-    StepArgs a{qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(),
-               bc.defined() ? bc.data_ptr<float>() : nullptr, rc.data_ptr<int64_t>(),
-               qc.size(0), qc.size(1), qc.size(2), kc.size(1), length, rc.size(1), kc.size(0),
-               out.data_ptr<float>()};
-    KernelParallelFor(0, a.N * a.heads, ParallelGrain(2 * length * a.H),
-                      [&](int64_t lo, int64_t hi) {
-                        std::vector<float> p;
-                        for (int64_t j = lo; j < hi; ++j) StepRow512(a, j / a.heads, j % a.heads, p);
-                      });
+    StepAttentionArgs a;
+    a.q = qc.data_ptr<float>(), a.key = kc.data_ptr<float>(), a.value = vc.data_ptr<float>();
+    a.bias = bc.defined() ? bc.data_ptr<float>() : nullptr;
+    a.rows = rc.data_ptr<int64_t>(), a.rows_stride = rc.size(1);
+    a.n = qc.size(0), a.heads = qc.size(1), a.dim = qc.size(2), a.capacity = kc.size(1);
+    a.length = length, a.out = out.data_ptr<float>();
+    StepAttentionRaw(a);
     return out;
   }
 #endif

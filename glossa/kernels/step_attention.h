@@ -26,6 +26,22 @@ namespace glossa {
 
 at::Tensor StepAttention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
                          const at::Tensor& rows, int64_t length, const at::Tensor& bias);
+// The raw form, for fused kernels (glossa/kernels/decoder_step.h): every (hypothesis, head) row,
+// split over the kernel threads. Hypothesis i's step s is slot rows[i * rows_stride + s], or slot
+// i itself when rows is null (a source of `capacity` = `length` positions per hypothesis).
+struct StepAttentionArgs {
+  const float* q = nullptr;      // [n, heads, dim], scaled
+  const float* key = nullptr;    // [slots, capacity, heads, dim]
+  const float* value = nullptr;  // like key
+  const float* bias = nullptr;   // [n, length] or null
+  const int64_t* rows = nullptr;
+  int64_t rows_stride = 0;
+  int64_t n = 0, heads = 0, dim = 0, capacity = 0, length = 0;
+  float* out = nullptr;          // [n, heads, dim]
+};
+// AVX-512 where the CPU has it, else a portable loop of the same order (std::exp for e^x).
+void StepAttentionRaw(const StepAttentionArgs& a);
+
 at::Tensor StepAttentionReference(const at::Tensor& q, const at::Tensor& key,
                                   const at::Tensor& value, const at::Tensor& rows, int64_t length,
                                   const at::Tensor& bias);

@@ -373,6 +373,50 @@ at::Tensor WithCapacity(const at::Tensor& t, int64_t need) {
 
 }  // namespace
 
+MultiHeadedAttention::StepCaches MultiHeadedAttention::PrepareStep(
+    const NestedMap& cached_states, int64_t n, at::ScalarType dtype) const {
+  if (!cached_states.contains("unordered") || !cached_states.contains("rows") ||
+      !cached_states.contains("length")) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep states must come from "
+                                      "InitStates ({unordered: {key, value}, rows, length})"));
+  }
+  const NestedMap& kv = cached_states.GetItem("unordered").AsMap();
+  StepCaches c;
+  c.length = cached_states.GetTensor("length");
+  c.rows = cached_states.GetTensor("rows");
+  c.key = kv.GetTensor("key");
+  c.value = kv.GetTensor("value");
+  if (c.rows.size(0) != n || c.length.numel() != n || c.key.size(0) != n) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep states are for ",
+                                      c.key.size(0), " hypotheses, the query has ", n));
+  }
+  c.step = n > 0 ? c.length[0].item<int64_t>() : 0;
+  // This step's key and value go into column `step` of the caches, in place: earlier states
+  // (of length <= step) never read that column.
+  at::NoGradGuard no_grad;
+  c.key = WithCapacity(c.key.to(dtype), c.step + 1);
+  c.value = WithCapacity(c.value.to(dtype), c.step + 1);
+  c.rows = WithCapacity(c.rows, c.step + 1);
+  if (c.rows.is_contiguous() && c.rows.scalar_type() == at::kLong) {
+    int64_t* r = c.rows.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) r[i * c.rows.size(1) + c.step] = i;
+  } else {
+    c.rows.select(1, c.step).copy_(at::arange(n, c.rows.options()));
+  }
+  return c;
+}
+
+NestedMap MultiHeadedAttention::StatesAfterStep(const StepCaches& c) {
+  NestedMap new_kv;
+  new_kv.Put("key", c.key);
+  new_kv.Put("value", c.value);
+  NestedMap new_states;
+  new_states.Put("unordered", new_kv);
+  new_states.Put("rows", c.rows);
+  new_states.Put("length", c.length + 1);
+  return new_states;
+}
+
 std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
     const NestedMap& theta, const at::Tensor& query, const NestedMap& cached_states,
     const at::Tensor& paddings) const {
@@ -381,35 +425,17 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
                                       input_dim_, "], got ", query.sizes()));
   }
   const int64_t n = query.size(0);
-  if (!cached_states.contains("unordered") || !cached_states.contains("rows") ||
-      !cached_states.contains("length")) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep states must come from "
-                                      "InitStates ({unordered: {key, value}, rows, length})"));
-  }
-  const NestedMap& kv = cached_states.GetItem("unordered").AsMap();
-  const at::Tensor& length_in = cached_states.GetTensor("length");
-  at::Tensor rows = cached_states.GetTensor("rows");
-  at::Tensor kbuf = kv.GetTensor("key"), vbuf = kv.GetTensor("value");
-  if (rows.size(0) != n || length_in.numel() != n || kbuf.size(0) != n) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep states are for ",
-                                      kbuf.size(0), " hypotheses, the query has ", n));
-  }
-  const int64_t step = n > 0 ? length_in[0].item<int64_t>() : 0;
   at::Tensor x = CastToFPropDtype(query).unsqueeze(1);  // [B, 1, D]
   auto proj = [&](const Child<MultiHeadedProjectionLayer>& p) {
     return p->FProp(p.Theta(theta), x).squeeze(1);  // [B, N, H]
   };
   const at::Tensor q = proj(query_);
+  const StepCaches c = PrepareStep(cached_states, n, q.scalar_type());
+  const int64_t step = c.step;
   {
-    // This step's key and value go into column `step` of the caches, in place: earlier states
-    // (of length <= step) never read that column.
     at::NoGradGuard no_grad;
-    kbuf = WithCapacity(kbuf.to(q.scalar_type()), step + 1);
-    vbuf = WithCapacity(vbuf.to(q.scalar_type()), step + 1);
-    rows = WithCapacity(rows, step + 1);
-    kbuf.select(1, step).copy_(proj(key_));
-    vbuf.select(1, step).copy_(proj(value_));
-    rows.select(1, step).copy_(at::arange(n, rows.options()));
+    c.key.select(1, step).copy_(proj(key_));
+    c.value.select(1, step).copy_(proj(value_));
   }
   at::Tensor bias;
   if (paddings.defined()) {
@@ -420,16 +446,9 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
     bias = at::zeros(paddings.sizes(), paddings.options().dtype(at::kFloat))
                .masked_fill_(paddings > 0.5, std::numeric_limits<float>::lowest());
   }
-  const at::Tensor ctx = StepAttention(ScaleQuery(theta, q), kbuf, vbuf, rows, step + 1, bias);
+  const at::Tensor ctx = StepAttention(ScaleQuery(theta, q), c.key, c.value, c.rows, step + 1, bias);
   const at::Tensor encoded = post_->FProp(post_.Theta(theta), ctx.unsqueeze(1)).squeeze(1);
-  NestedMap new_kv;
-  new_kv.Put("key", kbuf);
-  new_kv.Put("value", vbuf);
-  NestedMap new_states;
-  new_states.Put("unordered", new_kv);
-  new_states.Put("rows", rows);
-  new_states.Put("length", length_in + 1);
-  return {encoded, new_states};
+  return {encoded, StatesAfterStep(c)};
 }
 
 GLOSSA_REGISTER_CLASS(MultiHeadedProjectionLayer, "glossa.layers.MultiHeadedProjectionLayer");

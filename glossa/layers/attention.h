@@ -14,6 +14,7 @@
 #include "glossa/layers/base_layer.h"
 #include "glossa/layers/step_layer.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/kernels/decoder_step.h"
 
 namespace glossa {
 
@@ -28,6 +29,9 @@ class MultiHeadedProjectionLayer : public BaseLayer {
   static glossa::Params Params();
   explicit MultiHeadedProjectionLayer(const glossa::Params& p);
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
+  // This projection as the fused decoding step reads it (the output projection transposed);
+  // false unless its theta is float32 and contiguous.
+  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out) const;
 
  private:
   bool is_output_projection_, use_bias_;
@@ -108,6 +112,21 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
 
   int64_t num_heads() const { return num_heads_; }
   int64_t dim_per_head() const { return dim_per_head_; }
+
+  // The fused decoding step's part of this attention (glossa/kernels/decoder_step.h): the
+  // projections (float32 weights read in place) and the query scale [dim] it computes into
+  // *query_scale. False where these arguments cannot express it (other projection layers).
+  bool FusedStepProjections(const NestedMap& theta, StepProjArgs* query, StepProjArgs* key,
+                            StepProjArgs* value, StepProjArgs* post,
+                            at::Tensor* query_scale) const;
+  // The caches of a step of n hypotheses (validated, grown to hold column `step`, the row table's
+  // column `step` set to each row's own slot) and the states after it.
+  struct StepCaches {
+    at::Tensor key, value, rows, length;
+    int64_t step = 0;
+  };
+  StepCaches PrepareStep(const NestedMap& cached_states, int64_t n, at::ScalarType dtype) const;
+  static NestedMap StatesAfterStep(const StepCaches& c);
 
  private:
   // q [..., H] times the per-dim scale (or 1/sqrt(H)).

@@ -57,6 +57,10 @@ DropoutLayer::DropoutLayer(const glossa::Params& p) : BaseLayer(p) {
   }
 }
 
+bool DropoutLayer::IsIdentity() const {
+  return (IsEvalMode() && !dropout_at_eval_) || is_inference() || keep_prob_ == 1.0;
+}
+
 at::Tensor DropoutLayer::FProp(const NestedMap&, const at::Tensor& x) const {
   if ((IsEvalMode() && !dropout_at_eval_) || is_inference()) return x;
   if (keep_prob_ == 1.0) return x;

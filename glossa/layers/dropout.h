@@ -32,6 +32,9 @@ class DropoutLayer : public BaseLayer, public Block {
     return FProp(theta, x);
   }
   double keep_prob() const { return keep_prob_; }
+  // Whether FProp returns its input now (eval mode without dropout_at_eval, inference, or
+  // keep_prob 1).
+  bool IsIdentity() const;
   // Whether running the layer again under the same step seed draws the same mask (what RevNet's
   // backward replay and pipelined re-runs need): false for plain dropout.
   virtual bool ReplaysMasks() const { return false; }

@@ -101,6 +101,15 @@ glossa::Params FCLayer::Params() {
   return p;
 }
 
+bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu) const {
+  if (activation_ != "RELU" && activation_ != "NONE") return false;
+  *relu = activation_ == "RELU";
+  *out = StepProjArgs{FusedStepData(theta.GetTensor("w")),
+                      has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr, input_dim_,
+                      output_dim_, false};
+  return out->w != nullptr && (!has_bias_ || out->b != nullptr);
+}
+
 GLOSSA_REGISTER_CLASS(ProjectionLayer, "glossa.layers.ProjectionLayer");
 GLOSSA_REGISTER_CLASS(FCLayer, "glossa.layers.FCLayer");
 

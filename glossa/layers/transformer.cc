@@ -301,6 +301,11 @@ NestedMap TransformerLayer::PrecomputeAux(const NestedMap& theta,
 std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
     const NestedMap& aux, const at::Tensor& aux_paddings) const {
+  at::Tensor fused;
+  NestedMap fused_states;
+  if (FusedExtendStep(theta, inputs, states, aux, aux_paddings, &fused, &fused_states)) {
+    return {fused, fused_states};
+  }
   const StepLayer& self_atten = *self_atten_;
   auto [x, new_states] = self_atten.ExtendStep(self_atten_.Theta(theta), inputs, states, {});
   if (cross_atten_) {

@@ -47,6 +47,9 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
                         const at::Tensor& paddings) const override {
     return FProp(theta, x, paddings);
   }
+  // This block as the fused decoding step runs it (glossa/kernels/decoder_step.h); false where
+  // it cannot (post layer norm, dropout active, another activation, theta not float32).
+  bool FusedStepArgs(const NestedMap& theta, StepFeedForwardArgs* out) const;
 
  private:
   bool pre_layer_norm_;
@@ -108,8 +111,21 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
                             const std::string& prefix) const;
   std::pair<std::string, std::string> EmitOnnxSource(OnnxGraph& g, const std::string& source,
                                                      const std::string& prefix) const;
+  // The fused decoding step's attention parts (glossa/kernels/decoder_step.h); false where they
+  // cannot express this block (post layer norm, residual dropout active, other projections).
+  // The causal self-attention step reads `states` and prepares its caches for the step (*caches:
+  // the states after it are MultiHeadedAttention::StatesAfterStep(*caches)); *keep holds tensors
+  // the arguments point into. The cross-attention step reads `aux` (ProjectSource of the source)
+  // and leaves the bias to the caller.
+  bool FusedSelfStep(const NestedMap& theta, const NestedMap& states, int64_t rows,
+                     StepSelfAttentionArgs* out, MultiHeadedAttention::StepCaches* caches,
+                     std::vector<at::Tensor>* keep) const;
+  bool FusedCrossStep(const NestedMap& theta, const NestedMap& aux, int64_t rows,
+                      StepCrossAttentionArgs* out, std::vector<at::Tensor>* keep) const;
 
  private:
+  // Whether the fused step can express this block (see FusedSelfStep).
+  bool FusedStepPossible() const;
   at::Tensor Norm(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor Residual(const NestedMap& theta, const at::Tensor& x, const at::Tensor& y) const;
   bool pre_layer_norm_, is_masked_;
@@ -173,6 +189,11 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
                                                        const at::Tensor& aux_paddings) const;
 
  private:
+  // ExtendStepProjected as one DecoderLayerStep (glossa/kernels/decoder_step.h) where it applies
+  // (inference, a dense feed-forward block, float32 theta and states); false otherwise.
+  bool FusedExtendStep(const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
+                       const NestedMap& aux, const at::Tensor& aux_paddings, at::Tensor* out,
+                       NestedMap* new_states) const;
   Child<TransformerAttentionLayer> self_atten_, cross_atten_;
   Child<BaseLayer> fflayer_;
   const Block* ff_block_ = nullptr;

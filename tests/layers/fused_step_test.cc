@@ -1,0 +1,113 @@
+// The layers' side of the fused decoding step (glossa/layers/fused_step.cc): a float32
+// TransformerDecoder stack stepped in inference runs one DecoderLayerStep per layer and step, and
+// its outputs and caches agree with the unfused composition and with FProp over the whole
+// sequence; configurations the kernel cannot express, training and GLOSSA_KERNELS=reference take
+// the unfused steps.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "glossa/kernels/cpu_features.h"
+#include "glossa/kernels/decoder_step.h"
+#include "glossa/kernels/int8_gemm.h"
+#include "glossa/layers/transformer.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+struct Stepped {
+  std::vector<at::Tensor> outs;
+  NestedMap states;
+  int64_t fused_calls = 0;
+};
+
+// T steps of `dec` on y [B, T, D], the source projected once (what beam search does), the rows
+// reordered after step 1 (a beam's parents) in both runs alike.
+Stepped Step(const TransformerStack& dec, const at::Tensor& y, const at::Tensor& enc,
+             const at::Tensor& enc_paddings) {
+  const NestedMap theta = dec.theta();
+  const NestedMap aux = dec.PrecomputeAux(theta, enc);
+  Stepped r;
+  r.states = dec.InitStates(y.size(0), at::kFloat);
+  const int64_t before = FusedDecoderLayerSteps();
+  for (int64_t t = 0; t < y.size(1); ++t) {
+    auto [out, next] = dec.ExtendStepProjected(theta, y.select(1, t).contiguous(), r.states, aux,
+                                               enc_paddings);
+    r.outs.push_back(out);
+    r.states = next;
+  }
+  r.fused_calls = FusedDecoderLayerSteps() - before;
+  return r;
+}
+
+std::unique_ptr<TransformerStack> Decoder(const std::string& extra) {
+  return Make<TransformerStack>(
+      TransformerDecoder::Params(),
+      "num_layers : 2\nmdl_dim : 32\nnum_atten_heads : 2\nhidden_dim : 48\n" + extra);
+}
+
+TEST(FusedDecoderStep, AgreesWithTheUnfusedStepsAndFProp) {
+  at::manual_seed(3);
+  auto dec = Decoder("");
+  const at::Tensor y = at::randn({3, 5, 32}), enc = at::randn({3, 4, 32});
+  at::Tensor enc_paddings = at::zeros({3, 4});
+  enc_paddings[1][3] = 1.0;
+  enc_paddings[2][2] = enc_paddings[2][3] = 1.0;
+  at::NoGradGuard no_grad;
+  const Stepped fused = Step(*dec, y, enc, enc_paddings);
+  if (KernelsForcedToReference()) {
+    EXPECT_EQ(fused.fused_calls, 0) << "GLOSSA_KERNELS=reference keeps the unfused steps";
+  } else {
+    EXPECT_EQ(fused.fused_calls, 2 * 5) << "one DecoderLayerStep per layer and step";
+  }
+  Stepped unfused;
+  {
+    UnfusedDecoderStepScope off;
+    unfused = Step(*dec, y, enc, enc_paddings);
+  }
+  EXPECT_EQ(unfused.fused_calls, 0);
+  const at::Tensor full =
+      dec->FProp(dec->theta(), y.to(at::kDouble).to(at::kFloat), {}, enc, enc_paddings);
+  for (int64_t t = 0; t < 5; ++t) {
+    EXPECT_TRUE(at::allclose(fused.outs[t], unfused.outs[t], 1e-5, 1e-5)) << "step " << t;
+    EXPECT_TRUE(at::allclose(fused.outs[t], full.select(1, t), 1e-4, 1e-5)) << "step " << t;
+  }
+  // The caches and row tables the steps leave are the unfused ones.
+  const NestedMap& a = fused.states.GetItem("x_layers").AsList()[1].AsMap();
+  const NestedMap& b = unfused.states.GetItem("x_layers").AsList()[1].AsMap();
+  EXPECT_TRUE(at::equal(a.GetTensor("rows"), b.GetTensor("rows")));
+  EXPECT_TRUE(at::equal(a.GetTensor("length"), b.GetTensor("length")));
+  const at::Tensor ka = a.GetItem("unordered").AsMap().GetTensor("key").narrow(1, 0, 5);
+  const at::Tensor kb = b.GetItem("unordered").AsMap().GetTensor("key").narrow(1, 0, 5);
+  EXPECT_TRUE(at::allclose(ka, kb, 1e-5, 1e-5));
+}
+
+// What the kernel cannot express runs unfused, with the same answers: post layer norm, an MoE
+// feed-forward block, training (autograd on), int8 inference.
+TEST(FusedDecoderStep, OtherConfigurationsAndModesTakeTheUnfusedSteps) {
+  at::manual_seed(4);
+  const at::Tensor y = at::randn({2, 3, 32}), enc = at::randn({2, 4, 32});
+  const at::Tensor enc_paddings = at::zeros({2, 4});
+  for (const char* extra :
+       {"transformer_layer_params_tpl.tr_atten_tpl.pre_layer_norm : False",
+        "transformer_layer_params_tpl.tr_fflayer_tpl.activation : 'SIGMOID'"}) {
+    auto dec = Decoder(extra);
+    at::NoGradGuard no_grad;
+    const Stepped s = Step(*dec, y, enc, enc_paddings);
+    EXPECT_EQ(s.fused_calls, 0) << extra;
+    const at::Tensor full = dec->FProp(dec->theta(), y, {}, enc, enc_paddings);
+    for (int64_t t = 0; t < 3; ++t) {
+      EXPECT_TRUE(at::allclose(s.outs[t], full.select(1, t), 1e-4, 1e-5)) << extra;
+    }
+  }
+  auto dec = Decoder("");
+  EXPECT_EQ(Step(*dec, y, enc, enc_paddings).fused_calls, 0) << "autograd on: training";
+  at::NoGradGuard no_grad;
+  {
+    Int8Scope int8;
+    EXPECT_EQ(Step(*dec, y, enc, enc_paddings).fused_calls, 0) << "int8 inference";
+  }
+}
+
+}  // namespace
+}  // namespace glossa
