@@ -51,6 +51,10 @@ void LayerNormRows(const float* x, int64_t rows, int64_t d, const StepNormArgs& 
 // inside a BatchInvariantScope (as Affine chooses), else one BLAS sgemm and the bias (and relu)
 // in a pass.
 void Project(const float* x, int64_t rows, const StepProjArgs& p, bool relu, float* y) {
+  if (p.w8 != nullptr) {
+    Int8AffineRaw(x, rows, *p.w8, p.b, relu, y);
+    return;
+  }
   if (rows <= kRowKernelMaxRows || BatchInvariantActive() || !HasSgemm()) {
     if (p.transposed) {
       InvariantAffineTransposedRaw(x, p.w, p.b, y, rows, p.in, p.out, relu);
@@ -143,7 +147,8 @@ void FeedForward(const StepFeedForwardArgs& a, int64_t rows, int64_t d, float* x
 }
 
 void CheckProj(const StepProjArgs& p, int64_t in, int64_t out, const char* what) {
-  if (p.w == nullptr || p.in != in || p.out != out) {
+  if (p.w == nullptr || p.in != in || p.out != out ||
+      (p.w8 != nullptr && (p.w8->k != in || p.w8->n != out))) {
     throw InvalidArgumentError(StrCat("DecoderLayerStep: ", what, " must map ", in, " -> ", out,
                                       ", got ", p.in, " -> ", p.out,
                                       p.w == nullptr ? " (no weight)" : ""));
@@ -199,8 +204,7 @@ const float* FusedStepData(const at::Tensor& t) {
 }
 
 bool FusedDecoderStepApplies() {
-  return unfused_depth == 0 && !at::GradMode::is_enabled() && !Int8Active() &&
-         !KernelsForcedToReference();
+  return unfused_depth == 0 && !at::GradMode::is_enabled() && !KernelsForcedToReference();
 }
 
 UnfusedDecoderStepScope::UnfusedDecoderStepScope() { ++unfused_depth; }

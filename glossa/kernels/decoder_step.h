@@ -29,6 +29,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 namespace glossa {
 
@@ -41,12 +43,16 @@ struct StepNormArgs {
   float epsilon = 1e-6f;
 };
 
-// y = x·w (+ b): w [in, out] row-major, or with `transposed` w [out, in] and y = x·wᵀ.
+struct Int8Weight;  // glossa/kernels/int8_gemm.h
+
+// y = x·w (+ b): w [in, out] row-major, or with `transposed` w [out, in] and y = x·wᵀ. With w8
+// (int8 inference: the quantized form of that weight, CachedInt8Weight), Int8AffineRaw instead.
 struct StepProjArgs {
   const float* w = nullptr;
   const float* b = nullptr;
   int64_t in = 0, out = 0;
   bool transposed = false;
+  const Int8Weight* w8 = nullptr;
 };
 
 struct StepSelfAttentionArgs {
@@ -90,11 +96,18 @@ struct DecoderLayerStepArgs {
   StepFeedForwardArgs ff;
 };
 
+// What the arguments point into, held by the caller for the step.
+struct FusedStepKeep {
+  std::vector<at::Tensor> tensors;
+  std::vector<std::shared_ptr<const Int8Weight>> int8;
+};
+
 // t's data when the fused step can read it in place (a float32 contiguous CPU tensor), else null.
 const float* FusedStepData(const at::Tensor& t);
 
-// Whether decoding steps take DecoderLayerStep now: without autograd, outside int8 inference
-// (Int8Scope), not with GLOSSA_KERNELS=reference, and outside an UnfusedDecoderStepScope.
+// Whether decoding steps take DecoderLayerStep now: without autograd, not with
+// GLOSSA_KERNELS=reference, and outside an UnfusedDecoderStepScope. Inside an Int8Scope the
+// projections run in int8 (w8), as Affine runs them there.
 bool FusedDecoderStepApplies();
 // The unfused composition on this thread while one is alive (tests and bench_beam_search
 // --fused=0 compare the two).

@@ -336,6 +336,27 @@ at::Tensor Int8Affine(const at::Tensor& x, const Int8Weight& w, const at::Tensor
   return Int8AffinePortable(x, w, b, relu);
 }
 
+void Int8AffineRaw(const float* x, int64_t m, const Int8Weight& w, const float* b, bool relu,
+                   float* y) {
+  if (m == 0 || w.n == 0) return;
+#if GLOSSA_X86_SIMD
+  if (Int8HasVnni()) {
+    thread_local std::vector<uint8_t> xu;
+    thread_local std::vector<float> sx;
+    xu.resize(static_cast<size_t>(m * w.k4));
+    sx.resize(static_cast<size_t>(m));
+    QuantizeRowsU8(x, m, w.k, w.k4, xu.data(), sx.data());
+    VnniGemm({xu.data(), sx.data(), &w, b, relu, m, y});
+    return;
+  }
+#endif
+  const at::Tensor xt = at::from_blob(const_cast<float*>(x), {m, w.k}, at::kFloat);
+  const at::Tensor bt =
+      b != nullptr ? at::from_blob(const_cast<float*>(b), {w.n}, at::kFloat) : at::Tensor();
+  const at::Tensor out = Int8AffinePortable(xt, w, bt, relu);
+  std::memcpy(y, out.data_ptr<float>(), static_cast<size_t>(m * w.n) * sizeof(float));
+}
+
 at::Tensor Int8AffineAten(const at::Tensor& x, const Int8Weight& w, const at::Tensor& b,
                           bool relu) {
   auto [qx, sx] = QuantizeRowsInt8(x);

@@ -46,6 +46,10 @@ at::Tensor Int8Affine(const at::Tensor& x, const Int8Weight& w, const at::Tensor
 // The portable path: the same bits as Int8Affine's native one.
 at::Tensor Int8AffinePortable(const at::Tensor& x, const Int8Weight& w, const at::Tensor& b,
                               bool relu = false);
+// The raw form for fused kernels (glossa/kernels/decoder_step.h): x [m, w.k] contiguous,
+// b [w.n] or null, y [m, w.n]; the same bits as Int8Affine.
+void Int8AffineRaw(const float* x, int64_t m, const Int8Weight& w, const float* b, bool relu,
+                   float* y);
 // ATen in double: the dequantized activations times the dequantized weights (tests).
 at::Tensor Int8AffineAten(const at::Tensor& x, const Int8Weight& w, const at::Tensor& b,
                           bool relu = false);

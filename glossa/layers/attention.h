@@ -31,7 +31,7 @@ class MultiHeadedProjectionLayer : public BaseLayer {
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
   // This projection as the fused decoding step reads it (the output projection transposed);
   // false unless its theta is float32 and contiguous.
-  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out) const;
+  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, FusedStepKeep* keep) const;
 
  private:
   bool is_output_projection_, use_bias_;
@@ -117,8 +117,8 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   // projections (float32 weights read in place) and the query scale [dim] it computes into
   // *query_scale. False where these arguments cannot express it (other projection layers).
   bool FusedStepProjections(const NestedMap& theta, StepProjArgs* query, StepProjArgs* key,
-                            StepProjArgs* value, StepProjArgs* post,
-                            at::Tensor* query_scale) const;
+                            StepProjArgs* value, StepProjArgs* post, at::Tensor* query_scale,
+                            FusedStepKeep* keep) const;
   // The caches of a step of n hypotheses (validated, grown to hold column `step`, the row table's
   // column `step` set to each row's own slot) and the states after it.
   struct StepCaches {

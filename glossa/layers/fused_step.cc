@@ -7,29 +7,37 @@
 #include <limits>
 #include <vector>
 
+#include "glossa/kernels/int8_gemm.h"
 #include "glossa/layers/attention.h"
 #include "glossa/layers/transformer.h"
 
 namespace glossa {
 
-bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out) const {
+bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out,
+                                               FusedStepKeep* keep) const {
   const at::Tensor& w = theta.GetTensor("w");  // [D, N, H]
   const float* wp = FusedStepData(w);
   const float* bp = use_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr;
   if (wp == nullptr || (use_bias_ && bp == nullptr)) return false;
   const int64_t d = w.size(0), nh = w.size(1) * w.size(2);
   *out = StepProjArgs{wp, bp, is_output_projection_ ? nh : d, is_output_projection_ ? d : nh,
-                      is_output_projection_};
+                      is_output_projection_, nullptr};
+  // int8 inference quantizes the weight view FProp's Affine would (the same cache entry).
+  if (Int8Active()) {
+    const at::Tensor w2 = is_output_projection_ ? w.reshape({d, nh}).t() : w.reshape({d, nh});
+    out->w8 = keep->int8.emplace_back(CachedInt8Weight(w2)).get();
+  }
   return true;
 }
 
 bool MultiHeadedAttention::FusedStepProjections(const NestedMap& theta, StepProjArgs* query,
                                                 StepProjArgs* key, StepProjArgs* value,
-                                                StepProjArgs* post, at::Tensor* query_scale) const {
-  if (!fuse_qkv_ || !query_->FusedStepArgs(query_.Theta(theta), query) ||
-      !key_->FusedStepArgs(key_.Theta(theta), key) ||
-      !value_->FusedStepArgs(value_.Theta(theta), value) ||
-      !post_->FusedStepArgs(post_.Theta(theta), post)) {
+                                                StepProjArgs* post, at::Tensor* query_scale,
+                                                FusedStepKeep* keep) const {
+  if (!fuse_qkv_ || !query_->FusedStepArgs(query_.Theta(theta), query, keep) ||
+      !key_->FusedStepArgs(key_.Theta(theta), key, keep) ||
+      !value_->FusedStepArgs(value_.Theta(theta), value, keep) ||
+      !post_->FusedStepArgs(post_.Theta(theta), post, keep)) {
     return false;
   }
   // The reference multiplies q by this vector (PerDimScaleLayer) or by the float 1/sqrt(dim).
@@ -40,15 +48,15 @@ bool MultiHeadedAttention::FusedStepProjections(const NestedMap& theta, StepProj
   return FusedStepData(*query_scale) != nullptr;
 }
 
-bool TransformerFeedForwardLayer::FusedStepArgs(const NestedMap& theta,
-                                                StepFeedForwardArgs* out) const {
+bool TransformerFeedForwardLayer::FusedStepArgs(const NestedMap& theta, StepFeedForwardArgs* out,
+                                                FusedStepKeep* keep) const {
   if (!pre_layer_norm_ || !relu_dropout_->IsIdentity() || !residual_dropout_->IsIdentity()) {
     return false;
   }
   bool relu0 = false, relu1 = false;
   if (!ln_->FusedStepArgs(ln_.Theta(theta), &out->ln) ||
-      !fc0_->FusedStepArgs(fc0_.Theta(theta), &out->fc0, &relu0) ||
-      !fc1_->FusedStepArgs(fc1_.Theta(theta), &out->fc1, &relu1) || relu1) {
+      !fc0_->FusedStepArgs(fc0_.Theta(theta), &out->fc0, &relu0, keep) ||
+      !fc1_->FusedStepArgs(fc1_.Theta(theta), &out->fc1, &relu1, keep) || relu1) {
     return false;
   }
   out->relu = relu0;
@@ -63,12 +71,13 @@ bool TransformerAttentionLayer::FusedStepPossible() const {
 bool TransformerAttentionLayer::FusedSelfStep(const NestedMap& theta, const NestedMap& states,
                                               int64_t rows, StepSelfAttentionArgs* out,
                                               MultiHeadedAttention::StepCaches* caches,
-                                              std::vector<at::Tensor>* keep) const {
+                                              FusedStepKeep* keep) const {
   if (!FusedStepPossible() || !is_masked_) return false;
   at::Tensor scale;
   const NestedMap& at = atten_.Theta(theta);
   if (!ln_->FusedStepArgs(ln_.Theta(theta), &out->ln) ||
-      !atten_->FusedStepProjections(at, &out->query, &out->key, &out->value, &out->post, &scale)) {
+      !atten_->FusedStepProjections(at, &out->query, &out->key, &out->value, &out->post, &scale,
+                                    keep)) {
     return false;
   }
   // The caches must already be float32 and contiguous: PrepareStep would otherwise convert them.
@@ -80,7 +89,7 @@ bool TransformerAttentionLayer::FusedSelfStep(const NestedMap& theta, const Nest
   }
   *caches = atten_->PrepareStep(states, rows, at::kFloat);
   out->query_scale = scale.data_ptr<float>();
-  keep->push_back(scale);
+  keep->tensors.push_back(scale);
   out->heads = atten_->num_heads();
   out->dim = atten_->dim_per_head();
   out->key_cache = caches->key.data_ptr<float>();
@@ -95,13 +104,13 @@ bool TransformerAttentionLayer::FusedSelfStep(const NestedMap& theta, const Nest
 
 bool TransformerAttentionLayer::FusedCrossStep(const NestedMap& theta, const NestedMap& aux,
                                                int64_t rows, StepCrossAttentionArgs* out,
-                                               std::vector<at::Tensor>* keep) const {
+                                               FusedStepKeep* keep) const {
   if (!FusedStepPossible()) return false;
   at::Tensor scale;
   StepProjArgs key, value;
   if (!ln_->FusedStepArgs(ln_.Theta(theta), &out->ln) ||
       !atten_->FusedStepProjections(atten_.Theta(theta), &out->query, &key, &value, &out->post,
-                                    &scale)) {
+                                    &scale, keep)) {
     return false;
   }
   const at::Tensor& k = aux.GetTensor("key");  // [rows, S, heads, dim]
@@ -116,7 +125,7 @@ bool TransformerAttentionLayer::FusedCrossStep(const NestedMap& theta, const Nes
   out->value = FusedStepData(v);
   out->source_length = k.size(1);
   out->query_scale = scale.data_ptr<float>();
-  keep->push_back(scale);
+  keep->tensors.push_back(scale);
   return out->key != nullptr && out->value != nullptr;
 }
 
@@ -132,8 +141,8 @@ bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor&
   DecoderLayerStepArgs a;
   a.rows = inputs.size(0);
   a.model_dim = inputs.size(1);
-  std::vector<at::Tensor> keep;
-  if (!ff->FusedStepArgs(fflayer_.Theta(theta), &a.ff)) return false;
+  FusedStepKeep keep;
+  if (!ff->FusedStepArgs(fflayer_.Theta(theta), &a.ff, &keep)) return false;
   std::vector<float> bias;
   if (cross_atten_) {
     if (!cross_atten_->FusedCrossStep(cross_atten_.Theta(theta), aux, a.rows, &a.cross, &keep)) {

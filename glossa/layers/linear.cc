@@ -8,6 +8,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/layers/activations.h"
 #include "glossa/kernels/gemm.h"
+#include "glossa/kernels/int8_gemm.h"
 
 namespace glossa {
 
@@ -101,13 +102,17 @@ glossa::Params FCLayer::Params() {
   return p;
 }
 
-bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu) const {
+bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
+                                    FusedStepKeep* keep) const {
   if (activation_ != "RELU" && activation_ != "NONE") return false;
   *relu = activation_ == "RELU";
-  *out = StepProjArgs{FusedStepData(theta.GetTensor("w")),
-                      has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr, input_dim_,
-                      output_dim_, false};
-  return out->w != nullptr && (!has_bias_ || out->b != nullptr);
+  const at::Tensor& w = theta.GetTensor("w");
+  *out = StepProjArgs{FusedStepData(w), has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr,
+                      input_dim_, output_dim_, false, nullptr};
+  if (out->w == nullptr || (has_bias_ && out->b == nullptr)) return false;
+  // int8 inference quantizes the weight FProp's Affine would (the same cache entry).
+  if (Int8Active()) out->w8 = keep->int8.emplace_back(CachedInt8Weight(w)).get();
+  return true;
 }
 
 GLOSSA_REGISTER_CLASS(ProjectionLayer, "glossa.layers.ProjectionLayer");

@@ -35,7 +35,8 @@ class ProjectionLayer : public BaseLayer, public Block {
   // This projection as the fused decoding step reads it (glossa/kernels/decoder_step.h), with
   // *relu for a RELU activation; false for other activations or a theta not float32 and
   // contiguous.
-  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu) const;
+  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
+                     FusedStepKeep* keep) const;
 
  private:
   int64_t input_dim_, output_dim_;

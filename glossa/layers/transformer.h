@@ -49,7 +49,7 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
   }
   // This block as the fused decoding step runs it (glossa/kernels/decoder_step.h); false where
   // it cannot (post layer norm, dropout active, another activation, theta not float32).
-  bool FusedStepArgs(const NestedMap& theta, StepFeedForwardArgs* out) const;
+  bool FusedStepArgs(const NestedMap& theta, StepFeedForwardArgs* out, FusedStepKeep* keep) const;
 
  private:
   bool pre_layer_norm_;
@@ -114,14 +114,14 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
   // The fused decoding step's attention parts (glossa/kernels/decoder_step.h); false where they
   // cannot express this block (post layer norm, residual dropout active, other projections).
   // The causal self-attention step reads `states` and prepares its caches for the step (*caches:
-  // the states after it are MultiHeadedAttention::StatesAfterStep(*caches)); *keep holds tensors
+  // the states after it are MultiHeadedAttention::StatesAfterStep(*caches)); *keep holds what
   // the arguments point into. The cross-attention step reads `aux` (ProjectSource of the source)
   // and leaves the bias to the caller.
   bool FusedSelfStep(const NestedMap& theta, const NestedMap& states, int64_t rows,
                      StepSelfAttentionArgs* out, MultiHeadedAttention::StepCaches* caches,
-                     std::vector<at::Tensor>* keep) const;
+                     FusedStepKeep* keep) const;
   bool FusedCrossStep(const NestedMap& theta, const NestedMap& aux, int64_t rows,
-                      StepCrossAttentionArgs* out, std::vector<at::Tensor>* keep) const;
+                      StepCrossAttentionArgs* out, FusedStepKeep* keep) const;
 
  private:
   // Whether the fused step can express this block (see FusedSelfStep).

@@ -82,8 +82,8 @@ TEST(FusedDecoderStep, AgreesWithTheUnfusedStepsAndFProp) {
   EXPECT_TRUE(at::allclose(ka, kb, 1e-5, 1e-5));
 }
 
-// What the kernel cannot express runs unfused, with the same answers: post layer norm, an MoE
-// feed-forward block, training (autograd on), int8 inference.
+// What the kernel cannot express runs unfused, with the same answers: post layer norm, another
+// activation, training (autograd on).
 TEST(FusedDecoderStep, OtherConfigurationsAndModesTakeTheUnfusedSteps) {
   at::manual_seed(4);
   const at::Tensor y = at::randn({2, 3, 32}), enc = at::randn({2, 4, 32});
@@ -102,10 +102,34 @@ TEST(FusedDecoderStep, OtherConfigurationsAndModesTakeTheUnfusedSteps) {
   }
   auto dec = Decoder("");
   EXPECT_EQ(Step(*dec, y, enc, enc_paddings).fused_calls, 0) << "autograd on: training";
+}
+
+// int8 inference (Int8Scope): the fused step's projections run in int8 on the weights FProp's
+// Affine quantizes (the same cache entries), so it agrees with the unfused int8 steps.
+TEST(FusedDecoderStep, Int8InferenceRunsFusedWithTheSameQuantizedWeights) {
+  at::manual_seed(5);
+  auto dec = Decoder("");
+  const at::Tensor y = at::randn({3, 4, 32}), enc = at::randn({3, 5, 32});
+  const at::Tensor enc_paddings = at::zeros({3, 5});
   at::NoGradGuard no_grad;
+  Stepped fused, unfused;
+  int64_t after_fused = 0;
   {
     Int8Scope int8;
-    EXPECT_EQ(Step(*dec, y, enc, enc_paddings).fused_calls, 0) << "int8 inference";
+    fused = Step(*dec, y, enc, enc_paddings);
+    after_fused = Int8CacheSize();
+    UnfusedDecoderStepScope off;
+    unfused = Step(*dec, y, enc, enc_paddings);
+    // The unfused steps quantized nothing new: the fused ones used the same cache entries.
+    EXPECT_EQ(Int8CacheSize(), after_fused);
+  }
+  EXPECT_EQ(fused.fused_calls, KernelsForcedToReference() ? 0 : 2 * 4);
+  const Stepped fp32 = Step(*dec, y, enc, enc_paddings);
+  for (int64_t t = 0; t < 4; ++t) {
+    EXPECT_TRUE(at::allclose(fused.outs[t], unfused.outs[t], 1e-4, 1e-4)) << "step " << t;
+    // int8 is not float32: the quantization shows in the outputs.
+    EXPECT_FALSE(at::equal(fused.outs[t], fp32.outs[t])) << "step " << t;
+    EXPECT_TRUE(at::allclose(fused.outs[t], fp32.outs[t], 0.1, 0.1)) << "step " << t;
   }
 }
 
