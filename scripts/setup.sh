@@ -17,6 +17,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-pytest
   libpng-dev dataset-fashion-mnist
   espeak-ng sox pocketsphinx-testdata
+  iproute2
 )
 
 missing=()

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Two hosts on one machine (docs/distributed.md, "Several hosts"): two network namespaces joined
+# by a veth pair, each with its own address, one rank in each started from the environment as
+# torchrun starts a node's workers (WORLD_SIZE, RANK, MASTER_ADDR = host A's address,
+# GLOO_SOCKET_IFNAME = the host's interface). The model is GShard's expert-parallel MoE LM
+# (lm.austen.TransformerLmMoeTinyExpertParallel: 2 of its 4 experts on each host, tokens exchanged
+# by all-to-all over the link). Checks:
+#   1. equivalence: the two-host run writes the same checkpoint bytes (rank 0's file and both
+#      expert shards) as --nproc_per_node=2 on 127.0.0.1;
+#   2. a cut link (ip link set ... down) ends both ranks with an error naming the lost rank
+#      within the collective timeout;
+#   3. with the link back, a restart on both hosts resumes from the last complete checkpoint.
+# Needs root (ip netns); skipped with a message where namespaces cannot be created. The namespaces
+# and the veth pair are deleted on every exit path.
+#   bash tests/tools/multihost_test.sh build/bin/glossa
+set -u
+glossa="$(readlink -f "$1")"
+fail=0
+tmp=$(mktemp -d)
+id=$$
+nsa="glossa_mh_a_$id" nsb="glossa_mh_b_$id"
+va="gmh${id}a" vb="gmh${id}b"  # interface names: at most 15 characters
+va=${va:0:15} vb=${vb:0:15}
+addr_a=10.213.77.1 addr_b=10.213.77.2
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  ip netns del "$nsa" 2>/dev/null
+  ip netns del "$nsb" 2>/dev/null
+  [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+check() {  # check <description> <command...>
+  local what="$1"; shift
+  if ! "$@"; then echo "FAIL: $what"; fail=1; fi
+}
+
+if ! ip netns add "$nsa" 2> "$tmp/netns.err"; then
+  echo "multihost_test: skipped: cannot create network namespaces here ($(head -1 "$tmp/netns.err")); it needs root and iproute2"
+  exit 0
+fi
+set -e
+ip netns add "$nsb"
+ip link add "$va" type veth peer name "$vb"
+ip link set "$va" netns "$nsa"
+ip link set "$vb" netns "$nsb"
+ip -n "$nsa" addr add "$addr_a/24" dev "$va"
+ip -n "$nsb" addr add "$addr_b/24" dev "$vb"
+for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
+ip -n "$nsa" link set "$va" up
+ip -n "$nsb" link set "$vb" up
+set +e
+
+moe=(--model=lm.austen.TransformerLmMoeTinyExpertParallel --random_seed=3 --intra_op_threads=1
+     "--model_params_override=task.train.steps_per_loop : 5; task.train.save_interval_steps : 10")
+port=29517
+
+# host <a|b> <logfile> <glossa args...>: rank 0 on host A, rank 1 on host B, in the background.
+# Both "hosts" share this machine's cores, so LOCAL_WORLD_SIZE=2 gives each worker the thread
+# layout --nproc_per_node=2 gives it (and the same GEMM rounding).
+host() {
+  local h="$1" log="$2"; shift 2
+  local ns="$nsa" dev="$va" rank=0
+  if [ "$h" = b ]; then ns="$nsb" dev="$vb" rank=1; fi
+  ip netns exec "$ns" env WORLD_SIZE=2 RANK=$rank LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 \
+    MASTER_ADDR="$addr_a" MASTER_PORT=$port GLOO_SOCKET_IFNAME="$dev" \
+    "$glossa" train "${moe[@]}" "$@" > "$log" 2>&1 &
+  pids+=($!)
+}
+
+# 1. Equivalence with one host.
+"$glossa" train "${moe[@]}" --logdir="$tmp/one" --max_steps=10 --nproc_per_node=2 > "$tmp/one.log" 2>&1
+check "the one-host run exits 0: $(tail -2 "$tmp/one.log")" test $? -eq 0
+host a "$tmp/two0.log" --logdir="$tmp/two" --max_steps=10
+host b "$tmp/two1.log" --logdir="$tmp/two" --max_steps=10
+wait "${pids[0]}"; rc0=$?
+wait "${pids[1]}"; rc1=$?
+pids=()
+check "both hosts exit 0 ($rc0, $rc1): $(tail -2 "$tmp/two0.log") $(tail -2 "$tmp/two1.log")" test "$rc0" -eq 0 -a "$rc1" -eq 0
+check "rank 1 trained on host B's address" grep -q 'rank 1 of 2' "$tmp/two1.log"
+for f in ckpt-00000010.safetensors ckpt-00000010-rank-00000-of-00002.safetensors \
+         ckpt-00000010-rank-00001-of-00002.safetensors; do
+  check "two hosts write the bytes one host writes: $f" cmp -s "$tmp/one/train/$f" "$tmp/two/train/$f"
+done
+
+# 2. Cut the link mid-training: both ranks end, naming the lost rank, within the timeout.
+timeout_s=15
+host a "$tmp/cut0.log" --logdir="$tmp/cut" --max_steps=100000 --dist_timeout=$timeout_s
+host b "$tmp/cut1.log" --logdir="$tmp/cut" --max_steps=100000 --dist_timeout=$timeout_s
+for _ in $(seq 1 1200); do
+  grep -q 'ckpt-00000020' "$tmp/cut/train/checkpoint" 2>/dev/null && break
+  kill -0 "${pids[0]}" 2>/dev/null && kill -0 "${pids[1]}" 2>/dev/null || break
+  sleep 0.1
+done
+check "the run reached its step-20 checkpoint before the cut" grep -q 'ckpt-00000020' "$tmp/cut/train/checkpoint"
+ip -n "$nsb" link set "$vb" down
+start=$(date +%s)
+wait "${pids[0]}"; rc0=$?
+wait "${pids[1]}"; rc1=$?
+took=$(( $(date +%s) - start ))
+pids=()
+check "both ranks exit non-zero ($rc0, $rc1)" test "$rc0" -ne 0 -a "$rc1" -ne 0
+check "within the timeout and the diagnosis (${took} s for a ${timeout_s} s timeout)" test "$took" -le $((2 * timeout_s + 10))
+check "host A names rank 1: $(tail -1 "$tmp/cut0.log")" grep -q 'lost rank(s): 1' "$tmp/cut0.log"
+check "host B names rank 0 and its store: $(tail -1 "$tmp/cut1.log")" grep -q "lost rank(s): 0 (it hosts the rendezvous store at $addr_a:$port" "$tmp/cut1.log"
+
+# 3. The link back, a restart on both hosts resumes from the last complete checkpoint.
+ip -n "$nsb" link set "$vb" up
+last=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$tmp/cut/train/checkpoint")
+check "a complete checkpoint survived (step '$last')" test -n "$last"
+target=$(( ${last:-0} + 10 ))
+host a "$tmp/re0.log" --logdir="$tmp/cut" --max_steps=$target
+host b "$tmp/re1.log" --logdir="$tmp/cut" --max_steps=$target
+wait "${pids[0]}"; rc0=$?
+wait "${pids[1]}"; rc1=$?
+pids=()
+check "the restart exits 0 on both hosts ($rc0, $rc1): $(tail -2 "$tmp/re0.log") $(tail -2 "$tmp/re1.log")" test "$rc0" -eq 0 -a "$rc1" -eq 0
+check "it resumed from step $last: $(grep restored "$tmp/re0.log")" grep -q "restored .*ckpt-0*$last at step $last" "$tmp/re0.log"
+check "and wrote step $target with both expert shards" test -f "$(printf '%s/cut/train/ckpt-%08d-rank-00001-of-00002.safetensors' "$tmp" "$target")"
+
+[ "$fail" -eq 0 ] && echo "multihost_test: all checks passed"
+exit "$fail"
