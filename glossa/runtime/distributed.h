@@ -11,6 +11,7 @@
 //   auto m = dist.ReduceWeighted({{"loss", {2.3, 512}}});   // weighted means over ranks
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -100,10 +101,22 @@ class DistributedMeshAxis : public MeshAxis {
   explicit DistributedMeshAxis(Distributed& dist) : dist_(dist) {}
   int size() const override { return dist_.world_size(); }
   int index() const override { return dist_.rank(); }
-  at::Tensor ExchangeBlocks(const at::Tensor& input) override { return dist_.AllToAll(input); }
+  at::Tensor ExchangeBlocks(const at::Tensor& input) override {
+    const int64_t b = input.numel() * static_cast<int64_t>(input.element_size());
+    ++exchanges_;
+    bytes_ += b;
+    max_bytes_ = std::max(max_bytes_, b);
+    return dist_.AllToAll(input);
+  }
+  // Exchanges so far, the bytes this rank passed to them (its whole input, its own block
+  // included), and the largest input.
+  int64_t exchanges() const { return exchanges_; }
+  int64_t bytes() const { return bytes_; }
+  int64_t max_bytes() const { return max_bytes_; }
 
  private:
   Distributed& dist_;
+  int64_t exchanges_ = 0, bytes_ = 0, max_bytes_ = 0;
 };
 
 // The workers this thread's programs run over, as Lingvo's cluster_factory.Current(): the

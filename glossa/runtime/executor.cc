@@ -404,6 +404,18 @@ int64_t Executor::Run() {
     }
   }
   if (const std::string s = GradientSyncSummary(); !s.empty()) Log(s);
+  if (expert_axis_ && expert_axis_->exchanges() > 0 && global_step_ > first_step) {
+    // Every exchange of the run (the capacity agreements' few bytes included), per step.
+    const double steps = static_cast<double>(global_step_ - first_step);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "expert all-to-all over %d ranks: %.1f exchanges per step, %.2f MB per step "
+                  "(this rank's inputs), the largest %.0f bytes",
+                  expert_axis_->size(), expert_axis_->exchanges() / steps,
+                  expert_axis_->bytes() / 1e6 / steps,
+                  static_cast<double>(expert_axis_->max_bytes()));
+    Log(buf);
+  }
   const bool saved =
       SaveCheckpoint(chief_ && checkpointer_->IsNew(global_step_), run.skipped_since_save == 0);
   if (!chief_) return global_step_;

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# GShard expert parallelism on this machine: the Austen MoE LM widened so its experts hold most
+# of its weights (lm.austen.TransformerLmMoeTiny with 16 experts of hidden dim 2,048 in its MoE
+# layer: 8.4 M expert parameters beside 1.5 M dense ones) trained for `steps` steps on 1, 2 and 4
+# ranks (num_devices = ranks: each rank holds 16 / ranks experts and their Adam slots; 2 ranks per
+# core at 4), and for each:
+#   - global tokens/s (rank 0's last progress line, median of `reps` runs);
+#   - parameter + optimizer-slot bytes per rank, read from the checkpoint the run wrote (rank 0's
+#     file holds the replicated variables, each rank file one rank's experts), and their ratio to
+#     the one-process model's;
+#   - the expert all-to-all the run did (the trainer's summary line) and that exchange's bytes
+#     timed alone through Glossa's Distributed::AllToAll (bench_model_parallel) and PyTorch's
+#     all_to_all_single (bench/model_parallel.py), both over Gloo on loopback, same ranks.
+# docs/distributed.md's cost model uses these figures.
+#   bash bench/model_parallel.sh [build=build] [steps=20] [reps=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+steps="${2:-20}"
+reps="${3:-3}"
+glossa="$build/bin/glossa"
+a2a="$build/bin/bench_model_parallel"
+[ -x "$glossa" ] && [ -x "$a2a" ] || { echo "build first: bash scripts/build.sh"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+moe='task.stack.transformer_layer_params_tpl[1].tr_fflayer_tpl'
+wide="$moe.num_experts : 16; $moe.hidden_dim : 2048; task.train.steps_per_loop : 5; task.train.save_interval_steps : 1000000"
+port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Parameter + slot bytes per rank: rank 0's checkpoint file plus one rank file.
+per_rank_bytes() {
+  /usr/bin/python3 - "$1" <<'PY'
+import glob, json, struct, sys
+def size(f):
+    with open(f, "rb") as h:
+        n = struct.unpack("<Q", h.read(8))[0]
+        head = json.loads(h.read(n))
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in head.items() if k != "__metadata__")
+d = sys.argv[1]
+chief = sorted(glob.glob(d + "/ckpt-*[0-9].safetensors"))[-1]
+ranks = sorted(glob.glob(chief[:-len(".safetensors")] + "-rank-*"))
+print(size(chief) + (max(size(r) for r in ranks) if ranks else 0))
+PY
+}
+med() { printf "%s\n" "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
+printf "%-6s %10s %14s %9s %26s %14s %14s %7s\n" ranks tokens/s "MB per rank" "of 1" "all-to-all per step" "glossa a2a ms" "torch a2a ms" ratio
+one_bytes=0
+for n in 1 2 4; do
+  toks=(); line=""; bytes=0
+  for r in $(seq "$reps"); do
+    logdir="$tmp/n$n-$r"
+    flags=(--model=lm.austen.TransformerLmMoeTiny --random_seed=3 --intra_op_threads=1
+           "--model_params_override=$wide; $moe.num_devices : $n; $moe.num_groups : $n"
+           --logdir="$logdir" --max_steps="$steps")
+    [ "$n" -gt 1 ] && flags+=(--nproc_per_node="$n")
+    "$glossa" train "${flags[@]}" > "$tmp/log" 2>&1 || { tail -5 "$tmp/log"; exit 1; }
+    toks+=("$(grep -o '[0-9.]*k* tok/s' "$tmp/log" | tail -1 | awk '{v=$1; if (v ~ /k$/) {sub(/k$/, "", v); v *= 1000} print v}')")
+    line=$(sed -n 's/^\[rank 0\] expert all-to-all over .* ranks: //p' "$tmp/log")
+    bytes=$(per_rank_bytes "$logdir/train")
+  done
+  [ "$n" -eq 1 ] && one_bytes=$bytes
+  ga="-"; ta="-"; ratio="-"
+  if [ "$n" -gt 1 ]; then
+    size=$(sed -n 's/.*the largest \([0-9]*\) bytes.*/\1/p' <<<"$line")
+    gs=(); ts=()
+    for _ in $(seq "$reps"); do
+      p=$(port); pids=()
+      for r in $(seq 1 $((n - 1))); do
+        WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --bytes="$size" --reps=50 > /dev/null & pids+=($!)
+      done
+      gs+=("$(WORLD_SIZE=$n RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --bytes="$size" --reps=50 | awk '{print $2}')")
+      wait "${pids[@]}"
+      p=$(port); pids=()
+      for r in $(seq 1 $((n - 1))); do
+        WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 /usr/bin/python3 bench/model_parallel.py --bytes="$size" --reps=50 > /dev/null & pids+=($!)
+      done
+      ts+=("$(WORLD_SIZE=$n RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 /usr/bin/python3 bench/model_parallel.py --bytes="$size" --reps=50 | awk '{print $2}')")
+      wait "${pids[@]}"
+    done
+    ga=$(med "${gs[@]}"); ta=$(med "${ts[@]}")
+    ratio=$(awk -v g="$ga" -v t="$ta" 'BEGIN { printf "%.2f", t / g }')
+  fi
+  per=$(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e6 }')
+  of=$(awk -v b="$bytes" -v o="$one_bytes" 'BEGIN { printf "%.3f", b / o }')
+  a2a_mb=$(sed -n 's/.*, \([0-9.]*\) MB per step.*/\1 MB/p' <<<"$line")
+  printf "%-6s %10.0f %14s %9s %26s %14s %14s %7s\n" "$n" "$(med "${toks[@]}")" "$per" "$of" "${a2a_mb:--}" "$ga" "$ta" "$ratio"
+  [ -n "$line" ] && echo "       ($line)"
+done
+echo "ratio: torch all_to_all_single ms / glossa AllToAll ms on the same bytes (> 1: Glossa faster)"
+echo "reproduce: bash bench/model_parallel.sh $build $steps $reps"
