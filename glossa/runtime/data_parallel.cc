@@ -138,7 +138,8 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
                            int64_t global_step,
                            const std::function<void(const std::string&)>& log,
                            const std::vector<std::string>& sharded,
-                           const std::string& restored_prefix) {
+                           const std::string& restored_prefix, int shard_index,
+                           int shard_count) {
   if (dist.world_size() == 1) return global_step;
   const bool chief = dist.rank() == 0;
   std::map<std::string, at::Tensor> state;
@@ -187,7 +188,8 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
     std::map<std::string, at::Tensor> own;
     if (!prefix.empty()) {
       SafetensorsContents c = LoadCheckpoint(prefix);
-      SliceShards(c, sharded, dist.rank(), dist.world_size());
+      SliceShards(c, sharded, shard_index >= 0 ? shard_index : dist.rank(),
+                  shard_count > 0 ? shard_count : dist.world_size());
       own = std::move(c.tensors);
     } else {
       own = CheckpointTensors(model, ema, global_step);

@@ -40,11 +40,14 @@ void CheckSameConfiguration(Distributed& dist, const Params& model_params);
 // input shards to the position. Returns the global step.
 // A sharded model's variables `sharded` (and their slots and averages; kExpertShardedCollection)
 // are not broadcast: each rank cuts its block from the checkpoint the chief restored
-// (`restored_prefix`, the chief's; "" when it restored none) or keeps its own initialization.
+// (`restored_prefix`, the chief's; "" when it restored none) or keeps its own initialization. Its
+// block is shard_index of shard_count (-1, 0: this rank of the world; on a data × expert mesh,
+// its expert index of the expert axis's size).
 int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovingAverage* ema,
                            int64_t global_step, const std::function<void(const std::string&)>& log,
                            const std::vector<std::string>& sharded = {},
-                           const std::string& restored_prefix = "");
+                           const std::string& restored_prefix = "", int shard_index = -1,
+                           int shard_count = 0);
 
 // Decode outputs (NestedMaps of tensors) to bytes and back, to gather them across ranks.
 std::string SerializeNestedMaps(const std::vector<NestedMap>& maps);

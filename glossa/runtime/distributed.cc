@@ -1,7 +1,9 @@
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/distributed_impl.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -11,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <string>
@@ -71,11 +74,9 @@ std::optional<DistributedOptions> DistributedOptionsFromEnv() {
   return o;
 }
 
-struct Distributed::Impl {
-  c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-  int64_t sequence = 0;
-};
+
+Distributed::Distributed(const DistributedOptions& options, NoRendezvous)
+    : options_(options), impl_(std::make_unique<Impl>()) {}
 
 Distributed::Distributed(const DistributedOptions& options)
     : options_(options), impl_(std::make_unique<Impl>()) {
@@ -112,6 +113,7 @@ Distributed::Distributed(const DistributedOptions& options)
     } else {
       pg_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
+    impl_->device = pg_options->devices.front();
     impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, options.rank,
                                                             options.world_size, pg_options);
   } catch (const c10::Error& e) {
@@ -123,6 +125,7 @@ Distributed::Distributed(const DistributedOptions& options)
 }
 
 Distributed::~Distributed() = default;
+
 
 namespace {
 
@@ -146,11 +149,11 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o) {
     }
     if (missing.empty()) return "";
     std::vector<std::string> names;
-    for (int r : missing) names.push_back(StrCat(r));
+    for (int r : missing) names.push_back(StrCat(o.world_ranks.empty() ? r : o.world_ranks[r]));
     return StrCat("lost rank(s): ", Join(names, ", "),
                   " (did not report after the collective failed); ");
   } catch (const std::exception&) {
-    if (o.rank == 0) return "";
+    if ((o.world_ranks.empty() ? o.rank : o.world_ranks[o.rank]) == 0) return "";  // the host
     return StrCat("lost rank(s): 0 (it hosts the rendezvous store at ", o.master_addr, ":",
                   o.master_port, ", which no longer answers); ");
   }
@@ -165,7 +168,12 @@ void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& 
   } catch (const std::exception& e) {
     std::string why = e.what();
     if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
-    throw AbortedError(StrCat(what, " failed on rank ", o.rank, " of ", o.world_size, ": ",
+    const std::string me =
+        o.world_ranks.empty()
+            ? StrCat("rank ", o.rank, " of ", o.world_size)
+            : StrCat("rank ", o.world_ranks[o.rank], " (", o.rank, " of ", o.world_size,
+                     " in group ", o.group, ")");
+    throw AbortedError(StrCat(what, " failed on ", me, ": ",
                               DiagnoseLostRanks(store, o), "a rank died or stalled past the ",
                               o.timeout_seconds, " s timeout (", Strip(why), ")"));
   }
@@ -490,9 +498,32 @@ double DataParallelGradientSync::GlobalSquaredNorm(double replicated, double sha
     return replicated + sharded;
   }
   at::Tensor t = at::scalar_tensor(sharded, at::kDouble).view({1});
-  dist_.AllReduceSum({t});
+  // Every expert once: over the expert axis (its data replicas hold the same gradients).
+  (shard_norm_group_ != nullptr ? *shard_norm_group_ : dist_).AllReduceSum({t});
   return replicated + t.item<double>();
 }
+
+namespace {
+
+// Sums the gradients grads[k] for k in `which` over `group`, in place of grads[k] (one allreduce
+// per dtype, flattened).
+void SumOver(Distributed& group, std::vector<at::Tensor>& grads, const std::vector<size_t>& which) {
+  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
+  for (size_t k : which) by_dtype[grads[k].scalar_type()].push_back(k);
+  for (auto& [dtype, ks] : by_dtype) {
+    std::vector<at::Tensor> parts;
+    for (size_t k : ks) parts.push_back(grads[k].reshape({-1}));
+    at::Tensor flat = at::cat(parts);
+    group.AllReduceSum({flat});
+    int64_t offset = 0;
+    for (size_t k : ks) {
+      grads[k] = flat.slice(0, offset, offset + grads[k].numel()).view(grads[k].sizes());
+      offset += grads[k].numel();
+    }
+  }
+}
+
+}  // namespace
 
 void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   // A sharded variable's gradient already sums every rank's tokens' contributions to this rank's
@@ -500,6 +531,15 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   // gradient is that sum over the ranks.
   const bool any_sharded = sharded_.size() == grads.size() &&
                            std::find(sharded_.begin(), sharded_.end(), true) != sharded_.end();
+  // On a data × expert mesh the replicas of this rank's experts sum their gradients first.
+  if (any_sharded && shard_data_group_ != nullptr && shard_data_group_->world_size() > 1) {
+    at::NoGradGuard no_grad;
+    std::vector<size_t> which;
+    for (size_t k = 0; k < grads.size(); ++k) {
+      if (sharded_[k]) which.push_back(k);
+    }
+    SumOver(*shard_data_group_, grads, which);
+  }
   if (!overlap_) {
     std::vector<at::Tensor> in;
     for (size_t k = 0; k < grads.size(); ++k) {

@@ -36,6 +36,10 @@ struct DistributedOptions {
   // Rendezvous and every collective fail after this long (a lost rank): Aborted.
   double timeout_seconds = 300;
   std::string backend = "gloo";
+  // A subgroup's (Distributed::Subgroup): its name and the world ranks of its ranks, in order
+  // (errors name world ranks); empty for the world.
+  std::string group;
+  std::vector<int> world_ranks;
 };
 
 // From MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500), WORLD_SIZE, RANK and
@@ -87,26 +91,35 @@ class Distributed {
   // the result came from rank i.
   at::Tensor AllToAll(const at::Tensor& input);
 
+  // A process group over the world ranks `ranks` (this rank among them, each once), named
+  // `name`, on this group's store and network device: every listed rank must create it (with the
+  // same name and ranks), the others do not. Its ranks are positions in `ranks`. What a mesh
+  // axis's collectives run over (Mesh below).
+  std::unique_ptr<Distributed> Subgroup(const std::string& name, const std::vector<int>& ranks);
+
  private:
+  struct NoRendezvous {};
+  Distributed(const DistributedOptions& options, NoRendezvous);
   friend class DataParallelGradientSync;
   struct Impl;
   DistributedOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 
-// The expert axis of GShard's mesh over all of `dist`'s ranks (glossa/layers/mesh.h): the
-// all-to-all that carries tokens to the ranks holding their experts.
+// A mesh axis over the ranks of `group` (glossa/layers/mesh.h): GShard's expert axis, over the
+// whole world or over one row of a data × expert mesh (DistributedMesh). Counts what it exchanged
+// (the trainer prints it).
 class DistributedMeshAxis : public MeshAxis {
  public:
-  explicit DistributedMeshAxis(Distributed& dist) : dist_(dist) {}
-  int size() const override { return dist_.world_size(); }
-  int index() const override { return dist_.rank(); }
+  explicit DistributedMeshAxis(Distributed& group) : group_(group) {}
+  int size() const override { return group_.world_size(); }
+  int index() const override { return group_.rank(); }
   at::Tensor ExchangeBlocks(const at::Tensor& input) override {
     const int64_t b = input.numel() * static_cast<int64_t>(input.element_size());
     ++exchanges_;
     bytes_ += b;
     max_bytes_ = std::max(max_bytes_, b);
-    return dist_.AllToAll(input);
+    return group_.AllToAll(input);
   }
   // Exchanges so far, the bytes this rank passed to them (its whole input, its own block
   // included), and the largest input.
@@ -115,8 +128,42 @@ class DistributedMeshAxis : public MeshAxis {
   int64_t max_bytes() const { return max_bytes_; }
 
  private:
-  Distributed& dist_;
+  Distributed& group_;
   int64_t exchanges_ = 0, bytes_ = 0, max_bytes_ = 0;
+};
+
+// GShard's 2-D device mesh, data × expert (`glossa train --mesh=data:2,expert:2`): world rank
+// r = d·E + e sits at data index d and expert index e. The E ranks that share d form the expert
+// axis (together they hold every expert once, and exchange tokens by all-to-all); the D ranks
+// that share e form the data axis (replicas of the same experts, whose gradients they sum).
+// Dense variables are replicated on every rank and averaged over the world as in plain data
+// parallelism.
+struct MeshShape {
+  int data = 1, expert = 1;
+};
+// "data:D,expert:E" (either may be left out: 1). Empty: the expert axis over the whole world
+// (data 1). InvalidArgument naming --mesh for an unknown axis, a size < 1, or D·E != world_size.
+MeshShape ParseMesh(const std::string& text, int world_size);
+
+class DistributedMesh {
+ public:
+  // Every rank of `world` constructs it with the same shape (it forms the subgroups).
+  DistributedMesh(Distributed& world, MeshShape shape);
+  const MeshShape& shape() const { return shape_; }
+  int data_index() const { return data_index_; }
+  int expert_index() const { return expert_index_; }
+  // The ranks sharing this rank's data index (the world itself when data is 1).
+  Distributed& expert_group() { return expert_group_ ? *expert_group_ : world_; }
+  // The ranks sharing this rank's expert index; null when data is 1.
+  Distributed* data_group() { return data_group_.get(); }
+  DistributedMeshAxis& expert_axis() { return *expert_axis_; }
+
+ private:
+  Distributed& world_;
+  MeshShape shape_;
+  int data_index_ = 0, expert_index_ = 0;
+  std::unique_ptr<Distributed> expert_group_, data_group_;
+  std::unique_ptr<DistributedMeshAxis> expert_axis_;
 };
 
 // The workers this thread's programs run over, as Lingvo's cluster_factory.Current(): the
@@ -157,6 +204,13 @@ class DataParallelGradientSync : public Learner::GradientSync {
   // the ranks (one small allreduce, only when there are such variables).
   void SetSharded(const std::vector<bool>& sharded) override;
   double GlobalSquaredNorm(double replicated, double sharded) override;
+  // On a data × expert mesh: the sharded gradients are summed over `data` (the replicas of this
+  // rank's experts) before the division, and their squares over `expert` (every expert once)
+  // for the norm. Null: the world is one expert axis.
+  void SetShardGroups(Distributed* expert, Distributed* data) {
+    shard_norm_group_ = expert;
+    shard_data_group_ = data;
+  }
 
   struct Stats {
     int64_t steps = 0;
@@ -173,6 +227,8 @@ class DataParallelGradientSync : public Learner::GradientSync {
   int64_t bucket_bytes_;
   bool overlap_;
   std::vector<bool> sharded_;
+  Distributed* shard_norm_group_ = nullptr;
+  Distributed* shard_data_group_ = nullptr;
   std::shared_ptr<Core> core_;
 };
 

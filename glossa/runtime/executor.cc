@@ -250,8 +250,14 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   {
     std::optional<MeshAxisScope> expert_scope;
     if (dist != nullptr && dist->world_size() > 1) {
-      expert_axis_ = std::make_unique<DistributedMeshAxis>(*dist);
-      expert_scope.emplace("expert", expert_axis_.get());
+      mesh_ = std::make_unique<DistributedMesh>(*dist, ParseMesh(options_.mesh, dist->world_size()));
+      expert_axis_ = &mesh_->expert_axis();
+      expert_scope.emplace("expert", expert_axis_);
+      if (chief_ && mesh_->shape().data > 1) {
+        Log(StrCat("mesh: data ", mesh_->shape().data, " x expert ", mesh_->shape().expert,
+                   " (expert groups of ", mesh_->shape().expert, " ranks, each replicated ",
+                   mesh_->shape().data, " times)"));
+      }
     }
     model_ = InstantiateLayer<BaseModel>(params_);
   }
@@ -275,7 +281,7 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   CreateDirectories(JoinPath(options_.logdir, "control"));
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
   if (!sharded_vars_.empty() && dist != nullptr) {
-    checkpointer_->SetShards(sharded_vars_, dist->rank(), dist->world_size());
+    checkpointer_->SetShards(sharded_vars_, mesh_->expert_index(), mesh_->shape().expert);
   }
   checkpointer_->SetStopRequested([this] { return stop_.load(); });
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
@@ -364,14 +370,19 @@ int64_t Executor::Run() {
   Distributed* dist = options_.distributed;
   DistributedScope dist_scope(dist);
   std::optional<MeshAxisScope> expert_scope;
-  if (expert_axis_) expert_scope.emplace("expert", expert_axis_.get());
+  if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
   if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
   if (dist != nullptr) {
     global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log, sharded_vars_,
-                                      chief_ ? checkpointer_->restored_prefix() : "");
+                                      chief_ ? checkpointer_->restored_prefix() : "",
+                                      mesh_ ? mesh_->expert_index() : -1,
+                                      mesh_ ? mesh_->shape().expert : 0);
     syncs_.clear();
     InstallGradientSyncs(*dist, *model_, options_, syncs_);
+    if (mesh_ && mesh_->data_group() != nullptr) {
+      for (auto& s : syncs_) s->SetShardGroups(&mesh_->expert_group(), mesh_->data_group());
+    }
   }
   ProgramSchedule schedule(*model_, options_.dataset_params, options_.logdir, log, options_.clock);
   std::unique_ptr<EventWriter> writer;
@@ -437,8 +448,11 @@ bool Executor::SaveCheckpoint(bool due, bool healthy) {
   for (auto& [name, t] : CheckpointTensors(*model_, ema_.get(), global_step_)) {
     if (IsShardTensor(name, sharded_vars_)) mine[name] = t;
   }
-  SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), dist->rank(),
-                dist->world_size(), mine);
+  // One replica of each expert shard writes it: the ranks of data index 0.
+  if (mesh_->data_index() == 0) {
+    SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), mesh_->expert_index(),
+                  mesh_->shape().expert, mine);
+  }
   dist->Barrier();  // every rank's shard is complete before the checkpoint can become visible
   if (chief_) checkpointer_->Save(global_step_, healthy);
   return true;

@@ -62,6 +62,9 @@ struct ExecutorOptions {
   // backward pass still runs.
   int64_t grad_bucket_bytes = 25 << 20;
   bool overlap_grad_reduce = true;
+  // GShard's device mesh over the workers, "data:D,expert:E" (ParseMesh); empty: the expert axis
+  // over every rank.
+  std::string mesh;
 };
 
 // model_analysis.txt: every variable with its shape and count, then "total #params: N".
@@ -103,7 +106,8 @@ class Executor {
   std::unique_ptr<Checkpointer> checkpointer_;
   // With several ranks: the expert axis of GShard's mesh (all ranks), open while the model is
   // built and trained; the variables sharded over it (kExpertShardedCollection), if any.
-  std::unique_ptr<DistributedMeshAxis> expert_axis_;
+  std::unique_ptr<DistributedMesh> mesh_;
+  DistributedMeshAxis* expert_axis_ = nullptr;
   std::vector<std::string> sharded_vars_;
   std::string train_dir_;
   bool chief_ = true;

@@ -51,6 +51,7 @@ struct DistFlags {
   std::string backend = "gloo";
   double bucket_mb = 25;
   bool no_overlap = false;
+  std::string mesh;
 };
 
 // An integer flag parsed exactly: out-of-range values (beyond int64 too) are errors naming the

@@ -478,8 +478,9 @@ TEST(Distributed, ExpertParallelRanksOfDifferentLengthsAgreeOnTheCapacity) {
   });
 }
 
-// A 2-layer LM whose second layer is a 4-expert MoE block spread over `devices` ranks.
-std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices) {
+// A 2-layer LM whose second layer is a 4-expert MoE block spread over `devices` ranks, routing
+// `groups` groups over them.
+std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2) {
   Params p = TransformerLmTask::CommonParams(50, 16, 32, 2, 2);
   p.Set("name", "lm").Set("random_seed", 3).Set("aux_loss_weight", 0.01);
   p.Set("train.learner.learning_rate", 1e-2);
@@ -491,7 +492,7 @@ std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices) {
   moe.Set("tr_fflayer_tpl", TransformerShardedMoeLayer::Params()
                                 .Set("hidden_dim", 24)
                                 .Set("num_experts", 4)
-                                .Set("num_groups", 2)
+                                .Set("num_groups", groups)
                                 .Set("expert_capacity_factor", 1.5)
                                 .Set("num_devices", devices));
   p.Set("stack.transformer_layer_params_tpl", ParamValue::List{dense, moe});
@@ -567,6 +568,86 @@ TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
     }
     EXPECT_LT(one_losses.back(), one_losses.front());
   }
+}
+
+// The data × expert mesh (--mesh=data:2,expert:2): 4 ranks, rank r = 2d + e. Ranks {0, 1} and
+// {2, 3} each hold the 4 experts once (2 per rank) and exchange tokens among themselves; ranks
+// {0, 2} and {1, 3} hold the same experts and sum their gradients; dense weights are averaged over
+// all 4. Each rank trains on a quarter of the batch (one routing group of 2 rows), so the same LM
+// in one process routes 4 groups of 2 rows: 20 Adam steps with global-norm clipping (the norm
+// counts every expert once), losses within 1e-6, weights within 1e-5.
+TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
+  const int steps = 20;
+  std::vector<at::Tensor> batches;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  for (int s = 0; s < steps; ++s) batches.push_back(at::randint(3, 50, {8, 12}, gen));
+  auto one = SmallMoeLm(1, 4);
+  std::vector<double> one_losses;
+  const auto one_vars = LearnerVariables(*one);
+  for (int s = 0; s < steps; ++s) {
+    GlobalStepContext ctx(s);
+    auto r = one->FPropDefaultTheta(LmBatch(batches[s]));
+    one_losses.push_back(r.metrics.at("loss").value.item<double>());
+    one->learner().Apply({{"loss", Metric{r.loss, r.metrics.at("loss").weight}}}, one_vars, s);
+  }
+  std::vector<std::vector<double>> losses(4);
+  std::vector<std::map<std::string, at::Tensor>> weights(4);
+  std::vector<std::pair<int, int>> index(4);
+  RunWorkers(4, [&](Distributed& dist) {
+    const int r = dist.rank();
+    DistributedMesh mesh(dist, ParseMesh("data:2,expert:2", 4));
+    index[r] = {mesh.data_index(), mesh.expert_index()};
+    MeshAxisScope scope("expert", &mesh.expert_axis());
+    auto lm = SmallMoeLm(2, 2);
+    const auto vars = LearnerVariables(*lm);
+    auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
+    sync->SetShardGroups(&mesh.expert_group(), mesh.data_group());
+    lm->learner().SetGradientSync(sync);
+    for (int s = 0; s < steps; ++s) {
+      GlobalStepContext ctx(s);
+      auto out = lm->FPropDefaultTheta(LmBatch(batches[s].slice(0, 2 * r, 2 * r + 2)));
+      auto m = dist.ReduceWeighted({{"loss", {out.metrics.at("loss").value.item<double>(),
+                                               out.metrics.at("loss").weight.item<double>()}}});
+      losses[r].push_back(m.at("loss").first);
+      lm->learner().Apply({{"loss", Metric{out.loss, out.metrics.at("loss").weight}}}, vars, s);
+    }
+    for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(index[r], std::make_pair(r / 2, r % 2)) << "rank " << r;
+  }
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
+  }
+  for (const auto& v : one_vars) {
+    if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;  // as above
+    const at::Tensor w = v.value.detach();
+    for (int r = 0; r < 4; ++r) {
+      const bool expert = weights[r].at(v.name).size(0) != w.size(0);
+      const int e = r % 2;
+      const at::Tensor want = expert ? w.slice(0, 2 * e, 2 * e + 2) : w;
+      const double rel = ((weights[r].at(v.name) - want).abs().max() /
+                          at::clamp_min(want.abs().max(), 1e-12)).item<double>();
+      EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
+    }
+  }
+  EXPECT_LT(one_losses.back(), one_losses.front());
+}
+
+TEST(Distributed, MeshFlagNamesWhatIsWrong) {
+  EXPECT_EQ(ParseMesh("", 4).expert, 4);
+  EXPECT_EQ(ParseMesh("", 4).data, 1);
+  const MeshShape m = ParseMesh("expert:2,data:3", 6);
+  EXPECT_EQ(m.data, 3);
+  EXPECT_EQ(m.expert, 2);
+  EXPECT_EQ(ParseMesh("data:4", 4).expert, 1);
+  EXPECT_ERROR_CONTAINS(ParseMesh("data:2,expert:2", 6), InvalidArgumentError,
+                        "data 2 x expert 2 = 4 ranks, but the job has 6");
+  EXPECT_ERROR_CONTAINS(ParseMesh("pipe:2", 2), InvalidArgumentError, "unknown or repeated axis 'pipe'");
+  EXPECT_ERROR_CONTAINS(ParseMesh("data:2,data:1", 2), InvalidArgumentError, "repeated");
+  EXPECT_ERROR_CONTAINS(ParseMesh("data:x", 2), InvalidArgumentError, "not an integer");
+  EXPECT_ERROR_CONTAINS(ParseMesh("data:0,expert:2", 2), InvalidArgumentError, "must be >= 1");
+  EXPECT_ERROR_CONTAINS(ParseMesh("data2", 2), InvalidArgumentError, "is not axis:size");
 }
 
 TEST(Distributed, OptionsFromTheEnvironment) {

@@ -187,6 +187,7 @@ for r in 0 1; do
   check "rank $r's expert shard" test -f "$tmp/e/train/ckpt-00000010-rank-0000$r-of-00002.safetensors"
 done
 check "the chief's checkpoint" test -f "$tmp/e/train/ckpt-00000010.safetensors"
+check "rank 0 says what the expert all-to-all exchanged: $(grep -m1 'all-to-all' "$tmp/e.log")" grep -q '^\[rank 0\] expert all-to-all over 2 ranks: 5.0 exchanges per step, ' "$tmp/e.log"
 "$glossa" train "${moe[@]}" --logdir="$tmp/e" --max_steps=20 --nproc_per_node=2 > "$tmp/e2.log" 2>&1; rc=$?
 check "expert-parallel resume exits 0 (rc $rc): $(tail -2 "$tmp/e2.log")" test "$rc" -eq 0
 check "it resumed from step 10" grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' "$tmp/e2.log"
@@ -203,6 +204,26 @@ check "nor 3 ranks (rc $rc): $(grep -m1 'expert' "$tmp/e6.log")" bash -c "test $
 rm "$tmp/e/train/ckpt-00000020-rank-00001-of-00002.safetensors"
 "$glossa" export "${moe[@]}" --logdir="$tmp/e" --out="$tmp/e_bundle2" > "$tmp/e4.log" 2>&1; rc=$?
 check "a missing shard is an error naming it (rc $rc): $(tail -1 "$tmp/e4.log")" bash -c "test $rc -ne 0 && grep -q 'ckpt-00000020-rank-00001-of-00002.safetensors is missing' '$tmp/e4.log'"
+
+# 7. A data x expert mesh: 4 ranks, --mesh=data:2,expert:2. Ranks 0-1 and 2-3 each hold the 4
+# experts once; ranks 0 and 2 (and 1 and 3) are replicas. The replicas of data index 0 write the 2
+# expert shards; a restart resumes; a mesh that does not cover the ranks is refused.
+"$glossa" train "${moe[@]}" --logdir="$tmp/m" --max_steps=10 --nproc_per_node=4 --mesh=data:2,expert:2 > "$tmp/m.log" 2>&1; rc=$?
+check "data x expert training exits 0 (rc $rc): $(tail -2 "$tmp/m.log")" test "$rc" -eq 0
+check "rank 0 names the mesh" grep -q '^\[rank 0\] mesh: data 2 x expert 2' "$tmp/m.log"
+check "tokens go to the 2 ranks of an expert group" grep -q '^\[rank 0\] expert all-to-all over 2 ranks' "$tmp/m.log"
+for r in 0 1; do
+  check "expert shard $r of 2" test -f "$tmp/m/train/ckpt-00000010-rank-0000$r-of-00002.safetensors"
+done
+check "no shard files past the expert axis" test "$(ls "$tmp/m/train" | grep -c -- '-rank-')" -eq 2
+"$glossa" train "${moe[@]}" --logdir="$tmp/m" --max_steps=15 --nproc_per_node=4 --mesh=data:2,expert:2 > "$tmp/m2.log" 2>&1; rc=$?
+check "the mesh resumes (rc $rc): $(grep restored "$tmp/m2.log")" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' '$tmp/m2.log'"
+"$glossa" train "${moe[@]}" --logdir="$tmp/m" --max_steps=20 --nproc_per_node=2 > "$tmp/m3.log" 2>&1; rc=$?
+check "and the mesh's checkpoint resumes on 2 expert ranks alone (rc $rc)" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] restored .*ckpt-00000015 at step 15' '$tmp/m3.log'"
+"$glossa" train "${moe[@]}" --logdir="$tmp/m4" --max_steps=5 --nproc_per_node=2 --mesh=data:2,expert:2 > "$tmp/m4.log" 2>&1; rc=$?
+check "a mesh of 4 on 2 ranks is refused (rc $rc): $(grep -m1 'mesh' "$tmp/m4.log")" bash -c "test $rc -ne 0 && grep -q \"\-\-mesh='data:2,expert:2': data 2 x expert 2 = 4 ranks, but the job has 2\" '$tmp/m4.log'"
+"$glossa" train "${moe[@]}" --logdir="$tmp/m5" --max_steps=5 --mesh=data:2 > "$tmp/m5.log" 2>&1; rc=$?
+check "and in one process (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'but the job has 1' '$tmp/m5.log'"
 
 [ "$fail" -eq 0 ] && echo "distributed_test: all checks passed"
 exit "$fail"

@@ -33,12 +33,14 @@ class TrainCommand : public Command {
     Params p = ModelParamsFromFlags(f_, /*training=*/true);
     InstallStopHandlers();  // before the rendezvous: a stop then ends the run cleanly
     const std::unique_ptr<Distributed> dist = JoinWorkers(d_);
+    if (!d_.mesh.empty() && !dist) ParseMesh(d_.mesh, 1);  // one process: only a mesh of 1
     TrainOptions o;
     ExecutorOptions& eo = o.executor;
     eo.logdir = f_.logdir;
     eo.distributed = dist.get();
     eo.grad_bucket_bytes = static_cast<int64_t>(d_.bucket_mb * (1 << 20));
     eo.overlap_grad_reduce = !d_.no_overlap;
+    eo.mesh = d_.mesh;
     eo.verbosity = static_cast<int>(verbosity_);
     eo.log_every_n_steps = log_every_n_steps_;
     if (dist && dist->rank() != 0) {

@@ -1,0 +1,119 @@
+// Process subgroups and GShard's data × expert mesh (glossa/runtime/distributed.h).
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/runtime/distributed.h"
+#include "glossa/runtime/distributed_impl.h"
+
+namespace glossa {
+namespace {
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+}  // namespace
+
+std::unique_ptr<Distributed> Distributed::Subgroup(const std::string& name,
+                                                   const std::vector<int>& ranks) {
+  const auto me = std::find(ranks.begin(), ranks.end(), options_.rank);
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (me == ranks.end() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ||
+      sorted.front() < 0 || sorted.back() >= options_.world_size) {
+    throw InvalidArgumentError(StrCat("process group '", name, "': its ranks must be distinct "
+                                      "ranks of the world of ", options_.world_size,
+                                      " and include this rank (", options_.rank, ")"));
+  }
+  DistributedOptions o = options_;
+  o.rank = static_cast<int>(me - ranks.begin());
+  o.world_size = static_cast<int>(ranks.size());
+  o.group = name;
+  for (int r : ranks) o.world_ranks.push_back(options_.world_ranks.empty() ? r : options_.world_ranks[r]);
+  auto sub = std::unique_ptr<Distributed>(new Distributed(o, NoRendezvous{}));
+  try {
+    sub->impl_->store = c10::make_intrusive<c10d::PrefixStore>(StrCat("glossa/group/", name, "/"),
+                                                               impl_->store);
+    auto pg_options = c10d::ProcessGroupGloo::Options::create(Millis(o.timeout_seconds));
+    pg_options->devices.push_back(impl_->device);
+    sub->impl_->device = impl_->device;
+    sub->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(sub->impl_->store, o.rank,
+                                                                 o.world_size, pg_options);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
+    std::vector<std::string> listed;
+    for (int r : o.world_ranks) listed.push_back(StrCat(r));
+    throw AbortedError(StrCat("process group '", name, "' (world ranks ", Join(listed, ", "),
+                              ") failed to form within ", o.timeout_seconds, " s: ", why));
+  }
+  return sub;
+}
+
+MeshShape ParseMesh(const std::string& text, int world_size) {
+  MeshShape m;
+  if (text.empty()) {
+    m.expert = world_size;
+    return m;
+  }
+  auto bad = [&](const std::string& why) {
+    return InvalidArgumentError(StrCat("--mesh='", text, "': ", why,
+                                       " (the form is data:D,expert:E, D·E = the number of "
+                                       "ranks)"));
+  };
+  bool seen_data = false, seen_expert = false;
+  for (const std::string& part : Split(text, ',')) {
+    const std::vector<std::string> kv = Split(part, ':');
+    if (kv.size() != 2) throw bad(StrCat("'", part, "' is not axis:size"));
+    int size = 0;
+    try {
+      size_t used = 0;
+      size = std::stoi(kv[1], &used);
+      if (used != kv[1].size()) throw std::invalid_argument(kv[1]);
+    } catch (const std::exception&) {
+      throw bad(StrCat("the size of '", kv[0], "' is not an integer: '", kv[1], "'"));
+    }
+    if (size < 1) throw bad(StrCat("the size of '", kv[0], "' must be >= 1, got ", size));
+    if (kv[0] == "data" && !seen_data) {
+      m.data = size;
+      seen_data = true;
+    } else if (kv[0] == "expert" && !seen_expert) {
+      m.expert = size;
+      seen_expert = true;
+    } else {
+      throw bad(StrCat("unknown or repeated axis '", kv[0], "' (axes: data, expert)"));
+    }
+  }
+  if (static_cast<int64_t>(m.data) * m.expert != world_size) {
+    throw bad(StrCat("data ", m.data, " x expert ", m.expert, " = ",
+                     static_cast<int64_t>(m.data) * m.expert, " ranks, but the job has ",
+                     world_size));
+  }
+  return m;
+}
+
+DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
+    : world_(world), shape_(shape) {
+  if (static_cast<int64_t>(shape.data) * shape.expert != world.world_size()) {
+    throw InvalidArgumentError(StrCat("mesh data ", shape.data, " x expert ", shape.expert,
+                                      " does not cover the ", world.world_size(), " ranks"));
+  }
+  data_index_ = world.rank() / shape.expert;
+  expert_index_ = world.rank() % shape.expert;
+  if (shape.data > 1) {
+    std::vector<int> row, column;
+    for (int e = 0; e < shape.expert; ++e) row.push_back(data_index_ * shape.expert + e);
+    for (int d = 0; d < shape.data; ++d) column.push_back(d * shape.expert + expert_index_);
+    expert_group_ = world.Subgroup(StrCat("expert/", data_index_), row);
+    data_group_ = world.Subgroup(StrCat("data/", expert_index_), column);
+  }
+  expert_axis_ = std::make_unique<DistributedMeshAxis>(expert_group());
+}
+
+}  // namespace glossa
