@@ -19,6 +19,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/safetensors.h"
+#include "glossa/layers/moe.h"
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
 #include "glossa/checkpoint/saver.h"
@@ -123,33 +124,6 @@ void FloatActivations(Params& p) {
   }
 }
 
-// A bundle runs in one process: experts sharded over ranks (num_devices > 1, GShard's expert
-// parallelism) are all here, and the sharded checkpoint loads whole (checkpoint/saver.h). Tokens
-// route in num_groups / num_devices groups, as each rank routed its own batch in training.
-void OneProcess(Params& p) {
-  if (p.Contains("num_devices") && p.Contains("num_groups") &&
-      p.Get("num_devices").kind() == ParamValue::Kind::kInt && p.GetInt("num_devices") > 1) {
-    p.Set("num_groups", std::max<int64_t>(1, p.GetInt("num_groups") / p.GetInt("num_devices")));
-    p.Set("num_devices", 1);
-  }
-  for (const auto& key : p.Keys()) {
-    const ParamValue& v = p.Get(key);
-    if (v.is_params()) {
-      OneProcess(p.GetParams(key));
-    } else if (v.is_list()) {
-      ParamValue::List items = v.AsList();
-      bool changed = false;
-      for (auto& item : items) {
-        if (!item.is_params()) continue;
-        Params copy = item.AsParams().Copy();
-        OneProcess(copy);
-        item = copy;
-        changed = true;
-      }
-      if (changed) p.Set(key, items);
-    }
-  }
-}
 
 // The weights: EMA averages when the model keeps them (what evaluation uses), else the variables,
 // in o.dtype; throws on a non-finite weight.
@@ -329,7 +303,7 @@ int64_t ExportBundle(const ExportOptions& o) {
   CheckExportOptions(o);
   // The model without its training inputs; the main task's tokenizer kept apart.
   Params p = o.model_params.Copy();
-  OneProcess(p);
+  UnshardExperts(p);  // a bundle runs in one process
   std::optional<Params> tokenizer = MainTokenizer(p);
   for (const auto& task : TaskPaths(p)) p.Set(task + ".input", nullptr);
   // (Seeded only to build it: the checkpoint overwrites every variable.)

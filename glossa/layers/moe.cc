@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -502,5 +503,30 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
 }
 
 GLOSSA_REGISTER_CLASS(TransformerShardedMoeLayer, "glossa.layers.TransformerShardedMoeLayer");
+
+void UnshardExperts(Params& p) {
+  if (p.Contains("num_devices") && p.Contains("num_groups") &&
+      p.Get("num_devices").kind() == ParamValue::Kind::kInt && p.GetInt("num_devices") > 1) {
+    p.Set("num_groups", std::max<int64_t>(1, p.GetInt("num_groups") / p.GetInt("num_devices")));
+    p.Set("num_devices", 1);
+  }
+  for (const auto& key : p.Keys()) {
+    const ParamValue& v = p.Get(key);
+    if (v.is_params()) {
+      UnshardExperts(p.GetParams(key));
+    } else if (v.is_list()) {
+      ParamValue::List items = v.AsList();
+      bool changed = false;
+      for (auto& item : items) {
+        if (!item.is_params()) continue;
+        Params copy = item.AsParams().Copy();
+        UnshardExperts(copy);
+        item = copy;
+        changed = true;
+      }
+      if (changed) p.Set(key, items);
+    }
+  }
+}
 
 }  // namespace glossa

@@ -93,6 +93,12 @@ class LayerNorm;
 class DropoutLayer;
 class MeshAxis;
 
+// `p` (a model's Params, searched through every nested Params and list of Params) with every
+// expert in one process: each layer with num_devices > 1 gets num_devices 1 and num_groups /
+// num_devices (as one rank routed its own batch in training). The sharded checkpoint loads whole
+// (checkpoint/saver.h), so what export bundles and the eval and decode jobs run.
+void UnshardExperts(Params& p);
+
 class TransformerShardedMoeLayer : public BaseLayer, public Block {
  public:
   // + input_dim, output_dim (0: input_dim), hidden_dim, activation ('RELU'), use_glu,

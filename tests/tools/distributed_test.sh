@@ -192,6 +192,8 @@ check "rank 0 says what the expert all-to-all exchanged: $(grep -m1 'all-to-all'
 check "expert-parallel resume exits 0 (rc $rc): $(tail -2 "$tmp/e2.log")" test "$rc" -eq 0
 check "it resumed from step 10" grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' "$tmp/e2.log"
 check "step 20's shards" test -f "$tmp/e/train/ckpt-00000020-rank-00001-of-00002.safetensors"
+"$glossa" eval --model=lm.austen.TransformerLmMoeTinyExpertParallel --intra_op_threads=1 "--model_params_override=task.train.steps_per_loop : 5; task.train.save_interval_steps : 10; task.eval.samples_per_summary : 8" --logdir="$tmp/e" --once > "$tmp/e_eval.log" 2>&1; rc=$?
+check "one process evaluates the expert-parallel logdir with every expert (rc $rc): $(tail -1 "$tmp/e_eval.log")" bash -c "test $rc -eq 0 && test -f '$tmp/e/eval_dev/score-00000020.txt'"
 "$glossa" export "${moe[@]}" --logdir="$tmp/e" --out="$tmp/e_bundle" > "$tmp/e3.log" 2>&1; rc=$?
 check "the expert-parallel checkpoint exports in one process (rc $rc): $(tail -2 "$tmp/e3.log")" test "$rc" -eq 0
 check "the bundle's model has every expert" grep -q 'num_devices : 1' "$tmp/e_bundle/model_params.txt"
