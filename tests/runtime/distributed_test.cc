@@ -499,74 +499,81 @@ std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2) {
   return InstantiateLayer<TransformerLmTask>(p);
 }
 
-// Issue 36's equivalence: an MoE LM with its experts on 2 ranks (2 each; each rank half of the
-// batch, one of the 2 routing groups) trains like the same LM in one process with all 4 experts
-// and the whole batch: 20 Adam steps with global-norm clipping, losses within 1e-6 and weights
-// within 1e-5 relative (float32 sums in another order; the issue's bound). Dense weights are averaged over the ranks; expert weights are not (each rank's
-// expert gradient already sums both ranks' tokens through the all-to-all).
+// Issue 36's equivalence: an MoE LM with its 4 experts on n = 2 ranks (2 each) and on n = 4
+// (1 each), each rank 8/n rows of the batch and one of the n routing groups, trains like the same
+// LM in one process with all 4 experts, the whole batch and n groups: 20 Adam steps with
+// global-norm clipping, losses within 1e-6 and weights within 1e-5 relative (float32 sums in
+// another order; the issue's bound), with the gradients reduced after the backward pass and
+// overlapped with it. Dense weights are averaged over the ranks; expert weights are not (each
+// rank's expert gradient already sums every rank's tokens through the all-to-all).
 TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
   const int steps = 20;
   std::vector<at::Tensor> batches;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(13);
   for (int s = 0; s < steps; ++s) batches.push_back(at::randint(3, 50, {8, 12}, gen));
-  auto one = SmallMoeLm(1);
-  std::map<std::string, at::Tensor> init;
-  for (const auto& v : LearnerVariables(*one)) init[v.name] = v.value.detach().clone();
-  std::vector<double> one_losses;
-  const auto one_vars = LearnerVariables(*one);
-  for (int s = 0; s < steps; ++s) {
-    GlobalStepContext ctx(s);
-    auto r = one->FPropDefaultTheta(LmBatch(batches[s]));
-    one_losses.push_back(r.metrics.at("loss").value.item<double>());
-    one->learner().Apply({{"loss", Metric{r.loss, r.metrics.at("loss").weight}}}, one_vars, s);
-  }
-  for (const bool overlapped : {false, true}) {
-    SCOPED_TRACE(overlapped ? "overlapped" : "after the backward pass");
-    std::vector<std::vector<double>> losses(2);
-    std::vector<std::map<std::string, at::Tensor>> weights(2);
-    std::vector<int> sharded_vars(2, 0);
-    RunWorkers(2, [&](Distributed& dist) {
-      const int r = dist.rank();
-      DistributedMeshAxis axis(dist);
-      MeshAxisScope scope("expert", &axis);
-      auto lm = SmallMoeLm(2);
-      const auto vars = LearnerVariables(*lm);
-      // The same seed gives every variable the one-process model's start: dense ones whole,
-      // experts 2r and 2r + 1 here.
-      for (const auto& v : vars) {
-        const at::Tensor& src = init.at(v.name);
-        EXPECT_TRUE(at::equal(v.value, v.expert_sharded ? src.slice(0, 2 * r, 2 * r + 2) : src))
-            << v.name << " on rank " << r;
-        sharded_vars[r] += v.expert_sharded;
-      }
-      lm->learner().SetGradientSync(
-          std::make_shared<DataParallelGradientSync>(dist, 1 << 12, overlapped));
-      for (int s = 0; s < steps; ++s) {
-        GlobalStepContext ctx(s);
-        auto out = lm->FPropDefaultTheta(LmBatch(batches[s].slice(0, 4 * r, 4 * r + 4)));
-        auto m = dist.ReduceWeighted({{"loss", {out.metrics.at("loss").value.item<double>(),
-                                                 out.metrics.at("loss").weight.item<double>()}}});
-        losses[r].push_back(m.at("loss").first);
-        lm->learner().Apply({{"loss", Metric{out.loss, out.metrics.at("loss").weight}}}, vars, s);
-      }
-      for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
-    });
-    EXPECT_EQ(sharded_vars[0], 2);  // wi and wo
+  for (const int n : {2, 4}) {
+    SCOPED_TRACE(StrCat(n, " ranks"));
+    const int per = 4 / n, rows = 8 / n;  // experts and batch rows per rank
+    auto one = SmallMoeLm(1, n);
+    std::map<std::string, at::Tensor> init;
+    for (const auto& v : LearnerVariables(*one)) init[v.name] = v.value.detach().clone();
+    std::vector<double> one_losses;
+    const auto one_vars = LearnerVariables(*one);
     for (int s = 0; s < steps; ++s) {
-      EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
+      GlobalStepContext ctx(s);
+      auto r = one->FPropDefaultTheta(LmBatch(batches[s]));
+      one_losses.push_back(r.metrics.at("loss").value.item<double>());
+      one->learner().Apply({{"loss", Metric{r.loss, r.metrics.at("loss").weight}}}, one_vars, s);
     }
-    for (const auto& v : one_vars) {
-      if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;  // see above
-      const at::Tensor w = v.value.detach();
-      for (int r = 0; r < 2; ++r) {
-        const bool expert = weights[r].at(v.name).size(0) != w.size(0);
-        const at::Tensor want = expert ? w.slice(0, 2 * r, 2 * r + 2) : w;
-        const double rel = ((weights[r].at(v.name) - want).abs().max() /
-                            at::clamp_min(want.abs().max(), 1e-12)).item<double>();
-        EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
+    for (const bool overlapped : {false, true}) {
+      SCOPED_TRACE(overlapped ? "overlapped" : "after the backward pass");
+      std::vector<std::vector<double>> losses(n);
+      std::vector<std::map<std::string, at::Tensor>> weights(n);
+      std::vector<int> sharded_vars(n, 0);
+      RunWorkers(n, [&](Distributed& dist) {
+        const int r = dist.rank();
+        DistributedMeshAxis axis(dist);
+        MeshAxisScope scope("expert", &axis);
+        auto lm = SmallMoeLm(n, n);
+        const auto vars = LearnerVariables(*lm);
+        // The same seed gives every variable the one-process model's start: dense ones whole,
+        // this rank's block of experts here.
+        for (const auto& v : vars) {
+          const at::Tensor& src = init.at(v.name);
+          EXPECT_TRUE(at::equal(v.value, v.expert_sharded ? src.slice(0, per * r, per * r + per)
+                                                          : src))
+              << v.name << " on rank " << r;
+          sharded_vars[r] += v.expert_sharded;
+        }
+        lm->learner().SetGradientSync(
+            std::make_shared<DataParallelGradientSync>(dist, 1 << 12, overlapped));
+        for (int s = 0; s < steps; ++s) {
+          GlobalStepContext ctx(s);
+          auto out = lm->FPropDefaultTheta(LmBatch(batches[s].slice(0, rows * r, rows * r + rows)));
+          auto m = dist.ReduceWeighted({{"loss", {out.metrics.at("loss").value.item<double>(),
+                                                   out.metrics.at("loss").weight.item<double>()}}});
+          losses[r].push_back(m.at("loss").first);
+          lm->learner().Apply({{"loss", Metric{out.loss, out.metrics.at("loss").weight}}}, vars, s);
+        }
+        for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
+      });
+      EXPECT_EQ(sharded_vars[0], 2);  // wi and wo
+      for (int s = 0; s < steps; ++s) {
+        EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
       }
+      for (const auto& v : one_vars) {
+        if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;  // see above
+        const at::Tensor w = v.value.detach();
+        for (int r = 0; r < n; ++r) {
+          const bool expert = weights[r].at(v.name).size(0) != w.size(0);
+          const at::Tensor want = expert ? w.slice(0, per * r, per * r + per) : w;
+          const double rel = ((weights[r].at(v.name) - want).abs().max() /
+                              at::clamp_min(want.abs().max(), 1e-12)).item<double>();
+          EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
+        }
+      }
+      EXPECT_LT(one_losses.back(), one_losses.front());
     }
-    EXPECT_LT(one_losses.back(), one_losses.front());
   }
 }
 
