@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <typeinfo>
 #include <utility>
 
 #include "glossa/base/errors.h"
@@ -52,6 +53,18 @@ at::Tensor AllToAll(MeshAxis& axis, const at::Tensor& input) {
                                       " does not split into ", axis.size(), " equal blocks"));
   }
   return AllToAllFunction::apply(input, reinterpret_cast<int64_t>(&axis))[0];
+}
+
+void MeshAxis::SendTo(const at::Tensor& t, int dst) {
+  (void)t;
+  throw UnimplementedError(StrCat("this mesh axis (", typeid(*this).name(),
+                                  ") has no point-to-point send (to rank ", dst, ")"));
+}
+
+void MeshAxis::RecvFrom(at::Tensor& out, int src) {
+  (void)out;
+  throw UnimplementedError(StrCat("this mesh axis (", typeid(*this).name(),
+                                  ") has no point-to-point recv (from rank ", src, ")"));
 }
 
 }  // namespace glossa

@@ -23,6 +23,12 @@ class MeshAxis {
   // j; the result holds in block i what rank i sent to this rank. Every rank of the axis calls it
   // with the same shape. Not differentiable (see AllToAll below).
   virtual at::Tensor ExchangeBlocks(const at::Tensor& input) = 0;
+  // Point to point along the axis (what pipeline stages on different ranks pass micro-batches
+  // and their gradients with, as Lingvo's cross-device Channel): `t` to the axis's rank `dst`,
+  // or into `out` (the shape and dtype sent) from rank `src`; between two ranks, in send order.
+  // The default: UnimplementedError naming the axis kind.
+  virtual void SendTo(const at::Tensor& t, int dst);
+  virtual void RecvFrom(at::Tensor& out, int src);
 };
 
 // The axis named `name` on this thread (innermost MeshAxisScope), or null.

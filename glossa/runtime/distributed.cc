@@ -131,8 +131,9 @@ namespace {
 
 // Which ranks are gone, after a collective failed: every rank that sees the failure reports in
 // the store (hosted by rank 0); the ranks that have not reported within a few seconds are named.
-// Unreachable store: rank 0, its host, is gone.
-std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o) {
+// Unreachable store: rank 0, its host, is gone. After a point-to-point failure (peer >= 0) only
+// the peer is asked after: the other ranks have no reason to fail.
+std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o, int peer = -1) {
   if (store == nullptr) return "";
   try {
     store->set(StrCat("glossa/fault/", o.rank), std::vector<uint8_t>{1});
@@ -142,7 +143,8 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o) {
     for (;;) {
       missing.clear();
       for (int r = 0; r < o.world_size; ++r) {
-        if (r != o.rank && !store->check({StrCat("glossa/fault/", r)})) missing.push_back(r);
+        if (r == o.rank || (peer >= 0 && r != peer)) continue;
+        if (!store->check({StrCat("glossa/fault/", r)})) missing.push_back(r);
       }
       if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -162,7 +164,7 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o) {
 // Waits for a collective; a peer that died or stalled past the timeout is Aborted, naming the
 // ranks that are gone when they can be told.
 void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& o,
-          c10d::Store* store, const char* what) {
+          c10d::Store* store, const char* what, int peer = -1) {
   try {
     work->wait();
   } catch (const std::exception& e) {
@@ -174,7 +176,7 @@ void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& 
             : StrCat("rank ", o.world_ranks[o.rank], " (", o.rank, " of ", o.world_size,
                      " in group ", o.group, ")");
     throw AbortedError(StrCat(what, " failed on ", me, ": ",
-                              DiagnoseLostRanks(store, o), "a rank died or stalled past the ",
+                              DiagnoseLostRanks(store, o, peer), "a rank died or stalled past the ",
                               o.timeout_seconds, " s timeout (", Strip(why), ")"));
   }
 }
@@ -343,6 +345,34 @@ Distributed* CurrentDistributed() { return g_current; }
 bool IsChief() { return g_current == nullptr || g_current->rank() == 0; }
 DistributedScope::DistributedScope(Distributed* dist) : previous_(g_current) { g_current = dist; }
 DistributedScope::~DistributedScope() { g_current = previous_; }
+
+namespace {
+
+void CheckPeer(const DistributedOptions& o, int peer, const char* what) {
+  if (peer < 0 || peer >= o.world_size || peer == o.rank) {
+    throw InvalidArgumentError(StrCat(what, ": peer ", peer, " is not another rank of the ",
+                                      o.world_size, " (this is rank ", o.rank, ")"));
+  }
+}
+
+}  // namespace
+
+void Distributed::Send(const at::Tensor& t, int dst, int tag) {
+  CheckPeer(options_, dst, "send");
+  std::vector<at::Tensor> one = {t.contiguous()};
+  Wait(impl_->pg->send(one, dst, tag), options_, impl_->store.get(),
+       StrCat("send to rank ", dst).c_str(), dst);
+}
+
+void Distributed::Recv(at::Tensor& out, int src, int tag) {
+  CheckPeer(options_, src, "recv");
+  if (!out.is_contiguous()) {
+    throw InvalidArgumentError("recv: the output tensor must be contiguous");
+  }
+  std::vector<at::Tensor> one = {out};
+  Wait(impl_->pg->recv(one, src, tag), options_, impl_->store.get(),
+       StrCat("recv from rank ", src).c_str(), src);
+}
 
 void Distributed::Barrier() {
   at::Tensor t = at::zeros({1});

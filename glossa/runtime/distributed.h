@@ -90,6 +90,13 @@ class Distributed {
   // dim 0 divisible by the world size, the same shape on every rank) goes to rank j; block i of
   // the result came from rank i.
   at::Tensor AllToAll(const at::Tensor& input);
+  // Point to point (c10d send/recv: the cross-process form of Lingvo's Channel for pipeline
+  // stages): Send blocks until `t` (contiguous) is handed to rank dst's matching Recv, which
+  // fills `out` (its shape and dtype must be what was sent). Messages between two ranks with the
+  // same tag arrive in send order. A peer that is gone fails after the timeout (Aborted, naming
+  // it when it can be told); a rank outside the group or this rank itself is InvalidArgument.
+  void Send(const at::Tensor& t, int dst, int tag = 0);
+  void Recv(at::Tensor& out, int src, int tag = 0);
 
   // A process group over the world ranks `ranks` (this rank among them, each once), named
   // `name`, on this group's store and network device: every listed rank must create it (with the
@@ -121,6 +128,8 @@ class DistributedMeshAxis : public MeshAxis {
     max_bytes_ = std::max(max_bytes_, b);
     return group_.AllToAll(input);
   }
+  void SendTo(const at::Tensor& t, int dst) override { group_.Send(t, dst); }
+  void RecvFrom(at::Tensor& out, int src) override { group_.Recv(out, src); }
   // Exchanges so far, the bytes this rank passed to them (its whole input, its own block
   // included), and the largest input.
   int64_t exchanges() const { return exchanges_; }

@@ -8,6 +8,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <future>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -342,6 +344,46 @@ TEST(Distributed, AllToAllSendsBlockJToRankJ) {
       EXPECT_NE(std::string(e.what()).find("does not split into 3"), std::string::npos);
     }
   });
+}
+
+// Point to point, as pipeline stages use it (a chain 0 -> 1 -> 2 through a mesh axis): every
+// micro-batch arrives in send order with its values, a mismatched peer is refused, and a stage
+// whose sender is gone fails after the timeout naming the lost rank.
+TEST(Distributed, PointToPointDeliversInOrderAndNamesALostPeer) {
+  RunWorkers(3, [](Distributed& dist) {
+    const int r = dist.rank();
+    DistributedMeshAxis axis(dist);
+    MeshAxis& pipe = axis;
+    for (int t = 0; t < 5; ++t) {
+      at::Tensor x = at::full({4, 3}, static_cast<float>(10 * t), at::kFloat);
+      if (r > 0) pipe.RecvFrom(x, r - 1);
+      EXPECT_TRUE(at::equal(x, at::full({4, 3}, static_cast<float>(10 * t + r), at::kFloat)))
+          << "micro-batch " << t << " on rank " << r;
+      if (r < 2) pipe.SendTo(x + 1, r + 1);
+    }
+    at::Tensor any = at::zeros({1});
+    EXPECT_ERROR_CONTAINS(dist.Send(any, r), InvalidArgumentError, "is not another rank");
+    EXPECT_ERROR_CONTAINS(dist.Recv(any, 3), InvalidArgumentError, "is not another rank");
+  });
+  // Rank 2 leaves without sending; rank 1's recv fails within the timeout, naming it. Rank 0 (the
+  // store's host) stays until rank 1 has its answer.
+  std::promise<void> answered;
+  std::shared_future<void> done = answered.get_future().share();
+  std::string error;
+  RunWorkers(3, [&](Distributed& dist) {
+    if (dist.rank() == 0) done.wait();
+    if (dist.rank() != 1) return;
+    at::Tensor x = at::zeros({2});
+    try {
+      dist.Recv(x, 2);
+      error = "received";
+    } catch (const AbortedError& e) {
+      error = e.what();
+    }
+    answered.set_value();
+  }, /*timeout=*/2);
+  EXPECT_NE(error.find("recv from rank 2 failed on rank 1 of 3: lost rank(s): 2"),
+            std::string::npos) << error;
 }
 
 // GShard's expert parallelism (TransformerShardedMoeLayer with num_devices = 2 on a 2-rank expert
