@@ -20,4 +20,9 @@ struct Distributed::Impl {
   int64_t sequence = 0;
 };
 
+// Waits for `work`; a failure is Aborted naming `what`, this rank, and the ranks that are gone
+// (only `peer` after a point-to-point transfer, every rank after a collective).
+void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& o,
+          c10d::Store* store, const char* what, int peer = -1);
+
 }  // namespace glossa
