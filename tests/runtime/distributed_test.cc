@@ -541,6 +541,49 @@ std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2) {
   return InstantiateLayer<TransformerLmTask>(p);
 }
 
+// `steps` Adam steps of `lm` on rows [lo, hi) of each batch, each at its global step; the losses
+// (with `dist`, the weighted mean over its ranks).
+std::vector<double> TrainSteps(TransformerLmTask& lm, const std::vector<at::Tensor>& batches,
+                               int64_t lo, int64_t hi, Distributed* dist = nullptr) {
+  const auto vars = LearnerVariables(lm);
+  std::vector<double> losses;
+  for (size_t s = 0; s < batches.size(); ++s) {
+    GlobalStepContext ctx(static_cast<int64_t>(s));
+    auto out = lm.FPropDefaultTheta(LmBatch(batches[s].slice(0, lo, hi)));
+    const double loss = out.metrics.at("loss").value.item<double>();
+    if (dist != nullptr) {
+      auto m = dist->ReduceWeighted({{"loss", {loss, out.metrics.at("loss").weight.item<double>()}}});
+      losses.push_back(m.at("loss").first);
+    } else {
+      losses.push_back(loss);
+    }
+    lm.learner().Apply({{"loss", Metric{out.loss, out.metrics.at("loss").weight}}}, vars,
+                       static_cast<int64_t>(s));
+  }
+  return losses;
+}
+
+// Each rank's weights against the one-process model's, within 1e-5 relative: dense ones whole,
+// expert ones the rank's block of `per` experts starting at expert_block(r) · per.
+void ExpectRanksHoldTheWeights(const std::vector<LearnerVariable>& one_vars,
+                               const std::vector<std::map<std::string, at::Tensor>>& weights,
+                               int per, const std::function<int(int)>& expert_block) {
+  for (const auto& v : one_vars) {
+    // key/b: its gradient cancels in softmax up to rounding (see above); every other variable
+    // must agree.
+    if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;
+    const at::Tensor w = v.value.detach();
+    for (int r = 0; r < static_cast<int>(weights.size()); ++r) {
+      const bool expert = weights[r].at(v.name).size(0) != w.size(0);
+      const int e = expert_block(r);
+      const at::Tensor want = expert ? w.slice(0, per * e, per * e + per) : w;
+      const double rel = ((weights[r].at(v.name) - want).abs().max() /
+                          at::clamp_min(want.abs().max(), 1e-12)).item<double>();
+      EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
+    }
+  }
+}
+
 // Issue 36's equivalence: an MoE LM with its 4 experts on n = 2 ranks (2 each) and on n = 4
 // (1 each), each rank 8/n rows of the batch and one of the n routing groups, trains like the same
 // LM in one process with all 4 experts, the whole batch and n groups: 20 Adam steps with
@@ -559,14 +602,8 @@ TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
     auto one = SmallMoeLm(1, n);
     std::map<std::string, at::Tensor> init;
     for (const auto& v : LearnerVariables(*one)) init[v.name] = v.value.detach().clone();
-    std::vector<double> one_losses;
     const auto one_vars = LearnerVariables(*one);
-    for (int s = 0; s < steps; ++s) {
-      GlobalStepContext ctx(s);
-      auto r = one->FPropDefaultTheta(LmBatch(batches[s]));
-      one_losses.push_back(r.metrics.at("loss").value.item<double>());
-      one->learner().Apply({{"loss", Metric{r.loss, r.metrics.at("loss").weight}}}, one_vars, s);
-    }
+    const std::vector<double> one_losses = TrainSteps(*one, batches, 0, 8);
     for (const bool overlapped : {false, true}) {
       SCOPED_TRACE(overlapped ? "overlapped" : "after the backward pass");
       std::vector<std::vector<double>> losses(n);
@@ -589,31 +626,14 @@ TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
         }
         lm->learner().SetGradientSync(
             std::make_shared<DataParallelGradientSync>(dist, 1 << 12, overlapped));
-        for (int s = 0; s < steps; ++s) {
-          GlobalStepContext ctx(s);
-          auto out = lm->FPropDefaultTheta(LmBatch(batches[s].slice(0, rows * r, rows * r + rows)));
-          auto m = dist.ReduceWeighted({{"loss", {out.metrics.at("loss").value.item<double>(),
-                                                   out.metrics.at("loss").weight.item<double>()}}});
-          losses[r].push_back(m.at("loss").first);
-          lm->learner().Apply({{"loss", Metric{out.loss, out.metrics.at("loss").weight}}}, vars, s);
-        }
+        losses[r] = TrainSteps(*lm, batches, rows * r, rows * r + rows, &dist);
         for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
       });
       EXPECT_EQ(sharded_vars[0], 2);  // wi and wo
       for (int s = 0; s < steps; ++s) {
         EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
       }
-      for (const auto& v : one_vars) {
-        if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;  // see above
-        const at::Tensor w = v.value.detach();
-        for (int r = 0; r < n; ++r) {
-          const bool expert = weights[r].at(v.name).size(0) != w.size(0);
-          const at::Tensor want = expert ? w.slice(0, per * r, per * r + per) : w;
-          const double rel = ((weights[r].at(v.name) - want).abs().max() /
-                              at::clamp_min(want.abs().max(), 1e-12)).item<double>();
-          EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
-        }
-      }
+      ExpectRanksHoldTheWeights(one_vars, weights, per, [](int r) { return r; });
       EXPECT_LT(one_losses.back(), one_losses.front());
     }
   }
@@ -631,14 +651,8 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
   for (int s = 0; s < steps; ++s) batches.push_back(at::randint(3, 50, {8, 12}, gen));
   auto one = SmallMoeLm(1, 4);
-  std::vector<double> one_losses;
   const auto one_vars = LearnerVariables(*one);
-  for (int s = 0; s < steps; ++s) {
-    GlobalStepContext ctx(s);
-    auto r = one->FPropDefaultTheta(LmBatch(batches[s]));
-    one_losses.push_back(r.metrics.at("loss").value.item<double>());
-    one->learner().Apply({{"loss", Metric{r.loss, r.metrics.at("loss").weight}}}, one_vars, s);
-  }
+  const std::vector<double> one_losses = TrainSteps(*one, batches, 0, 8);
   std::vector<std::vector<double>> losses(4);
   std::vector<std::map<std::string, at::Tensor>> weights(4);
   std::vector<std::pair<int, int>> index(4);
@@ -652,14 +666,7 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
     auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
     sync->SetShardGroups(&mesh.expert_group(), mesh.data_group());
     lm->learner().SetGradientSync(sync);
-    for (int s = 0; s < steps; ++s) {
-      GlobalStepContext ctx(s);
-      auto out = lm->FPropDefaultTheta(LmBatch(batches[s].slice(0, 2 * r, 2 * r + 2)));
-      auto m = dist.ReduceWeighted({{"loss", {out.metrics.at("loss").value.item<double>(),
-                                               out.metrics.at("loss").weight.item<double>()}}});
-      losses[r].push_back(m.at("loss").first);
-      lm->learner().Apply({{"loss", Metric{out.loss, out.metrics.at("loss").weight}}}, vars, s);
-    }
+    losses[r] = TrainSteps(*lm, batches, 2 * r, 2 * r + 2, &dist);
     for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
   });
   for (int r = 0; r < 4; ++r) {
@@ -668,18 +675,7 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
   for (int s = 0; s < steps; ++s) {
     EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
   }
-  for (const auto& v : one_vars) {
-    if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;  // as above
-    const at::Tensor w = v.value.detach();
-    for (int r = 0; r < 4; ++r) {
-      const bool expert = weights[r].at(v.name).size(0) != w.size(0);
-      const int e = r % 2;
-      const at::Tensor want = expert ? w.slice(0, 2 * e, 2 * e + 2) : w;
-      const double rel = ((weights[r].at(v.name) - want).abs().max() /
-                          at::clamp_min(want.abs().max(), 1e-12)).item<double>();
-      EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
-    }
-  }
+  ExpectRanksHoldTheWeights(one_vars, weights, 2, [](int r) { return r % 2; });
   EXPECT_LT(one_losses.back(), one_losses.front());
 }
 
