@@ -97,4 +97,20 @@ std::array<int64_t, 2> GenerateStepSeedPair(std::optional<int64_t> random_seed,
   return seeds;
 }
 
+namespace {
+thread_local BatchShard t_batch_shard;
+}  // namespace
+
+BatchShard CurrentBatchShard() { return t_batch_shard; }
+
+BatchShardScope::BatchShardScope(int64_t index, int64_t count) : previous_(t_batch_shard) {
+  if (count < 1 || index < 0 || index >= count) {
+    throw InvalidArgumentError(StrCat("BatchShardScope: block ", index, " of ", count,
+                                      " is out of range"));
+  }
+  t_batch_shard = {index, count};
+}
+
+BatchShardScope::~BatchShardScope() { t_batch_shard = previous_; }
+
 }  // namespace glossa

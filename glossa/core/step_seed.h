@@ -68,6 +68,27 @@ class OverWriteGlobalStepContext {
   std::optional<int64_t> previous_;
 };
 
+// The block of the batch this thread computes when a batch is split over ranks: dim-0 block
+// `index` of `count` equal blocks (a data-parallel or expert-parallel rank's rows). Seeded
+// per-row draws (DeterministicDropoutLayer) draw the whole batch's values and keep this block, so
+// a rank's masks are its rows of the masks one process draws for the whole batch: the ranks
+// train like one process with dropout on, at the price of `count` times the random numbers.
+// count 1 (the default): the thread's tensors are the whole batch.
+struct BatchShard {
+  int64_t index = 0, count = 1;
+};
+BatchShard CurrentBatchShard();
+class BatchShardScope {
+ public:
+  BatchShardScope(int64_t index, int64_t count);
+  ~BatchShardScope();
+  BatchShardScope(const BatchShardScope&) = delete;
+  BatchShardScope& operator=(const BatchShardScope&) = delete;
+
+ private:
+  BatchShard previous_;
+};
+
 // (global step, GetIncStepSeed()), each element plus `random_seed` and plus `op_seed` when set.
 // The global step is GetOverWriteGlobalStep(). When `is_inference` and no random_seed is set, the
 // step seed still advances (so other ops' seeds don't shift) and a fresh random pair is returned,

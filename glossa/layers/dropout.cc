@@ -29,8 +29,15 @@ at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::arra
   CheckKeepProb(keep_prob);
   if (keep_prob == 1.0) return x;
   at::Generator gen = MakeSeededGenerator(seeds);
-  const std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
+  std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
+  // A rank's rows of a batch split over ranks: the whole batch's draw, this block of it
+  // (core/step_seed.h: BatchShard). A mask broadcast over dim 0 is the same for every row.
+  const BatchShard shard = CurrentBatchShard();
+  const bool per_row = shard.count > 1 && !shape.empty() && x.dim() > 0 &&
+                       shape[0] == x.size(0) && (!noise_shape || shape[0] != 1);
+  if (per_row) shape[0] *= shard.count;
   at::Tensor u = at::empty(shape, at::TensorOptions().dtype(at::kFloat)).uniform_(0.0, 1.0, gen);
+  if (per_row) u = u.narrow(0, shard.index * x.size(0), x.size(0));
   at::Tensor mask = at::floor(u + static_cast<float>(keep_prob)).to(x.options());
   return (x / keep_prob) * mask;
 }

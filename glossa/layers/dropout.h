@@ -17,7 +17,9 @@
 namespace glossa {
 
 // (x / keep_prob) · floor(keep_prob + U), U ~ Uniform[0, 1) of `noise_shape` (default x's shape,
-// broadcast against x) drawn from `seeds`. keep_prob must be in (0, 1]; 1 returns x.
+// broadcast against x) drawn from `seeds`. keep_prob must be in (0, 1]; 1 returns x. Inside a
+// BatchShardScope(i, n) (core/step_seed.h: x is block i of n of a batch along dim 0) U is drawn
+// for the whole batch and block i is kept, unless noise_shape broadcasts dim 0.
 at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
                                 const std::optional<std::vector<int64_t>>& noise_shape = {});
 

@@ -498,7 +498,13 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
                               .view({n, local, g, c, m})
                               .permute({1, 0, 2, 3, 4})
                               .reshape({local, n * g, c, m});
-  const at::Tensor out = Experts(theta, mine).view({local, n, g, c, m}).permute({1, 0, 2, 3, 4});
+  at::Tensor hidden;
+  {
+    // Row blocks of [E, G, C, M] are experts here: this rank's block of the one-process draw.
+    BatchShardScope experts(axis->index(), n);
+    hidden = Experts(theta, mine);
+  }
+  const at::Tensor out = hidden.view({local, n, g, c, m}).permute({1, 0, 2, 3, 4});
   return AllToAll(*axis, out.contiguous().view({e, g, c, m})).permute({1, 0, 2, 3});
 }
 

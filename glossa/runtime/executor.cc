@@ -11,6 +11,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/core/step_seed.h"
 #include "glossa/io/event_file.h"
 #include "glossa/checkpoint/saver.h"
 #include "glossa/optim/learner.h"
@@ -404,7 +405,12 @@ int64_t Executor::Run() {
     ShowStepsOnConsole(train, run.console, heartbeat, options_, bar_, log);
   }
   run.schedule.RunStart();
-  TrainLoops(run);
+  {
+    // Each rank's rows of the global batch draw their rows of one process's masks.
+    std::optional<BatchShardScope> shard;
+    if (dist != nullptr && dist->world_size() > 1) shard.emplace(dist->rank(), dist->world_size());
+    TrainLoops(run);
+  }
   run.schedule.RunStop();
   run.stopped = run.stopped || stop_.load();
   if (!run.stopped) {

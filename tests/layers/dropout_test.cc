@@ -86,3 +86,32 @@ TEST(DropoutLayer, PlainDropoutScalesKeptValues) {
 
 }  // namespace
 }  // namespace glossa
+
+namespace glossa {
+namespace {
+
+// Rank i of n with its rows of a batch (BatchShardScope) draws rows block i of the masks of the
+// whole batch, so n ranks' masks put together are one process's; a mask broadcast over dim 0 is
+// the same on every rank; a block out of range is refused.
+TEST(DeterministicDropout, ABatchShardDrawsItsRowsOfTheWholeBatchMask) {
+  const std::array<int64_t, 2> seeds = {7, 11};
+  const at::Tensor x = at::ones({6, 5});
+  const at::Tensor whole = DeterministicDropout(x, 0.5, seeds, std::nullopt);
+  for (int64_t i = 0; i < 3; ++i) {
+    BatchShardScope shard(i, 3);
+    const at::Tensor mine = DeterministicDropout(x.narrow(0, 2 * i, 2), 0.5, seeds, std::nullopt);
+    EXPECT_TRUE(at::equal(mine, whole.narrow(0, 2 * i, 2))) << "block " << i;
+    // A mask broadcast over the rows: the same on every rank as in one process.
+    const std::vector<int64_t> one_row = {1, 5};
+    const at::Tensor bcast = DeterministicDropout(x.narrow(0, 2 * i, 2), 0.5, seeds, one_row);
+    EXPECT_TRUE(at::equal(bcast, DeterministicDropout(x, 0.5, seeds, one_row).narrow(0, 0, 2)));
+  }
+  // Outside the scope the thread's tensors are the whole batch again.
+  EXPECT_TRUE(at::equal(DeterministicDropout(x, 0.5, seeds, std::nullopt), whole));
+  EXPECT_EQ(CurrentBatchShard().count, 1);
+  EXPECT_THROW(BatchShardScope(3, 3), InvalidArgumentError);
+  EXPECT_THROW(BatchShardScope(0, 0), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace glossa

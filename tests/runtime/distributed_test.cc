@@ -522,21 +522,30 @@ TEST(Distributed, ExpertParallelRanksOfDifferentLengthsAgreeOnTheCapacity) {
 
 // A 2-layer LM whose second layer is a 4-expert MoE block spread over `devices` ranks, routing
 // `groups` groups over them.
-std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2) {
+std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2, double dropout = 0.0) {
   Params p = TransformerLmTask::CommonParams(50, 16, 32, 2, 2);
   p.Set("name", "lm").Set("random_seed", 3).Set("aux_loss_weight", 0.01);
   p.Set("train.learner.learning_rate", 1e-2);
   p.Set("train.learner.lr_schedule", ConstantSchedule::Params());
   p.Set("train.learner.optimizer", Adam::Params());
   p.Set("train.learner.clip_gradient_norm_to_value", 0.5);  // clipping sees the global gradient
-  const Params dense = p.GetParams("stack.transformer_layer_params_tpl");
+  Params dense = p.GetParams("stack.transformer_layer_params_tpl").Copy();
   Params moe = dense.Copy();
   moe.Set("tr_fflayer_tpl", TransformerShardedMoeLayer::Params()
                                 .Set("hidden_dim", 24)
                                 .Set("num_experts", 4)
                                 .Set("num_groups", groups)
                                 .Set("expert_capacity_factor", 1.5)
+                                .Set("residual_dropout_prob", dropout)
+                                .Set("relu_dropout_prob", dropout)
                                 .Set("num_devices", devices));
+  // Dropout everywhere it can be (the dense layers' own from CommonParams are set below too).
+  for (Params* l : {&dense, &moe}) {
+    l->Set("tr_atten_tpl.residual_dropout_prob", dropout);
+    l->Set("tr_atten_tpl.atten_dropout_prob", dropout);
+  }
+  dense.Set("tr_fflayer_tpl.residual_dropout_prob", dropout);
+  dense.Set("tr_fflayer_tpl.relu_dropout_prob", dropout);
   p.Set("stack.transformer_layer_params_tpl", ParamValue::List{dense, moe});
   return InstantiateLayer<TransformerLmTask>(p);
 }
@@ -589,17 +598,19 @@ void ExpectRanksHoldTheWeights(const std::vector<LearnerVariable>& one_vars,
 // LM in one process with all 4 experts, the whole batch and n groups: 20 Adam steps with
 // global-norm clipping, losses within 1e-6 and weights within 1e-5 relative (float32 sums in
 // another order; the bound), with the gradients reduced after the backward pass and
-// overlapped with it. Dense weights are averaged over the ranks; expert weights are not (each
+// overlapped with it, without dropout and with dropout 0.1 at every site (attention weights,
+// residuals, the experts' hidden activations: each rank's masks are its rows, or its experts,
+// of the one-process masks; BatchShardScope). Dense weights are averaged over the ranks; expert weights are not (each
 // rank's expert gradient already sums every rank's tokens through the all-to-all).
 TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
   const int steps = 20;
   std::vector<at::Tensor> batches;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(13);
   for (int s = 0; s < steps; ++s) batches.push_back(at::randint(3, 50, {8, 12}, gen));
-  for (const int n : {2, 4}) {
-    SCOPED_TRACE(StrCat(n, " ranks"));
+  for (const auto& [n, dropout] : {std::pair{2, 0.0}, {4, 0.0}, {2, 0.1}, {4, 0.1}}) {
+    SCOPED_TRACE(StrCat(n, " ranks, dropout ", dropout));
     const int per = 4 / n, rows = 8 / n;  // experts and batch rows per rank
-    auto one = SmallMoeLm(1, n);
+    auto one = SmallMoeLm(1, n, dropout);
     std::map<std::string, at::Tensor> init;
     for (const auto& v : LearnerVariables(*one)) init[v.name] = v.value.detach().clone();
     const auto one_vars = LearnerVariables(*one);
@@ -613,7 +624,9 @@ TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
         const int r = dist.rank();
         DistributedMeshAxis axis(dist);
         MeshAxisScope scope("expert", &axis);
-        auto lm = SmallMoeLm(n, n);
+        // As the trainer does: this rank's rows draw their rows of one process's dropout masks.
+        BatchShardScope shard(r, n);
+        auto lm = SmallMoeLm(n, n, dropout);
         const auto vars = LearnerVariables(*lm);
         // The same seed gives every variable the one-process model's start: dense ones whole,
         // this rank's block of experts here.
