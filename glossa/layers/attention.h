@@ -114,7 +114,8 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   int64_t dim_per_head() const { return dim_per_head_; }
 
   // The fused decoding step's part of this attention (glossa/kernels/decoder_step.h): the
-  // projections (float32 weights read in place) and the query scale [dim] it computes into
+  // projections (float32 weights read in place; key and value may be null: a cross-attention
+  // step reads the source projected once) and the query scale [dim] it computes into
   // *query_scale. False where these arguments cannot express it (other projection layers).
   bool FusedStepProjections(const NestedMap& theta, StepProjArgs* query, StepProjArgs* key,
                             StepProjArgs* value, StepProjArgs* post, at::Tensor* query_scale,

@@ -35,8 +35,8 @@ bool MultiHeadedAttention::FusedStepProjections(const NestedMap& theta, StepProj
                                                 StepProjArgs* post, at::Tensor* query_scale,
                                                 FusedStepKeep* keep) const {
   if (!fuse_qkv_ || !query_->FusedStepArgs(query_.Theta(theta), query, keep) ||
-      !key_->FusedStepArgs(key_.Theta(theta), key, keep) ||
-      !value_->FusedStepArgs(value_.Theta(theta), value, keep) ||
+      (key != nullptr && !key_->FusedStepArgs(key_.Theta(theta), key, keep)) ||
+      (value != nullptr && !value_->FusedStepArgs(value_.Theta(theta), value, keep)) ||
       !post_->FusedStepArgs(post_.Theta(theta), post, keep)) {
     return false;
   }
@@ -107,10 +107,10 @@ bool TransformerAttentionLayer::FusedCrossStep(const NestedMap& theta, const Nes
                                                FusedStepKeep* keep) const {
   if (!FusedStepPossible()) return false;
   at::Tensor scale;
-  StepProjArgs key, value;
+  // The source's keys and values were projected once (ProjectSource): no key/value here.
   if (!ln_->FusedStepArgs(ln_.Theta(theta), &out->ln) ||
-      !atten_->FusedStepProjections(atten_.Theta(theta), &out->query, &key, &value, &out->post,
-                                    &scale, keep)) {
+      !atten_->FusedStepProjections(atten_.Theta(theta), &out->query, nullptr, nullptr,
+                                    &out->post, &scale, keep)) {
     return false;
   }
   const at::Tensor& k = aux.GetTensor("key");  // [rows, S, heads, dim]
