@@ -18,6 +18,7 @@ namespace {
 
 thread_local bool t_eval_mode = false;
 thread_local VariableStubScope* t_stub_scope = nullptr;
+thread_local std::vector<std::string> t_extra_collections;
 // Layers whose constructors are running CreateChild on this thread (innermost last).
 thread_local std::vector<BaseLayer*> t_constructing_parents;
 
@@ -80,6 +81,10 @@ EvalModeScope::EvalModeScope(bool eval) : saved_(t_eval_mode) { t_eval_mode = ev
 EvalModeScope::~EvalModeScope() { t_eval_mode = saved_; }
 
 VariableStubScope::VariableStubScope() : previous_(t_stub_scope) { t_stub_scope = this; }
+VariableCollectionScope::VariableCollectionScope(std::string collection) {
+  t_extra_collections.push_back(std::move(collection));
+}
+VariableCollectionScope::~VariableCollectionScope() { t_extra_collections.pop_back(); }
 VariableStubScope::~VariableStubScope() { t_stub_scope = previous_; }
 size_t VariableStubScope::num_cached() const { return cache_.size(); }
 
@@ -176,6 +181,11 @@ void BaseLayer::CheckName(const std::string& name, const char* what) const {
 at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
   CheckConstructing("CreateVariable");
   CheckName(name, "variable");
+  for (const std::string& c : t_extra_collections) {
+    if (std::find(wp.collections.begin(), wp.collections.end(), c) == wp.collections.end()) {
+      wp.collections.push_back(c);
+    }
+  }
   const ParamValue& skip_lp = params_.Get("skip_lp_regularization");
   if (!skip_lp.is_none() && skip_lp.AsBool() &&
       std::find(wp.collections.begin(), wp.collections.end(), kSkipLpRegularizationCollection) ==
@@ -528,6 +538,19 @@ std::vector<std::pair<BaseLayer::VariableInfo, at::Tensor>> BaseLayer::AllVariab
     for (auto& item : c.AllVariables()) out.push_back(std::move(item));
   });
   return out;
+}
+
+std::vector<std::string> BaseLayer::RemoteScopes() const {
+  std::vector<std::string> out = remote_scopes_;
+  ForEachChild([&](BaseLayer& c) {
+    for (auto& s : c.RemoteScopes()) out.push_back(std::move(s));
+  });
+  return out;
+}
+
+void BaseLayer::DeclareRemoteScope(const std::string& name) {
+  CheckConstructing("DeclareRemoteScope");
+  remote_scopes_.push_back(scope_ + "/" + name);
 }
 
 void BaseLayer::MoveTo(at::Device device) {

@@ -78,6 +78,16 @@ class VariableStubScope {
   VariableStubScope* previous_;
 };
 
+// While alive on this thread, every variable CreateVariable makes joins `collection` too (a
+// pipeline stage tags its cells' variables kPipelineStageCollection this way). Nests.
+class VariableCollectionScope {
+ public:
+  explicit VariableCollectionScope(std::string collection);
+  ~VariableCollectionScope();
+  VariableCollectionScope(const VariableCollectionScope&) = delete;
+  VariableCollectionScope& operator=(const VariableCollectionScope&) = delete;
+};
+
 // Where eval reads exponential moving averages of variables (issue 4's ExponentialMovingAverage
 // implements it). Average returns nullopt for variables it does not track.
 class EmaSource {
@@ -227,6 +237,9 @@ class BaseLayer {
   NestedMap theta() const;
   // Every variable of the subtree by full name, with its info.
   std::vector<std::pair<VariableInfo, at::Tensor>> AllVariables() const;
+  // Variable scopes of the subtree that other ranks hold (a pipeline stage's model holds its own
+  // cells only; DeclareRemoteScope): checkpoint tensors under them belong to those ranks.
+  std::vector<std::string> RemoteScopes() const;
   // Sets the root's EMA source (read by theta() in eval anywhere in the tree).
   void SetEma(std::shared_ptr<const EmaSource> ema);
   const EmaSource* ema() const;
@@ -316,6 +329,12 @@ class BaseLayer {
   void CheckFlatParamsList(const std::string& name, const ParamValue::List& params) const;
   void CheckConstructing(const char* what) const;
   std::unique_ptr<BaseLayer> BuildChild(const glossa::Params& p, const std::string& default_name);
+ protected:
+  // During construction: the child `name` of this layer (its scope scope()/name) is built and
+  // trained on another rank, not here (RemoteScopes).
+  void DeclareRemoteScope(const std::string& name);
+
+ private:
   const ChildTree& FindChildTree(const std::string& name) const;
   NestedValue MapChildren(const ChildTree& tree,
                           const std::function<NestedValue(const BaseLayer&)>& fn) const;
@@ -336,6 +355,7 @@ class BaseLayer {
   std::map<std::string, std::unique_ptr<ChildTree>> children_;
   std::map<std::string, std::unique_ptr<Accumulator>> accumulators_;
   std::shared_ptr<const EmaSource> ema_;
+  std::vector<std::string> remote_scopes_;
 };
 
 template <typename T>

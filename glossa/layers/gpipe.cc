@@ -15,6 +15,7 @@
 #include "glossa/layers/channel.h"
 #include "glossa/layers/custom_gradient.h"
 #include "glossa/layers/block.h"
+#include "glossa/layers/mesh.h"
 #include "glossa/summary/summary.h"
 
 namespace glossa {
@@ -29,6 +30,70 @@ std::vector<int64_t> EvenStageEnds(int64_t cells, int64_t stages) {
   return ends;
 }
 
+std::vector<int64_t> StageEndsFromSplits(const std::string& where, const ParamValue& splits,
+                                         int64_t n) {
+  std::vector<int64_t> ends;
+  if (splits.is_list()) {
+    if (splits.AsList().empty()) throw InvalidArgumentError(StrCat(where, ": splits is empty"));
+    int64_t prev = 0;
+    for (const auto& e : splits.AsList()) {
+      const int64_t end = e.AsInt();
+      if (end <= prev) {
+        throw InvalidArgumentError(
+            StrCat(where, ": splits must be increasing and > 0, got ", end, " after ", prev));
+      }
+      prev = end;
+      ends.push_back(end);
+    }
+    if (prev != n) {
+      throw InvalidArgumentError(
+          StrCat(where, ": the last split must equal num_layers ", n, ", got ", prev));
+    }
+    return ends;
+  }
+  const int64_t stages = splits.AsInt();
+  if (stages <= 0 || stages > n) {
+    throw InvalidArgumentError(
+        StrCat(where, ": splits must be in [1, num_layers ", n, "], got ", stages));
+  }
+  return EvenStageEnds(n, stages);
+}
+
+StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends) {
+  StagePlacement p;
+  p.end = ends.back();
+  MeshAxis* axis = CurrentMeshAxis("pipe");
+  if (axis == nullptr || axis->size() == 1) return p;
+  const int64_t stages = static_cast<int64_t>(ends.size());
+  if (axis->size() != stages) {
+    throw FailedPreconditionError(
+        StrCat(where, " has ", stages, " pipeline stage(s), but the mesh's 'pipe' axis has ",
+               axis->size(), " ranks: a pipeline over ranks puts one stage on each (train it with "
+               "--mesh=pipe:", stages, " on ", stages, " ranks, or set its splits to ",
+               axis->size(), ")"));
+  }
+  p.axis = axis;
+  p.stage = axis->index();
+  p.first = p.stage == 0 ? 0 : ends[p.stage - 1];
+  p.end = ends[p.stage];
+  return p;
+}
+
+ParamValue::List NameCells(const ParamValue::List& cells, const std::string& prefix) {
+  ParamValue::List out;
+  int uid = 0;
+  for (const auto& c : cells) {
+    if (!c.is_params()) {
+      out.push_back(c);
+      continue;
+    }
+    glossa::Params p = c.AsParams().Copy();
+    if (p.Contains("name") && p.GetString("name").empty()) p.Set("name", StrCat(prefix, "_", uid++));
+    out.push_back(ParamValue(std::move(p)));
+  }
+  return out;
+}
+
 namespace {
 
 // Runs fn(stage) on one thread per stage with the caller's ATen thread-local state, eval mode and
@@ -39,6 +104,7 @@ void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
   const at::ThreadLocalState tls;
   const bool eval = IsEvalMode();
   const int64_t global_step = GetGlobalStep();
+  const BatchShard shard = CurrentBatchShard();
   std::mutex mu;
   std::exception_ptr error;
   std::vector<std::thread> threads;
@@ -54,6 +120,7 @@ void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
           at::ThreadLocalStateGuard tls_guard(tls);
           EvalModeScope eval_scope(eval);
           GlobalStepContext step(global_step);
+          BatchShardScope rows(shard.index, shard.count);
           fn(s);
         } catch (...) {
           fail(s);
@@ -92,14 +159,7 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   };
   const ParamValue& cells = params().Get("cell_tpl");
   if (!cells.is_list() || cells.AsList().empty()) fail("cell_tpl must be a non-empty list");
-  CreateChildren("cells", cells);
-  cells_ = GetChildren("cells");
-  for (const BaseLayer* c : cells_) {
-    CheckReplayable(*c, StrCat("pipeline '", path(), "'"));
-    blocks_.push_back(&AsBlock(*c, StrCat("pipeline '", path(), "'")));
-    cell_seeds_.push_back(GenerateSeedFromName(c->path()));
-  }
-  const int64_t n = static_cast<int64_t>(cells_.size());
+  const int64_t n = static_cast<int64_t>(cells.AsList().size());
   const auto& ends = params().Get("stage_ends").AsList();
   if (!ends.empty()) {
     int64_t prev = 0;
@@ -107,20 +167,42 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
       const int64_t end = e.AsInt();
       if (end <= prev)
         fail(StrCat("stage_ends must be increasing and > 0, got ", end, " after ", prev));
-      ends_.push_back(end);
+      pipe_.ends.push_back(end);
       prev = end;
     }
     if (prev != n) fail(StrCat("the last stage end must be the cell count ", n, ", got ", prev));
   } else {
     const int64_t stages = params().GetInt("num_stages") > 0 ? params().GetInt("num_stages") : n;
     if (stages > n) fail(StrCat("num_stages ", stages, " exceeds the cell count ", n));
-    ends_ = EvenStageEnds(n, stages);
+    pipe_.ends = EvenStageEnds(n, stages);
   }
-  num_micro_batches_ = params().GetInt("num_micro_batches");
-  if (num_micro_batches_ <= 0) fail("num_micro_batches must be > 0");
-  batch_dim_ = params().GetInt("batch_dim");
+  pipe_.num_micro_batches = params().GetInt("num_micro_batches");
+  if (pipe_.num_micro_batches <= 0) fail("num_micro_batches must be > 0");
+  pipe_.batch_dim = params().GetInt("batch_dim");
   const ParamValue& mbs = params().Get("micro_batch_size");
-  if (!mbs.is_none()) micro_batch_size_ = mbs.AsInt();
+  if (!mbs.is_none()) pipe_.micro_batch_size = mbs.AsInt();
+  // On a pipe axis: this rank's stage's cells only, under their whole-pipeline names.
+  pipe_.placement = PlaceStages(StrCat("pipeline '", path(), "'"), pipe_.ends);
+  const StagePlacement& place = pipe_.placement;
+  ParamValue::List named = NameCells(cells.AsList(), "cells");
+  ParamValue::List mine(named.begin() + place.first, named.begin() + place.end);
+  {
+    std::optional<VariableCollectionScope> stage_vars;
+    if (place.axis != nullptr) stage_vars.emplace(kPipelineStageCollection);
+    CreateChildren("cells", mine);
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    if ((c < place.first || c >= place.end) && named[c].is_params()) {
+      DeclareRemoteScope(named[c].AsParams().GetString("name"));
+    }
+  }
+  pipe_.owner = this;
+  pipe_.cells = GetChildren("cells");
+  for (const BaseLayer* c : pipe_.cells) {
+    CheckReplayable(*c, StrCat("pipeline '", path(), "'"));
+    pipe_.blocks.push_back(&AsBlock(*c, StrCat("pipeline '", path(), "'")));
+    pipe_.seeds.push_back(GenerateSeedFromName(c->path()));
+  }
 }
 
 namespace {
@@ -128,17 +210,18 @@ namespace {
 // What one pipelined FProp shares between its forward pass and its backward pass (which runs
 // after FProp has returned): the cells, the micro-batching and the saved stage inputs.
 struct PipelineRun {
-  const BaseLayer* layer = nullptr;  // the pipeline (for its path)
-  std::vector<BaseLayer*> cells;
-  std::vector<const Block*> blocks;
-  std::vector<int64_t> cell_seeds;
-  std::vector<int64_t> ends;                      // cell end index (exclusive) of each stage
+  const PipelineCells* cells = nullptr;
   int64_t stages = 0, m = 0, size = 0, dim = 0;  // m micro-batches of `size` along dim
   at::ScalarType dtype = at::kFloat;              // of the activations
   std::vector<int64_t> micro_shape;               // one micro-batch's activation shape
+  std::vector<int64_t> whole_shape;               // the batch's
   int64_t global_step = 0;
   std::vector<std::vector<at::Tensor>> stage_inputs;  // [stage][micro-batch]
   std::vector<at::Tensor> paddings;                   // per micro-batch (or undefined)
+  MeshAxis* axis() const { return cells->placement.axis; }
+  // The stages this process runs: all of them, or on a pipe axis its own.
+  int64_t first_stage() const { return axis() ? cells->placement.stage : 0; }
+  int64_t end_stage() const { return axis() ? cells->placement.stage + 1 : stages; }
 };
 
 // The number and size of the micro-batches a batch of `batch` splits into (num_micro_batches m,
@@ -164,29 +247,107 @@ std::pair<int64_t, int64_t> MicroBatches(const std::string& path, int64_t batch,
   return {m, size};
 }
 
-// Runs stage s on micro-batch t (cells in order, each from its own step seed).
+// Runs stage s on micro-batch t (cells in order, each from its own step seed; the thread's step
+// seed is left as it was).
 at::Tensor RunStage(const PipelineRun& run, int64_t s, const NestedValue::List& thetas,
                     at::Tensor x, int64_t t) {
-  OverWriteGlobalStepContext overwrite(run.global_step * run.m + t);
-  for (int64_t c = s == 0 ? 0 : run.ends[s - 1]; c < run.ends[s]; ++c) {
-    ResetStepSeed(run.cell_seeds[c]);
-    x = run.blocks[c]->FPropBlock(thetas[c].AsMap(), x, run.paddings[t]);
+  const PipelineCells& pc = *run.cells;
+  std::optional<OverWriteGlobalStepContext> overwrite;
+  std::optional<BatchShardScope> rows;
+  if (pc.masks_follow_rows) {
+    const BatchShard outer = CurrentBatchShard();
+    rows.emplace(outer.index * run.m + t, outer.count * run.m);
+  } else {
+    overwrite.emplace(run.global_step * run.m + t);
   }
+  const int64_t seed = GetStepSeed();
+  const int64_t first = pc.placement.first;
+  for (int64_t c = s == 0 ? 0 : pc.ends[s - 1]; c < pc.ends[s]; ++c) {
+    ResetStepSeed(pc.seeds[c - first]);
+    x = pc.blocks[c - first]->FPropBlock(thetas[c - first].AsMap(), x, run.paddings[t]);
+  }
+  ResetStepSeed(seed);
   return x;
 }
 
-// The channels between neighbouring stages: for activations (chs[s]: stage s -> s + 1) or, when
-// `backward`, for gradients (chs[s]: stage s + 1 -> s).
+// How a stage passes micro-batches (or their gradients) on and gets them: over a channel
+// between threads, or by the pipe axis's send/recv between ranks.
+struct StageLinks {
+  std::function<at::Tensor()> recv;
+  std::function<void(const at::Tensor&)> send;
+};
+
+// The channels between neighbouring stages of one process: for activations (chs[s]: stage s ->
+// s + 1) or, when `backward`, for gradients (chs[s]: stage s + 1 -> s). None on a pipe axis.
 std::vector<std::unique_ptr<Channel>> MakeChannels(const PipelineRun& run, bool backward) {
   std::vector<std::unique_ptr<Channel>> chs;
+  if (run.axis()) return chs;
   for (int64_t s = 0; s + 1 < run.stages; ++s) {
     const std::string a = StrCat("stage", s), b = StrCat("stage", s + 1);
     chs.push_back(std::make_unique<Channel>(
-        StrCat(run.layer->path(), backward ? "/grad:" : "/", backward ? b : a, "->",
+        StrCat(run.cells->owner->path(), backward ? "/grad:" : "/", backward ? b : a, "->",
                backward ? a : b),
         run.dtype, run.micro_shape, backward ? b : a, backward ? a : b));
   }
   return chs;
+}
+
+// Stage s's links: from stage `from` and to stage `to` (-1: none), over `chs` (indexed by the
+// lower stage of each pair) or the pipe axis.
+StageLinks Links(const PipelineRun& run, std::vector<std::unique_ptr<Channel>>& chs, int64_t s,
+                 int64_t from, int64_t to) {
+  StageLinks l;
+  if (from >= 0) {
+    if (run.axis()) {
+      l.recv = [&run, from] {
+        at::Tensor out = at::empty(run.micro_shape, at::TensorOptions().dtype(run.dtype));
+        run.axis()->RecvFrom(out, static_cast<int>(from));
+        return out;
+      };
+    } else {
+      Channel* ch = chs[std::min(s, from)].get();
+      l.recv = [ch] { return ch->Recv(); };
+    }
+  }
+  if (to >= 0) {
+    if (run.axis()) {
+      l.send = [&run, to](const at::Tensor& t) {
+        if (t.sizes() != at::IntArrayRef(run.micro_shape) || t.scalar_type() != run.dtype) {
+          throw InvalidArgumentError(StrCat(
+              "pipeline '", run.cells->owner->path(), "': a stage must keep the activation's ",
+              "shape and dtype ", at::IntArrayRef(run.micro_shape), " ", c10::toString(run.dtype),
+              ", got ", t.sizes(), " ", c10::toString(t.scalar_type())));
+        }
+        run.axis()->SendTo(t.contiguous(), static_cast<int>(to));
+      };
+    } else {
+      Channel* ch = chs[std::min(s, to)].get();
+      l.send = [ch](const at::Tensor& t) { ch->Send(t); };
+    }
+  }
+  return l;
+}
+
+// Runs fn(s) for the stages this process runs: every stage on its own thread, or on a pipe axis
+// its own stage on the calling thread.
+void ForStages(const PipelineRun& run, std::vector<std::unique_ptr<Channel>>& chs,
+               const std::function<void(int64_t)>& fn) {
+  if (run.axis()) {
+    fn(run.first_stage());
+  } else {
+    RunStages(run.stages, chs, fn);
+  }
+}
+
+// Hands the whole batch's tensor `pieces` (per micro-batch, held by stage `root`) to every rank
+// of the pipe axis; in one process it is just their concatenation.
+at::Tensor ShareFromStage(const PipelineRun& run, std::vector<at::Tensor>& pieces, int64_t root) {
+  if (!run.axis()) return at::cat(pieces, run.dim);
+  at::Tensor whole = run.first_stage() == root
+                         ? at::cat(pieces, run.dim).contiguous()
+                         : at::empty(run.whole_shape, at::TensorOptions().dtype(run.dtype));
+  run.axis()->Broadcast(whole, static_cast<int>(root));
+  return whole;
 }
 
 // The forward pass: every stage runs its cells on each micro-batch in turn, without gradients,
@@ -201,7 +362,7 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
   SummaryContext* caller_summaries = SummaryContext::Current();
   const std::string summary_scope = SummaryNameScope::Current();
   std::vector<std::vector<SummaryContext::Entry>> stage_summaries(run.stages);
-  RunStages(run.stages, chs, [&](int64_t s) {
+  ForStages(run, chs, [&](int64_t s) {
     at::NoGradGuard no_grad;
     std::optional<SummaryContext> summaries;
     std::optional<SummaryNameScope> scope;
@@ -209,12 +370,13 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
       summaries.emplace();
       if (!summary_scope.empty()) scope.emplace(summary_scope);
     }
+    const StageLinks io = Links(run, chs, s, s > 0 ? s - 1 : -1, s + 1 < run.stages ? s + 1 : -1);
     for (int64_t t = 0; t < run.m; ++t) {
-      at::Tensor xt = s == 0 ? xin.narrow(run.dim, t * run.size, run.size) : chs[s - 1]->Recv();
+      at::Tensor xt = s == 0 ? xin.narrow(run.dim, t * run.size, run.size) : io.recv();
       run.stage_inputs[s][t] = xt;
       at::Tensor y = RunStage(run, s, thetas, xt, t);
       if (s + 1 < run.stages) {
-        chs[s]->Send(y);
+        io.send(y);
       } else {
         outputs[t] = y;
       }
@@ -226,7 +388,7 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
     SummaryLoop micro_batches;
     for (auto& entries : stage_summaries) caller_summaries->RecordEntries(std::move(entries));
   }
-  return NestedMap{{"y", at::cat(outputs, run.dim)}};
+  return NestedMap{{"y", ShareFromStage(run, outputs, run.stages - 1)}};
 }
 
 // Disables the accumulators of the cells for its lifetime: the recompute must not count again;
@@ -244,12 +406,13 @@ struct AccumulatorsOff {
 // A backward stage's fresh leaves for its cells' weights, and their gradients summed over the
 // micro-batches.
 struct StageLeaves {
-  NestedValue::List leaves;       // by cell index (set for this stage's cells only)
+  NestedValue::List leaves;       // by held cell index (set for this stage's cells only)
   std::vector<at::Tensor> wrt_w;  // the leaves' tensors, flattened in cell order
   std::vector<at::Tensor> sums;   // their gradients summed so far (undefined: none yet)
 };
 
-// Fresh leaves for the weights of cells [first, end); their gradients sum over micro-batches.
+// Fresh leaves for the weights of held cells [first, end); their gradients sum over
+// micro-batches.
 StageLeaves MakeStageLeaves(const NestedValue::List& thetas, int64_t first, int64_t end) {
   StageLeaves w;
   w.leaves = NestedValue::List(thetas.size());
@@ -296,7 +459,7 @@ at::Tensor RecomputeMicroBatch(const PipelineRun& run, int64_t s, int64_t t, con
   return gx;
 }
 
-// The gradients of cells [first, end) in their weights' structure (zeros where none flowed).
+// The gradients of held cells [first, end) in their weights' structure (zeros where none flowed).
 void PackStageGradients(const StageLeaves& w, int64_t first, int64_t end,
                         std::vector<NestedValue>& d_cells) {
   size_t k = 0;
@@ -318,29 +481,33 @@ struct BackwardPass {
   const at::Tensor& dy;
   std::vector<std::unique_ptr<Channel>>& chs;  // chs[s]: stage s + 1 -> s
   std::vector<at::Tensor>& dx;                 // per micro-batch
-  std::vector<NestedValue>& d_cells;
+  std::vector<NestedValue>& d_cells;           // per held cell
 };
 
 // Stage s of the backward pass: recomputes its micro-batches, last first, passing the input
 // gradients back, then packs its cells' weight gradients into p.d_cells.
 void BackwardStage(const BackwardPass& p, int64_t s) {
   const PipelineRun& run = p.run;
+  const PipelineCells& pc = *run.cells;
   at::AutoGradMode grad_mode(true);
-  const int64_t first = s == 0 ? 0 : run.ends[s - 1];
-  StageLeaves w = MakeStageLeaves(p.thetas, first, run.ends[s]);
+  const int64_t held = pc.placement.first;
+  const int64_t first = (s == 0 ? 0 : pc.ends[s - 1]) - held, end = pc.ends[s] - held;
+  StageLeaves w = MakeStageLeaves(p.thetas, first, end);
   AccumulatorsOff accumulators_off(
-      std::vector<BaseLayer*>(run.cells.begin() + first, run.cells.begin() + run.ends[s]));
+      std::vector<BaseLayer*>(pc.cells.begin() + first, pc.cells.begin() + end));
+  const StageLinks io =
+      Links(run, p.chs, s, s + 1 < run.stages ? s + 1 : -1, s > 0 ? s - 1 : -1);
   for (int64_t t = run.m - 1; t >= 0; --t) {
     at::Tensor dyt =
-        s + 1 == run.stages ? p.dy.narrow(run.dim, t * run.size, run.size) : p.chs[s]->Recv();
+        s + 1 == run.stages ? p.dy.narrow(run.dim, t * run.size, run.size) : io.recv();
     at::Tensor gx = RecomputeMicroBatch(run, s, t, dyt, w);
     if (s > 0) {
-      p.chs[s - 1]->Send(gx);
+      io.send(gx);
     } else {
       p.dx[t] = gx;
     }
   }
-  PackStageGradients(w, first, run.ends[s], p.d_cells);
+  PackStageGradients(w, first, end, p.d_cells);
 }
 
 // The backward pass: the pipeline in reverse, gradients flowing back over channels; returns the
@@ -349,44 +516,41 @@ NestedMap PipelineBackward(PipelineRun& run, const NestedMap& in, const NestedMa
   const auto& thetas = in.at("cells").AsList();
   const at::Tensor dy = dys.GetTensor("y");
   std::vector<at::Tensor> dx(run.m);
-  std::vector<NestedValue> d_cells(run.cells.size());
+  std::vector<NestedValue> d_cells(run.cells->cells.size());
   auto chs = MakeChannels(run, true);  // chs[s]: stage s + 1 -> s
   const BackwardPass pass{run, thetas, dy, chs, dx, d_cells};
-  RunStages(run.stages, chs, [&](int64_t s) { BackwardStage(pass, s); });
+  ForStages(run, chs, [&](int64_t s) { BackwardStage(pass, s); });
   for (auto& per_stage : run.stage_inputs) {
     for (auto& t : per_stage) t = at::Tensor();  // the boundaries are not needed any more
   }
   NestedMap dxs;
   dxs.Set("cells", NestedValue::List(d_cells.begin(), d_cells.end()));
-  dxs.Set("x", at::cat(dx, run.dim));
+  dxs.Set("x", ShareFromStage(run, dx, 0));
   return dxs;
 }
 
 }  // namespace
 
-at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
-                                  const at::Tensor& paddings) const {
-  const int64_t dim = batch_dim_;
-  if (dim < 0 || dim >= inputs.dim()) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': batch_dim ", dim,
-                                      " is out of range for inputs of rank ", inputs.dim()));
+at::Tensor PipelineFProp(const PipelineCells& cells, const NestedValue& cells_theta,
+                         const at::Tensor& x, const at::Tensor& paddings) {
+  const std::string& path = cells.owner->path();
+  const int64_t dim = cells.batch_dim;
+  if (dim < 0 || dim >= x.dim()) {
+    throw InvalidArgumentError(StrCat("layer '", path, "': batch_dim ", dim,
+                                      " is out of range for inputs of rank ", x.dim()));
   }
-  const int64_t batch = inputs.size(dim);
-  const auto [m, size] = MicroBatches(path(), batch, num_micro_batches_, micro_batch_size_);
+  const int64_t batch = x.size(dim);
+  const auto [m, size] = MicroBatches(path, batch, cells.num_micro_batches, cells.micro_batch_size);
   if (paddings.defined() && (dim != 0 || paddings.size(0) != batch)) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must have the batch (", batch,
+    throw InvalidArgumentError(StrCat("layer '", path, "': paddings must have the batch (", batch,
                                       ") as dim 0, with batch_dim 0; got paddings of dim 0 size ",
                                       paddings.size(0), " and batch_dim ", dim));
   }
-  const int64_t stages = num_stages();
+  const int64_t stages = static_cast<int64_t>(cells.ends.size());
 
   // Shared by fwd and bak: bak runs in the backward pass, after this call has returned.
   auto run = std::make_shared<PipelineRun>();
-  run->layer = this;
-  run->cells = cells_;
-  run->blocks = blocks_;
-  run->cell_seeds = cell_seeds_;
-  run->ends = ends_;
+  run->cells = &cells;
   run->stages = stages;
   run->m = m;
   run->size = size;
@@ -397,7 +561,7 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
     run->paddings.push_back(paddings.defined() ? paddings.narrow(0, t * size, size)
                                                : at::Tensor());
   }
-  const at::Tensor x = CastToFPropDtype(inputs);
+  run->whole_shape = x.sizes().vec();
   run->micro_shape = x.sizes().vec();
   run->micro_shape[dim] = size;
   run->dtype = x.scalar_type();
@@ -407,9 +571,14 @@ at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
     return PipelineBackward(*run, in, dys);
   };
   NestedMap xs;
-  xs.Set("cells", theta.at("cells"));
+  xs.Set("cells", cells_theta);
   xs.Set("x", x);
   return CallWithCustomGradient(fwd, bak, xs).GetTensor("y");
+}
+
+at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
+                                  const at::Tensor& paddings) const {
+  return PipelineFProp(pipe_, theta.at("cells"), CastToFPropDtype(inputs), paddings);
 }
 
 GLOSSA_REGISTER_CLASS(PipeliningLayer, "glossa.layers.PipeliningLayer");

@@ -11,6 +11,16 @@
 // differ per micro-batch and replay exactly in the backward pass. Accumulators count once per
 // micro-batch (they are disabled while the backward recomputes).
 //
+// Stages on ranks (GPipe across processes and hosts): built inside a MeshAxisScope("pipe", axis)
+// whose axis has one rank per stage (glossa train --mesh=pipe:S), the pipeline builds only the
+// cells of stage axis->index() (the others' variables live on their ranks: RemoteScopes) and runs
+// that stage alone: micro-batch activations arrive from the previous rank and go to the next by
+// the axis's send/recv (the cross-process form of Lingvo's Channel), their gradients travel back
+// the same way, the last stage's output is broadcast to every rank and the first stage's input
+// gradient likewise, so the layers around the pipeline run replicated on every rank. The same
+// model in one process (no axis) builds every cell and runs the stages on threads: export,
+// eval and decode read the ranks' checkpoint as one model.
+//
 //   auto p = PipeliningLayer::Params();
 //   p.Set("name", "pipe").Set("cell_tpl", cells).Set("num_stages", 4).Set("num_micro_batches", 4);
 //   at::Tensor y = pipe->FProp(pipe->theta(), x, paddings);
@@ -26,9 +36,49 @@
 
 namespace glossa {
 
+class MeshAxis;
+
 // Cell end indices (exclusive) of `stages` stages over `cells` cells, split as evenly as they go
 // (the first stages take one more when they do not divide).
 std::vector<int64_t> EvenStageEnds(int64_t cells, int64_t stages);
+// Stage end indices from GPipe's `splits`: an int (that many stages, cells split evenly) or a
+// list of increasing end indices whose last is `cells`; InvalidArgument naming `where` otherwise.
+std::vector<int64_t> StageEndsFromSplits(const std::string& where, const ParamValue& splits,
+                                         int64_t cells);
+
+// Which cells of a pipeline with stage ends `ends` this process builds: every one (no 'pipe'
+// mesh axis on this thread, or one of size 1), or on a pipe axis of one rank per stage, the
+// cells of stage axis->index(). FailedPrecondition naming `where` when the axis has another size.
+struct StagePlacement {
+  MeshAxis* axis = nullptr;  // null: every stage in this process
+  int64_t stage = 0, first = 0, end = 0;  // this rank's stage and its cells [first, end)
+};
+StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends);
+
+// `cells` (a list of layer Params) with every unnamed entry named as CreateChildren would name it
+// (<prefix>_<uid>), so that a stage's sublist builds its cells under their whole-pipeline names.
+ParamValue::List NameCells(const ParamValue::List& cells, const std::string& prefix);
+
+// The pipeline engine (PipeliningLayer and TransformerStack's splits): the cells this process
+// holds, their blocks and seeds, the stages and the micro-batching.
+struct PipelineCells {
+  const BaseLayer* owner = nullptr;  // for its path in errors and channel names
+  std::vector<BaseLayer*> cells;     // cells [placement.first, placement.end)
+  std::vector<const Block*> blocks;
+  std::vector<int64_t> seeds;        // GenerateSeedFromName(cell path)
+  std::vector<int64_t> ends;         // every stage's cell end index
+  StagePlacement placement;
+  int64_t num_micro_batches = 1, batch_dim = 0;
+  std::optional<int64_t> micro_batch_size;
+  // Randomness of micro-batch t of m: false, Lingvo's GPipe (the overwrite global step
+  // global_step · m + t); true, its rows of the masks the whole batch would draw
+  // (BatchShardScope), so that pipelining leaves a stack's math as it was.
+  bool masks_follow_rows = false;
+};
+// Runs x (and paddings, [B, T] or undefined) through the cells as a pipeline, with GPipe's
+// backward (recompute from the stage inputs). `cells_theta`: the held cells' thetas, in order.
+at::Tensor PipelineFProp(const PipelineCells& cells, const NestedValue& cells_theta,
+                         const at::Tensor& x, const at::Tensor& paddings);
 
 // A Block itself: a pipeline can be a block of a SequentialLayer, say.
 class PipeliningLayer : public BaseLayer, public Block {
@@ -51,17 +101,14 @@ class PipeliningLayer : public BaseLayer, public Block {
     return "a pipeline's stage threads and recompute do not nest in a replaying container";
   }
 
-  int64_t num_stages() const { return static_cast<int64_t>(ends_.size()); }
+  int64_t num_stages() const { return static_cast<int64_t>(pipe_.ends.size()); }
   // Cell end index (exclusive) of each stage.
-  const std::vector<int64_t>& stage_ends() const { return ends_; }
+  const std::vector<int64_t>& stage_ends() const { return pipe_.ends; }
+  // The cells this process holds (all, or on a pipe axis its stage's).
+  const StagePlacement& placement() const { return pipe_.placement; }
 
  private:
-  std::vector<BaseLayer*> cells_;
-  std::vector<const Block*> blocks_;
-  std::vector<int64_t> cell_seeds_;
-  std::vector<int64_t> ends_;
-  int64_t num_micro_batches_, batch_dim_;
-  std::optional<int64_t> micro_batch_size_;
+  PipelineCells pipe_;
 };
 
 }  // namespace glossa

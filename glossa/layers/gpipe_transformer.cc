@@ -20,32 +20,8 @@ glossa::Params ExpandTransformerStack(const glossa::Params& p) {
   ParamValue::List cells;
   for (auto& l : TransformerStack::LayerParams(p)) cells.push_back(ParamValue(std::move(l)));
   out.Set("cell_tpl", cells);
-  const ParamValue& splits = p.Get("splits");
   ParamValue::List ends;
-  if (splits.is_list()) {
-    if (splits.AsList().empty()) throw InvalidArgumentError(StrCat(where, ": splits is empty"));
-    int64_t prev = 0;
-    for (const auto& e : splits.AsList()) {
-      const int64_t end = e.AsInt();
-      if (end <= prev) {
-        throw InvalidArgumentError(
-            StrCat(where, ": splits must be increasing and > 0, got ", end, " after ", prev));
-      }
-      prev = end;
-      ends.push_back(ParamValue(end));
-    }
-    if (prev != n) {
-      throw InvalidArgumentError(
-          StrCat(where, ": the last split must equal num_layers ", n, ", got ", prev));
-    }
-  } else {
-    const int64_t stages = splits.AsInt();
-    if (stages <= 0 || stages > n) {
-      throw InvalidArgumentError(
-          StrCat(where, ": splits must be in [1, num_layers ", n, "], got ", stages));
-    }
-    for (int64_t e : EvenStageEnds(n, stages)) ends.push_back(ParamValue(e));
-  }
+  for (int64_t e : StageEndsFromSplits(where, p.Get("splits"), n)) ends.push_back(ParamValue(e));
   out.Set("stage_ends", ends);
   return out;
 }

@@ -67,4 +67,10 @@ void MeshAxis::RecvFrom(at::Tensor& out, int src) {
                                   ") has no point-to-point recv (from rank ", src, ")"));
 }
 
+void MeshAxis::Broadcast(at::Tensor& t, int root) {
+  (void)t;
+  throw UnimplementedError(StrCat("this mesh axis (", typeid(*this).name(),
+                                  ") has no broadcast (from rank ", root, ")"));
+}
+
 }  // namespace glossa

@@ -29,6 +29,9 @@ class MeshAxis {
   // The default: UnimplementedError naming the axis kind.
   virtual void SendTo(const at::Tensor& t, int dst);
   virtual void RecvFrom(at::Tensor& out, int src);
+  // Rank `root`'s `t` (contiguous, the same shape and dtype on every rank) everywhere, in place:
+  // what a pipeline's last stage hands its output to every rank with.
+  virtual void Broadcast(at::Tensor& t, int root);
 };
 
 // The axis named `name` on this thread (innermost MeshAxisScope), or null.

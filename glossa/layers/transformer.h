@@ -205,6 +205,16 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
 // uses template i / (num_layers / len)), then an optional final layer norm. The stack's fields
 // set the corresponding template fields of every layer when given (mdl_dim > 0, hidden_dim > 0,
 // num_atten_heads > 0, dropout_prob not None); mask_self_atten and has_aux_atten always do.
+//
+// splits > 1 pipelines the layers as GPipe does (gpipe.h: that many stages, num_micro_batches
+// micro-batches, recomputation in the backward), on threads in one process or, on a mesh's
+// 'pipe' axis, one stage per rank (glossa train --mesh=pipe:S): a rank then builds and trains
+// only its stage's layers. Pipelining leaves the math as it was: every layer draws its dropout
+// masks from its own seed, and a micro-batch draws its rows of the whole batch's masks, so any
+// splits and micro-batching give the same outputs and gradients as splits 1 (up to float
+// rounding) and the same checkpoint names; decoding and export take the whole stack (one
+// process).
+struct PipelineCells;
 class TransformerStack : public BaseLayer, public Block, public StepLayer {
  public:
   // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
@@ -218,7 +228,7 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + num_layers, mdl_dim, hidden_dim, num_atten_heads, dropout_prob, mask_self_atten,
   // has_aux_atten, input_dropout_prob, final_layer_norm (True), ln_tpl,
-  // transformer_layer_params_tpl.
+  // transformer_layer_params_tpl, splits (1), num_micro_batches (1).
   static glossa::Params Params();
   // Defines the fields LayerParams reads (every field above but input_dropout_prob,
   // final_layer_norm and ln_tpl), for other stacks of TransformerLayers (GPipeTransformerStack).
@@ -265,11 +275,17 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
                            const std::vector<std::string>& caches,
                            const std::vector<std::string>& sources,
                            std::vector<std::string>* new_caches) const;
+  // The layers this process holds (all of them, or on a pipe rank its stage's).
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t model_dim() const { return model_dim_; }
+  ~TransformerStack() override;
 
  private:
+  // FailedPrecondition naming `what` on a pipe rank, which holds only its stage's layers.
+  void CheckWhole(const char* what) const;
   int64_t model_dim_;
+  std::unique_ptr<PipelineCells> pipe_;  // splits > 1
+  std::vector<int64_t> layer_seeds_;     // GenerateSeedFromName(layer path)
   Child<DropoutLayer> input_dropout_;
   std::vector<Child<TransformerLayer>> layers_;
   Child<LayerNorm> final_ln_;

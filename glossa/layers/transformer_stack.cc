@@ -5,7 +5,9 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/block.h"
+#include "glossa/core/step_seed.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/gpipe.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
 #include "glossa/layers/transformer.h"
@@ -25,6 +27,11 @@ glossa::Params TransformerStack::Params() {
   p.Define("ln_tpl", LayerNorm::Params(), "The final layer norm's params.");
   p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
            "Params of the input dropout (keep_prob is set from input_dropout_prob).");
+  p.Define("splits", 1,
+           "GPipe stages of the layers: an int (that many, layers split evenly; 1: no pipeline) "
+           "or a list of increasing layer end indices whose last is num_layers. On a mesh's "
+           "'pipe' axis each rank holds one stage.");
+  p.Define("num_micro_batches", 1, "Micro-batches a pipelined batch is split into.");
   return p;
 }
 
@@ -112,12 +119,57 @@ std::vector<glossa::Params> TransformerStack::LayerParams(const glossa::Params& 
   return layers;
 }
 
+TransformerStack::~TransformerStack() = default;
+
 TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
   ParamValue::List layers;
   for (auto& l : LayerParams(p)) layers.push_back(ParamValue(std::move(l)));
   input_dropout_ =
       CreateChild<DropoutLayer>("input_dropout", DropoutParams(p, "input_dropout_prob"));
-  layers_ = CreateChildren<TransformerLayer>("x_layers", layers);
+  const int64_t n = static_cast<int64_t>(layers.size());
+  const std::string where = StrCat("layer '", path(), "'");
+  const std::vector<int64_t> ends = StageEndsFromSplits(where, p.Get("splits"), n);
+  StagePlacement place;
+  place.end = n;
+  if (ends.size() > 1) {
+    if (p.GetBool("has_aux_atten")) {
+      throw InvalidArgumentError(StrCat(where, ": pipelined layers (splits ", ends.size(),
+                                        ") take no cross-attention inputs (has_aux_atten)"));
+    }
+    if (p.GetInt("num_micro_batches") <= 0) {
+      throw InvalidArgumentError(StrCat(where, ": num_micro_batches must be > 0"));
+    }
+    place = PlaceStages(where, ends);
+  }
+  const ParamValue::List named = NameCells(layers, "x_layers");
+  {
+    std::optional<VariableCollectionScope> stage_vars;
+    if (place.axis != nullptr) stage_vars.emplace(kPipelineStageCollection);
+    layers_ = CreateChildren<TransformerLayer>(
+        "x_layers", ParamValue::List(named.begin() + place.first, named.begin() + place.end));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (i < place.first || i >= place.end) {
+      DeclareRemoteScope(named[i].AsParams().GetString("name"));
+    }
+  }
+  if (ends.size() > 1) {
+    pipe_ = std::make_unique<PipelineCells>();
+    pipe_->owner = this;
+    pipe_->ends = ends;
+    pipe_->placement = place;
+    pipe_->num_micro_batches = p.GetInt("num_micro_batches");
+    pipe_->masks_follow_rows = true;
+  }
+  if (pipe_) pipe_->cells = GetChildren("x_layers");
+  for (const auto& layer : layers_) {
+    if (pipe_) {
+      pipe_->blocks.push_back(&AsBlock(*layer, StrCat("pipeline '", path(), "'")));
+      CheckReplayable(*layer, StrCat("pipeline '", path(), "'"));
+    }
+    layer_seeds_.push_back(GenerateSeedFromName(layer->path()));
+  }
+  if (pipe_) pipe_->seeds = layer_seeds_;
   model_dim_ = layers_.front()->params().GetInt("input_dim");
   for (size_t i = 1; i < layers_.size(); ++i) {
     const int64_t d = layers_[i]->params().GetInt("input_dim");
@@ -147,14 +199,33 @@ at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inp
                                    const at::Tensor& paddings, const at::Tensor& aux_vecs,
                                    const at::Tensor& aux_paddings) const {
   at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
-  for (const auto& layer : layers_) {
-    x = layer->FProp(layer.Theta(theta), x, paddings, aux_vecs, aux_paddings).first;
+  if (pipe_) {
+    x = PipelineFProp(*pipe_, theta.at("x_layers"), x, paddings);
+  } else {
+    // Each layer from its own step seed, as a pipeline stage runs it (the masks do not depend on
+    // splits); the thread's step seed is left as it was.
+    const int64_t seed = GetStepSeed();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      ResetStepSeed(layer_seeds_[i]);
+      x = layers_[i]->FProp(layers_[i].Theta(theta), x, paddings, aux_vecs, aux_paddings).first;
+    }
+    ResetStepSeed(seed);
   }
   if (final_ln_) x = final_ln_->FProp(final_ln_.Theta(theta), x);
   return x;
 }
 
+void TransformerStack::CheckWhole(const char* what) const {
+  if (pipe_ && pipe_->placement.axis != nullptr) {
+    throw FailedPreconditionError(StrCat(
+        "layer '", path(), "': ", what, " needs every layer, but this rank holds only pipeline "
+        "stage ", pipe_->placement.stage, "'s (layers ", pipe_->placement.first, "-",
+        pipe_->placement.end - 1, "); decode and export the trained checkpoint in one process"));
+  }
+}
+
 NestedMap TransformerStack::InitStates(int64_t batch_size, at::ScalarType dtype) const {
+  CheckWhole("incremental decoding");
   NestedMap states;
   NestedValue::List per_layer;
   for (const auto& layer : layers_) per_layer.push_back(layer->InitStates(batch_size, dtype));
@@ -186,6 +257,7 @@ std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(const NestedMap& t
 
 NestedMap TransformerStack::PrecomputeAux(const NestedMap& theta,
                                           const at::Tensor& aux_vecs) const {
+  CheckWhole("incremental decoding");
   NestedValue::List per_layer;
   for (const auto& layer : layers_) {
     per_layer.push_back(aux_vecs.defined() ? layer->PrecomputeAux(layer.Theta(theta), aux_vecs)
@@ -254,6 +326,7 @@ NestedMap TransformerStack::FPropMapImpl(const NestedMap& theta, const NestedMap
 // Every layer in turn (weights prefixed l<i>_), then the final layer norm.
 void TransformerStack::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
                                        const std::string& out, const std::string& prefix) const {
+  CheckWhole("TorchScript export");
   std::string x = in;
   for (size_t i = 0; i < layers_.size(); ++i) {
     layers_[i]->EmitTorchScript(w, x, out, StrCat(prefix, "l", i, "_"));
@@ -264,6 +337,7 @@ void TransformerStack::EmitTorchScript(TorchScriptWriter& w, const std::string& 
 
 std::string TransformerStack::EmitOnnx(OnnxGraph& g, const std::string& in,
                                        const std::string& prefix) const {
+  CheckWhole("ONNX export");
   std::string x = in;
   for (size_t i = 0; i < layers_.size(); ++i) {
     x = layers_[i]->EmitOnnx(g, x, StrCat(prefix, "l", i, "_"));

@@ -108,6 +108,10 @@ inline constexpr const char* kSkipLpRegularizationCollection = "skip_lp_regulari
 // glossa/layers/mesh.h): data parallelism neither averages its gradient nor broadcasts its value,
 // and the global gradient norm sums its squares over the ranks.
 inline constexpr const char* kExpertShardedCollection = "expert_sharded";
+// A variable of a pipeline stage's cells built on this rank alone (glossa/layers/gpipe.h, stages
+// on a 'pipe' mesh axis): whole, not split; data parallelism does not average its gradient nor
+// broadcast its value, and the global gradient norm sums its squares over the ranks.
+inline constexpr const char* kPipelineStageCollection = "pipeline_stage";
 // Non-trainable statistics that exponential moving averages also track (batch-norm moving stats).
 inline constexpr const char* kMovingVarsCollection = "moving_vars";
 

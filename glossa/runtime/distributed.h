@@ -130,6 +130,7 @@ class DistributedMeshAxis : public MeshAxis {
   }
   void SendTo(const at::Tensor& t, int dst) override { group_.Send(t, dst); }
   void RecvFrom(at::Tensor& out, int src) override { group_.Recv(out, src); }
+  void Broadcast(at::Tensor& t, int root) override { group_.Broadcast({t}, root); }
   // Exchanges so far, the bytes this rank passed to them (its whole input, its own block
   // included), and the largest input.
   int64_t exchanges() const { return exchanges_; }
