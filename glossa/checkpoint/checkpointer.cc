@@ -144,8 +144,21 @@ std::optional<int64_t> CheckedGlobalStep(const SafetensorsContents& ckpt,
   return step;
 }
 
-int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
+int64_t RestoreCheckpoint(const SafetensorsContents& whole, BaseModel& model,
                           ExponentialMovingAverage* ema) {
+  // A pipeline stage's model: the other stages' tensors (variables, slots, averages) are theirs.
+  const std::vector<std::string> remote = model.RemoteScopes();
+  SafetensorsContents own;
+  if (!remote.empty()) {
+    own.metadata = whole.metadata;
+    for (const auto& [name, t] : whole.tensors) {
+      const bool theirs = std::any_of(remote.begin(), remote.end(), [&](const std::string& s) {
+        return name.size() > s.size() && name.compare(0, s.size(), s) == 0 && name[s.size()] == '/';
+      });
+      if (!theirs) own.tensors.emplace(name, t);
+    }
+  }
+  const SafetensorsContents& ckpt = remote.empty() ? whole : own;
   const std::optional<int64_t> step =
       RestoreForEval(ckpt, model, ema, /*missing_shadows_from_variables=*/true);
   if (!step) throw DataLossError("checkpoint has no global_step");
@@ -406,7 +419,8 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
   const CheckpointState state = ReadOrRebuildState(train_dir_, state_path, log);
   if (!state.model_checkpoint_path.empty()) {
     const Restored r = RestoreFirstGood(RestoreCandidates(state, train_dir_), train_dir_, model_,
-                                        ema_, Shards{shard_names_, shard_index_, shard_count_});
+                                        ema_, Shards{shard_names_, shard_index_,
+                                                     shards_whole_ ? 1 : shard_count_});
     step = r.step;
     restored_prefix_ = JoinPath(train_dir_, r.name);
     RepairStateFile(state, r, train_dir_, state_path, clock_, log);
@@ -472,10 +486,11 @@ bool Checkpointer::SaveIfNew(int64_t global_step, bool healthy) {
   return true;
 }
 
-void Checkpointer::SetShards(std::vector<std::string> names, int index, int count) {
+void Checkpointer::SetShards(std::vector<std::string> names, int index, int count, bool whole) {
   shard_names_ = std::move(names);
   shard_index_ = index;
   shard_count_ = count;
+  shards_whole_ = whole;
 }
 
 void Checkpointer::Save(int64_t global_step, bool healthy) {

@@ -45,7 +45,8 @@ std::optional<int64_t> RestoreForEval(const SafetensorsContents& ckpt, BaseModel
 // prefix's name when it is "ckpt-<N>". DataLoss naming the checkpoint otherwise (absent: nullopt).
 std::optional<int64_t> CheckedGlobalStep(const SafetensorsContents& ckpt, const std::string& prefix);
 
-// RestoreForEval plus the learner slots; returns the global step (DataLoss when absent).
+// RestoreForEval plus the learner slots; returns the global step (DataLoss when absent). Tensors
+// under the model's RemoteScopes (other pipeline stages') are left out.
 int64_t RestoreCheckpoint(const SafetensorsContents& ckpt, BaseModel& model,
                           ExponentialMovingAverage* ema);
 
@@ -87,7 +88,10 @@ class Checkpointer {
   // `count` along dim 0 (kExpertShardedCollection). Restores cut that block from the whole
   // checkpoint (saver.h: SliceShards, any mesh's checkpoint); Save leaves them out of the chief's
   // file, which it marks sharded_ranks = count (the ranks have written them with SaveRankShard).
-  void SetShards(std::vector<std::string> names, int index, int count);
+  // `whole`: the variables are whole on this rank (a pipeline stage's, kPipelineStageCollection),
+  // written by rank `index` of `count` and restored as they are; the other ranks' stages in the
+  // checkpoint are left to them (RestoreCheckpoint drops what the model's RemoteScopes hold).
+  void SetShards(std::vector<std::string> names, int index, int count, bool whole = false);
   // The checkpoint RestoreOrInitialize restored ("" when none).
   const std::string& restored_prefix() const { return restored_prefix_; }
   const std::string& train_dir() const { return train_dir_; }
@@ -111,6 +115,7 @@ class Checkpointer {
   std::string restored_prefix_;
   std::vector<std::string> shard_names_;
   int shard_index_ = 0, shard_count_ = 1;
+  bool shards_whole_ = false;
   BaseModel& model_;
   ExponentialMovingAverage* ema_;
   std::function<double()> clock_;

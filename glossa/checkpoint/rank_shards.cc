@@ -22,14 +22,15 @@ std::string RankShardPath(const std::string& prefix, int rank, int ranks) {
 }
 
 void SaveRankShard(const std::string& prefix, int rank, int ranks,
-                   const std::map<std::string, at::Tensor>& tensors) {
+                   const std::map<std::string, at::Tensor>& tensors, bool whole) {
   if (ranks < 1 || rank < 0 || rank >= ranks) {
     throw InvalidArgumentError(StrCat("SaveRankShard: rank ", rank, " of ", ranks));
   }
   SaveSafetensors(RankShardPath(prefix, rank, ranks), tensors,
                   {{"format_version", kCheckpointFormatVersion},
                    {"rank", StrCat(rank)},
-                   {"ranks", StrCat(ranks)}});
+                   {"ranks", StrCat(ranks)},
+                   {"layout", whole ? "whole" : "blocks"}});
 }
 
 bool IsShardTensor(const std::string& name, const std::vector<std::string>& sharded) {
@@ -56,7 +57,9 @@ void SliceShards(SafetensorsContents& contents, const std::vector<std::string>& 
 
 void MergeRankShards(const std::string& prefix, int ranks, SafetensorsContents& c) {
   std::map<std::string, std::vector<at::Tensor>> pieces;
+  std::map<std::string, int> owner;  // whole tensors: the rank whose file holds them
   std::vector<std::string> names;  // rank 0's, in order
+  std::string layout0;
   for (int r = 0; r < ranks; ++r) {
     const std::string path = RankShardPath(prefix, r, ranks);
     if (!FileExists(path)) {
@@ -71,6 +74,30 @@ void MergeRankShards(const std::string& prefix, int ranks, SafetensorsContents& 
     if (meta("rank") != StrCat(r) || meta("ranks") != StrCat(ranks)) {
       throw DataLossError(StrCat(path, ": its metadata says rank ", meta("rank"), " of ",
                                  meta("ranks"), ", not ", r, " of ", ranks));
+    }
+    // Files before the layout key hold blocks.
+    const std::string layout = meta("layout") == "(none)" ? "blocks" : meta("layout");
+    if (layout != "blocks" && layout != "whole") {
+      throw DataLossError(StrCat(path, ": unknown layout '", layout, "'"));
+    }
+    if (r == 0) layout0 = layout;
+    if (layout != layout0) {
+      throw DataLossError(StrCat(path, ": layout '", layout, "', but rank 0's file has '",
+                                 layout0, "'"));
+    }
+    if (layout == "whole") {
+      for (auto& [name, t] : s.tensors) {
+        if (c.tensors.count(name)) {
+          throw DataLossError(StrCat(path, ": '", name, "' is also in the chief's file of ", prefix));
+        }
+        if (auto it = owner.find(name); it != owner.end()) {
+          throw DataLossError(StrCat(path, ": '", name, "' is also in rank ", it->second,
+                                     "'s file"));
+        }
+        owner[name] = r;
+        pieces[name].push_back(t);
+      }
+      continue;
     }
     std::vector<std::string> mine;
     for (auto& [name, t] : s.tensors) {

@@ -131,10 +131,13 @@ std::string ResolveCheckpoint(const std::string& given, const std::string& train
 // and the state file, so one whose ranks did not all finish never is. LoadCheckpoint then
 // concatenates every sharded tensor's pieces in rank order: a sharded checkpoint loads as the
 // whole model, which SliceShards cuts for any other mesh (re-meshing), or not at all (export).
+// A pipeline's ranks each hold whole variables of their own stage instead: their files are
+// marked `whole` (metadata layout = whole) and their tensors, which no other file may hold, join
+// the checkpoint as they are.
 inline constexpr const char* kShardedRanksMetadata = "sharded_ranks";
 std::string RankShardPath(const std::string& prefix, int rank, int ranks);
 void SaveRankShard(const std::string& prefix, int rank, int ranks,
-                   const std::map<std::string, at::Tensor>& tensors);
+                   const std::map<std::string, at::Tensor>& tensors, bool whole = false);
 // Whether tensor `name` is one of the variables `sharded` or under one ("<variable>/..." slots and
 // averages).
 bool IsShardTensor(const std::string& name, const std::vector<std::string>& sharded);

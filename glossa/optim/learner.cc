@@ -37,7 +37,8 @@ std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model) {
     const auto& c = info.params.collections;
     out.push_back({info.full_name, value, info.trainable,
                    std::find(c.begin(), c.end(), kSkipLpRegularizationCollection) != c.end(),
-                   std::find(c.begin(), c.end(), kExpertShardedCollection) != c.end()});
+                   std::find(c.begin(), c.end(), kExpertShardedCollection) != c.end(),
+                   std::find(c.begin(), c.end(), kPipelineStageCollection) != c.end()});
   }
   return out;
 }
@@ -211,7 +212,7 @@ std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
   std::vector<at::Tensor> grads;
   if (sync) {
     std::vector<bool> sharded;
-    for (const auto& v : selected) sharded.push_back(v.expert_sharded);
+    for (const auto& v : selected) sharded.push_back(v.rank_local());
     sync->SetSharded(sharded);
   }
   bool overlap = sync && sync->overlaps();
@@ -235,7 +236,7 @@ std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
       grads[i] = at::zeros_like(selected[i].value);
     }
     var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach(),
-                         selected[i].expert_sharded});
+                         selected[i].rank_local()});
   }
   if (sync) {
     std::vector<at::Tensor> to_reduce;

@@ -38,6 +38,10 @@ struct LearnerVariable {
   bool trainable = true;
   bool skip_lp_regularization = false;
   bool expert_sharded = false;  // kExpertShardedCollection: this rank's experts only
+  bool pipeline_stage = false;  // kPipelineStageCollection: a layer of this rank's stage only
+  // Held by this rank alone (not replicated): its gradient is not averaged over the ranks, and
+  // the gradient norm sums its squares over them.
+  bool rank_local() const { return expert_sharded || pipeline_stage; }
 };
 // Every variable of a layer tree (trainable or not: the learner selects).
 std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model);

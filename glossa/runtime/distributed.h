@@ -148,11 +148,16 @@ class DistributedMeshAxis : public MeshAxis {
 // that share e form the data axis (replicas of the same experts, whose gradients they sum).
 // Dense variables are replicated on every rank and averaged over the world as in plain data
 // parallelism.
+//
+// GPipe's pipe axis (`--mesh=pipe:S`): rank s holds pipeline stage s of every pipelined layer
+// (gpipe.h) and every rank reads the same batches (the layers around the pipeline run
+// replicated). It does not combine with the other axes yet.
 struct MeshShape {
-  int data = 1, expert = 1;
+  int data = 1, expert = 1, pipe = 1;
 };
-// "data:D,expert:E" (either may be left out: 1). Empty: the expert axis over the whole world
-// (data 1). InvalidArgument naming --mesh for an unknown axis, a size < 1, or D·E != world_size.
+// "data:D,expert:E" (either may be left out: 1) or "pipe:S". Empty: the expert axis over the
+// whole world (data 1). InvalidArgument naming --mesh for an unknown axis, a size < 1, a pipe
+// axis with another, or a product other than world_size.
 MeshShape ParseMesh(const std::string& text, int world_size);
 
 class DistributedMesh {
@@ -166,14 +171,20 @@ class DistributedMesh {
   Distributed& expert_group() { return expert_group_ ? *expert_group_ : world_; }
   // The ranks sharing this rank's expert index; null when data is 1.
   Distributed* data_group() { return data_group_.get(); }
-  DistributedMeshAxis& expert_axis() { return *expert_axis_; }
+  // Null on a pipe mesh.
+  DistributedMeshAxis* expert_axis() { return expert_axis_.get(); }
+  // The pipe axis (the world, rank s = stage s); null unless pipe > 1.
+  DistributedMeshAxis* pipe_axis() { return pipe_axis_.get(); }
+  // How many ranks read different batches (data · expert), and which of them this one is.
+  int batch_shards() const { return shape_.data * shape_.expert; }
+  int batch_shard() const { return shape_.pipe > 1 ? 0 : data_index_ * shape_.expert + expert_index_; }
 
  private:
   Distributed& world_;
   MeshShape shape_;
   int data_index_ = 0, expert_index_ = 0;
   std::unique_ptr<Distributed> expert_group_, data_group_;
-  std::unique_ptr<DistributedMeshAxis> expert_axis_;
+  std::unique_ptr<DistributedMeshAxis> expert_axis_, pipe_axis_;
 };
 
 // The workers this thread's programs run over, as Lingvo's cluster_factory.Current(): the
@@ -209,8 +220,8 @@ class DataParallelGradientSync : public Learner::GradientSync {
   bool overlaps() const override { return overlap_; }
   void BeforeBackward(const std::vector<at::Tensor>& vars) override;
   void Reduce(std::vector<at::Tensor>& grads) override;
-  // Expert-sharded variables (kExpertShardedCollection) stay out of the buckets: their gradient
-  // is divided by the world size instead of averaged; the gradient norm sums their squares over
+  // Rank-local variables (kExpertShardedCollection, kPipelineStageCollection) stay out of the
+  // buckets: their gradient is divided by the world size (SetShardedScale) instead of averaged; the gradient norm sums their squares over
   // the ranks (one small allreduce, only when there are such variables).
   void SetSharded(const std::vector<bool>& sharded) override;
   double GlobalSquaredNorm(double replicated, double sharded) override;
@@ -221,6 +232,10 @@ class DataParallelGradientSync : public Learner::GradientSync {
     shard_norm_group_ = expert;
     shard_data_group_ = data;
   }
+  // What this rank's own gradients (of rank-local variables) are multiplied by: 1 / world for
+  // experts (the default; each sums every rank's tokens), 1 for pipeline stages (each rank's stage
+  // saw the whole batch).
+  void SetShardedScale(double scale) { sharded_scale_ = scale; }
 
   struct Stats {
     int64_t steps = 0;
@@ -237,6 +252,7 @@ class DataParallelGradientSync : public Learner::GradientSync {
   int64_t bucket_bytes_;
   bool overlap_;
   std::vector<bool> sharded_;
+  double sharded_scale_ = 1.0;
   Distributed* shard_norm_group_ = nullptr;
   Distributed* shard_data_group_ = nullptr;
   std::shared_ptr<Core> core_;

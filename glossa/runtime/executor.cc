@@ -239,21 +239,24 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   const std::string config_text = params_.ToText();
   if (dist != nullptr && dist->world_size() > 1) {
     CheckSameConfiguration(*dist, params_);
+    mesh_ = std::make_unique<DistributedMesh>(*dist, ParseMesh(options_.mesh, dist->world_size()));
+    // The ranks of a pipe axis read the same batches; data and expert ranks their own rows.
     for (const std::string& note :
-         ShardParamsForReplicas(params_, dist->world_size(), dist->rank())) {
+         ShardParamsForReplicas(params_, mesh_->batch_shards(), mesh_->batch_shard())) {
       if (chief_) Log(note);
     }
     for (auto& [name, p] : options_.dataset_params) {
-      ShardParamsForReplicas(p, dist->world_size(), dist->rank());
+      ShardParamsForReplicas(p, mesh_->batch_shards(), mesh_->batch_shard());
     }
   }
   const int64_t seed_uses = ProcessRandomSeedUses();
   {
-    std::optional<MeshAxisScope> expert_scope;
-    if (dist != nullptr && dist->world_size() > 1) {
-      mesh_ = std::make_unique<DistributedMesh>(*dist, ParseMesh(options_.mesh, dist->world_size()));
-      expert_axis_ = &mesh_->expert_axis();
-      expert_scope.emplace("expert", expert_axis_);
+    std::optional<MeshAxisScope> expert_scope, pipe_scope;
+    if (mesh_) {
+      expert_axis_ = mesh_->expert_axis();
+      pipe_axis_ = mesh_->pipe_axis();
+      if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
+      if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
       if (chief_ && mesh_->shape().data > 1) {
         Log(StrCat("mesh: data ", mesh_->shape().data, " x expert ", mesh_->shape().expert,
                    " (expert groups of ", mesh_->shape().expert, " ranks, each replicated ",
@@ -263,8 +266,23 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
     model_ = InstantiateLayer<BaseModel>(params_);
   }
   used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
+  int64_t stage_bytes = 0, stage_vars = 0;
   for (const auto& v : LearnerVariables(*model_)) {
-    if (v.expert_sharded) sharded_vars_.push_back(v.name);
+    if (v.rank_local()) sharded_vars_.push_back(v.name);
+    if (v.pipeline_stage) {
+      ++stage_vars;
+      stage_bytes += v.value.numel() * static_cast<int64_t>(v.value.element_size());
+    }
+  }
+  if (pipe_axis_) {
+    if (stage_vars == 0) {
+      throw InvalidArgumentError(StrCat(
+          "--mesh=", options_.mesh, ": the model has no pipelined layer to place on the ",
+          pipe_axis_->size(), " ranks (set splits: ", pipe_axis_->size(), " on its "
+          "TransformerStack, or use a PipeliningLayer / GPipeTransformerStack)"));
+    }
+    Log(StrCat("pipeline stage ", pipe_axis_->index(), " of ", pipe_axis_->size(), ": ", stage_vars,
+               " variables (", stage_bytes, " bytes) on this rank"));
   }
   ValidateTrainParams(*model_);
   train_dir_ = JoinPath(options_.logdir, "train");
@@ -282,7 +300,12 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   CreateDirectories(JoinPath(options_.logdir, "control"));
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
   if (!sharded_vars_.empty() && dist != nullptr) {
-    checkpointer_->SetShards(sharded_vars_, mesh_->expert_index(), mesh_->shape().expert);
+    if (pipe_axis_) {
+      checkpointer_->SetShards(sharded_vars_, pipe_axis_->index(), pipe_axis_->size(),
+                               /*whole=*/true);
+    } else {
+      checkpointer_->SetShards(sharded_vars_, mesh_->expert_index(), mesh_->shape().expert);
+    }
   }
   checkpointer_->SetStopRequested([this] { return stop_.load(); });
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
@@ -370,17 +393,22 @@ int64_t Executor::Run() {
   auto log = [this](const std::string& l) { Log(l); };
   Distributed* dist = options_.distributed;
   DistributedScope dist_scope(dist);
-  std::optional<MeshAxisScope> expert_scope;
+  std::optional<MeshAxisScope> expert_scope, pipe_scope;
   if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
+  if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
   if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
   if (dist != nullptr) {
     global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log, sharded_vars_,
                                       chief_ ? checkpointer_->restored_prefix() : "",
-                                      mesh_ ? mesh_->expert_index() : -1,
-                                      mesh_ ? mesh_->shape().expert : 0);
+                                      !mesh_ ? -1 : pipe_axis_ ? 0 : mesh_->expert_index(),
+                                      !mesh_ ? 0 : pipe_axis_ ? 1 : mesh_->shape().expert);
     syncs_.clear();
     InstallGradientSyncs(*dist, *model_, options_, syncs_);
+    // A stage's gradients are its layers' whole-batch gradients: not averaged, not scaled.
+    if (pipe_axis_) {
+      for (auto& s : syncs_) s->SetShardedScale(1.0);
+    }
     if (mesh_ && mesh_->data_group() != nullptr) {
       for (auto& s : syncs_) s->SetShardGroups(&mesh_->expert_group(), mesh_->data_group());
     }
@@ -408,7 +436,7 @@ int64_t Executor::Run() {
   {
     // Each rank's rows of the global batch draw their rows of one process's masks.
     std::optional<BatchShardScope> shard;
-    if (dist != nullptr && dist->world_size() > 1) shard.emplace(dist->rank(), dist->world_size());
+    if (mesh_ && mesh_->batch_shards() > 1) shard.emplace(mesh_->batch_shard(), mesh_->batch_shards());
     TrainLoops(run);
   }
   run.schedule.RunStop();
@@ -454,8 +482,12 @@ bool Executor::SaveCheckpoint(bool due, bool healthy) {
   for (auto& [name, t] : CheckpointTensors(*model_, ema_.get(), global_step_)) {
     if (IsShardTensor(name, sharded_vars_)) mine[name] = t;
   }
-  // One replica of each expert shard writes it: the ranks of data index 0.
-  if (mesh_->data_index() == 0) {
+  if (pipe_axis_) {
+    // Each stage's layers, whole.
+    SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), pipe_axis_->index(),
+                  pipe_axis_->size(), mine, /*whole=*/true);
+  } else if (mesh_->data_index() == 0) {
+    // One replica of each expert shard writes it: the ranks of data index 0.
     SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), mesh_->expert_index(),
                   mesh_->shape().expert, mine);
   }

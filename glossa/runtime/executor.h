@@ -104,10 +104,12 @@ class Executor {
   std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;
-  // With several ranks: the expert axis of GShard's mesh (all ranks), open while the model is
-  // built and trained; the variables sharded over it (kExpertShardedCollection), if any.
+  // With several ranks: the mesh, its expert axis (GShard) or pipe axis (GPipe), open while the
+  // model is built and trained; the variables held by this rank alone (kExpertShardedCollection,
+  // kPipelineStageCollection), if any.
   std::unique_ptr<DistributedMesh> mesh_;
   DistributedMeshAxis* expert_axis_ = nullptr;
+  DistributedMeshAxis* pipe_axis_ = nullptr;
   std::vector<std::string> sharded_vars_;
   std::string train_dir_;
   bool chief_ = true;

@@ -81,6 +81,7 @@ DataParallelGradientSync::DataParallelGradientSync(Distributed& dist, int64_t bu
       core_(std::make_shared<Core>()) {
   core_->pg = dist.impl_->pg;
   core_->scale = at::scalar_tensor(1.0 / dist.world_size(), at::kFloat);
+  sharded_scale_ = 1.0 / dist.world_size();
 }
 
 DataParallelGradientSync::~DataParallelGradientSync() {
@@ -213,7 +214,7 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
     std::vector<at::Tensor> in;
     for (size_t k = 0; k < grads.size(); ++k) {
       if (any_sharded && sharded_[k]) {
-        grads[k] = grads[k] / static_cast<double>(dist_.world_size());
+        if (sharded_scale_ != 1.0) grads[k] = grads[k] * sharded_scale_;
       } else {
         in.push_back(grads[k]);
       }
@@ -240,7 +241,7 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   // What the hooks did not see (variables the loss does not reach, or not leaves).
   for (size_t k = 0; k < grads.size(); ++k) {
     if (c.sharded[k]) {
-      grads[k] = grads[k] * c.scale.to(grads[k].scalar_type());
+      if (sharded_scale_ != 1.0) grads[k] = grads[k] * sharded_scale_;
       continue;
     }
     if (c.ready[k]) continue;

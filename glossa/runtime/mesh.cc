@@ -64,10 +64,10 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
   }
   auto bad = [&](const std::string& why) {
     return InvalidArgumentError(StrCat("--mesh='", text, "': ", why,
-                                       " (the form is data:D,expert:E, D·E = the number of "
-                                       "ranks)"));
+                                       " (the form is data:D,expert:E with D·E = the number "
+                                       "of ranks, or pipe:S with S = the number of ranks)"));
   };
-  bool seen_data = false, seen_expert = false;
+  bool seen_data = false, seen_expert = false, seen_pipe = false;
   for (const std::string& part : Split(text, ',')) {
     const std::vector<std::string> kv = Split(part, ':');
     if (kv.size() != 2) throw bad(StrCat("'", part, "' is not axis:size"));
@@ -86,9 +86,22 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
     } else if (kv[0] == "expert" && !seen_expert) {
       m.expert = size;
       seen_expert = true;
+    } else if (kv[0] == "pipe" && !seen_pipe) {
+      m.pipe = size;
+      seen_pipe = true;
     } else {
-      throw bad(StrCat("unknown or repeated axis '", kv[0], "' (axes: data, expert)"));
+      throw bad(StrCat("unknown or repeated axis '", kv[0], "' (axes: data, expert, pipe)"));
     }
+  }
+  if (seen_pipe) {
+    if (seen_data || seen_expert) {
+      throw bad("a pipe axis does not combine with data or expert axes yet");
+    }
+    if (m.pipe != world_size) {
+      throw bad(StrCat("pipe ", m.pipe, " stages need ", m.pipe, " ranks, but the job has ",
+                       world_size));
+    }
+    return m;
   }
   if (static_cast<int64_t>(m.data) * m.expert != world_size) {
     throw bad(StrCat("data ", m.data, " x expert ", m.expert, " = ",
@@ -100,6 +113,15 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
 
 DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     : world_(world), shape_(shape) {
+  if (shape.pipe > 1) {
+    if (shape.pipe != world.world_size() || shape.data != 1 || shape.expert != 1) {
+      throw InvalidArgumentError(StrCat("mesh pipe ", shape.pipe, " (data ", shape.data,
+                                        ", expert ", shape.expert, ") does not cover the ",
+                                        world.world_size(), " ranks"));
+    }
+    pipe_axis_ = std::make_unique<DistributedMeshAxis>(world);
+    return;
+  }
   if (static_cast<int64_t>(shape.data) * shape.expert != world.world_size()) {
     throw InvalidArgumentError(StrCat("mesh data ", shape.data, " x expert ", shape.expert,
                                       " does not cover the ", world.world_size(), " ranks"));
