@@ -94,6 +94,29 @@ ParamValue::List NameCells(const ParamValue::List& cells, const std::string& pre
   return out;
 }
 
+void UnpipelineStacks(Params& p) {
+  if (p.Contains("splits") && p.Contains("num_micro_batches") && p.Contains("final_layer_norm")) {
+    p.Set("splits", 1).Set("num_micro_batches", 1);
+  }
+  for (const auto& key : p.Keys()) {
+    const ParamValue& v = p.Get(key);
+    if (v.is_params()) {
+      UnpipelineStacks(p.GetParams(key));
+    } else if (v.is_list()) {
+      ParamValue::List items = v.AsList();
+      bool changed = false;
+      for (auto& item : items) {
+        if (!item.is_params()) continue;
+        Params copy = item.AsParams().Copy();
+        UnpipelineStacks(copy);
+        item = copy;
+        changed = true;
+      }
+      if (changed) p.Set(key, items);
+    }
+  }
+}
+
 namespace {
 
 // Runs fn(stage) on one thread per stage with the caller's ATen thread-local state, eval mode and
@@ -366,7 +389,10 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
     at::NoGradGuard no_grad;
     std::optional<SummaryContext> summaries;
     std::optional<SummaryNameScope> scope;
-    if (caller_summaries != nullptr) {
+    std::optional<SummaryLoop> micro_batches;  // on a pipe rank: this thread is the caller's
+    if (caller_summaries != nullptr && run.axis()) {
+      micro_batches.emplace();
+    } else if (caller_summaries != nullptr) {
       summaries.emplace();
       if (!summary_scope.empty()) scope.emplace(summary_scope);
     }
@@ -383,7 +409,7 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
     }
     if (summaries) stage_summaries[s] = summaries->TakeEntries();
   });
-  if (caller_summaries != nullptr) {
+  if (caller_summaries != nullptr && !run.axis()) {
     // One value per pipeline call: the micro-batches' values reduce as a loop's do.
     SummaryLoop micro_batches;
     for (auto& entries : stage_summaries) caller_summaries->RecordEntries(std::move(entries));
@@ -540,7 +566,13 @@ at::Tensor PipelineFProp(const PipelineCells& cells, const NestedValue& cells_th
                                       " is out of range for inputs of rank ", x.dim()));
   }
   const int64_t batch = x.size(dim);
-  const auto [m, size] = MicroBatches(path, batch, cells.num_micro_batches, cells.micro_batch_size);
+  int64_t micro = cells.num_micro_batches;
+  // Where the masks follow the rows, the micro-batching leaves the math unchanged: a batch that
+  // does not divide (an eval set's last) takes the most micro-batches up to the count that do.
+  if (cells.masks_follow_rows && !cells.micro_batch_size) {
+    while (micro > 1 && batch % micro != 0) --micro;
+  }
+  const auto [m, size] = MicroBatches(path, batch, micro, cells.micro_batch_size);
   if (paddings.defined() && (dim != 0 || paddings.size(0) != batch)) {
     throw InvalidArgumentError(StrCat("layer '", path, "': paddings must have the batch (", batch,
                                       ") as dim 0, with batch_dim 0; got paddings of dim 0 size ",

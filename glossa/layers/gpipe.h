@@ -59,6 +59,11 @@ StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>&
 // (<prefix>_<uid>), so that a stage's sublist builds its cells under their whole-pipeline names.
 ParamValue::List NameCells(const ParamValue::List& cells, const std::string& prefix);
 
+// `p` (a model's Params, searched through every nested Params and list of Params) with every
+// TransformerStack unpipelined (splits 1, num_micro_batches 1): its math and variable names do
+// not change, and a serving process runs it without stage threads (export bundles).
+void UnpipelineStacks(Params& p);
+
 // The pipeline engine (PipeliningLayer and TransformerStack's splits): the cells this process
 // holds, their blocks and seeds, the stages and the micro-batching.
 struct PipelineCells {
@@ -72,7 +77,8 @@ struct PipelineCells {
   std::optional<int64_t> micro_batch_size;
   // Randomness of micro-batch t of m: false, Lingvo's GPipe (the overwrite global step
   // global_step · m + t); true, its rows of the masks the whole batch would draw
-  // (BatchShardScope), so that pipelining leaves a stack's math as it was.
+  // (BatchShardScope), so that pipelining leaves a stack's math as it was; a batch that
+  // num_micro_batches does not divide then runs as the most micro-batches below it that do.
   bool masks_follow_rows = false;
 };
 // Runs x (and paddings, [B, T] or undefined) through the cells as a pipeline, with GPipe's

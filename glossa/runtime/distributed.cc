@@ -340,12 +340,21 @@ std::map<std::string, std::pair<double, double>> Distributed::GatherWeighted(
 
 namespace {
 thread_local Distributed* g_current = nullptr;
+thread_local bool g_same_batches = false;
 }  // namespace
 
 Distributed* CurrentDistributed() { return g_current; }
+Distributed* CurrentBatchGroup() { return g_same_batches ? nullptr : g_current; }
 bool IsChief() { return g_current == nullptr || g_current->rank() == 0; }
-DistributedScope::DistributedScope(Distributed* dist) : previous_(g_current) { g_current = dist; }
-DistributedScope::~DistributedScope() { g_current = previous_; }
+DistributedScope::DistributedScope(Distributed* dist, bool same_batches)
+    : previous_(g_current), previous_same_(g_same_batches) {
+  g_current = dist;
+  g_same_batches = same_batches;
+}
+DistributedScope::~DistributedScope() {
+  g_current = previous_;
+  g_same_batches = previous_same_;
+}
 
 namespace {
 

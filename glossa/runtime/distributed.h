@@ -128,7 +128,11 @@ class DistributedMeshAxis : public MeshAxis {
     max_bytes_ = std::max(max_bytes_, b);
     return group_.AllToAll(input);
   }
-  void SendTo(const at::Tensor& t, int dst) override { group_.Send(t, dst); }
+  void SendTo(const at::Tensor& t, int dst) override {
+    ++sends_;
+    send_bytes_ += t.numel() * static_cast<int64_t>(t.element_size());
+    group_.Send(t, dst);
+  }
   void RecvFrom(at::Tensor& out, int src) override { group_.Recv(out, src); }
   void Broadcast(at::Tensor& t, int root) override { group_.Broadcast({t}, root); }
   // Exchanges so far, the bytes this rank passed to them (its whole input, its own block
@@ -136,10 +140,13 @@ class DistributedMeshAxis : public MeshAxis {
   int64_t exchanges() const { return exchanges_; }
   int64_t bytes() const { return bytes_; }
   int64_t max_bytes() const { return max_bytes_; }
+  // Point-to-point sends so far and their bytes (a pipeline's micro-batches and gradients).
+  int64_t sends() const { return sends_; }
+  int64_t send_bytes() const { return send_bytes_; }
 
  private:
   Distributed& group_;
-  int64_t exchanges_ = 0, bytes_ = 0, max_bytes_ = 0;
+  int64_t exchanges_ = 0, bytes_ = 0, max_bytes_ = 0, sends_ = 0, send_bytes_ = 0;
 };
 
 // GShard's 2-D device mesh, data × expert (`glossa train --mesh=data:2,expert:2`): world rank
@@ -191,16 +198,21 @@ class DistributedMesh {
 // executor and the eval/decode jobs set it for their run; null for one worker. IsChief(): no
 // workers, or rank 0 (the one that writes checkpoints, events and logs).
 Distributed* CurrentDistributed();
+// The ranks whose batches differ, over which metrics are averaged and eval and decode sets
+// split: the current workers, or null when every rank reads the same batches (the stages of a
+// pipe mesh, whose metrics are the same on every rank).
+Distributed* CurrentBatchGroup();
 bool IsChief();
 class DistributedScope {
  public:
-  explicit DistributedScope(Distributed* dist);
+  explicit DistributedScope(Distributed* dist, bool same_batches = false);
   ~DistributedScope();
   DistributedScope(const DistributedScope&) = delete;
   DistributedScope& operator=(const DistributedScope&) = delete;
 
  private:
   Distributed* previous_;
+  bool previous_same_;
 };
 
 // PyTorch DDP's reducer for the Learner (Learner::SetGradientSync): gradients are averaged over

@@ -392,7 +392,7 @@ int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
   Distributed* dist = options_.distributed;
-  DistributedScope dist_scope(dist);
+  DistributedScope dist_scope(dist, /*same_batches=*/pipe_axis_ != nullptr);
   std::optional<MeshAxisScope> expert_scope, pipe_scope;
   if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
   if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
@@ -459,6 +459,17 @@ int64_t Executor::Run() {
                   expert_axis_->size(), expert_axis_->exchanges() / steps,
                   expert_axis_->bytes() / 1e6 / steps,
                   static_cast<double>(expert_axis_->max_bytes()));
+    Log(buf);
+  }
+  if (pipe_axis_ && pipe_axis_->sends() > 0 && global_step_ > first_step) {
+    // Rank 0 (stage 0) sends its micro-batches' activations on; the gradients come back to it.
+    const double steps = static_cast<double>(global_step_ - first_step);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "pipeline over %d ranks: stage 0 sent %.1f micro-batches per step, %.2f MB per "
+                  "step",
+                  pipe_axis_->size(), pipe_axis_->sends() / steps,
+                  pipe_axis_->send_bytes() / 1e6 / steps);
     Log(buf);
   }
   const bool saved =

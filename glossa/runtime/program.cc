@@ -136,7 +136,7 @@ void ReduceScalarSummaries(Distributed& d, std::map<std::string, at::Tensor>& su
 
 // Per-rank share of a sample count (eval and decode shards).
 int64_t ShareOf(int64_t samples) {
-  Distributed* d = CurrentDistributed();
+  Distributed* d = CurrentBatchGroup();
   if (d == nullptr || samples <= 0) return samples;
   return (samples + d->world_size() - 1) / d->world_size();
 }
@@ -279,7 +279,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
       break;
     }
     CheckBatchNotEmpty(batch, task, *global_step);
-    TrainStep(loop, task, vars, batch, dist, global_step);
+    TrainStep(loop, task, vars, batch, global_step);
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -293,7 +293,7 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
 // summary step, and too many skipped steps in a row end the run (TrainingDivergedError).
 void TrainProgram::TrainStep(LoopState& loop, BaseTask& task,
                              const std::vector<LearnerVariable>& vars, const NestedMap& batch,
-                             Distributed* dist, int64_t* global_step) {
+                             int64_t* global_step) {
   LoopResult& result = loop.result;
   GlobalStepContext step_context(*global_step);
   SetGlobalStep(*global_step);
@@ -315,7 +315,8 @@ void TrainProgram::TrainStep(LoopState& loop, BaseTask& task,
     ++result.skipped_steps;
     ++total_skipped_;
   }
-  loop.tokens += CompleteStepMetrics(metrics, learner_metrics, batch, task, loop.multi, dist);
+  loop.tokens +=
+      CompleteStepMetrics(metrics, learner_metrics, batch, task, loop.multi, CurrentBatchGroup());
   loop.metrics.Add(metrics);
   NestedMap step_outfeed = r.per_example.Transform(
       [](const NestedValue& v) -> NestedValue { return v.AsTensor().detach(); });
@@ -371,7 +372,7 @@ void TrainProgram::FinishLoop(LoopState& loop, double secs, int64_t global_step)
       writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), global_step);
     }
     std::map<std::string, at::Tensor> all = loop.summaries.MergeAll();
-    if (Distributed* d = CurrentDistributed()) ReduceScalarSummaries(*d, all);
+    if (Distributed* d = CurrentBatchGroup()) ReduceScalarSummaries(*d, all);
     if (writer_) {
       for (auto& [k, v] : loop.per_example) all[k] = at::cat(v);
       WriteSummaries(*writer_, all, global_step);
@@ -424,7 +425,7 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
   summary_loop.reset();
   auto means = acc.Means();
   std::map<std::string, at::Tensor> all = summaries.MergeAll();
-  Distributed* d = CurrentDistributed();
+  Distributed* d = CurrentBatchGroup();
   if (d != nullptr) {
     // Each rank evaluated its shard: weighted means over all (Lingvo's TpuEvalMetrics).
     means = d->GatherWeighted(means);
@@ -471,7 +472,7 @@ DecodeProgram::Result DecodeProgram::Run(int64_t global_step, int64_t max_batche
   ResetStepSeed();
   Result r;
   r.metrics = task.CreateDecoderMetrics();
-  Distributed* dist = CurrentDistributed();
+  Distributed* dist = CurrentBatchGroup();
   const int64_t want_samples = ShareOf(task.eval_params().GetInt("decoder_samples_per_summary"));
   int64_t samples = 0;
   SummaryContext summaries;

@@ -76,7 +76,7 @@ class TrainProgram {
   // RunLoop's parts (program.cc): the state of one loop, one step of it, and its end.
   struct LoopState;
   void TrainStep(LoopState& loop, BaseTask& task, const std::vector<LearnerVariable>& vars,
-                 const NestedMap& batch, Distributed* dist, int64_t* global_step);
+                 const NestedMap& batch, int64_t* global_step);
   void FinishLoop(LoopState& loop, double secs, int64_t global_step);
   BaseModel& model_;
   EventWriter* writer_;

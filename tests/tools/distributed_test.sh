@@ -227,5 +227,39 @@ check "a mesh of 4 on 2 ranks is refused (rc $rc): $(grep -m1 'mesh' "$tmp/m4.lo
 "$glossa" train "${moe[@]}" --logdir="$tmp/m5" --max_steps=5 --mesh=data:2 > "$tmp/m5.log" 2>&1; rc=$?
 check "and in one process (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'but the job has 1' '$tmp/m5.log'"
 
+# 8. GPipe stages on ranks: the tiny LM's 2 layers as 2 stages (task.stack.splits : 2) on 2 ranks,
+# --mesh=pipe:2, 2 micro-batches a step. Each rank writes its stage's layers whole before rank 0
+# writes the checkpoint; a restart resumes on both; one process evaluates the logdir and exports
+# it (every layer, the bundle unpipelined), and resumes it unpipelined (splits 1); a pipeline that
+# does not match the ranks is refused.
+pipe_small="${small/num_layers : 1/num_layers : 2}; task.stack.splits : 2; task.stack.num_micro_batches : 2"
+pipe=("${common[@]}" "--model_params_override=$pipe_small")
+"$glossa" train "${pipe[@]}" --logdir="$tmp/p" --max_steps=10 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p.log" 2>&1; rc=$?
+check "pipeline training exits 0 (rc $rc): $(tail -2 "$tmp/p.log")" test "$rc" -eq 0
+check "rank 1 is stage 1 and reads every rank's input" grep -q '^\[rank 1\] rank 1 of 2: pipeline stage 1, reading every rank' "$tmp/p.log"
+check "rank 0 says what its stage holds" grep -q '^\[rank 0\] pipeline stage 0 of 2: 17 variables' "$tmp/p.log"
+check "and what it sent: $(grep -m1 'pipeline over' "$tmp/p.log")" grep -q '^\[rank 0\] pipeline over 2 ranks: stage 0 sent 2.0 micro-batches per step' "$tmp/p.log"
+for r in 0 1; do
+  check "stage $r's layers" test -f "$tmp/p/train/ckpt-00000010-rank-0000$r-of-00002.safetensors"
+done
+check "the chief's checkpoint" test -f "$tmp/p/train/ckpt-00000010.safetensors"
+"$glossa" train "${pipe[@]}" --logdir="$tmp/p" --max_steps=20 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p2.log" 2>&1; rc=$?
+check "the pipeline resumes (rc $rc): $(grep restored "$tmp/p2.log")" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' '$tmp/p2.log'"
+"$glossa" eval "${pipe[@]}" --logdir="$tmp/p" --once > "$tmp/p_eval.log" 2>&1; rc=$?
+check "one process evaluates the pipeline's logdir (rc $rc): $(tail -1 "$tmp/p_eval.log")" bash -c "test $rc -eq 0 && test -f '$tmp/p/eval_dev/score-00000020.txt'"
+"$glossa" export "${pipe[@]}" --logdir="$tmp/p" --out="$tmp/p_bundle" > "$tmp/p3.log" 2>&1; rc=$?
+check "the pipeline's checkpoint exports in one process (rc $rc): $(tail -1 "$tmp/p3.log")" test "$rc" -eq 0
+check "the bundle's stack is unpipelined" grep -q 'splits : 1' "$tmp/p_bundle/model_params.txt"
+echo 'It is a truth universally acknowledged' | "$glossa" predict --bundle="$tmp/p_bundle" > "$tmp/p_pred.jsonl" 2>"$tmp/p_pred.err"; rc=$?
+check "the bundle scores text (rc $rc): $(tail -1 "$tmp/p_pred.err")" bash -c "test $rc -eq 0 && grep -q total_log_prob '$tmp/p_pred.jsonl'"
+"$glossa" train "${common[@]}" "--model_params_override=${pipe_small/splits : 2/splits : 1}" --logdir="$tmp/p" --max_steps=25 > "$tmp/p4.log" 2>&1; rc=$?
+check "one process resumes it unpipelined (rc $rc)" bash -c "test $rc -eq 0 && grep -q 'restored .*ckpt-00000020 at step 20' '$tmp/p4.log' && test -f '$tmp/p/train/ckpt-00000025.safetensors'"
+"$glossa" train "${common[@]}" "--model_params_override=${pipe_small/splits : 2/splits : 1}" --logdir="$tmp/p5" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p5.log" 2>&1; rc=$?
+check "a pipe mesh without a pipelined layer is refused (rc $rc): $(grep -m1 'pipelined' "$tmp/p5.log")" bash -c "test $rc -ne 0 && grep -q 'the model has no pipelined layer to place on the 2 ranks' '$tmp/p5.log'"
+"$glossa" train "${common[@]}" "--model_params_override=${pipe_small/num_layers : 2/num_layers : 3}; task.stack.splits : 3" --logdir="$tmp/p6" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p6.log" 2>&1; rc=$?
+check "3 stages on 2 ranks are refused (rc $rc): $(grep -m1 'stage' "$tmp/p6.log")" bash -c "test $rc -ne 0 && grep -q \"has 3 pipeline stage(s), but the mesh's 'pipe' axis has 2 ranks\" '$tmp/p6.log'"
+"$glossa" train "${pipe[@]}" --logdir="$tmp/p7" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2,data:1 > "$tmp/p7.log" 2>&1; rc=$?
+check "a pipe axis with another is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'does not combine with data or expert axes' '$tmp/p7.log'"
+
 [ "$fail" -eq 0 ] && echo "distributed_test: all checks passed"
 exit "$fail"
