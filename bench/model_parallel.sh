@@ -11,6 +11,12 @@
 #   - the expert all-to-all the run did (the trainer's summary line) and that exchange's bytes
 #     timed alone through Glossa's Distributed::AllToAll (bench_model_parallel) and PyTorch's
 #     all_to_all_single (bench/model_parallel.py), both over Gloo on loopback, same ranks.
+# Then GPipe's pipeline parallelism: the Austen LM at width 256 with 4 layers of hidden dim 1,024
+# (task.stack.splits = ranks, 4 micro-batches; 1 rank: unpipelined) on 1, 2 and 4 ranks
+# (--mesh=pipe:N): tokens/s, parameter + slot bytes per rank as above (rank 0's file holds the
+# replicated embedding and softmax, each rank file one stage's layers), the activations stage 0
+# sent per step (the trainer's summary line), and one micro-batch's hop timed alone through
+# Glossa's Distributed::Send/Recv and PyTorch's dist.send/recv.
 # docs/distributed.md's cost model uses these figures.
 #   bash bench/model_parallel.sh [build=build] [steps=20] [reps=3]
 set -euo pipefail
@@ -65,9 +71,9 @@ for n in 1 2 4; do
     for _ in $(seq "$reps"); do
       p=$(port); pids=()
       for r in $(seq 1 $((n - 1))); do
-        WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --bytes="$size" --reps=50 > /dev/null & pids+=($!)
+        WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --op=alltoall --bytes="$size" --reps=50 > /dev/null & pids+=($!)
       done
-      gs+=("$(WORLD_SIZE=$n RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --bytes="$size" --reps=50 | awk '{print $2}')")
+      gs+=("$(WORLD_SIZE=$n RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --op=alltoall --bytes="$size" --reps=50 | awk '{print $2}')")
       wait "${pids[@]}"
       p=$(port); pids=()
       for r in $(seq 1 $((n - 1))); do
@@ -86,4 +92,57 @@ for n in 1 2 4; do
   [ -n "$line" ] && echo "       ($line)"
 done
 echo "ratio: torch all_to_all_single ms / glossa AllToAll ms on the same bytes (> 1: Glossa faster)"
+
+# GPipe stages on ranks.
+pipe_model='task.emb.embedding_dim : 256; task.position_emb.embedding_dim : 256; task.softmax.input_dim : 256; task.stack.num_layers : 4; task.stack.mdl_dim : 256; task.stack.hidden_dim : 1024; task.stack.num_atten_heads : 4; task.stack.num_micro_batches : 4; task.train.steps_per_loop : 5; task.train.save_interval_steps : 1000000'
+# One hop of `bytes` down `n` ranks: "glossa_ms torch_ms" (medians over reps runs).
+hop_ms() {
+  local n=$1 size=$2 gs=() ts=() p pids r
+  for _ in $(seq "$reps"); do
+    p=$(port); pids=()
+    for r in $(seq 0 $((n - 1))); do
+      WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --op=sendrecv --bytes="$size" --reps=50 > "$tmp/hop$r" & pids+=($!)
+    done
+    wait "${pids[@]}"
+    gs+=("$(cat "$tmp"/hop* | awk '/sendrecv_ms/ {print $2}')")
+    p=$(port); pids=()
+    for r in $(seq 0 $((n - 1))); do
+      WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 /usr/bin/python3 bench/model_parallel.py --op=sendrecv --bytes="$size" --reps=50 > "$tmp/hop$r" & pids+=($!)
+    done
+    wait "${pids[@]}"
+    ts+=("$(cat "$tmp"/hop* | awk '/sendrecv_ms/ {print $2}')")
+  done
+  echo "$(med "${gs[@]}") $(med "${ts[@]}")"
+}
+echo
+printf "%-6s %10s %14s %9s %26s %14s %14s %7s\n" stages tokens/s "MB per rank" "of 1" "activations per step" "glossa hop ms" "torch hop ms" ratio
+one_bytes=0
+for n in 1 2 4; do
+  toks=(); line=""; bytes=0
+  for r in $(seq "$reps"); do
+    logdir="$tmp/p$n-$r"
+    flags=(--model=lm.austen.TransformerLmTiny --random_seed=3 --intra_op_threads=1
+           "--model_params_override=$pipe_model; task.stack.splits : $n"
+           --logdir="$logdir" --max_steps="$steps")
+    [ "$n" -gt 1 ] && flags+=(--nproc_per_node="$n" --mesh=pipe:"$n")
+    "$glossa" train "${flags[@]}" > "$tmp/log" 2>&1 || { tail -5 "$tmp/log"; exit 1; }
+    toks+=("$(grep -o '[0-9.]*k* tok/s' "$tmp/log" | tail -1 | awk '{v=$1; if (v ~ /k$/) {sub(/k$/, "", v); v *= 1000} print v}')")
+    line=$(sed -n 's/^\[rank 0\] pipeline over .* ranks: //p' "$tmp/log")
+    bytes=$(per_rank_bytes "$logdir/train")
+  done
+  [ "$n" -eq 1 ] && one_bytes=$bytes
+  gh="-"; th="-"; ratio="-"; act="-"
+  if [ "$n" -gt 1 ]; then
+    sends=$(sed -n 's/.*sent \([0-9.]*\) micro-batches.*/\1/p' <<<"$line")
+    mb=$(sed -n 's/.*, \([0-9.]*\) MB per step.*/\1/p' <<<"$line")
+    act="$mb MB"
+    size=$(awk -v m="$mb" -v s="$sends" 'BEGIN { printf "%d", m * 1e6 / s }')
+    read -r gh th <<<"$(hop_ms "$n" "$size")"
+    ratio=$(awk -v g="$gh" -v t="$th" 'BEGIN { printf "%.2f", t / g }')
+  fi
+  per=$(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e6 }')
+  of=$(awk -v b="$bytes" -v o="$one_bytes" 'BEGIN { printf "%.3f", b / o }')
+  printf "%-6s %10.0f %14s %9s %26s %14s %14s %7s\n" "$n" "$(med "${toks[@]}")" "$per" "$of" "$act" "$gh" "$th" "$ratio"
+done
+echo "ratio: torch send/recv ms / glossa Send/Recv ms per hop of one micro-batch (> 1: Glossa faster)"
 echo "reproduce: bash bench/model_parallel.sh $build $steps $reps"

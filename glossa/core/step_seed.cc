@@ -103,12 +103,13 @@ thread_local BatchShard t_batch_shard;
 
 BatchShard CurrentBatchShard() { return t_batch_shard; }
 
-BatchShardScope::BatchShardScope(int64_t index, int64_t count) : previous_(t_batch_shard) {
-  if (count < 1 || index < 0 || index >= count) {
-    throw InvalidArgumentError(StrCat("BatchShardScope: block ", index, " of ", count,
-                                      " is out of range"));
+BatchShardScope::BatchShardScope(int64_t index, int64_t count, int64_t index1, int64_t count1)
+    : previous_(t_batch_shard) {
+  if (count < 1 || index < 0 || index >= count || count1 < 1 || index1 < 0 || index1 >= count1) {
+    throw InvalidArgumentError(StrCat("BatchShardScope: block (", index, ", ", index1, ") of (",
+                                      count, ", ", count1, ") is out of range"));
   }
-  t_batch_shard = {index, count};
+  t_batch_shard = {index, count, index1, count1};
 }
 
 BatchShardScope::~BatchShardScope() { t_batch_shard = previous_; }

@@ -74,13 +74,17 @@ class OverWriteGlobalStepContext {
 // a rank's masks are its rows of the masks one process draws for the whole batch: the ranks
 // train like one process with dropout on, at the price of `count` times the random numbers.
 // count 1 (the default): the thread's tensors are the whole batch.
+// A second, dim-1 block (index1 of count1) serves tensors split along two dims: the experts of a
+// data × expert mesh, [experts, groups, ...], are this rank's experts (dim 0) of its data
+// replica's groups (dim 1).
 struct BatchShard {
   int64_t index = 0, count = 1;
+  int64_t index1 = 0, count1 = 1;
 };
 BatchShard CurrentBatchShard();
 class BatchShardScope {
  public:
-  BatchShardScope(int64_t index, int64_t count);
+  BatchShardScope(int64_t index, int64_t count, int64_t index1 = 0, int64_t count1 = 1);
   ~BatchShardScope();
   BatchShardScope(const BatchShardScope&) = delete;
   BatchShardScope& operator=(const BatchShardScope&) = delete;

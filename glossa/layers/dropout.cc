@@ -31,13 +31,18 @@ at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::arra
   at::Generator gen = MakeSeededGenerator(seeds);
   std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
   // A rank's rows of a batch split over ranks: the whole batch's draw, this block of it
-  // (core/step_seed.h: BatchShard). A mask broadcast over dim 0 is the same for every row.
+  // (core/step_seed.h: BatchShard; and its dim-1 block when one is set). A mask broadcast over
+  // a split dim is the same for every block.
   const BatchShard shard = CurrentBatchShard();
   const bool per_row = shard.count > 1 && !shape.empty() && x.dim() > 0 &&
                        shape[0] == x.size(0) && (!noise_shape || shape[0] != 1);
+  const bool per_column = shard.count1 > 1 && shape.size() > 1 && x.dim() > 1 &&
+                          shape[1] == x.size(1) && (!noise_shape || shape[1] != 1);
   if (per_row) shape[0] *= shard.count;
+  if (per_column) shape[1] *= shard.count1;
   at::Tensor u = at::empty(shape, at::TensorOptions().dtype(at::kFloat)).uniform_(0.0, 1.0, gen);
   if (per_row) u = u.narrow(0, shard.index * x.size(0), x.size(0));
+  if (per_column) u = u.narrow(1, shard.index1 * x.size(1), x.size(1));
   at::Tensor mask = at::floor(u + static_cast<float>(keep_prob)).to(x.options());
   return (x / keep_prob) * mask;
 }

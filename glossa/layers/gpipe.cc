@@ -143,7 +143,7 @@ void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
           at::ThreadLocalStateGuard tls_guard(tls);
           EvalModeScope eval_scope(eval);
           GlobalStepContext step(global_step);
-          BatchShardScope rows(shard.index, shard.count);
+          BatchShardScope rows(shard.index, shard.count, shard.index1, shard.count1);
           fn(s);
         } catch (...) {
           fail(s);

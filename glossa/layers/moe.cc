@@ -501,7 +501,11 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
   at::Tensor hidden;
   {
     // Row blocks of [E, G, C, M] are experts here: this rank's block of the one-process draw.
-    BatchShardScope experts(axis->index(), n);
+    // On a data × expert mesh (the trainer's rows: rank d·n + e of D·n) the groups here are
+    // data replica d's, block d of the one process's groups.
+    const BatchShard rows = CurrentBatchShard();
+    const int64_t replicas = rows.count % n == 0 ? rows.count / n : 1;
+    BatchShardScope experts(axis->index(), n, replicas > 1 ? rows.index / n : 0, replicas);
     hidden = Experts(theta, mine);
   }
   const at::Tensor out = hidden.view({local, n, g, c, m}).permute({1, 0, 2, 3, 4});

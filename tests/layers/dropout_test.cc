@@ -113,5 +113,23 @@ TEST(DeterministicDropout, ABatchShardDrawsItsRowsOfTheWholeBatchMask) {
   EXPECT_THROW(BatchShardScope(0, 0), InvalidArgumentError);
 }
 
+// The experts of a data × expert mesh: [experts, groups, ...] split along both dims, each rank's
+// block (i, j) of the whole draw.
+TEST(DeterministicDropout, ATwoDimensionalShardDrawsItsBlockOfTheWholeMask) {
+  const std::array<int64_t, 2> seeds = {5, 3};
+  const at::Tensor x = at::ones({4, 6, 3});
+  const at::Tensor whole = DeterministicDropout(x, 0.5, seeds, std::nullopt);
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int64_t j = 0; j < 3; ++j) {
+      BatchShardScope shard(i, 2, j, 3);
+      const at::Tensor block = x.narrow(0, 2 * i, 2).narrow(1, 2 * j, 2);
+      EXPECT_TRUE(at::equal(DeterministicDropout(block, 0.5, seeds, std::nullopt),
+                            whole.narrow(0, 2 * i, 2).narrow(1, 2 * j, 2)))
+          << "block " << i << ", " << j;
+    }
+  }
+  EXPECT_THROW(BatchShardScope(0, 1, 2, 2), InvalidArgumentError);
+}
+
 }  // namespace
 }  // namespace glossa

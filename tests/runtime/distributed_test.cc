@@ -658,39 +658,45 @@ TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
 // {0, 2} and {1, 3} hold the same experts and sum their gradients; dense weights are averaged over
 // all 4. Each rank trains on a quarter of the batch (one routing group of 2 rows), so the same LM
 // in one process routes 4 groups of 2 rows: 20 Adam steps with global-norm clipping (the norm
-// counts every expert once), losses within 1e-6, weights within 1e-5.
+// counts every expert once), without dropout and with dropout 0.1 at every site (the experts'
+// masks are each rank's experts of its replica's groups of the one-process masks: a 2-D block),
+// losses within 1e-6, weights within 1e-5.
 TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
   const int steps = 20;
   std::vector<at::Tensor> batches;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
   for (int s = 0; s < steps; ++s) batches.push_back(at::randint(3, 50, {8, 12}, gen));
-  auto one = SmallMoeLm(1, 4);
-  const auto one_vars = LearnerVariables(*one);
-  const std::vector<double> one_losses = TrainSteps(*one, batches, 0, 8);
-  std::vector<std::vector<double>> losses(4);
-  std::vector<std::map<std::string, at::Tensor>> weights(4);
-  std::vector<std::pair<int, int>> index(4);
-  RunWorkers(4, [&](Distributed& dist) {
-    const int r = dist.rank();
-    DistributedMesh mesh(dist, ParseMesh("data:2,expert:2", 4));
-    index[r] = {mesh.data_index(), mesh.expert_index()};
-    MeshAxisScope scope("expert", mesh.expert_axis());
-    auto lm = SmallMoeLm(2, 2);
-    const auto vars = LearnerVariables(*lm);
-    auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-    sync->SetShardGroups(&mesh.expert_group(), mesh.data_group());
-    lm->learner().SetGradientSync(sync);
-    losses[r] = TrainSteps(*lm, batches, 2 * r, 2 * r + 2, &dist);
-    for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
-  });
-  for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(index[r], std::make_pair(r / 2, r % 2)) << "rank " << r;
+  for (const double dropout : {0.0, 0.1}) {
+    SCOPED_TRACE(StrCat("dropout ", dropout));
+    auto one = SmallMoeLm(1, 4, dropout);
+    const auto one_vars = LearnerVariables(*one);
+    const std::vector<double> one_losses = TrainSteps(*one, batches, 0, 8);
+    std::vector<std::vector<double>> losses(4);
+    std::vector<std::map<std::string, at::Tensor>> weights(4);
+    std::vector<std::pair<int, int>> index(4);
+    RunWorkers(4, [&](Distributed& dist) {
+      const int r = dist.rank();
+      DistributedMesh mesh(dist, ParseMesh("data:2,expert:2", 4));
+      index[r] = {mesh.data_index(), mesh.expert_index()};
+      MeshAxisScope scope("expert", mesh.expert_axis());
+      BatchShardScope shard(r, 4);  // as the trainer does: this rank's rows of the batch
+      auto lm = SmallMoeLm(2, 2, dropout);
+      const auto vars = LearnerVariables(*lm);
+      auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
+      sync->SetShardGroups(&mesh.expert_group(), mesh.data_group());
+      lm->learner().SetGradientSync(sync);
+      losses[r] = TrainSteps(*lm, batches, 2 * r, 2 * r + 2, &dist);
+      for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
+    });
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(index[r], std::make_pair(r / 2, r % 2)) << "rank " << r;
+    }
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
+    }
+    ExpectRanksHoldTheWeights(one_vars, weights, 2, [](int r) { return r % 2; });
+    EXPECT_LT(one_losses.back(), one_losses.front());
   }
-  for (int s = 0; s < steps; ++s) {
-    EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
-  }
-  ExpectRanksHoldTheWeights(one_vars, weights, 2, [](int r) { return r % 2; });
-  EXPECT_LT(one_losses.back(), one_losses.front());
 }
 
 // A 4-layer LM whose stack is pipelined over `splits` stages of `micro` micro-batches, with
