@@ -137,6 +137,42 @@ TEST(Saver, RankShardedCheckpointsLoadWholeAndReMesh) {
   EXPECT_EQ(CheckpointFiles(dir), std::vector<std::string>{"ckpt-00000008.safetensors"});
 }
 
+// A pipeline's checkpoint: each stage's rank writes its layers whole (layout whole); the
+// checkpoint loads as the whole model, and a file that repeats another's tensor, mixes layouts or
+// names an unknown one is DataLoss naming it.
+TEST(Saver, PipelineStageFilesLoadAsTheWholeModel) {
+  const std::string dir = NewDir("pipeline_stages");
+  Saver saver({.dir = dir, .keep_latest_n = 2});
+  const std::string prefix = Saver::CheckpointPrefix(dir, 3);
+  const at::Tensor w0 = at::full({2, 2}, 1.0), w1 = at::full({3}, 2.0);
+  SaveRankShard(prefix, 0, 2, {{"lm/stack/x_layers_0/w", w0}, {"lm/stack/x_layers_0/w/m", w0 * 3}},
+                /*whole=*/true);
+  SaveRankShard(prefix, 1, 2, {{"lm/stack/x_layers_1/w", w1}}, /*whole=*/true);
+  saver.Save(3, {{"lm/emb", at::ones({4})}}, {{kShardedRanksMetadata, "2"}});
+  SafetensorsContents c = LoadCheckpoint(prefix);
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/stack/x_layers_0/w"), w0));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/stack/x_layers_0/w/m"), w0 * 3));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/stack/x_layers_1/w"), w1));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/emb"), at::ones({4})));
+  auto expect_data_loss = [&](const std::string& what, const std::string& needle) {
+    try {
+      LoadCheckpoint(prefix);
+      ADD_FAILURE() << what << ": loaded";
+    } catch (const DataLossError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  SaveRankShard(prefix, 1, 2, {{"lm/stack/x_layers_0/w", w0}}, /*whole=*/true);
+  expect_data_loss("repeated", "'lm/stack/x_layers_0/w' is also in rank 0's file");
+  SaveRankShard(prefix, 1, 2, {{"lm/emb", w1}}, /*whole=*/true);
+  expect_data_loss("the chief's", "'lm/emb' is also in the chief's file");
+  SaveRankShard(prefix, 1, 2, {{"lm/stack/x_layers_1/w", w1}}, /*whole=*/false);
+  expect_data_loss("mixed layouts", "layout 'blocks', but rank 0's file has 'whole'");
+  SaveSafetensors(RankShardPath(prefix, 1, 2), {{"lm/stack/x_layers_1/w", w1}},
+                  {{"rank", "1"}, {"ranks", "2"}, {"layout", "diagonal"}});
+  expect_data_loss("unknown layout", "unknown layout 'diagonal'");
+}
+
 // The retention rule, written out independently: keep the last n, and every checkpoint more than
 // hours·3600 s after the last one kept by that rule (the first always).
 std::vector<std::string> ExpectedKept(const std::vector<std::pair<double, std::string>>& all, int n,

@@ -154,6 +154,77 @@ TEST(GPipeTransformerStack, MatchesTheCellsRunMicroBatchByMicroBatch) {
       at::allclose(one->FProp(one->theta(), x, paddings), two->FProp(two->theta(), x, paddings)));
 }
 
+// TransformerStack's splits: any stages and micro-batching give splits 1's outputs and gradients,
+// dropout on (each layer draws from its own seed and a micro-batch its rows of the whole batch's
+// masks); a batch num_micro_batches does not divide runs as the most micro-batches that do.
+TEST(TransformerStackSplits, LeaveTheMathAsItWas) {
+  auto stack = [](const ParamValue& splits, int64_t m) {
+    Params p = TransformerStack::Params();
+    p.Set("name", "stack").Set("random_seed", 9).Set("dtype", DType::kFloat64);
+    p.Set("num_layers", kLayers).Set("mdl_dim", kDim).Set("num_atten_heads", 2);
+    p.Set("hidden_dim", 16).Set("mask_self_atten", true).Set("dropout_prob", 0.3);
+    p.Set("splits", splits).Set("num_micro_batches", m);
+    return InstantiateLayer<TransformerStack>(p);
+  };
+  auto whole = stack(ParamValue(int64_t{1}), 1);
+  const NestedMap theta = whole->theta();
+  EXPECT_TRUE(whole->RemoteScopes().empty());
+  for (const int64_t batch : {int64_t{4}, int64_t{6}}) {
+    at::Tensor x = at::randn({batch, 5, kDim}, at::kDouble);
+    at::Tensor paddings = at::zeros({batch, 5});
+    paddings[1][4] = 1.0;
+    const Result ref = ForwardBackward(theta, x, [&](const NestedMap& th, const at::Tensor& in) {
+      return whole->FProp(th, in, paddings);
+    });
+    for (const auto& [splits, m] :
+         std::vector<std::pair<ParamValue, int64_t>>{{ParamValue(int64_t{2}), 2},
+                                                     {ParamValue(int64_t{4}), 4},
+                                                     {ParamValue(ParamValue::List{
+                                                          ParamValue(int64_t{1}),
+                                                          ParamValue(int64_t{4})}),
+                                                      1}}) {
+      SCOPED_TRACE(StrCat("batch ", batch, ", splits ", splits.is_list() ? std::string("[1, 4]") : StrCat(splits.AsInt()), ", ", m, " micro-batches"));
+      auto piped = stack(splits, m);
+      ExpectSame(ForwardBackward(theta, x, [&](const NestedMap& th, const at::Tensor& in) {
+                   return piped->FProp(th, in, paddings);
+                 }),
+                 ref);
+    }
+  }
+  // The masks are on: another step draws others.
+  at::Tensor x = at::randn({4, 5, kDim}, at::kDouble);
+  at::Tensor a, b;
+  {
+    GlobalStepContext step(1);
+    a = whole->FProp(theta, x);
+  }
+  {
+    GlobalStepContext step(2);
+    b = whole->FProp(theta, x);
+  }
+  EXPECT_FALSE(at::allclose(a, b));
+  Params bad = TransformerStack::Params();
+  bad.Set("name", "s").Set("num_layers", 2).Set("mdl_dim", 8).Set("has_aux_atten", true);
+  bad.Set("splits", 2);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerStack>(bad), InvalidArgumentError,
+                        "take no cross-attention inputs");
+}
+
+// Bundles run the stack unpipelined: splits and micro-batches back to 1, nested ones included.
+TEST(TransformerStackSplits, UnpipelineStacksFindsEveryStack) {
+  Params lm = TransformerStack::Params();
+  lm.Set("name", "stack").Set("splits", 2).Set("num_micro_batches", 4);
+  Params outer = SequentialLayer::Params();
+  outer.Set("name", "seq").Set("sub", ParamValue::List{ParamValue(lm)});
+  UnpipelineStacks(outer);
+  const Params& inner = outer.Get("sub").AsList()[0].AsParams();
+  EXPECT_EQ(inner.GetInt("splits"), 1);
+  EXPECT_EQ(inner.GetInt("num_micro_batches"), 1);
+  Params gpipe = StackParams(2, 2, 0.0);  // a GPipeTransformerStack keeps its pipeline
+  UnpipelineStacks(gpipe);
+  EXPECT_EQ(gpipe.Get("splits").AsInt(), 2);
+}
+
 TEST(GPipeTransformerStack, SplitsAsEndIndices) {
   Params p = StackParams(1, 2, 0.0);
   p.Set("splits", ParamValue::List{ParamValue(int64_t{1}), ParamValue(int64_t{4})});
