@@ -62,8 +62,8 @@ struct ExecutorOptions {
   // backward pass still runs.
   int64_t grad_bucket_bytes = 25 << 20;
   bool overlap_grad_reduce = true;
-  // GShard's device mesh over the workers, "data:D,expert:E" (ParseMesh); empty: the expert axis
-  // over every rank.
+  // The device mesh over the workers, "data:D,expert:E" or "pipe:S" (ParseMesh); empty: the
+  // expert axis over every rank.
   std::string mesh;
 };
 

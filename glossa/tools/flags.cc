@@ -231,9 +231,10 @@ void AddDistFlags(CLI::App* cmd, DistFlags& d, bool training) {
         ->capture_default_str()
         ->check(CLI::Range(0.001, 1e6));
     cmd->add_option("--mesh", d.mesh,
-                    "GShard's device mesh over the ranks, data:D,expert:E (D·E = the ranks): "
+                    "The device mesh over the ranks: GShard's data:D,expert:E (D·E = the ranks: "
                     "expert-sharded layers spread their experts over E ranks and D replicas of "
-                    "them sum their gradients (default: the expert axis over every rank).");
+                    "them sum their gradients), or GPipe's pipe:S (S = the ranks: each holds one "
+                    "stage of the pipelined layers). Default: the expert axis over every rank.");
     cmd->add_flag("--no_overlap_grad_reduce", d.no_overlap,
                   "Reduce gradients after the backward pass instead of during it.");
   }
