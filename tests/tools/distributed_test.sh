@@ -258,6 +258,33 @@ check "one process resumes it unpipelined (rc $rc)" bash -c "test $rc -eq 0 && g
 check "a pipe mesh without a pipelined layer is refused (rc $rc): $(grep -m1 'pipelined' "$tmp/p5.log")" bash -c "test $rc -ne 0 && grep -q 'the model has no pipelined layer to place on the 2 ranks' '$tmp/p5.log'"
 "$glossa" train "${common[@]}" "--model_params_override=${pipe_small/num_layers : 2/num_layers : 3}; task.stack.splits : 3" --logdir="$tmp/p6" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p6.log" 2>&1; rc=$?
 check "3 stages on 2 ranks are refused (rc $rc): $(grep -m1 'stage' "$tmp/p6.log")" bash -c "test $rc -ne 0 && grep -q \"has 3 pipeline stage(s), but the mesh's 'pipe' axis has 2 ranks\" '$tmp/p6.log'"
+# A stage lost mid-training (kill -9 rank 1, whose stage rank 0 sends micro-batches to and waits
+# on): rank 0 fails within the timeout naming it, and a restart resumes the last checkpoint.
+port=$(free_port)
+pids=()
+for r in 0 1; do
+  WORLD_SIZE=2 RANK=$r MASTER_PORT=$port \
+    "$glossa" train "${pipe[@]}" --mesh=pipe:2 --logdir="$tmp/pk" --max_steps=100000 --dist_timeout=20 > "$tmp/pk$r.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 1 600); do
+  grep -q 'ckpt-00000020' "$tmp/pk/train/checkpoint" 2>/dev/null && break
+  kill -0 "${pids[0]}" 2>/dev/null || break
+  sleep 0.1
+done
+kill -9 "${pids[1]}"
+start=$(date +%s)
+wait "${pids[0]}"; rc=$?
+took=$(( $(date +%s) - start ))
+wait "${pids[1]}" 2>/dev/null
+pids=()
+check "the surviving stage exits non-zero (rc $rc)" test "$rc" -ne 0
+check "within the timeout (${took} s)" test "$took" -le 40
+check "naming the lost stage's rank: $(tail -1 "$tmp/pk0.log")" grep -q 'lost rank(s): 1' "$tmp/pk0.log"
+last=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$tmp/pk/train/checkpoint")
+check "a complete pipeline checkpoint survived (step '$last')" test -n "$last"
+"$glossa" train "${pipe[@]}" --logdir="$tmp/pk" --max_steps=$(( ${last:-0} + 5 )) --nproc_per_node=2 --mesh=pipe:2 > "$tmp/pk2.log" 2>&1; rc=$?
+check "the pipeline restarts from step $last (rc $rc)" bash -c "test $rc -eq 0 && grep -q 'restored .*ckpt-0*$last at step $last' '$tmp/pk2.log'"
 "$glossa" train "${pipe[@]}" --logdir="$tmp/p7" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2,data:1 > "$tmp/p7.log" 2>&1; rc=$?
 check "a pipe axis with another is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'does not combine with data or expert axes' '$tmp/p7.log'"
 

@@ -9,7 +9,10 @@
 #      expert shards) as --nproc_per_node=2 on 127.0.0.1;
 #   2. a cut link (ip link set ... down) ends both ranks with an error naming the lost rank
 #      within the collective timeout;
-#   3. with the link back, a restart on both hosts resumes from the last complete checkpoint.
+#   3. with the link back, a restart on both hosts resumes from the last complete checkpoint;
+#   4. GPipe's stages across the hosts: the tiny LM's 2 layers as 2 stages (--mesh=pipe:2,
+#      micro-batches by send/recv over the link) write the same checkpoint bytes (rank 0's file
+#      and both stages' files) as on one host.
 # Needs root (ip netns); skipped with a message where namespaces cannot be created. The namespaces
 # and the veth pair are deleted on every exit path.
 #   bash tests/tools/multihost_test.sh build/bin/glossa
@@ -54,6 +57,7 @@ set +e
 moe=(--model=lm.austen.TransformerLmMoeTinyExpertParallel --random_seed=3 --intra_op_threads=1
      "--model_params_override=task.train.steps_per_loop : 5; task.train.save_interval_steps : 10")
 port=29517
+model=("${moe[@]}")  # what host() trains
 
 # host <a|b> <logfile> <glossa args...>: rank 0 on host A, rank 1 on host B, in the background.
 # Both "hosts" share this machine's cores, so LOCAL_WORLD_SIZE=2 gives each worker the thread
@@ -64,7 +68,7 @@ host() {
   if [ "$h" = b ]; then ns="$nsb" dev="$vb" rank=1; fi
   ip netns exec "$ns" env WORLD_SIZE=2 RANK=$rank LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 \
     MASTER_ADDR="$addr_a" MASTER_PORT=$port GLOO_SOCKET_IFNAME="$dev" \
-    "$glossa" train "${moe[@]}" "$@" > "$log" 2>&1 &
+    "$glossa" train "${model[@]}" "$@" > "$log" 2>&1 &
   pids+=($!)
 }
 
@@ -117,6 +121,24 @@ pids=()
 check "the restart exits 0 on both hosts ($rc0, $rc1): $(tail -2 "$tmp/re0.log") $(tail -2 "$tmp/re1.log")" test "$rc0" -eq 0 -a "$rc1" -eq 0
 check "it resumed from step $last: $(grep restored "$tmp/re0.log")" grep -q "restored .*ckpt-0*$last at step $last" "$tmp/re0.log"
 check "and wrote step $target with both expert shards" test -f "$(printf '%s/cut/train/ckpt-%08d-rank-00001-of-00002.safetensors' "$tmp" "$target")"
+
+# 4. Pipeline stages on the two hosts: the same bytes as on one host.
+model=(--model=lm.austen.TransformerLmTiny --random_seed=3 --intra_op_threads=1
+       "--model_params_override=task.stack.num_layers : 2; task.stack.splits : 2; task.stack.num_micro_batches : 2; task.train.steps_per_loop : 5; task.train.save_interval_steps : 10"
+       --mesh=pipe:2)
+"$glossa" train "${model[@]}" --logdir="$tmp/pone" --max_steps=10 --nproc_per_node=2 > "$tmp/pone.log" 2>&1
+check "the one-host pipeline exits 0: $(tail -2 "$tmp/pone.log")" test $? -eq 0
+host a "$tmp/ptwo0.log" --logdir="$tmp/ptwo" --max_steps=10
+host b "$tmp/ptwo1.log" --logdir="$tmp/ptwo" --max_steps=10
+wait "${pids[0]}"; rc0=$?
+wait "${pids[1]}"; rc1=$?
+pids=()
+check "both pipeline hosts exit 0 ($rc0, $rc1): $(tail -2 "$tmp/ptwo0.log") $(tail -2 "$tmp/ptwo1.log")" test "$rc0" -eq 0 -a "$rc1" -eq 0
+check "host B ran stage 1" grep -q 'pipeline stage 1' "$tmp/ptwo1.log"
+for f in ckpt-00000010.safetensors ckpt-00000010-rank-00000-of-00002.safetensors \
+         ckpt-00000010-rank-00001-of-00002.safetensors; do
+  check "two pipeline hosts write the bytes one host writes: $f" cmp -s "$tmp/pone/train/$f" "$tmp/ptwo/train/$f"
+done
 
 [ "$fail" -eq 0 ] && echo "multihost_test: all checks passed"
 exit "$fail"
