@@ -230,13 +230,10 @@ std::string ModelAnalysis(const BaseModel& model) {
   return out.str();
 }
 
-Executor::Executor(const Params& model_params, ExecutorOptions options)
-    : params_(model_params.Copy()), options_(std::move(options)) {
-  if (options_.logdir.empty()) throw InvalidArgumentError("executor: --logdir is required");
-  if (!options_.clock) options_.clock = SystemNow;
+// The mesh over the ranks (when there are several), each rank's input shard, and the model
+// built inside the mesh's axes; the variables this rank alone holds.
+void Executor::BuildModel() {
   Distributed* dist = options_.distributed;
-  chief_ = dist == nullptr || dist->rank() == 0;
-  const std::string config_text = params_.ToText();
   if (dist != nullptr && dist->world_size() > 1) {
     CheckSameConfiguration(*dist, params_);
     mesh_ = std::make_unique<DistributedMesh>(*dist, ParseMesh(options_.mesh, dist->world_size()));
@@ -284,6 +281,16 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
     Log(StrCat("pipeline stage ", pipe_axis_->index(), " of ", pipe_axis_->size(), ": ", stage_vars,
                " variables (", stage_bytes, " bytes) on this rank"));
   }
+}
+
+Executor::Executor(const Params& model_params, ExecutorOptions options)
+    : params_(model_params.Copy()), options_(std::move(options)) {
+  if (options_.logdir.empty()) throw InvalidArgumentError("executor: --logdir is required");
+  if (!options_.clock) options_.clock = SystemNow;
+  Distributed* dist = options_.distributed;
+  chief_ = dist == nullptr || dist->rank() == 0;
+  const std::string config_text = params_.ToText();
+  BuildModel();
   ValidateTrainParams(*model_);
   train_dir_ = JoinPath(options_.logdir, "train");
   ema_ = MakeModelEma(*model_);
@@ -388,6 +395,33 @@ struct Executor::RunState {
   bool stopped = false;  // by a stop request (here or on another rank)
 };
 
+// What the expert axis exchanged and the pipe axis sent during the run, per step.
+void Executor::LogModelParallelSummary(int64_t first_step) {
+  if (expert_axis_ && expert_axis_->exchanges() > 0 && global_step_ > first_step) {
+    // Every exchange of the run (the capacity agreements' few bytes included), per step.
+    const double steps = static_cast<double>(global_step_ - first_step);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "expert all-to-all over %d ranks: %.1f exchanges per step, %.2f MB per step "
+                  "(this rank's inputs), the largest %.0f bytes",
+                  expert_axis_->size(), expert_axis_->exchanges() / steps,
+                  expert_axis_->bytes() / 1e6 / steps,
+                  static_cast<double>(expert_axis_->max_bytes()));
+    Log(buf);
+  }
+  if (pipe_axis_ && pipe_axis_->sends() > 0 && global_step_ > first_step) {
+    // Rank 0 (stage 0) sends its micro-batches' activations on; the gradients come back to it.
+    const double steps = static_cast<double>(global_step_ - first_step);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "pipeline over %d ranks: stage 0 sent %.1f micro-batches per step, %.2f MB per "
+                  "step",
+                  pipe_axis_->size(), pipe_axis_->sends() / steps,
+                  pipe_axis_->send_bytes() / 1e6 / steps);
+    Log(buf);
+  }
+}
+
 int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
@@ -449,29 +483,7 @@ int64_t Executor::Run() {
     }
   }
   if (const std::string s = GradientSyncSummary(); !s.empty()) Log(s);
-  if (expert_axis_ && expert_axis_->exchanges() > 0 && global_step_ > first_step) {
-    // Every exchange of the run (the capacity agreements' few bytes included), per step.
-    const double steps = static_cast<double>(global_step_ - first_step);
-    char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "expert all-to-all over %d ranks: %.1f exchanges per step, %.2f MB per step "
-                  "(this rank's inputs), the largest %.0f bytes",
-                  expert_axis_->size(), expert_axis_->exchanges() / steps,
-                  expert_axis_->bytes() / 1e6 / steps,
-                  static_cast<double>(expert_axis_->max_bytes()));
-    Log(buf);
-  }
-  if (pipe_axis_ && pipe_axis_->sends() > 0 && global_step_ > first_step) {
-    // Rank 0 (stage 0) sends its micro-batches' activations on; the gradients come back to it.
-    const double steps = static_cast<double>(global_step_ - first_step);
-    char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "pipeline over %d ranks: stage 0 sent %.1f micro-batches per step, %.2f MB per "
-                  "step",
-                  pipe_axis_->size(), pipe_axis_->sends() / steps,
-                  pipe_axis_->send_bytes() / 1e6 / steps);
-    Log(buf);
-  }
+  LogModelParallelSummary(first_step);
   const bool saved =
       SaveCheckpoint(chief_ && checkpointer_->IsNew(global_step_), run.skipped_since_save == 0);
   if (!chief_) return global_step_;

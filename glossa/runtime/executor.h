@@ -107,6 +107,8 @@ class Executor {
   // With several ranks: the mesh, its expert axis (GShard) or pipe axis (GPipe), open while the
   // model is built and trained; the variables held by this rank alone (kExpertShardedCollection,
   // kPipelineStageCollection), if any.
+  void BuildModel();
+  void LogModelParallelSummary(int64_t first_step);
   std::unique_ptr<DistributedMesh> mesh_;
   DistributedMeshAxis* expert_axis_ = nullptr;
   DistributedMeshAxis* pipe_axis_ = nullptr;

@@ -1,0 +1,108 @@
+// Where a pipeline's stages go (gpipe.h): stage ends from splits, which cells this process builds
+// (all, or on a 'pipe' mesh axis its stage's), their whole-pipeline names, and unpipelined stacks
+// for bundles.
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/layers/gpipe.h"
+#include "glossa/layers/mesh.h"
+
+namespace glossa {
+
+std::vector<int64_t> EvenStageEnds(int64_t cells, int64_t stages) {
+  std::vector<int64_t> ends;
+  int64_t end = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    end += cells / stages + (s < cells % stages ? 1 : 0);
+    ends.push_back(end);
+  }
+  return ends;
+}
+
+std::vector<int64_t> StageEndsFromSplits(const std::string& where, const ParamValue& splits,
+                                         int64_t n) {
+  std::vector<int64_t> ends;
+  if (splits.is_list()) {
+    if (splits.AsList().empty()) throw InvalidArgumentError(StrCat(where, ": splits is empty"));
+    int64_t prev = 0;
+    for (const auto& e : splits.AsList()) {
+      const int64_t end = e.AsInt();
+      if (end <= prev) {
+        throw InvalidArgumentError(
+            StrCat(where, ": splits must be increasing and > 0, got ", end, " after ", prev));
+      }
+      prev = end;
+      ends.push_back(end);
+    }
+    if (prev != n) {
+      throw InvalidArgumentError(
+          StrCat(where, ": the last split must equal num_layers ", n, ", got ", prev));
+    }
+    return ends;
+  }
+  const int64_t stages = splits.AsInt();
+  if (stages <= 0 || stages > n) {
+    throw InvalidArgumentError(
+        StrCat(where, ": splits must be in [1, num_layers ", n, "], got ", stages));
+  }
+  return EvenStageEnds(n, stages);
+}
+
+StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends) {
+  StagePlacement p;
+  p.end = ends.back();
+  MeshAxis* axis = CurrentMeshAxis("pipe");
+  if (axis == nullptr || axis->size() == 1) return p;
+  const int64_t stages = static_cast<int64_t>(ends.size());
+  if (axis->size() != stages) {
+    throw FailedPreconditionError(
+        StrCat(where, " has ", stages, " pipeline stage(s), but the mesh's 'pipe' axis has ",
+               axis->size(), " ranks: a pipeline over ranks puts one stage on each (train it with "
+               "--mesh=pipe:", stages, " on ", stages, " ranks, or set its splits to ",
+               axis->size(), ")"));
+  }
+  p.axis = axis;
+  p.stage = axis->index();
+  p.first = p.stage == 0 ? 0 : ends[p.stage - 1];
+  p.end = ends[p.stage];
+  return p;
+}
+
+ParamValue::List NameCells(const ParamValue::List& cells, const std::string& prefix) {
+  ParamValue::List out;
+  int uid = 0;
+  for (const auto& c : cells) {
+    if (!c.is_params()) {
+      out.push_back(c);
+      continue;
+    }
+    glossa::Params p = c.AsParams().Copy();
+    if (p.Contains("name") && p.GetString("name").empty()) p.Set("name", StrCat(prefix, "_", uid++));
+    out.push_back(ParamValue(std::move(p)));
+  }
+  return out;
+}
+
+void UnpipelineStacks(Params& p) {
+  if (p.Contains("splits") && p.Contains("num_micro_batches") && p.Contains("final_layer_norm")) {
+    p.Set("splits", 1).Set("num_micro_batches", 1);
+  }
+  for (const auto& key : p.Keys()) {
+    const ParamValue& v = p.Get(key);
+    if (v.is_params()) {
+      UnpipelineStacks(p.GetParams(key));
+    } else if (v.is_list()) {
+      ParamValue::List items = v.AsList();
+      bool changed = false;
+      for (auto& item : items) {
+        if (!item.is_params()) continue;
+        Params copy = item.AsParams().Copy();
+        UnpipelineStacks(copy);
+        item = copy;
+        changed = true;
+      }
+      if (changed) p.Set(key, items);
+    }
+  }
+}
+
+}  // namespace glossa
