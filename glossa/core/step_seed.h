@@ -69,10 +69,10 @@ class OverWriteGlobalStepContext {
 };
 
 // The block of the batch this thread computes when a batch is split over ranks: dim-0 block
-// `index` of `count` equal blocks (a data-parallel or expert-parallel rank's rows). Seeded
-// per-row draws (DeterministicDropoutLayer) draw the whole batch's values and keep this block, so
-// a rank's masks are its rows of the masks one process draws for the whole batch: the ranks
-// train like one process with dropout on, at the price of `count` times the random numbers.
+// `index` of `count` equal blocks (a data-parallel or expert-parallel rank's rows, a pipeline's
+// micro-batch). Seeded per-row draws (DeterministicDropoutLayer) draw this block of the whole
+// batch's counter-based values (StatelessUniform), so a rank's masks are its rows of the masks one
+// process draws for the whole batch: the ranks train like one process with dropout on.
 // count 1 (the default): the thread's tensors are the whole batch.
 // A second, dim-1 block (index1 of count1) serves tensors split along two dims: the experts of a
 // data × expert mesh, [experts, groups, ...], are this rank's experts (dim 0) of its data

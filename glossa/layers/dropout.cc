@@ -1,6 +1,9 @@
 #include "glossa/layers/dropout.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -24,25 +27,73 @@ std::vector<int64_t> IntList(const ParamValue& v) {
 
 }  // namespace
 
+namespace {
+
+// SplitMix64's finalizer: a bijective mix of 64 bits.
+inline uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+at::Tensor StatelessUniform(std::array<int64_t, 2> seeds, const std::vector<int64_t>& whole,
+                            int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+  if (whole.empty()) throw InvalidArgumentError("StatelessUniform: a scalar shape");
+  const int64_t d0 = whole[0], d1 = whole.size() > 1 ? whole[1] : 1;
+  int64_t rest = 1;
+  for (size_t i = 2; i < whole.size(); ++i) rest *= whole[i];
+  if (row0 < 0 || rows < 0 || row0 + rows > d0 || col0 < 0 || cols < 0 || col0 + cols > d1) {
+    throw InvalidArgumentError(StrCat("StatelessUniform: block rows [", row0, ", ", row0 + rows,
+                                      ") x cols [", col0, ", ", col0 + cols, ") of ",
+                                      at::IntArrayRef(whole)));
+  }
+  std::vector<int64_t> shape = whole;
+  shape[0] = rows;
+  if (shape.size() > 1) shape[1] = cols;
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  const uint64_t key = Mix(static_cast<uint64_t>(seeds[0]) ^ Mix(static_cast<uint64_t>(seeds[1]) +
+                                                                  0x632be59bd9b4e019ULL));
+  const int64_t run = cols * rest;  // contiguous elements of one output row
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, run)),
+                   [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      // Element (row0 + r, col0 + c, k) of the whole: ((row0 + r) · d1 + col0 + c) · rest + k.
+      const uint64_t base = static_cast<uint64_t>(((row0 + r) * d1 + col0) * rest);
+      float* dst = o + r * run;
+      for (int64_t i = 0; i < run; ++i) {
+        const uint64_t z = Mix(key + (base + static_cast<uint64_t>(i)) * 0x9e3779b97f4a7c15ULL);
+        dst[i] = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+      }
+    }
+  });
+  return out;
+}
+
 at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
                                 const std::optional<std::vector<int64_t>>& noise_shape) {
   CheckKeepProb(keep_prob);
   if (keep_prob == 1.0) return x;
-  at::Generator gen = MakeSeededGenerator(seeds);
   std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
-  // A rank's rows of a batch split over ranks: the whole batch's draw, this block of it
+  if (shape.empty()) shape = {1};  // a scalar: one draw
+  // A rank's rows of a batch split over ranks: its block of the whole batch's draw, drawn alone
   // (core/step_seed.h: BatchShard; and its dim-1 block when one is set). A mask broadcast over
   // a split dim is the same for every block.
   const BatchShard shard = CurrentBatchShard();
-  const bool per_row = shard.count > 1 && !shape.empty() && x.dim() > 0 &&
-                       shape[0] == x.size(0) && (!noise_shape || shape[0] != 1);
+  const bool per_row = shard.count > 1 && x.dim() > 0 && shape[0] == x.size(0) &&
+                       (!noise_shape || shape[0] != 1);
   const bool per_column = shard.count1 > 1 && shape.size() > 1 && x.dim() > 1 &&
                           shape[1] == x.size(1) && (!noise_shape || shape[1] != 1);
-  if (per_row) shape[0] *= shard.count;
-  if (per_column) shape[1] *= shard.count1;
-  at::Tensor u = at::empty(shape, at::TensorOptions().dtype(at::kFloat)).uniform_(0.0, 1.0, gen);
-  if (per_row) u = u.narrow(0, shard.index * x.size(0), x.size(0));
-  if (per_column) u = u.narrow(1, shard.index1 * x.size(1), x.size(1));
+  std::vector<int64_t> whole = shape;
+  if (per_row) whole[0] *= shard.count;
+  if (per_column) whole[1] *= shard.count1;
+  const int64_t cols = shape.size() > 1 ? shape[1] : 1;
+  at::Tensor u = StatelessUniform(seeds, whole, per_row ? shard.index * shape[0] : 0, shape[0],
+                                  per_column ? shard.index1 * cols : 0, cols);
+  if (noise_shape && noise_shape->empty()) u = u.view({});
+  if (!noise_shape && x.dim() == 0) u = u.view({});
   at::Tensor mask = at::floor(u + static_cast<float>(keep_prob)).to(x.options());
   return (x / keep_prob) * mask;
 }

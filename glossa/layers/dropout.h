@@ -16,10 +16,18 @@
 
 namespace glossa {
 
+// Counter-based uniforms in [0, 1) (24-bit resolution): element k (row-major) of a tensor of shape
+// `whole` is a hash of (seeds, k), so any block can be drawn alone and equals that block of the
+// whole draw. Returns block [row0, row0 + rows) × [col0, col0 + cols) of dims 0 and 1 (the whole of
+// the later dims); a `whole` of rank 1 has no dim 1 (col0 0, cols 1). Float32.
+at::Tensor StatelessUniform(std::array<int64_t, 2> seeds, const std::vector<int64_t>& whole,
+                            int64_t row0, int64_t rows, int64_t col0, int64_t cols);
+
 // (x / keep_prob) · floor(keep_prob + U), U ~ Uniform[0, 1) of `noise_shape` (default x's shape,
-// broadcast against x) drawn from `seeds`. keep_prob must be in (0, 1]; 1 returns x. Inside a
-// BatchShardScope(i, n) (core/step_seed.h: x is block i of n of a batch along dim 0) U is drawn
-// for the whole batch and block i is kept, unless noise_shape broadcasts dim 0.
+// broadcast against x) drawn from `seeds` (StatelessUniform). keep_prob must be in (0, 1]; 1
+// returns x. Inside a BatchShardScope(i, n) (core/step_seed.h: x is block i of n of a batch along
+// dim 0, and j of m along dim 1 when set) U is block i of the whole batch's draw, drawn alone,
+// unless noise_shape broadcasts that dim.
 at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
                                 const std::optional<std::vector<int64_t>>& noise_shape = {});
 

@@ -17,15 +17,39 @@ TEST(DeterministicDropout, FollowsLingvosFormulaAndReplaysTheSeed) {
   EXPECT_TRUE(at::allclose(y.masked_select(kept), (x / 0.7).masked_select(kept)));
   const double kept_fraction = kept.to(at::kFloat).mean().item<double>();
   EXPECT_NEAR(kept_fraction, 0.7, 0.03);
-  // The mask is floor(keep_prob + U) with U drawn from the seed pair's generator.
-  at::Generator gen = MakeSeededGenerator({11, 3});
-  at::Tensor u = at::empty({64, 32}).uniform_(0.0, 1.0, gen);
+  // The mask is floor(keep_prob + U) with U the seed pair's counter-based uniforms.
+  at::Tensor u = StatelessUniform({11, 3}, {64, 32}, 0, 64, 0, 32);
   EXPECT_TRUE(at::equal(kept, at::floor(u + 0.7f).ne(0)));
   EXPECT_TRUE(at::equal(y, DeterministicDropout(x, 0.7, {11, 3})));
   EXPECT_FALSE(at::equal(y, DeterministicDropout(x, 0.7, {11, 4})));
   EXPECT_TRUE(at::equal(DeterministicDropout(x, 1.0, {1, 1}), x));
   EXPECT_THROW(DeterministicDropout(x, 0.0, {1, 1}), InvalidArgumentError);
   EXPECT_THROW(DeterministicDropout(x, 1.5, {1, 1}), InvalidArgumentError);
+}
+
+// The counter-based uniforms: any block drawn alone is that block of the whole draw; they look
+// uniform (mean 1/2, variance 1/12, neighbours uncorrelated, every decile filled) and the seeds
+// change them.
+TEST(StatelessUniform, BlocksAreTheWholeDrawsAndLookUniform) {
+  const std::vector<int64_t> whole = {6, 10, 7};
+  const at::Tensor all = StatelessUniform({4, 9}, whole, 0, 6, 0, 10);
+  ASSERT_EQ(all.sizes(), at::IntArrayRef(whole));
+  EXPECT_TRUE(at::equal(StatelessUniform({4, 9}, whole, 2, 3, 4, 5),
+                        all.narrow(0, 2, 3).narrow(1, 4, 5)));
+  EXPECT_TRUE(at::equal(StatelessUniform({4, 9}, {420}, 100, 50, 0, 1),
+                        all.reshape({-1}).narrow(0, 100, 50)));
+  EXPECT_FALSE(at::equal(StatelessUniform({4, 10}, whole, 0, 6, 0, 10), all));
+  EXPECT_FALSE(at::equal(StatelessUniform({5, 9}, whole, 0, 6, 0, 10), all));
+  const at::Tensor u = StatelessUniform({1, 2}, {1 << 20}, 0, 1 << 20, 0, 1).to(at::kDouble);
+  EXPECT_GE(u.min().item<double>(), 0.0);
+  EXPECT_LT(u.max().item<double>(), 1.0);
+  EXPECT_NEAR(u.mean().item<double>(), 0.5, 2e-3);
+  EXPECT_NEAR(u.var().item<double>(), 1.0 / 12, 1e-3);
+  const at::Tensor a = u.narrow(0, 0, (1 << 20) - 1) - 0.5, b = u.narrow(0, 1, (1 << 20) - 1) - 0.5;
+  EXPECT_LT(std::abs((a * b).mean().item<double>() / (1.0 / 12)), 5e-3);
+  const at::Tensor counts = at::histc(u, 10, 0.0, 1.0);
+  EXPECT_LT((counts / (1 << 20) - 0.1).abs().max().item<double>(), 2e-3);
+  EXPECT_THROW(StatelessUniform({1, 2}, {4, 4}, 3, 2, 0, 4), InvalidArgumentError);
 }
 
 TEST(DeterministicDropout, NoiseShapeBroadcasts) {
