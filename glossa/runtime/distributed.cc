@@ -340,20 +340,21 @@ std::map<std::string, std::pair<double, double>> Distributed::GatherWeighted(
 
 namespace {
 thread_local Distributed* g_current = nullptr;
-thread_local bool g_same_batches = false;
+thread_local Distributed* g_batch_group = nullptr;
 }  // namespace
 
 Distributed* CurrentDistributed() { return g_current; }
-Distributed* CurrentBatchGroup() { return g_same_batches ? nullptr : g_current; }
+Distributed* CurrentBatchGroup() { return g_batch_group; }
 bool IsChief() { return g_current == nullptr || g_current->rank() == 0; }
-DistributedScope::DistributedScope(Distributed* dist, bool same_batches)
-    : previous_(g_current), previous_same_(g_same_batches) {
+DistributedScope::DistributedScope(Distributed* dist) : DistributedScope(dist, dist) {}
+DistributedScope::DistributedScope(Distributed* dist, Distributed* batch_group)
+    : previous_(g_current), previous_batch_(g_batch_group) {
   g_current = dist;
-  g_same_batches = same_batches;
+  g_batch_group = batch_group;
 }
 DistributedScope::~DistributedScope() {
   g_current = previous_;
-  g_same_batches = previous_same_;
+  g_batch_group = previous_batch_;
 }
 
 namespace {

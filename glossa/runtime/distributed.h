@@ -156,15 +156,17 @@ class DistributedMeshAxis : public MeshAxis {
 // Dense variables are replicated on every rank and averaged over the world as in plain data
 // parallelism.
 //
-// GPipe's pipe axis (`--mesh=pipe:S`): rank s holds pipeline stage s of every pipelined layer
-// (gpipe.h) and every rank reads the same batches (the layers around the pipeline run
-// replicated). It does not combine with the other axes yet.
+// GPipe's data × pipe mesh (`--mesh=pipe:S` or `--mesh=data:D,pipe:S`): world rank r = d·S + s
+// holds pipeline stage s of every pipelined layer (gpipe.h). The S ranks that share d form the
+// pipe axis (one pipeline; they read the same batches, the layers around the pipeline running
+// replicated); the D ranks that share s are replicas of the same stage, which average its
+// gradients and read different batches. A pipe axis does not combine with an expert axis yet.
 struct MeshShape {
   int data = 1, expert = 1, pipe = 1;
 };
-// "data:D,expert:E" (either may be left out: 1) or "pipe:S". Empty: the expert axis over the
-// whole world (data 1). InvalidArgument naming --mesh for an unknown axis, a size < 1, a pipe
-// axis with another, or a product other than world_size.
+// "data:D,expert:E" or "data:D,pipe:S" (data may be left out: 1). Empty: the expert axis over
+// the whole world (data 1). InvalidArgument naming --mesh for an unknown axis, a size < 1, pipe
+// with expert, or a product other than world_size.
 MeshShape ParseMesh(const std::string& text, int world_size);
 
 class DistributedMesh {
@@ -180,17 +182,20 @@ class DistributedMesh {
   Distributed* data_group() { return data_group_.get(); }
   // Null on a pipe mesh.
   DistributedMeshAxis* expert_axis() { return expert_axis_.get(); }
-  // The pipe axis (the world, rank s = stage s); null unless pipe > 1.
+  // The pipe axis (this rank's pipeline, stage s its rank s); null unless pipe > 1.
   DistributedMeshAxis* pipe_axis() { return pipe_axis_.get(); }
+  // The ranks of this rank's pipeline (the world itself when data is 1).
+  Distributed& pipe_group() { return pipe_group_ ? *pipe_group_ : world_; }
+  int pipe_index() const { return pipe_index_; }
   // How many ranks read different batches (data · expert), and which of them this one is.
   int batch_shards() const { return shape_.data * shape_.expert; }
-  int batch_shard() const { return shape_.pipe > 1 ? 0 : data_index_ * shape_.expert + expert_index_; }
+  int batch_shard() const { return data_index_ * shape_.expert + expert_index_; }
 
  private:
   Distributed& world_;
   MeshShape shape_;
-  int data_index_ = 0, expert_index_ = 0;
-  std::unique_ptr<Distributed> expert_group_, data_group_;
+  int data_index_ = 0, expert_index_ = 0, pipe_index_ = 0;
+  std::unique_ptr<Distributed> expert_group_, data_group_, pipe_group_;
   std::unique_ptr<DistributedMeshAxis> expert_axis_, pipe_axis_;
 };
 
@@ -205,14 +210,17 @@ Distributed* CurrentBatchGroup();
 bool IsChief();
 class DistributedScope {
  public:
-  explicit DistributedScope(Distributed* dist, bool same_batches = false);
+  explicit DistributedScope(Distributed* dist);
+  // `batch_group`: the ranks whose batches differ (CurrentBatchGroup; null: every rank reads the
+  // same batches).
+  DistributedScope(Distributed* dist, Distributed* batch_group);
   ~DistributedScope();
   DistributedScope(const DistributedScope&) = delete;
   DistributedScope& operator=(const DistributedScope&) = delete;
 
  private:
   Distributed* previous_;
-  bool previous_same_;
+  Distributed* previous_batch_;
 };
 
 // PyTorch DDP's reducer for the Learner (Learner::SetGradientSync): gradients are averaged over

@@ -254,7 +254,11 @@ void Executor::BuildModel() {
       pipe_axis_ = mesh_->pipe_axis();
       if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
       if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
-      if (chief_ && mesh_->shape().data > 1) {
+      if (chief_ && mesh_->shape().data > 1 && pipe_axis_) {
+        Log(StrCat("mesh: data ", mesh_->shape().data, " x pipe ", mesh_->shape().pipe,
+                   " (pipelines of ", mesh_->shape().pipe, " ranks, each replicated ",
+                   mesh_->shape().data, " times)"));
+      } else if (chief_ && mesh_->shape().data > 1) {
         Log(StrCat("mesh: data ", mesh_->shape().data, " x expert ", mesh_->shape().expert,
                    " (expert groups of ", mesh_->shape().expert, " ranks, each replicated ",
                    mesh_->shape().data, " times)"));
@@ -426,7 +430,8 @@ int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
   Distributed* dist = options_.distributed;
-  DistributedScope dist_scope(dist, /*same_batches=*/pipe_axis_ != nullptr);
+  // Metrics average over the ranks whose batches differ: on a pipe mesh the stages' replicas.
+  DistributedScope dist_scope(dist, pipe_axis_ ? mesh_->data_group() : dist);
   std::optional<MeshAxisScope> expert_scope, pipe_scope;
   if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
   if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
@@ -439,11 +444,16 @@ int64_t Executor::Run() {
                                       !mesh_ ? 0 : pipe_axis_ ? 1 : mesh_->shape().expert);
     syncs_.clear();
     InstallGradientSyncs(*dist, *model_, options_, syncs_);
-    // A stage's gradients are its layers' whole-batch gradients: not averaged, not scaled.
+    // A stage's gradients are its layers' gradients of its pipeline's whole batch: averaged over
+    // the stage's replicas (summed over the data group, then divided), and the norm sums their
+    // squares over the pipeline.
     if (pipe_axis_) {
-      for (auto& s : syncs_) s->SetShardedScale(1.0);
+      for (auto& s : syncs_) {
+        s->SetShardedScale(1.0 / mesh_->shape().data);
+        s->SetShardGroups(&mesh_->pipe_group(), mesh_->data_group());
+      }
     }
-    if (mesh_ && mesh_->data_group() != nullptr) {
+    if (mesh_ && !pipe_axis_ && mesh_->data_group() != nullptr) {
       for (auto& s : syncs_) s->SetShardGroups(&mesh_->expert_group(), mesh_->data_group());
     }
   }
@@ -506,8 +516,8 @@ bool Executor::SaveCheckpoint(bool due, bool healthy) {
     if (IsShardTensor(name, sharded_vars_)) mine[name] = t;
   }
   if (pipe_axis_) {
-    // Each stage's layers, whole.
-    SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), pipe_axis_->index(),
+    // Each stage's layers, whole, by the stage's replica of data index 0.
+    if (mesh_->data_index() == 0) SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), pipe_axis_->index(),
                   pipe_axis_->size(), mine, /*whole=*/true);
   } else if (mesh_->data_index() == 0) {
     // One replica of each expert shard writes it: the ranks of data index 0.

@@ -94,11 +94,10 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
     }
   }
   if (seen_pipe) {
-    if (seen_data || seen_expert) {
-      throw bad("a pipe axis does not combine with data or expert axes yet");
-    }
-    if (m.pipe != world_size) {
-      throw bad(StrCat("pipe ", m.pipe, " stages need ", m.pipe, " ranks, but the job has ",
+    if (seen_expert) throw bad("a pipe axis does not combine with an expert axis yet");
+    if (static_cast<int64_t>(m.data) * m.pipe != world_size) {
+      throw bad(StrCat("data ", m.data, " x pipe ", m.pipe, " = ",
+                       static_cast<int64_t>(m.data) * m.pipe, " ranks, but the job has ",
                        world_size));
     }
     return m;
@@ -114,12 +113,24 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
 DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     : world_(world), shape_(shape) {
   if (shape.pipe > 1) {
-    if (shape.pipe != world.world_size() || shape.data != 1 || shape.expert != 1) {
-      throw InvalidArgumentError(StrCat("mesh pipe ", shape.pipe, " (data ", shape.data,
-                                        ", expert ", shape.expert, ") does not cover the ",
+    if (static_cast<int64_t>(shape.data) * shape.pipe != world.world_size() ||
+        shape.expert != 1) {
+      throw InvalidArgumentError(StrCat("mesh data ", shape.data, " x pipe ", shape.pipe,
+                                        " (expert ", shape.expert, ") does not cover the ",
                                         world.world_size(), " ranks"));
     }
-    pipe_axis_ = std::make_unique<DistributedMeshAxis>(world);
+    // Rank r = d·S + s: the S ranks sharing d are one pipeline, the D sharing s one stage's
+    // replicas.
+    data_index_ = world.rank() / shape.pipe;
+    pipe_index_ = world.rank() % shape.pipe;
+    if (shape.data > 1) {
+      std::vector<int> row, column;
+      for (int s = 0; s < shape.pipe; ++s) row.push_back(data_index_ * shape.pipe + s);
+      for (int d = 0; d < shape.data; ++d) column.push_back(d * shape.pipe + pipe_index_);
+      pipe_group_ = world.Subgroup(StrCat("pipe/", data_index_), row);
+      data_group_ = world.Subgroup(StrCat("data/", pipe_index_), column);
+    }
+    pipe_axis_ = std::make_unique<DistributedMeshAxis>(pipe_group());
     return;
   }
   if (static_cast<int64_t>(shape.data) * shape.expert != world.world_size()) {

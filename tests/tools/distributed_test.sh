@@ -230,13 +230,13 @@ check "and in one process (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'but the 
 # 8. GPipe stages on ranks: the tiny LM's 2 layers as 2 stages (task.stack.splits : 2) on 2 ranks,
 # --mesh=pipe:2, 2 micro-batches a step. Each rank writes its stage's layers whole before rank 0
 # writes the checkpoint; a restart resumes on both; one process evaluates the logdir and exports
-# it (every layer, the bundle unpipelined), and resumes it unpipelined (splits 1); a pipeline that
-# does not match the ranks is refused.
+# it (every layer, the bundle unpipelined), and resumes it unpipelined (splits 1); data x pipe on
+# 4 ranks; a lost stage; a pipeline that does not match the ranks is refused.
 pipe_small="${small/num_layers : 1/num_layers : 2}; task.stack.splits : 2; task.stack.num_micro_batches : 2"
 pipe=("${common[@]}" "--model_params_override=$pipe_small")
 "$glossa" train "${pipe[@]}" --logdir="$tmp/p" --max_steps=10 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p.log" 2>&1; rc=$?
 check "pipeline training exits 0 (rc $rc): $(tail -2 "$tmp/p.log")" test "$rc" -eq 0
-check "rank 1 is stage 1 and reads every rank's input" grep -q '^\[rank 1\] rank 1 of 2: pipeline stage 1, reading every rank' "$tmp/p.log"
+check "rank 1 is stage 1 and reads the same input as rank 0" grep -q '^\[rank 1\] rank 1 of 2: pipeline stage 1, training on input shard 0 of 1' "$tmp/p.log"
 check "rank 0 says what its stage holds" grep -q '^\[rank 0\] pipeline stage 0 of 2: 17 variables' "$tmp/p.log"
 check "and what it sent: $(grep -m1 'pipeline over' "$tmp/p.log")" grep -q '^\[rank 0\] pipeline over 2 ranks: stage 0 sent 2.0 micro-batches per step' "$tmp/p.log"
 for r in 0 1; do
@@ -258,6 +258,18 @@ check "one process resumes it unpipelined (rc $rc)" bash -c "test $rc -eq 0 && g
 check "a pipe mesh without a pipelined layer is refused (rc $rc): $(grep -m1 'pipelined' "$tmp/p5.log")" bash -c "test $rc -ne 0 && grep -q 'the model has no pipelined layer to place on the 2 ranks' '$tmp/p5.log'"
 "$glossa" train "${common[@]}" "--model_params_override=${pipe_small/num_layers : 2/num_layers : 3}; task.stack.splits : 3" --logdir="$tmp/p6" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p6.log" 2>&1; rc=$?
 check "3 stages on 2 ranks are refused (rc $rc): $(grep -m1 'stage' "$tmp/p6.log")" bash -c "test $rc -ne 0 && grep -q \"has 3 pipeline stage(s), but the mesh's 'pipe' axis has 2 ranks\" '$tmp/p6.log'"
+# Data x pipe: 2 pipelines of 2 stages on 4 ranks, each on half the batch; the stages' replicas
+# of data index 0 write the 2 stage files, and the checkpoint resumes on one pipeline of 2 ranks.
+"$glossa" train "${pipe[@]}" --logdir="$tmp/dp" --max_steps=10 --nproc_per_node=4 --mesh=data:2,pipe:2 > "$tmp/dp.log" 2>&1; rc=$?
+check "data x pipe training exits 0 (rc $rc): $(tail -2 "$tmp/dp.log")" test "$rc" -eq 0
+check "rank 0 names the mesh" grep -q '^\[rank 0\] mesh: data 2 x pipe 2 (pipelines of 2 ranks, each replicated 2 times)' "$tmp/dp.log"
+check "rank 3 is stage 1 of the second pipeline" grep -q '^\[rank 3\] rank 3 of 4: pipeline stage 1, training on input shard 1 of 2' "$tmp/dp.log"
+check "2 stage files and no more" test "$(ls "$tmp/dp/train" | grep -c -- '-rank-')" -eq 2
+"$glossa" train "${pipe[@]}" --logdir="$tmp/dp" --max_steps=15 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/dp2.log" 2>&1; rc=$?
+check "the data x pipe checkpoint resumes on one pipeline (rc $rc)" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' '$tmp/dp2.log'"
+"$glossa" train "${pipe[@]}" --logdir="$tmp/dp3" --max_steps=5 --nproc_per_node=2 --mesh=data:2,pipe:2 > "$tmp/dp3.log" 2>&1; rc=$?
+check "a data x pipe mesh of 4 on 2 ranks is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'data 2 x pipe 2 = 4 ranks, but the job has 2' '$tmp/dp3.log'"
+
 # A stage lost mid-training (kill -9 rank 1, whose stage rank 0 sends micro-batches to and waits
 # on): rank 0 fails within the timeout naming it, and a restart resumes the last checkpoint.
 port=$(free_port)
@@ -285,8 +297,8 @@ last=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$tmp/pk/tra
 check "a complete pipeline checkpoint survived (step '$last')" test -n "$last"
 "$glossa" train "${pipe[@]}" --logdir="$tmp/pk" --max_steps=$(( ${last:-0} + 5 )) --nproc_per_node=2 --mesh=pipe:2 > "$tmp/pk2.log" 2>&1; rc=$?
 check "the pipeline restarts from step $last (rc $rc)" bash -c "test $rc -eq 0 && grep -q 'restored .*ckpt-0*$last at step $last' '$tmp/pk2.log'"
-"$glossa" train "${pipe[@]}" --logdir="$tmp/p7" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2,data:1 > "$tmp/p7.log" 2>&1; rc=$?
-check "a pipe axis with another is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'does not combine with data or expert axes' '$tmp/p7.log'"
+"$glossa" train "${pipe[@]}" --logdir="$tmp/p7" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2,expert:1 > "$tmp/p7.log" 2>&1; rc=$?
+check "a pipe axis with an expert axis is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'does not combine with an expert axis' '$tmp/p7.log'"
 
 [ "$fail" -eq 0 ] && echo "distributed_test: all checks passed"
 exit "$fail"

@@ -45,9 +45,10 @@ class TrainCommand : public Command {
     eo.log_every_n_steps = log_every_n_steps_;
     if (dist && dist->rank() != 0) {
       // Rank 0 speaks for the job; the others say what they are and then only fail loudly.
-      if (ParseMesh(d_.mesh, dist->world_size()).pipe > 1) {
-        std::printf("rank %d of %d: pipeline stage %d, reading every rank's input\n",
-                    dist->rank(), dist->world_size(), dist->rank());
+      if (const MeshShape m = ParseMesh(d_.mesh, dist->world_size()); m.pipe > 1) {
+        std::printf("rank %d of %d: pipeline stage %d, training on input shard %d of %d\n",
+                    dist->rank(), dist->world_size(), dist->rank() % m.pipe,
+                    dist->rank() / m.pipe, m.data);
       } else {
         std::printf("rank %d of %d: training on input shard %d\n", dist->rank(),
                     dist->world_size(), dist->rank());
