@@ -233,8 +233,9 @@ void AddDistFlags(CLI::App* cmd, DistFlags& d, bool training) {
     cmd->add_option("--mesh", d.mesh,
                     "The device mesh over the ranks: GShard's data:D,expert:E (D·E = the ranks: "
                     "expert-sharded layers spread their experts over E ranks and D replicas of "
-                    "them sum their gradients), or GPipe's pipe:S (S = the ranks: each holds one "
-                    "stage of the pipelined layers). Default: the expert axis over every rank.");
+                    "them sum their gradients), or GPipe's data:D,pipe:S (D·S = the ranks: D "
+                    "pipelines, each rank one stage of the pipelined layers; pipe:S alone is "
+                    "D = 1). Default: the expert axis over every rank.");
     cmd->add_flag("--no_overlap_grad_reduce", d.no_overlap,
                   "Reduce gradients after the backward pass instead of during it.");
   }
