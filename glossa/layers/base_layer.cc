@@ -550,7 +550,7 @@ std::vector<std::string> BaseLayer::RemoteScopes() const {
 
 void BaseLayer::DeclareRemoteScope(const std::string& name) {
   CheckConstructing("DeclareRemoteScope");
-  remote_scopes_.push_back(scope_ + "/" + name);
+  remote_scopes_.push_back(scope_ + "/" + SanitizeScopeKey(name));
 }
 
 void BaseLayer::MoveTo(at::Device device) {

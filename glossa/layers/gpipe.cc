@@ -186,13 +186,15 @@ at::Tensor RunStage(const PipelineRun& run, int64_t s, const NestedValue::List& 
   } else {
     overwrite.emplace(run.global_step * run.m + t);
   }
-  const int64_t seed = GetStepSeed();
+  struct RestoreSeed {  // on a pipe rank this is the caller's thread
+    int64_t seed = GetStepSeed();
+    ~RestoreSeed() { ResetStepSeed(seed); }
+  } restore;
   const int64_t first = pc.placement.first;
   for (int64_t c = s == 0 ? 0 : pc.ends[s - 1]; c < pc.ends[s]; ++c) {
     ResetStepSeed(pc.seeds[c - first]);
     x = pc.blocks[c - first]->FPropBlock(thetas[c - first].AsMap(), x, run.paddings[t]);
   }
-  ResetStepSeed(seed);
   return x;
 }
 
@@ -272,6 +274,14 @@ at::Tensor ShareFromStage(const PipelineRun& run, std::vector<at::Tensor>& piece
   at::Tensor whole = run.first_stage() == root
                          ? at::cat(pieces, run.dim).contiguous()
                          : at::empty(run.whole_shape, at::TensorOptions().dtype(run.dtype));
+  // The other ranks receive into the input's shape and dtype: a pipeline that changes them
+  // cannot run on ranks (in one process it can).
+  if (whole.sizes() != at::IntArrayRef(run.whole_shape) || whole.scalar_type() != run.dtype) {
+    throw InvalidArgumentError(StrCat(
+        "pipeline '", run.cells->owner->path(), "': on a pipe axis its output must keep the "
+        "input's shape and dtype ", at::IntArrayRef(run.whole_shape), " ",
+        c10::toString(run.dtype), ", got ", whole.sizes(), " ", c10::toString(whole.scalar_type())));
+  }
   run.axis()->Broadcast(whole, static_cast<int>(root));
   return whole;
 }

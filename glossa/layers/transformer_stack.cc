@@ -203,13 +203,15 @@ at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inp
     x = PipelineFProp(*pipe_, theta.at("x_layers"), x, paddings);
   } else {
     // Each layer from its own step seed, as a pipeline stage runs it (the masks do not depend on
-    // splits); the thread's step seed is left as it was.
-    const int64_t seed = GetStepSeed();
+    // splits); the thread's step seed is left as it was, on every exit path.
+    struct RestoreSeed {
+      int64_t seed = GetStepSeed();
+      ~RestoreSeed() { ResetStepSeed(seed); }
+    } restore;
     for (size_t i = 0; i < layers_.size(); ++i) {
       ResetStepSeed(layer_seeds_[i]);
       x = layers_[i]->FProp(layers_[i].Theta(theta), x, paddings, aux_vecs, aux_paddings).first;
     }
-    ResetStepSeed(seed);
   }
   if (final_ln_) x = final_ln_->FProp(final_ln_.Theta(theta), x);
   return x;

@@ -6,11 +6,13 @@
 #include <fstream>
 #include <sys/stat.h>
 
+#include "glossa/base/crc32c.h"
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/safetensors.h"
 #include "glossa/checkpoint/checkpointer.h"
+#include "glossa/layers/mesh.h"
 #include "glossa/checkpoint/saver.h"
 
 namespace glossa {
@@ -188,8 +190,9 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
     std::map<std::string, at::Tensor> own;
     if (!prefix.empty()) {
       SafetensorsContents c = LoadCheckpoint(prefix);
-      SliceShards(c, sharded, shard_index >= 0 ? shard_index : dist.rank(),
-                  shard_count > 0 ? shard_count : dist.world_size());
+      const int count = shard_count > 0 ? shard_count : dist.world_size();
+      // (count 1: whole variables, a pipeline stage's, taken as they are.)
+      if (count > 1) SliceShards(c, sharded, shard_index >= 0 ? shard_index : dist.rank(), count);
       own = std::move(c.tensors);
     } else {
       own = CheckpointTensors(model, ema, global_step);
@@ -203,6 +206,37 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
   const int64_t step = RestoreCheckpoint(contents, model, ema);
   Checkpointer::RestoreInputPositions(contents, model, log);
   return step;
+}
+
+bool ShareBatchOverPipe(bool have, NestedMap& batch) {
+  MeshAxis* pipe = CurrentMeshAxis("pipe");
+  if (pipe == nullptr || pipe->size() == 1) return have;
+  const bool root = pipe->index() == 0;
+  std::string bytes;
+  if (root && have) bytes = SerializeNestedMaps({batch});
+  at::Tensor header = at::tensor({static_cast<int64_t>(have ? 1 : 0),
+                                  static_cast<int64_t>(bytes.size())}, at::kLong);
+  pipe->Broadcast(header, 0);
+  if (header[0].item<int64_t>() == 0) return false;
+  at::Tensor data = at::empty({header[1].item<int64_t>()}, at::kByte);
+  if (root) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  pipe->Broadcast(data, 0);
+  if (!root) {
+    batch = DeserializeNestedMaps(
+        std::string(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel())))
+        .at(0);
+  }
+  return true;
+}
+
+std::string StageReplicaDigest(const BaseLayer& model) {
+  std::string digest;
+  for (const auto& v : LearnerVariables(model)) {
+    if (!v.pipeline_stage) continue;
+    const at::Tensor t = v.value.detach().contiguous();
+    digest += StrCat(v.name, ":", Crc32c(t.data_ptr(), t.numel() * t.element_size()), "\n");
+  }
+  return digest;
 }
 
 std::string SerializeNestedMaps(const std::vector<NestedMap>& maps) {

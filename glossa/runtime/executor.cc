@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <optional>
+#include <set>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -80,16 +81,6 @@ std::string ProcessSeedNote() {
                 ") to repeat this run");
 }
 
-// With several ranks: a gradient sync per task, installed in its learner and kept in `syncs`.
-void InstallGradientSyncs(Distributed& dist, BaseModel& model, const ExecutorOptions& options,
-                          std::vector<std::shared_ptr<DataParallelGradientSync>>& syncs) {
-  for (const auto& name : model.task_names()) {
-    auto sync = std::make_shared<DataParallelGradientSync>(dist, options.grad_bucket_bytes,
-                                                           options.overlap_grad_reduce);
-    model.GetTask(name).learner().SetGradientSync(sync);
-    syncs.push_back(std::move(sync));
-  }
-}
 
 // Steps after the restored checkpoint are replayed: their old lines of metrics.jsonl (and a torn
 // last line) are dropped, lest they appear twice.
@@ -230,63 +221,6 @@ std::string ModelAnalysis(const BaseModel& model) {
   return out.str();
 }
 
-// The mesh over the ranks (when there are several), each rank's input shard, and the model
-// built inside the mesh's axes; the variables this rank alone holds.
-void Executor::BuildModel() {
-  Distributed* dist = options_.distributed;
-  if (dist != nullptr && dist->world_size() > 1) {
-    CheckSameConfiguration(*dist, params_);
-    mesh_ = std::make_unique<DistributedMesh>(*dist, ParseMesh(options_.mesh, dist->world_size()));
-    // The ranks of a pipe axis read the same batches; data and expert ranks their own rows.
-    for (const std::string& note :
-         ShardParamsForReplicas(params_, mesh_->batch_shards(), mesh_->batch_shard())) {
-      if (chief_) Log(note);
-    }
-    for (auto& [name, p] : options_.dataset_params) {
-      ShardParamsForReplicas(p, mesh_->batch_shards(), mesh_->batch_shard());
-    }
-  }
-  const int64_t seed_uses = ProcessRandomSeedUses();
-  {
-    std::optional<MeshAxisScope> expert_scope, pipe_scope;
-    if (mesh_) {
-      expert_axis_ = mesh_->expert_axis();
-      pipe_axis_ = mesh_->pipe_axis();
-      if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
-      if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
-      if (chief_ && mesh_->shape().data > 1 && pipe_axis_) {
-        Log(StrCat("mesh: data ", mesh_->shape().data, " x pipe ", mesh_->shape().pipe,
-                   " (pipelines of ", mesh_->shape().pipe, " ranks, each replicated ",
-                   mesh_->shape().data, " times)"));
-      } else if (chief_ && mesh_->shape().data > 1) {
-        Log(StrCat("mesh: data ", mesh_->shape().data, " x expert ", mesh_->shape().expert,
-                   " (expert groups of ", mesh_->shape().expert, " ranks, each replicated ",
-                   mesh_->shape().data, " times)"));
-      }
-    }
-    model_ = InstantiateLayer<BaseModel>(params_);
-  }
-  used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
-  int64_t stage_bytes = 0, stage_vars = 0;
-  for (const auto& v : LearnerVariables(*model_)) {
-    if (v.rank_local()) sharded_vars_.push_back(v.name);
-    if (v.pipeline_stage) {
-      ++stage_vars;
-      stage_bytes += v.value.numel() * static_cast<int64_t>(v.value.element_size());
-    }
-  }
-  if (pipe_axis_) {
-    if (stage_vars == 0) {
-      throw InvalidArgumentError(StrCat(
-          "--mesh=", options_.mesh, ": the model has no pipelined layer to place on the ",
-          pipe_axis_->size(), " ranks (set splits: ", pipe_axis_->size(), " on its "
-          "TransformerStack, or use a PipeliningLayer / GPipeTransformerStack)"));
-    }
-    Log(StrCat("pipeline stage ", pipe_axis_->index(), " of ", pipe_axis_->size(), ": ", stage_vars,
-               " variables (", stage_bytes, " bytes) on this rank"));
-  }
-}
-
 Executor::Executor(const Params& model_params, ExecutorOptions options)
     : params_(model_params.Copy()), options_(std::move(options)) {
   if (options_.logdir.empty()) throw InvalidArgumentError("executor: --logdir is required");
@@ -399,33 +333,6 @@ struct Executor::RunState {
   bool stopped = false;  // by a stop request (here or on another rank)
 };
 
-// What the expert axis exchanged and the pipe axis sent during the run, per step.
-void Executor::LogModelParallelSummary(int64_t first_step) {
-  if (expert_axis_ && expert_axis_->exchanges() > 0 && global_step_ > first_step) {
-    // Every exchange of the run (the capacity agreements' few bytes included), per step.
-    const double steps = static_cast<double>(global_step_ - first_step);
-    char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "expert all-to-all over %d ranks: %.1f exchanges per step, %.2f MB per step "
-                  "(this rank's inputs), the largest %.0f bytes",
-                  expert_axis_->size(), expert_axis_->exchanges() / steps,
-                  expert_axis_->bytes() / 1e6 / steps,
-                  static_cast<double>(expert_axis_->max_bytes()));
-    Log(buf);
-  }
-  if (pipe_axis_ && pipe_axis_->sends() > 0 && global_step_ > first_step) {
-    // Rank 0 (stage 0) sends its micro-batches' activations on; the gradients come back to it.
-    const double steps = static_cast<double>(global_step_ - first_step);
-    char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "pipeline over %d ranks: stage 0 sent %.1f micro-batches per step, %.2f MB per "
-                  "step",
-                  pipe_axis_->size(), pipe_axis_->sends() / steps,
-                  pipe_axis_->send_bytes() / 1e6 / steps);
-    Log(buf);
-  }
-}
-
 int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
@@ -437,26 +344,7 @@ int64_t Executor::Run() {
   if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
   if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
-  if (dist != nullptr) {
-    global_step_ = SyncStateFromChief(*dist, *model_, ema_.get(), global_step_, log, sharded_vars_,
-                                      chief_ ? checkpointer_->restored_prefix() : "",
-                                      !mesh_ ? -1 : pipe_axis_ ? 0 : mesh_->expert_index(),
-                                      !mesh_ ? 0 : pipe_axis_ ? 1 : mesh_->shape().expert);
-    syncs_.clear();
-    InstallGradientSyncs(*dist, *model_, options_, syncs_);
-    // A stage's gradients are its layers' gradients of its pipeline's whole batch: averaged over
-    // the stage's replicas (summed over the data group, then divided), and the norm sums their
-    // squares over the pipeline.
-    if (pipe_axis_) {
-      for (auto& s : syncs_) {
-        s->SetShardedScale(1.0 / mesh_->shape().data);
-        s->SetShardGroups(&mesh_->pipe_group(), mesh_->data_group());
-      }
-    }
-    if (mesh_ && !pipe_axis_ && mesh_->data_group() != nullptr) {
-      for (auto& s : syncs_) s->SetShardGroups(&mesh_->expert_group(), mesh_->data_group());
-    }
-  }
+  if (dist != nullptr) JoinRanks(*dist);
   ProgramSchedule schedule(*model_, options_.dataset_params, options_.logdir, log, options_.clock);
   std::unique_ptr<EventWriter> writer;
   if (chief_ && checkpointer_->restored()) DropReplayedMetricLines(train_dir_, global_step_, log);
@@ -501,32 +389,6 @@ int64_t Executor::Run() {
   writer->Close();
   LogFinalCheckpoint(train_dir_, global_step_, saved, run.stopped, log);
   return global_step_;
-}
-
-bool Executor::SaveCheckpoint(bool due, bool healthy) {
-  Distributed* dist = options_.distributed;
-  if (sharded_vars_.empty() || dist == nullptr) {
-    if (!chief_ || !due) return false;
-    checkpointer_->Save(global_step_, healthy);
-    return true;
-  }
-  if (!dist->AnyTrue(due)) return false;
-  std::map<std::string, at::Tensor> mine;
-  for (auto& [name, t] : CheckpointTensors(*model_, ema_.get(), global_step_)) {
-    if (IsShardTensor(name, sharded_vars_)) mine[name] = t;
-  }
-  if (pipe_axis_) {
-    // Each stage's layers, whole, by the stage's replica of data index 0.
-    if (mesh_->data_index() == 0) SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), pipe_axis_->index(),
-                  pipe_axis_->size(), mine, /*whole=*/true);
-  } else if (mesh_->data_index() == 0) {
-    // One replica of each expert shard writes it: the ranks of data index 0.
-    SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), mesh_->expert_index(),
-                  mesh_->shape().expert, mine);
-  }
-  dist->Barrier();  // every rank's shard is complete before the checkpoint can become visible
-  if (chief_) checkpointer_->Save(global_step_, healthy);
-  return true;
 }
 
 // The train loops of a run, until max_steps, a stop request, the end of the input, or the program

@@ -108,6 +108,7 @@ class Executor {
   // model is built and trained; the variables held by this rank alone (kExpertShardedCollection,
   // kPipelineStageCollection), if any.
   void BuildModel();
+  void JoinRanks(Distributed& dist);
   void LogModelParallelSummary(int64_t first_step);
   std::unique_ptr<DistributedMesh> mesh_;
   DistributedMeshAxis* expert_axis_ = nullptr;

@@ -198,6 +198,7 @@ bool TakeBatchOnEveryRank(BaseTask& task, Distributed* dist, NestedMap& batch) {
   } catch (const OutOfRangeError&) {
     exhausted = true;
   }
+  exhausted = !ShareBatchOverPipe(!exhausted, batch);
   return !(dist != nullptr ? dist->AnyTrue(exhausted) : exhausted);
 }
 
@@ -412,11 +413,13 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
   int64_t samples = 0, batches = 0;
   while ((want <= 0 || samples < want) && (max_batches < 0 || batches++ < max_batches)) {
     NestedMap batch;
+    bool have = true;
     try {
       batch = task.input().GetPreprocessedInputBatch();
     } catch (const OutOfRangeError&) {
-      break;
+      have = false;
     }
+    if (!ShareBatchOverPipe(have, batch)) break;
     BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
     acc.Add(r.metrics);
     samples += static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());

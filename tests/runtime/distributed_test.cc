@@ -839,6 +839,26 @@ TEST(Distributed, DataTimesPipeMeshTrainsLikeOneProcess) {
   }
 }
 
+// A pipeline's ranks compute on rank 0's batch, whatever their own readers gave them, and stop
+// together when rank 0's input ends; without a pipe axis the batch is left alone.
+TEST(Distributed, PipelineRanksShareRankZerosBatch) {
+  RunWorkers(2, [&](Distributed& dist) {
+    const int r = dist.rank();
+    NestedMap batch;
+    batch.Set("ids", at::full({2, 3 + r}, r, at::kLong));
+    batch.Set("paddings", at::zeros({2, 3 + r}));
+    EXPECT_TRUE(ShareBatchOverPipe(true, batch));  // no axis yet
+    EXPECT_EQ(batch.GetTensor("ids").size(1), 3 + r);
+    DistributedMeshAxis axis(dist);
+    MeshAxisScope scope("pipe", &axis);
+    EXPECT_TRUE(ShareBatchOverPipe(true, batch));
+    EXPECT_TRUE(at::equal(batch.GetTensor("ids"), at::zeros({2, 3}, at::kLong))) << "rank " << r;
+    EXPECT_EQ(batch.GetTensor("paddings").sizes(), at::IntArrayRef({2, 3}));
+    // Rank 0's input ended: every rank stops, though rank 1 still had a batch.
+    EXPECT_FALSE(ShareBatchOverPipe(r != 0, batch)) << "rank " << r;
+  });
+}
+
 // A pipeline placed on a pipe axis of another size, and stages that would change the
 // activation's shape, are refused with what to do.
 TEST(Distributed, PipelineStagesNeedOneRankEach) {

@@ -267,6 +267,12 @@ check "rank 3 is stage 1 of the second pipeline" grep -q '^\[rank 3\] rank 3 of 
 check "2 stage files and no more" test "$(ls "$tmp/dp/train" | grep -c -- '-rank-')" -eq 2
 "$glossa" train "${pipe[@]}" --logdir="$tmp/dp" --max_steps=15 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/dp2.log" 2>&1; rc=$?
 check "the data x pipe checkpoint resumes on one pipeline (rc $rc)" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' '$tmp/dp2.log'"
+# Without --random_seed each process draws its own initialization: the stages' replicas start from
+# data index 0's (they are compared before every checkpoint, which would fail otherwise).
+"$glossa" train --model=lm.austen.TransformerLmTiny --intra_op_threads=1 "--model_params_override=$pipe_small" --logdir="$tmp/dp4" --max_steps=5 --nproc_per_node=4 --mesh=data:2,pipe:2 > "$tmp/dp4.log" 2>&1; rc=$?
+check "data x pipe without --random_seed trains and saves (rc $rc): $(tail -1 "$tmp/dp4.log")" bash -c "test $rc -eq 0 && test -f '$tmp/dp4/train/ckpt-00000005.safetensors'"
+"$glossa" train "${common[@]}" "--model_params_override=$pipe_small; task.train.learner.bprop_variable_filter : 'x_layers_1'" --logdir="$tmp/dp5" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/dp5.log" 2>&1; rc=$?
+check "a pipe mesh that would not train every stage is refused (rc $rc): $(grep -m1 'every stage' "$tmp/dp5.log")" bash -c "test $rc -ne 0 && grep -q 'on a pipe mesh every stage variable must train' '$tmp/dp5.log'"
 "$glossa" train "${pipe[@]}" --logdir="$tmp/dp3" --max_steps=5 --nproc_per_node=2 --mesh=data:2,pipe:2 > "$tmp/dp3.log" 2>&1; rc=$?
 check "a data x pipe mesh of 4 on 2 ranks is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'data 2 x pipe 2 = 4 ranks, but the job has 2' '$tmp/dp3.log'"
 

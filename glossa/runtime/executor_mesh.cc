@@ -1,0 +1,200 @@
+// The executor's model-parallel parts (executor.h): the mesh and the model built inside its axes,
+// joining the ranks' state, their checkpoint shards, and what the axes carried.
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <set>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/checkpoint/saver.h"
+#include "glossa/layers/process_seed.h"
+#include "glossa/optim/learner.h"
+#include "glossa/runtime/data_parallel.h"
+#include "glossa/runtime/distributed.h"
+#include "glossa/runtime/executor.h"
+
+namespace glossa {
+namespace {
+
+// With several ranks: a gradient sync per task, installed in its learner and kept in `syncs`.
+void InstallGradientSyncs(Distributed& dist, BaseModel& model, const ExecutorOptions& options,
+                          std::vector<std::shared_ptr<DataParallelGradientSync>>& syncs) {
+  for (const auto& name : model.task_names()) {
+    auto sync = std::make_shared<DataParallelGradientSync>(dist, options.grad_bucket_bytes,
+                                                           options.overlap_grad_reduce);
+    model.GetTask(name).learner().SetGradientSync(sync);
+    syncs.push_back(std::move(sync));
+  }
+}
+
+}  // namespace
+
+// The mesh over the ranks (when there are several), each rank's input shard, and the model
+// built inside the mesh's axes; the variables this rank alone holds.
+void Executor::BuildModel() {
+  Distributed* dist = options_.distributed;
+  if (dist != nullptr && dist->world_size() > 1) {
+    CheckSameConfiguration(*dist, params_);
+    mesh_ = std::make_unique<DistributedMesh>(*dist, ParseMesh(options_.mesh, dist->world_size()));
+    // The ranks of a pipe axis read the same batches; data and expert ranks their own rows.
+    for (const std::string& note :
+         ShardParamsForReplicas(params_, mesh_->batch_shards(), mesh_->batch_shard())) {
+      if (chief_) Log(note);
+    }
+    for (auto& [name, p] : options_.dataset_params) {
+      ShardParamsForReplicas(p, mesh_->batch_shards(), mesh_->batch_shard());
+    }
+  }
+  const int64_t seed_uses = ProcessRandomSeedUses();
+  {
+    std::optional<MeshAxisScope> expert_scope, pipe_scope;
+    if (mesh_) {
+      expert_axis_ = mesh_->expert_axis();
+      pipe_axis_ = mesh_->pipe_axis();
+      if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
+      if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
+      if (chief_ && mesh_->shape().data > 1 && pipe_axis_) {
+        Log(StrCat("mesh: data ", mesh_->shape().data, " x pipe ", mesh_->shape().pipe,
+                   " (pipelines of ", mesh_->shape().pipe, " ranks, each replicated ",
+                   mesh_->shape().data, " times)"));
+      } else if (chief_ && mesh_->shape().data > 1) {
+        Log(StrCat("mesh: data ", mesh_->shape().data, " x expert ", mesh_->shape().expert,
+                   " (expert groups of ", mesh_->shape().expert, " ranks, each replicated ",
+                   mesh_->shape().data, " times)"));
+      }
+    }
+    model_ = InstantiateLayer<BaseModel>(params_);
+  }
+  used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
+  int64_t stage_bytes = 0, stage_vars = 0;
+  for (const auto& v : LearnerVariables(*model_)) {
+    if (v.rank_local()) sharded_vars_.push_back(v.name);
+    if (v.pipeline_stage) {
+      ++stage_vars;
+      stage_bytes += v.value.numel() * static_cast<int64_t>(v.value.element_size());
+    }
+  }
+  if (pipe_axis_) {
+    if (stage_vars == 0) {
+      throw InvalidArgumentError(StrCat(
+          "--mesh=", options_.mesh, ": the model has no pipelined layer to place on the ",
+          pipe_axis_->size(), " ranks (set splits: ", pipe_axis_->size(), " on its "
+          "TransformerStack, or use a PipeliningLayer / GPipeTransformerStack)"));
+    }
+    Log(StrCat("pipeline stage ", pipe_axis_->index(), " of ", pipe_axis_->size(), ": ", stage_vars,
+               " variables (", stage_bytes, " bytes) on this rank"));
+    // Every stage's backward must run on every step (its ranks wait for each other's
+    // gradients): a learner that leaves some stage variables out could skip a rank's.
+    const std::vector<LearnerVariable> all = LearnerVariables(*model_);
+    for (const auto& name : model_->task_names()) {
+      std::set<std::string> selected;
+      for (const auto& v : model_->GetTask(name).learner().SelectVariables(all)) {
+        selected.insert(v.name);
+      }
+      for (const auto& v : all) {
+        if (v.pipeline_stage && !selected.count(v.name)) {
+          throw InvalidArgumentError(StrCat(
+              "--mesh=", options_.mesh, ": task '", name, "' does not train '", v.name,
+              "' (non-trainable, or left out by its learner's variable filter), but on a pipe "
+              "mesh every stage variable must train: the stages' backward passes wait on each "
+              "other. Train this model in one process, or train every layer of the pipeline"));
+        }
+      }
+    }
+  }
+}
+
+// With several ranks: the chief's state on every rank (each rank's own share of rank-local
+// variables), the gradient syncs, and a pipe mesh's stage replicas made alike.
+void Executor::JoinRanks(Distributed& dist) {
+  auto log = [this](const std::string& l) { Log(l); };
+  global_step_ = SyncStateFromChief(dist, *model_, ema_.get(), global_step_, log, sharded_vars_,
+                                    chief_ ? checkpointer_->restored_prefix() : "",
+                                    !mesh_ ? -1 : pipe_axis_ ? 0 : mesh_->expert_index(),
+                                    !mesh_ ? 0 : pipe_axis_ ? 1 : mesh_->shape().expert);
+  syncs_.clear();
+  InstallGradientSyncs(dist, *model_, options_, syncs_);
+  // The replicas of a stage start alike, whatever each process's seed drew (restored
+  // checkpoints agree already).
+  if (pipe_axis_ && mesh_->data_group() != nullptr) {
+    std::vector<at::Tensor> stage;
+    for (const auto& v : LearnerVariables(*model_)) {
+      if (v.pipeline_stage) stage.push_back(v.value.detach());
+    }
+    mesh_->data_group()->Broadcast(stage, 0);
+  }
+  // A stage's gradients are its layers' gradients of its pipeline's whole batch: averaged over
+  // the stage's replicas (summed over the data group, then divided), and the norm sums their
+  // squares over the pipeline.
+  if (pipe_axis_) {
+    for (auto& s : syncs_) {
+      s->SetShardedScale(1.0 / mesh_->shape().data);
+      s->SetShardGroups(&mesh_->pipe_group(), mesh_->data_group());
+    }
+  }
+  if (mesh_ && !pipe_axis_ && mesh_->data_group() != nullptr) {
+    for (auto& s : syncs_) s->SetShardGroups(&mesh_->expert_group(), mesh_->data_group());
+  }
+
+}
+
+// What the expert axis exchanged and the pipe axis sent during the run, per step.
+void Executor::LogModelParallelSummary(int64_t first_step) {
+  if (expert_axis_ && expert_axis_->exchanges() > 0 && global_step_ > first_step) {
+    // Every exchange of the run (the capacity agreements' few bytes included), per step.
+    const double steps = static_cast<double>(global_step_ - first_step);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "expert all-to-all over %d ranks: %.1f exchanges per step, %.2f MB per step "
+                  "(this rank's inputs), the largest %.0f bytes",
+                  expert_axis_->size(), expert_axis_->exchanges() / steps,
+                  expert_axis_->bytes() / 1e6 / steps,
+                  static_cast<double>(expert_axis_->max_bytes()));
+    Log(buf);
+  }
+  if (pipe_axis_ && pipe_axis_->sends() > 0 && global_step_ > first_step) {
+    // Rank 0 (stage 0) sends its micro-batches' activations on; the gradients come back to it.
+    const double steps = static_cast<double>(global_step_ - first_step);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "pipeline over %d ranks: stage 0 sent %.1f micro-batches per step, %.2f MB per "
+                  "step",
+                  pipe_axis_->size(), pipe_axis_->sends() / steps,
+                  pipe_axis_->send_bytes() / 1e6 / steps);
+    Log(buf);
+  }
+}
+
+bool Executor::SaveCheckpoint(bool due, bool healthy) {
+  Distributed* dist = options_.distributed;
+  if (sharded_vars_.empty() || dist == nullptr) {
+    if (!chief_ || !due) return false;
+    checkpointer_->Save(global_step_, healthy);
+    return true;
+  }
+  if (!dist->AnyTrue(due)) return false;
+  std::map<std::string, at::Tensor> mine;
+  for (auto& [name, t] : CheckpointTensors(*model_, ema_.get(), global_step_)) {
+    if (IsShardTensor(name, sharded_vars_)) mine[name] = t;
+  }
+  if (pipe_axis_ && mesh_->data_group() != nullptr) {
+    // The stage's replicas must hold the same values (FailedPrecondition naming the ranks).
+    mesh_->data_group()->CheckSame("the values of this pipeline stage's variables on its replicas",
+                                   StageReplicaDigest(*model_));
+  }
+  if (pipe_axis_) {
+    // Each stage's layers, whole, by the stage's replica of data index 0.
+    if (mesh_->data_index() == 0) SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), pipe_axis_->index(),
+                  pipe_axis_->size(), mine, /*whole=*/true);
+  } else if (mesh_->data_index() == 0) {
+    // One replica of each expert shard writes it: the ranks of data index 0.
+    SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), mesh_->expert_index(),
+                  mesh_->shape().expert, mine);
+  }
+  dist->Barrier();  // every rank's shard is complete before the checkpoint can become visible
+  if (chief_) checkpointer_->Save(global_step_, healthy);
+  return true;
+}
+
+}  // namespace glossa
