@@ -3,6 +3,7 @@
 // for bundles.
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/core/params_walk.h"
 #include "glossa/layers/gpipe.h"
 #include "glossa/layers/mesh.h"
 
@@ -83,26 +84,11 @@ ParamValue::List NameCells(const ParamValue::List& cells, const std::string& pre
 }
 
 void UnpipelineStacks(Params& p) {
-  if (p.Contains("splits") && p.Contains("num_micro_batches") && p.Contains("final_layer_norm")) {
-    p.Set("splits", 1).Set("num_micro_batches", 1);
-  }
-  for (const auto& key : p.Keys()) {
-    const ParamValue& v = p.Get(key);
-    if (v.is_params()) {
-      UnpipelineStacks(p.GetParams(key));
-    } else if (v.is_list()) {
-      ParamValue::List items = v.AsList();
-      bool changed = false;
-      for (auto& item : items) {
-        if (!item.is_params()) continue;
-        Params copy = item.AsParams().Copy();
-        UnpipelineStacks(copy);
-        item = copy;
-        changed = true;
-      }
-      if (changed) p.Set(key, items);
+  ForEachNestedParams(p, [](Params& q) {
+    if (q.Contains("splits") && q.Contains("num_micro_batches") && q.Contains("final_layer_norm")) {
+      q.Set("splits", 1).Set("num_micro_batches", 1);
     }
-  }
+  });
 }
 
 }  // namespace glossa

@@ -1,4 +1,5 @@
 #include "glossa/layers/moe.h"
+#include "glossa/core/params_walk.h"
 
 #include <ATen/ATen.h>
 
@@ -515,28 +516,13 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
 GLOSSA_REGISTER_CLASS(TransformerShardedMoeLayer, "glossa.layers.TransformerShardedMoeLayer");
 
 void UnshardExperts(Params& p) {
-  if (p.Contains("num_devices") && p.Contains("num_groups") &&
-      p.Get("num_devices").kind() == ParamValue::Kind::kInt && p.GetInt("num_devices") > 1) {
-    p.Set("num_groups", std::max<int64_t>(1, p.GetInt("num_groups") / p.GetInt("num_devices")));
-    p.Set("num_devices", 1);
-  }
-  for (const auto& key : p.Keys()) {
-    const ParamValue& v = p.Get(key);
-    if (v.is_params()) {
-      UnshardExperts(p.GetParams(key));
-    } else if (v.is_list()) {
-      ParamValue::List items = v.AsList();
-      bool changed = false;
-      for (auto& item : items) {
-        if (!item.is_params()) continue;
-        Params copy = item.AsParams().Copy();
-        UnshardExperts(copy);
-        item = copy;
-        changed = true;
-      }
-      if (changed) p.Set(key, items);
+  ForEachNestedParams(p, [](Params& q) {
+    if (q.Contains("num_devices") && q.Contains("num_groups") &&
+        q.Get("num_devices").kind() == ParamValue::Kind::kInt && q.GetInt("num_devices") > 1) {
+      q.Set("num_groups", std::max<int64_t>(1, q.GetInt("num_groups") / q.GetInt("num_devices")));
+      q.Set("num_devices", 1);
     }
-  }
+  });
 }
 
 }  // namespace glossa

@@ -192,6 +192,11 @@ class DistributedMesh {
   int batch_shard() const { return data_index_ * shape_.expert + expert_index_; }
 
  private:
+  // Rank r = d·size + i of a data × `axis` grid: this rank's row (the `size` ranks sharing its
+  // data index, into row_group) and column (the data replicas sharing i, into data_group_);
+  // nothing when data is 1.
+  void FormGrid(const std::string& axis, int size, int index,
+                std::unique_ptr<Distributed>& row_group);
   Distributed& world_;
   MeshShape shape_;
   int data_index_ = 0, expert_index_ = 0, pipe_index_ = 0;

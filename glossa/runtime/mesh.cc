@@ -110,6 +110,16 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
   return m;
 }
 
+void DistributedMesh::FormGrid(const std::string& axis, int size, int index,
+                               std::unique_ptr<Distributed>& row_group) {
+  if (shape_.data == 1) return;  // the axis is the world; no data axis
+  std::vector<int> row, column;
+  for (int i = 0; i < size; ++i) row.push_back(data_index_ * size + i);
+  for (int d = 0; d < shape_.data; ++d) column.push_back(d * size + index);
+  row_group = world_.Subgroup(StrCat(axis, "/", data_index_), row);
+  data_group_ = world_.Subgroup(StrCat("data/", index), column);
+}
+
 DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     : world_(world), shape_(shape) {
   if (shape.pipe > 1) {
@@ -123,13 +133,7 @@ DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     // replicas.
     data_index_ = world.rank() / shape.pipe;
     pipe_index_ = world.rank() % shape.pipe;
-    if (shape.data > 1) {
-      std::vector<int> row, column;
-      for (int s = 0; s < shape.pipe; ++s) row.push_back(data_index_ * shape.pipe + s);
-      for (int d = 0; d < shape.data; ++d) column.push_back(d * shape.pipe + pipe_index_);
-      pipe_group_ = world.Subgroup(StrCat("pipe/", data_index_), row);
-      data_group_ = world.Subgroup(StrCat("data/", pipe_index_), column);
-    }
+    FormGrid("pipe", shape.pipe, pipe_index_, pipe_group_);
     pipe_axis_ = std::make_unique<DistributedMeshAxis>(pipe_group());
     return;
   }
@@ -139,13 +143,7 @@ DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
   }
   data_index_ = world.rank() / shape.expert;
   expert_index_ = world.rank() % shape.expert;
-  if (shape.data > 1) {
-    std::vector<int> row, column;
-    for (int e = 0; e < shape.expert; ++e) row.push_back(data_index_ * shape.expert + e);
-    for (int d = 0; d < shape.data; ++d) column.push_back(d * shape.expert + expert_index_);
-    expert_group_ = world.Subgroup(StrCat("expert/", data_index_), row);
-    data_group_ = world.Subgroup(StrCat("data/", expert_index_), column);
-  }
+  FormGrid("expert", shape.expert, expert_index_, expert_group_);
   expert_axis_ = std::make_unique<DistributedMeshAxis>(expert_group());
 }
 
