@@ -14,6 +14,9 @@ check() {  # check <description> <command...>
   local what="$1"; shift
   if ! "$@"; then echo "FAIL: $what"; fail=1; fi
 }
+# wait_for <file> <regex> <seconds>: returns once a line of <file> (followed across the atomic
+# rewrites of a state file, and before it exists) matches, or fails after <seconds>.
+wait_for() { timeout "$3" bash -c 'tail -F -n +1 "$1" 2>/dev/null | grep -q -m1 -e "$2"' _ "$1" "$2"; }
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # The Austen LM at width 16, dropout on (residual 0.1, as the model has it).
 small='task.emb.embedding_dim : 16; task.position_emb.embedding_dim : 16; task.softmax.input_dim : 16; task.stack.num_layers : 1; task.stack.mdl_dim : 16; task.stack.hidden_dim : 32; task.stack.num_atten_heads : 2;'
@@ -285,11 +288,7 @@ for r in 0 1; do
     "$glossa" train "${pipe[@]}" --mesh=pipe:2 --logdir="$tmp/pk" --max_steps=100000 --dist_timeout=20 > "$tmp/pk$r.log" 2>&1 &
   pids+=($!)
 done
-for _ in $(seq 1 600); do
-  grep -q 'ckpt-00000020' "$tmp/pk/train/checkpoint" 2>/dev/null && break
-  kill -0 "${pids[0]}" 2>/dev/null || break
-  sleep 0.1
-done
+check "the pipeline reached its step-20 checkpoint" wait_for "$tmp/pk/train/checkpoint" 'ckpt-00000020' 120
 kill -9 "${pids[1]}"
 start=$(date +%s)
 wait "${pids[0]}"; rc=$?

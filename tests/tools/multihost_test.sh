@@ -33,6 +33,9 @@ cleanup() {
   [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
+# wait_for <file> <regex> <seconds>: returns once a line of <file> (followed across the atomic
+# rewrites of a state file, and before it exists) matches, or fails after <seconds>.
+wait_for() { timeout "$3" bash -c 'tail -F -n +1 "$1" 2>/dev/null | grep -q -m1 -e "$2"' _ "$1" "$2"; }
 check() {  # check <description> <command...>
   local what="$1"; shift
   if ! "$@"; then echo "FAIL: $what"; fail=1; fi
@@ -91,12 +94,7 @@ done
 timeout_s=15
 host a "$tmp/cut0.log" --logdir="$tmp/cut" --max_steps=100000 --dist_timeout=$timeout_s
 host b "$tmp/cut1.log" --logdir="$tmp/cut" --max_steps=100000 --dist_timeout=$timeout_s
-for _ in $(seq 1 1200); do
-  grep -q 'ckpt-00000020' "$tmp/cut/train/checkpoint" 2>/dev/null && break
-  kill -0 "${pids[0]}" 2>/dev/null && kill -0 "${pids[1]}" 2>/dev/null || break
-  sleep 0.1
-done
-check "the run reached its step-20 checkpoint before the cut" grep -q 'ckpt-00000020' "$tmp/cut/train/checkpoint"
+check "the run reached its step-20 checkpoint before the cut" wait_for "$tmp/cut/train/checkpoint" 'ckpt-00000020' 120
 ip -n "$nsb" link set "$vb" down
 start=$(date +%s)
 wait "${pids[0]}"; rc0=$?
