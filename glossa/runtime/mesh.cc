@@ -64,8 +64,8 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
   }
   auto bad = [&](const std::string& why) {
     return InvalidArgumentError(StrCat("--mesh='", text, "': ", why,
-                                       " (the form is data:D,expert:E with D·E = the number "
-                                       "of ranks, or pipe:S with S = the number of ranks)"));
+                                       " (the form is data:D,expert:E or data:D,pipe:S, the "
+                                       "sizes' product the number of ranks)"));
   };
   bool seen_data = false, seen_expert = false, seen_pipe = false;
   for (const std::string& part : Split(text, ',')) {
