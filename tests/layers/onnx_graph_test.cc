@@ -16,8 +16,9 @@ namespace glossa {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/onnx_graph_test";
-  std::filesystem::create_directories(dir);
+  // This process's own directory: unit_tests and unit_tests_reference_kernels run at once, and
+  // would otherwise write and read each other's graphs.
+  static const std::string dir = glossa::testing::TempDir("onnx_graph_test");
   return dir + "/" + name;
 }
 

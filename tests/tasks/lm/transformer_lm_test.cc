@@ -148,7 +148,8 @@ TEST(UnigramBaseline, AddOneSmoothedLogPerplexity) {
 }
 
 TEST(CheckpointJob, BacksOffWhileWaitingForCheckpoints) {
-  const std::string logdir = ::testing::TempDir() + "/glossa_job_backoff";
+  // This process's own directory: unit_tests and unit_tests_reference_kernels run at once.
+  const std::string logdir = glossa::testing::TempDir("job_backoff") + "/logdir";
   std::vector<double> sleeps;
   std::atomic<bool> stop{false};
   JobOptions o;

@@ -101,7 +101,8 @@ TEST(TransformerModel, ExtendStepMatchesTeacherForcedLogits) {
 // step with its caches as inputs and outputs, run in ONNX Runtime step by step, against the
 // encoder's FProp and the decoder's ExtendStep.
 TEST(TransformerModel, OnnxEncoderAndDecoderStepInOnnxRuntimeMatchExtendStep) {
-  const std::string dir = ::testing::TempDir() + "/mt_onnx";
+  // This process's own directory: unit_tests and unit_tests_reference_kernels run at once.
+  const std::string dir = glossa::testing::TempDir("mt_onnx");
   for (bool shared : {true, false}) {
     auto model = InstantiateLayer<mt::TransformerModel>(SmallModel(20, shared));
     EvalModeScope eval;
