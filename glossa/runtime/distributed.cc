@@ -1,6 +1,8 @@
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/distributed_impl.h"
 
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -12,7 +14,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -35,6 +40,28 @@ std::optional<long long> EnvInt(const char* name) {
                                       "' is not an integer"));
   }
   return x;
+}
+
+// What rank 0 does with the port it got for MASTER_PORT=0: says it on stderr, and writes it as a
+// line to GLOSSA_RENDEZVOUS_PORT_FD (the local launcher's pipe, which starts the other ranks on it).
+std::function<void(const std::string&, int)> AnnounceRendezvousPort() {
+  const auto fd = EnvInt("GLOSSA_RENDEZVOUS_PORT_FD");
+  if (fd && (*fd < 3 || *fd > 65535)) {
+    throw InvalidArgumentError(StrCat("GLOSSA_RENDEZVOUS_PORT_FD must be a descriptor above 2, got ",
+                                      *fd));
+  }
+  return [fd](const std::string& addr, int port) {
+    std::fprintf(stderr, "glossa: rank 0 hosts the rendezvous at %s:%d\n", addr.c_str(), port);
+    std::fflush(stderr);
+    if (!fd) return;
+    const std::string line = StrCat(port, "\n");
+    const int out = static_cast<int>(*fd);
+    if (::write(out, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      throw AbortedError(StrCat("cannot tell the launcher the rendezvous port on descriptor ", out,
+                                ": ", std::strerror(errno)));
+    }
+    ::close(out);
+  };
 }
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -66,11 +93,18 @@ std::optional<DistributedOptions> DistributedOptionsFromEnv() {
   }
   const auto port = EnvInt("MASTER_PORT");
   if (port) {
-    if (*port < 1 || *port > 65535) {
-      throw InvalidArgumentError(StrCat("MASTER_PORT must be in [1, 65535], got ", *port));
+    if (*port == 0 && o.rank != 0) {
+      throw InvalidArgumentError(StrCat(
+          "MASTER_PORT=0 (a free port) is for rank 0 alone, which says the port it got; rank ",
+          o.rank, " needs that port"));
+    }
+    if (*port < 0 || *port > 65535) {
+      throw InvalidArgumentError(StrCat("MASTER_PORT must be in [1, 65535] (0: rank 0 picks a "
+                                        "free one), got ", *port));
     }
     o.master_port = static_cast<int>(*port);
   }
+  if (o.master_port == 0) o.on_listening = AnnounceRendezvousPort();
   return o;
 }
 
@@ -89,16 +123,28 @@ Distributed::Distributed(const DistributedOptions& options)
     throw InvalidArgumentError(StrCat("rank ", options.rank, " of world size ",
                                       options.world_size, " is out of range"));
   }
-  const std::string where = StrCat("rank ", options.rank, " of ", options.world_size, " at ",
-                                   options.master_addr, ":", options.master_port);
+  // Where this rank met the others (the port rank 0 got, when it picked one).
+  const auto where = [this] {
+    return StrCat("rank ", options_.rank, " of ", options_.world_size, " at ",
+                  options_.master_addr, ":", options_.master_port);
+  };
   try {
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(options.master_port);
     so.isServer = options.rank == 0;
     so.numWorkers = options.world_size;
-    so.waitWorkers = true;
+    // Port 0: the server binds a port the kernel picks; the others are told it before rank 0
+    // waits for them.
+    const bool pick_port = options.rank == 0 && options.master_port == 0;
+    so.waitWorkers = !pick_port;
     so.timeout = Millis(options.timeout_seconds);
-    impl_->store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, so);
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(options.master_addr, so);
+    impl_->store = tcp;
+    if (pick_port) {
+      options_.master_port = tcp->getPort();
+      if (options_.on_listening) options_.on_listening(options_.master_addr, options_.master_port);
+      tcp->waitForWorkers();
+    }
     auto pg_options = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout_seconds));
     // The network device this rank's Gloo pairs use: GLOO_SOCKET_IFNAME's interface when set
     // (as PyTorch), loopback for a job on 127.0.0.1 / localhost, else the address this host's
@@ -117,10 +163,10 @@ Distributed::Distributed(const DistributedOptions& options)
     impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, options.rank,
                                                             options.world_size, pg_options);
   } catch (const c10::Error& e) {
-    throw AbortedError(StrCat("distributed rendezvous failed for ", where, " within ",
+    throw AbortedError(StrCat("distributed rendezvous failed for ", where(), " within ",
                               options.timeout_seconds, " s: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    throw AbortedError(StrCat("distributed rendezvous failed for ", where, ": ", e.what()));
+    throw AbortedError(StrCat("distributed rendezvous failed for ", where(), ": ", e.what()));
   }
 }
 

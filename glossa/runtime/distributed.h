@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,7 +30,11 @@ namespace glossa {
 
 struct DistributedOptions {
   std::string master_addr = "127.0.0.1";
+  // 0 (rank 0 only): the store binds a port the kernel picks, so no other program can take it
+  // between a probe and the bind; on_listening(port) is then called before rank 0 waits for the
+  // others, which must be told the port (the launcher passes it on; MASTER_PORT=0 prints it).
   int master_port = 29500;
+  std::function<void(const std::string& addr, int port)> on_listening;
   int world_size = 1;
   int rank = 0;
   int local_rank = 0;
@@ -45,11 +50,14 @@ struct DistributedOptions {
 // From MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500), WORLD_SIZE, RANK and
 // LOCAL_RANK (default RANK); nullopt when WORLD_SIZE is unset. InvalidArgument naming the variable
 // for a value that is not a number or out of range (RANK >= WORLD_SIZE, a port outside 1-65535).
+// MASTER_PORT=0 on rank 0: a port the kernel picks, said on stderr ("glossa: rank 0 hosts the
+// rendezvous at ADDR:PORT") and written to the file descriptor GLOSSA_RENDEZVOUS_PORT_FD when set
+// (the local launcher's pipe); on another rank it is InvalidArgument.
 std::optional<DistributedOptions> DistributedOptionsFromEnv();
 
 class Distributed {
  public:
-  // Rendezvous: rank 0 hosts the TCPStore on master_port; every rank joins within
+  // Rendezvous: rank 0 hosts the TCPStore on master_port (0: a free one); every rank joins within
   // timeout_seconds or gets Aborted naming the address and this rank.
   // InvalidArgument for an unknown backend (gloo; nccl needs a CUDA build).
   explicit Distributed(const DistributedOptions& options);

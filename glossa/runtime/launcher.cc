@@ -1,14 +1,12 @@
 #include "glossa/runtime/launcher.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -66,8 +64,9 @@ void CatchStopSignals() {
 // In the child of fork: stdout and stderr onto the pipes `out` and `err`, the launcher's pipes
 // closed, the default signal handlers back and the rendezvous environment set; then runs o.argv
 // (exit status 127 when it cannot).
+// port 0: rank 0 binds a free port and writes it to port_fd (GLOSSA_RENDEZVOUS_PORT_FD).
 [[noreturn]] void ExecWorker(const LaunchOptions& o, int port, int r, const int out[2],
-                             const int err[2], const std::vector<Stream>& streams) {
+                             const int err[2], const std::vector<Stream>& streams, int port_fd) {
   dup2(out[1], STDOUT_FILENO);
   dup2(err[1], STDERR_FILENO);
   close(out[0]);
@@ -84,6 +83,11 @@ void CatchStopSignals() {
   setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
   setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
   setenv("GLOSSA_LAUNCHED", "1", 1);
+  if (port_fd >= 0) {
+    setenv("GLOSSA_RENDEZVOUS_PORT_FD", std::to_string(port_fd).c_str(), 1);
+  } else {
+    unsetenv("GLOSSA_RENDEZVOUS_PORT_FD");
+  }
   std::vector<char*> args;
   for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -94,14 +98,15 @@ void CatchStopSignals() {
 
 // Starts the worker of rank `r`, its stdout and stderr on pipes whose read ends join `streams`;
 // returns its pid.
-pid_t StartWorker(const LaunchOptions& o, int port, int r, std::vector<Stream>& streams) {
+pid_t StartWorker(const LaunchOptions& o, int port, int r, std::vector<Stream>& streams,
+                  int port_fd = -1) {
   int out[2], err[2];
   if (pipe(out) != 0 || pipe(err) != 0) {
     throw AbortedError(StrCat("launcher: pipe: ", std::strerror(errno)));
   }
   const pid_t pid = fork();
   if (pid < 0) throw AbortedError(StrCat("launcher: fork: ", std::strerror(errno)));
-  if (pid == 0) ExecWorker(o, port, r, out, err, streams);
+  if (pid == 0) ExecWorker(o, port, r, out, err, streams, port_fd);
   close(out[1]);
   close(err[1]);
   streams.push_back({out[0], r, stdout, ""});
@@ -113,12 +118,16 @@ pid_t StartWorker(const LaunchOptions& o, int port, int r, std::vector<Stream>& 
 // and what the launcher did after a stop signal or the first failure.
 struct Workers {
   using Clock = std::chrono::steady_clock;
-  std::vector<pid_t> pids = {};
+  std::vector<pid_t> pids = {};  // -1: not started (yet)
   std::vector<int> status = {};
   std::vector<bool> done = {};
   std::vector<Stream> streams = {};
   int alive = 0;
   int first_failure = -1;
+  // Rank 0's pipe while the launcher waits for the port it bound (-1 otherwise), and what it read.
+  int port_pipe = -1;
+  std::string port_text;
+  bool never_started = false;  // ranks 1.. were not started (rank 0 ended first)
   Clock::time_point term_at{}, kill_at{};
   bool termed = false, killed = false, forwarded = false;
 };
@@ -126,7 +135,7 @@ struct Workers {
 // Sends `sig` to every worker that has not exited yet.
 void SignalRunning(const Workers& w, int nproc, int sig) {
   for (int r = 0; r < nproc; ++r) {
-    if (!w.done[r]) kill(w.pids[r], sig);
+    if (w.pids[r] > 0 && !w.done[r]) kill(w.pids[r], sig);
   }
 }
 
@@ -159,7 +168,7 @@ void PumpStreams(std::vector<Stream>& streams) {
 void ReapWorkers(Workers& w, const LaunchOptions& o) {
   using Clock = Workers::Clock;
   for (int r = 0; r < o.nproc; ++r) {
-    if (w.done[r]) continue;
+    if (w.pids[r] <= 0 || w.done[r]) continue;
     int st = 0;
     const pid_t pid = waitpid(w.pids[r], &st, WNOHANG);
     if (pid != w.pids[r]) continue;
@@ -198,52 +207,92 @@ void StopAfterFailure(Workers& w, int nproc) {
 
 }  // namespace
 
-int FreeTcpPort(const std::string& host) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw AbortedError(StrCat("cannot open a socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const std::string why = std::strerror(errno);
-    close(fd);
-    throw AbortedError(StrCat("cannot find a free port on ", host, ": ", why));
+namespace {
+
+// Reads what rank 0 wrote on its port pipe so far. Once a whole line came: the other ranks start
+// on that port, unless the job is already stopping. At end of file without one (rank 0 failed or
+// exited before its rendezvous) they never start; a rank 0 that exits 0 so is a failure too.
+void ReadRendezvousPort(Workers& w, const LaunchOptions& o) {
+  char buf[64];
+  ssize_t got;
+  while ((got = read(w.port_pipe, buf, sizeof(buf))) > 0) w.port_text.append(buf, got);
+  const size_t nl = w.port_text.find('\n');
+  if (nl == std::string::npos && got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  close(w.port_pipe);
+  w.port_pipe = -1;
+  const int port = nl == std::string::npos ? 0 : std::atoi(w.port_text.substr(0, nl).c_str());
+  if (port <= 0 || port > 65535) {
+    std::fprintf(stderr, "glossa: rank 0 ended before hosting the rendezvous: ranks 1-%d not "
+                         "started\n", o.nproc - 1);
+    w.never_started = true;
+    return;
   }
-  close(fd);
-  return ntohs(addr.sin_port);
+  if (w.forwarded) {
+    // Stopped before the others started: rank 0 would wait for them until its timeout, and has
+    // trained nothing yet.
+    std::fprintf(stderr, "glossa: stopped before the rendezvous: ranks 1-%d not started\n",
+                 o.nproc - 1);
+    w.never_started = true;
+    SignalRunning(w, o.nproc, SIGKILL);
+    return;
+  }
+  for (int r = 1; r < o.nproc; ++r) {
+    w.pids[r] = StartWorker(o, port, r, w.streams);
+    ++w.alive;
+  }
 }
+
+// Starts the workers: every one on --master_port when it is given; otherwise rank 0 alone on
+// MASTER_PORT=0 (its store binds a port the kernel picks, so no other program can take it between
+// a probe and the bind), the others once rank 0 has written that port on the pipe.
+void StartWorkers(Workers& w, const LaunchOptions& o) {
+  if (o.master_port > 0 || o.nproc == 1) {
+    std::fprintf(stderr, "glossa: starting %d workers (rendezvous at %s:%d)\n", o.nproc,
+                 o.master_addr.c_str(), std::max(o.master_port, 0));
+    std::fflush(stderr);
+    for (int r = 0; r < o.nproc; ++r) w.pids[r] = StartWorker(o, std::max(o.master_port, 0), r, w.streams);
+    w.alive = o.nproc;
+    return;
+  }
+  int fds[2];
+  if (pipe(fds) != 0) throw AbortedError(StrCat("launcher: pipe: ", std::strerror(errno)));
+  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  std::fprintf(stderr, "glossa: starting %d workers (rank 0 picks the rendezvous port on %s)\n",
+               o.nproc, o.master_addr.c_str());
+  std::fflush(stderr);
+  w.pids[0] = StartWorker(o, 0, 0, w.streams, fds[1]);
+  close(fds[1]);
+  w.port_pipe = fds[0];
+  w.alive = 1;
+}
+
+}  // namespace
 
 int LaunchLocalWorkers(const LaunchOptions& o) {
   if (o.nproc < 1 || o.nproc > 1024) {
     throw InvalidArgumentError(StrCat("--nproc_per_node must be in [1, 1024], got ", o.nproc));
   }
   if (o.argv.empty()) throw InvalidArgumentError("launcher: no command");
-  const int port = o.master_port > 0 ? o.master_port : FreeTcpPort(o.master_addr);
   CatchStopSignals();
-  std::fprintf(stderr, "glossa: starting %d workers (rendezvous at %s:%d)\n", o.nproc,
-               o.master_addr.c_str(), port);
-  std::fflush(stderr);
-
   Workers w;
   w.pids.assign(o.nproc, -1);
   w.status.assign(o.nproc, 0);
   w.done.assign(o.nproc, false);
-  for (int r = 0; r < o.nproc; ++r) w.pids[r] = StartWorker(o, port, r, w.streams);
+  StartWorkers(w, o);
 
-  w.alive = o.nproc;
-  while (w.alive > 0 || !w.streams.empty()) {
+  while (w.alive > 0 || !w.streams.empty() || w.port_pipe >= 0) {
     // A SIGINT or SIGTERM to the launcher: SIGTERM to the workers still running (once).
     if (const int sig = g_signal.load(); sig != 0 && !w.forwarded) {
       w.forwarded = true;
       SignalRunning(w, o.nproc, SIGTERM);
     }
     PumpStreams(w.streams);
+    if (w.port_pipe >= 0) ReadRendezvousPort(w, o);
     ReapWorkers(w, o);
     if (w.first_failure >= 0 && w.alive > 0) StopAfterFailure(w, o.nproc);
   }
+  if (w.never_started && w.first_failure < 0) return 1;  // rank 0 exited 0 before the rendezvous
   if (w.first_failure < 0) return 0;
   const int st = w.status[w.first_failure];
   if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);

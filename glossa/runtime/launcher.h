@@ -20,15 +20,12 @@ struct LaunchOptions {
   std::vector<std::string> argv;  // argv[0]: the program to run
   int nproc = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: a free port on master_addr
+  int master_port = 0;  // 0: rank 0 binds a free port on master_addr and tells the launcher
   double grace_seconds = 5;
 };
 
 // Returns 0 when every worker exited 0; otherwise the first failure's exit status (128 + signal
 // for a worker killed by a signal), after a line on stderr naming the rank and what happened.
 int LaunchLocalWorkers(const LaunchOptions& options);
-
-// A TCP port on `host` that nothing listens on now.
-int FreeTcpPort(const std::string& host = "127.0.0.1");
 
 }  // namespace glossa

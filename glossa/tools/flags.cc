@@ -216,7 +216,8 @@ void AddDistFlags(CLI::App* cmd, DistFlags& d, bool training) {
   cmd->add_option("--master_addr", d.master_addr,
                   "The rendezvous address (rank 0's host; default: MASTER_ADDR, or 127.0.0.1).");
   AddIntFlag(cmd, "--master_port", d.master_port, 1, 65535,
-             "The rendezvous port (default: MASTER_PORT; with --nproc_per_node, a free one).");
+             "The rendezvous port (default: MASTER_PORT; with --nproc_per_node, a free port rank 0 "
+             "binds and passes on).");
   cmd->add_option("--dist_timeout", d.timeout_seconds,
                   "Seconds a rendezvous or collective may wait for the other ranks before the "
                   "job fails, naming the lost rank.")

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -35,38 +36,43 @@
 namespace glossa {
 namespace {
 
-// A port the kernel reports free on 127.0.0.1 (bound to port 0, then released).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Runs fn(rank, dist) on `world` workers; rethrows the first worker's exception.
+// Runs fn(rank, dist) on `world` workers; rethrows the first worker's exception. Rank 0 binds a
+// port the kernel picks (master_port 0) and the others join on the port it reports, so no other
+// test can take the port in between.
 void RunWorkers(int world, const std::function<void(Distributed&)>& fn, double timeout = 30) {
-  const int port = FreePort();
+  std::promise<int> listening;
+  std::shared_future<int> port = listening.get_future().share();
+  std::once_flag told;
+  const auto tell = [&](const std::string&, int p) {
+    std::call_once(told, [&] { listening.set_value(p); });
+  };
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(world);
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
         DistributedOptions o;
-        o.master_port = port;
         o.world_size = world;
         o.rank = r;
         o.timeout_seconds = timeout;
+        if (r == 0) {
+          o.master_port = 0;
+          o.on_listening = tell;
+        } else {
+          if (port.wait_for(std::chrono::duration<double>(timeout)) !=
+              std::future_status::ready) {
+            throw AbortedError(StrCat("rank ", r, ": rank 0 did not bind its port within ",
+                                      timeout, " s"));
+          }
+          o.master_port = port.get();
+          if (o.master_port <= 0) throw AbortedError(StrCat("rank ", r, ": rank 0 failed first"));
+        }
         Distributed dist(o);
         fn(dist);
       } catch (...) {
         errors[r] = std::current_exception();
       }
+      if (r == 0) tell("", -1);  // rank 0 failed before it listened: the others stop waiting
     });
   }
   for (auto& t : threads) t.join();
@@ -135,7 +141,7 @@ TEST(Distributed, MismatchedConfigurationsAreNamed) {
 TEST(Distributed, AMissingRankFailsWithinTheTimeout) {
   // World size 2, only rank 0 starts: the rendezvous gives up after the timeout, naming it.
   DistributedOptions o;
-  o.master_port = FreePort();
+  o.master_port = 0;
   o.world_size = 2;
   o.rank = 0;
   o.timeout_seconds = 1.5;
@@ -919,7 +925,23 @@ TEST(Distributed, OptionsFromTheEnvironment) {
   ::setenv("RANK", "0", 1);
   ::setenv("MASTER_PORT", "70000", 1);
   EXPECT_ERROR_CONTAINS(DistributedOptionsFromEnv(), InvalidArgumentError, "MASTER_PORT");
-  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  // MASTER_PORT=0: rank 0 binds a free port and announces it; another rank needs the real one.
+  ::setenv("MASTER_PORT", "0", 1);
+  o = DistributedOptionsFromEnv();
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->master_port, 0);
+  EXPECT_TRUE(static_cast<bool>(o->on_listening));
+  ::setenv("RANK", "1", 1);
+  EXPECT_ERROR_CONTAINS(DistributedOptionsFromEnv(), InvalidArgumentError,
+                        "MASTER_PORT=0 (a free port) is for rank 0 alone");
+  ::setenv("RANK", "0", 1);
+  ::setenv("GLOSSA_RENDEZVOUS_PORT_FD", "1", 1);
+  EXPECT_ERROR_CONTAINS(DistributedOptionsFromEnv(), InvalidArgumentError,
+                        "GLOSSA_RENDEZVOUS_PORT_FD must be a descriptor above 2");
+  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT",
+                        "GLOSSA_RENDEZVOUS_PORT_FD"}) {
+    ::unsetenv(v);
+  }
   DistributedOptions bad;
   bad.backend = "mpi";
   EXPECT_ERROR_CONTAINS(Distributed d(bad), InvalidArgumentError, "backend 'mpi'");
