@@ -11,8 +11,7 @@ glossa="${1:-}"
 cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
-fail=0
-check() { local what="$1"; shift; if ! "$@"; then echo "FAIL: $what"; fail=1; fi; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # check, wait_for, wait_until, slowdown
 if ! bash scripts/prepare_bible_mt.sh "$tmp/mt" 4000 > "$tmp/log" 2>&1; then
   echo "FAIL: prepare_bible_mt.sh: $(tail -3 "$tmp/log")"; exit 1
 fi

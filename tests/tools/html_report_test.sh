@@ -7,10 +7,9 @@
 #   bash tests/tools/html_report_test.sh build/bin/glossa
 set -u
 glossa="$1"
-fail=0
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
-check() { local what="$1"; shift; if ! "$@"; then echo "FAIL: $what"; fail=1; fi; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # check, wait_for, wait_until, slowdown
 browser=$(command -v chromium-headless-shell || true)
 if [ -z "$browser" ]; then
   echo "FAIL: chromium-headless-shell is not installed (bash scripts/setup.sh installs it)"; exit 1

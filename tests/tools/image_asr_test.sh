@@ -13,8 +13,7 @@ glossa="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
-fail=0
-check() { local what="$1"; shift; if ! "$@"; then echo "FAIL: $what"; fail=1; fi; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # check, wait_for, wait_until, slowdown
 one_line_error() {  # one_line_error <pattern> <args...>
   local pattern="$1"; shift
   local out

@@ -6,7 +6,7 @@
 #   bash tests/tools/new_user_test.sh build/bin/glossa
 set -u
 glossa="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-fail=0
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # wait_for
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
@@ -67,8 +67,7 @@ grep -q "holds no training run .*--wait_for_train" typo.log || bad "typo: $(cat 
 # --wait_for_train waits, saying where; stopped by SIGTERM it exits 0.
 "$glossa" decode --model=$model --logdir=later --dataset=Dev --wait_for_train > wait.log 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do grep -q 'waiting for a new checkpoint in later/train' wait.log && break; sleep 0.1; done
-grep -q 'waiting for a new checkpoint in later/train' wait.log || bad "no waiting line: $(cat wait.log)"
+wait_for wait.log 'waiting for a new checkpoint in later/train' 60 || bad "no waiting line: $(cat wait.log)"
 kill -TERM $pid; wait $pid || bad "decode --wait_for_train did not stop cleanly: $(cat wait.log)"
 
 # A copied checkout's program finds the copy's data first: with the copy's own (empty)

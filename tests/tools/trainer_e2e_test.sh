@@ -4,13 +4,9 @@
 # files each writes; then flags, flagfiles and errors.
 set -u
 glossa="$1"
-fail=0
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # check, wait_for, wait_until, slowdown
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
-check() {  # check <description> <command...>
-  local what="$1"; shift
-  if ! "$@"; then echo "FAIL: $what"; fail=1; fi
-}
 small='task.emb.embedding_dim : 16; task.position_emb.embedding_dim : 16; task.softmax.input_dim : 16; task.stack.num_layers : 1; task.stack.mdl_dim : 16; task.stack.hidden_dim : 32; task.stack.num_atten_heads : 2;'
 small+=' task.train.steps_per_loop : 5; task.train.save_interval_steps : 5; task.train.summary_interval_steps : 5;'
 small+=' task.eval.samples_per_summary : 64; task.eval.decoder_samples_per_summary : 16;'
@@ -22,11 +18,7 @@ flags=("${base_flags[@]}" "--model_params_override=$small")
 # 1. Train to (at most) step 400 in the background and stop it with SIGTERM once a checkpoint exists.
 "$glossa" train "${flags[@]}" --max_steps=400 > "$tmp/train1.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do
-  [ -f "$logdir/train/checkpoint" ] && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
+check "the first checkpoint within 120 s" wait_for "$logdir/train/checkpoint" 'ckpt-' 120
 kill -TERM "$pid" 2>/dev/null
 wait "$pid"; rc=$?
 check "trainer exits 0 on SIGTERM (rc $rc): $(tail -3 "$tmp/train1.log")" test "$rc" -eq 0
@@ -130,15 +122,10 @@ one_line_error "dtype must be float32 or bfloat16" export "${flags[@]}" --out="$
 
 # serve: HTTP on a free 127.0.0.1 port, driven by curl: answers, errors, concurrent clients, a 10 MB
 # body, and SIGTERM with requests in flight (they finish, the server exits 0).
-wait_for() {  # wait_for <description> <command...>: polls for an event, gives up after 60 s
-  local what="$1"; shift
-  for _ in $(seq 1 1200); do "$@" && return 0; sleep 0.05; done
-  echo "FAIL: timed out waiting for $what"; fail=1; return 1
-}
 "$glossa" serve --bundle="$tmp/bundle" --port=0 --port_file="$tmp/port" --max_body_bytes=1000000 \
   > "$tmp/serve.log" 2>&1 &
 serve_pid=$!
-if wait_for "the port file" test -s "$tmp/port"; then
+if wait_until "the port file" 60 test -s "$tmp/port"; then
   url="http://127.0.0.1:$(cat "$tmp/port")"
   check "serve: subgraphs" bash -c "curl -sf '$url/v1/subgraphs' | grep -q '\"generate\"'"
   check "serve: healthz" bash -c "curl -sf '$url/healthz' | grep -q '\"status\":\"ok\"'"
@@ -166,7 +153,7 @@ if wait_for "the port file" test -s "$tmp/port"; then
     curl -s -o "$tmp/c$i.json" -w '%{http_code}\n' -X POST "$url/v1/subgraphs/default:run" \
       -d "{\"feeds\": {\"text\": [\"client $i\"]}}" > "$tmp/c$i.code" &
   done
-  wait_for "16 clients" bash -c "test \$(cat '$tmp'/c*.code 2>/dev/null | grep -c '^200$') -eq 16"
+  wait_until "16 clients" 60 bash -c "test \$(cat '$tmp'/c*.code 2>/dev/null | grep -c '^200$') -eq 16"
   check "serve: 16 clients scored" bash -c "grep -l total_log_prob '$tmp'/c*.json | wc -l | grep -qx 16"
   kill -TERM "$serve_pid"
   wait "$serve_pid"; serve_rc=$?
@@ -182,17 +169,17 @@ rm -f "$tmp/port"
 "$glossa" serve --bundle="$tmp/bundle" --port=0 --port_file="$tmp/port" --max_batch_size=4 \
   --batch_timeout_micros=60000000 > "$tmp/serve2.log" 2>&1 &
 serve_pid=$!
-if wait_for "the port file" test -s "$tmp/port"; then
+if wait_until "the port file" 60 test -s "$tmp/port"; then
   url="http://127.0.0.1:$(cat "$tmp/port")"
   for i in 1 2 3; do
     curl -s -o "$tmp/g$i.json" -w '%{http_code}' -X POST "$url/v1/subgraphs/generate:run" \
       -d '{"feeds": {"prompt": ["Elizabeth"], "max_new_tokens": 8, "seed": 1}}' > "$tmp/g$i.code" &
   done
-  wait_for "3 requests in flight" bash -c "curl -s '$url/metrics' | grep -q '^glossa_serve_in_flight_requests 3$'"
+  wait_until "3 requests in flight" 60 bash -c "curl -s '$url/metrics' | grep -q '^glossa_serve_in_flight_requests 3$'"
   kill -TERM "$serve_pid"
   wait "$serve_pid"; serve_rc=$?
   check "serve exits 0 on SIGTERM with requests in flight (rc $serve_rc)" test "$serve_rc" -eq 0
-  for i in 1 2 3; do wait_for "generation $i" test -s "$tmp/g$i.code"; done
+  for i in 1 2 3; do wait_until "generation $i" 60 test -s "$tmp/g$i.code"; done
   check "serve: requests in flight at SIGTERM finish ($(cat "$tmp"/g*.code))" test "$(cat "$tmp"/g*.code)" = 200200200
   check "serve: in-flight answers are generations" bash -c "grep -l '\"text\"' '$tmp'/g*.json | wc -l | grep -qx 3"
   check "serve: drained" grep -q "finishing the requests in flight" "$tmp/serve2.log"
