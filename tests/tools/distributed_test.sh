@@ -34,7 +34,7 @@ common=(--model=lm.austen.TransformerLmTiny --random_seed=3 --intra_op_threads=1
 base=("${common[@]}" "--model_params_override=$small")
 
 # 1. --nproc_per_node=2 starts two workers; rank 0 alone writes the logdir.
-check "train --nproc_per_node=2" "$glossa" train "${base[@]}" --logdir="$tmp/a" --max_steps=20 --nproc_per_node=2 > "$tmp/a.log" 2>&1
+run_job "train --nproc_per_node=2" "$tmp/a.log" "$glossa" train "${base[@]}" --logdir="$tmp/a" --max_steps=20 --nproc_per_node=2
 check "output is prefixed by rank: $(tail -3 "$tmp/a.log")" grep -q '^\[rank 1\] rank 1 of 2: training on input shard 1$' "$tmp/a.log"
 check "rank 0 reports the progress lines" grep -q '^\[rank 0\] step 20/20 (100%) · loss ' "$tmp/a.log"
 check "the gradient allreduce summary" grep -q '^\[rank 0\] gradient allreduce over 2 ranks: .* MB per step' "$tmp/a.log"
@@ -85,14 +85,14 @@ check "naming the lost rank: $(tail -1 "$tmp/k0.log")" grep -q 'lost rank(s): 1'
 last=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$tmp/k/train/checkpoint")
 check "a checkpoint survived (step '$last')" test -n "$last"
 target=$(( ${last:-0} + 10 ))
-check "restart with --nproc_per_node=2" "$glossa" train "${base[@]}" --logdir="$tmp/k" --max_steps=$target --nproc_per_node=2 > "$tmp/k2.log" 2>&1
+run_job "restart with --nproc_per_node=2" "$tmp/k2.log" "$glossa" train "${base[@]}" --logdir="$tmp/k" --max_steps=$target --nproc_per_node=2
 check "it resumed from step $last: $(grep restored "$tmp/k2.log")" grep -q "restored .*ckpt-0*$last at step $last" "$tmp/k2.log"
 check "and reached max_steps $target" test -f "$(printf '%s/k/train/ckpt-%08d.safetensors' "$tmp" "$target")"
 for c in "$tmp"/k/train/ckpt-*.safetensors; do
   check "checkpoint $(basename "$c") loads" "$glossa" eval "${common[@]}" "--model_params_override=$small; task.eval.samples_per_summary : 8" --logdir="$tmp/k" --checkpoint="${c%.safetensors}" > "$tmp/load.log" 2>&1
 done
 # Resuming with a different world size keeps the global batch: 1 worker goes on.
-check "resume with 1 worker" "$glossa" train "${base[@]}" --logdir="$tmp/k" --max_steps=$((target + 5)) > "$tmp/k3.log" 2>&1
+run_job "resume with 1 worker" "$tmp/k3.log" "$glossa" train "${base[@]}" --logdir="$tmp/k" --max_steps=$((target + 5))
 
 # 3b. Under --nproc_per_node, a rank that hangs (SIGSTOP) makes the other fail after
 # --dist_timeout, and the launcher then ends the job within its short grace, not the timeout again.
@@ -120,8 +120,8 @@ check "a 48-line Dev slice" test "$(wc -l < "$tmp/dev48.txt")" -eq 48
 dev=("${common[@]}" --dataset=Dev "--model_params_override=$small; task.input.file_pattern : \"text:$tmp/dev48.txt\"; task.eval.samples_per_summary : 0; task.eval.decoder_samples_per_summary : 0")
 cp -r "$tmp/a" "$tmp/s"
 for job in eval decode; do
-  check "$job unsharded" "$glossa" $job "${dev[@]}" --logdir="$tmp/a" --once > "$tmp/$job-1.log" 2>&1
-  check "$job --nproc_per_node=2" "$glossa" $job "${dev[@]}" --logdir="$tmp/s" --once --nproc_per_node=2 > "$tmp/$job-2.log" 2>&1
+  run_job "$job unsharded" "$tmp/$job-1.log" "$glossa" $job "${dev[@]}" --logdir="$tmp/a" --once
+  run_job "$job --nproc_per_node=2" "$tmp/$job-2.log" "$glossa" $job "${dev[@]}" --logdir="$tmp/s" --once --nproc_per_node=2
 done
 /usr/bin/python3 - "$tmp" <<'PY' || fail=1
 import sys

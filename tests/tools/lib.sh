@@ -100,3 +100,16 @@ wait_checkpoint() {
     sleep 0.05
   done
 }
+
+# run_job <description> <log> <command...>: runs the command, its output to <log>; a non-zero
+# status is a FAIL line with the status and where each rank got to (ranks_progress of <log>).
+run_job() {
+  local what="$1" log="$2" rc; shift 2
+  "$@" > "$log" 2>&1
+  rc=$?
+  [ "$rc" -eq 0 ] && return 0
+  echo "FAIL: $what (rc $rc); where each rank got to:"
+  ranks_progress "$log"
+  fail=1
+  return "$rc"
+}
