@@ -43,12 +43,12 @@ std::optional<long long> EnvInt(const char* name) {
 }
 
 // What rank 0 does with the port it got for MASTER_PORT=0: says it on stderr, and writes it as a
-// line to GLOSSA_RENDEZVOUS_PORT_FD (the local launcher's pipe, which starts the other ranks on it).
+// line to GLOSSA_RENDEZVOUS_PORT_FD (the local launcher's pipe; it starts the others on it).
 std::function<void(const std::string&, int)> AnnounceRendezvousPort() {
   const auto fd = EnvInt("GLOSSA_RENDEZVOUS_PORT_FD");
   if (fd && (*fd < 3 || *fd > 65535)) {
-    throw InvalidArgumentError(StrCat("GLOSSA_RENDEZVOUS_PORT_FD must be a descriptor above 2, got ",
-                                      *fd));
+    throw InvalidArgumentError(
+        StrCat("GLOSSA_RENDEZVOUS_PORT_FD must be a descriptor above 2, got ", *fd));
   }
   return [fd](const std::string& addr, int port) {
     std::fprintf(stderr, "glossa: rank 0 hosts the rendezvous at %s:%d\n", addr.c_str(), port);

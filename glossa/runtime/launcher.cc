@@ -205,10 +205,6 @@ void StopAfterFailure(Workers& w, int nproc) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Reads what rank 0 wrote on its port pipe so far. Once a whole line came: the other ranks start
 // on that port, unless the job is already stopping. At end of file without one (rank 0 failed or
 // exited before its rendezvous) they never start; a rank 0 that exits 0 so is a failure too.
@@ -250,7 +246,9 @@ void StartWorkers(Workers& w, const LaunchOptions& o) {
     std::fprintf(stderr, "glossa: starting %d workers (rendezvous at %s:%d)\n", o.nproc,
                  o.master_addr.c_str(), std::max(o.master_port, 0));
     std::fflush(stderr);
-    for (int r = 0; r < o.nproc; ++r) w.pids[r] = StartWorker(o, std::max(o.master_port, 0), r, w.streams);
+    for (int r = 0; r < o.nproc; ++r) {
+      w.pids[r] = StartWorker(o, std::max(o.master_port, 0), r, w.streams);
+    }
     w.alive = o.nproc;
     return;
   }
