@@ -5,6 +5,7 @@
 #endif
 
 #include <ATen/Parallel.h>
+#include <omp.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -50,6 +51,8 @@ class KernelPool {
     }
   }
   int threads() const { return threads_.load(); }
+  // Whether this thread runs a chunk of a loop (the caller's or a worker's).
+  static bool InLoop() { return in_loop_; }
 
   // Runs f over [begin, end) on the caller and up to threads() - 1 workers; false (nothing run)
   // when the pool is busy with another thread's loop or there is a single chunk.
@@ -114,6 +117,13 @@ class KernelPool {
   };
 
   void WorkerLoop(Worker* w) {
+    // The pool runs loops only while ATen has one thread (the fp32 layout), and a worker's ATen
+    // ops must run as the caller's do. OpenMP's thread count is per thread, and ATen sets a
+    // thread's own from its global count once, on the thread's first query: a worker first
+    // asked while ATen had 2 threads would keep 2, and the ATen ops in its chunks (and a nested
+    // at::parallel_for) would fork OpenMP threads of their own. Settle ATen's lazy setting now,
+    // then hold this thread to one OpenMP thread before each chunk.
+    (void)at::get_num_threads();
     uint64_t seen = 0;
     while (true) {
       const std::function<void(int64_t, int64_t)>* f;
@@ -126,6 +136,7 @@ class KernelPool {
         lo = w->lo;
         hi = w->hi;
       }
+      if (omp_get_max_threads() != 1) omp_set_num_threads(1);
       in_loop_ = true;
       try {
         (*f)(lo, hi);
@@ -168,6 +179,12 @@ int KernelThreads() { return KernelPool::Get().threads(); }
 void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
                        const std::function<void(int64_t, int64_t)>& f) {
   if (begin >= end) return;
+  // Nested in a chunk of a pool loop: inline, on this thread (checked first: ATen's thread count
+  // on a worker is not the caller's to go by).
+  if (KernelPool::InLoop()) {
+    f(begin, end);
+    return;
+  }
   if (at::get_num_threads() > 1 || at::in_parallel_region()) {
     // This file is built with -fopenmp: ATen's OpenMP threads (at::parallel_for runs inline in
     // code built without it).

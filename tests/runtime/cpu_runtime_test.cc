@@ -126,6 +126,40 @@ class KernelThreadsScope {
   int aten_, kernel_;
 };
 
+// A loop nested in a chunk runs inline on the chunk's thread, in one call, whatever ATen's thread
+// count on that thread. A worker whose own OpenMP count stayed 2 (ATen sets a thread's count from
+// its global one once, on the thread's first query; here set by hand in a chunk, then the global
+// count put back to 1) once ran the nested loop on 2 OpenMP threads: a chunk's nested loop that
+// summed into a local saw 8 of 10 in a stress pass.
+TEST(CpuRuntime, NestedKernelLoopsRunInlineOnTheChunksThread) {
+  KernelThreadsScope scope(2);
+  std::atomic<int> primed{0};
+  KernelParallelFor(0, 2, 1, [&](int64_t, int64_t) {
+    (void)at::get_num_threads();
+    at::set_num_threads(2);
+    ++primed;
+  });
+  at::set_num_threads(1);
+  ASSERT_EQ(primed.load(), 2) << "the loop did not run a chunk on each of the 2 kernel threads";
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> bad{0};
+    KernelParallelFor(0, 2, 1, [&](int64_t, int64_t) {
+      const std::thread::id me = std::this_thread::get_id();
+      int calls = 0;
+      int64_t covered = 0;
+      KernelParallelFor(0, 10, 1, [&](int64_t a, int64_t b) {
+        if (std::this_thread::get_id() != me) ++bad;
+        ++calls;
+        covered += b - a;
+      });
+      if (calls != 1 || covered != 10) ++bad;
+    });
+    EXPECT_EQ(bad.load(), 0) << "round " << round;
+  }
+  KernelParallelFor(0, 2, 1, [&](int64_t, int64_t) { at::set_num_threads(1); });
+  at::set_num_threads(1);
+}
+
 TEST(CpuRuntime, KernelLoopsCoverEachIndexOnceAndPassErrorsOn) {
   for (int threads : {1, 2, 3, 5}) {
     KernelThreadsScope scope(threads);
