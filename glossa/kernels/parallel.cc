@@ -121,9 +121,11 @@ class KernelPool {
     // ops must run as the caller's do. OpenMP's thread count is per thread, and ATen sets a
     // thread's own from its global count once, on the thread's first query: a worker first
     // asked while ATen had 2 threads would keep 2, and the ATen ops in its chunks (and a nested
-    // at::parallel_for) would fork OpenMP threads of their own. Settle ATen's lazy setting now,
-    // then hold this thread to one OpenMP thread before each chunk.
-    (void)at::get_num_threads();
+    // at::parallel_for) would fork OpenMP threads of their own. Before each chunk (never at the
+    // thread's start, which could race with a process that exits at once: a short command's
+    // error path then corrupted the heap), settle ATen's lazy setting once and hold this thread
+    // to one OpenMP thread.
+    bool settled = false;
     uint64_t seen = 0;
     while (true) {
       const std::function<void(int64_t, int64_t)>* f;
@@ -135,6 +137,10 @@ class KernelPool {
         f = w->f;
         lo = w->lo;
         hi = w->hi;
+      }
+      if (!settled) {
+        (void)at::get_num_threads();
+        settled = true;
       }
       if (omp_get_max_threads() != 1) omp_set_num_threads(1);
       in_loop_ = true;
