@@ -131,7 +131,11 @@ if wait_until "the port file" 60 test -s "$tmp/port"; then
   check "serve: healthz" bash -c "curl -sf '$url/healthz' | grep -q '\"status\":\"ok\"'"
   score=$(curl -s -X POST "$url/v1/subgraphs/default:run" -d '{"feeds": {"text": ["It is a truth universally acknowledged"]}}')
   predicted=$(head -1 "$tmp/scores.jsonl" | sed 's/.*"total_log_prob":\([-0-9.e]*\).*/\1/')
-  check "serve scores as predict does ($score vs $predicted)" grep -q "\"total_log_prob\":\[$predicted\]" <<<"$score"
+  # Within float32 rounding, not bit for bit: serve runs the batch-invariant kernels, predict
+  # ATen's (as stock PyTorch does, below), and the trained step depends on when the stop landed;
+  # on some weights the two round a sum differently (-77.64601135 vs -77.64601898 in a stress pass).
+  served=$(sed -n 's/.*"total_log_prob":\[\([-0-9.e]*\)\].*/\1/p' <<<"$score")
+  check "serve scores as predict does, within 1e-4 ($score vs $predicted)" awk -v a="$served" -v b="$predicted" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d <= 1e-4 && d >= -1e-4) }'
   code() { curl -s -o "$tmp/body" -w '%{http_code}' -X POST "$url$1" "${@:2}"; }
   check "serve: malformed body is 400" test "$(code /v1/subgraphs/default:run -d '{"feeds": ')" = 400
   check "serve: 400 names the JSON error" grep -q 'not valid JSON' "$tmp/body"
