@@ -59,8 +59,23 @@ std::vector<std::string> OverrideKeys(const std::string& override_text) {
   return keys;
 }
 
+bool IsTokenizerKey(const std::string& key) {
+  bool input = false;
+  for (const auto& raw : Split(key, '.')) {
+    std::string part(raw);
+    const size_t bracket = part.find('[');
+    if (bracket != std::string::npos) part.resize(bracket);
+    if (input && part.rfind("tokenizer", 0) == 0) return true;
+    input = part == "input";
+  }
+  return false;
+}
+
 bool IsRunSettingKey(const std::string& key) {
   if (key.rfind("program_schedule", 0) == 0) return true;
+  if (IsTokenizerKey(key)) return false;             // the ids the model was trained on
+  if (key.rfind("datasets.", 0) == 0) return false;  // the run's data: datasets.train, ...
+
   for (const auto& raw : Split(key, '.')) {
     std::string part(raw);
     const size_t bracket = part.find('[');
@@ -78,11 +93,22 @@ std::vector<std::string> ApplyTrainedParams(Params& p, const std::string& logdir
   if (!FileExists(path)) return {};
   const std::map<std::string, std::string> trained = TextLines(ReadFileToString(path, 64 << 20));
   const std::map<std::string, std::string> given = TextLines(p.ToText());
-  std::vector<std::string> taken, kept, refused;
+  std::vector<std::string> taken, kept, refused, data;
   std::string apply;
   for (const auto& [key, line] : trained) {
     if (IsRunSettingKey(key)) continue;
     auto it = given.find(key);
+    // The data the run's datasets read: a job reads the same unless its overrides say otherwise
+    // (a new test set is not a change of the model).
+    if (key.rfind("datasets.", 0) == 0) {
+      bool overridden = false;
+      for (const auto& o : override_keys) overridden = overridden || Covers(o, key);
+      if (it != given.end() && it->second != line && !overridden) {
+        data.push_back(StrCat("  ", key, ": ", ValueOf(line)));
+        apply += line + "\n";
+      }
+      continue;
+    }
     if (it == given.end()) {
       throw InvalidArgumentError(StrCat(
           path, ": the run was trained with '", key,
@@ -116,6 +142,12 @@ std::vector<std::string> ApplyTrainedParams(Params& p, const std::string& logdir
     } catch (const Error& e) {
       ThrowError(e.code(), StrCat(path, ": ", e.message()));
     }
+  }
+  if (!data.empty()) {
+    notes.push_back(
+        StrCat("reading the data the run was trained with (", path, "):\n", Join(data, "\n")));
+  }
+  if (!taken.empty()) {
     notes.push_back(StrCat("using the model Params the run was trained with (", path, "); ",
                            taken.size(), " key(s) differ from the registered model's:\n",
                            Join(taken, "\n")));

@@ -224,7 +224,12 @@ void WriteInferenceGraph(BundleFiles& bundle, const BaseModel& model, const Para
   const auto declared = model.task().Inference();
   if (declared.empty()) {
     throw FailedPreconditionError(
-        StrCat("export: the task of this model declares no inference subgraphs"));
+        StrCat("export: the task of this model (", model.task().params().ClsKey(),
+               ") declares no inference subgraphs. A task exports what it declares: override "
+               "Inference() (each subgraph's feeds and fetches) and RunInference() (computes "
+               "them), as TransformerLmTask does in glossa/tasks/lm/transformer_lm.cc, or derive "
+               "your task from a task that has them (TransformerLmTask, mt::TransformerModel) "
+               "and keep its subgraphs; docs/inference.md"));
   }
   proto::InferenceGraph graph;
   graph.set_model_params(p.ToText());

@@ -9,15 +9,17 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/input/spm_train.h"
 
 extern char** environ;
 
@@ -246,7 +248,8 @@ struct SpmModule {
 const SpmModule& Spm() {
   static const SpmModule module = [] {
     Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(&TrainSentencePiece), &info) == 0 || !info.dli_fname) {
+    void (*const self)(const SentencePieceTraining&) = &TrainSentencePiece;
+    if (dladdr(reinterpret_cast<void*>(self), &info) == 0 || !info.dli_fname) {
       throw FailedPreconditionError("cannot locate libglossa to find libglossa_spm.so");
     }
     std::string dir = info.dli_fname;
@@ -292,7 +295,10 @@ glossa::Params SentencePieceTokenizer::Params() {
 
 SentencePieceTokenizer::SentencePieceTokenizer(const glossa::Params& p) : BaseTokenizer(p) {
   if (!params().IsSet("spm_model_file")) {
-    throw InvalidArgumentError(StrCat("tokenizer '", path(), "': spm_model_file is required"));
+    throw InvalidArgumentError(StrCat(
+        "tokenizer '", path(),
+        "': spm_model_file is required (a model's is "
+        "task.input.tokenizer.spm_model_file; `glossa tokenizer train` makes one from your text)"));
   }
   const std::string file = params().GetString("spm_model_file");
   CheckRegularFile(file, StrCat("tokenizer '", path(), "': spm_model_file"));
@@ -350,18 +356,83 @@ std::string SentencePieceTokenizer::IdsToString(const std::vector<int64_t>& ids)
 
 int64_t SentencePieceTokenizer::vocab_size() const { return Spm().piece_size(sp_); }
 
+namespace {
+
+void RunSpmTrain(const std::string& input_text_file, const std::string& model_prefix,
+                 int64_t vocab_size, const std::vector<std::string>& args);
+
+}  // namespace
+
 void TrainSentencePiece(const std::string& input_text_file, const std::string& model_prefix,
                         int64_t vocab_size, const std::string& model_type) {
+  RunSpmTrain(input_text_file, model_prefix, vocab_size,
+              {"spm_train", "--input=" + input_text_file, "--model_prefix=" + model_prefix,
+               StrCat("--vocab_size=", vocab_size), "--model_type=" + model_type,
+               "--hard_vocab_limit=false", "--minloglevel=1"});
+}
+
+void TrainSentencePiece(const SentencePieceTraining& t) {
+  if (t.input.empty()) throw InvalidArgumentError("SentencePiece training: --input is required");
+  for (const auto& f : Split(t.input, ',')) {
+    CheckRegularFile(f, "SentencePiece training: --input");
+  }
+  if (t.model_prefix.empty()) {
+    throw InvalidArgumentError("SentencePiece training: --model_prefix is required");
+  }
+  if (t.vocab_size < 4) {
+    throw InvalidArgumentError(
+        StrCat("SentencePiece training: --vocab_size must be >= 4 (3 "
+               "control pieces and one more), got ",
+               t.vocab_size));
+  }
+  if (!(t.character_coverage > 0 && t.character_coverage <= 1)) {
+    throw InvalidArgumentError(
+        StrCat("SentencePiece training: --character_coverage must be in (0, 1], got ",
+               t.character_coverage));
+  }
+  static const char* const kTypes[] = {"unigram", "bpe", "char", "word"};
+  if (std::find(std::begin(kTypes), std::end(kTypes), t.model_type) == std::end(kTypes)) {
+    throw InvalidArgumentError(
+        StrCat("SentencePiece training: --model_type must be unigram, bpe, "
+               "char or word, got '",
+               t.model_type, "'"));
+  }
+  const std::string dir = t.model_prefix.find('/') == std::string::npos
+                              ? std::string(".")
+                              : t.model_prefix.substr(0, t.model_prefix.rfind('/'));
+  if (!dir.empty() && !std::filesystem::is_directory(dir)) {
+    throw NotFoundError(StrCat("SentencePiece training: --model_prefix '", t.model_prefix,
+                               "': no directory '", dir, "'"));
+  }
+  std::vector<std::string> args = {
+      "spm_train",
+      "--input=" + t.input,
+      "--model_prefix=" + t.model_prefix,
+      StrCat("--vocab_size=", t.vocab_size),
+      "--model_type=" + t.model_type,
+      StrCat("--character_coverage=", PyFloatRepr(t.character_coverage)),
+      StrCat("--num_threads=", std::max<int64_t>(1, t.num_threads)),
+      "--unk_id=0",
+      "--bos_id=1",
+      "--eos_id=2",
+      "--pad_id=-1",
+      "--hard_vocab_limit=true",
+      "--minloglevel=1"};
+  if (t.max_sentences > 0) {
+    args.push_back(StrCat("--input_sentence_size=", t.max_sentences));
+    args.push_back("--shuffle_input_sentence=true");
+  }
+  RunSpmTrain(t.input, t.model_prefix, t.vocab_size, args);
+}
+
+namespace {
+
+void RunSpmTrain(const std::string& input_text_file, const std::string& model_prefix,
+                 int64_t vocab_size, const std::vector<std::string>& spm_args) {
   // Training runs Debian's spm_train in a child process: the trainer logs through iostreams, which
   // are not usable from the deep-bound module (see spm_shim.cc).
   const std::string log = model_prefix + ".train.log";
-  std::vector<std::string> args = {"spm_train",
-                                   "--input=" + input_text_file,
-                                   "--model_prefix=" + model_prefix,
-                                   StrCat("--vocab_size=", vocab_size),
-                                   "--model_type=" + model_type,
-                                   "--hard_vocab_limit=false",
-                                   "--minloglevel=1"};
+  std::vector<std::string> args = spm_args;
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -410,6 +481,8 @@ void TrainSentencePiece(const std::string& input_text_file, const std::string& m
   }
   std::remove(log.c_str());
 }
+
+}  // namespace
 
 GLOSSA_REGISTER_CLASS(AsciiTokenizer, "glossa.input.AsciiTokenizer");
 GLOSSA_REGISTER_CLASS(VocabFileTokenizer, "glossa.input.VocabFileTokenizer");

@@ -1,11 +1,13 @@
 #include "glossa/model/model_registry.h"
 
 #include <algorithm>
+#include <cctype>
 #include <mutex>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/model/datasets.h"
 
 namespace glossa {
 namespace {
@@ -27,6 +29,83 @@ std::string NearNames(const std::string& name, const std::vector<std::string>& k
   }
   if (!near.empty()) return StrCat(name, " (did you mean: [", Join(near, ","), "])");
   return KeyErrorString(name, keys);
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The Params key of a dataset's data: datasets.<its name lower-cased>.
+std::string DataKey(const std::string& dataset) { return StrCat("datasets.", Lower(dataset)); }
+
+// The keys "key : value" override lines set.
+std::vector<std::string> KeysOf(const std::string& text) {
+  std::vector<std::string> keys;
+  for (const auto& raw : Split(text, '\n')) {
+    const std::string_view line = Strip(raw);
+    if (line.empty() || line[0] == '#') continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string_view::npos) keys.emplace_back(Strip(line.substr(0, colon)));
+  }
+  return keys;
+}
+
+// Each registered dataset's file_pattern (the datasets whose input has a string one; a dataset
+// whose Params cannot be made here, its data missing, say, is left out), in `datasets` order.
+std::vector<std::pair<std::string, std::string>> RegisteredDataFiles(
+    const std::map<std::string, std::function<Params()>>& datasets, const std::string& dataset,
+    const Params& input) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, make] : datasets) {
+    // A Params name: the dataset's name lower-cased (Dev: datasets.dev), as its eval_dev/.
+    const std::string lower = Lower(name);
+    bool ok = !lower.empty() && !std::isdigit(static_cast<unsigned char>(lower[0]));
+    for (char c : lower)
+      ok = ok && (std::islower(static_cast<unsigned char>(c)) ||
+                  std::isdigit(static_cast<unsigned char>(c)) || c == '_');
+    if (!ok) continue;
+    Params in;
+    try {
+      in = name == dataset ? input : make();
+    } catch (const Error&) {
+      continue;
+    }
+    if (!in.Contains("file_pattern")) continue;
+    const ParamValue& v = in.Get("file_pattern");
+    if (v.kind() == ParamValue::Kind::kString) out.emplace_back(name, v.AsString());
+    if (v.kind() == ParamValue::Kind::kNone) out.emplace_back(name, "");
+  }
+  return out;
+}
+
+// Train reads other data than the registered Train while a dataset no override named still reads
+// its registered data: which data is that dataset meant to be? Refused, with the override that
+// says it for every dataset.
+void RefuseMixedData(const std::string& key, const Params& p,
+                     const std::vector<std::pair<std::string, std::string>>& registered,
+                     const std::vector<std::string>& override_keys) {
+  std::map<std::string, std::string> reg(registered.begin(), registered.end());
+  if (!reg.count("Train") || !p.GetParams("datasets").Contains(Lower("Train"))) return;
+  const std::string train = p.GetString(DataKey("Train"));
+  if (train == reg.at("Train") || reg.at("Train").empty()) return;
+  std::vector<std::string> stale, fix;
+  for (const auto& [name, pattern] : registered) {
+    const std::string now = p.GetString(DataKey(name));
+    fix.push_back(StrCat(DataKey(name), " : '", name == "Train" ? train : now, "'"));
+    if (name == "Train" || pattern.empty()) continue;
+    if (now == pattern && !OverridesCover(override_keys, DataKey(name))) {
+      stale.push_back(StrCat(name, " ('", pattern, "')"));
+    }
+  }
+  if (stale.empty()) return;
+  throw InvalidArgumentError(StrCat(
+      "Train reads '", train, "', not ", key, "'s registered '", reg.at("Train"), "', but ",
+      Join(stale, " and "),
+      " would still read the registered data: a run trained on your data would be evaluated on "
+      "another corpus. Say what each dataset reads (your files in place of the registered ones; "
+      "'' for none): --model_params_override=\"",
+      Join(fix, "; "), "\""));
 }
 
 }  // namespace
@@ -118,6 +197,7 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
     throw NotFoundError(StrCat("model ", key, " has no dataset ", KeyErrorString(dataset, names)));
   }
   Params p;
+  std::vector<std::pair<std::string, std::string>> registered;
   if (auto multi = model->MultiTaskModelParams()) {
     p = *multi;
     const Params inputs = it->second();
@@ -133,6 +213,16 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
     task.Set("input", it->second());
     p = SingleTaskModel::Params();
     p.Set("task", task);
+    registered = RegisteredDataFiles(datasets, dataset, task.GetParams("input"));
+    if (!registered.empty()) {
+      Params files;
+      for (const auto& [name, pattern] : registered) {
+        files.Define(Lower(name), pattern,
+                     StrCat("The data dataset ", name, " reads (its input's file_pattern)."));
+      }
+      p.Define("datasets", files,
+               "The data each dataset reads: task.input.file_pattern of a job on that dataset.");
+    }
   }
   // "lm" for lm.austen.X; "mymodels" for py:mymodels.X.
   const std::string bare = key.rfind("py:", 0) == 0 ? key.substr(3) : key;
@@ -145,14 +235,57 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
       ThrowError(e.code(), StrCat("--model_params_override: ", e.message()));
     }
   }
+  std::string override_keys_text = OverrideLines(override_text);
   if (!override_file.empty()) {
+    std::string text;
     try {
-      p.FromText(ReadFileToString(override_file, 64 << 20));
+      text = ReadFileToString(override_file, 64 << 20);
+      p.FromText(text);
     } catch (const Error& e) {
       ThrowError(e.code(), StrCat(override_file, ": ", e.message()));
     }
+    override_keys_text += "\n" + text;
+  }
+  if (!registered.empty()) {
+    const std::vector<std::string> keys = KeysOf(override_keys_text);
+    ResolveDatasetInput(p, dataset, keys, /*require=*/false);
+    RefuseMixedData(key, p, registered, keys);
   }
   return p;
+}
+
+bool OverridesCover(const std::vector<std::string>& override_keys, const std::string& key) {
+  for (const auto& o : override_keys) {
+    if (key == o || (key.size() > o.size() && key.compare(0, o.size(), o) == 0 &&
+                     (key[o.size()] == '.' || key[o.size()] == '['))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void ResolveDatasetInput(Params& p, const std::string& dataset,
+                         const std::vector<std::string>& override_keys, bool require) {
+  if (!p.Contains("datasets") || !p.GetParams("datasets").Contains(Lower(dataset))) return;
+  const std::string key = DataKey(dataset);
+  if (OverridesCover(override_keys, "task.input.file_pattern")) {
+    p.Set(key, p.GetString("task.input.file_pattern"));
+    return;
+  }
+  const std::string pattern = p.Get(key).is_none() ? std::string() : p.GetString(key);
+  if (pattern.empty() && !require) {
+    p.Set("task.input.file_pattern", "");
+    return;
+  }
+  if (pattern.empty()) {
+    std::string lower = dataset;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    throw InvalidArgumentError(
+        StrCat("dataset ", dataset, " reads no data: ", key,
+               " is unset; say what it reads, e.g. --model_params_override=\"", key,
+               " : 'text:/path/to/", lower, ".txt'\""));
+  }
+  p.Set("task.input.file_pattern", pattern);
 }
 
 Params ModelParamsBase::Task() const {

@@ -353,10 +353,51 @@ bool ChiefPoll(Job& job) {
   return false;
 }
 
+// What data a job's scores come from: the input's file_pattern and tokenizer, as params text.
+std::string JobDataText(const Params& p) {
+  if (!p.Contains("task") || !p.IsSet("task.input")) return "";
+  std::string text;
+  for (const auto& line : Split(p.GetParams("task.input").ToText(), '\n')) {
+    if (line.rfind("file_pattern :", 0) == 0 || line.rfind("tokenizer", 0) == 0) {
+      text += StrCat(line, "\n");
+    }
+  }
+  return text;
+}
+
+// <job_dir>/data.txt says what data its scores come from; a job that reads other data there is
+// refused (its best and its history would mix two corpora), with the difference.
+void CheckJobData(const std::string& job_dir, const std::string& data) {
+  if (data.empty()) return;
+  const std::string file = JoinPath(job_dir, "data.txt");
+  if (FileExists(file)) {
+    const std::string before = ReadFileToString(file, 1 << 20);
+    if (before == data) return;
+    std::vector<std::string> diff;
+    const std::vector<std::string> a = Split(before, '\n'), b = Split(data, '\n');
+    for (const auto& l : a) {
+      if (!l.empty() && std::find(b.begin(), b.end(), l) == b.end())
+        diff.push_back(StrCat("  was: ", l));
+    }
+    for (const auto& l : b) {
+      if (!l.empty() && std::find(a.begin(), a.end(), l) == a.end())
+        diff.push_back(StrCat("  now: ", l));
+    }
+    throw FailedPreconditionError(StrCat(
+        job_dir, " holds the scores of other data (", file, "):\n", Join(diff, "\n"),
+        "\nits best and its history would mix the two: evaluate into another --logdir, or remove ",
+        job_dir, " to start it afresh"));
+  }
+  AtomicWriteFile(file, data);
+}
+
 }  // namespace
 
 int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options) {
   if (options.logdir.empty()) throw InvalidArgumentError("job: --logdir is required");
+  if (options.force && !options.once) {
+    throw InvalidArgumentError("--force redoes the checkpoint --once processes: pass --once too");
+  }
   const std::string train_dir = JoinPath(options.logdir, "train");
   const std::string job_dir = ProgramDir(kind, options.logdir, options.dataset);
   Distributed* dist = options.distributed;
@@ -381,6 +422,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     lock = std::make_unique<DirectoryLock>(job_dir, ".job.lock",
                                            kind == JobKind::kEval ? "evaler" : "decoder");
     RemoveStaleTempFiles(job_dir);
+    CheckJobData(job_dir, JobDataText(params));
   }
   Job job{kind,
           options,
@@ -398,6 +440,14 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
           ep.GetInt(kind == JobKind::kEval ? "start_eval_after" : "start_decoder_after")};
   if (chief) job.writer = std::make_unique<EventWriter>(job_dir);
   if (chief) job.processed = ReadProcessed(job.processed_file);
+  // --force: the latest checkpoint (OnceParams made it max_steps) is processed again.
+  std::set<std::string> done_before;
+  for (const auto& c : job.processed) {
+    if (options.once && StepOf(c) >= job.max_steps) done_before.insert(c);
+  }
+  if (options.force) {
+    for (const auto& c : done_before) job.processed.erase(c);
+  }
 
   // eval.load_checkpoint_from: that checkpoint only (a prefix, "<dir>/ckpt-%08d"), then return.
   if (ep.IsSet("load_checkpoint_from")) {
@@ -409,6 +459,19 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     const bool stop = options.stop != nullptr && options.stop->load();
     if (dist != nullptr ? dist->AnyTrue(stop) : stop) break;
     if (chief ? ChiefPoll(job) : FollowerPoll(job)) break;
+  }
+  if (chief && options.once && job.count == 0 && !options.force && !done_before.empty()) {
+    // Nothing new: say so, and where the earlier run's scores are, instead of ending mute.
+    const std::string ckpt = *done_before.rbegin();
+    char name[64];
+    std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(StepOf(ckpt)));
+    const std::string score = JoinPath(job_dir, name);
+    job.Log(StrCat(
+        kind == JobKind::kEval ? "eval " : "decode ", options.dataset, ": ", ckpt, " (step ",
+        StepOf(ckpt), ") was already ", kind == JobKind::kEval ? "evaluated" : "decoded", " (",
+        job.processed_file,
+        "); its scores: ", FileExists(score) ? score : StrCat("none kept (", score, " is missing)"),
+        ". Pass --force to ", kind == JobKind::kEval ? "evaluate" : "decode", " it again."));
   }
   if (job.writer) job.writer->Close();
   return job.count;

@@ -38,6 +38,9 @@ struct JobOptions {
   // the job ends; a poll that then finds nothing to process (it was deleted or cannot be loaded)
   // is NotFound instead of a wait, so a job that did nothing never ends as if it had.
   bool once = false;
+  // With `once`: process the latest checkpoint even when an earlier run of this job processed it
+  // (without it, that run's scores stand and the job says where they are).
+  bool force = false;
   // Data-parallel workers (docs/distributed.md); null: one. Each rank evaluates or decodes its
   // shard of the dataset; metrics are reduced with their weights, and decode outputs gathered
   // before the decoder metrics (corpus BLEU needs every hypothesis). Rank 0 picks the

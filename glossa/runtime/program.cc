@@ -246,6 +246,7 @@ struct TrainProgram::LoopState {
   int64_t examples = 0;
   double tokens = 0;
   std::map<std::string, std::vector<at::Tensor>> per_example = {};  // also written as histograms
+  bool summary_step_seen = false;  // a step of the loop wrote its scalars
 };
 
 TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
@@ -336,6 +337,7 @@ void TrainProgram::TrainStep(LoopState& loop, BaseTask& task,
   if (*global_step - last_summary_step_ >= loop.summary_every) {
     last_summary_step_ = *global_step;
   }
+  if (last_summary_step_ == *global_step) loop.summary_step_seen = true;
   if (writer_ && last_summary_step_ == *global_step) {
     for (const auto& [k, v] : metrics)
       writer_->WriteScalar(k, v.value.item<double>(), *global_step);
@@ -367,6 +369,14 @@ void TrainProgram::FinishLoop(LoopState& loop, double secs, int64_t global_step)
   result.examples_per_sec = loop.examples / std::max(secs, 1e-9);
   result.tokens_per_sec = loop.tokens / std::max(secs, 1e-9);
   if (result.steps > 0) {
+    if (writer_ && !loop.summary_step_seen) {
+      // No step of the loop was a summary step (a run shorter than summary_interval_steps, a
+      // stop, loops shorter than the interval): the loop's metrics as its console line shows
+      // them, the means over the loop, so that every loop's loss is on record.
+      for (const auto& [k, mean_weight] : result.metrics)
+        writer_->WriteScalar(k, mean_weight.first, global_step);
+      writer_->WriteScalar("total_samples", static_cast<double>(total_samples_), global_step);
+    }
     if (writer_) {
       writer_->WriteScalar("global_step/sec", result.steps_per_sec, global_step);
       writer_->WriteScalar("examples/sec", result.examples_per_sec, global_step);

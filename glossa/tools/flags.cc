@@ -1,7 +1,8 @@
 #include "glossa/tools/flags.h"
 
-#include <CLI/CLI.hpp>
+#include <dlfcn.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -14,16 +15,17 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/checkpoint/saver.h"
+#include "glossa/checkpoint/trained_params.h"
 #include "glossa/core/registry.h"
 #include "glossa/io/safetensors.h"
+#include "glossa/model/datasets.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/launcher.h"
-#include "glossa/checkpoint/saver.h"
-#include "glossa/checkpoint/trained_params.h"
 
 namespace glossa {
 namespace cli {
@@ -282,6 +284,40 @@ int LaunchWorkers(const DistFlags& d, const std::vector<std::string>& args) {
   return LaunchLocalWorkers(lo);
 }
 
+void LoadLibraries(const std::vector<std::string>& paths) {
+  std::vector<std::pair<std::string, std::string>> all;  // (path, where it was named)
+  if (const char* env = std::getenv("GLOSSA_LIBRARIES"); env != nullptr) {
+    for (const auto& part : Split(env, ':')) {
+      if (!part.empty()) all.emplace_back(part, "GLOSSA_LIBRARIES");
+    }
+  }
+  for (const auto& p : paths) all.emplace_back(p, "--load_library");
+  static std::set<std::string>* loaded = new std::set<std::string>;
+  for (const auto& [path, from] : all) {
+    if (path.empty()) throw InvalidArgumentError(StrCat(from, ": an empty path"));
+    if (!FileExists(path)) {
+      throw NotFoundError(StrCat(from, ": the library '", path, "' does not exist"));
+    }
+    // dlopen searches the library path for a bare name: the file named is the one loaded.
+    const std::string abs = path.find('/') == std::string::npos ? "./" + path : path;
+    if (!loaded->insert(abs).second) continue;
+    const size_t models = ModelKeys().size(), classes = ClassRegistry::Keys().size();
+    dlerror();
+    if (dlopen(abs.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      const char* why = dlerror();
+      throw InvalidArgumentError(
+          StrCat(from, ": cannot load '", path, "': ", why != nullptr ? why : "dlopen failed"));
+    }
+    if (ModelKeys().size() == models && ClassRegistry::Keys().size() == classes) {
+      throw InvalidArgumentError(StrCat(
+          from, ": '", path,
+          "' registered no Glossa model or class: not a library built against Glossa "
+          "(GLOSSA_REGISTER_MODEL / GLOSSA_REGISTER_CLASS in it, linked with glossa::glossa?), "
+          "or one this process already has"));
+    }
+  }
+}
+
 Params ModelParamsFromFlags(const ModelFlags& f, bool training) {
   Params p = GetModelParams(f.model, f.dataset, f.override_text, f.override_file);
   SetCheckNumerics(f.enable_check_numerics);
@@ -295,6 +331,16 @@ Params ModelParamsFromFlags(const ModelFlags& f, bool training) {
                                                f.allow_params_change)) {
       NoteOnce(note);
     }
+  }
+  {
+    // The dataset reads what `datasets` says (after a run: the run's, so that a run trained on
+    // one's own text is evaluated on that text's Dev, not on the registered corpus); unset, the
+    // error names the key.
+    std::string text = f.override_text.empty() ? std::string() : OverrideText(f.override_text);
+    if (!f.override_file.empty() && FileExists(f.override_file)) {
+      text += "\n" + ReadFileToString(f.override_file, 64 << 20);
+    }
+    ResolveDatasetInput(p, f.dataset, OverrideKeys(text));
   }
   if (!f.checkpoint.empty()) {
     std::string prefix;

@@ -72,6 +72,12 @@ void AddDistFlags(CLI::App* cmd, DistFlags& d, bool training);
 Params ModelParamsFromFlags(const ModelFlags& f, bool training = false);
 // --intra_op_threads beyond 4 per core is InvalidArgument.
 void CheckIntraOpThreads(int64_t threads);
+
+// Loads the libraries of $GLOSSA_LIBRARIES (':'-separated) and then `paths` (--load_library), each
+// once, so that the models, layers and commands they register are there for the command. A path
+// that does not exist is NotFound; one dlopen refuses, or one that registers nothing in Glossa
+// (not a library built against it), is InvalidArgument naming it and dlopen's words.
+void LoadLibraries(const std::vector<std::string>& paths);
 // `--params_override` text as params text lines.
 std::string OverrideText(const std::string& s);
 // Says a note on stderr once per process.

@@ -92,7 +92,14 @@ int Run(const std::vector<std::string>& argv) {
   app.require_subcommand(1);
   GlogFlags glog;
   glog.Define(app);
-  app.fallthrough();  // glog's flags after the subcommand
+  std::vector<std::string> libraries;
+  app.add_option("--load_library", libraries,
+                 "A shared library of your own (models, layers, commands, built against the "
+                 "installed glossa) to load first; repeat it for several. $GLOSSA_LIBRARIES "
+                 "(':'-separated) are loaded before them.")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.fallthrough();  // glog's flags and --load_library after the subcommand
   std::vector<std::unique_ptr<Command>> commands = cli::MakeCommands();
   std::vector<CLI::App*> subcommands;
   for (auto& c : commands) subcommands.push_back(c->Define(app));
@@ -107,6 +114,7 @@ int Run(const std::vector<std::string>& argv) {
     return app.exit(e);
   }
   glog.Apply();
+  cli::LoadLibraries(libraries);
   for (size_t i = 0; i < commands.size(); ++i) {
     if (subcommands[i]->parsed()) return commands[i]->Run(ctx);
   }

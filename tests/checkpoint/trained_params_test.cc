@@ -5,6 +5,8 @@
 
 #include "glossa/base/file.h"
 #include "glossa/core/params.h"
+#include "glossa/model/datasets.h"
+#include "glossa/model/model_registry.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -71,6 +73,105 @@ TEST(TrainedParams, RunSettingsAreNotTheModel) {
   EXPECT_TRUE(IsRunSettingKey("random_seed"));
   EXPECT_FALSE(IsRunSettingKey("task.stack.num_layers"));
   EXPECT_FALSE(IsRunSettingKey("task.inputs_dim"));  // a component, not a prefix, is `input`
+  // The tokenizer is the model's: the ids it was trained on.
+  EXPECT_FALSE(IsRunSettingKey("task.input.tokenizer.spm_model_file"));
+  EXPECT_FALSE(IsRunSettingKey("task_params.a.input.tokenizer.vocab_size"));
+  // What the datasets read is the run's too (datasets.train is not the `train` settings).
+  EXPECT_FALSE(IsRunSettingKey("datasets.train"));
+}
+
+// Issue 46: a run trained on one's own text, evaluated on the registered corpus without a word.
+constexpr char kLm[] = "lm.austen.TransformerLmTiny";
+
+TEST(Datasets, TheModelParamsSayWhatEveryDatasetReads) {
+  const Params train = GetModelParams(kLm, "Train");
+  const std::string dir = train.GetString("datasets.train");
+  EXPECT_EQ(train.GetString("task.input.file_pattern"), dir);
+  EXPECT_NE(dir.find("austen/train.txt"), std::string::npos) << dir;
+  EXPECT_NE(train.GetString("datasets.dev").find("austen/dev.txt"), std::string::npos);
+  EXPECT_NE(train.GetString("datasets.test").find("austen/test.txt"), std::string::npos);
+  EXPECT_EQ(GetModelParams(kLm, "Dev").GetString("task.input.file_pattern"),
+            train.GetString("datasets.dev"));
+  // datasets.<name> decides what a job on that dataset reads.
+  const std::string mine =
+      "datasets.train : 'text:/m/train.txt'; datasets.dev : 'text:/m/dev.txt'; datasets.test : ''";
+  EXPECT_EQ(GetModelParams(kLm, "Train", mine).GetString("task.input.file_pattern"),
+            "text:/m/train.txt");
+  EXPECT_EQ(GetModelParams(kLm, "Dev", mine).GetString("task.input.file_pattern"),
+            "text:/m/dev.txt");
+  // A dataset given as '' reads nothing: a job on it (the CLI resolves it once the run's data is
+  // known) is told which key to set.
+  Params test = GetModelParams(kLm, "Test", mine);
+  EXPECT_ERROR_CONTAINS(
+      ResolveDatasetInput(test, "Test", {}), InvalidArgumentError,
+      "dataset Test reads no data: datasets.test is unset; say what it reads, "
+      "e.g. --model_params_override=\"datasets.test : 'text:/path/to/test.txt'\"");
+  // An eval on a slice of the registered Dev (task.input.file_pattern, Lingvo's way) is fine and
+  // recorded.
+  const Params slice = GetModelParams(kLm, "Dev", "task.input.file_pattern : 'text:/s/dev48.txt'");
+  EXPECT_EQ(slice.GetString("datasets.dev"), "text:/s/dev48.txt");
+}
+
+TEST(Datasets, TrainingOnOtherDataWhileDevReadsTheRegisteredCorpusIsRefused) {
+  const Params reg = GetModelParams(kLm, "Train");
+  // The most natural route (task.input.file_pattern) trains on the user's text, and Dev and Test
+  // would read Austen's: refused, with the override that says what each reads.
+  try {
+    GetModelParams(kLm, "Train", "task.input.file_pattern : 'text:/m/train.txt'");
+    ADD_FAILURE() << "not refused";
+  } catch (const InvalidArgumentError& e) {
+    const std::string m = e.message();
+    EXPECT_NE(m.find("Train reads 'text:/m/train.txt', not lm.austen.TransformerLmTiny's "
+                     "registered '" +
+                     reg.GetString("datasets.train") + "'"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("Dev ('" + reg.GetString("datasets.dev") + "') and Test ('" +
+                     reg.GetString("datasets.test") + "') would still read the registered data"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("--model_params_override=\"datasets.dev : '" + reg.GetString("datasets.dev") +
+                     "'; datasets.test : '" + reg.GetString("datasets.test") +
+                     "'; datasets.train : 'text:/m/train.txt'\""),
+              std::string::npos)
+        << m;
+  }
+  // Naming them (even as the registered data: a deliberate choice) is accepted.
+  EXPECT_NO_THROW(GetModelParams(kLm, "Train",
+                                 "datasets.train : 'text:/m/train.txt'; datasets.dev : '" +
+                                     reg.GetString("datasets.dev") + "'; datasets.test : ''"));
+}
+
+TEST(Datasets, JobsAfterARunReadTheRunsDataAndTokenizer) {
+  const std::string mine =
+      "datasets.train : 'text:/m/train.txt'; datasets.dev : 'text:/m/dev.txt'; "
+      "datasets.test : 'text:/m/test.txt'; task.input.tokenizer.spm_model_file : '/m/spm.model'";
+  const std::string logdir = RunWith("own_data", GetModelParams(kLm, "Train", mine));
+  // An eval on Dev with no override: the run's Dev and the run's tokenizer, said once.
+  Params dev = GetModelParams(kLm, "Dev");
+  const auto notes = ApplyTrainedParams(dev, logdir, {}, false);
+  ResolveDatasetInput(dev, "Dev", {});
+  EXPECT_EQ(dev.GetString("task.input.file_pattern"), "text:/m/dev.txt");
+  Params train = GetModelParams(kLm, "Train");
+  ApplyTrainedParams(train, logdir, {}, false);
+  ResolveDatasetInput(train, "Train", {});
+  EXPECT_EQ(train.GetString("task.input.file_pattern"), "text:/m/train.txt");
+  EXPECT_EQ(dev.GetString("task.input.tokenizer.spm_model_file"), "/m/spm.model");
+  std::string all;
+  for (const auto& n : notes) all += n + "\n";
+  EXPECT_NE(all.find("reading the data the run was trained with"), std::string::npos) << all;
+  EXPECT_NE(all.find("datasets.dev: 'text:/m/dev.txt'"), std::string::npos) << all;
+  // A new test set given to the job is the job's business: kept.
+  Params test = GetModelParams(kLm, "Test", "datasets.test : 'text:/n/test2.txt'");
+  ApplyTrainedParams(test, logdir, {"datasets.test"}, false);
+  ResolveDatasetInput(test, "Test", {"datasets.test"});
+  EXPECT_EQ(test.GetString("task.input.file_pattern"), "text:/n/test2.txt");
+  // Another tokenizer than the run's is refused with the difference.
+  Params other = GetModelParams(kLm, "Dev", "task.input.tokenizer.spm_model_file : '/x.model'");
+  EXPECT_ERROR_CONTAINS(
+      ApplyTrainedParams(other, logdir, {"task.input.tokenizer.spm_model_file"}, false),
+      InvalidArgumentError,
+      "task.input.tokenizer.spm_model_file: trained '/m/spm.model', given '/x.model'");
 }
 
 TEST(TrainedParams, AnOverrideThatChangesTheTrainedModelIsRefusedWithTheDiff) {

@@ -54,6 +54,59 @@ if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK_DIR}/logdir/train/ckpt-00000002.safetens
 endif()
 message(STATUS "trained 2 steps from the moved installation")
 
+# A model library of one's own (tests/consumer/my_lm.cc, a task derived from the LM task) is
+# trained, evaluated, reported, exported and served by the installed glossa with --load_library
+# (or GLOSSA_LIBRARIES), reading the installed Austen text through `datasets.*`.
+set(lib "${WORK_DIR}/build/libconsumer_model.so")
+set(austen "${moved}/share/glossa/austen")
+set(data "datasets.train : 'text:${austen}/train.txt'; datasets.dev : 'text:${austen}/dev.txt'; task.input.tokenizer.spm_model_file : '${austen}/spm_2k.model'; task.train.steps_per_loop : 2")
+function(glossa_step what)
+  execute_process(COMMAND ${ARGN} WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(LAST_OUTPUT "${out}${err}" PARENT_SCOPE)
+endfunction()
+glossa_step("list_models --load_library" "${moved}/bin/glossa" list_models "--load_library=${lib}")
+string(FIND "${LAST_OUTPUT}" "consumer.lm.MyLm" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "list_models --load_library does not list consumer.lm.MyLm:\n${LAST_OUTPUT}")
+endif()
+glossa_step("train of the library's model" "${moved}/bin/glossa" train --model=consumer.lm.MyLm
+            "--load_library=${lib}" "--logdir=${WORK_DIR}/mylm" --max_steps=4
+            "--model_params_override=${data}")
+glossa_step("eval of the library's model (GLOSSA_LIBRARIES)" "${CMAKE_COMMAND}" -E env
+            "GLOSSA_LIBRARIES=${lib}" "${moved}/bin/glossa" eval --model=consumer.lm.MyLm
+            "--logdir=${WORK_DIR}/mylm" --dataset=Dev --once
+            "--model_params_override=task.eval.samples_per_summary : 32")
+file(READ "${WORK_DIR}/mylm/eval_dev/score-00000004.txt" score)
+foreach(metric log_pplx unk_fraction)
+  string(FIND "${score}" "${metric}: " at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "the library's task lost ${metric}: ${score}")
+  endif()
+endforeach()
+glossa_step("decode of the library's model" "${moved}/bin/glossa" decode --model=consumer.lm.MyLm
+            "--load_library=${lib}" "--logdir=${WORK_DIR}/mylm" --dataset=Dev --once
+            "--model_params_override=task.eval.decoder_samples_per_summary : 4")
+glossa_step("report of the library's model" "${moved}/bin/glossa" report --model=consumer.lm.MyLm
+            "--load_library=${lib}" "--logdir=${WORK_DIR}/mylm" --num_samples=1)
+string(FIND "${LAST_OUTPUT}" "unigram log_pplx:" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the library's report lost the unigram baseline:\n${LAST_OUTPUT}")
+endif()
+glossa_step("export of the library's model" "${moved}/bin/glossa" export --model=consumer.lm.MyLm
+            "--load_library=${lib}" "--logdir=${WORK_DIR}/mylm" "--out=${WORK_DIR}/mylm_bundle")
+file(WRITE "${WORK_DIR}/lines.txt" "It is a truth universally acknowledged\n")
+glossa_step("predict with the library's bundle" "${moved}/bin/glossa" predict "--load_library=${lib}"
+            "--bundle=${WORK_DIR}/mylm_bundle" "--input=${WORK_DIR}/lines.txt")
+string(FIND "${LAST_OUTPUT}" "total_log_prob" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "predict with the library's bundle printed no score:\n${LAST_OUTPUT}")
+endif()
+message(STATUS "a model library trained, evaluated, decoded, reported, exported and served")
+
 # The installed Python package: import it from the moved installation, and train a Python model
 # configuration through the installed program (which re-runs itself as python3 -m glossa).
 if(GLOSSA_PYTHON)

@@ -337,6 +337,43 @@ TEST(Executor, OneTrainerPerLogdirAndAKilledRunsLeftoversAreCleaned) {
   EXPECT_GT(n, 2);
 }
 
+TEST(Executor, EveryLoopsLossIsWrittenEvenOffTheSummaryInterval) {
+  // 7 steps in loops of 5 with summaries every 100: no step is a summary step, yet both loops'
+  // metrics (the means the console line shows) are in metrics.jsonl, at steps 5 and 7.
+  const std::string logdir = LogDir("short_run_loss");
+  std::vector<std::string> lines;
+  Executor(GetModelParams("test.line.LineModel", "Train",
+                          "task.train.max_steps : 7\ntask.train.summary_interval_steps : 100"),
+           {.logdir = logdir, .log = [&](const std::string& l) { lines.push_back(l); }})
+      .Run();
+  std::map<int64_t, double> loss;
+  int64_t loss_lines = 0;
+  for (const auto& line : Split(ReadFileToString(logdir + "/train/metrics.jsonl"), '\n')) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["tag"] == "loss") {
+      loss[j["step"].get<int64_t>()] = j["value"].get<double>();
+      ++loss_lines;
+    }
+  }
+  ASSERT_EQ(loss.size(), 2u);
+  EXPECT_EQ(loss_lines, 2);  // one value per step: none written twice
+  ASSERT_TRUE(loss.count(5) && loss.count(7));
+  // The values the console printed for those loops.
+  int said = 0;
+  for (const auto& l : lines) {
+    for (const auto& [step, v] : loss) {
+      if (l.rfind(StrCat("step ", step, "/7"), 0) != 0) continue;
+      const size_t at = l.find("loss ");
+      ASSERT_NE(at, std::string::npos) << l;
+      // The console rounds to 4 significant digits.
+      EXPECT_NEAR(std::stod(l.substr(at + 5)), v, 1e-3 * std::max(1.0, std::fabs(v))) << l;
+      ++said;
+    }
+  }
+  EXPECT_EQ(said, 2);
+}
+
 TEST(Executor, ADivergedRunFailsAndKeepsItsLastHealthyCheckpoint) {
   const std::string logdir = LogDir("diverged");
   auto quiet = [](const std::string&) {};
@@ -685,6 +722,42 @@ TEST(CheckpointJob, AStateFileListingOnlyDeletedCheckpointsNeitherSpinsNorHidesT
   EXPECT_ERROR_CONTAINS(RunCheckpointJob(JobKind::kEval, p, o), NotFoundError,
                         "no checkpoint in " + logdir + "/train");
   EXPECT_EQ(sleeps, 0);
+}
+
+TEST(CheckpointJob, OnceOnAnAlreadyProcessedCheckpointSaysWhereItsScoresAreAndForceRedoesIt) {
+  const std::string logdir = LogDir("job_once_again");
+  auto quiet = [](const std::string&) {};
+  Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = logdir, .log = quiet}).Run();
+  const Params p =
+      GetModelParams("test.line.LineModel", "Train", "task.eval.samples_per_summary : 8");
+  std::vector<std::string> lines;
+  JobOptions o{.logdir = logdir, .dataset = "Train", .log = [&](const std::string& l) {
+                 lines.push_back(l);
+               }};
+  o.once = true;
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);
+  const std::string score = logdir + "/eval_train/score-00000020.txt";
+  ASSERT_TRUE(FileExists(score));
+  // Again: nothing new to do, and it says so rather than ending mute.
+  lines.clear();
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 0);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("ckpt-00000020 (step 20) was already evaluated"), std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find("its scores: " + score), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("--force"), std::string::npos) << lines[0];
+  // --force evaluates it again and rewrites its score file.
+  AtomicWriteFile(score, "stale\n");
+  lines.clear();
+  o.force = true;
+  EXPECT_EQ(RunCheckpointJob(JobKind::kEval, p, o), 1);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("eval Train \xC2\xB7 ckpt-00000020 (step 20)", 0), 0u) << lines[0];
+  EXPECT_EQ(ReadFileToString(score, 1 << 20).find("stale"), std::string::npos);
+  // --force means "redo the --once checkpoint": alone it is an error, not a silent no-op.
+  o.once = false;
+  EXPECT_ERROR_CONTAINS(RunCheckpointJob(JobKind::kEval, p, o), InvalidArgumentError,
+                        "--force redoes the checkpoint --once processes");
 }
 
 TEST(Executor, AResumedRunStopsSkippingItsInputWhenAskedAndRefusesAnAbsurdPosition) {

@@ -7,6 +7,7 @@
 set -u
 glossa="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # wait_for
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
@@ -101,6 +102,94 @@ done
 "$glossa" train --help | grep -q -- '--flagfile' || bad "train --help does not list --flagfile"
 "$glossa" inspect_params glossa.layers.FeedForward > /dev/null 2>&1 && true
 "$glossa" inspect_params --help | grep -q 'glossa.layers.FeedForward' && bad "inspect_params --help suggests an unregistered key"
+
+# Issue 46: your own text, end to end. A small English text that ships with Debian, split.
+mkdir -p own
+grep -v '^[[:space:]]*$' /usr/share/common-licenses/GPL-3 | sed 's/^[[:space:]]*//' > own/all.txt
+head -400 own/all.txt > own/train.txt
+sed -n '401,460p' own/all.txt > own/dev.txt
+ndev=$(wc -l < own/dev.txt)
+[ "$ndev" = 60 ] || bad "own/dev.txt has $ndev lines, not 60"
+short="$small; task.train.summary_interval_steps : 50"
+# The natural route (task.input.file_pattern) would train on it and evaluate on Austen: refused,
+# with the override that says what every dataset reads.
+if "$glossa" train --model=$model --logdir=mixed --max_steps=5 --intra_op_threads=1 --random_seed=1 \
+     --model_params_override="$short; task.input.file_pattern : 'text:$tmp/own/train.txt'" > mixed.log 2>&1; then
+  bad "training on own text with Dev on Austen's was not refused"
+fi
+grep -q "Train reads 'text:$tmp/own/train.txt', not $model's registered .* would still read the registered data" mixed.log \
+  || bad "mixed data: $(cat mixed.log)"
+grep -q "datasets.dev : '[^']*austen/dev.txt'; datasets.test : '[^']*'; datasets.train : 'text:$tmp/own/train.txt'" mixed.log \
+  || bad "the refusal does not show the override: $(cat mixed.log)"
+[ -e mixed/train ] && bad "a refused train created mixed/train"
+# Saying what each dataset reads trains; params.txt records it. 5 steps, summaries every 50: the
+# loss is still written (the loop's mean, as the console shows it).
+own="datasets.train : 'text:$tmp/own/train.txt'; datasets.dev : 'text:$tmp/own/dev.txt'; datasets.test : ''"
+"$glossa" train --model=$model --logdir=ownrun --max_steps=5 --intra_op_threads=1 --random_seed=1 \
+  --model_params_override="$short; $own" > own_train.log 2>&1 || bad "train on own text: $(cat own_train.log)"
+grep -q "^datasets.dev : 'text:$tmp/own/dev.txt'$" ownrun/control/params.txt || bad "params.txt lacks datasets.dev: $(grep datasets ownrun/control/params.txt)"
+grep -q '"tag":"loss"' ownrun/train/metrics.jsonl || bad "a 5-step run recorded no loss in metrics.jsonl"
+# eval --dataset=Dev with no override reads the run's Dev: 60 examples, not Austen's 774.
+"$glossa" eval --model=$model --logdir=ownrun --dataset=Dev --once > own_eval.log 2>&1 || bad "eval own: $(cat own_eval.log)"
+grep -q "eval Dev · ckpt-00000005 (step 5) · $ndev examples" own_eval.log || bad "eval did not read own Dev: $(cat own_eval.log)"
+grep -q "reading the data the run was trained with" own_eval.log || bad "eval did not say whose data: $(cat own_eval.log)"
+grep -q "file_pattern : 'text:$tmp/own/dev.txt'" ownrun/eval_dev/data.txt || bad "eval_dev/data.txt: $(cat ownrun/eval_dev/data.txt)"
+# Again: it says the checkpoint was evaluated and where its scores are; --force redoes it.
+"$glossa" eval --model=$model --logdir=ownrun --dataset=Dev --once > again.log 2>&1 || bad "eval again: $(cat again.log)"
+grep -q "ckpt-00000005 (step 5) was already evaluated .*its scores: ownrun/eval_dev/score-00000005.txt. Pass --force" again.log \
+  || bad "eval --once on a processed checkpoint: $(cat again.log)"
+"$glossa" eval --model=$model --logdir=ownrun --dataset=Dev --once --force > force.log 2>&1 || bad "eval --force: $(cat force.log)"
+grep -q "eval Dev · ckpt-00000005 (step 5) · $ndev examples" force.log || bad "--force did not evaluate: $(cat force.log)"
+# Other data into the same eval_dev: refused, its best would mix two corpora.
+austen_dev=$(sed -n "s/^datasets.dev : '\(.*\)'$/\1/p" run/control/params.txt)
+if "$glossa" eval --model=$model --logdir=ownrun --dataset=Dev --once --force \
+     --model_params_override="task.input.file_pattern : '$austen_dev'" > otherdata.log 2>&1; then
+  bad "eval of other data into eval_dev succeeded"
+fi
+grep -q "ownrun/eval_dev holds the scores of other data" otherdata.log || bad "other data: $(cat otherdata.log)"
+# The report's unigram baseline and Dev tokens come from the user's text, not Austen's.
+"$glossa" report --model=$model --logdir=ownrun > own_report.log 2>&1 || bad "report own: $(cat own_report.log)"
+tokens=$(sed -n 's/.* on Dev (\([0-9]*\) tokens):$/\1/p' own_report.log)
+[ -n "$tokens" ] && [ "$tokens" -lt 3000 ] || bad "the report did not score own Dev (tokens '$tokens'): $(cat own_report.log)"
+# A dataset given as '' reads nothing, and says which key to set.
+out=$("$glossa" eval --model=$model --logdir=ownrun --dataset=Test --once 2>&1) && bad "eval on an empty Test succeeded"
+grep -q "dataset Test reads no data: datasets.test is unset" <<<"$out" || bad "empty Test: $out"
+
+# report --html --watch: rewrites the file when the run writes, stops cleanly on SIGTERM.
+"$glossa" report --logdir=ownrun --html=watch.html --watch --watch_interval=0.2 > watch.log 2>&1 &
+wpid=$!
+wait_for watch.log '^watching ownrun' 60 || bad "report --watch did not start: $(cat watch.log)"
+first=$(grep -c '^wrote watch.html' watch.log)
+"$glossa" train --model=$model --logdir=ownrun --max_steps=10 --intra_op_threads=1 --random_seed=1 \
+  --model_params_override="$short; $own" > own_train2.log 2>&1 || bad "train on to 10: $(cat own_train2.log)"
+wait_until "report --watch to rewrite watch.html after training" 60 \
+  bash -c "[ \$(grep -c '^wrote watch.html' watch.log) -gt $first ]" || bad "no rewrite: $(cat watch.log)"
+kill -TERM $wpid; wait $wpid || bad "report --watch did not exit 0 on SIGTERM: $(cat watch.log)"
+grep -q '^stopped watching' watch.log || bad "report --watch did not say it stopped: $(cat watch.log)"
+out=$("$glossa" report --logdir=ownrun --watch 2>&1) && bad "--watch without --html succeeded"
+grep -q "give --html" <<<"$out" || bad "--watch without --html: $out"
+
+# A checkout copied with its build/: scripts/build.sh configures afresh rather than building the
+# original (CMakeCache.txt holds its absolute paths).
+mkdir -p copied/build/CMakeFiles
+printf 'CMAKE_HOME_DIRECTORY:INTERNAL=/elsewhere/glossa\nCMAKE_CACHEFILE_DIR:INTERNAL=/elsewhere/glossa/build\n' > copied/build/CMakeCache.txt
+out=$(BUILD_DIR="$tmp/copied/build" bash "$repo/scripts/build.sh" --check-build-dir 2>&1) || bad "build.sh --check-build-dir: $out"
+grep -q "was configured for source '/elsewhere/glossa' .* configuring afresh" <<<"$out" || bad "build.sh said: $out"
+[ -e copied/build/CMakeCache.txt ] || [ -e copied/build/CMakeFiles ] && bad "build.sh kept the foreign cache"
+mkdir -p ours/build
+printf 'CMAKE_HOME_DIRECTORY:INTERNAL=%s\nCMAKE_CACHEFILE_DIR:INTERNAL=%s\n' "$repo" "$tmp/ours/build" > ours/build/CMakeCache.txt
+out=$(BUILD_DIR="$tmp/ours/build" bash "$repo/scripts/build.sh" --check-build-dir 2>&1) || bad "build.sh --check-build-dir (ours): $out"
+[ -e ours/build/CMakeCache.txt ] || bad "build.sh removed a cache of this checkout: $out"
+
+# --load_library: a missing file and a library that is not Glossa's are errors naming them.
+out=$("$glossa" list_models --load_library=$tmp/no/such.so 2>&1) && bad "--load_library of a missing file succeeded"
+grep -q "load_library: the library '$tmp/no/such.so' does not exist" <<<"$out" || bad "missing library: $out"
+libz=$(ls /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1 2>/dev/null | head -1)
+out=$("$glossa" list_models --load_library="$libz" 2>&1) && bad "--load_library of libz succeeded"
+grep -q "'$libz' registered no Glossa model or class" <<<"$out" || bad "non-Glossa library: $out"
+echo 'not an ELF' > notelf.so
+out=$(GLOSSA_LIBRARIES=$tmp/notelf.so "$glossa" list_models 2>&1) && bad "GLOSSA_LIBRARIES with a text file succeeded"
+grep -q "GLOSSA_LIBRARIES: cannot load '$tmp/notelf.so': .*notelf.so" <<<"$out" || bad "bad library: $out"
 
 [ $fail = 0 ] && echo "new_user: all checks passed"
 exit $fail

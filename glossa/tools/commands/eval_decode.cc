@@ -23,6 +23,11 @@ class CheckpointJobCommand : public Command {
     AddDistFlags(c, d_, false);
     c->add_flag("--once", f_.once, eval ? "Evaluate the latest checkpoint once and exit."
                                         : "Decode the latest checkpoint once and exit.");
+    c->add_flag("--force", force_,
+                eval ? "With --once: evaluate the latest checkpoint even when an earlier run of "
+                       "this job did (its score file is rewritten)."
+                     : "With --once: decode the latest checkpoint even when an earlier run of "
+                       "this job did.");
     AddFollowerFlags(c, f_);
     c->add_flag("--wait_for_train", f_.wait_for_train,
                 "Wait for a training run to start in --logdir (without it, a logdir with no "
@@ -46,6 +51,7 @@ class CheckpointJobCommand : public Command {
     o.distributed = dist.get();
     o.wait_for_train = f_.wait_for_train;
     o.once = f_.once;
+    o.force = force_;
     if (dist && dist->rank() != 0) o.log = [](const std::string&) {};
     RunCheckpointJob(kKind, p, o);
     return 0;
@@ -54,6 +60,7 @@ class CheckpointJobCommand : public Command {
  private:
   ModelFlags f_;
   DistFlags d_;
+  bool force_ = false;
 };
 
 using EvalCommand = CheckpointJobCommand<JobKind::kEval>;

@@ -3,13 +3,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
+#include "glossa/input/input_generator.h"
+#include "glossa/input/tokenizers.h"
 #include "glossa/runtime/jobs.h"
+#include "glossa/tasks/data_dir.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -98,6 +101,33 @@ TEST(TransformerLm, RejectsBadConfigs) {
   q.Set("softmax.num_classes", 12);
   EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerLmTask>(q), InvalidArgumentError,
                         "softmax.num_classes (12) must equal emb.vocab_size (11)");
+}
+
+// A tokenizer whose size differs from the model's is refused when the task is built, naming every
+// Params that must agree and the override that fixes them (not "ids must be in [0, N)" at step 1).
+TEST(TransformerLm, AVocabularyMismatchIsRefusedAtBuildNamingEveryParams) {
+  const std::string dir = glossa::testing::TempDir("lm_vocab");
+  AtomicWriteFile(dir + "/t.txt", "a line of text\n");
+  const std::string spm = FindDataDir("austen", "scripts/prepare_austen.sh") + "/spm_2k.model";
+  Params p = TinyLmParams();
+  p.Set("input",
+        TextLmInput::Params()
+            .Set("name", "input")
+            .Set("file_pattern", "text:" + dir + "/t.txt")
+            .Set("tokenizer", SentencePieceTokenizer::Params().Set("spm_model_file", spm)));
+  EXPECT_ERROR_CONTAINS(
+      InstantiateLayer<TransformerLmTask>(p), InvalidArgumentError,
+      spm +
+          " has 2000 ids, but input.tokenizer.vocab_size is 64, emb.vocab_size is 11, "
+          "softmax.num_classes is 11: the vocabulary sizes must agree. Set them all: "
+          "--model_params_override=\"task.input.tokenizer.vocab_size : 2000; "
+          "task.emb.vocab_size : 2000; task.softmax.num_classes : 2000\"");
+  // Only the disagreeing keys are named.
+  p.Set("input.tokenizer.vocab_size", 2000);
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<TransformerLmTask>(p), InvalidArgumentError,
+                        "has 2000 ids, but emb.vocab_size is 11, softmax.num_classes is 11:");
+  p.Set("emb.vocab_size", 2000).Set("softmax.num_classes", 2000);
+  EXPECT_NO_THROW(InstantiateLayer<TransformerLmTask>(p));
 }
 
 // Every field of every sublayer is reachable by its path: the feed-forward activation deep in the
