@@ -473,8 +473,12 @@ void RunSpmTrain(const std::string& input_text_file, const std::string& model_pr
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::ifstream in(log);
     std::string text((std::istreambuf_iterator<char>(in)), {}), last;
+    // The last line that says something (spm_train ends with "Program terminated with an
+    // unrecoverable error." after the reason).
     for (const std::string& line : Split(text, '\n')) {
-      if (!Strip(line).empty()) last = std::string(Strip(line));
+      if (!Strip(line).empty() && line.find("Program terminated") == std::string::npos) {
+        last = std::string(Strip(line));
+      }
     }
     throw InvalidArgumentError(
         StrCat("SentencePiece training on '", input_text_file, "' failed: ", last));

@@ -23,6 +23,13 @@ namespace glossa {
 void ResolveDatasetInput(Params& p, const std::string& dataset,
                          const std::vector<std::string>& override_keys, bool require = true);
 
+// A training run whose Train reads other data than `model_key`'s registered Train while a dataset
+// that no override named still reads its registered data (task.input.file_pattern, the natural
+// route, changes Train alone): which data is that dataset meant to be? InvalidArgument, with the
+// datasets.* override that says what each reads. The train command's check, not other jobs'.
+void RefuseTrainingOnMixedData(const std::string& model_key, const Params& p,
+                               const std::vector<std::string>& override_keys);
+
 // Whether one of the override keys sets `key` (the key itself or a Params above it).
 bool OverridesCover(const std::vector<std::string>& override_keys, const std::string& key);
 

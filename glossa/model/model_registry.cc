@@ -249,9 +249,24 @@ Params GetModelParams(const std::string& key, const std::string& dataset,
   if (!registered.empty()) {
     const std::vector<std::string> keys = KeysOf(override_keys_text);
     ResolveDatasetInput(p, dataset, keys, /*require=*/false);
-    RefuseMixedData(key, p, registered, keys);
   }
   return p;
+}
+
+void RefuseTrainingOnMixedData(const std::string& model_key, const Params& p,
+                               const std::vector<std::string>& override_keys) {
+  if (!p.Contains("datasets")) return;
+  std::vector<std::pair<std::string, std::string>> registered;
+  const Params reg = GetModelParams(model_key, "Train");
+  if (!reg.Contains("datasets")) return;
+  const auto model = GetModelParamsClass(model_key);
+  for (const auto& entry : model->Datasets()) {
+    const std::string& name = entry.first;
+    if (reg.GetParams("datasets").Contains(Lower(name))) {
+      registered.emplace_back(name, reg.GetString(DataKey(name)));
+    }
+  }
+  RefuseMixedData(model_key, p, registered, override_keys);
 }
 
 bool OverridesCover(const std::vector<std::string>& override_keys, const std::string& key) {

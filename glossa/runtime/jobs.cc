@@ -391,6 +391,20 @@ void CheckJobData(const std::string& job_dir, const std::string& data) {
   AtomicWriteFile(file, data);
 }
 
+// --once found the latest checkpoint processed by an earlier run: say so, and where its scores
+// are, instead of ending mute.
+void SayAlreadyProcessed(const Job& job, const std::string& ckpt) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(StepOf(ckpt)));
+  const std::string score = JoinPath(job.job_dir, name);
+  const bool eval = job.kind == JobKind::kEval;
+  job.Log(StrCat(eval ? "eval " : "decode ", job.options.dataset, ": ", ckpt, " (step ",
+                 StepOf(ckpt), ") was already ", eval ? "evaluated" : "decoded", " (",
+                 job.processed_file, "); its scores: ",
+                 FileExists(score) ? score : StrCat("none kept (", score, " is missing)"),
+                 ". Pass --force to ", eval ? "evaluate" : "decode", " it again."));
+}
+
 }  // namespace
 
 int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOptions& options) {
@@ -461,17 +475,7 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
     if (chief ? ChiefPoll(job) : FollowerPoll(job)) break;
   }
   if (chief && options.once && job.count == 0 && !options.force && !done_before.empty()) {
-    // Nothing new: say so, and where the earlier run's scores are, instead of ending mute.
-    const std::string ckpt = *done_before.rbegin();
-    char name[64];
-    std::snprintf(name, sizeof(name), "score-%08lld.txt", static_cast<long long>(StepOf(ckpt)));
-    const std::string score = JoinPath(job_dir, name);
-    job.Log(StrCat(
-        kind == JobKind::kEval ? "eval " : "decode ", options.dataset, ": ", ckpt, " (step ",
-        StepOf(ckpt), ") was already ", kind == JobKind::kEval ? "evaluated" : "decoded", " (",
-        job.processed_file,
-        "); its scores: ", FileExists(score) ? score : StrCat("none kept (", score, " is missing)"),
-        ". Pass --force to ", kind == JobKind::kEval ? "evaluate" : "decode", " it again."));
+    SayAlreadyProcessed(job, *done_before.rbegin());
   }
   if (job.writer) job.writer->Close();
   return job.count;

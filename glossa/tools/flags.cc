@@ -341,6 +341,7 @@ Params ModelParamsFromFlags(const ModelFlags& f, bool training) {
       text += "\n" + ReadFileToString(f.override_file, 64 << 20);
     }
     ResolveDatasetInput(p, f.dataset, OverrideKeys(text));
+    if (training) RefuseTrainingOnMixedData(f.model, p, OverrideKeys(text));
   }
   if (!f.checkpoint.empty()) {
     std::string prefix;

@@ -112,12 +112,31 @@ TEST(Datasets, TheModelParamsSayWhatEveryDatasetReads) {
   EXPECT_EQ(slice.GetString("datasets.dev"), "text:/s/dev48.txt");
 }
 
+TEST(Datasets, TheTextFamilyReadsOnlyWhatItIsTold) {
+  // lm.text.* have no corpus: every dataset reads nothing until datasets.* say what.
+  Params dev = GetModelParams("lm.text.TransformerLmTiny", "Dev");
+  EXPECT_EQ(dev.GetString("datasets.train"), "");
+  EXPECT_EQ(dev.GetString("datasets.dev"), "");
+  EXPECT_EQ(dev.GetInt("task.emb.vocab_size"), 8000);
+  EXPECT_ERROR_CONTAINS(ResolveDatasetInput(dev, "Dev", {}), InvalidArgumentError,
+                        "dataset Dev reads no data: datasets.dev is unset");
+  Params told = GetModelParams("lm.text.TransformerLmTiny", "Dev", "datasets.dev : 'text:/m/d.txt'");
+  ResolveDatasetInput(told, "Dev", {"datasets.dev"});
+  EXPECT_EQ(told.GetString("task.input.file_pattern"), "text:/m/d.txt");
+  EXPECT_FALSE(told.IsSet("task.input.tokenizer.spm_model_file"));  // the user's to give
+  // Its own data is no registered corpus: nothing to refuse.
+  EXPECT_NO_THROW(RefuseTrainingOnMixedData("lm.text.TransformerLmTiny", told, {"datasets.dev"}));
+}
+
 TEST(Datasets, TrainingOnOtherDataWhileDevReadsTheRegisteredCorpusIsRefused) {
   const Params reg = GetModelParams(kLm, "Train");
   // The most natural route (task.input.file_pattern) trains on the user's text, and Dev and Test
   // would read Austen's: refused, with the override that says what each reads.
+  const std::string lingvo_way = "task.input.file_pattern : 'text:/m/train.txt'";
+  // inspect_model and the like build it (the check is the training run's).
+  const Params trained = GetModelParams(kLm, "Train", lingvo_way);
   try {
-    GetModelParams(kLm, "Train", "task.input.file_pattern : 'text:/m/train.txt'");
+    RefuseTrainingOnMixedData(kLm, trained, {"task.input.file_pattern"});
     ADD_FAILURE() << "not refused";
   } catch (const InvalidArgumentError& e) {
     const std::string m = e.message();
@@ -137,9 +156,13 @@ TEST(Datasets, TrainingOnOtherDataWhileDevReadsTheRegisteredCorpusIsRefused) {
         << m;
   }
   // Naming them (even as the registered data: a deliberate choice) is accepted.
-  EXPECT_NO_THROW(GetModelParams(kLm, "Train",
-                                 "datasets.train : 'text:/m/train.txt'; datasets.dev : '" +
-                                     reg.GetString("datasets.dev") + "'; datasets.test : ''"));
+  const Params named = GetModelParams(kLm, "Train",
+                                      "datasets.train : 'text:/m/train.txt'; datasets.dev : '" +
+                                          reg.GetString("datasets.dev") + "'; datasets.test : ''");
+  EXPECT_NO_THROW(RefuseTrainingOnMixedData(
+      kLm, named, {"datasets.train", "datasets.dev", "datasets.test"}));
+  // The registered data: nothing to say.
+  EXPECT_NO_THROW(RefuseTrainingOnMixedData(kLm, reg, {}));
 }
 
 TEST(Datasets, JobsAfterARunReadTheRunsDataAndTokenizer) {

@@ -59,7 +59,12 @@ message(STATUS "trained 2 steps from the moved installation")
 # (or GLOSSA_LIBRARIES), reading the installed Austen text through `datasets.*`.
 set(lib "${WORK_DIR}/build/libconsumer_model.so")
 set(austen "${moved}/share/glossa/austen")
-set(data "datasets.train : 'text:${austen}/train.txt'; datasets.dev : 'text:${austen}/dev.txt'; task.input.tokenizer.spm_model_file : '${austen}/spm_2k.model'; task.train.steps_per_loop : 2")
+# (A params file: ';' would split a CMake argument.)
+file(WRITE "${WORK_DIR}/mylm.params" "datasets.train : 'text:${austen}/train.txt'
+datasets.dev : 'text:${austen}/dev.txt'
+task.input.tokenizer.spm_model_file : '${austen}/spm_2k.model'
+task.train.steps_per_loop : 2
+")
 function(glossa_step what)
   execute_process(COMMAND ${ARGN} WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc
                   OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -75,7 +80,7 @@ if(at EQUAL -1)
 endif()
 glossa_step("train of the library's model" "${moved}/bin/glossa" train --model=consumer.lm.MyLm
             "--load_library=${lib}" "--logdir=${WORK_DIR}/mylm" --max_steps=4
-            "--model_params_override=${data}")
+            "--model_params_file_override=${WORK_DIR}/mylm.params")
 glossa_step("eval of the library's model (GLOSSA_LIBRARIES)" "${CMAKE_COMMAND}" -E env
             "GLOSSA_LIBRARIES=${lib}" "${moved}/bin/glossa" eval --model=consumer.lm.MyLm
             "--logdir=${WORK_DIR}/mylm" --dataset=Dev --once

@@ -155,6 +155,26 @@ tokens=$(sed -n 's/.* on Dev (\([0-9]*\) tokens):$/\1/p' own_report.log)
 out=$("$glossa" eval --model=$model --logdir=ownrun --dataset=Test --once 2>&1) && bad "eval on an empty Test succeeded"
 grep -q "dataset Test reads no data: datasets.test is unset" <<<"$out" || bad "empty Test: $out"
 
+# glossa tokenizer train: Glossa's ids written into the model, exactly the size asked.
+"$glossa" tokenizer train --input=own/train.txt --model_prefix=own/spm --vocab_size=300 --num_threads=1 > tok.log 2>&1 \
+  || bad "tokenizer train: $(cat tok.log)"
+grep -q "^wrote own/spm.model and own/spm.vocab: 300 pieces, <unk> 0, <s> 1, </s> 2$" tok.log || bad "tokenizer said: $(cat tok.log)"
+[ "$(sed -n '1p;2p;3p' own/spm.vocab | cut -f1 | tr '\n' ' ')" = "<unk> <s> </s> " ] || bad "spm.vocab starts: $(head -3 own/spm.vocab)"
+out=$("$glossa" tokenizer train --input=own/train.txt --model_prefix=own/big --vocab_size=100000 2>&1) && bad "a vocabulary larger than the text allows succeeded"
+grep -q "Vocabulary size too high (100000). Please set it to a value <= [0-9]*" <<<"$out" || bad "too large a vocabulary: $out"
+out=$("$glossa" tokenizer train --input=own/none.txt --model_prefix=own/x --vocab_size=100 2>&1) && bad "tokenizer train on a missing file succeeded"
+grep -q "own/none.txt" <<<"$out" || bad "missing input: $out"
+out=$("$glossa" tokenizer train --input=own/train.txt --model_prefix=no/dir/x --vocab_size=100 2>&1) && bad "tokenizer train into a missing directory succeeded"
+grep -q "no directory 'no/dir'" <<<"$out" || bad "missing directory: $out"
+# A tokenizer of another size than the model's: refused when the model is built, every key named.
+if "$glossa" train --model=$model --logdir=vocab --max_steps=2 --intra_op_threads=1 --random_seed=1 \
+     --model_params_override="$short; $own; task.input.tokenizer.spm_model_file : '$tmp/own/spm.model'" > vocab.log 2>&1; then
+  bad "training with a 300-piece tokenizer and a 2000-id model succeeded"
+fi
+grep -q "own/spm.model has 300 ids, but input.tokenizer.vocab_size is 2000, emb.vocab_size is 2000, softmax.num_classes is 2000" vocab.log \
+  || bad "vocabulary mismatch: $(cat vocab.log)"
+grep -q "ids must be in" vocab.log && bad "the mismatch surfaced at a step: $(cat vocab.log)"
+
 # report --html --watch: rewrites the file when the run writes, stops cleanly on SIGTERM.
 "$glossa" report --logdir=ownrun --html=watch.html --watch --watch_interval=0.2 > watch.log 2>&1 &
 wpid=$!

@@ -12,7 +12,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
 #include "glossa/core/step_seed.h"
-#include "glossa/input/input_generator.h"
+#include "glossa/input/vocabulary_check.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/moe.h"
@@ -60,40 +60,6 @@ glossa::Params TransformerLmTask::CommonParams(int64_t vocab_size, int64_t model
   return p;
 }
 
-namespace {
-
-// The tokenizer's size against every Params that must agree, all named at once, at build time
-// (not as an embedding's "ids must be in [0, N)" at step 1).
-void CheckVocabularyAgrees(const TransformerLmTask& task) {
-  if (!task.has_input()) return;
-  const auto* seq = dynamic_cast<const BaseSequenceInputGenerator*>(&task.input());
-  if (seq == nullptr) return;
-  const BaseTokenizer& tok = seq->tokenizer();
-  const auto* spm = dynamic_cast<const SentencePieceTokenizer*>(&tok);
-  // A SentencePiece model has its own size; other tokenizers are their Params.
-  const int64_t n = spm != nullptr ? spm->vocab_size() : tok.params().GetInt("vocab_size");
-  const std::vector<std::pair<std::string, int64_t>> keys = {
-      {"input.tokenizer.vocab_size", tok.params().GetInt("vocab_size")},
-      {"emb.vocab_size", task.params().GetInt("emb.vocab_size")},
-      {"softmax.num_classes", task.params().GetInt("softmax.num_classes")}};
-  std::vector<std::string> wrong, fix;
-  for (const auto& [key, value] : keys) {
-    if (value != n) wrong.push_back(StrCat(key, " is ", value));
-    fix.push_back(StrCat("task.", key, " : ", n));
-  }
-  if (wrong.empty()) return;
-  const std::string what =
-      tok.params().IsSet("spm_model_file")
-          ? StrCat("the tokenizer's model ", tok.params().GetString("spm_model_file"))
-          : StrCat("the tokenizer (", tok.params().ClsKey(), ")");
-  throw InvalidArgumentError(
-      StrCat("task '", task.path(), "': ", what, " has ", n, " ids, but ", Join(wrong, ", "),
-             ": the vocabulary sizes must agree. Set them all: --model_params_override=\"",
-             Join(fix, "; "), "\""));
-}
-
-}  // namespace
-
 TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
   emb_ = CreateChild<EmbeddingLayer>("emb", p.GetParams("emb"));
   position_emb_ = CreateChild<PositionalEmbeddingLayer>("position_emb", p.GetParams("position_emb"));
@@ -113,7 +79,11 @@ TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
         "emb.embedding_dim", dim);
   check("softmax.input_dim", p.GetInt("softmax.input_dim"), "emb.embedding_dim", dim);
   check("softmax.num_classes", p.GetInt("softmax.num_classes"), "emb.vocab_size", vocab_size_);
-  CheckVocabularyAgrees(*this);
+  if (has_input()) {
+    CheckVocabularyAgrees(input(), {{"emb.vocab_size", vocab_size_},
+                                    {"softmax.num_classes", p.GetInt("softmax.num_classes")}},
+                          StrCat("task '", path(), "'"));
+  }
   label_smoothing_ = p.GetFloat("softmax.label_smoothing");
   aux_loss_weight_ = p.GetFloat("aux_loss_weight");
   decode_prompt_length_ = p.GetInt("decode_prompt_length");
