@@ -47,6 +47,10 @@ class TinyLm:
     def Dev(self):
         return _input("dev", False)
 
+    # Every dataset of lm.austen.*, so that its Params (datasets.* included) are the C++ model's.
+    def Test(self):
+        return _input("test", False)
+
 
 class Undecorated:
     """Registered by `python3 -m glossa` itself when named with --model=py:."""
