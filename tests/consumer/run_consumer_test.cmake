@@ -54,7 +54,7 @@ if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK_DIR}/logdir/train/ckpt-00000002.safetens
 endif()
 message(STATUS "trained 2 steps from the moved installation")
 
-# A model library of one's own (tests/consumer/my_lm.cc, a task derived from the LM task) is
+# A model library of one's own (docs/examples/lm_library_example.cc, a task derived from the LM task) is
 # trained, evaluated, reported, exported and served by the installed glossa with --load_library
 # (or GLOSSA_LIBRARIES), reading the installed Austen text through `datasets.*`.
 set(lib "${WORK_DIR}/build/libconsumer_model.so")

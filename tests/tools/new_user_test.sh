@@ -175,6 +175,39 @@ grep -q "own/spm.model has 300 ids, but input.tokenizer.vocab_size is 2000, emb.
   || bad "vocabulary mismatch: $(cat vocab.log)"
 grep -q "ids must be in" vocab.log && bad "the mismatch surfaced at a step: $(cat vocab.log)"
 
+# glossa onnx_feeds: the feeds of the exported ONNX network for given text, tokenized by the
+# bundle; ONNX Runtime on them gives the Predictor's scores.
+"$glossa" export --model=$model --logdir=ownrun --out=onnx_bundle --onnx > onnx_export.log 2>&1 || bad "export --onnx: $(cat onnx_export.log)"
+printf 'You may convey a work\nThis License\n' > onnx_lines.txt
+"$glossa" onnx_feeds --bundle=onnx_bundle --input=onnx_lines.txt --output=feeds.json > feeds.log 2>&1 || bad "onnx_feeds: $(cat feeds.log)"
+/usr/bin/python3 - feeds.json <<'PY' || bad "feeds.json is not ort_run.js's format: $(head -c 300 feeds.json)"
+import json, sys
+f = json.load(open(sys.argv[1]))
+assert sorted(f) == ["ids", "labels", "paddings"], sorted(f)
+b, t = f["ids"]["dims"]
+assert b == 2 and t > 1 and f["ids"]["type"] == "int64" and f["paddings"]["type"] == "float32"
+assert all(len(v["data"]) == b * t and v["dims"] == [b, t] for v in f.values())
+assert f["ids"]["data"][0] == 1  # <s>
+PY
+out=$("$glossa" onnx_feeds --bundle=onnx_bundle --graph=mt_decoder_step < onnx_lines.txt 2>&1) && bad "onnx_feeds on the decoder step succeeded"
+grep -q "mt_decoder_step is run by a search" <<<"$out" || bad "decoder step: $out"
+out=$("$glossa" onnx_feeds --bundle=b1 < onnx_lines.txt 2>&1) && bad "onnx_feeds on a bundle without ONNX succeeded"
+grep -q "has no onnx/lm_score.onnx or onnx/mt_encoder.onnx" <<<"$out" || bad "no onnx: $out"
+ort="$repo/bench/onnx/ort_run.js"
+if command -v node > /dev/null && [ -d "$repo/bench/onnx/node_modules/onnxruntime-node" ]; then
+  node "$ort" --model onnx_bundle/onnx/lm_score.onnx --feeds feeds.json > ort.json 2> ort.err || bad "ort_run.js: $(cat ort.err)"
+  "$glossa" predict --bundle=onnx_bundle --input=onnx_lines.txt > predict.jsonl 2>&1 || bad "predict: $(cat predict.jsonl)"
+  /usr/bin/python3 - ort.json predict.jsonl <<'PY' || bad "ONNX Runtime's scores differ from predict's: $(cat ort.json | head -c 300)"
+import json, sys
+ort = json.load(open(sys.argv[1]))["outputs"]["total_log_prob"]["data"]
+pred = [json.loads(l)["total_log_prob"] for l in open(sys.argv[2]) if l.strip()]
+assert len(ort) == len(pred) == 2, (ort, pred)
+assert all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(ort, pred)), (ort, pred)
+PY
+else
+  echo "SKIP: ONNX Runtime on onnx_feeds' feeds: no node or no $repo/bench/onnx/node_modules (scripts/setup.sh installs them)"
+fi
+
 # report --html --watch: rewrites the file when the run writes, stops cleanly on SIGTERM.
 "$glossa" report --logdir=ownrun --html=watch.html --watch --watch_interval=0.2 > watch.log 2>&1 &
 wpid=$!
