@@ -128,6 +128,25 @@ TEST(Datasets, TheTextFamilyReadsOnlyWhatItIsTold) {
   EXPECT_NO_THROW(RefuseTrainingOnMixedData("lm.text.TransformerLmTiny", told, {"datasets.dev"}));
 }
 
+TEST(Datasets, TheTranslationTextFamilyReadsOnlyWhatItIsTold) {
+  // mt.text.*: pairs from the files the Params name, one tokenizer for both sides.
+  Params train = GetModelParams("mt.text.TransformerTiny", "Train");
+  EXPECT_EQ(train.GetString("datasets.train"), "");
+  EXPECT_EQ(train.GetInt("task.encoder.token_emb.vocab_size"), 8000);
+  EXPECT_EQ(train.GetInt("task.decoder.token_emb.vocab_size"), 8000);
+  EXPECT_EQ(train.GetInt("task.input.tokenizer.vocab_size"), 8000);
+  EXPECT_ERROR_CONTAINS(ResolveDatasetInput(train, "Train", {}), InvalidArgumentError,
+                        "dataset Train reads no data: datasets.train is unset");
+  Params told = GetModelParams("mt.text.TransformerBase", "Dev",
+                               "datasets.dev : 'text:/m/dev.tsv'");
+  ResolveDatasetInput(told, "Dev", {"datasets.dev"});
+  EXPECT_EQ(told.GetString("task.input.file_pattern"), "text:/m/dev.tsv");
+  EXPECT_EQ(told.GetInt("task.input.repeat_count"), 1);  // Dev is read once
+  EXPECT_EQ(told.GetInt("task.encoder.model_dim"), 512);
+  EXPECT_FALSE(told.IsSet("task.input.tokenizer.spm_model_file"));
+  EXPECT_NO_THROW(RefuseTrainingOnMixedData("mt.text.TransformerBase", told, {"datasets.dev"}));
+}
+
 TEST(Datasets, TrainingOnOtherDataWhileDevReadsTheRegisteredCorpusIsRefused) {
   const Params reg = GetModelParams(kLm, "Train");
   // The most natural route (task.input.file_pattern) trains on the user's text, and Dev and Test

@@ -4,17 +4,13 @@
 // is $GLOSSA_DATA_DIR/austen when GLOSSA_DATA_DIR is set, else the installation's
 // <prefix>/share/glossa/austen (found from libglossa's own location, so an installed tree works
 // wherever it is moved), else the source tree's data/austen (a build tree).
-#include <cstdlib>
 #include <string>
-#include <vector>
 
-#include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/input/input_generator.h"
-#include "glossa/input/tokenizers.h"
 #include "glossa/layers/moe.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/data_dir.h"
+#include "glossa/tasks/text_inputs.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
@@ -33,27 +29,10 @@ class AustenLmBase : public ModelParamsBase {
   virtual int64_t TokensPerBatch() const { return 2048; }
 
   Params Input(const std::string& split, bool train) const {
-    Params p = TextLmInput::Params();
-    p.Set("name", "input");
-    p.Set("file_pattern", StrCat("text:", AustenDir(), "/", split, ".txt"));
-    p.Set("tokenizer", SentencePieceTokenizer::Params()
-                           .Set("spm_model_file", StrCat(AustenDir(), "/spm_2k.model"))
-                           .Set("vocab_size", kVocabSize));
-    const int64_t max_len = MaxLength();
-    p.Set("target_max_length", max_len);
-    ParamValue::List bounds, limits;
-    for (int64_t b = max_len / 4; b <= max_len; b *= 2) {
-      bounds.push_back(ParamValue(b));
-      limits.push_back(ParamValue(std::max<int64_t>(1, TokensPerBatch() / b)));
-    }
-    p.Set("bucket_upper_bound", bounds);
-    p.Set("bucket_batch_limit", limits);
-    p.Set("file_parallelism", 1);
-    if (!train) {
-      p.Set("repeat_count", 1);
-      p.Set("require_sequential_order", true);
-    }
-    return p;
+    return TextLmInputParams({StrCat("text:", AustenDir(), "/", split, ".txt"),
+                              StrCat(AustenDir(), "/spm_2k.model"), kVocabSize, MaxLength(),
+                              TokensPerBatch()},
+                             train);
   }
 
  public:

@@ -4,13 +4,11 @@
 // tokenizer train` makes one); a job on a dataset or a tokenizer left unset is an error naming the
 // key to set. The vocabulary is 8,000 pieces unless the overrides say otherwise (the task checks
 // that the tokenizer, task.emb.vocab_size and task.softmax.num_classes agree). docs/own_data.md.
-#include <algorithm>
 #include <string>
 
-#include "glossa/input/input_generator.h"
-#include "glossa/input/tokenizers.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/lm/transformer_lm.h"
+#include "glossa/tasks/text_inputs.h"
 
 namespace glossa {
 namespace {
@@ -23,25 +21,8 @@ class TextLmBase : public ModelParamsBase {
   virtual int64_t TokensPerBatch() const { return 2048; }
 
   Params Input(bool train) const {
-    Params p = TextLmInput::Params();
-    p.Set("name", "input");
-    p.Set("file_pattern", "");  // from datasets.<dataset>
-    p.Set("tokenizer", SentencePieceTokenizer::Params().Set("vocab_size", kVocabSize));
-    const int64_t max_len = MaxLength();
-    p.Set("target_max_length", max_len);
-    ParamValue::List bounds, limits;
-    for (int64_t b = max_len / 4; b <= max_len; b *= 2) {
-      bounds.push_back(ParamValue(b));
-      limits.push_back(ParamValue(std::max<int64_t>(1, TokensPerBatch() / b)));
-    }
-    p.Set("bucket_upper_bound", bounds);
-    p.Set("bucket_batch_limit", limits);
-    p.Set("file_parallelism", 1);
-    if (!train) {
-      p.Set("repeat_count", 1);
-      p.Set("require_sequential_order", true);
-    }
-    return p;
+    // The file from datasets.<dataset>; the tokenizer's model from the Params.
+    return TextLmInputParams({"", "", kVocabSize, MaxLength(), TokensPerBatch()}, train);
   }
 
   static Params Lm(int64_t dim, int64_t layers, int64_t heads, int64_t hidden, int64_t max_steps,

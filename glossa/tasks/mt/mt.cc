@@ -12,6 +12,9 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
 #include "glossa/input/tokenizers.h"
+#include "glossa/input/vocabulary_check.h"
+#include "glossa/optim/optimizer.h"
+#include "glossa/optim/schedule.h"
 #include "glossa/layers/embedding.h"
 #include "glossa/kernels/fused_xent.h"
 #include "glossa/search/fusion.h"
@@ -72,6 +75,25 @@ glossa::Params TransformerModel::CommonParams(int64_t vocab_size, int64_t model_
   return p;
 }
 
+glossa::Params& TransformerModel::SetTrainingRecipe(glossa::Params& p, int64_t max_steps,
+                                                    int64_t warmup_steps) {
+  p.Set("decoder.target_seq_len", 160);
+  p.Set("decoder.beam_search.num_hyps_per_beam", 4);
+  p.Set("decoder.beam_search.force_eos_in_last_step", true);
+  glossa::Params& tp = p.GetParams("train");
+  tp.Set("max_steps", max_steps).Set("steps_per_loop", 50).Set("summary_interval_steps", 50);
+  tp.Set("save_interval_seconds", 120).Set("save_max_to_keep", 5);
+  glossa::Params& lp = tp.GetParams("learner");
+  lp.Set("learning_rate", 1.0);
+  lp.Set("lr_schedule", TransformerSchedule::Params()
+                            .Set("warmup_steps", warmup_steps)
+                            .Set("model_dim", p.GetInt("encoder.model_dim")));
+  lp.Set("optimizer", Adam::Params().Set("beta1", 0.9).Set("beta2", 0.98).Set("epsilon", 1e-9));
+  lp.Set("clip_gradient_norm_to_value", 1.0);
+  p.GetParams("eval").Set("samples_per_summary", 0);
+  return p;
+}
+
 TransformerModel::TransformerModel(const glossa::Params& p) : BaseTask(p) {
   encoder_ = CreateChild<TransformerEncoder>("encoder", p.GetParams("encoder"));
   decoder_ = CreateChild<TransformerDecoder>("decoder", p.GetParams("decoder"));
@@ -83,6 +105,17 @@ TransformerModel::TransformerModel(const glossa::Params& p) : BaseTask(p) {
   }
   CheckDim(*this, "decoder.model_dim", decoder_->params().GetInt("model_dim"), "encoder.model_dim",
            encoder_->model_dim());
+  if (has_input()) {
+    std::vector<std::pair<std::string, int64_t>> keys = {
+        {"encoder.token_emb.vocab_size", p.GetInt("encoder.token_emb.vocab_size")},
+        {"decoder.token_emb.vocab_size", p.GetInt("decoder.token_emb.vocab_size")}};
+    // A softmax tied to the embedding has no classes of its own; an untied one's 0 means the
+    // vocabulary.
+    if (!p.GetBool("decoder.shared_emb") && p.GetInt("decoder.softmax.num_classes") != 0) {
+      keys.emplace_back("decoder.softmax.num_classes", p.GetInt("decoder.softmax.num_classes"));
+    }
+    CheckVocabularyAgrees(input(), keys, StrCat("task '", path(), "'"));
+  }
 }
 
 NestedMap TransformerModel::ComputePredictions(const NestedMap& theta,

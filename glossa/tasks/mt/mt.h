@@ -146,6 +146,14 @@ class TransformerModel : public BaseTask {
   // the target embedding, beam 4 with length normalization 0.6.
   static glossa::Params CommonParams(int64_t vocab_size, int64_t model_dim, int64_t hidden_dim,
                                      int64_t num_heads, int64_t num_layers);
+  // The training and decoding recipe of the text translation models (mt.bible.*, mt.text.*):
+  // Adam (0.9, 0.98, 1e-9) at learning rate 1 on Lingvo's TransformerSchedule (warmup_steps,
+  // the model dim), gradients clipped at norm 1, loops of 50 steps, a checkpoint every 120 s (the
+  // last 5 kept); beam 4 up to 160 tokens, a hypothesis still live at the last step ending there.
+  static glossa::Params& SetTrainingRecipe(glossa::Params& p, int64_t max_steps,
+                                           int64_t warmup_steps);
+  // Checks, with an input that has a tokenizer, that the tokenizer's size equals the encoder's
+  // and decoder's vocabularies (and the untied softmax's classes), naming every key that differs.
   explicit TransformerModel(const glossa::Params& p);
 
   NestedMap ComputePredictions(const NestedMap& theta, const NestedMap& batch) const override;

@@ -61,7 +61,9 @@ class TokenizerCommand : public Command {
         "wrote %s and %s.vocab: %lld pieces, <unk> 0, <s> 1, </s> 2\n"
         "a model uses it with --model_params_override=\"task.input.tokenizer.spm_model_file : "
         "'%s'; task.input.tokenizer.vocab_size : %lld; task.emb.vocab_size : %lld; "
-        "task.softmax.num_classes : %lld\"\n",
+        "task.softmax.num_classes : %lld\"\n"
+        "(a translation model, mt.text.*: task.encoder.token_emb.vocab_size and "
+        "task.decoder.token_emb.vocab_size for task.emb.vocab_size and task.softmax.num_classes)\n",
         model.c_str(), t_.model_prefix.c_str(), static_cast<long long>(n), model.c_str(),
         static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n));
     return 0;
