@@ -15,6 +15,12 @@ namespace glossa_py {
 
 namespace py = pybind11;
 
+// A Python int as int64 and a str as UTF-8; ValueError naming `what` (and not pybind11's bare
+// RuntimeError) for an int outside int64 (2**70) or a str that is not valid Unicode (a lone
+// surrogate).
+int64_t ToInt64(const py::handle& o, const std::string& what);
+std::string ToUtf8(const py::handle& o, const std::string& what);
+
 glossa::ParamValue ToValue(const py::handle& o);
 py::object FromValue(const glossa::ParamValue& v);
 glossa::NestedValue ToNested(const py::handle& o, const std::string& where);

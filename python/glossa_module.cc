@@ -41,6 +41,28 @@ ParamValue ToValueAt(const py::handle& o, int depth);
 
 }  // namespace
 
+int64_t ToInt64(const py::handle& o, const std::string& what) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(o.ptr(), &overflow);
+  if (overflow != 0) {
+    throw py::value_error(glossa::StrCat(what, ": ", py::repr(o).cast<std::string>(),
+                                         " does not fit in a 64-bit integer"));
+  }
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<int64_t>(v);
+}
+
+std::string ToUtf8(const py::handle& o, const std::string& what) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(o.ptr(), &size);
+  if (data == nullptr) {
+    PyErr_Clear();
+    throw py::value_error(glossa::StrCat(what, ": the string is not valid Unicode (it holds a "
+                                         "lone surrogate, which has no UTF-8 form)"));
+  }
+  return std::string(data, static_cast<size_t>(size));
+}
+
 ParamValue ToValue(const py::handle& o) { return ToValueAt(o, 0); }
 
 namespace {
@@ -52,9 +74,9 @@ ParamValue ToValueAt(const py::handle& o, int depth) {
   }
   if (o.is_none()) return ParamValue();
   if (py::isinstance<py::bool_>(o)) return ParamValue(o.cast<bool>());
-  if (py::isinstance<py::int_>(o)) return ParamValue(o.cast<int64_t>());
+  if (py::isinstance<py::int_>(o)) return ParamValue(ToInt64(o, "a Params value"));
   if (py::isinstance<py::float_>(o)) return ParamValue(o.cast<double>());
-  if (py::isinstance<py::str>(o)) return ParamValue(o.cast<std::string>());
+  if (py::isinstance<py::str>(o)) return ParamValue(ToUtf8(o, "a Params value"));
   if (py::isinstance<Params>(o)) return ParamValue(o.cast<const Params&>());
   if (py::isinstance<DTypeName>(o)) {
     return ParamValue(glossa::ParseDType(o.cast<DTypeName>().name));
@@ -114,9 +136,10 @@ glossa::NestedValue ToNested(const py::handle& o, const std::string& where) {
   if (o.is_none()) return glossa::NestedValue();
   if (THPVariable_Check(o.ptr())) return glossa::NestedValue(o.cast<at::Tensor>());
   if (py::isinstance<py::bool_>(o)) return glossa::NestedValue(o.cast<bool>());
-  if (py::isinstance<py::int_>(o)) return glossa::NestedValue(o.cast<int64_t>());
+  const std::string what = where.empty() ? std::string("a value") : where;
+  if (py::isinstance<py::int_>(o)) return glossa::NestedValue(ToInt64(o, what));
   if (py::isinstance<py::float_>(o)) return glossa::NestedValue(o.cast<double>());
-  if (py::isinstance<py::str>(o)) return glossa::NestedValue(o.cast<std::string>());
+  if (py::isinstance<py::str>(o)) return glossa::NestedValue(ToUtf8(o, what));
   if (py::isinstance<py::dict>(o)) return glossa::NestedValue(ToNestedMap(o.cast<py::dict>(), where));
   if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
     glossa::NestedValue::List l;
@@ -187,8 +210,21 @@ std::vector<ParamValue>& Replaced() {
   return *replaced;
 }
 
+// p.x = v keeps a scalar field's kind: max_steps = 'abc' is a TypeError when set, not a failure
+// when the trainer reads it. None, a list or Params may replace anything; an int may set a float.
+void CheckKeepsKind(const std::string& name, const ParamValue& old, const ParamValue& v) {
+  using K = ParamValue::Kind;
+  const K was = old.kind(), now = v.kind();
+  auto scalar = [](K k) { return k == K::kBool || k == K::kInt || k == K::kFloat || k == K::kString; };
+  // A field documented as "an int or a list" (splits) may become a list or Params.
+  if (!scalar(was) || !scalar(now) || now == was || (was == K::kFloat && now == K::kInt)) return;
+  throw glossa::InvalidArgumentError(glossa::StrCat("param '", name, "' is a ", old.KindName(),
+                                                    ", not a ", v.KindName()));
+}
+
 void SetAttr(Params& p, const std::string& name, const py::handle& value) {
   ParamValue v = ToValue(value);
+  CheckKeepsKind(name, p.Get(name), v);
   auto& replaced = Replaced();
   replaced.erase(std::remove_if(replaced.begin(), replaced.end(),
                                 [](const ParamValue& r) { return !HasPythonHandle(r); }),

@@ -219,7 +219,8 @@ glossa::InferenceMap ToFeeds(const py::kwargs& feeds) {
     } else if (py::isinstance<py::bool_>(v)) {
       throw py::type_error(StrCat("feed '", name, "' cannot be a bool"));
     } else if (py::isinstance<py::int_>(v)) {
-      out[name] = glossa::InferenceValue::Of(at::tensor(v.cast<int64_t>(), at::kLong).reshape({}));
+      out[name] = glossa::InferenceValue::Of(
+          at::tensor(ToInt64(v, StrCat("feed '", name, "'")), at::kLong).reshape({}));
     } else if (py::isinstance<py::float_>(v)) {
       out[name] = glossa::InferenceValue::Of(at::tensor(v.cast<double>(), at::kFloat).reshape({}));
     } else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
@@ -230,7 +231,7 @@ glossa::InferenceMap ToFeeds(const py::kwargs& feeds) {
                                       py::str(s.get_type().attr("__name__")).cast<std::string>(),
                                       " (pass numbers as a torch.Tensor)"));
         }
-        strings.push_back(s.cast<std::string>());
+        strings.push_back(ToUtf8(s, StrCat("feed '", name, "'")));
       }
       out[name] = glossa::InferenceValue::Strings(std::move(strings));
     } else {

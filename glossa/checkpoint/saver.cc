@@ -91,10 +91,21 @@ CheckpointState ReadCheckpointState(const std::string& dir) {
       if (value.empty() || end != value.c_str() + value.size()) throw fail("expected a number");
       return d;
     };
+    // The saver writes names of this directory's checkpoints; a path elsewhere (another run's
+    // "../../other/train/ckpt-N", an absolute one) would resume weights that are not this run's.
+    auto name = [&](bool empty_ok) {
+      std::string n = unquote();
+      if (n.empty() && empty_ok) return n;  // no checkpoint yet
+      if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos) {
+        throw fail(StrCat("'", n, "' is not a checkpoint name in ", dir,
+                          " (entries name checkpoints of this directory, e.g. ckpt-00000100)"));
+      }
+      return n;
+    };
     if (key == "model_checkpoint_path") {
-      s.model_checkpoint_path = unquote();
+      s.model_checkpoint_path = name(true);
     } else if (key == "all_model_checkpoint_paths") {
-      s.all_model_checkpoint_paths.push_back(unquote());
+      s.all_model_checkpoint_paths.push_back(name(false));
     } else if (key == "all_model_checkpoint_timestamps") {
       s.all_model_checkpoint_timestamps.push_back(number());
     } else if (key == "last_preserved_timestamp") {

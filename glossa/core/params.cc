@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <set>
 #include <variant>
 
@@ -210,7 +211,14 @@ int64_t Params::GetInt(std::string_view path) const {
   return TypedGet(*this, path, [](const ParamValue& v) { return v.AsInt(); });
 }
 double Params::GetFloat(std::string_view path) const {
-  return TypedGet(*this, path, [](const ParamValue& v) { return v.AsFloat(); });
+  const double v = TypedGet(*this, path, [](const ParamValue& v) { return v.AsFloat(); });
+  // NaN passes every range check after it (each comparison is false) and Inf passes one-sided
+  // ones: a float field holds finite numbers, whoever set it (params text, proto, Python, code).
+  if (!std::isfinite(v)) {
+    throw InvalidArgumentError(
+        StrCat("param '", path, "' must be a finite number, got ", internal::TextValue(ParamValue(v))));
+  }
+  return v;
 }
 const std::string& Params::GetString(std::string_view path) const {
   return TypedGet(*this, path,

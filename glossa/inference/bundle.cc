@@ -32,17 +32,12 @@ using json = nlohmann::json;
 constexpr const char* kFormat = "glossa-inference-bundle";
 constexpr const char* kManifest = "MANIFEST.json";
 
-std::string Sha256FileImpl(const std::string& path) {
-  CheckRegularFile(path, "bundle file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw NotFoundError(StrCat("cannot open '", path, "'"));
+// The SHA-256 (hex) of what `feed` passes to its argument, in pieces.
+template <typename Feed>
+std::string Sha256Of(Feed feed) {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(in.gcount()));
-  }
+  feed([ctx](const char* data, size_t n) { EVP_DigestUpdate(ctx, data, n); });
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_DigestFinal_ex(ctx, digest, &len);
@@ -54,6 +49,29 @@ std::string Sha256FileImpl(const std::string& path) {
     out += kHex[digest[i] & 15];
   }
   return out;
+}
+
+std::string Sha256FileImpl(const std::string& path) {
+  CheckRegularFile(path, "bundle file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NotFoundError(StrCat("cannot open '", path, "'"));
+  return Sha256Of([&](const auto& update) {
+    std::vector<char> buf(1 << 20);
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      if (in.gcount() > 0) update(buf.data(), static_cast<size_t>(in.gcount()));
+    }
+  });
+}
+
+// The manifest's own fields (quantize, dtype, global_step, the file list, ...) are covered too:
+// manifest_sha256 is the SHA-256 of the manifest without it, as compact JSON (sorted keys), so
+// an edit such as "quantize": "none" -> "int8" is DataLoss, not other arithmetic.
+constexpr const char* kManifestHashKey = "manifest_sha256";
+std::string ManifestHash(json m) {
+  m.erase(kManifestHashKey);
+  const std::string text = m.dump();
+  return Sha256Of([&](const auto& update) { update(text.data(), text.size()); });
 }
 
 // The Params paths of every task's training input, and the main task's tokenizer.
@@ -350,6 +368,7 @@ int64_t ExportBundle(const ExportOptions& o) {
                    {"dtype", o.dtype},
                    {"quantize", o.quantize},
                    {"files", bundle.files}};
+  manifest[kManifestHashKey] = ManifestHash(manifest);
   AtomicWriteFile(JoinPath(dir, kManifest), manifest.dump(2) + "\n");
   // The target was missing or empty when the export began; another export (or anyone) may have
   // filled it meanwhile: then this one fails and its staging directory goes (cleanup), never
@@ -449,8 +468,20 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
           StrCat("bundle '", dir, "': ", name, " does not match its SHA-256 in the manifest"));
     }
   }
+  // Last, so that a field that is wrong by itself is named as such.
+  if (!m.contains(kManifestHashKey) || !m[kManifestHashKey].is_string()) {
+    throw DataLossError(StrCat("bundle manifest '", path, "' has no ", kManifestHashKey,
+                               ": it was altered, or exported by a Glossa from before 2026-12-05 "
+                               "(export the checkpoint again)"));
+  }
+  if (m[kManifestHashKey].get<std::string>() != ManifestHash(m)) {
+    throw DataLossError(StrCat("bundle manifest '", path, "' does not match its ", kManifestHashKey,
+                               ": a field of it (quantize, dtype, global_step, files, ...) was "
+                               "altered"));
+  }
   std::map<std::string, std::string> out;
   for (auto it = m.begin(); it != m.end(); ++it) {
+    if (it.key() == kManifestHashKey) continue;
     if (it.value().is_string()) out[it.key()] = it.value().get<std::string>();
     if (it.value().is_number_integer()) out[it.key()] = std::to_string(it.value().get<int64_t>());
   }

@@ -15,6 +15,10 @@
 
 namespace glossa {
 
+// A string feed longer than this many bytes per token of max_input_tokens is refused before it is
+// tokenized (4096 tokens: 128 KiB).
+constexpr int64_t kMaxBytesPerInputToken = 32;
+
 struct Predictor::Loaded {
   std::unique_ptr<BaseModel> owned;  // null for the bundle's own model
   const BaseModel* model = nullptr;
@@ -168,7 +172,16 @@ void Predictor::CheckFeeds(const std::string& subgraph, const InferenceSubgraphS
       if (tokenizer != nullptr && !s.bytes) {
         for (size_t i = 0; i < v.strings.size(); ++i) {
           // Every tokenizer makes at most one token per byte: short strings need no count.
-          if (static_cast<int64_t>(v.strings[i].size()) <= options_.max_input_tokens) continue;
+          const auto bytes = static_cast<int64_t>(v.strings[i].size());
+          if (bytes <= options_.max_input_tokens) continue;
+          // Bounded before tokenizing too: tokenizing costs time by the byte.
+          if (bytes > kMaxBytesPerInputToken * options_.max_input_tokens) {
+            throw InvalidArgumentError(StrCat(what, "[", i, "] is ", bytes, " bytes, more than ",
+                                              kMaxBytesPerInputToken, " per token of "
+                                              "max_input_tokens ", options_.max_input_tokens,
+                                              " (", kMaxBytesPerInputToken *
+                                                        options_.max_input_tokens, " bytes)"));
+          }
           const auto len = static_cast<int64_t>(tokenizer->StringToIds(v.strings[i]).size());
           if (len > options_.max_input_tokens) {
             throw InvalidArgumentError(StrCat(what, "[", i, "] is ", len,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -223,7 +224,10 @@ struct InferenceServer::Impl {
     connections = std::make_shared<ConnectionTable>(options.connection_limits);
     http.new_task_queue = [this] { return new ConnectionQueue(connections, port); };
     http.set_payload_max_length(options.max_body_bytes);
-    http.set_keep_alive_timeout(2);
+    // cpp-httplib would close a silent connection after its keep-alive wait, uncounted; past the
+    // header timeout instead, the table's watcher closes it and counts it as timed out.
+    http.set_keep_alive_timeout(
+        static_cast<time_t>(std::ceil(options.connection_limits.header_timeout_secs)) + 1);
     http.set_tcp_nodelay(true);  // no Nagle delay between the header and body writes
     http.set_read_timeout(30);
     // Before any body is read: the header is complete (the connection's header clock stops), a
@@ -288,6 +292,17 @@ struct InferenceServer::Impl {
     return false;
   }
 
+  // A request to POST /v1/subgraphs/NAME:run answered before HandleRun, in requests_total.
+  void CountRefusedRun(const std::string& path, int status) {
+    static const std::string prefix = "/v1/subgraphs/";
+    if (path.rfind(prefix, 0) != 0 || path.size() < prefix.size() + 5 ||
+        path.compare(path.size() - 4, 4, ":run") != 0) {
+      return;
+    }
+    const std::string name = path.substr(prefix.size(), path.size() - prefix.size() - 4);
+    metrics.CountRequest(specs.count(name) ? name : std::string("(unknown)"), status, 0.0);
+  }
+
   // The endpoints; `self` for reloads.
   void InstallEndpoints(InferenceServer* self) {
     http.Post(R"(/v1/subgraphs/([^/]+):run)",
@@ -316,7 +331,10 @@ struct InferenceServer::Impl {
       res.set_content(Metrics(), "text/plain; version=0.0.4");
     });
     // Answers cpp-httplib makes itself (unknown paths 404, oversized bodies 413) get a JSON body.
-    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // Every answer of 400 or more passes here once: a :run refused for its size (413, by the
+      // pre-routing handler, cpp-httplib or ReadBody) never reached HandleRun; count it.
+      if (res.status == 413) CountRefusedRun(req.path, res.status);
       if (!res.body.empty()) return;
       std::string code = "INVALID_ARGUMENT", message = StrCat("HTTP ", res.status);
       if (res.status == 404) {

@@ -62,7 +62,9 @@ at::Tensor& Optimizer::Slot(const std::string& var, const std::string& slot, con
   const std::string key = var + "/" + name_ + "/" + slot;
   auto it = slots_.find(key);
   if (it == slots_.end()) {
-    // A variable the loss never reached has no slots at all; one with some restored has them all.
+    // A checkpoint that holds this optimizer's state holds every slot of every variable it
+    // updated; a variable it trains now must have them all (a zero would silently restart its
+    // moments). Variables no learner trains (a variable filter) never get here.
     const std::string family = var + "/" + name_ + "/";
     if (restored_families_.count(family)) {
       auto sibling = slots_.lower_bound(family);
@@ -70,8 +72,23 @@ at::Tensor& Optimizer::Slot(const std::string& var, const std::string& slot, con
         throw InvalidArgumentError(StrCat(
             "the restored checkpoint lacks optimizer slot '", key, "' (it holds '",
             sibling->first, "' of the same variable): a damaged or edited checkpoint; restore "
-            "an earlier one, or start the optimizer afresh by removing all of the variable's "
-            "slots"));
+            "an earlier one"));
+      }
+    } else {
+      // A restored variable's slots ("<var>/<name>/"), not the optimizer's own state ("<name>/").
+      const std::string suffix = "/" + name_ + "/";
+      const auto other = std::find_if(
+          restored_families_.begin(), restored_families_.end(), [&](const std::string& f) {
+            return f.size() > suffix.size() &&
+                   f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0;
+          });
+      if (other != restored_families_.end()) {
+        throw InvalidArgumentError(StrCat(
+            "the restored checkpoint lacks optimizer slot '", key, "': it holds this "
+            "optimizer's slots (e.g. of '", other->substr(0, other->size() - suffix.size()),
+            "') but none of variable '", var, "', which is trained now: a damaged or edited "
+            "checkpoint, or a variable the run did not train before (its learner's variable "
+            "filter changed); restore an earlier checkpoint, or train from a new logdir"));
       }
     }
     it = slots_.emplace(key, at::full_like(like.detach(), init)).first;

@@ -20,6 +20,12 @@ struct CliOptions {
 // "glossa: <message>" on stderr; returns the exit status (0 only when the command did its job).
 int RunCli(const std::vector<std::string>& argv, const CliOptions& options = {});
 
+// For the commands that stop cleanly on SIGTERM/SIGINT (train, eval, decode): installs their
+// handlers. The program calls it first thing in main, so that the only moments a signal takes its
+// default action are before main (while the shared libraries load) and across the re-execution
+// UseBestBlasKernels may do; RunCli calls it again.
+void InstallStopHandlersFor(const std::vector<std::string>& argv);
+
 // The model a command line names with --model=py:<module>.<Class> (or "--model py:..."), "" when
 // it names none.
 std::string PythonModelFlag(const std::vector<std::string>& argv);

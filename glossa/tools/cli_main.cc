@@ -60,6 +60,8 @@ std::string GlossaPythonDir() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: a stop from here on is a clean stop (docs/training.md, "Stopping").
+  glossa::InstallStopHandlersFor(std::vector<std::string>(argv, argv + argc));
   glossa::UseBestBlasKernels(argv);  // may re-execute this program (glossa/runtime/cpu_runtime.h)
   const std::vector<std::string> args(argv, argv + argc);
   const std::string py_model = glossa::PythonModelFlag(args);

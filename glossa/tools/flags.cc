@@ -265,6 +265,9 @@ int LaunchWorkers(const DistFlags& d, const std::vector<std::string>& args) {
         "--nproc_per_node starts the workers itself, but WORLD_SIZE is already set (a launcher "
         "such as torchrun started this process): drop one of the two");
   }
+  // A mesh that does not fit the ranks would fail in each of them after they started (and the
+  // others would wait for it): refuse it here, before any rank starts.
+  if (!d.mesh.empty()) ParseMesh(d.mesh, static_cast<int>(d.nproc_per_node));
   LaunchOptions lo;
   lo.argv = SelfCommand();
   for (size_t i = 0; i < args.size(); ++i) {

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <glog/logging.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "glossa/base/errors.h"
@@ -74,6 +76,27 @@ int UnknownFlag(const CLI::App& app, const CLI::ExtrasError& e) {
   return e.get_exit_code();
 }
 
+// NaN passes every range check (each comparison with it is false) and Inf passes one-sided ones:
+// every float flag of every command takes finite numbers only ("nan", "inf", "1e999" refused).
+void RequireFiniteFloats(CLI::App* app) {
+  static const CLI::Validator finite(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end != text.c_str() && !std::isfinite(v)) {
+          return "must be a finite number, got " + text;
+        }
+        return "";
+      },
+      "");
+  for (CLI::Option* o : app->get_options()) {
+    // "FLOAT", or "FLOAT:<a validator's description>" (e.g. a CLI::Range, which NaN passes).
+    const std::string type = o->get_type_name();
+    if (type == "FLOAT" || type.rfind("FLOAT:", 0) == 0) o->check(finite);
+  }
+  for (CLI::App* sub : app->get_subcommands({})) RequireFiniteFloats(sub);
+}
+
 int Run(const std::vector<std::string>& argv) {
   CLI::App app{"Glossa: build, train, evaluate and serve neural sequence models.", "glossa"};
   app.footer(
@@ -103,6 +126,7 @@ int Run(const std::vector<std::string>& argv) {
   std::vector<std::unique_ptr<Command>> commands = cli::MakeCommands();
   std::vector<CLI::App*> subcommands;
   for (auto& c : commands) subcommands.push_back(c->Define(app));
+  RequireFiniteFloats(&app);
 
   const cli::CommandContext ctx{argv, ExpandedArgs(argv)};
   std::vector<std::string> reversed(ctx.expanded_args.rbegin(), ctx.expanded_args.rend());
@@ -123,13 +147,17 @@ int Run(const std::vector<std::string>& argv) {
 
 }  // namespace
 
+void InstallStopHandlersFor(const std::vector<std::string>& argv) {
+  if (argv.size() > 1 && (argv[1] == "train" || argv[1] == "eval" || argv[1] == "decode")) {
+    cli::InstallStopHandlers();
+  }
+}
+
 int RunCli(const std::vector<std::string>& argv, const CliOptions& options) {
   if (!options.self_command.empty()) cli::SelfCommand() = options.self_command;
   // Commands that stop cleanly on SIGTERM/SIGINT take them from the start: a signal while the
   // model is built is seen by the executor or job once it runs.
-  if (argv.size() > 1 && (argv[1] == "train" || argv[1] == "eval" || argv[1] == "decode")) {
-    cli::InstallStopHandlers();
-  }
+  InstallStopHandlersFor(argv);
   try {
     return Run(argv);
   } catch (const Error& e) {

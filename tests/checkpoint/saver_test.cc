@@ -309,6 +309,17 @@ TEST(Saver, MalformedStateFilesAreDataLoss) {
   EXPECT_ERROR_CONTAINS(ReadCheckpointState(dir), DataLossError, "line 2: expected a number");
   std::ofstream(dir + "/checkpoint", std::ios::trunc) << "bogus_field: 1\n";
   EXPECT_ERROR_CONTAINS(ReadCheckpointState(dir), DataLossError, "unknown field 'bogus_field'");
+  // An entry is a checkpoint's name in this directory: another run's ("../../other/train/..."),
+  // an absolute path or an empty name would resume weights that are not this run's.
+  for (const std::string entry : {"../../other/train/ckpt-00000005", "/abs/train/ckpt-1",
+                                  "sub/ckpt-1", "..", "."}) {
+    for (const std::string field : {"model_checkpoint_path", "all_model_checkpoint_paths"}) {
+      std::ofstream(dir + "/checkpoint", std::ios::trunc)
+          << "model_checkpoint_path: \"ckpt-1\"\n" << field << ": \"" << entry << "\"\n";
+      EXPECT_ERROR_CONTAINS(ReadCheckpointState(dir), DataLossError,
+                            StrCat("line 2: '", entry, "' is not a checkpoint name in ", dir));
+    }
+  }
 }
 
 // Run as a child process by the crash test: saves checkpoints of known values forever.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -67,6 +69,25 @@ TEST(Params, SetGetDottedPathsAndIndexes) {
   EXPECT_EQ(p.GetInt("sizes[1]"), 2);
   EXPECT_EQ(p.GetFloat("table[\"k\"].bar"), 1.0);
   EXPECT_EQ(p.Doc("encoder.bar"), "A float.");
+}
+
+TEST(Params, AFloatFieldHoldingNanOrInfIsAnErrorNamingIt) {
+  // NaN passes every range check after it and Inf passes one-sided ones: GetFloat refuses both,
+  // whoever set them (the text format reads `nan` and `inf`).
+  Params p;
+  p.Define("lr", 0.1, "").Define("n", 3, "");
+  Params inner;
+  inner.Define("clip", 1.0, "");
+  p.Define("learner", inner, "");
+  EXPECT_DOUBLE_EQ(p.GetFloat("n"), 3.0);
+  p.Set("lr", std::nan(""));
+  EXPECT_ERROR_CONTAINS(p.GetFloat("lr"), InvalidArgumentError,
+                        "param 'lr' must be a finite number, got nan");
+  p.Set("learner.clip", -HUGE_VAL);
+  EXPECT_ERROR_CONTAINS(p.GetFloat("learner.clip"), InvalidArgumentError,
+                        "param 'learner.clip' must be a finite number, got -inf");
+  p.Set("lr", 1e308);
+  EXPECT_DOUBLE_EQ(p.GetFloat("lr"), 1e308);
 }
 
 TEST(Params, UnknownKeyListsSimilarKeysLikeLingvo) {

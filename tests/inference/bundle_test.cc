@@ -131,6 +131,14 @@ TEST(Bundle, Int8ExportRunsTheProjectionsInInt8CloseToFloat) {
   EXPECT_ERROR_CONTAINS(Predictor{out}, DataLossError, "quantize must be");
 }
 
+// An edited manifest made consistent again, as an export would have written it (manifest_sha256
+// is the SHA-256 of the compact JSON without it).
+void RehashManifest(nlohmann::json& m, const std::string& scratch_file) {
+  m.erase("manifest_sha256");
+  AtomicWriteFile(scratch_file, m.dump());
+  m["manifest_sha256"] = Sha256File(scratch_file);
+}
+
 TEST(Bundle, DamagedBundlesAreRefusedNamingTheFile) {
   const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
   const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
@@ -191,9 +199,33 @@ TEST(Bundle, DamagedBundlesAreRefusedNamingTheFile) {
     m = nlohmann::json::parse(ReadFileToString(d + "/MANIFEST.json"));
     m["files"][name] = {{"bytes", FileSize(StrCat(d, "/", name))},
                         {"sha256", Sha256File(StrCat(d, "/", name))}};
+    RehashManifest(m, d + "/manifest.scratch");
     AtomicWriteFile(d + "/MANIFEST.json", m.dump());
     EXPECT_ERROR_CONTAINS(LoadBundle(d), DataLossError, StrCat(name, " does not load"));
   }
+  // The manifest's own fields are covered: "quantize": "none" -> "int8" would switch the
+  // arithmetic, a changed global_step would misreport the model; without the hash, the manifest
+  // is refused as altered (or too old).
+  for (const auto& [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"quantize", "int8"}, {"global_step", 12345}, {"dtype", "bfloat16"}}) {
+    d = fresh(StrCat("edited_", field));
+    m = nlohmann::json::parse(ReadFileToString(d + "/MANIFEST.json"));
+    ASSERT_TRUE(m.contains("manifest_sha256"));
+    m[field] = value;
+    AtomicWriteFile(d + "/MANIFEST.json", m.dump(2));
+    EXPECT_ERROR_CONTAINS(LoadBundle(d), DataLossError,
+                          "MANIFEST.json' does not match its manifest_sha256");
+  }
+  d = fresh("no_manifest_hash");
+  m = nlohmann::json::parse(ReadFileToString(d + "/MANIFEST.json"));
+  m.erase("manifest_sha256");
+  AtomicWriteFile(d + "/MANIFEST.json", m.dump());
+  EXPECT_ERROR_CONTAINS(LoadBundle(d), DataLossError, "MANIFEST.json' has no manifest_sha256");
+  // Formatting is not content: the same fields re-indented load.
+  d = fresh("reformatted");
+  m = nlohmann::json::parse(ReadFileToString(d + "/MANIFEST.json"));
+  AtomicWriteFile(d + "/MANIFEST.json", m.dump(8));
+  EXPECT_NO_THROW(LoadBundle(d));
 }
 
 TEST(Bundle, NonFiniteWeightsAreRefusedByExportAndTheLoader) {

@@ -618,6 +618,23 @@ TEST(Serve, SlowHeadersDoNotStarveCompleteRequestsAndAreCutOff) {
   EXPECT_GE(Metric(server.MetricsText(), "glossa_serve_connections_timed_out_total"), kSlow);
 }
 
+TEST(Serve, ASilentConnectionIsClosedAtTheHeaderTimeoutAndCountedAsTimedOut) {
+  // A connection that never sends a byte: closed when its header is late (3 s, longer than
+  // cpp-httplib's own keep-alive wait once was) and counted like a slow one.
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.connection_limits.header_timeout_secs = 3;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  const int a = Connect(port), b = Connect(port);
+  EXPECT_EQ(ReadUntilClosed(a), "");  // waits for the server to close it
+  EXPECT_EQ(ReadUntilClosed(b), "");
+  ::close(a);
+  ::close(b);
+  EXPECT_EQ(Metric(server.MetricsText(), "glossa_serve_connections_timed_out_total"), 2);
+  EXPECT_EQ(Post(port, "/v1/subgraphs/default:run", ScoreRequest({"a"}).dump()).status, 200);
+}
+
 TEST(Serve, ConnectionsArCappedPerClientAndInTotal) {
   Predictor predictor(ExportedBundle());
   ServeOptions o;

@@ -89,6 +89,39 @@ TEST(SentencePieceTokenizer, EncodesLikeLingvosModel) {
   EXPECT_EQ(tok->IdsToString({136, 263, 36, 779, 185}), "Hello world!");
 }
 
+TEST(SentencePieceTokenizer, LongInputsTokenizeInLinearTimeAndAsInOneCall) {
+  // SentencePiece alone takes super-linear time in a long run without spaces (a 3.9 MB run of
+  // '日' held a server for minutes): long texts are encoded in segments (spm_shim.cc). Were it
+  // not linear, this test would run for minutes and CTest's timeout would fail it.
+  auto tok = MakeTokenizer<SentencePieceTokenizer>(SentencePieceTokenizer::Params().Set(
+      "spm_model_file", testing::SourcePath("data/austen/spm_2k.model")));
+  // Text with spaces: cut at spaces, where SentencePiece splits anyway, so the ids are those of
+  // the lines one by one (each shorter than a segment, encoded in one call).
+  std::ifstream in(testing::SourcePath("data/austen/train.txt"));
+  std::string line, joined;
+  std::vector<int64_t> want;
+  while (joined.size() < 60000 && std::getline(in, line)) {
+    if (line.find_first_not_of(' ') == std::string::npos) continue;
+    const std::vector<int64_t> ids = tok->StringToIds(line);
+    want.insert(want.end(), ids.begin(), ids.end());
+    joined += (joined.empty() ? "" : " ") + line;
+  }
+  ASSERT_GT(joined.size(), 50000u);
+  EXPECT_EQ(tok->StringToIds(joined), want);
+  // A run of unknown characters is one <unk>, however long, as SentencePiece makes a short one.
+  std::string cjk;
+  for (int i = 0; i < 400000; ++i) cjk += "\xE6\x97\xA5";  // 日, 1.2 MB
+  EXPECT_EQ(tok->StringToIds("abc " + cjk + " def"), tok->StringToIds("abc \xE6\x97\xA5 def"));
+  EXPECT_EQ(tok->StringToIds(std::string(600000, '\0')), tok->StringToIds(std::string(4, '\0')));
+  // A long run of known characters is cut inside the run; it still decodes to itself.
+  const std::string run(100000, 'a');
+  const std::vector<int64_t> ids = tok->StringToIds(run);
+  EXPECT_LE(ids.size(), run.size());
+  EXPECT_EQ(tok->IdsToString(ids), run);
+  const std::string words = "It is a truth " + std::string(5000, 'e') + " universally acknowledged";
+  EXPECT_EQ(tok->IdsToString(tok->StringToIds(words)), words);
+}
+
 TEST(SentencePieceTokenizer, TrainsAModelFromText) {
   const fs::path dir = fs::temp_directory_path() / ("glossa_spm_" + std::to_string(::getpid()));
   fs::create_directories(dir);

@@ -306,9 +306,19 @@ TEST(Optimizers, ASlotMissingFromARestoredCheckpointIsAnErrorNotAZero) {
   EXPECT_ERROR_CONTAINS(restored->Apply(0.1, {{"model/w", w, g}}, 1), InvalidArgumentError,
                         "lacks optimizer slot 'model/w/Adam/v' (it holds 'model/w/Adam/m'");
   EXPECT_TRUE(at::equal(w, before));  // nothing was updated
-  // A variable with no slots at all (the loss never reached it) starts them at zero.
+  // Missing both slots of a variable is no better: restored state with a variable trained now
+  // that has none is an error naming it, not moments restarted at zero (softmax/bias_0 of an
+  // edited checkpoint).
   at::Tensor u = at::ones({2});
-  EXPECT_NO_THROW(restored->Apply(0.1, {{"model/u", u, at::ones({2})}}, 1));
+  EXPECT_ERROR_CONTAINS(restored->Apply(0.1, {{"model/u", u, at::ones({2})}}, 1),
+                        InvalidArgumentError,
+                        "lacks optimizer slot 'model/u/Adam/m': it holds this optimizer's slots "
+                        "(e.g. of 'model/b') but none of variable 'model/u'");
+  EXPECT_TRUE(at::equal(u, at::ones({2})));
+  // An optimizer restored from no state (a checkpoint without slots, or a first run) starts every
+  // variable's slots at zero.
+  auto fresh = Adam::Params().Instantiate<Optimizer>();
+  EXPECT_NO_THROW(fresh->Apply(0.1, {{"model/u", u, at::ones({2})}}, 1));
 }
 
 }  // namespace

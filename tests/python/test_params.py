@@ -132,6 +132,29 @@ def test_errors_are_python_exceptions():
         glossa.Params().Define("x", glossa.dtype("float33"), "")
 
 
+def test_values_python_cannot_hold_are_value_and_type_errors():
+    p = glossa.Params()
+    p.Define("i", 1, "an int").Define("s", "x", "a string").Define("f", 0.5, "a float")
+    p.Define("n", None, "none")
+    with pytest.raises(ValueError, match="does not fit in a 64-bit integer"):
+        p.i = 2**70
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        p.s = "a\ud800b"
+    with pytest.raises(ValueError, match="does not fit in a 64-bit integer"):
+        glossa.Params().Define("big", [1, -2**64], "")
+    # A scalar field keeps its kind when set (max_steps = 'abc' would fail only when read).
+    with pytest.raises(TypeError, match="param 'i' is a int, not a str"):
+        p.i = "abc"
+    task = glossa.model_registry.get_params("lm.austen.TransformerLmTiny", "Train").task
+    with pytest.raises(TypeError, match="param 'max_steps' is a int, not a str"):
+        task.train.max_steps = "abc"
+    assert task.train.max_steps != "abc"
+    p.f = 2            # an int sets a float field
+    p.n = "anything"   # a None field takes any kind
+    p.i = None
+    assert (p.i, p.f, p.n) == (None, 2, "anything")
+
+
 def test_registry_lists_classes_and_models():
     assert "lm.austen.TransformerLmTiny" in glossa.model_registry.keys()
     assert "glossa.layers.FeedForward" in glossa.registered_classes() or glossa.registered_classes()

@@ -46,6 +46,11 @@ def test_predictor_equals_glossa_predict(bundle):
     cli_lp = [json.loads(line)["total_log_prob"] for line in r.stdout.splitlines()]
     torch.testing.assert_close(out["total_log_prob"].double(), torch.tensor(cli_lp, dtype=torch.float64),
                                rtol=1e-6, atol=1e-5)
+    # Values Python holds and the Predictor cannot: ValueError naming the feed, not RuntimeError.
+    with pytest.raises(ValueError, match="feed 'max_new_tokens': 10+ does not fit in a 64-bit integer"):
+        pred.run("generate", prompt=["Emma"], max_new_tokens=10**30)
+    with pytest.raises(ValueError, match="feed 'text': the string is not valid Unicode"):
+        pred.run("default", text=["Emma \ud800"])
     gen = pred.run("generate", prompt=["It is a truth"], max_new_tokens=4)
     assert isinstance(gen["text"], list) and isinstance(gen["text"][0], str)
     # Bad feeds: the Predictor's own checks, as Python exceptions naming the feed.

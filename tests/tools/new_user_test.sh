@@ -175,6 +175,42 @@ grep -q "own/spm.model has 300 ids, but input.tokenizer.vocab_size is 2000, emb.
   || bad "vocabulary mismatch: $(cat vocab.log)"
 grep -q "ids must be in" vocab.log && bad "the mismatch surfaced at a step: $(cat vocab.log)"
 
+# mt.text.*: your own pairs ("source<TAB>target"), one tokenizer for both sides. A toy translation:
+# each line and its upper case.
+upper() { tr '[:lower:]' '[:upper:]' < "$1"; }
+upper own/train.txt > own/train_upper.txt
+paste own/train.txt own/train_upper.txt > own/train.tsv
+head -20 own/dev.txt > own/dev20.txt
+paste own/dev20.txt <(upper own/dev20.txt) > own/dev.tsv
+"$glossa" tokenizer train --input=own/train.txt,own/train_upper.txt --model_prefix=own/mtspm \
+  --vocab_size=400 --num_threads=1 > mttok.log 2>&1 || bad "tokenizer train on both sides: $(cat mttok.log)"
+grep -q "(a translation model, mt.text.\*: task.encoder.token_emb.vocab_size and task.decoder.token_emb.vocab_size" mttok.log \
+  || bad "tokenizer train does not say the translation keys: $(cat mttok.log)"
+mt=mt.text.TransformerTiny
+mtshort="task.encoder.transformer_stack.num_layers : 1; task.decoder.num_trans_layers : 1; task.train.steps_per_loop : 3; task.decoder.target_seq_len : 24"
+mtdata="datasets.train : 'text:$tmp/own/train.tsv'; datasets.dev : 'text:$tmp/own/dev.tsv'; datasets.test : ''; task.input.tokenizer.spm_model_file : '$tmp/own/mtspm.model'"
+# A dataset nobody set names its key; a tokenizer of another size names every key that differs.
+out=$("$glossa" train --model=$mt --logdir=mtnone --max_steps=1 --intra_op_threads=1 --random_seed=1 2>&1) \
+  && bad "mt.text training with no data succeeded"
+grep -q "dataset Train reads no data: datasets.train is unset" <<<"$out" || bad "mt.text with no data: $out"
+out=$("$glossa" train --model=$mt --logdir=mtvocab --max_steps=1 --intra_op_threads=1 --random_seed=1 \
+        --model_params_override="$mtshort; $mtdata" 2>&1) && bad "mt.text with a 400-piece tokenizer and 8000-id embeddings succeeded"
+grep -q "own/mtspm.model has 400 ids, but input.tokenizer.vocab_size is 8000, encoder.token_emb.vocab_size is 8000, decoder.token_emb.vocab_size is 8000" <<<"$out" \
+  || bad "mt.text vocabulary mismatch: $out"
+grep -q "task.encoder.token_emb.vocab_size : 400; task.decoder.token_emb.vocab_size : 400" <<<"$out" || bad "the mismatch gives no fix: $out"
+mtvocab="task.input.tokenizer.vocab_size : 400; task.encoder.token_emb.vocab_size : 400; task.decoder.token_emb.vocab_size : 400"
+"$glossa" train --model=$mt --logdir=mtrun --max_steps=3 --intra_op_threads=1 --random_seed=1 \
+  --model_params_override="$mtshort; $mtdata; $mtvocab" > mt_train.log 2>&1 || bad "mt.text train: $(cat mt_train.log)"
+# Eval and decode read the run's pairs: 20 of them, no override.
+"$glossa" eval --model=$mt --logdir=mtrun --dataset=Dev --once > mt_eval.log 2>&1 || bad "mt.text eval: $(cat mt_eval.log)"
+grep -q "eval Dev · ckpt-00000003 (step 3) · 20 examples" mt_eval.log || bad "mt.text eval did not read own Dev: $(cat mt_eval.log)"
+"$glossa" decode --model=$mt --logdir=mtrun --dataset=Dev --once > mt_decode.log 2>&1 || bad "mt.text decode: $(cat mt_decode.log)"
+[ "$(grep -c ' ||| ' mtrun/decoder_dev/decoder_out_000000003 2>/dev/null)" = 20 ] \
+  || bad "mt.text decode did not translate own Dev's 20 pairs: $(head -3 mtrun/decoder_dev/decoder_out_000000003 2>&1)"
+grep -q "^$(head -1 own/dev20.txt) ||| $(head -1 own/dev20.txt | tr '[:lower:]' '[:upper:]') ||| " mtrun/decoder_dev/decoder_out_000000003 \
+  || bad "the decoded pairs are not own Dev's: $(head -1 mtrun/decoder_dev/decoder_out_000000003)"
+grep -q '^corpus_bleu: ' mtrun/decoder_dev/score-00000003.txt || bad "no BLEU: $(cat mtrun/decoder_dev/score-00000003.txt)"
+
 # glossa onnx_feeds: the feeds of the exported ONNX network for given text, tokenized by the
 # bundle; ONNX Runtime on them gives the Predictor's scores.
 "$glossa" export --model=$model --logdir=ownrun --out=onnx_bundle --onnx > onnx_export.log 2>&1 || bad "export --onnx: $(cat onnx_export.log)"
@@ -207,6 +243,44 @@ PY
 else
   echo "SKIP: ONNX Runtime on onnx_feeds' feeds: no node or no $repo/bench/onnx/node_modules (scripts/setup.sh installs them)"
 fi
+
+# Issue 47. predict --output naming its input (by any name, or on stdin) is refused before
+# anything is opened for writing: the input is intact.
+printf 'It is a truth\nuniversally acknowledged\n' > same.txt
+cp same.txt same.orig
+ln -sf same.txt same.link
+out=$("$glossa" predict --bundle=b1 --input=same.txt --output=same.link 2>&1) && bad "predict --output=its own input succeeded"
+grep -q "output 'same.link' is the --input file 'same.txt' (the same device and inode)" <<<"$out" || bad "predict over its input: $out"
+out=$("$glossa" predict --bundle=b1 --output=same.txt < same.txt 2>&1) && bad "predict --output=its stdin succeeded"
+grep -q "output 'same.txt' is the file on standard input" <<<"$out" || bad "predict over its stdin: $out"
+cmp -s same.txt same.orig || bad "predict destroyed its input: $(head -c 200 same.txt)"
+# predict | head: the reader going away is an error and exit 1, not a silent SIGPIPE (141).
+for i in $(seq 1 3000); do echo "It is a truth universally acknowledged"; done > many.txt
+"$glossa" predict --bundle=b1 --input=many.txt 2> pipe.err | head -1 > /dev/null
+rc=${PIPESTATUS[0]}
+[ "$rc" = 1 ] || bad "predict | head exited $rc: $(cat pipe.err)"
+grep -q "cannot write stdout: Broken pipe" pipe.err || bad "predict | head said: $(cat pipe.err)"
+# NaN and Inf pass range checks: every float flag refuses them, naming the flag, before it runs.
+for args in "serve --bundle=b1 --port=0 --watch_interval_secs=nan" \
+            "train --model=$model --logdir=nanrun --saver_keep_checkpoint_every_n_hours=nan" \
+            "train --model=$model --logdir=nanrun --saver_keep_checkpoint_every_n_hours=1e999" \
+            "train --model=$model --logdir=nanrun --dist_timeout=nan" \
+            "eval --model=$model --logdir=run --dataset=Dev --once --dist_timeout=nan"; do
+  out=$(timeout 120 "$glossa" $args 2>&1) && bad "glossa $args succeeded"
+  grep -q -- "--[a-z_]*: must be a finite number, got \(nan\|inf\|1e999\)" <<<"$out" || bad "glossa $args: $out"
+done
+[ -e nanrun ] && bad "a refused train created nanrun"
+# A --mesh that does not fit the ranks is refused before any rank starts.
+out=$(timeout 120 "$glossa" train --model=$model --logdir=meshrun --nproc_per_node=2 --mesh=data:3 --max_steps=1 2>&1) \
+  && bad "a 3-rank mesh over 2 ranks succeeded"
+grep -q -- "--mesh='data:3': data 3 x expert 1 = 3 ranks, but the job has 2" <<<"$out" || bad "bad mesh: $out"
+grep -q "^\[rank\|rank [01] of 2" <<<"$out" && bad "ranks started for a bad mesh: $out"
+# An expert-parallel model in one process (a 2-rank logdir resumed without its ranks): said when the
+# model is built, not as a shape mismatch on restore or a failure at the first step.
+out=$("$glossa" train --model=lm.austen.TransformerLmMoeTinyExpertParallel --logdir=ep1 --max_steps=1 \
+        --intra_op_threads=1 --random_seed=1 2>&1) && bad "an expert-parallel model trained in one process"
+grep -q "is sharded over the ranks of an 'expert' axis (its layer has num_devices = 2), but this run is one process: it needs a mesh with an 'expert' axis of 2 ranks: train it with --nproc_per_node=2" <<<"$out" \
+  || bad "expert-parallel in one process: $out"
 
 # report --html --watch: rewrites the file when the run writes, stops cleanly on SIGTERM.
 "$glossa" report --logdir=ownrun --html=watch.html --watch --watch_interval=0.2 > watch.log 2>&1 &

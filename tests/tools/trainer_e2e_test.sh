@@ -144,6 +144,20 @@ if wait_until "the port file" 60 test -s "$tmp/port"; then
   check "serve: bad feed message" grep -q "unknown feed 'txt' (feeds: text)" "$tmp/body"
   head -c 10000000 /dev/zero | tr '\0' 'x' > "$tmp/big.json"
   check "serve: a 10 MB body is 413" test "$(code /v1/subgraphs/default:run --data-binary @"$tmp/big.json")" = 413
+  check "serve: a 413 counts in requests_total" bash -c "curl -s '$url/metrics' | grep -qx 'glossa_serve_requests_total{subgraph=\"default\",code=\"413\"} 1'"
+  # --max_batch_size (32) caps the examples of one request, as documented.
+  texts() { /usr/bin/python3 -c "import json, sys; print(json.dumps({'feeds': {'text': ['a truth'] * int(sys.argv[1])}}))" "$1"; }
+  check "serve: 32 examples are answered" test "$(code /v1/subgraphs/default:run -d "$(texts 32)")" = 200
+  check "serve: 33 examples are 400" test "$(code /v1/subgraphs/default:run -d "$(texts 33)")" = 400
+  check "serve: naming the cap" grep -q "has 33 examples, more than max_batch_size 32" "$tmp/body"
+  # A string is bounded in bytes before it is tokenized (32 a token of --max_input_tokens); one
+  # within the bound tokenizes in linear time, a long run of unknown characters included.
+  cjk() { /usr/bin/python3 -c "import json, sys; print(json.dumps({'feeds': {'text': ['\u65e5' * int(sys.argv[1])]}}, ensure_ascii=False))" "$1"; }
+  cjk 300000 > "$tmp/cjk_big.json"
+  check "serve: a 900 KB string is 400" test "$(code /v1/subgraphs/default:run --data-binary @"$tmp/cjk_big.json")" = 400
+  check "serve: naming its bytes" grep -q "is 900000 bytes, more than 32 per token of max_input_tokens 4096 (131072 bytes)" "$tmp/body"
+  cjk 40000 > "$tmp/cjk_ok.json"
+  check "serve: a 120 KB run of unknown characters is scored" test "$(code /v1/subgraphs/default:run --data-binary @"$tmp/cjk_ok.json")" = 200
   # Chunked, curl streaming a 200 MB body: refused when it passes the limit, not read to its end
   # (curl then reports the server's 413, or that the server stopped reading).
   chunked=$(head -c 200000000 /dev/zero | tr '\0' 'x' | curl -s -o "$tmp/body" -w '%{http_code} %{size_upload}' -X POST "$url/v1/subgraphs/default:run" -H 'Transfer-Encoding: chunked' --data-binary @- || true)
@@ -241,7 +255,7 @@ one_line_error "--max_steps: must be an integer in \[0, 9007199254740992\]" \
   train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" --max_steps=9223372036854775807
 one_line_error "steps_per_loop must be in \[1, 2\^53\], got -5" \
   train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" "--model_params_override=task.train.steps_per_loop : -5"
-one_line_error "learning_rate must be finite and > 0, got inf" \
+one_line_error "learning_rate.* must be (a )?finite.*, got inf" \
   train --model=lm.austen.TransformerLmTiny --logdir="$tmp/x" "--model_params_override=task.train.learner.learning_rate : inf"
 check "refused runs leave no logdir" test ! -e "$tmp/x"
 check "';' inside quotes stays in the value" bash -c "'$glossa' inspect_model --model=lm.austen.TransformerLmTiny \"--model_params_override=task.input.file_pattern : 'text:/a;b.txt'; task.train.max_steps : 7\" | grep -qx \"task.input.file_pattern : 'text:/a;b.txt'\""

@@ -2,7 +2,10 @@
 // stdout or --output (glossa/inference/predict_lines.h).
 #include <CLI/CLI.hpp>
 
+#include <sys/stat.h>
+
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -20,6 +23,23 @@
 namespace glossa {
 namespace cli {
 namespace {
+
+// An --output that is the input (the same file, through any name or link; the input may be stdin)
+// would be truncated before its lines are read: refused before anything is opened for writing.
+void RefuseOutputOverInput(const std::string& input, const std::string& output) {
+  struct stat out_st {};
+  if (output.empty() || ::stat(output.c_str(), &out_st) != 0) return;  // stdout, or a new file
+  struct stat in_st {};
+  const bool have_in =
+      input.empty() ? ::fstat(0, &in_st) == 0 : ::stat(input.c_str(), &in_st) == 0;
+  if (have_in && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino) {
+    throw InvalidArgumentError(StrCat(
+        "--output '", output, "' is ",
+        input.empty() ? "the file on standard input" : StrCat("the --input file '", input, "'"),
+        " (the same device and inode): writing it would destroy the lines before they are read; "
+        "give another --output"));
+  }
+}
 
 class PredictCommand : public Command {
  public:
@@ -45,6 +65,10 @@ class PredictCommand : public Command {
   }
 
   int Run(const CommandContext&) override {
+    RefuseOutputOverInput(input_, output_);
+    // A reader that goes away (`glossa predict | head`) makes the next write fail with EPIPE,
+    // which stops the run with an error and exit status 1, not a silent death by SIGPIPE.
+    std::signal(SIGPIPE, SIG_IGN);
     ConfigureCpuRuntime(0, false, CpuWorkload::kInference);  // as glossa serve
     PredictorOptions po;
     po.subgraphs = {o_.subgraph};

@@ -49,7 +49,7 @@ int Serve(ServeFlags& f) {
   po.checkpoint = f.checkpoint;
   po.max_input_tokens = f.max_input_tokens;
   po.max_new_tokens = f.max_new_tokens;
-  po.max_batch_size = std::max<int64_t>(f.max_batch_size, po.max_batch_size);
+  po.max_batch_size = f.max_batch_size;  // a request of more examples is 400 (docs/inference.md)
   Predictor predictor(f.bundle, po);
   ServeOptions& o = f.options;
   o.connection_limits = {.max_connections = f.max_connections,
