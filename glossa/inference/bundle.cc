@@ -398,6 +398,23 @@ void CheckFiniteWeights(const std::map<std::string, at::Tensor>& weights,
 
 std::string Sha256File(const std::string& path) { return Sha256FileImpl(path); }
 
+namespace {
+
+void CheckManifestHash(const json& m, const std::string& path) {
+  if (!m.contains(kManifestHashKey) || !m[kManifestHashKey].is_string()) {
+    throw DataLossError(StrCat("bundle manifest '", path, "' has no ", kManifestHashKey,
+                               ": it was altered, or exported by a Glossa from before 2026-12-05 "
+                               "(export the checkpoint again)"));
+  }
+  if (m[kManifestHashKey].get<std::string>() != ManifestHash(m)) {
+    throw DataLossError(StrCat("bundle manifest '", path, "' does not match its ", kManifestHashKey,
+                               ": a field of it (quantize, dtype, global_step, files, ...) was "
+                               "altered"));
+  }
+}
+
+}  // namespace
+
 std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
   const std::string path = JoinPath(dir, kManifest);
   if (!FileExists(dir)) {
@@ -469,16 +486,7 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
     }
   }
   // Last, so that a field that is wrong by itself is named as such.
-  if (!m.contains(kManifestHashKey) || !m[kManifestHashKey].is_string()) {
-    throw DataLossError(StrCat("bundle manifest '", path, "' has no ", kManifestHashKey,
-                               ": it was altered, or exported by a Glossa from before 2026-12-05 "
-                               "(export the checkpoint again)"));
-  }
-  if (m[kManifestHashKey].get<std::string>() != ManifestHash(m)) {
-    throw DataLossError(StrCat("bundle manifest '", path, "' does not match its ", kManifestHashKey,
-                               ": a field of it (quantize, dtype, global_step, files, ...) was "
-                               "altered"));
-  }
+  CheckManifestHash(m, path);
   std::map<std::string, std::string> out;
   for (auto it = m.begin(); it != m.end(); ++it) {
     if (it.key() == kManifestHashKey) continue;

@@ -28,6 +28,21 @@ void InstallGradientSyncs(Distributed& dist, BaseModel& model, const ExecutorOpt
   }
 }
 
+// An expert-sharded layer (num_devices > 1) built in one process holds one rank's share of the
+// experts: its first step would fail, and a resumed run on a shape. Say what it needs.
+void RefuseExpertShardsInOneProcess(const BaseModel& model) {
+  for (const auto& [info, value] : model.AllVariables()) {
+    const int64_t n = info.params.shard_count;
+    if (n <= 1) continue;
+    throw FailedPreconditionError(StrCat(
+        "variable '", info.full_name, "' is sharded over the ranks of an 'expert' axis (its "
+        "layer has num_devices = ", n, "), but this run is one process: it needs a mesh with an "
+        "'expert' axis of ", n, " ranks: train it with --nproc_per_node=", n,
+        " (or --mesh=data:D,expert:", n, " over more; docs/distributed.md), or set the layer's "
+        "num_devices to 1 (its checkpoints load whole either way)"));
+  }
+}
+
 }  // namespace
 
 // The mesh over the ranks (when there are several), each rank's input shard, and the model
@@ -67,20 +82,7 @@ void Executor::BuildModel() {
     model_ = InstantiateLayer<BaseModel>(params_);
   }
   used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
-  if (!mesh_) {
-    // An expert-sharded layer (num_devices > 1) built in one process holds one rank's share of
-    // the experts: its first step would fail, and a resumed run on a shape. Say what it needs.
-    for (const auto& [info, value] : model_->AllVariables()) {
-      const int64_t n = info.params.shard_count;
-      if (n <= 1) continue;
-      throw FailedPreconditionError(StrCat(
-          "variable '", info.full_name, "' is sharded over the ranks of an 'expert' axis (its "
-          "layer has num_devices = ", n, "), but this run is one process: it needs a mesh with an "
-          "'expert' axis of ", n, " ranks: train it with --nproc_per_node=", n,
-          " (or --mesh=data:D,expert:", n, " over more; docs/distributed.md), or set the layer's "
-          "num_devices to 1 (its checkpoints load whole either way)"));
-    }
-  }
+  if (!mesh_) RefuseExpertShardsInOneProcess(*model_);
   int64_t stage_bytes = 0, stage_vars = 0;
   for (const auto& v : LearnerVariables(*model_)) {
     if (v.rank_local()) sharded_vars_.push_back(v.name);
