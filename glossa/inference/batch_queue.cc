@@ -20,7 +20,7 @@ struct BatchQueue::Pending {
   std::string subgraph, key;
   InferenceMap feeds;
   int64_t n = 0;
-  Clock::time_point enqueued;
+  Clock::time_point enqueued, deadline;
   std::promise<Result> done;
 };
 
@@ -43,13 +43,15 @@ void BatchQueue::Start(const std::vector<std::string>& subgraphs) {
 }
 
 std::future<BatchQueue::Result> BatchQueue::Enqueue(const std::string& subgraph,
-                                                    InferenceMap feeds) {
+                                                    InferenceMap feeds,
+                                                    Clock::time_point deadline) {
   auto p = std::make_shared<Pending>();
   p->subgraph = subgraph;
   p->key = MergeKey(subgraph, feeds);
   p->n = BatchSize(feeds);
   p->feeds = std::move(feeds);
   p->enqueued = Clock::now();
+  p->deadline = deadline;
   auto future = p->done.get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -141,8 +143,24 @@ void BatchQueue::Loop(const std::string& subgraph) {
         cv_.wait_until(lock, deadline);
       }
     }
-    RunBatch(batch);
+    DropExpired(batch);
+    if (!batch.empty()) RunBatch(batch);
   }
+}
+
+void BatchQueue::DropExpired(std::vector<std::shared_ptr<Pending>>& batch) {
+  const auto now = Clock::now();
+  std::vector<std::shared_ptr<Pending>> kept;
+  for (auto& p : batch) {
+    if (now < p->deadline) {
+      kept.push_back(std::move(p));
+      continue;
+    }
+    const std::chrono::duration<double> waited = now - p->enqueued;
+    p->done.set_exception(std::make_exception_ptr(UnavailableError(
+        StrCat("waited ", waited.count(), " s for a batch, past its deadline: dropped unrun"))));
+  }
+  batch = std::move(kept);
 }
 
 void BatchQueue::RunBatch(const std::vector<std::shared_ptr<Pending>>& batch) {

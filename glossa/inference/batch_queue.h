@@ -10,6 +10,7 @@
 //   queue.Stop();  // runs what is queued, then joins the threads
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -52,8 +53,12 @@ class BatchQueue {
   ~BatchQueue();
 
   void Start(const std::vector<std::string>& subgraphs);
-  // The request's future; UnavailableError when the queue is full or stopping.
-  std::future<Result> Enqueue(const std::string& subgraph, InferenceMap feeds);
+  // The request's future; UnavailableError when the queue is full or stopping. A request still
+  // waiting for its batch at `deadline` is answered UnavailableError without running (its client
+  // has been answered already: ServeOptions::request_timeout_secs).
+  std::future<Result> Enqueue(
+      const std::string& subgraph, InferenceMap feeds,
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   // Runs what is queued without waiting for more (and unpauses); Stop() then joins.
   void Drain();
   void Stop();
@@ -65,6 +70,8 @@ class BatchQueue {
   struct Pending;
   void Loop(const std::string& subgraph);
   void RunBatch(const std::vector<std::shared_ptr<Pending>>& batch);
+  // Answers the requests of `batch` past their deadline, and drops them.
+  void DropExpired(std::vector<std::shared_ptr<Pending>>& batch);
 
   Predictor* predictor_;
   const Options options_;

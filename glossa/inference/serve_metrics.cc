@@ -30,6 +30,11 @@ void ServeMetrics::CountRequest(const std::string& subgraph, int status, double 
   latency_.try_emplace(subgraph, kLatencyBounds).first->second.Observe(seconds);
 }
 
+void ServeMetrics::CountRefused(const std::string& subgraph, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{subgraph, status}];
+}
+
 void ServeMetrics::ObserveBatch(int64_t examples) {
   std::lock_guard<std::mutex> lock(mu_);
   batch_sizes_.Observe(static_cast<double>(examples));

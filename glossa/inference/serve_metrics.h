@@ -27,6 +27,8 @@ class ServeMetrics {
 
   ServeMetrics();
   void CountRequest(const std::string& subgraph, int status, double seconds);
+  // A request refused before it was run (413, 404): counted, with no latency sample.
+  void CountRefused(const std::string& subgraph, int status);
   void ObserveBatch(int64_t examples);
   void CountReload(bool ok);
   std::string Text(const Gauges& gauges) const;

@@ -90,6 +90,66 @@ struct InferenceServer::Impl {
 
   // --- HTTP ---------------------------------------------------------------------------------
 
+  // The request body: {"feeds": {...}, "fetch_keys": [...]?}, its fetch keys into `fetch_keys`.
+  static nlohmann::json ParseRunBody(const std::string& request_body,
+                                     std::vector<std::string>& fetch_keys) {
+    nlohmann::json body;
+    try {
+      body = nlohmann::json::parse(request_body);
+    } catch (const nlohmann::json::exception& e) {
+      throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
+    }
+    if (!body.is_object()) {
+      throw InvalidArgumentError(StrCat("the request body must be a JSON object, got ",
+                                        body.type_name()));
+    }
+    for (auto it = body.begin(); it != body.end(); ++it) {
+      if (it.key() != "feeds" && it.key() != "fetch_keys") {
+        throw InvalidArgumentError(StrCat("unknown request field '", it.key(),
+                                          "' (fields: feeds, fetch_keys)"));
+      }
+    }
+    if (!body.contains("feeds")) throw InvalidArgumentError("the request has no \"feeds\"");
+    if (body.contains("fetch_keys")) {
+      const auto& k = body["fetch_keys"];
+      if (!k.is_array()) throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
+      for (const auto& e : k) {
+        if (!e.is_string()) {
+          throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
+        }
+        fetch_keys.push_back(e.get<std::string>());
+      }
+    }
+    return body;
+  }
+
+  // Runs the feeds: through the batch queue, answered by `start` + request_timeout_secs or
+  // UnavailableError; or on this thread without batching.
+  std::pair<InferenceMap, int64_t> RunFeeds(const std::string& subgraph, InferenceMap feeds,
+                                            Clock::time_point start) {
+    std::pair<InferenceMap, int64_t> result;
+    if (!options.enable_batching) {
+      std::optional<BatchInvariantScope> invariant;
+      if (options.batch_invariant) invariant.emplace();
+      result.first = predictor->Run(subgraph, feeds, {}, true, &result.second);
+      return result;
+    }
+    const auto deadline =
+        options.request_timeout_secs > 0
+            ? start + std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(options.request_timeout_secs))
+            : Clock::time_point::max();
+    std::future<BatchQueue::Result> answer =
+        batches->Enqueue(subgraph, std::move(feeds), deadline);
+    if (options.request_timeout_secs > 0 &&
+        answer.wait_until(deadline) != std::future_status::ready) {
+      throw UnavailableError(StrCat("no answer within request_timeout_secs = ",
+                                    options.request_timeout_secs,
+                                    " s (the server is overloaded): try again later"));
+    }
+    return answer.get();
+  }
+
   void HandleRun(const httplib::Request& req, const std::string& request_body,
                  httplib::Response& res) {
     const auto start = Clock::now();
@@ -100,45 +160,12 @@ struct InferenceServer::Impl {
       if (stopping) throw UnavailableError("the server is stopping");
       auto spec = specs.find(subgraph);
       if (spec == specs.end()) predictor->Validate(subgraph, {});  // NotFound listing subgraphs
-      nlohmann::json body;
-      try {
-        body = nlohmann::json::parse(request_body);
-      } catch (const nlohmann::json::exception& e) {
-        throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
-      }
-      if (!body.is_object()) {
-        throw InvalidArgumentError(StrCat("the request body must be a JSON object, got ",
-                                          body.type_name()));
-      }
-      for (auto it = body.begin(); it != body.end(); ++it) {
-        if (it.key() != "feeds" && it.key() != "fetch_keys") {
-          throw InvalidArgumentError(StrCat("unknown request field '", it.key(),
-                                            "' (fields: feeds, fetch_keys)"));
-        }
-      }
-      if (!body.contains("feeds")) throw InvalidArgumentError("the request has no \"feeds\"");
       std::vector<std::string> fetch_keys;
-      if (body.contains("fetch_keys")) {
-        const auto& k = body["fetch_keys"];
-        if (!k.is_array()) throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
-        for (const auto& e : k) {
-          if (!e.is_string()) {
-            throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
-          }
-          fetch_keys.push_back(e.get<std::string>());
-        }
-      }
+      nlohmann::json body = ParseRunBody(request_body, fetch_keys);
       InferenceMap feeds =
           FeedsFromJson(body["feeds"], spec->second, StrCat("subgraph '", subgraph, "'"));
       predictor->Validate(subgraph, feeds, fetch_keys);
-      std::pair<InferenceMap, int64_t> result;
-      if (options.enable_batching) {
-        result = batches->Enqueue(subgraph, std::move(feeds)).get();
-      } else {
-        std::optional<BatchInvariantScope> invariant;
-        if (options.batch_invariant) invariant.emplace();
-        result.first = predictor->Run(subgraph, feeds, {}, true, &result.second);
-      }
+      const std::pair<InferenceMap, int64_t> result = RunFeeds(subgraph, std::move(feeds), start);
       // Convert all fetches (per-token rows are cut by "lengths"), then keep the asked ones.
       nlohmann::ordered_json all = FetchesToJson(result.first);
       nlohmann::ordered_json out;
@@ -300,7 +327,7 @@ struct InferenceServer::Impl {
       return;
     }
     const std::string name = path.substr(prefix.size(), path.size() - prefix.size() - 4);
-    metrics.CountRequest(specs.count(name) ? name : std::string("(unknown)"), status, 0.0);
+    metrics.CountRefused(specs.count(name) ? name : std::string("(unknown)"), status);
   }
 
   // The endpoints; `self` for reloads.

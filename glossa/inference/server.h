@@ -56,6 +56,10 @@ struct ServeOptions {
                                      // queue while a batch runs and merge)
   int64_t max_enqueued_requests = 256;
   int num_batch_threads = 1;
+  // A :run request not answered this many seconds after its body arrived is answered 503
+  // (UNAVAILABLE) and its HTTP thread freed; one still waiting for a batch is then dropped
+  // unrun. A batch already running finishes (its answer discarded). 0: no limit.
+  double request_timeout_secs = 60;
   // Batch-invariant kernels for every run (glossa/kernels/batch_invariant.h): the same request
   // returns the same bits alone or merged into any batch, at any thread count.
   bool batch_invariant = true;

@@ -328,40 +328,62 @@ void VerifyDataChecksums(const SafetensorsLoad& ld, const std::string& sums) {
   }
 }
 
+// A file without glossa.crc32c: refused (its bytes cannot be verified) unless the caller trusts it.
+void CheckUncheckedFileMayLoad(const SafetensorsLoad& ld, UncheckedFiles unchecked) {
+  const auto& metadata = ld.out.metadata;
+  const auto version = metadata.find("format_version");
+  if (version != metadata.end() && version->second != "1") {
+    throw ld.fail(StrCat("written by Glossa (format_version ", version->second,
+                         ") but without its '", kChecksumKey,
+                         "' checksums: the header was altered"));
+  }
+  const std::string what = version != metadata.end()
+                               ? "an early Glossa checkpoint (format_version 1)"
+                               : "not written by Glossa";
+  if (unchecked == UncheckedFiles::kRefuse) {
+    throw ld.fail(StrCat("carries no checksums (", what,
+                         ", or its checksums were edited away), so its bytes cannot be verified; "
+                         "if you trust it, `glossa adopt_checkpoint --checkpoint=<its prefix>` "
+                         "rewrites it with checksums"));
+  }
+  LOG(WARNING) << "safetensors file '" << ld.path << "' carries no checksums (" << what
+               << "): loaded as trusted, its data is not verified";
+}
+
 // Verifies Glossa's checksums (data and header) and takes them out of the metadata.
-void VerifyChecksums(SafetensorsLoad& ld) {
+void VerifyChecksums(SafetensorsLoad& ld, UncheckedFiles unchecked) {
   auto& metadata = ld.out.metadata;
   // Checksums: Glossa writes them into every file; a key of Glossa's that this version does not
-  // know (e.g. a damaged "glossa.crc32c") must not switch the check off.
+  // know (e.g. a damaged "glossa.crc32c") must not switch the check off, nor may a claim to be
+  // version 1 (before the checksums) in a file that carries version 2's keys.
+  const auto version = metadata.find("format_version");
   for (const auto& [key, value] : metadata) {
-    if (key.rfind("glossa.", 0) == 0 && key != kChecksumKey && key != kHeaderChecksumKey) {
+    if (key.rfind("glossa.", 0) != 0) continue;
+    if (key != kChecksumKey && key != kHeaderChecksumKey) {
       throw ld.fail(StrCat("__metadata__ has the unknown key '", key,
                            "' (Glossa's checksums are '", kChecksumKey,
                            "'): the header is damaged or from a newer Glossa"));
     }
+    if (version != metadata.end() && version->second == "1") {
+      throw ld.fail(StrCat("claims format_version 1 (before checksums) but carries '", key,
+                           "' of version 2: the header was altered"));
+    }
   }
   auto sums = metadata.find(kChecksumKey);
-  // Checkpoints of format_version 2 and later always carry them; version 1 predates them.
-  const auto version = metadata.find("format_version");
-  const bool must_have_sums =
-      version != metadata.end() && version->second != "1" && !version->second.empty();
-  if (sums == metadata.end()) {
-    if (must_have_sums) {
-      throw ld.fail(StrCat("written by Glossa (format_version ", version->second,
-                           ") but without its '", kChecksumKey,
-                           "' checksums: the header was altered"));
-    }
-    LOG(WARNING) << "safetensors file '" << ld.path << "' carries no checksums ("
-                 << (version != metadata.end() ? "an early Glossa checkpoint"
-                                               : "not written by Glossa")
-                 << "): its data is not verified";
-  } else {
-    VerifyDataChecksums(ld, sums->second);
-    metadata.erase(sums);
-  }
-  // Files written before the header checksum existed have none; those written since must match.
   auto h = metadata.find(kHeaderChecksumKey);
-  if (h == metadata.end() && must_have_sums) {
+  if (sums == metadata.end()) {
+    if (h != metadata.end() && version == metadata.end()) {
+      throw ld.fail(StrCat("carries '", kHeaderChecksumKey, "' but not '", kChecksumKey,
+                           "': the header was altered"));
+    }
+    CheckUncheckedFileMayLoad(ld, unchecked);
+    return;
+  }
+  VerifyDataChecksums(ld, sums->second);
+  metadata.erase(sums);
+  // Files written before the header checksum existed have none; those written since must match.
+  const bool must_have_header_sum = version != metadata.end() && !version->second.empty();
+  if (h == metadata.end() && must_have_header_sum) {
     throw ld.fail(StrCat("written by Glossa (format_version ", version->second,
                          ") but without its '", kHeaderChecksumKey,
                          "' checksum: the header was altered"));
@@ -379,7 +401,7 @@ void VerifyChecksums(SafetensorsLoad& ld) {
 
 }  // namespace
 
-SafetensorsContents LoadSafetensors(const std::string& path) {
+SafetensorsContents LoadSafetensors(const std::string& path, UncheckedFiles unchecked) {
   SafetensorsLoad ld(path);
   ReadHeader(ld);
   ld.data_size = ld.file_size - 8 - ld.n;
@@ -392,7 +414,7 @@ SafetensorsContents LoadSafetensors(const std::string& path) {
     }
   }
   CheckSpansTileData(ld);
-  VerifyChecksums(ld);
+  VerifyChecksums(ld, unchecked);
   return std::move(ld.out);
 }
 
@@ -434,8 +456,8 @@ std::vector<std::string> SaveSafetensorsSharded(const std::string& stem,
   return files;
 }
 
-SafetensorsContents LoadSafetensorsSharded(const std::string& stem) {
-  if (FileExists(stem + ".safetensors")) return LoadSafetensors(stem + ".safetensors");
+SafetensorsContents LoadSafetensorsSharded(const std::string& stem, UncheckedFiles unchecked) {
+  if (FileExists(stem + ".safetensors")) return LoadSafetensors(stem + ".safetensors", unchecked);
   const std::string index_path = stem + ".safetensors.index.json";
   if (!FileExists(index_path)) {
     throw NotFoundError(StrCat("no checkpoint at '", stem, "' (neither ", stem, ".safetensors nor ",
@@ -462,7 +484,7 @@ SafetensorsContents LoadSafetensorsSharded(const std::string& stem) {
   }
   SafetensorsContents out;
   for (const auto& [file, names] : by_file) {
-    SafetensorsContents shard = LoadSafetensors(dir + file);
+    SafetensorsContents shard = LoadSafetensors(dir + file, unchecked);
     for (const auto& n : names) {
       auto t = shard.tensors.find(n);
       if (t == shard.tensors.end()) {

@@ -27,7 +27,13 @@ struct SafetensorsContents {
 // int32 and int64, since ATen has no such unsigned types). Tensors are written contiguous, CPU.
 void SaveSafetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                      const std::map<std::string, std::string>& metadata = {});
-SafetensorsContents LoadSafetensors(const std::string& path);
+
+// A file without Glossa's checksums (an early Glossa checkpoint, a file from another tool, or a
+// header whose checksums were edited away) cannot be verified: it is DataLoss unless the caller
+// says the file is trusted (`glossa adopt_checkpoint`, which rewrites it with checksums).
+enum class UncheckedFiles { kRefuse, kAllow };
+SafetensorsContents LoadSafetensors(const std::string& path,
+                                    UncheckedFiles unchecked = UncheckedFiles::kRefuse);
 
 // Sharded form: `<stem>.safetensors` when the data fits in `max_shard_bytes`, else
 // `<stem>-00000-of-0000N.safetensors` shards plus `<stem>.safetensors.index.json`. Returns the
@@ -37,7 +43,8 @@ std::vector<std::string> SaveSafetensorsSharded(const std::string& stem,
                                                 const std::map<std::string, std::string>& metadata,
                                                 uint64_t max_shard_bytes);
 // Loads `<stem>.safetensors` or, when absent, the shards listed by `<stem>.safetensors.index.json`.
-SafetensorsContents LoadSafetensorsSharded(const std::string& stem);
+SafetensorsContents LoadSafetensorsSharded(const std::string& stem,
+                                           UncheckedFiles unchecked = UncheckedFiles::kRefuse);
 // The files that make up checkpoint `stem` (for deletion), existing ones only.
 std::vector<std::string> SafetensorsFiles(const std::string& stem);
 

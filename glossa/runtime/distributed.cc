@@ -109,6 +109,34 @@ std::optional<DistributedOptions> DistributedOptionsFromEnv() {
 }
 
 
+namespace {
+
+// Every rank adds 1 to this key of the rendezvous store once it has joined.
+constexpr const char* kJoinedKey = "glossa/joined";
+
+// Rank 0: waits until every rank has joined the store, looking at `stop_requested` every 20 ms,
+// so that a job whose other rank failed before the rendezvous ends at once on SIGTERM.
+void WaitForRanksToJoin(c10d::Store& store, const DistributedOptions& o, const std::string& where) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_seconds);
+  for (;;) {
+    const int64_t joined = store.add(kJoinedKey, 0);
+    if (joined >= o.world_size) return;
+    if (o.stop_requested && o.stop_requested()) {
+      throw AbortedError(StrCat("stopped while waiting at the rendezvous (", where, "): ",
+                                joined, " of ", o.world_size, " ranks had joined"));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw AbortedError(StrCat("distributed rendezvous failed for ", where, " within ",
+                                o.timeout_seconds, " s: ", joined, " of ", o.world_size,
+                                " ranks joined"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
 Distributed::Distributed(const DistributedOptions& options, NoRendezvous)
     : options_(options), impl_(std::make_unique<Impl>()) {}
 
@@ -136,15 +164,16 @@ Distributed::Distributed(const DistributedOptions& options)
     // Port 0: the server binds a port the kernel picks; the others are told it before rank 0
     // waits for them.
     const bool pick_port = options.rank == 0 && options.master_port == 0;
-    so.waitWorkers = !pick_port;
+    so.waitWorkers = false;  // rank 0 waits below, where a stop is seen
     so.timeout = Millis(options.timeout_seconds);
     auto tcp = c10::make_intrusive<c10d::TCPStore>(options.master_addr, so);
     impl_->store = tcp;
     if (pick_port) {
       options_.master_port = tcp->getPort();
       if (options_.on_listening) options_.on_listening(options_.master_addr, options_.master_port);
-      tcp->waitForWorkers();
     }
+    tcp->add(kJoinedKey, 1);
+    if (options.rank == 0) WaitForRanksToJoin(*tcp, options_, where());
     auto pg_options = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout_seconds));
     // The network device this rank's Gloo pairs use: GLOO_SOCKET_IFNAME's interface when set
     // (as PyTorch), loopback for a job on 127.0.0.1 / localhost, else the address this host's
@@ -162,6 +191,8 @@ Distributed::Distributed(const DistributedOptions& options)
     impl_->device = pg_options->devices.front();
     impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, options.rank,
                                                             options.world_size, pg_options);
+  } catch (const Error&) {
+    throw;
   } catch (const c10::Error& e) {
     throw AbortedError(StrCat("distributed rendezvous failed for ", where(), " within ",
                               options.timeout_seconds, " s: ", e.what_without_backtrace()));

@@ -40,6 +40,9 @@ struct DistributedOptions {
   int local_rank = 0;
   // Rendezvous and every collective fail after this long (a lost rank): Aborted.
   double timeout_seconds = 300;
+  // Rank 0, waiting at the rendezvous for ranks that have not joined, gives up (Aborted) as soon
+  // as this returns true (e.g. SIGTERM from the launcher after another rank failed).
+  std::function<bool()> stop_requested;
   std::string backend = "gloo";
   // A subgroup's (Distributed::Subgroup): its name and the world ranks of its ranks, in order
   // (errors name world ranks); empty for the world.

@@ -252,6 +252,7 @@ std::unique_ptr<Distributed> JoinWorkers(const DistFlags& d) {
   if (d.master_port > 0) o->master_port = static_cast<int>(d.master_port);
   o->timeout_seconds = d.timeout_seconds;
   o->backend = d.backend;
+  o->stop_requested = [] { return StopFlag().load(); };
   return std::make_unique<Distributed>(*o);
 }
 

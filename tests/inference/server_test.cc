@@ -269,6 +269,35 @@ TEST(Serve, ConcurrentClientsGetTheSequentialResults) {
   EXPECT_LE(Metric(metrics, "glossa_serve_batch_size_count"), kRequests);
 }
 
+// Issue 47 item 1: a request's time is bounded. One that gets no answer within
+// request_timeout_secs (here: held in a paused queue) is answered 503 and its thread freed; once
+// the queue runs again it is dropped unrun, and the server goes on answering.
+TEST(Serve, ARequestPastItsTimeoutIs503AndIsDroppedUnrun) {
+  Predictor predictor(ExportedBundle());
+  ServeOptions o;
+  o.request_timeout_secs = 0.2;
+  InferenceServer server(&predictor, o);
+  const int port = server.Start();
+  const std::string run = "/v1/subgraphs/default:run";
+  server.PauseBatching();
+  const Answer late = Post(port, run, ScoreRequest({kTexts[0]}).dump());
+  EXPECT_EQ(late.status, 503) << late.body;
+  EXPECT_EQ(late.body["error"]["code"], "UNAVAILABLE");
+  EXPECT_NE(late.body["error"]["message"].get<std::string>().find(
+                "no answer within request_timeout_secs = 0.2 s"),
+            std::string::npos)
+      << late.body;
+  EXPECT_EQ(server.queued(), 1);
+  server.ResumeBatching();
+  WaitFor([&] { return server.queued() == 0; }, "the late request taken from the queue");
+  const Answer ok = Post(port, run, ScoreRequest({kTexts[1]}).dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  const std::string metrics = server.MetricsText();
+  // One batch ran: the second request's; the late one was dropped unrun.
+  EXPECT_EQ(Metric(metrics, "glossa_serve_batch_size_count"), 1);
+  EXPECT_EQ(Metric(metrics, R"(glossa_serve_requests_total{subgraph="default",code="503"})"), 1);
+}
+
 TEST(Serve, QueuedRequestsMergeIntoOneBatchPerOptions) {
   Predictor predictor(ExportedBundle());
   ServeOptions o;

@@ -49,10 +49,10 @@ void ExpectSame(const std::map<std::string, at::Tensor>& a,
 TEST(Safetensors, EveryDtypeRoundTripsWithMetadata) {
   const std::string path = Dir() + "/all.safetensors";
   const auto tensors = EveryDtype();
-  SaveSafetensors(path, tensors, {{"format_version", "1"}, {"input_position", "42"}});
+  SaveSafetensors(path, tensors, {{"format_version", "2"}, {"input_position", "42"}});
   SafetensorsContents c = LoadSafetensors(path);
   ExpectSame(tensors, c.tensors);
-  EXPECT_EQ(c.metadata.at("format_version"), "1");
+  EXPECT_EQ(c.metadata.at("format_version"), "2");
   EXPECT_EQ(c.metadata.at("input_position"), "42");
 }
 
@@ -60,14 +60,14 @@ TEST(Safetensors, ShardedRoundTripWithIndex) {
   const std::string stem = Dir() + "/ckpt-00000100";
   std::map<std::string, at::Tensor> t;
   for (int i = 0; i < 10; ++i) t["v" + std::to_string(i)] = at::randn({100});
-  auto files = SaveSafetensorsSharded(stem, t, {{"format_version", "1"}}, 1000);
+  auto files = SaveSafetensorsSharded(stem, t, {{"format_version", "2"}}, 1000);
   EXPECT_GT(files.size(), 2u);
   EXPECT_EQ(files.back(), stem + ".safetensors.index.json");
   EXPECT_TRUE(
       FileExists(stem + "-00000-of-0000" + std::to_string(files.size() - 1) + ".safetensors"));
   SafetensorsContents c = LoadSafetensorsSharded(stem);
   ExpectSame(t, c.tensors);
-  EXPECT_EQ(c.metadata.at("format_version"), "1");
+  EXPECT_EQ(c.metadata.at("format_version"), "2");
   EXPECT_EQ(SafetensorsFiles(stem).size(), files.size());
   auto single = SaveSafetensorsSharded(Dir() + "/small", {{"a", at::ones({2})}}, {}, 1 << 20);
   EXPECT_EQ(single, std::vector<std::string>{Dir() + "/small.safetensors"});
@@ -140,7 +140,7 @@ TEST(Safetensors, Fp8TensorsLoadWidenedToFloat32) {
         << Header(StrCat(R"({"a": {"dtype": ")", dtype, R"(", "shape": [)", bytes.size(),
                          R"(], "data_offsets": [0, )", bytes.size(), "]}}"))
         << bytes;
-    const at::Tensor t = LoadSafetensors(path).tensors.at("a");
+    const at::Tensor t = LoadSafetensors(path, UncheckedFiles::kAllow).tensors.at("a");
     ASSERT_EQ(t.scalar_type(), at::kFloat);
     for (size_t i = 0; i < table.size(); ++i) {
       EXPECT_EQ(t[static_cast<int64_t>(i)].item<float>(), table[i].second) << i;
@@ -202,13 +202,59 @@ TEST(Safetensors, TheChecksumCannotBeSwitchedOffByEditingTheHeader) {
   EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError, "a dtype, shape or offset");
 }
 
+// Issue 47 item 4: claiming version 1 (before checksums) and moving the checksums aside must not
+// switch the check off: such a file is refused like any unchecked one, and a version-1 claim
+// beside version 2's keys is DataLoss even where unchecked files are allowed.
+TEST(Safetensors, ADowngradeToVersionOneDoesNotSwitchTheChecksumsOff) {
+  const std::string path = Dir() + "/downgrade.safetensors";
+  auto save_corrupt = [&] {
+    SaveSafetensors(path, {{"a", at::arange(100, at::kFloat)}}, {{"format_version", "2"}});
+    std::string data = ReadFileToString(path);
+    uint64_t n;
+    std::memcpy(&n, data.data(), 8);
+    data[8 + n + 4 * 10 + 1] ^= 0x10;  // a bit of a[10]
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+    EditHeader(path, [](std::string& h) {
+      h.replace(h.find("\"format_version\":\"2\""), 20, "\"format_version\":\"1\"");
+    });
+  };
+  // The version alone: version 2's keys under a version-1 claim.
+  save_corrupt();
+  for (auto unchecked : {UncheckedFiles::kRefuse, UncheckedFiles::kAllow}) {
+    EXPECT_ERROR_CONTAINS(LoadSafetensors(path, unchecked), DataLossError,
+                          "claims format_version 1 (before checksums) but carries 'glossa.");
+  }
+  // The version and the checksums renamed out of Glossa's namespace: an unchecked file, refused.
+  save_corrupt();
+  EditHeader(path, [](std::string& h) { h.replace(h.find("glossa.crc32c"), 13, "xlossa.crc32c"); });
+  EditHeader(path, [](std::string& h) {
+    h.replace(h.find("glossa.header_crc32c"), 20, "xlossa.header_crc32c");
+  });
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError,
+                        "carries no checksums (an early Glossa checkpoint (format_version 1), or "
+                        "its checksums were edited away), so its bytes cannot be verified; if you "
+                        "trust it, `glossa adopt_checkpoint");
+  // Only the header checksum left (no version claimed): altered.
+  SaveSafetensors(path, {{"a", at::arange(100, at::kFloat)}});
+  EditHeader(path, [](std::string& h) { h.replace(h.find("glossa.crc32c"), 13, "xlossa.crc32c"); });
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path, UncheckedFiles::kAllow), DataLossError,
+                        "carries 'glossa.header_crc32c' but not 'glossa.crc32c'");
+  // Explicitly trusted, a genuinely unchecked file loads.
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      << Header(R"({"__metadata__": {"format_version": "1"},
+                    "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})")
+      << std::string(4, '\0');
+  EXPECT_ERROR_CONTAINS(LoadSafetensors(path), DataLossError, "carries no checksums");
+  EXPECT_EQ(LoadSafetensors(path, UncheckedFiles::kAllow).tensors.at("a").item<float>(), 0.0f);
+}
+
 TEST(Safetensors, ReadsTheSafetensorsProjectsSamples) {
   const std::string dir = testing::SourcePath("../shared/testdata/safetensors");
   if (!fs::exists(dir)) GTEST_SKIP() << "../shared/testdata is absent: " << dir;
-  SafetensorsContents all = LoadSafetensors(dir + "/overall.safetensors");
+  SafetensorsContents all = LoadSafetensors(dir + "/overall.safetensors", UncheckedFiles::kAllow);
   EXPECT_EQ(all.tensors.size(), 9u);
   for (const char* f : {"B", "H", "I", "b", "d", "e", "f", "h", "i"}) {
-    SafetensorsContents c = LoadSafetensors(dir + "/" + f + ".safetensors");
+    SafetensorsContents c = LoadSafetensors(dir + "/" + f + ".safetensors", UncheckedFiles::kAllow);
     ASSERT_EQ(c.tensors.size(), 1u) << f;
     at::Tensor t = c.tensors.begin()->second;
     EXPECT_EQ(t.numel(), 6) << f;

@@ -158,6 +158,17 @@ wait "${pids[1]:-0}" 2>/dev/null; rc1=$?
 check "different model Params fail on every rank ($rc0, $rc1)" test "$rc0" -ne 0 -a "$rc1" -ne 0
 check "naming rank 1: $(tail -1 "$tmp/m0.log")" grep -q 'disagree on the model Params.*rank(s) 1 differ from rank 0' "$tmp/m0.log"
 check "no checkpoint from a refused run" test ! -e "$tmp/m/train/checkpoint"
+# Rank 0 waiting at the rendezvous for a rank that never comes (it failed before joining) stops at
+# once on SIGTERM, as the launcher sends after a failure: not after --dist_timeout (600 s here).
+WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 \
+  "$glossa" train "${base[@]}" --logdir="$tmp/w" --max_steps=5 --dist_timeout=600 > "$tmp/w0.log" 2>&1 &
+pids=($!)
+if wait_ranks "$tmp/w0.log" '^glossa: rank 0 hosts the rendezvous at ' 120 "$tmp/w0.log"; then
+  kill -TERM "${pids[0]}"
+  check "rank 0 says it stopped at the rendezvous: $(tail -1 "$tmp/w0.log")" wait_for "$tmp/w0.log" 'stopped while waiting at the rendezvous (rank 0 of 2 at 127.0.0.1:[0-9]*): 1 of 2 ranks had joined' 60
+  wait "${pids[0]}"; rc=$?
+  check "and exits 1 (rc $rc)" test "$rc" -eq 1
+fi
 "$glossa" train "${base[@]}" --logdir="$tmp/n" --max_steps=5 --nproc_per_node=3 > "$tmp/n.log" 2>&1; rc=$?
 check "3 workers train (rc $rc), saying how the batch that does not divide is shared: $(grep -m1 'divide' "$tmp/n.log")" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] task.input.bucket_batch_limit = 64 does not divide among 3 workers: each reads 22, 66 in all' '$tmp/n.log'"
 WORLD_SIZE=2 RANK=0 "$glossa" train "${base[@]}" --logdir="$tmp/n" --nproc_per_node=2 > "$tmp/n2.log" 2>&1; rc=$?

@@ -15,6 +15,26 @@ cp -r "$src" "$tmp/lm"
 shape='task.emb.embedding_dim : 8; task.position_emb.embedding_dim : 8; task.softmax.input_dim : 8;'
 shape+=' task.stack.num_layers : 1; task.stack.mdl_dim : 8; task.stack.hidden_dim : 16;'
 shape+=' task.stack.num_atten_heads : 2; task.eval.samples_per_summary : 32'
+# Wave 1's checkpoints carry no checksums: every loader refuses them until the user vouches for
+# them with `glossa adopt_checkpoint`, which rewrites them with checksums (issue 47 item 4).
+if "$glossa" eval --model=lm.austen.TransformerLmTiny --logdir="$tmp/lm" --dataset=Dev --once \
+    --intra_op_threads=1 "--model_params_override=$shape" > "$tmp/refused.log" 2>&1; then
+  echo "FAIL: eval loaded a checkpoint without checksums (exit 0)"; cat "$tmp/refused.log"; exit 1
+fi
+if ! grep -q "carries no checksums.*glossa adopt_checkpoint" "$tmp/refused.log"; then
+  echo "FAIL: the refusal does not say how to adopt the checkpoint:"; cat "$tmp/refused.log"; exit 1
+fi
+if [ ! -f "$tmp/lm/train/ckpt-00000003.safetensors" ]; then
+  echo "FAIL: the refused eval moved the checkpoint:"; ls -la "$tmp/lm/train"; exit 1
+fi
+if ! "$glossa" adopt_checkpoint --checkpoint="$tmp/lm/train/ckpt-00000003" > "$tmp/adopt.log" 2>&1 ||
+    ! grep -q "adopted .*ckpt-00000003: [0-9]* tensors rewritten with checksums" "$tmp/adopt.log"; then
+  echo "FAIL: adopt_checkpoint:"; cat "$tmp/adopt.log"; exit 1
+fi
+if ! "$glossa" adopt_checkpoint --checkpoint="$tmp/lm/train/ckpt-00000003.safetensors" 2>&1 |
+    grep -q "already carries Glossa's checksums and verifies: nothing to do"; then
+  echo "FAIL: a second adopt_checkpoint did not find the checksums"; exit 1
+fi
 if ! "$glossa" eval --model=lm.austen.TransformerLmTiny --logdir="$tmp/lm" --dataset=Dev --once \
     --intra_op_threads=1 "--model_params_override=$shape" > "$tmp/eval.log" 2>&1; then
   echo "FAIL: eval of the wave-1 checkpoint failed:"; cat "$tmp/eval.log"; exit 1

@@ -33,6 +33,36 @@ check "train events" compgen -G "$logdir/train/events.out.tfevents.*" > /dev/nul
 stopped_at=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$logdir/train/checkpoint")
 check "a checkpoint before max_steps (got '$stopped_at')" test -n "$stopped_at" -a "${stopped_at:-400}" -lt 400
 
+# 1b. A SIGTERM during start-up, after main's first line (issue 47 item 7): a --load_library whose
+# constructor holds the program until the test has sent the signal. The signal is caught, so the
+# program goes on to its next step (which refuses this library, since it registers nothing: exit
+# 1 naming it), never the default action's exit 143.
+cat > "$tmp/hold.c" <<'HOLD'
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void hold(void) {
+  const char* dir = getenv("GLOSSA_TEST_HOLD_DIR");
+  char p[4096];
+  if (dir == NULL) return;
+  snprintf(p, sizeof p, "%s/loaded", dir);
+  fclose(fopen(p, "w"));
+  snprintf(p, sizeof p, "%s/release", dir);
+  while (access(p, F_OK) != 0) usleep(1000);
+}
+HOLD
+check "compile the holding library" cc -shared -fPIC -o "$tmp/hold.so" "$tmp/hold.c"
+GLOSSA_TEST_HOLD_DIR="$tmp" "$glossa" train --model=lm.austen.TransformerLmTiny --logdir="$tmp/early" \
+  "--model_params_override=$small" --max_steps=400 --load_library="$tmp/hold.so" \
+  > "$tmp/early.log" 2>&1 &
+pid=$!
+wait_until "the holding library to load" 120 bash -c "test -e '$tmp/loaded' || ! kill -0 $pid"
+kill -TERM "$pid" 2>/dev/null
+touch "$tmp/release"
+wait "$pid"; rc=$?
+check "a SIGTERM during start-up is caught (rc $rc, not 143): $(tail -2 "$tmp/early.log")" test "$rc" -eq 1
+check "and the program went on past it" grep -q "hold.so' registered no Glossa model or class" "$tmp/early.log"
+
 # 2. Resume to step 30 (or past it when SIGTERM came late: then just to stopped_at + 10).
 target=$(( stopped_at < 20 ? 30 : stopped_at + 10 ))
 check "resume" "$glossa" train "${flags[@]}" --max_steps=$target > "$tmp/train2.log" 2>&1
@@ -143,8 +173,11 @@ if wait_until "the port file" 60 test -s "$tmp/port"; then
   check "serve: bad feed is 400" test "$(code /v1/subgraphs/default:run -d '{"feeds": {"txt": ["a"]}}')" = 400
   check "serve: bad feed message" grep -q "unknown feed 'txt' (feeds: text)" "$tmp/body"
   head -c 10000000 /dev/zero | tr '\0' 'x' > "$tmp/big.json"
+  dur() { curl -s "$url/metrics" | sed -n 's/^glossa_serve_request_duration_seconds_count{subgraph="default"} \([0-9]*\)$/\1/p'; }
+  samples=$(dur)
   check "serve: a 10 MB body is 413" test "$(code /v1/subgraphs/default:run --data-binary @"$tmp/big.json")" = 413
   check "serve: a 413 counts in requests_total" bash -c "curl -s '$url/metrics' | grep -qx 'glossa_serve_requests_total{subgraph=\"default\",code=\"413\"} 1'"
+  check "serve: a 413 adds no latency sample ($samples, then $(dur))" test -n "$samples" -a "$(dur)" = "$samples"
   # --max_batch_size (32) caps the examples of one request, as documented.
   texts() { /usr/bin/python3 -c "import json, sys; print(json.dumps({'feeds': {'text': ['a truth'] * int(sys.argv[1])}}))" "$1"; }
   check "serve: 32 examples are answered" test "$(code /v1/subgraphs/default:run -d "$(texts 32)")" = 200

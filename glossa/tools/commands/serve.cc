@@ -29,7 +29,7 @@ struct ServeFlags {
   int64_t batch_threads = 1, max_body_bytes = 4 << 20, intra_op_threads = 0;
   int64_t max_input_tokens = 4096, max_new_tokens = 512;
   int64_t max_connections = 512, max_connections_per_client = 128;
-  double header_timeout_secs = 10, body_timeout_secs = 60;
+  double header_timeout_secs = 10, body_timeout_secs = 60, request_timeout_secs = 60;
   bool no_batching = false;
   bool batch_invariant = true;
 };
@@ -64,6 +64,7 @@ int Serve(ServeFlags& f) {
   o.max_enqueued_requests = f.max_enqueued;
   o.num_batch_threads = static_cast<int>(f.batch_threads);
   o.max_body_bytes = static_cast<size_t>(f.max_body_bytes);
+  o.request_timeout_secs = f.request_timeout_secs;
   InferenceServer server(&predictor, o);
   const int port = server.Start();
   std::cout << "serving " << f.bundle << " (global step " << predictor.global_step()
@@ -147,6 +148,12 @@ class ServeCommand : public Command {
                   "A request's body must arrive within this many seconds of its header.")
         ->capture_default_str()
         ->check(CLI::Range(0.1, 3600.0));
+    c->add_option("--request_timeout_secs", f.request_timeout_secs,
+                  "A :run request not answered within this many seconds of its body is "
+                  "answered 503 and its thread freed; one still waiting for a batch is dropped "
+                  "unrun (0: no limit; with --no_batching a run is not cut short).")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 86400.0));
     AddIntFlag(c, "--max_body_bytes", f.max_body_bytes, 1, int64_t{1} << 31,
                "Larger request bodies are answered 413.");
     AddIntFlag(c, "--max_input_tokens", f.max_input_tokens, 1, int64_t{1} << 24,
