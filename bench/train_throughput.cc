@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "glossa/kernels/gemm.h"
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/mt/mt.h"
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
                               {"dtype", "fp32"},
                               {"threads", "0"},
                               {"gemm", "0"},
+                              {"bf16_kernels", "measure"},
                               {"task", "lm"},
                               {"bucket_mb", "25"},
                               {"overlap", "1"},
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
                               {"profile_ops", "0"}},
                              /*bare_means_true=*/true);
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
+  SetBf16KernelMode(ParseKernelMode(f["bf16_kernels"], "--bf16_kernels"));
   const int runs = std::stoi(f["runs"]);
   if (f["gemm"] == "1") {
     // The GEMM peak of the dtype's thread layout: fp32 (OpenBLAS) or bf16 (oneDNN).
@@ -89,18 +92,17 @@ int main(int argc, char** argv) {
     }
     std::printf("gemm_%s_gflops %.1f\n", bf16 ? "bf16" : "fp32", Median(rates));
     if (bf16) {
-      // Glossa's own bf16 projections (kernels/gemm.h): float32 sgemms of the widened values on
-      // CPUs without AMX, oneDNN's otherwise; widening and rounding included.
+      // Glossa's native bf16 path (kernels/gemm.h): float32 sgemms of the widened values,
+      // widening and rounding included; Affine runs it where it measures faster than oneDNN's.
       at::NoGradGuard no_grad;
-      Affine(a, b, at::Tensor());
+      Bf16AffineNative(a, b, at::Tensor());
       std::vector<double> own;
       for (int r = 0; r < std::max(runs, 5); ++r) {
         const double t0 = Now();
-        for (int i = 0; i < 5; ++i) Affine(a, b, at::Tensor());
+        for (int i = 0; i < 5; ++i) Bf16AffineNative(a, b, at::Tensor());
         own.push_back(5 * 2.0 * 2048.0 * 2048.0 * 2048.0 / (Now() - t0) / 1e9);
       }
-      std::printf("gemm_bf16_glossa_gflops %.1f via %s\n", Median(own),
-                  Bf16GemmViaFloat32() ? "float32_sgemm" : "aten");
+      std::printf("gemm_bf16_glossa_gflops %.1f via native_float32_sgemm\n", Median(own));
     }
     return 0;
   }
@@ -268,6 +270,18 @@ int main(int argc, char** argv) {
       "glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d "
       "blas_core %s\n",
       Median(rates), flops, layout.aten_threads, layout.blas_threads, BlasCoreName());
+  // The kernel choices this run made (glossa/kernels/kernel_choice.h), counted per op and path.
+  std::map<std::string, std::pair<int, int>> chosen;  // op -> (aten, native)
+  for (const KernelDecision& k : KernelDecisions()) {
+    (k.native ? chosen[k.op].second : chosen[k.op].first) += 1;
+  }
+  if (!chosen.empty()) {
+    std::printf("kernel_choices");
+    for (const auto& [op, n] : chosen) {
+      std::printf(" %s:aten=%d,native=%d", op.c_str(), n.first, n.second);
+    }
+    std::printf("\n");
+  }
   if (sync) {
     const auto st = sync->stats();
     std::printf("allreduce_mb_per_step %.2f exposed_ms_per_step %.2f buckets_per_step %.1f "

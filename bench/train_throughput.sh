@@ -47,7 +47,9 @@ for size in ${SIZES:-tiny 512 mt}; do
     # speed hit both alike; report the median of the per-invocation medians.
     gs=(); ps=(); fl=0
     for _ in $(seq "$reps"); do
-      g=$("$bin" $shape --runs="$runs" --dtype=$dtype 2>/dev/null | grep glossa_tokens_per_sec)
+      out=$("$bin" $shape --runs="$runs" --dtype=$dtype 2>/dev/null)
+      g=$(grep glossa_tokens_per_sec <<<"$out")
+      choices=$(sed -n 's/^kernel_choices //p' <<<"$out")
       gs+=("$(awk '{print $2}' <<<"$g")"); fl=$(awk '{print $4}' <<<"$g")
       p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
       ps+=("$(awk '{print $2}' <<<"$p")")
@@ -58,6 +60,7 @@ for size in ${SIZES:-tiny 512 mt}; do
     awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" -v own="$own" 'BEGIN {
       printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%% %9.0f%%\n", s, d, g, p, g / p, f / 1e6,
              100 * g * f / 1e9 / peak, 100 * g * f / 1e9 / own }'
+    [ -n "$choices" ] && echo "       kernel choices (measured per shape, glossa/kernels/kernel_choice.h): $choices"
   done
 done
 echo "reproduce: bash bench/train_throughput.sh $runs $build $reps"

@@ -8,9 +8,11 @@
 #include <functional>
 #include <limits>
 
+#include "glossa/base/strings.h"
 #include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
 #include "glossa/kernels/simd_math.h"
@@ -185,18 +187,23 @@ namespace {
 // float32 heads, or bf16 ones on CPUs without AMX (kernels/gemm.h): the core widens them to
 // float32, runs its sgemms on them, and rounds its outputs and gradients back to bf16. Not for
 // bf16 one-step decoding (T = 1), where the cached keys would be widened every step.
+bool Bf16AttentionRunsNative(const at::Tensor& q, const at::Tensor& k, bool training);
+
 bool StridedCoreAppliesImpl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (!HasSgemm()) return false;
   const at::ScalarType dtype = q.scalar_type();
-  if (dtype == at::kBFloat16 && (!Bf16GemmViaFloat32() || q.dim() != 4 || q.size(1) <= 1)) {
-    return false;
-  }
+  if (dtype == at::kBFloat16 && (q.dim() != 4 || q.size(1) <= 1)) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
     if ((dtype != at::kFloat && dtype != at::kBFloat16) || t->scalar_type() != dtype ||
         !t->device().is_cpu() || t->dim() != 4 || t->stride(3) != 1 || t->numel() == 0 ||
         t->stride(1) > (int64_t{1} << 30)) {
       return false;
     }
+  }
+  if (dtype == at::kBFloat16) {
+    const bool training = at::GradMode::is_enabled() &&
+                          (q.requires_grad() || k.requires_grad() || v.requires_grad());
+    return Bf16AttentionRunsNative(q, k, training);
   }
   return true;
 }
@@ -357,6 +364,39 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     return {dq, dk, dv, at::Tensor(), at::Tensor()};
   }
 };
+
+// Powers of two at least n (at most 4096): the probe's sizes, so that varying batches measure a
+// handful of shapes.
+int64_t ProbeSize(int64_t n) {
+  int64_t r = 1;
+  while (r < n && r < 4096) r *= 2;
+  return r;
+}
+
+// bf16 attention on the native core (float32 sgemms of the widened heads) or ATen's (oneDNN's
+// bf16 batched GEMMs): measured once per shape class (glossa/kernels/kernel_choice.h).
+bool Bf16AttentionRunsNative(const at::Tensor& q, const at::Tensor& k, bool training) {
+  const int64_t B = ProbeSize(q.size(0)), T = ProbeSize(q.size(1)), S = ProbeSize(k.size(1)),
+                N = q.size(2), H = q.size(3);
+  const std::string shape = StrCat("B", B, " T", T, " S", S, " N", N, " H", H,
+                                   training ? " train" : " infer");
+  return ChooseNative("bf16_attention", shape, [&](bool native) {
+    at::AutoGradMode grad(training);
+    auto operand = [](int64_t b, int64_t t, int64_t n, int64_t h, double phase) {
+      return at::sin(at::arange(b * t * n * h, at::kFloat).mul_(0.37).add_(phase))
+          .reshape({b, t, n, h})
+          .to(at::kBFloat16);
+    };
+    const at::Tensor pq = operand(B, T, N, H, 0.1).requires_grad_(training);
+    const at::Tensor pk = operand(B, S, N, H, 0.5).requires_grad_(training);
+    const at::Tensor pv = operand(B, S, N, H, 0.9).requires_grad_(training);
+    const at::Tensor no_bias = at::empty({0}, at::kFloat);
+    const at::Tensor out =
+        native ? StridedAttentionCore::apply(pq, pk, pv, no_bias, false)[0]
+               : AttentionCoreReference(pq, pk, pv, no_bias).first;
+    if (training) out.backward(at::ones_like(out));
+  });
+}
 
 }  // namespace
 

@@ -10,9 +10,11 @@
 #include <fstream>
 #include <string>
 
+#include "glossa/base/strings.h"
 #include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
 // GCC 12 flags the AVX-512 intrinsics' masked loads as maybe-uninitialized; a known false positive.
@@ -404,26 +406,41 @@ class AffineFunction : public torch::autograd::Function<AffineFunction> {
   }
 };
 
-bool CpuHasAmx() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) == 0) return line.find(" amx_bf16") != std::string::npos;
-  }
-  return false;
+// Deterministic probe operands (no random generator: a probe must not move the run's RNG).
+at::Tensor ProbeOperand(int64_t rows, int64_t cols, double phase) {
+  return at::sin(at::arange(rows * cols, at::kFloat).mul_(0.37).add_(phase))
+      .reshape({rows, cols})
+      .to(at::kBFloat16);
+}
+
+// Rows rounded up to a power of two (at most 4096): the probe's M, so that a run whose batches
+// vary in length measures a handful of shapes, not one per batch.
+int64_t ProbeRows(int64_t m) {
+  int64_t r = 1;
+  while (r < m && r < 4096) r *= 2;
+  return r;
 }
 
 }  // namespace
 
-bool Bf16GemmViaFloat32() {
-  static const bool use = [] {
-    if (!HasSgemm()) return false;
-    if (const char* env = std::getenv("GLOSSA_BF16_GEMM"); env != nullptr) {
-      return std::strcmp(env, "onednn") != 0;
-    }
-    return !CpuHasAmx();
-  }();
-  return use;
+at::Tensor Bf16AffineNative(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            bool relu, bool float_out) {
+  const at::Tensor no_bias = at::empty({0}, x.options());
+  return AffineFunction::apply(x, w, b.defined() ? b : no_bias, relu, float_out)[0];
+}
+
+bool Bf16AffineRunsNative(int64_t m, int64_t k, int64_t n, bool training) {
+  if (!HasSgemm()) return false;
+  const int64_t rows = ProbeRows(m);
+  const std::string shape = StrCat(rows, "x", k, "x", n, training ? " train" : " infer");
+  return ChooseNative("bf16_affine", shape, [&](bool native) {
+    at::AutoGradMode grad(training);
+    const at::Tensor x = ProbeOperand(rows, k, 0.1).requires_grad_(training);
+    const at::Tensor w = ProbeOperand(k, n, 0.7).mul_(0.05).requires_grad_(training);
+    const at::Tensor b = ProbeOperand(1, n, 0.3).reshape({n}).requires_grad_(training);
+    const at::Tensor y = native ? Bf16AffineNative(x, w, b, false, false) : at::addmm(b, x, w);
+    if (training) y.backward(at::ones_like(y));
+  });
 }
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool relu,
@@ -451,8 +468,12 @@ at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                          std::max({x.size(0), x.size(1), w.size(1)}) < (int64_t{1} << 31);
   const at::Tensor no_bias = at::empty({0}, x.options());
   if (shapes_ok && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
-      (!b.defined() || b.scalar_type() == at::kBFloat16) && Bf16GemmViaFloat32()) {
-    return AffineFunction::apply(x, w, b.defined() ? b : no_bias, relu, float_out)[0];
+      (!b.defined() || b.scalar_type() == at::kBFloat16) &&
+      Bf16AffineRunsNative(x.size(0), x.size(1), w.size(1),
+                           at::GradMode::is_enabled() &&
+                               (x.requires_grad() || w.requires_grad() ||
+                                (b.defined() && b.requires_grad())))) {
+    return Bf16AffineNative(x, w, b, relu, float_out);
   }
   if (shapes_ok && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
       (!b.defined() || b.scalar_type() == at::kFloat) && HasSgemm()) {

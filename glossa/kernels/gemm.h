@@ -1,12 +1,11 @@
-// x·w (+ b) for the layers' projections: at::addmm / at::mm, except for bfloat16 operands on CPUs
-// without AMX, where the product runs as float32 GEMMs of the (exactly widened) bf16 values,
-// split over ATen's threads, and is rounded to bf16 once.
-//
-// Without AMX, oneDNN's bf16 GEMMs (AVX-512 BF16 dot products) reach about two thirds of the fp32
-// GEMM peak on the same cores (bench/README.md: 143 against 211 GFLOP/s), and less on the tall,
-// thin shapes of small models. The arithmetic is the same: bf16 × bf16 products are exact in
-// float32 and both accumulate in float32; only the order of the sums differs. The backward pass
-// (dx = g·wᵀ, dw = xᵀ·g, db = Σ g) runs the same way. GLOSSA_BF16_GEMM=onednn keeps ATen's.
+// x·w (+ b) for the layers' projections: at::addmm / at::mm, except for bfloat16 operands where
+// this machine runs them faster as float32 GEMMs of the (exactly widened) bf16 values, split over
+// ATen's threads and rounded to bf16 once (the "native" path). Which is faster is measured, per
+// shape, the first time a process meets it (glossa/kernels/kernel_choice.h; --bf16_kernels pins
+// it): oneDNN's bf16 GEMMs reached 0.7× OpenBLAS's fp32 on a Xeon without AMX and 1.9× on a
+// Zen 4 (bench/README.md). The arithmetic is the same: bf16 × bf16 products are exact in float32
+// and both accumulate in float32; only the order of the sums differs. The backward pass
+// (dx = g·wᵀ, dw = xᵀ·g, db = Σ g) runs on the same path as the forward.
 //
 // Float32 is ATen's addmm, with ATen's calls; on the two kernel threads of a 2-core fp32 layout
 // its GEMMs run single-threaded side by side (the forward as two row halves, the backward's dx and
@@ -47,7 +46,12 @@ bool HasSgemm();
 at::Tensor Widen(const at::Tensor& t);
 at::Tensor Narrow(const at::Tensor& t, at::ScalarType dtype);
 
-// Whether Affine takes the float32 GEMM path for bf16 operands on this machine.
-bool Bf16GemmViaFloat32();
+// Whether Affine runs bf16 operands x [m, k] · w [k, n] on the native path (float32 sgemms of the
+// widened values) on this machine: measured once per shape class (kernel_choice.h), `training`
+// when the backward runs too. False without a BLAS sgemm.
+bool Bf16AffineRunsNative(int64_t m, int64_t k, int64_t n, bool training);
+// The native bf16 path itself, whatever the choice (tests hold it against ATen's and float64).
+at::Tensor Bf16AffineNative(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            bool relu = false, bool float_out = false);
 
 }  // namespace glossa

@@ -19,6 +19,7 @@
 #include "glossa/checkpoint/trained_params.h"
 #include "glossa/core/registry.h"
 #include "glossa/io/safetensors.h"
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/model/datasets.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/optim/learner.h"
@@ -189,6 +190,12 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
                   "Overrides task.train.save_keep_checkpoint_every_n_hours.");
   AddIntFlag(cmd, "--intra_op_threads", f.intra_op_threads, 0, 1024,
              "ATen intra-op threads; 0: the layout of glossa/runtime/cpu_runtime.h.");
+  cmd->add_option("--bf16_kernels", f.bf16_kernels,
+                  "How bf16 projections and attention pick their kernels: measure (time ATen's "
+                  "oneDNN kernels and Glossa's float32 sgemms on each shape once, keep the "
+                  "faster; each choice is printed), aten or native (pinned).")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"measure", "aten", "native"}));
   AddIntFlag(cmd, "--random_seed", f.random_seed, 0, kMax,
              "Overrides the model's random_seed (deterministic runs).");
   cmd->add_option("--model_task_name", f.model_task_name,
@@ -361,6 +368,7 @@ Params ModelParamsFromFlags(const ModelFlags& f, bool training) {
   }
   const ParamValue& fprop = p.Get("task.fprop_dtype");
   CheckIntraOpThreads(f.intra_op_threads);
+  SetBf16KernelMode(ParseKernelMode(f.bf16_kernels, "--bf16_kernels"));
   ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads),
                       !fprop.is_none() && fprop.AsDType() == DType::kBFloat16);
   if (f.max_steps >= 0) p.Set("task.train.max_steps", f.max_steps);

@@ -30,6 +30,7 @@ struct ModelFlags {
   int64_t max_steps = -1, saver_max_to_keep = -1, intra_op_threads = 0;
   int64_t random_seed = -1;  // -1: not given (a given value is checked to be >= 0)
   std::string model_task_name, checkpoint;
+  std::string bf16_kernels = "measure";  // glossa/kernels/kernel_choice.h
   bool enable_check_numerics = false;
   std::vector<std::string> part_regex;
   int64_t topn = 0;

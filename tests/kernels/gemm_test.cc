@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/layers/attention.h"
 #include "glossa/runtime/cpu_runtime.h"
 
@@ -27,6 +28,17 @@ void SetBlasThreadsForTest(int threads) {
 
 struct Result {
   at::Tensor y, dx, dw, db;
+};
+
+// Pins the bf16 path for a test (glossa/kernels/kernel_choice.h), so that both paths are tested
+// on every CPU whatever this machine's measurement would pick; restores the mode after.
+class PinBf16Kernels {
+ public:
+  explicit PinBf16Kernels(KernelMode mode) : saved_(Bf16KernelMode()) { SetBf16KernelMode(mode); }
+  ~PinBf16Kernels() { SetBf16KernelMode(saved_); }
+
+ private:
+  KernelMode saved_;
 };
 
 Result RunAffine(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0, const at::Tensor& g,
@@ -48,8 +60,11 @@ double RelError(const at::Tensor& got, const at::Tensor& want) {
          (w.abs().max().item<double>() + 1e-30);
 }
 
+// Both bf16 paths (the native float32 sgemms and ATen's oneDNN GEMMs, pinned) against float64.
 TEST(Affine, Bf16ThroughFloat32GemmsMatchesFloat64AndAtenAddmm) {
-  if (!Bf16GemmViaFloat32()) GTEST_SKIP() << "this CPU keeps oneDNN's bf16 GEMMs (AMX)";
+  for (KernelMode mode : {KernelMode::kNative, KernelMode::kAten}) {
+  SCOPED_TRACE(mode == KernelMode::kNative ? "native" : "aten");
+  PinBf16Kernels pin(mode);
   for (int threads : {1, 2}) {
     const int saved = at::get_num_threads();
     at::set_num_threads(threads);
@@ -89,6 +104,7 @@ TEST(Affine, Bf16ThroughFloat32GemmsMatchesFloat64AndAtenAddmm) {
       }
     }
     at::set_num_threads(saved);
+  }
   }
 }
 
@@ -137,7 +153,7 @@ TEST(Affine, ConversionsGiveAtensBits) {
 // bf16 self-attention (the strided core on widened heads, bf16 projections) against the same
 // layer in float32 on the same bf16 values: outputs and the gradients of inputs and weights.
 TEST(Affine, Bf16AttentionMatchesFloat32OnTheSameValues) {
-  if (!Bf16GemmViaFloat32()) GTEST_SKIP() << "this CPU keeps oneDNN's bf16 GEMMs (AMX)";
+  PinBf16Kernels pin(KernelMode::kNative);
   auto make = [](bool bf16) {
     Params p = MultiHeadedAttention::Params();
     p.Set("name", "atten").Set("random_seed", 5).Set("input_dim", 32).Set("num_heads", 4);
@@ -256,7 +272,7 @@ TEST(Affine, Float32IsAtensAddmmAndRelu) {
 
 // bf16 Affine with the ReLU fused gives relu(Affine(·)) bit for bit, with its gradients.
 TEST(Affine, Bf16ReluIsReluOfTheProduct) {
-  if (!Bf16GemmViaFloat32()) GTEST_SKIP() << "this CPU keeps oneDNN's bf16 GEMMs (AMX)";
+  PinBf16Kernels pin(KernelMode::kNative);
   at::manual_seed(4);
   const at::Tensor x0 = at::randn({70, 24}).to(at::kBFloat16),
                    w0 = at::randn({24, 130}).to(at::kBFloat16),
@@ -278,7 +294,7 @@ TEST(Affine, Bf16ReluIsReluOfTheProduct) {
 // the gradients of that composition (its upstream gradient rounded to bf16 by the cast's
 // backward), bit for bit; with and without bias and ReLU.
 TEST(Affine, Bf16WithFloat32OutputIsTheCastOfTheBf16Product) {
-  if (!Bf16GemmViaFloat32()) GTEST_SKIP() << "this CPU keeps oneDNN's bf16 GEMMs (AMX)";
+  PinBf16Kernels pin(KernelMode::kNative);
   at::manual_seed(6);
   const at::Tensor x0 = at::randn({97, 40}).to(at::kBFloat16),
                    w0 = at::randn({40, 300}).to(at::kBFloat16),

@@ -1,0 +1,55 @@
+// Kernel choices by measurement. Where two kernels compute the same thing (bf16 projections as
+// ATen's bf16 GEMMs — oneDNN's AVX-512 BF16 / AMX kernels — or as Glossa's float32 sgemms of the
+// exactly widened values; bf16 attention likewise), which one runs is decided by timing both on
+// this machine, on the shape in use, the first time the process meets that shape: never by a list
+// of CPU flags, which is right on one VM and a bug on the next (issue 48: on a Xeon without AMX
+// oneDNN's bf16 GEMM ran at 0.7× OpenBLAS's fp32, on a Zen 4 at 1.9×).
+//
+// A probe runs the forward (and, in training, the backward) of both paths on operands of the
+// shape (rows rounded up to a power of two, at most 4096), a warm-up then three alternating
+// timed calls each, and keeps the faster by median; it costs a few milliseconds per shape for
+// small models and about 0.3 s per shape for a 512-wide one, once per process. Each decision is
+// said once on stderr ("kernel choice: ..."), kept for the process, and listed by
+// KernelDecisions() (the benchmarks print them). The two paths differ only in the order of float32
+// sums, so a measured choice can change the last bits of a bf16 run between machines or runs:
+// `--bf16_kernels=aten|native` pins it.
+//
+//   SetBf16KernelMode(ParseKernelMode("measure", "--bf16_kernels"));  // the default
+//   const bool native = ChooseNative("bf16_affine", "2048x512x2048 train",
+//                                    [&](bool native) { /* run that path once */ });
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace glossa {
+
+enum class KernelMode { kMeasure, kAten, kNative };
+
+// "measure" (time both), "aten" (ATen's kernels: oneDNN for bf16) or "native" (Glossa's float32
+// sgemms of the widened bf16 values); InvalidArgument naming `flag` otherwise.
+KernelMode ParseKernelMode(const std::string& text, const std::string& flag);
+// How this process picks its bf16 kernels (kMeasure unless set). A forced mode applies from the
+// next call on; measured decisions are kept for when the mode is kMeasure again.
+void SetBf16KernelMode(KernelMode mode);
+KernelMode Bf16KernelMode();
+
+struct KernelDecision {
+  std::string op, shape;
+  bool native = false;
+  bool measured = false;                     // false: given by the mode
+  double aten_seconds = 0, native_seconds = 0;  // medians per call, when measured
+  std::string Describe() const;
+};
+
+// Whether `op` at `shape` (a key naming the shape and mode) runs the native path: the mode's
+// path when it forces one; else measured once per process by `run(native)` for both paths and the
+// faster kept. Thread-safe (a second caller waits for the first's probe).
+bool ChooseNative(const std::string& op, const std::string& shape,
+                  const std::function<void(bool native)>& run);
+
+// Every decision this process made, in the order made.
+std::vector<KernelDecision> KernelDecisions();
+
+}  // namespace glossa

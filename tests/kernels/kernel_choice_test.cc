@@ -1,0 +1,72 @@
+// Kernel choices by measurement (glossa/kernels/kernel_choice.h): the faster path is kept, each
+// shape is measured once, a pinned mode decides without measuring, bad modes are refused.
+#include "glossa/kernels/kernel_choice.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "glossa/base/errors.h"
+#include "tests/test_util.h"
+
+namespace glossa {
+namespace {
+
+// Work that takes time in proportion to `n` (not a sleep: a busy machine slows both paths alike).
+double Busy(int64_t n) {
+  volatile double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc = acc + std::sqrt(static_cast<double>(i));
+  return acc;
+}
+
+TEST(KernelChoice, KeepsTheFasterPathAndMeasuresEachShapeOnce) {
+  SetBf16KernelMode(KernelMode::kMeasure);
+  for (const bool native_is_faster : {true, false}) {
+    int calls = 0;
+    auto run = [&](bool native) {
+      ++calls;
+      // The slow path does 100 times the work of the fast one.
+      Busy(native == native_is_faster ? 20000 : 2000000);
+    };
+    const std::string shape = native_is_faster ? "a" : "b";
+    EXPECT_EQ(ChooseNative("test_op", shape, run), native_is_faster);
+    EXPECT_EQ(calls, 8);  // a warm-up and three timed calls per path
+    EXPECT_EQ(ChooseNative("test_op", shape, run), native_is_faster);
+    EXPECT_EQ(calls, 8) << "a second call measured again";
+  }
+  bool found = false;
+  for (const KernelDecision& d : KernelDecisions()) {
+    if (d.op != "test_op" || d.shape != "a") continue;
+    found = true;
+    EXPECT_TRUE(d.measured);
+    EXPECT_TRUE(d.native);
+    EXPECT_LT(d.native_seconds, d.aten_seconds);
+    EXPECT_NE(d.Describe().find("test_op a: native (float32 sgemm of widened bf16) (measured: aten"),
+              std::string::npos)
+        << d.Describe();
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(KernelChoice, APinnedModeDecidesWithoutMeasuring) {
+  int calls = 0;
+  auto run = [&](bool) { ++calls; };
+  SetBf16KernelMode(KernelMode::kNative);
+  EXPECT_TRUE(ChooseNative("pinned_op", "s", run));
+  SetBf16KernelMode(KernelMode::kAten);
+  EXPECT_FALSE(ChooseNative("pinned_op", "s", run));
+  SetBf16KernelMode(KernelMode::kMeasure);
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(KernelChoice, ModesParseAndBadOnesAreRefused) {
+  EXPECT_EQ(ParseKernelMode("measure", "--bf16_kernels"), KernelMode::kMeasure);
+  EXPECT_EQ(ParseKernelMode("aten", "--bf16_kernels"), KernelMode::kAten);
+  EXPECT_EQ(ParseKernelMode("native", "--bf16_kernels"), KernelMode::kNative);
+  EXPECT_ERROR_CONTAINS(ParseKernelMode("onednn", "--bf16_kernels"), InvalidArgumentError,
+                        "--bf16_kernels must be measure, aten or native, got 'onednn'");
+}
+
+}  // namespace
+}  // namespace glossa
