@@ -328,14 +328,16 @@ ParamValue ValueFromText(const ParamValue& old, std::string_view text) {
         if (text == "False" || text == "false") return ParamValue(false);
         if (text == "True" || text == "true") return ParamValue(true);
         if (ParseClassText(text)) return ParamValue(ParseRegisteredClass(text));
+        // A dtype name, as ToText writes a dtype (`fprop_dtype : bfloat16` in a params.txt).
+        if (auto dtype = DTypeFromName(text)) return ParamValue(*dtype);
         // Lingvo needs ToTextWithTypes for a None-valued param; we read any plain literal.
         try {
           return ParseLiteral(text, nullptr);
         } catch (const InvalidArgumentError&) {
           throw InvalidArgumentError(
               StrCat("cannot infer a value for a param that is None from '", text,
-                     "': expected NoneType, True/False, type/<module>/<Name>, a number, a quoted "
-                     "string, or a list/dict literal"));
+                     "': expected NoneType, True/False, type/<module>/<Name>, a dtype name, a "
+                     "number, a quoted string, or a list/dict literal"));
         }
       }
       return ParamValue(ParseRegisteredClass(text));

@@ -431,8 +431,12 @@ at::Tensor Bf16AffineNative(const at::Tensor& x, const at::Tensor& w, const at::
 
 bool Bf16AffineRunsNative(int64_t m, int64_t k, int64_t n, bool training) {
   if (!HasSgemm()) return false;
-  const int64_t rows = ProbeRows(m);
-  const std::string shape = StrCat(rows, "x", k, "x", n, training ? " train" : " infer");
+  // Batch-invariant serving (kernels/batch_invariant.h): one path per weight whatever the batch,
+  // so that a request's bits do not depend on what it was merged with.
+  const bool invariant = BatchInvariantActive();
+  const int64_t rows = invariant ? 64 : ProbeRows(m);
+  const std::string shape = StrCat(invariant ? "any" : StrCat(rows), "x", k, "x", n,
+                                   training ? " train" : " infer");
   return ChooseNative("bf16_affine", shape, [&](bool native) {
     at::AutoGradMode grad(training);
     const at::Tensor x = ProbeOperand(rows, k, 0.1).requires_grad_(training);

@@ -1,14 +1,27 @@
 #include "glossa/kernels/kernel_choice.h"
 
+#include <ATen/Parallel.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <torch/version.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+
+extern "C" char* openblas_get_corename() __attribute__((weak));
 
 namespace glossa {
 namespace {
@@ -22,11 +35,79 @@ struct Decisions {
   std::mutex mu;
   std::map<std::string, KernelDecision> by_key;
   std::vector<std::string> order;
+  bool cache_set = false;
+  std::string cache;  // the cache file; "" none
 };
+
+// The default cache file: $GLOSSA_KERNEL_CHOICE_CACHE ("" or "none": none), else
+// $XDG_CACHE_HOME/glossa/kernel_choices.tsv, else $HOME/.cache/glossa/kernel_choices.tsv.
+std::string DefaultCachePath() {
+  if (const char* env = std::getenv("GLOSSA_KERNEL_CHOICE_CACHE"); env != nullptr) {
+    return std::string(env) == "none" ? "" : env;
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return JoinPath(JoinPath(xdg, "glossa"), "kernel_choices.tsv");
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return JoinPath(JoinPath(JoinPath(home, ".cache"), "glossa"), "kernel_choices.tsv");
+  }
+  return "";
+}
+
+// What a cached decision holds for: this CPU model, its cores, ATen's threads now, and the
+// versions of libtorch (its oneDNN) and OpenBLAS's kernel set.
+std::string MachineKey() {
+  static const std::string cpu = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+        return std::string(Strip(line.substr(line.find(':') + 1)));
+      }
+    }
+    return std::string("unknown cpu");
+  }();
+  return StrCat(cpu, " | cores ", std::thread::hardware_concurrency(), " | aten threads ",
+                at::get_num_threads(), " | torch ", TORCH_VERSION, " | openblas ",
+                openblas_get_corename != nullptr ? openblas_get_corename() : "none");
+}
+
+// The cached decision for `key` in the (locked) cache file, if any: "aten"/"native" and times.
+std::optional<KernelDecision> ReadCached(int fd, const std::string& key, KernelDecision d) {
+  std::string text;
+  char buf[65536];
+  ssize_t got;
+  ::lseek(fd, 0, SEEK_SET);
+  while ((got = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(got));
+  for (const auto& line : Split(text, '\n')) {
+    const std::vector<std::string> f = Split(line, '\t');
+    if (f.size() != 4 || f[0] != key || (f[1] != "aten" && f[1] != "native")) continue;
+    d.native = f[1] == "native";
+    d.measured = true;
+    d.cached = true;
+    d.aten_seconds = std::atof(f[2].c_str());
+    d.native_seconds = std::atof(f[3].c_str());
+  }
+  if (!d.cached) return std::nullopt;
+  return d;
+}
+
+// Measures, or takes the decision another process of this machine made: the cache file is locked
+// while it is read, and while a missing decision is measured and appended, so that concurrent
+// runs agree. Without a usable cache file, measures.
+KernelDecision MeasureOrCached(const std::string& cache, const std::string& op,
+                               const std::string& shape, const std::function<void(bool)>& run);
 
 Decisions& AllDecisions() {
   static Decisions* d = new Decisions;  // never destroyed: kernels may run during exit
   return *d;
+}
+
+KernelDecision NewDecision(const std::string& op, const std::string& shape) {
+  KernelDecision d;
+  d.op = op;
+  d.shape = shape;
+  return d;
 }
 
 double Median3(std::vector<double> v) {
@@ -39,7 +120,7 @@ double Median3(std::vector<double> v) {
 KernelDecision Measure(const std::string& op, const std::string& shape,
                        const std::function<void(bool)>& run) {
   using Clock = std::chrono::steady_clock;
-  KernelDecision d{op, shape};
+  KernelDecision d = NewDecision(op, shape);
   d.measured = true;
   run(false);
   run(true);
@@ -57,7 +138,42 @@ KernelDecision Measure(const std::string& op, const std::string& shape,
   return d;
 }
 
+KernelDecision MeasureOrCached(const std::string& cache, const std::string& op,
+                               const std::string& shape, const std::function<void(bool)>& run) {
+  int fd = -1;
+  if (!cache.empty()) {
+    try {
+      CreateDirectories(cache.substr(0, cache.rfind('/') + 1));
+      fd = ::open(cache.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    } catch (const Error&) {
+      fd = -1;
+    }
+  }
+  if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
+    if (fd >= 0) ::close(fd);
+    return Measure(op, shape, run);
+  }
+  const std::string key = StrCat(MachineKey(), " | ", op, " ", shape);
+  std::optional<KernelDecision> d = ReadCached(fd, key, NewDecision(op, shape));
+  if (!d) {
+    d = Measure(op, shape, run);
+    const std::string line = StrCat(key, "\t", d->native ? "native" : "aten", "\t",
+                                    d->aten_seconds, "\t", d->native_seconds, "\n");
+    (void)!::write(fd, line.data(), line.size());
+  }
+  ::close(fd);  // releases the lock
+  d->cache = cache;
+  return *d;
+}
+
 }  // namespace
+
+void SetKernelChoiceCache(const std::string& path) {
+  Decisions& all = AllDecisions();
+  std::lock_guard<std::mutex> lock(all.mu);
+  all.cache = path;
+  all.cache_set = true;
+}
 
 KernelMode ParseKernelMode(const std::string& text, const std::string& flag) {
   if (text == "measure") return KernelMode::kMeasure;
@@ -76,7 +192,8 @@ std::string KernelDecision::Describe() const {
   char times[96];
   std::snprintf(times, sizeof(times), "aten %.3g ms, native %.3g ms", 1e3 * aten_seconds,
                 1e3 * native_seconds);
-  return StrCat(op, " ", shape, ": ", path, " (measured: ", times, ")");
+  return StrCat(op, " ", shape, ": ", path, " (measured: ", times,
+                cached ? StrCat("; as cached in ", cache) : std::string(), ")");
 }
 
 bool ChooseNative(const std::string& op, const std::string& shape,
@@ -93,9 +210,14 @@ bool ChooseNative(const std::string& op, const std::string& shape,
   if (it != all.by_key.end()) return it->second.native;
   KernelDecision d;
   if (mode == KernelMode::kMeasure) {
-    d = Measure(op, shape, run);
+    if (!all.cache_set) {
+      all.cache = DefaultCachePath();
+      all.cache_set = true;
+    }
+    d = MeasureOrCached(all.cache, op, shape, run);
   } else {
-    d = KernelDecision{op, shape, mode == KernelMode::kNative};
+    d = NewDecision(op, shape);
+    d.native = mode == KernelMode::kNative;
   }
   std::fprintf(stderr, "kernel choice: %s\n", d.Describe().c_str());
   all.order.push_back(key);

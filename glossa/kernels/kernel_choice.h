@@ -8,7 +8,8 @@
 // A probe runs the forward (and, in training, the backward) of both paths on operands of the
 // shape (rows rounded up to a power of two, at most 4096), a warm-up then three alternating
 // timed calls each, and keeps the faster by median; it costs a few milliseconds per shape for
-// small models and about 0.3 s per shape for a 512-wide one, once per process. Each decision is
+// small models and about 0.3 s per shape for a 512-wide one, once per machine (the decisions are
+// cached in a file, see SetKernelChoiceCache). Each decision is
 // said once on stderr ("kernel choice: ..."), kept for the process, and listed by
 // KernelDecisions() (the benchmarks print them). The two paths differ only in the order of float32
 // sums, so a measured choice can change the last bits of a bf16 run between machines or runs:
@@ -39,7 +40,9 @@ struct KernelDecision {
   std::string op, shape;
   bool native = false;
   bool measured = false;                     // false: given by the mode
+  bool cached = false;                       // measured earlier, by a run of this machine
   double aten_seconds = 0, native_seconds = 0;  // medians per call, when measured
+  std::string cache;                          // the cache file it was read from or written to
   std::string Describe() const;
 };
 
@@ -48,6 +51,14 @@ struct KernelDecision {
 // faster kept. Thread-safe (a second caller waits for the first's probe).
 bool ChooseNative(const std::string& op, const std::string& shape,
                   const std::function<void(bool native)>& run);
+
+// Measured decisions are shared by the runs of one machine through a cache file (a line per
+// CPU model, core count, ATen thread count, libtorch and OpenBLAS kernel set, op and shape),
+// locked while it is read and a missing decision measured, so that runs started together agree,
+// and a resumed run keeps its kernels. The default: $GLOSSA_KERNEL_CHOICE_CACHE ("none": no
+// cache), else $XDG_CACHE_HOME/glossa/kernel_choices.tsv, else ~/.cache/glossa/; "" here: none.
+// Delete the file to measure again (after a change of machine that keeps the CPU's name).
+void SetKernelChoiceCache(const std::string& path);
 
 // Every decision this process made, in the order made.
 std::vector<KernelDecision> KernelDecisions();

@@ -158,6 +158,21 @@ TEST(Params, CopyIsDeep) {
   EXPECT_EQ(q.GetFloat("encoder.bar"), 9.0);
 }
 
+// A param that is None (fprop_dtype) reads a dtype name as the dtype, as ToText writes it: a
+// params.txt of a bf16 run reads back, and `task.fprop_dtype : bfloat16` makes a bf16 run.
+TEST(Params, ANoneParamReadsADtypeName) {
+  Params p;
+  p.Define("fprop_dtype", ParamValue(), "").Define("other", ParamValue(), "");
+  p.FromText("fprop_dtype : bfloat16");
+  EXPECT_EQ(p.Get("fprop_dtype").AsDType(), DType::kBFloat16);
+  Params q;
+  q.Define("fprop_dtype", ParamValue(), "").Define("other", ParamValue(), "");
+  q.FromText(p.ToText());
+  EXPECT_EQ(q.Get("fprop_dtype").AsDType(), DType::kBFloat16);
+  EXPECT_ERROR_CONTAINS(p.FromText("other : bfloat17"), InvalidArgumentError,
+                        "a dtype name, a number");
+}
+
 TEST(Params, FreezeIsTopLevelOnlyAndCopiesStayFrozen) {
   Params p;
   p.Define("x", 1, "").Define("encoder", Inner(), "");

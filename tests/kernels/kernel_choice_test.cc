@@ -7,7 +7,12 @@
 #include <cmath>
 #include <string>
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "glossa/base/errors.h"
+#include "glossa/base/file.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -22,6 +27,7 @@ double Busy(int64_t n) {
 
 TEST(KernelChoice, KeepsTheFasterPathAndMeasuresEachShapeOnce) {
   SetBf16KernelMode(KernelMode::kMeasure);
+  SetKernelChoiceCache("");  // measure here, whatever earlier runs of this machine found
   for (const bool native_is_faster : {true, false}) {
     int calls = 0;
     auto run = [&](bool native) {
@@ -47,6 +53,20 @@ TEST(KernelChoice, KeepsTheFasterPathAndMeasuresEachShapeOnce) {
         << d.Describe();
   }
   EXPECT_TRUE(found);
+}
+
+// A measured decision is appended to the cache file (under a lock), for the next runs of this
+// machine; the cross-process reuse is checked end to end by trainer_e2e_test.sh.
+TEST(KernelChoice, AMeasuredDecisionIsWrittenToTheCacheFile) {
+  const std::string cache = testing::TempDir("kernel_choice") + "/sub/k.tsv";
+  SetBf16KernelMode(KernelMode::kMeasure);
+  SetKernelChoiceCache(cache);
+  EXPECT_TRUE(ChooseNative("cache_op", "x1", [](bool native) { Busy(native ? 20000 : 2000000); }));
+  SetKernelChoiceCache("");
+  const std::string text = ReadFileToString(cache);
+  EXPECT_NE(text.find(" | cache_op x1\tnative\t"), std::string::npos) << text;
+  EXPECT_NE(text.find(" | aten threads "), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
 }
 
 TEST(KernelChoice, APinnedModeDecidesWithoutMeasuring) {

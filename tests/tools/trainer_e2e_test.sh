@@ -63,6 +63,19 @@ wait "$pid"; rc=$?
 check "a SIGTERM during start-up is caught (rc $rc, not 143): $(tail -2 "$tmp/early.log")" test "$rc" -eq 1
 check "and the program went on past it" grep -q "hold.so' registered no Glossa model or class" "$tmp/early.log"
 
+# 1c. Kernel choices (issue 48): a bf16 run measures its kernels on each shape and says so; the
+# next run of this machine takes the cached decisions; --bf16_kernels pins a path.
+bf16=(--model=lm.austen.TransformerLmTiny --random_seed=3 --intra_op_threads=1 --max_steps=1
+      "--model_params_override=$small; task.fprop_dtype : bfloat16")
+GLOSSA_KERNEL_CHOICE_CACHE="$tmp/kc.tsv" "$glossa" train "${bf16[@]}" --logdir="$tmp/bf16a" > "$tmp/bf16a.log" 2>&1
+check "a bf16 run measures its kernels: $(grep -m1 'kernel choice' "$tmp/bf16a.log")" grep -q '^kernel choice: bf16_affine .* (measured: aten [0-9.e+-]* ms, native [0-9.e+-]* ms)$' "$tmp/bf16a.log"
+GLOSSA_KERNEL_CHOICE_CACHE="$tmp/kc.tsv" "$glossa" train "${bf16[@]}" --logdir="$tmp/bf16b" > "$tmp/bf16b.log" 2>&1
+check "the next run takes the cached choices: $(grep -m1 'kernel choice' "$tmp/bf16b.log")" bash -c "grep -q 'kernel choice: bf16_affine .*; as cached in $tmp/kc.tsv)' '$tmp/bf16b.log' && ! grep 'kernel choice' '$tmp/bf16b.log' | grep -qv 'as cached'"
+GLOSSA_KERNEL_CHOICE_CACHE="$tmp/kc.tsv" "$glossa" train "${bf16[@]}" --logdir="$tmp/bf16c" --bf16_kernels=native > "$tmp/bf16c.log" 2>&1
+check "--bf16_kernels=native pins the path" grep -q 'kernel choice: bf16_affine .*: native (float32 sgemm of widened bf16), as --bf16_kernels says' "$tmp/bf16c.log"
+"$glossa" train --model=lm.austen.TransformerLmTiny --logdir="$tmp/bf16d" --bf16_kernels=onednn > "$tmp/bf16d.log" 2>&1; rc=$?
+check "--bf16_kernels=onednn is refused (rc $rc): $(head -1 "$tmp/bf16d.log")" bash -c "test $rc -ne 0 && grep -q 'bf16_kernels.*onednn' '$tmp/bf16d.log'"
+
 # 2. Resume to step 30 (or past it when SIGTERM came late: then just to stopped_at + 10).
 target=$(( stopped_at < 20 ? 30 : stopped_at + 10 ))
 check "resume" "$glossa" train "${flags[@]}" --max_steps=$target > "$tmp/train2.log" 2>&1
