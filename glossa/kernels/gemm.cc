@@ -413,14 +413,6 @@ at::Tensor ProbeOperand(int64_t rows, int64_t cols, double phase) {
       .to(at::kBFloat16);
 }
 
-// Rows rounded up to a power of two (at most 4096): the probe's M, so that a run whose batches
-// vary in length measures a handful of shapes, not one per batch.
-int64_t ProbeRows(int64_t m) {
-  int64_t r = 1;
-  while (r < m && r < 4096) r *= 2;
-  return r;
-}
-
 }  // namespace
 
 at::Tensor Bf16AffineNative(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
@@ -431,12 +423,12 @@ at::Tensor Bf16AffineNative(const at::Tensor& x, const at::Tensor& w, const at::
 
 bool Bf16AffineRunsNative(int64_t m, int64_t k, int64_t n, bool training) {
   if (!HasSgemm()) return false;
-  // Batch-invariant serving (kernels/batch_invariant.h): one path per weight whatever the batch,
-  // so that a request's bits do not depend on what it was merged with.
-  const bool invariant = BatchInvariantActive();
-  const int64_t rows = invariant ? 64 : ProbeRows(m);
-  const std::string shape = StrCat(invariant ? "any" : StrCat(rows), "x", k, "x", n,
-                                   training ? " train" : " infer");
+  // One path per weight (k, n) and mode, measured at a fixed row count, whatever the batch: a
+  // sentence's bits must not depend on how many others share its batch (sharded decoding,
+  // batch-invariant serving), as they would if a path changed with the row count.
+  (void)m;
+  const int64_t rows = training ? 2048 : 256;
+  const std::string shape = StrCat(rows, "x", k, "x", n, training ? " train" : " infer");
   return ChooseNative("bf16_affine", shape, [&](bool native) {
     at::AutoGradMode grad(training);
     const at::Tensor x = ProbeOperand(rows, k, 0.1).requires_grad_(training);

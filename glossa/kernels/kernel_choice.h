@@ -6,8 +6,10 @@
 // oneDNN's bf16 GEMM ran at 0.7× OpenBLAS's fp32, on a Zen 4 at 1.9×).
 //
 // A probe runs the forward (and, in training, the backward) of both paths on operands of the
-// shape (rows rounded up to a power of two, at most 4096), a warm-up then three alternating
-// timed calls each, and keeps the faster by median; it costs a few milliseconds per shape for
+// layer's weight shape at a fixed row count (2,048 rows in training, 256 in inference: one path
+// per layer whatever the batch, so that a sentence's bits do not depend on what shares its
+// batch), a warm-up then three alternating timed calls each, and keeps the native path unless
+// ATen's median is under 0.9 of it (near ties stay put); it costs a few milliseconds per shape for
 // small models and about 0.3 s per shape for a 512-wide one, once per machine (the decisions are
 // cached in a file, see SetKernelChoiceCache). Each decision is
 // said once on stderr ("kernel choice: ..."), kept for the process, and listed by
