@@ -121,6 +121,11 @@ glossa::Params BaseSequenceInputGenerator::Params() {
   p.Define("source_max_length", 300, "Maximum length of source sequences.");
   p.Define("target_max_length", 300, "Maximum length of target sequences.");
   p.Define("tokenizer", AsciiTokenizer::Params(), "Tokenizer params.");
+  p.Define("packed_input", false,
+           "Pack several examples into each row (Lingvo's packed_input): rows of "
+           "target_max_length (and source_max_length for pairs) with segment_ids and segment_pos "
+           "beside the tensors, packed_rows a batch, instead of bucketing.");
+  p.Define("packed_rows", 0, "Rows of a packed batch (with packed_input; must be > 0 then).");
   return p;
 }
 
@@ -131,6 +136,7 @@ BaseSequenceInputGenerator::BaseSequenceInputGenerator(const glossa::Params& p)
   CheckRange(params(), path(), "prefetch", 1, 4096);
   CheckRange(params(), path(), "file_buffer_size", 1, int64_t{1} << 24);
   CheckRange(params(), path(), "max_line_bytes", 1, int64_t{1} << 30);
+  if (p.GetBool("packed_input")) CheckRange(params(), path(), "packed_rows", 1, int64_t{1} << 20);
   CreateChild("tokenizer", params().GetParams("tokenizer"));
 }
 
@@ -166,6 +172,10 @@ void BaseSequenceInputGenerator::EnsureStarted() {
   bo.flush_every_n = params().GetInt("flush_every_n");
   bo.prefetch = params().GetInt("prefetch");
   bo.pad_values = pad_values_;
+  if (params().GetBool("packed_input")) {
+    bo.packing.rows = params().GetInt("packed_rows");
+    bo.packing.row_length = PackedRowLengths();
+  }
   batcher_ = std::make_unique<RecordBatcher>(yielder_, bo,
                                              [this](const Record& r) { return ProcessRecord(r); });
 }
@@ -177,11 +187,16 @@ NestedMap BaseSequenceInputGenerator::GetPreprocessedInputBatch() {
 }
 
 int64_t BaseSequenceInputGenerator::InfeedBatchSize() const {
+  if (params().GetBool("packed_input")) return params().GetInt("packed_rows");
   const auto limits = IntList(params(), "bucket_batch_limit");
   return limits.empty() ? 0 : *std::max_element(limits.begin(), limits.end());
 }
 
 void BaseSequenceInputGenerator::Reset() { StopReading(); }
+
+std::map<std::string, int64_t> BaseSequenceInputGenerator::PackedRowLengths() const {
+  return {{"", params().GetInt("target_max_length")}};
+}
 
 void BaseSequenceInputGenerator::StopReading() {
   std::lock_guard<std::mutex> lock(mu_);

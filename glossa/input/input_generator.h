@@ -70,7 +70,8 @@ class BaseSequenceInputGenerator : public BaseInputGenerator {
   // + file_pattern (a pattern or a list, one per source), input_source_weights, file_random_seed,
   // file_buffer_size, file_parallelism, require_sequential_order, repeat_count,
   // skip_corrupt_records, num_batcher_threads, bucket_upper_bound, bucket_batch_limit,
-  // flush_every_n, prefetch, source_max_length, target_max_length, tokenizer.
+  // flush_every_n, prefetch, source_max_length, target_max_length, tokenizer, packed_input,
+  // packed_rows.
   static glossa::Params Params();
   explicit BaseSequenceInputGenerator(const glossa::Params& p);
   ~BaseSequenceInputGenerator() override;
@@ -89,6 +90,9 @@ class BaseSequenceInputGenerator : public BaseInputGenerator {
   NestedMap StringsToIds(const std::vector<std::string>& strs, bool is_source = false) const;
   std::vector<std::string> IdsToStrings(const at::Tensor& ids, const at::Tensor& lens) const;
   const BaseTokenizer& tokenizer() const;
+  // With packed_input: the row length of each group of an example's keys (SequencePacker): here
+  // {"": target_max_length}.
+  virtual std::map<std::string, int64_t> PackedRowLengths() const;
 
   // Counters of the batcher (records skipped as too long, dropped).
   int64_t num_skipped_too_long() const;

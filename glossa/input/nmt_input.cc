@@ -35,6 +35,11 @@ std::pair<NestedMap, int64_t> PairExample(const std::vector<int64_t>& src,
   return {std::move(ex), std::max(s, t)};
 }
 
+// A packed row's lengths of a pair: sources and targets side by side.
+std::map<std::string, int64_t> PairRowLengths(const Params& p) {
+  return {{"src", p.GetInt("source_max_length")}, {"tgt", p.GetInt("target_max_length")}};
+}
+
 }  // namespace
 
 // ---- NmtInput ----
@@ -46,6 +51,14 @@ glossa::Params NmtInput::Params() {
 }
 
 NmtInput::NmtInput(const glossa::Params& p) : BaseSequenceInputGenerator(p) {}
+
+std::map<std::string, int64_t> NmtInput::PackedRowLengths() const {
+  return PairRowLengths(params());
+}
+
+std::map<std::string, int64_t> TextPairInput::PackedRowLengths() const {
+  return PairRowLengths(params());
+}
 
 std::optional<std::pair<NestedMap, int64_t>> NmtInput::ProcessRecord(const Record& record) const {
   static const FeatureSpecs* spec = new FeatureSpecs{

@@ -29,6 +29,8 @@ class NmtInput : public BaseSequenceInputGenerator {
   explicit NmtInput(const glossa::Params& p);
   ~NmtInput() override { StopReading(); }
   std::optional<std::pair<NestedMap, int64_t>> ProcessRecord(const Record& record) const override;
+  // {src: source_max_length, tgt: target_max_length}.
+  std::map<std::string, int64_t> PackedRowLengths() const override;
 };
 
 class TextPairInput : public BaseSequenceInputGenerator {
@@ -40,6 +42,8 @@ class TextPairInput : public BaseSequenceInputGenerator {
   explicit TextPairInput(const glossa::Params& p);
   ~TextPairInput() override;
   std::optional<std::pair<NestedMap, int64_t>> ProcessRecord(const Record& record) const override;
+  // {src: source_max_length, tgt: target_max_length}.
+  std::map<std::string, int64_t> PackedRowLengths() const override;
 
   // The example of one (source, target) pair of strings; nullopt when either side is empty.
   std::optional<std::pair<NestedMap, int64_t>> MakeExample(const std::string& source,

@@ -152,6 +152,7 @@ struct RecordBatcher::State {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::vector<NestedMap>> buckets;
+  std::unique_ptr<SequencePacker> packer;  // with options.packing
   std::deque<NestedMap> ready;
   std::vector<std::thread> threads;
   int active = 0;
@@ -162,6 +163,49 @@ struct RecordBatcher::State {
   // The yielder's epoch when an example last went into a bucket (mu held): once a whole epoch
   // has passed since, no record of the input can make a batch, and waiting would never end.
   int64_t last_accept_epoch = -1;
+
+  // Emits the packer's open rows (mu held).
+  void EmitPacked() {
+    while (std::optional<NestedMap> batch = packer->Flush()) {
+      ready.push_back(std::move(*batch));
+      cv.notify_all();
+    }
+  }
+
+  // Every open bucket or row as a batch (mu held).
+  void EmitAll() {
+    if (packer) EmitPacked();
+    for (size_t b = 0; b < buckets.size(); ++b) Emit(b);
+  }
+
+  // Places an example of bucket key `key` (mu held); false when it is dropped or too long.
+  bool Accept(NestedMap example, int64_t key) {
+    if (key < 0) {
+      ++dropped;
+      return false;
+    }
+    if (packer) {
+      if (!packer->Fits(example)) {
+        ++too_long;
+        return false;
+      }
+      if (std::optional<NestedMap> batch = packer->Add(std::move(example))) {
+        ready.push_back(std::move(*batch));
+        cv.notify_all();
+      }
+      return true;
+    }
+    const auto& bounds = options.bucket_upper_bound;
+    const auto it = std::lower_bound(bounds.begin(), bounds.end(), key);
+    if (it == bounds.end()) {
+      ++too_long;
+      return false;
+    }
+    const size_t b = it - bounds.begin();
+    buckets[b].push_back(std::move(example));
+    if (static_cast<int64_t>(buckets[b].size()) >= options.bucket_batch_limit[b]) Emit(b);
+    return true;
+  }
 
   // Emits bucket i as a batch (mu held).
   void Emit(size_t i) {
@@ -196,21 +240,7 @@ struct RecordBatcher::State {
         if (last_accept_epoch < 0) last_accept_epoch = epoch;
         bool accepted = false;
         if (result) {
-          const int64_t key = result->second;
-          const auto& bounds = options.bucket_upper_bound;
-          if (key < 0) {
-            ++dropped;
-          } else {
-            const auto it = std::lower_bound(bounds.begin(), bounds.end(), key);
-            if (it == bounds.end()) {
-              ++too_long;
-            } else {
-              const size_t b = it - bounds.begin();
-              accepted = true;
-              buckets[b].push_back(std::move(result->first));
-              if (static_cast<int64_t>(buckets[b].size()) >= options.bucket_batch_limit[b]) Emit(b);
-            }
-          }
+          accepted = Accept(std::move(result->first), result->second);
         } else {
           ++dropped;
         }
@@ -219,12 +249,10 @@ struct RecordBatcher::State {
         } else if (epoch >= last_accept_epoch + 2) {
           throw InvalidArgumentError(StrCat(
               "input: a full pass over the data gave no example a batch: ", too_long.load(),
-              " longer than the last bucket_upper_bound (", options.bucket_upper_bound.back(),
-              "), ", dropped.load(), " dropped by the processor, of ", n, " records read"));
+              packer ? " longer than a packed row" : " longer than the last bucket_upper_bound (",
+              packer ? "" : StrCat(options.bucket_upper_bound.back(), ")"), ", ", dropped.load(), " dropped by the processor, of ", n, " records read"));
         }
-        if (options.flush_every_n > 0 && n % options.flush_every_n == 0) {
-          for (size_t b = 0; b < buckets.size(); ++b) Emit(b);
-        }
+        if (options.flush_every_n > 0 && n % options.flush_every_n == 0) EmitAll();
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
@@ -233,7 +261,7 @@ struct RecordBatcher::State {
     std::lock_guard<std::mutex> lock(mu);
     --active;
     if (active == 0 && !error) {
-      for (size_t b = 0; b < buckets.size(); ++b) Emit(b);  // end of data: flush partial buckets
+      EmitAll();  // end of data: flush partial buckets and rows
     }
     cv.notify_all();
   }
@@ -268,6 +296,9 @@ RecordBatcher::RecordBatcher(std::shared_ptr<RecordYielder> yielder, const Batch
       throw InvalidArgumentError("RecordBatcher: bucket_batch_limit entries must be > 0");
   }
   s.buckets.resize(b.size());
+  if (options.packing.rows > 0) {
+    s.packer = std::make_unique<SequencePacker>(options.packing, options.pad_values);
+  }
   const int64_t n = std::max<int64_t>(1, options.num_batcher_threads);
   s.active = static_cast<int>(n);
   for (int64_t i = 0; i < n; ++i) s.threads.emplace_back([&s] { s.Loop(); });

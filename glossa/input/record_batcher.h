@@ -5,7 +5,8 @@
 // samples; with flush_every_n, all buckets are flushed after every n processed records; at end of
 // data partial buckets are flushed, then OutOfRange. Tensors are padded to the longest in the batch
 // along every dimension that differs (pad value from pad_values, else 1 for keys ending in
-// "paddings", else 0) and stacked. Finished batches wait in a prefetch queue (the infeed).
+// "paddings", else 0) and stacked. With BatcherOptions::packing, several examples share a row
+// instead (Lingvo's packed_input). Finished batches wait in a prefetch queue (the infeed).
 //
 //   RecordBatcher b(yielder, options, [](const Record& r) { return Process(r); });
 //   NestedMap batch = b.Next();
@@ -21,6 +22,7 @@
 
 #include "glossa/core/nested_map.h"
 #include "glossa/input/record_yielder.h"
+#include "glossa/input/sequence_packer.h"
 
 namespace glossa {
 
@@ -34,6 +36,10 @@ struct BatcherOptions {
   int64_t prefetch = 4;
   // Pad values by flattened key (e.g. "ids" -> 2 for EOS padding).
   std::map<std::string, double> pad_values;
+  // With packing.rows > 0, examples are packed into rows (glossa/input/sequence_packer.h) instead
+  // of bucketed: a negative key still drops a record, an example longer than a row is counted as
+  // too long, flush_every_n and the end of data flush the open rows.
+  PackingOptions packing;
 };
 
 // A processed record and its bucket key; nullopt drops the record.

@@ -1,6 +1,7 @@
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
 #include "glossa/layers/attention.h"
+#include "glossa/layers/attention_mask.h"
 
 #include <ATen/ATen.h>
 
@@ -156,64 +157,6 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
                            "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
 }
 
-namespace {
-
-// The key mask [B or 1, 1, T or 1, S] (true = masked) of padded keys and, when causal, future
-// keys. Every layer of a stack attends over the same paddings: the last mask is kept per thread,
-// with the paddings tensor it came from (held, so its address cannot be reused by another tensor
-// while cached) and that tensor's version (an in-place write makes the entry stale).
-at::Tensor KeyMask(const at::Tensor& paddings, int64_t t, int64_t s, bool causal,
-                   at::Device device) {
-  struct Entry {
-    at::Tensor paddings, mask;
-    int64_t version = 0;
-    int64_t t = 0, s = 0;
-    bool causal = false;
-  };
-  thread_local Entry last;
-  if (last.mask.defined() && last.t == t && last.s == s && last.causal == causal &&
-      last.mask.device() == device &&
-      (paddings.defined() ? last.paddings.defined() &&
-                                last.paddings.unsafeGetTensorImpl() ==
-                                    paddings.unsafeGetTensorImpl() &&
-                                last.version == paddings._version()
-                          : !last.paddings.defined())) {
-    return last.mask;
-  }
-  at::Tensor mask;
-  if (paddings.defined()) mask = (paddings > 0.5).view({paddings.size(0), 1, 1, s});
-  if (causal) {
-    at::Tensor future = at::ones({t, s}, at::TensorOptions().dtype(at::kBool).device(device))
-                            .triu(1)
-                            .view({1, 1, t, s});
-    mask = mask.defined() ? (mask | future) : future;
-  }
-  last = Entry{paddings, mask, paddings.defined() ? paddings._version() : int64_t{0}, t, s, causal};
-  return mask;
-}
-
-// The additive bias of a key mask in `dtype`: the dtype's lowest value where masked, else 0
-// (cached per thread for the last mask, which KeyMask hands to every layer of a stack).
-at::Tensor MaskBias(const at::Tensor& key_mask, const at::TensorOptions& options) {
-  thread_local at::Tensor last_mask, last_bias;
-  if (last_bias.defined() && last_mask.unsafeGetTensorImpl() == key_mask.unsafeGetTensorImpl() &&
-      last_bias.scalar_type() == options.dtype().toScalarType() &&
-      last_bias.device() == options.device()) {
-    return last_bias;
-  }
-  const at::ScalarType dtype = options.dtype().toScalarType();
-  // Masked logits become the dtype's lowest value, so their probability is exactly 0.
-  const double lowest = dtype == at::kDouble     ? std::numeric_limits<double>::lowest()
-                        : dtype == at::kBFloat16 ? -3.38e38
-                        : dtype == at::kHalf     ? -65504.0
-                                                 : std::numeric_limits<float>::lowest();
-  last_bias = at::zeros(key_mask.sizes(), options).masked_fill_(key_mask, lowest);
-  last_mask = key_mask;
-  return last_bias;
-}
-
-}  // namespace
-
 at::Tensor MultiHeadedAttention::ScaleQuery(const NestedMap& theta, const at::Tensor& q) const {
   if (per_dim_scale_) return per_dim_scale_layer_->FProp(per_dim_scale_layer_.Theta(theta), q);
   return q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
@@ -247,7 +190,8 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
 
 std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
     const NestedMap& theta, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    const at::Tensor& paddings, bool causal) const {
+    const at::Tensor& paddings, bool causal, const at::Tensor& segment_ids,
+    const at::Tensor& source_segment_ids) const {
   if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.size(-1) != input_dim_ ||
       key.size(-1) != input_dim_ || value.size(-1) != input_dim_ || key.size(1) != value.size(1)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': expected query [B, T, ", input_dim_,
@@ -277,11 +221,40 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
     throw InvalidArgumentError(StrCat("layer '", path(), "': paddings must be [B, S] = [",
                                       key.size(0), ", ", s, "], got ", paddings.sizes()));
   }
-  // Blocks only where every query sees an unpadded key (key 0): a query with every key masked
+  const at::Tensor key_segments = source_segment_ids.defined() ? source_segment_ids : segment_ids;
+  CheckSegmentIds(segment_ids, key_segments, query.size(0), t, s);
+  // Blocks only where every query sees a key at or before it: a query with every key masked
   // spreads its probability evenly over all S keys, which the blocks would not all compute.
-  const bool blocks = causal && causal_blocks_ &&
-                      (!paddings.defined() || !(paddings.select(1, 0) > 0.5).any().item<bool>());
-  return Attend(theta, q, k, v, KeyMask(paddings, t, s, causal, query.device()), blocks);
+  // Unpacked, key 0 unpadded; packed, a query sees itself unless it is padded outside segment 0.
+  bool blocks = causal && causal_blocks_;
+  if (blocks && paddings.defined()) {
+    blocks = segment_ids.defined()
+                 ? !((paddings > 0.5) & (segment_ids != 0)).any().item<bool>()
+                 : !(paddings.select(1, 0) > 0.5).any().item<bool>();
+  }
+  return Attend(theta, q, k, v,
+                KeyMask(paddings, segment_ids, key_segments, t, s, causal, query.device()), blocks);
+}
+
+void MultiHeadedAttention::CheckSegmentIds(const at::Tensor& query_segments,
+                                           const at::Tensor& key_segments, int64_t b, int64_t t,
+                                           int64_t s) const {
+  if (!query_segments.defined() && !key_segments.defined()) return;
+  auto bad = [&](const at::Tensor& x, int64_t n) {
+    return !x.defined() || x.dim() != 2 || x.size(0) != b || x.size(1) != n ||
+           x.is_floating_point();
+  };
+  if (bad(query_segments, t) || bad(key_segments, s)) {
+    throw InvalidArgumentError(StrCat(
+        "layer '", path(), "': segment ids must be integer tensors [B, T] = [", b, ", ", t,
+        "] for the queries and [B, S] = [", b, ", ", s, "] for the keys, got ",
+        query_segments.defined() ? StrCat(query_segments.sizes(), " ",
+                                          query_segments.scalar_type())
+                                 : std::string("none"),
+        " and ",
+        key_segments.defined() ? StrCat(key_segments.sizes(), " ", key_segments.scalar_type())
+                               : std::string("none")));
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(
@@ -478,14 +451,17 @@ NestedMap PerDimScaleLayer::FPropMapImpl(const NestedMap& theta, const NestedMap
 }
 
 BaseLayer::FPropMapSignature MultiHeadedAttention::FPropMapSpec() const {
-  return {{"query", "key", "value", "paddings", "causal"}, 3, {"context", "probs"}, true, "(context, probs)"};
+  return {{"query", "key", "value", "paddings", "causal", "segment_ids", "source_segment_ids"},
+          3, {"context", "probs"}, true, "(context, probs)"};
 }
 
 NestedMap MultiHeadedAttention::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
   const bool causal = inputs.contains("causal") && !inputs.at("causal").is_none() &&
                       inputs.at("causal").AsBool();
   auto [context, probs] = FProp(theta, inputs.GetTensor("query"), inputs.GetTensor("key"),
-                                inputs.GetTensor("value"), OptionalInput(inputs, "paddings"), causal);
+                                inputs.GetTensor("value"), OptionalInput(inputs, "paddings"), causal,
+                                OptionalInput(inputs, "segment_ids"),
+                                OptionalInput(inputs, "source_segment_ids"));
   NestedMap out;
   out.Put("context", context);
   out.Put("probs", probs);

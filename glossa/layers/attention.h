@@ -68,7 +68,8 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   std::string EmitOnnxCore(OnnxGraph& g, const std::string& q, const std::string& k,
                            const std::string& v, const std::string& bias,
                            const std::string& prefix) const;
-  // The uniform call (BaseLayer::FPropMap): FProp(theta, query, key, value, paddings=None, causal=None) -> (context, probs).
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, query, key, value, paddings=None,
+  // causal=None, segment_ids=None, source_segment_ids=None) -> (context, probs).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, hidden_dim (0: input_dim), num_heads, atten_dropout_prob, enable_per_dim_scale
@@ -77,11 +78,16 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   explicit MultiHeadedAttention(const glossa::Params& p);
 
   // query [B, T, D], key/value [B, S, D], paddings [B, S] (1 = padded key). With `causal`, query t
-  // attends only to keys s <= t (T == S). Returns (encoded [B, T, D], probs [B, N, T, S]).
+  // attends only to keys s <= t (T == S). Packed inputs (Lingvo's segment mask): segment_ids
+  // [B, T] of the queries and source_segment_ids [B, S] of the keys (default: segment_ids, for
+  // self-attention), integers; a query attends only to keys of its own segment, and a query in
+  // segment 0 (the padding) is not masked by the key paddings (it sees its row's padding).
+  // Returns (encoded [B, T, D], probs [B, N, T, S]).
   std::pair<at::Tensor, at::Tensor> FProp(const NestedMap& theta, const at::Tensor& query,
                                           const at::Tensor& key, const at::Tensor& value,
-                                          const at::Tensor& paddings = {},
-                                          bool causal = false) const;
+                                          const at::Tensor& paddings = {}, bool causal = false,
+                                          const at::Tensor& segment_ids = {},
+                                          const at::Tensor& source_segment_ids = {}) const;
 
   // Cross-attention against a fixed source (decoding): the source's keys and values projected
   // once, {key, value} [B, S, N, H], then queries [B, T, D] attend to them (paddings [B, S]).
@@ -130,6 +136,9 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   static NestedMap StatesAfterStep(const StepCaches& c);
 
  private:
+  // InvalidArgument naming the shapes unless both are undefined or integer [b, t] and [b, s].
+  void CheckSegmentIds(const at::Tensor& query_segments, const at::Tensor& key_segments,
+                       int64_t b, int64_t t, int64_t s) const;
   // q [..., H] times the per-dim scale (or 1/sqrt(H)).
   at::Tensor ScaleQuery(const NestedMap& theta, const at::Tensor& q) const;
   std::pair<at::Tensor, at::Tensor> Attend(const NestedMap& theta, at::Tensor q,

@@ -130,13 +130,15 @@ at::Tensor TransformerAttentionLayer::Residual(const NestedMap& theta, const at:
 
 std::pair<at::Tensor, at::Tensor> TransformerAttentionLayer::FProp(
     const NestedMap& theta, const at::Tensor& query, const at::Tensor& source,
-    const at::Tensor& paddings) const {
+    const at::Tensor& paddings, const at::Tensor& segment_ids,
+    const at::Tensor& source_segment_ids) const {
   at::Tensor x = CastToFPropDtype(query);
   at::Tensor q = pre_layer_norm_ ? Norm(theta, x) : x;
   // Cross-attention attends to the source as given; self-attention to the normalized query.
   at::Tensor kv = source.defined() ? CastToFPropDtype(source) : q;
   auto [encoded, probs] =
-      atten_->FProp(atten_.Theta(theta), q, kv, kv, paddings, is_masked_ && !source.defined());
+      atten_->FProp(atten_.Theta(theta), q, kv, kv, paddings, is_masked_ && !source.defined(),
+                    segment_ids, source_segment_ids);
   return {Residual(theta, x, encoded), probs};
 }
 
@@ -240,13 +242,23 @@ std::pair<at::Tensor, at::Tensor> TransformerLayer::FProp(const NestedMap& theta
                                                           const at::Tensor& inputs,
                                                           const at::Tensor& paddings,
                                                           const at::Tensor& aux_vecs,
-                                                          const at::Tensor& aux_paddings) const {
-  auto [x, probs] = self_atten_->FProp(self_atten_.Theta(theta), inputs, {}, paddings);
+                                                          const at::Tensor& aux_paddings,
+                                                          const at::Tensor& segment_ids,
+                                                          const at::Tensor& aux_segment_ids) const {
+  auto [x, probs] =
+      self_atten_->FProp(self_atten_.Theta(theta), inputs, {}, paddings, segment_ids);
   if (cross_atten_) {
     if (!aux_vecs.defined()) {
       throw InvalidArgumentError(StrCat("layer '", path(), "': has_aux_atten needs aux_vecs"));
     }
-    x = cross_atten_->FProp(cross_atten_.Theta(theta), x, aux_vecs, aux_paddings).first;
+    if (segment_ids.defined() != aux_segment_ids.defined()) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': packed cross-attention needs both ",
+                                        "segment_ids and aux_segment_ids"));
+    }
+    x = cross_atten_
+            ->FProp(cross_atten_.Theta(theta), x, aux_vecs, aux_paddings, segment_ids,
+                    aux_segment_ids)
+            .first;
   }
   x = ff_block_->FPropBlock(fflayer_.Theta(theta), x, paddings);
   return {x, probs};
@@ -323,11 +335,14 @@ GLOSSA_REGISTER_CLASS(TransformerLayer, "glossa.layers.TransformerLayer");
 // ---- The uniform call (BaseLayer::FPropMap) ----
 
 BaseLayer::FPropMapSignature TransformerAttentionLayer::FPropMapSpec() const {
-  return {{"query", "source", "paddings"}, 1, {"outputs", "probs"}, true, "(outputs, probs)"};
+  return {{"query", "source", "paddings", "segment_ids", "source_segment_ids"},
+          1, {"outputs", "probs"}, true, "(outputs, probs)"};
 }
 
 NestedMap TransformerAttentionLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
-  auto [y, p] = FProp(theta, inputs.GetTensor("query"), OptionalInput(inputs, "source"), OptionalInput(inputs, "paddings"));
+  auto [y, p] = FProp(theta, inputs.GetTensor("query"), OptionalInput(inputs, "source"),
+                      OptionalInput(inputs, "paddings"), OptionalInput(inputs, "segment_ids"),
+                      OptionalInput(inputs, "source_segment_ids"));
   NestedMap out;
   out.Put("outputs", y);
   out.Put("probs", p);
@@ -335,12 +350,14 @@ NestedMap TransformerAttentionLayer::FPropMapImpl(const NestedMap& theta, const 
 }
 
 BaseLayer::FPropMapSignature TransformerLayer::FPropMapSpec() const {
-  return {{"inputs", "paddings", "aux_vecs", "aux_paddings"}, 1, {"outputs", "atten_probs"}, true, "(outputs, atten_probs)"};
+  return {{"inputs", "paddings", "aux_vecs", "aux_paddings", "segment_ids", "aux_segment_ids"},
+          1, {"outputs", "atten_probs"}, true, "(outputs, atten_probs)"};
 }
 
 NestedMap TransformerLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
-  auto [y, p] = FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"), OptionalInput(inputs, "aux_vecs"),
-                      OptionalInput(inputs, "aux_paddings"));
+  auto [y, p] = FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"),
+                      OptionalInput(inputs, "aux_vecs"), OptionalInput(inputs, "aux_paddings"),
+                      OptionalInput(inputs, "segment_ids"), OptionalInput(inputs, "aux_segment_ids"));
   NestedMap out;
   out.Put("outputs", y);
   out.Put("atten_probs", p);

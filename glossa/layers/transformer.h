@@ -68,7 +68,8 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
   // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
   std::string EmitOnnx(OnnxGraph& g, const std::string& in,
                        const std::string& prefix) const override;
-  // The uniform call (BaseLayer::FPropMap): FProp(theta, query, source=None, paddings=None) -> (outputs, probs).
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, query, source=None, paddings=None,
+  // segment_ids=None, source_segment_ids=None) -> (outputs, probs).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, num_heads, hidden_dim (0: input_dim), is_masked (causal self-attention),
@@ -78,9 +79,13 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
   static glossa::Params Params();
   explicit TransformerAttentionLayer(const glossa::Params& p);
   // Self-attention when source is undefined; returns (output [B, T, D], probs [B, N, T, S]).
+  // Packed inputs: segment_ids [B, T] of the queries, source_segment_ids [B, S] of the source
+  // (MultiHeadedAttention::FProp).
   std::pair<at::Tensor, at::Tensor> FProp(const NestedMap& theta, const at::Tensor& query,
                                           const at::Tensor& source = {},
-                                          const at::Tensor& paddings = {}) const;
+                                          const at::Tensor& paddings = {},
+                                          const at::Tensor& segment_ids = {},
+                                          const at::Tensor& source_segment_ids = {}) const;
   // Self-attention as a block (paddings mask the keys).
   at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
                         const at::Tensor& paddings) const override {
@@ -144,7 +149,8 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
   // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
   std::string EmitOnnx(OnnxGraph& g, const std::string& in,
                        const std::string& prefix) const override;
-  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> (outputs, atten_probs).
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None,
+  // aux_paddings=None, segment_ids=None, aux_segment_ids=None) -> (outputs, atten_probs).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + input_dim, num_heads (0: the templates' own), mask_self_atten, has_aux_atten,
@@ -157,11 +163,14 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
                                                  int64_t hidden_dim, int64_t num_heads);
   explicit TransformerLayer(const glossa::Params& p);
   // inputs [B, T, D], paddings [B, T]; aux_vecs [B, S, D] and aux_paddings [B, S] for the
-  // cross-attention. Returns (output [B, T, D], self-attention probs).
+  // cross-attention. Packed inputs: segment_ids [B, T] and aux_segment_ids [B, S] (Lingvo's
+  // source_segment_id and aux_segment_id). Returns (output [B, T, D], self-attention probs).
   std::pair<at::Tensor, at::Tensor> FProp(const NestedMap& theta, const at::Tensor& inputs,
                                           const at::Tensor& paddings = {},
                                           const at::Tensor& aux_vecs = {},
-                                          const at::Tensor& aux_paddings = {}) const;
+                                          const at::Tensor& aux_paddings = {},
+                                          const at::Tensor& segment_ids = {},
+                                          const at::Tensor& aux_segment_ids = {}) const;
   // A layer without cross-attention as a block.
   at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
                         const at::Tensor& paddings) const override {
@@ -223,7 +232,8 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
   std::string EmitOnnx(OnnxGraph& g, const std::string& in,
                        const std::string& prefix) const override;
-  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None, aux_paddings=None) -> Tensor.
+  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None,
+  // aux_paddings=None, segment_ids=None, aux_segment_ids=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
   // + num_layers, mdl_dim, hidden_dim, num_atten_heads, dropout_prob, mask_self_atten,
@@ -238,9 +248,12 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   // (InvalidArgument naming the field for a bad num_layers or template list).
   static std::vector<glossa::Params> LayerParams(const glossa::Params& stack);
 
+  // Packed inputs: segment_ids [B, T], aux_segment_ids [B, S] (TransformerLayer::FProp); not in a
+  // pipeline (FailedPrecondition).
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
                    const at::Tensor& paddings = {}, const at::Tensor& aux_vecs = {},
-                   const at::Tensor& aux_paddings = {}) const;
+                   const at::Tensor& aux_paddings = {}, const at::Tensor& segment_ids = {},
+                   const at::Tensor& aux_segment_ids = {}) const;
   at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
                         const at::Tensor& paddings) const override {
     return FProp(theta, x, paddings);

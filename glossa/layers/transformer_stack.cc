@@ -197,8 +197,14 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
 
 at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inputs,
                                    const at::Tensor& paddings, const at::Tensor& aux_vecs,
-                                   const at::Tensor& aux_paddings) const {
+                                   const at::Tensor& aux_paddings, const at::Tensor& segment_ids,
+                                   const at::Tensor& aux_segment_ids) const {
   at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
+  if (pipe_ && (segment_ids.defined() || aux_segment_ids.defined())) {
+    throw FailedPreconditionError(StrCat("layer '", path(), "': packed inputs (segment ids) ",
+                                         "cannot run in a pipeline (splits > 1); set the input's ",
+                                         "packed_input to False"));
+  }
   if (pipe_) {
     x = PipelineFProp(*pipe_, theta.at("x_layers"), x, paddings);
   } else {
@@ -210,7 +216,10 @@ at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inp
     } restore;
     for (size_t i = 0; i < layers_.size(); ++i) {
       ResetStepSeed(layer_seeds_[i]);
-      x = layers_[i]->FProp(layers_[i].Theta(theta), x, paddings, aux_vecs, aux_paddings).first;
+      x = layers_[i]
+              ->FProp(layers_[i].Theta(theta), x, paddings, aux_vecs, aux_paddings, segment_ids,
+                      aux_segment_ids)
+              .first;
     }
   }
   if (final_ln_) x = final_ln_->FProp(final_ln_.Theta(theta), x);
@@ -313,13 +322,16 @@ GLOSSA_REGISTER_CLASS(TransformerDecoder, "glossa.layers.TransformerDecoder");
 // ---- The uniform call (BaseLayer::FPropMap) ----
 
 BaseLayer::FPropMapSignature TransformerStack::FPropMapSpec() const {
-  return {{"inputs", "paddings", "aux_vecs", "aux_paddings"}, 1, {"outputs"}, false, "Tensor"};
+  return {{"inputs", "paddings", "aux_vecs", "aux_paddings", "segment_ids", "aux_segment_ids"},
+          1, {"outputs"}, false, "Tensor"};
 }
 
 NestedMap TransformerStack::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
   NestedMap out;
-  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"), OptionalInput(inputs, "aux_vecs"),
-                           OptionalInput(inputs, "aux_paddings")));
+  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings"),
+                           OptionalInput(inputs, "aux_vecs"), OptionalInput(inputs, "aux_paddings"),
+                           OptionalInput(inputs, "segment_ids"),
+                           OptionalInput(inputs, "aux_segment_ids")));
   return out;
 }
 

@@ -19,7 +19,9 @@ namespace glossa {
 // task.input's file_pattern, which then becomes datasets.<dataset>. An empty datasets.<dataset> (a
 // model with no such data, e.g. lm.text.* before it is given) is, when `require`, an
 // InvalidArgument naming the key to set (GetModelParams does not require it: a follower job takes
-// it from the run afterwards). Models without `datasets` are left as they are.
+// it from the run afterwards). A dataset other than Train reads unpacked: its
+// task.input.packed_input (when the input has one) is set to False. Models without `datasets`
+// are left as they are.
 void ResolveDatasetInput(Params& p, const std::string& dataset,
                          const std::vector<std::string>& override_keys, bool require = true);
 

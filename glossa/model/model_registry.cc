@@ -282,6 +282,12 @@ bool OverridesCover(const std::vector<std::string>& override_keys, const std::st
 void ResolveDatasetInput(Params& p, const std::string& dataset,
                          const std::vector<std::string>& override_keys, bool require) {
   if (!p.Contains("datasets") || !p.GetParams("datasets").Contains(Lower(dataset))) return;
+  // Packing is for training: Dev and Test are read a sequence a row (decoding needs them so).
+  if (Lower(dataset) != "train" && p.Contains("task") && p.Get("task").is_params() &&
+      p.GetParams("task").Contains("input") && p.Get("task.input").is_params() &&
+      p.GetParams("task.input").Contains("packed_input")) {
+    p.Set("task.input.packed_input", false);
+  }
   const std::string key = DataKey(dataset);
   if (OverridesCover(override_keys, "task.input.file_pattern")) {
     p.Set(key, p.GetString("task.input.file_pattern"));

@@ -380,6 +380,10 @@ void TrainProgram::FinishLoop(LoopState& loop, double secs, int64_t global_step)
     if (writer_) {
       writer_->WriteScalar("global_step/sec", result.steps_per_sec, global_step);
       writer_->WriteScalar("examples/sec", result.examples_per_sec, global_step);
+      // Non-padding tokens a second (the padding of a bucketed or packed batch left out).
+      if (result.tokens_per_sec > 0) {
+        writer_->WriteScalar("tokens/sec", result.tokens_per_sec, global_step);
+      }
       writer_->WriteScalar("skipped_steps", static_cast<double>(total_skipped_), global_step);
     }
     std::map<std::string, at::Tensor> all = loop.summaries.MergeAll();

@@ -36,6 +36,7 @@ Params TextLmInputParams(const TextInputSpec& spec, bool train) {
   }
   p.Set("bucket_upper_bound", bounds);
   p.Set("bucket_batch_limit", limits);
+  p.Set("packed_rows", std::max<int64_t>(1, spec.tokens_per_batch / spec.max_length));
   return p;
 }
 
@@ -54,6 +55,7 @@ Params TextPairInputParams(const TextInputSpec& spec, bool train) {
   }
   p.Set("bucket_upper_bound", bounds);
   p.Set("bucket_batch_limit", limits);
+  p.Set("packed_rows", std::max<int64_t>(1, (train ? spec.tokens_per_batch : 2048) / max_len));
   return p;
 }
 

@@ -21,7 +21,8 @@ struct TextInputSpec {
   int64_t vocab_size = 0;
   // The longest sequence (in pieces) a training batch holds; longer examples are dropped.
   int64_t max_length = 128;
-  // Training batches hold about this many tokens (bucket_batch_limit = this / bucket bound).
+  // Training batches hold about this many tokens (bucket_batch_limit = this / bucket bound; with
+  // packed_input, packed_rows = this / max_length).
   int64_t tokens_per_batch = 2048;
 };
 

@@ -104,9 +104,26 @@ NestedMap TransformerLmTask::ComputePredictions(const NestedMap& theta,
                                                 const NestedMap& batch) const {
   const at::Tensor& ids = batch.GetTensor("ids");
   at::Tensor x = emb_->FProp(emb_.Theta(theta), ids);
-  x = x + position_emb_->FProp(position_emb_.Theta(theta), ids.size(1)).to(x.scalar_type());
+  // Packed rows (the input's packed_input): positions restart with each segment, and attention
+  // stays within it.
+  const at::Tensor segment_ids = OptionalInput(batch, "segment_ids");
+  const at::Tensor segment_pos = OptionalInput(batch, "segment_pos");
+  if (segment_ids.defined() != segment_pos.defined()) {
+    throw InvalidArgumentError(StrCat("task '", path(), "': a packed batch needs both ",
+                                      "segment_ids and segment_pos"));
+  }
+  if (segment_pos.defined()) {
+    if (segment_pos.sizes() != ids.sizes()) {
+      throw InvalidArgumentError(StrCat("task '", path(), "': segment_pos must be shaped like ",
+                                        "ids ", ids.sizes(), ", got ", segment_pos.sizes()));
+    }
+    x = x + position_emb_->FPropWithPosition(position_emb_.Theta(theta), segment_pos)
+                .to(x.scalar_type());
+  } else {
+    x = x + position_emb_->FProp(position_emb_.Theta(theta), ids.size(1)).to(x.scalar_type());
+  }
   AuxLossContext aux;
-  x = stack_->FProp(stack_.Theta(theta), x, batch.GetTensor("paddings"));
+  x = stack_->FProp(stack_.Theta(theta), x, batch.GetTensor("paddings"), {}, {}, segment_ids);
   NestedMap out{{"encoded", x}};
   if (!aux.losses().empty()) out.Set("aux_loss", aux.Sum());
   return out;
@@ -144,8 +161,12 @@ BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
   out.metrics["log_pplx"] = Metric{log_pplx.detach(), num_tokens};
   out.metrics["fraction_of_correct_next_step_preds"] = Metric{correct.detach(), num_tokens};
   out.metrics["num_predictions"] = Metric{num_tokens, at::full({}, 1.0)};
-  out.metrics["num_samples_in_batch"] =
-      Metric{at::full({}, static_cast<double>(labels.size(0))), at::full({}, 1.0)};
+  // Packed rows: every segment is a sample (a row's count is its largest segment id).
+  const at::Tensor segment_ids = OptionalInput(batch, "segment_ids");
+  out.metrics["num_samples_in_batch"] = Metric{
+      segment_ids.defined() ? std::get<0>(segment_ids.max(1)).sum().to(at::kDouble)
+                            : at::full({}, static_cast<double>(labels.size(0))),
+      at::full({}, 1.0)};
   return out;
 }
 
@@ -454,6 +475,11 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
 }
 
 NestedMap TransformerLmTask::Decode(const NestedMap& batch) {
+  if (batch.Has("segment_ids")) {
+    throw InvalidArgumentError(StrCat("task '", path(), "': cannot decode packed rows (the batch ",
+                                      "has segment_ids); decode from an input with packed_input ",
+                                      "False"));
+  }
   const at::Tensor& ids = batch.GetTensor("ids");
   const at::Tensor lengths = (1 - batch.GetTensor("paddings").to(at::kFloat)).sum(1).to(at::kLong);
   const int64_t p_len = std::min<int64_t>(decode_prompt_length_, ids.size(1));
@@ -503,92 +529,6 @@ void TransformerLmTask::DecodeFinalize(std::map<std::string, double>& metrics) {
     metrics["mean_sample_length"] /= metrics["num_samples_in_batch"];
 }
 
-UnigramBaseline::UnigramBaseline(int64_t vocab_size)
-    : counts(static_cast<size_t>(vocab_size), 1.0), total(static_cast<double>(vocab_size)) {}
-
-void UnigramBaseline::Count(const NestedMap& batch) {
-  const at::Tensor labels = batch.GetTensor("labels").to(at::kLong).contiguous();
-  const at::Tensor keep = (batch.GetTensor("paddings") < 0.5).contiguous();
-  const int64_t* l = labels.data_ptr<int64_t>();
-  const bool* k = keep.data_ptr<bool>();
-  for (int64_t i = 0; i < labels.numel(); ++i) {
-    if (!k[i]) continue;
-    if (l[i] < 0 || l[i] >= static_cast<int64_t>(counts.size())) {
-      throw InvalidArgumentError(
-          StrCat("unigram baseline: label ", l[i], " outside the vocabulary of ", counts.size()));
-    }
-    counts[static_cast<size_t>(l[i])] += 1;
-    total += 1;
-  }
-}
-
-std::pair<double, double> UnigramBaseline::Score(const NestedMap& batch) const {
-  const at::Tensor labels = batch.GetTensor("labels").to(at::kLong).contiguous();
-  const at::Tensor keep = (batch.GetTensor("paddings") < 0.5).contiguous();
-  const int64_t* l = labels.data_ptr<int64_t>();
-  const bool* k = keep.data_ptr<bool>();
-  double nll = 0, n = 0;
-  for (int64_t i = 0; i < labels.numel(); ++i) {
-    if (!k[i]) continue;
-    nll -= std::log(counts.at(static_cast<size_t>(l[i])) / total);
-    n += 1;
-  }
-  return {nll, n};
-}
-
 GLOSSA_REGISTER_CLASS(TransformerLmTask, "glossa.models.TransformerLmTask");
-
-std::string TransformerLmTask::Report(const ReportInputs& in) {
-  for (const char* metric : {"log_pplx", "fraction_of_correct_next_step_preds"}) {
-    if (!in.eval_metrics.count(metric))
-      throw InvalidArgumentError(StrCat("report: the eval metrics lack ", metric));
-  }
-  if (!in.train_input) throw FailedPreconditionError("report: no Train input for the unigram");
-  // The unigram baseline: token counts over one pass of Train, scored on the same split.
-  std::unique_ptr<BaseInputGenerator> train_input = in.train_input();
-  UnigramBaseline unigram(vocab_size_);
-  CountProgress progress(stderr, "counting unigrams over Train", "batches");
-  while (true) {
-    try {
-      unigram.Count(train_input->GetPreprocessedInputBatch());
-    } catch (const OutOfRangeError&) {
-      break;
-    }
-    progress.Add();
-  }
-  progress.Done(StrCat(", ", WithCommas(static_cast<int64_t>(
-                                 unigram.total - static_cast<double>(unigram.counts.size()))),
-                       " tokens"));
-  input().Reset();
-  double nll = 0, n = 0;
-  while (true) {
-    try {
-      auto [a, b] = unigram.Score(input().GetPreprocessedInputBatch());
-      nll += a;
-      n += b;
-    } catch (const OutOfRangeError&) {
-      break;
-    }
-  }
-  const double model_pplx = in.eval_metrics.at("log_pplx").first;
-  const double unigram_pplx = nll / std::max(n, 1.0);
-  char buf[512];
-  std::string out;
-  std::snprintf(buf, sizeof(buf), "%s step %lld on %s (%.0f tokens):\n", in.model_key.c_str(),
-                static_cast<long long>(in.global_step), in.dataset.c_str(), n);
-  out += buf;
-  std::snprintf(buf, sizeof(buf),
-                "  model   log_pplx: %.4f  (fraction_of_correct_next_step_preds: %.4f)\n",
-                model_pplx, in.eval_metrics.at("fraction_of_correct_next_step_preds").first);
-  out += buf;
-  std::snprintf(buf, sizeof(buf), "  unigram log_pplx: %.4f\n  ratio model/unigram: %.3f\n",
-                unigram_pplx, model_pplx / unigram_pplx);
-  out += buf;
-  out += "sampled continuations (prompt ||| sample):\n";
-  for (int64_t i = 0; i < in.num_samples && i < static_cast<int64_t>(in.decode_lines.size()); ++i) {
-    out += StrCat("  ", in.decode_lines[static_cast<size_t>(i)], "\n");
-  }
-  return out;
-}
 
 }  // namespace glossa

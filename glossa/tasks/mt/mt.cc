@@ -127,8 +127,13 @@ BaseTask::LossOutput TransformerModel::ComputeLoss(const NestedMap& theta,
                                                    const NestedMap& predictions,
                                                    const NestedMap& batch) const {
   LossOutput out = decoder_->ComputeLoss(decoder_.Theta(theta), predictions, batch.GetItem("tgt").AsMap());
+  // Packed rows: every segment is a sample.
+  const at::Tensor segment_ids = OptionalInput(batch.GetItem("tgt").AsMap(), "segment_ids");
   out.metrics["num_samples_in_batch"] = Metric{
-      at::full({}, static_cast<double>(batch.GetTensor("tgt.ids").size(0))), at::full({}, 1.0)};
+      segment_ids.defined()
+          ? std::get<0>(segment_ids.max(1)).sum().to(at::kDouble)
+          : at::full({}, static_cast<double>(batch.GetTensor("tgt.ids").size(0))),
+      at::full({}, 1.0)};
   return out;
 }
 
@@ -194,6 +199,11 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
 
 NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& src,
                                       int64_t num_hyps) const {
+  if (src.Has("segment_ids")) {
+    throw InvalidArgumentError(StrCat("task '", path(), "': cannot translate packed rows (the ",
+                                      "batch has src.segment_ids); decode from an input with ",
+                                      "packed_input False"));
+  }
   at::NoGradGuard no_grad;
   EvalModeScope eval;
   const NestedMap enc = encoder_->FProp(encoder_.Theta(theta), src);

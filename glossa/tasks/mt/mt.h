@@ -69,9 +69,12 @@ class TransformerDecoder : public BaseLayer {
   static glossa::Params Params();
   explicit TransformerDecoder(const glossa::Params& p);
 
-  // Teacher-forced logits [B, T, V] of tgt.ids given the encoder's output.
+  // Teacher-forced logits [B, T, V] of tgt.ids given the encoder's output. Packed targets:
+  // tgt_segment_ids and tgt_segment_pos [B, T] (then the encoder's outputs hold its segment_ids).
   at::Tensor Logits(const NestedMap& theta, const NestedMap& encoder_outputs,
-                    const at::Tensor& tgt_ids, const at::Tensor& tgt_paddings) const;
+                    const at::Tensor& tgt_ids, const at::Tensor& tgt_paddings,
+                    const at::Tensor& tgt_segment_ids = {},
+                    const at::Tensor& tgt_segment_pos = {}) const;
   // Metrics of the label-smoothed loss: loss, log_pplx, fraction_of_correct_next_step_preds,
   // num_predictions, plus per_example (per-sequence log-probs "per_sequence_log_prob").
   BaseTask::LossOutput ComputeLoss(const NestedMap& theta, const NestedMap& encoder_outputs,

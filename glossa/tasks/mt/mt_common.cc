@@ -19,8 +19,16 @@ void CheckDim(const BaseLayer& layer, const char* key, int64_t value, const char
 
 at::Tensor EmbedWithPositions(const Child<EmbeddingLayer>& emb,
                               const Child<PositionalEmbeddingLayer>& pos, const NestedMap& theta,
-                              const at::Tensor& ids) {
+                              const at::Tensor& ids, const at::Tensor& segment_pos) {
   at::Tensor x = emb->FProp(emb.Theta(theta), ids);
+  if (segment_pos.defined()) {
+    if (segment_pos.sizes() != ids.sizes()) {
+      throw InvalidArgumentError(StrCat("layer '", pos->path(), "': segment_pos must be shaped ",
+                                        "like the ids ", ids.sizes(), ", got ",
+                                        segment_pos.sizes()));
+    }
+    return x + pos->FPropWithPosition(pos.Theta(theta), segment_pos).to(x.scalar_type());
+  }
   return x + pos->FProp(pos.Theta(theta), ids.size(1)).to(x.scalar_type());
 }
 

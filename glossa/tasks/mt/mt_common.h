@@ -17,10 +17,11 @@ namespace mt {
 // InvalidArgument naming `key` unless value == want.
 void CheckDim(const BaseLayer& layer, const char* key, int64_t value, const char* what,
               int64_t want);
-// x = emb(ids) (scaled by sqrt(dim) in the embedding) + positions[0..T).
+// x = emb(ids) (scaled by sqrt(dim) in the embedding) + positions[0..T), or with packed inputs
+// the positions `segment_pos` [B, T] (each segment's restart at 0).
 at::Tensor EmbedWithPositions(const Child<EmbeddingLayer>& emb,
                               const Child<PositionalEmbeddingLayer>& pos, const NestedMap& theta,
-                              const at::Tensor& ids);
+                              const at::Tensor& ids, const at::Tensor& segment_pos = {});
 // InvalidArgument unless ids and paddings are both [B, T].
 void CheckIdsPaddings(const BaseLayer& layer, const char* what, const at::Tensor& ids,
                       const at::Tensor& paddings);

@@ -157,11 +157,20 @@ at::Tensor TransformerDecoder::Project(const NestedMap& theta, const at::Tensor&
 
 at::Tensor TransformerDecoder::Logits(const NestedMap& theta, const NestedMap& encoder_outputs,
                                       const at::Tensor& tgt_ids,
-                                      const at::Tensor& tgt_paddings) const {
+                                      const at::Tensor& tgt_paddings,
+                                      const at::Tensor& tgt_segment_ids,
+                                      const at::Tensor& tgt_segment_pos) const {
   CheckIdsPaddings(*this, "tgt", tgt_ids, tgt_paddings);
-  at::Tensor x = Embed(theta, tgt_ids);
+  const at::Tensor src_segment_ids = OptionalInput(encoder_outputs, "segment_ids");
+  if (tgt_segment_ids.defined() != src_segment_ids.defined()) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': packed inputs need segment_ids on ",
+                                      "both sides, got them only for the ",
+                                      tgt_segment_ids.defined() ? "target" : "source"));
+  }
+  at::Tensor x = EmbedWithPositions(token_emb_, position_emb_, theta, tgt_ids, tgt_segment_pos);
   x = stack_->FProp(stack_.Theta(theta), x, tgt_paddings.to(at::kFloat),
-                    encoder_outputs.GetTensor("encoded"), encoder_outputs.GetTensor("paddings"));
+                    encoder_outputs.GetTensor("encoded"), encoder_outputs.GetTensor("paddings"),
+                    tgt_segment_ids, src_segment_ids);
   return Project(theta, x);
 }
 
@@ -173,7 +182,9 @@ BaseTask::LossOutput TransformerDecoder::ComputeLoss(const NestedMap& theta,
   at::Tensor weights = tgt.Has("weights") ? tgt.GetTensor("weights").to(at::kFloat)
                                           : at::ones(labels.sizes(), at::kFloat);
   weights = weights * (1 - paddings);
-  const at::Tensor logits = Logits(theta, encoder_outputs, tgt.GetTensor("ids"), paddings);
+  const at::Tensor segment_ids = OptionalInput(tgt, "segment_ids");
+  const at::Tensor logits = Logits(theta, encoder_outputs, tgt.GetTensor("ids"), paddings,
+                                   segment_ids, OptionalInput(tgt, "segment_pos"));
   if (labels.sizes() != logits.sizes().slice(0, 2)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': tgt.labels must be shaped like ",
                                       "tgt.ids, got ", labels.sizes()));
@@ -207,7 +218,11 @@ BaseTask::LossOutput TransformerDecoder::ComputeLoss(const NestedMap& theta,
   }
   const at::Tensor w = weights.to(xent.scalar_type());
   const at::Tensor num_tokens = w.sum().detach();
-  const at::Tensor num_seqs = at::full({}, static_cast<double>(labels.size(0)), w.options());
+  // Packed rows hold several sequences: their count is the sum of each row's largest segment id.
+  const at::Tensor num_seqs =
+      segment_ids.defined()
+          ? std::get<0>(segment_ids.max(1)).sum().to(w.scalar_type())
+          : at::full({}, static_cast<double>(labels.size(0)), w.options());
   const at::Tensor total_xent = (xent * w).sum();
   // Lingvo's MTBaseDecoder: per word, or per sequence (over the batch's rows).
   at::Tensor loss = per_word_avg_loss_ ? total_xent / at::clamp_min(num_tokens, 1e-6)
@@ -231,8 +246,11 @@ BaseTask::LossOutput TransformerDecoder::ComputeLoss(const NestedMap& theta,
   const at::Tensor seq_len = w.sum(1);
   out.metrics["log_pplx_per_sequence"] =
       Metric{-(seq_lp.sum() / at::clamp_min(num_seqs, 1e-6)), num_seqs};
-  out.per_example.Set("per_sequence_log_prob", seq_lp);
-  out.per_example.Set("per_sequence_num_tokens", seq_len);
+  // Per example: a packed row is not one sequence, so these are left out for packed inputs.
+  if (!segment_ids.defined()) {
+    out.per_example.Set("per_sequence_log_prob", seq_lp);
+    out.per_example.Set("per_sequence_num_tokens", seq_len);
+  }
   return out;
 }
 

@@ -76,9 +76,15 @@ NestedMap TransformerEncoder::FProp(const NestedMap& theta, const NestedMap& src
   const at::Tensor& ids = src.GetTensor("ids");
   const at::Tensor paddings = src.GetTensor("paddings").to(at::kFloat);
   CheckIdsPaddings(*this, "src", ids, paddings);
-  at::Tensor x = EmbedWithPositions(token_emb_, position_emb_, theta, ids);
-  x = stack_->FProp(stack_.Theta(theta), x, paddings);
-  return NestedMap{{"encoded", x}, {"paddings", paddings}};
+  // Packed sources (src.segment_ids, src.segment_pos): positions restart per segment and
+  // attention stays within a segment; the decoder's cross-attention reads the segment ids.
+  const at::Tensor segment_ids = OptionalInput(src, "segment_ids");
+  at::Tensor x =
+      EmbedWithPositions(token_emb_, position_emb_, theta, ids, OptionalInput(src, "segment_pos"));
+  x = stack_->FProp(stack_.Theta(theta), x, paddings, {}, {}, segment_ids);
+  NestedMap out{{"encoded", x}, {"paddings", paddings}};
+  if (segment_ids.defined()) out.Put("segment_ids", segment_ids);
+  return out;
 }
 
 GLOSSA_REGISTER_CLASS(TransformerEncoder, "glossa.mt.encoder.TransformerEncoder");

@@ -55,6 +55,38 @@ TEST(TransformerLm, MetricsAreTokenWeightedCrossEntropyAndAccuracy) {
               ((correct * w).sum() / w.sum()).item<double>(), 1e-9);
 }
 
+// Packed rows (the input's packed_input): two sentences in one row with segment_ids and
+// segment_pos give the metrics the same sentences give in rows of their own, each counted as a
+// sample; without the segment ids (attention across the sentences, positions running on) the
+// log-perplexity differs.
+TEST(TransformerLm, APackedRowScoresItsSentencesAsSeparateRows) {
+  auto lm = TinyLm();
+  const NestedMap unpacked{
+      {"ids", at::tensor({1, 5, 6, 7, 1, 8, 9, 2}, at::kLong).view({2, 4})},
+      {"labels", at::tensor({5, 6, 7, 2, 8, 9, 2, 2}, at::kLong).view({2, 4})},
+      {"paddings", at::tensor({0, 0, 0, 0, 0, 0, 0, 1}, at::kFloat).view({2, 4})}};
+  NestedMap packed{{"ids", at::tensor({1, 5, 6, 7, 1, 8, 9, 2}, at::kLong).view({1, 8})},
+                   {"labels", at::tensor({5, 6, 7, 2, 8, 9, 2, 2}, at::kLong).view({1, 8})},
+                   {"paddings", at::tensor({0, 0, 0, 0, 0, 0, 0, 1}, at::kFloat).view({1, 8})}};
+  const auto plain = lm->FPropDefaultTheta(packed).metrics;
+  packed.Put("segment_ids", at::tensor({1, 1, 1, 1, 2, 2, 2, 0}, at::kLong).view({1, 8}));
+  packed.Put("segment_pos", at::tensor({0, 1, 2, 3, 0, 1, 2, 0}, at::kLong).view({1, 8}));
+  const auto want = lm->FPropDefaultTheta(unpacked).metrics;
+  const auto got = lm->FPropDefaultTheta(packed).metrics;
+  for (const char* m : {"log_pplx", "fraction_of_correct_next_step_preds", "num_predictions",
+                        "num_samples_in_batch"}) {
+    EXPECT_NEAR(got.at(m).value.item<double>(), want.at(m).value.item<double>(), 1e-5) << m;
+  }
+  EXPECT_EQ(got.at("num_samples_in_batch").value.item<double>(), 2.0);
+  EXPECT_GT(std::abs(plain.at("log_pplx").value.item<double>() -
+                     want.at("log_pplx").value.item<double>()),
+            1e-4);
+  EXPECT_ERROR_CONTAINS(lm->Decode(packed), InvalidArgumentError, "cannot decode packed rows");
+  packed.erase("segment_pos");
+  EXPECT_ERROR_CONTAINS(lm->FPropDefaultTheta(packed), InvalidArgumentError,
+                        "needs both segment_ids and segment_pos");
+}
+
 TEST(TransformerLm, IsCausal) {
   auto lm = TinyLm();
   NestedMap batch = Batch();

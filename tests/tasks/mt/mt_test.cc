@@ -186,6 +186,51 @@ TEST(TransformerModel, LossIsLabelSmoothedCrossEntropyOfTheLogits) {
               1e-9);
 }
 
+// Packed rows: two pairs in one row each side (src.segment_ids/segment_pos, tgt.*) give the
+// metrics the two pairs give in rows of their own, each pair counted as a sample and a sequence.
+TEST(TransformerModel, APackedRowScoresItsPairsAsSeparateRows) {
+  auto model = InstantiateLayer<mt::TransformerModel>(SmallModel(20, false, DType::kFloat64));
+  auto longs = [](std::vector<int64_t> v, int64_t cols) {
+    return at::tensor(v, at::kLong).view({-1, cols});
+  };
+  auto floats = [](std::vector<double> v, int64_t cols) {
+    return at::tensor(v, at::kDouble).view({-1, cols});
+  };
+  NestedMap rows;
+  rows.Set("src.ids", longs({4, 5, 6, 7, 8, 2}, 3));
+  rows.Set("src.paddings", floats({0, 0, 0, 0, 0, 1}, 3));
+  rows.Set("tgt.ids", longs({1, 9, 10, 11, 1, 12, 13, 2}, 4));
+  rows.Set("tgt.labels", longs({9, 10, 11, 2, 12, 13, 2, 2}, 4));
+  rows.Set("tgt.paddings", floats({0, 0, 0, 0, 0, 0, 0, 1}, 4));
+  rows.Set("tgt.weights", floats({1, 1, 1, 1, 1, 1, 1, 1}, 4));
+  NestedMap packed;
+  packed.Set("src.ids", longs({4, 5, 6, 7, 8, 2}, 6));
+  packed.Set("src.paddings", floats({0, 0, 0, 0, 0, 1}, 6));
+  packed.Set("src.segment_ids", longs({1, 1, 1, 2, 2, 0}, 6));
+  packed.Set("src.segment_pos", longs({0, 1, 2, 0, 1, 0}, 6));
+  packed.Set("tgt.ids", longs({1, 9, 10, 11, 1, 12, 13, 2}, 8));
+  packed.Set("tgt.labels", longs({9, 10, 11, 2, 12, 13, 2, 2}, 8));
+  packed.Set("tgt.paddings", floats({0, 0, 0, 0, 0, 0, 0, 1}, 8));
+  packed.Set("tgt.weights", floats({1, 1, 1, 1, 1, 1, 1, 1}, 8));
+  packed.Set("tgt.segment_ids", longs({1, 1, 1, 1, 2, 2, 2, 0}, 8));
+  packed.Set("tgt.segment_pos", longs({0, 1, 2, 3, 0, 1, 2, 0}, 8));
+  const auto want = model->FPropDefaultTheta(rows).metrics;
+  const auto got = model->FPropDefaultTheta(packed).metrics;
+  for (const char* m : {"loss", "log_pplx", "log_pplx_without_smoothing", "num_predictions",
+                        "log_pplx_per_sequence", "fraction_of_correct_next_step_preds",
+                        "num_samples_in_batch"}) {
+    EXPECT_NEAR(got.at(m).value.item<double>(), want.at(m).value.item<double>(), 1e-9) << m;
+    EXPECT_NEAR(got.at(m).weight.item<double>(), want.at(m).weight.item<double>(), 1e-9) << m;
+  }
+  EXPECT_EQ(got.at("num_samples_in_batch").value.item<double>(), 2.0);
+  EXPECT_ERROR_CONTAINS(model->Decode(packed), InvalidArgumentError, "cannot translate packed rows");
+  NestedMap one_sided = packed;
+  one_sided.Set("src", NestedMap{{"ids", packed.GetTensor("src.ids")},
+                                 {"paddings", packed.GetTensor("src.paddings")}});
+  EXPECT_ERROR_CONTAINS(model->FPropDefaultTheta(one_sided), InvalidArgumentError,
+                        "packed inputs need segment_ids on both sides");
+}
+
 TEST(TransformerModel, GradientsMatchFiniteDifferences) {
   auto model = InstantiateLayer<mt::TransformerModel>(SmallModel(12, true, DType::kFloat64));
   NestedMap batch = RandomBatch(2, 5, 4, 12, 6, at::kDouble);

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Packed sequences against bucketing: real (non-padding) tokens a second of `glossa train` on the
+# Austen LM (lm.austen.TransformerLmTiny) and the Bible MT model (mt.bible.TransformerEnEsTiny,
+# when its corpus is found: $GLOSSA_DATA_DIR/bible_mt, built by scripts/prepare_bible_mt.sh),
+# each run once with its registered bucketed input and once with
+# `task.input.packed_input : True` (docs/input.md "Packed sequences"), alternating `reps` times.
+# A run's figure is the median of its loops' `tokens/sec` summaries after the first loop; the
+# table gives the median over the reps, examples (sentences or pairs) a second, and the ratio.
+#   bash bench/packed_input.sh [steps=300] [build_dir=build] [reps=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-300}"
+build="${2:-build}"
+reps="${3:-3}"
+bin="$build/bin/glossa"
+[ -x "$bin" ] || { echo "build first: bash scripts/build.sh"; exit 1; }
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# The median of a tag's values in metrics.jsonl, the first loop left out (it holds the warm-up).
+median_of() {
+  /usr/bin/python3 - "$1" "$2" <<'EOF'
+import json, statistics, sys
+vals = [json.loads(l)["value"] for l in open(sys.argv[1]) if f'"tag":"{sys.argv[2]}"' in l]
+vals = vals[1:] if len(vals) > 1 else vals
+print(statistics.median(vals) if vals else 0)
+EOF
+}
+
+run() {  # model packed(0/1) rep -> "tokens/s examples/s"
+  local dir="$tmp/$1-$2-$3"
+  local override="task.input.packed_input : False"
+  [ "$2" = 1 ] && override="task.input.packed_input : True"
+  if ! "$bin" train --model="$1" --logdir="$dir" --random_seed=1 --max_steps="$steps" \
+      --model_params_override="$override" > "$dir.log" 2>&1; then
+    echo "FAIL: $1 (packed=$2): $(tail -3 "$dir.log")" >&2
+    exit 1
+  fi
+  echo "$(median_of "$dir/train/metrics.jsonl" tokens/sec) $(median_of "$dir/train/metrics.jsonl" examples/sec)"
+}
+
+models=(lm.austen.TransformerLmTiny)
+if [ -f "${GLOSSA_DATA_DIR:-/nonexistent}/bible_mt/train.tsv" ] &&
+   [ "$(wc -l < "$GLOSSA_DATA_DIR/bible_mt/train.tsv")" -gt 1000 ]; then
+  models+=(mt.bible.TransformerEnEsTiny)
+else
+  echo "(mt.bible.TransformerEnEsTiny left out: no corpus in \$GLOSSA_DATA_DIR/bible_mt;" \
+       "bash scripts/prepare_bible_mt.sh DIR/bible_mt and set GLOSSA_DATA_DIR=DIR)"
+fi
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $steps steps a run, $reps reps"
+printf "%-30s %16s %16s %14s %14s %7s\n" model bucketed_tok/s packed_tok/s bucketed_ex/s packed_ex/s ratio
+for m in "${models[@]}"; do
+  bt=(); pt=(); be=(); pe=()
+  for r in $(seq "$reps"); do
+    out=$(run "$m" 0 "$r"); read -r t e <<<"$out"; bt+=("$t"); be+=("$e")
+    out=$(run "$m" 1 "$r"); read -r t e <<<"$out"; pt+=("$t"); pe+=("$e")
+  done
+  med() { printf "%s\n" "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
+  awk -v m="$m" -v bt="$(med "${bt[@]}")" -v pt="$(med "${pt[@]}")" -v be="$(med "${be[@]}")" \
+      -v pe="$(med "${pe[@]}")" 'BEGIN {
+    printf "%-30s %16.0f %16.0f %14.1f %14.1f %7.2f\n", m, bt, pt, be, pe, pt / bt }'
+done
+echo "reproduce: bash bench/packed_input.sh $steps $build $reps"
