@@ -216,6 +216,22 @@ TEST(Datasets, JobsAfterARunReadTheRunsDataAndTokenizer) {
       "task.input.tokenizer.spm_model_file: trained '/m/spm.model', given '/x.model'");
 }
 
+// Packing is for training: Dev and Test read a sequence a row, whether the override is given to
+// the job or the run was trained packed (inputs are run settings, not taken from its params.txt).
+TEST(Datasets, OnlyTrainReadsPackedRows) {
+  const std::string packed = "task.input.packed_input : True";
+  EXPECT_TRUE(GetModelParams(kLm, "Train", packed).GetBool("task.input.packed_input"));
+  EXPECT_FALSE(GetModelParams(kLm, "Dev", packed).GetBool("task.input.packed_input"));
+  EXPECT_FALSE(GetModelParams("mt.text.TransformerTiny", "Test", packed)
+                   .GetBool("task.input.packed_input"));
+  const std::string logdir = RunWith(
+      "packed", GetModelParams(kLm, "Train", packed + "; datasets.dev : 'text:/m/d.txt'"));
+  Params dev = GetModelParams(kLm, "Dev");
+  ApplyTrainedParams(dev, logdir, {}, false);
+  ResolveDatasetInput(dev, "Dev", {});
+  EXPECT_FALSE(dev.GetBool("task.input.packed_input"));
+}
+
 TEST(TrainedParams, AnOverrideThatChangesTheTrainedModelIsRefusedWithTheDiff) {
   Params trained = ModelParams();
   trained.Set("task.activation", "GELU");
