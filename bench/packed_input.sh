@@ -4,12 +4,13 @@
 # when its corpus is found: $GLOSSA_DATA_DIR/bible_mt, built by scripts/prepare_bible_mt.sh),
 # each run once with its registered bucketed input and once with
 # `task.input.packed_input : True` (docs/input.md "Packed sequences"), alternating `reps` times.
-# A run's figure is the median of its loops' `tokens/sec` summaries after the first loop; the
-# table gives the median over the reps, examples (sentences or pairs) a second, and the ratio.
-#   bash bench/packed_input.sh [steps=300] [build_dir=build] [reps=3]
+# Each run has 4 loops (steps_per_loop = steps / 4); its figure is the median of its loops'
+# `tokens/sec` summaries after the first; the table gives the median over the reps, examples
+# (sentences or pairs) a second, and the ratio. The MT model runs half the steps (it is 8x slower).
+#   bash bench/packed_input.sh [steps=200] [build_dir=build] [reps=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps="${1:-300}"
+steps="${1:-200}"
 build="${2:-build}"
 reps="${3:-3}"
 bin="$build/bin/glossa"
@@ -29,15 +30,18 @@ EOF
 }
 
 run() {  # model packed(0/1) rep -> "tokens/s examples/s"
-  local dir="$tmp/$1-$2-$3"
+  local dir="$tmp/$1-$2-$3" n="$steps"
+  case "$1" in mt.*) n=$((steps / 2)) ;; esac
   local override="task.input.packed_input : False"
   [ "$2" = 1 ] && override="task.input.packed_input : True"
-  if ! "$bin" train --model="$1" --logdir="$dir" --random_seed=1 --max_steps="$steps" \
+  override="$override; task.train.steps_per_loop : $((n / 4)); task.train.summary_interval_steps : $((n / 4))"
+  if ! "$bin" train --model="$1" --logdir="$dir" --random_seed=1 --max_steps="$n" \
       --model_params_override="$override" > "$dir.log" 2>&1; then
     echo "FAIL: $1 (packed=$2): $(tail -3 "$dir.log")" >&2
     exit 1
   fi
-  echo "$(median_of "$dir/train/metrics.jsonl" tokens/sec) $(median_of "$dir/train/metrics.jsonl" examples/sec)"
+  local m="$dir/train/metrics.jsonl"
+  echo "$(median_of "$m" tokens/sec) $(median_of "$m" examples/sec) $(median_of "$m" input_nonpad_fraction)"
 }
 
 models=(lm.austen.TransformerLmTiny)
@@ -49,16 +53,20 @@ else
        "bash scripts/prepare_bible_mt.sh DIR/bible_mt and set GLOSSA_DATA_DIR=DIR)"
 fi
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $steps steps a run, $reps reps"
-printf "%-30s %16s %16s %14s %14s %7s\n" model bucketed_tok/s packed_tok/s bucketed_ex/s packed_ex/s ratio
+# full: input_nonpad_fraction, the share of the batches' cells holding a token (bucketed, packed);
+# bound: their ratio, what packing could gain if the work were proportional to the cells.
+printf "%-30s %14s %14s %12s %12s %6s %6s %6s %6s\n" model bucketed_tok/s packed_tok/s \
+  bucketed_ex/s packed_ex/s full_b full_p bound ratio
 for m in "${models[@]}"; do
-  bt=(); pt=(); be=(); pe=()
+  bt=(); pt=(); be=(); pe=(); bf=(); pf=()
   for r in $(seq "$reps"); do
-    out=$(run "$m" 0 "$r"); read -r t e <<<"$out"; bt+=("$t"); be+=("$e")
-    out=$(run "$m" 1 "$r"); read -r t e <<<"$out"; pt+=("$t"); pe+=("$e")
+    out=$(run "$m" 0 "$r"); read -r t e f <<<"$out"; bt+=("$t"); be+=("$e"); bf+=("$f")
+    out=$(run "$m" 1 "$r"); read -r t e f <<<"$out"; pt+=("$t"); pe+=("$e"); pf+=("$f")
   done
   med() { printf "%s\n" "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
   awk -v m="$m" -v bt="$(med "${bt[@]}")" -v pt="$(med "${pt[@]}")" -v be="$(med "${be[@]}")" \
-      -v pe="$(med "${pe[@]}")" 'BEGIN {
-    printf "%-30s %16.0f %16.0f %14.1f %14.1f %7.2f\n", m, bt, pt, be, pe, pt / bt }'
+      -v pe="$(med "${pe[@]}")" -v bf="$(med "${bf[@]}")" -v pf="$(med "${pf[@]}")" 'BEGIN {
+    printf "%-30s %14.0f %14.0f %12.1f %12.1f %6.3f %6.3f %6.2f %6.2f\n", m, bt, pt, be, pe, bf, pf,
+           pf / bf, pt / bt }'
 done
 echo "reproduce: bash bench/packed_input.sh $steps $build $reps"

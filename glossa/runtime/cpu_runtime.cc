@@ -22,6 +22,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/kernels/cpu_features.h"
+#include "glossa/runtime/block_cache.h"
 
 extern "C" {
 void openblas_set_num_threads(int) __attribute__((weak));
@@ -79,6 +80,7 @@ CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute,
   mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_TOP_PAD, 64 * 1024 * 1024);
+  InstallLargeBlockCache();  // the blocks above the mmap threshold (glossa/runtime/block_cache.h)
   int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   // Data-parallel workers on one machine (LOCAL_WORLD_SIZE, set by torchrun and by glossa's
   // --nproc_per_node) share its cores.

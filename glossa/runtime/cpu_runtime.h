@@ -10,7 +10,8 @@
 // workers share the machine (torchrun and `glossa --nproc_per_node` set it).
 // glibc's allocator is kept from returning large blocks to the kernel after each step (mmap
 // threshold at its maximum, no trimming): otherwise every step re-faults and zeroes its
-// activations' pages (about a third of the 512x6 LM's step time).
+// activations' pages (about a third of the 512x6 LM's step time). Blocks above that threshold
+// (32 MiB) are cached by Glossa's CPU allocator (glossa/runtime/block_cache.h).
 //
 //   ConfigureCpuRuntime(/*intra_op_threads=*/0, /*bf16_compute=*/false);
 #pragma once

@@ -84,15 +84,17 @@ void AddPerExampleSummaries(std::map<std::string, at::Tensor> summaries, NestedM
 
 constexpr const char* kTokensKey = "__num_tokens__";
 
-// Non-padding tokens of a batch: "tgt.paddings" (a translation target), else "paddings".
-double CountTokens(const NestedMap& batch) {
+// Non-padding tokens of a batch and the cells that hold them: "tgt.paddings" (a translation
+// target), else "paddings".
+std::pair<double, double> CountTokens(const NestedMap& batch) {
   for (const char* key : {"tgt.paddings", "paddings"}) {
     if (batch.Has(key)) {
       const at::Tensor p = batch.GetTensor(key);
-      return static_cast<double>(p.numel()) - p.sum().item<double>();
+      const double cells = static_cast<double>(p.numel());
+      return {cells - p.sum().item<double>(), cells};
     }
   }
-  return 0;
+  return {0, 0};
 }
 
 // The step's metrics over all ranks: weighted means, one small allreduce (every rank runs the
@@ -209,7 +211,12 @@ double CompleteStepMetrics(Metrics& metrics, const Metrics& learner_metrics,
                            const NestedMap& batch, BaseTask& task, bool multi, Distributed* dist) {
   for (const auto& [k, v] : learner_metrics) metrics[k] = v;
   for (auto& [k, v] : metrics) v.value = v.value.detach();
-  double tokens = CountTokens(batch);
+  auto [tokens, cells] = CountTokens(batch);
+  // How full the batches are: bucketing pads to the longest of a batch, packing to the longest row.
+  if (cells > 0) {
+    metrics["input_nonpad_fraction"] = Metric{at::scalar_tensor(tokens / cells, at::kDouble),
+                                              at::scalar_tensor(cells, at::kDouble)};
+  }
   if (dist != nullptr) {
     metrics[kTokensKey] = Metric{at::scalar_tensor(tokens, at::kDouble),
                                  at::scalar_tensor(1.0, at::kDouble)};

@@ -120,6 +120,13 @@ void ExpectPackedEqualsAlone(const std::string& dtype, double tol) {
                         InvalidArgumentError, "segment ids must be integer tensors [B, T] = [1, 6]");
   EXPECT_ERROR_CONTAINS(dec->FProp(dec->theta(), y, y_pad, src, src_pad, y_seg),
                         InvalidArgumentError, "needs both segment_ids and aux_segment_ids");
+  if (st != at::kDouble) return;
+  // A pipelined stack refuses packed inputs, naming the setting to change.
+  auto piped = Make<TransformerStack>(TransformerStack::Params(),
+                                      shape + "mask_self_atten : True\nsplits : 2\n"
+                                              "num_micro_batches : 1\ndtype : float64");
+  EXPECT_ERROR_CONTAINS(piped->FProp(piped->theta(), y, y_pad, {}, {}, y_seg),
+                        FailedPreconditionError, "set the input's packed_input to False");
 }
 
 TEST(TransformerStack, PackedSegmentsComputeWhatEachSequenceComputesAlone) {
