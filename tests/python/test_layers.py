@@ -129,17 +129,22 @@ def test_calls_by_name_and_signatures():
     layer = _layer("glossa.layers.MultiHeadedAttention", name="att", input_dim=8, hidden_dim=8,
                    num_heads=2)
     assert layer.fprop_signature.startswith(
-        "FProp(theta, query, key, value, paddings=None, causal=None) -> (context, probs)")
+        "FProp(theta, query, key, value, paddings=None, causal=None, segment_ids=None, "
+        "source_segment_ids=None) -> (context, probs)")
     q = torch.randn(2, 3, 8)
     ctx, probs = layer.FProp(layer.theta, q, q, q, causal=True)
     assert ctx.shape == (2, 3, 8) and probs.shape == (2, 2, 3, 3)
     assert float(probs[0, 0, 0, 1:].abs().sum()) == 0.0  # causal: no attention to the future
+    # Packed rows: segment ids keep each query to the keys of its own segment.
+    seg = torch.tensor([[1, 1, 2], [1, 2, 2]])
+    _, probs = layer.FProp(layer.theta, q, q, q, segment_ids=seg)
+    assert float(probs[0, :, 2, :2].abs().sum()) == 0.0 and float(probs[1, :, 0, 1:].abs().sum()) == 0.0
     with pytest.raises(TypeError, match="missing 'value'"):
         layer.FProp(layer.theta, q, q)
     with pytest.raises(TypeError, match=r"unexpected argument casual \(keys are \[.*'causal'"):
         layer.FProp(layer.theta, q, q, q, casual=True)
-    with pytest.raises(TypeError, match="takes 5 inputs after theta, got 6"):
-        layer.FProp(layer.theta, q, q, q, None, False, 1)
+    with pytest.raises(TypeError, match="takes 7 inputs after theta, got 8"):
+        layer.FProp(layer.theta, q, q, q, None, False, None, None, 1)
     with pytest.raises(ValueError, match="inputs must end in input_dim 4"):
         _proj()(torch.randn(2, 5))
     with pytest.raises(TypeError, match="not a layer or input generator"):
