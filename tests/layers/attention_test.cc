@@ -7,6 +7,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/attention.h"
+#include "glossa/layers/attention_mask.h"
 #include "glossa/layers/block.h"
 #include "glossa/layers/conv.h"
 #include "glossa/layers/embedding.h"
@@ -21,6 +22,38 @@
 
 namespace glossa {
 namespace {
+
+// KeyMask (glossa/layers/attention_mask.h) written out for one packed row: keys of another
+// segment masked, padded keys masked except for the padding's own queries (segment 0), future
+// keys masked when causal; a cached mask is not reused once its inputs are written in place.
+TEST(AttentionMask, KeyMaskOfPaddingsSegmentsAndCausality) {
+  const at::Tensor pad = at::tensor({0.f, 0.f, 0.f, 1.f}).view({1, 4});
+  const at::Tensor seg = at::tensor({1, 1, 2, 0}, at::kLong).view({1, 4});
+  auto rows = [](const at::Tensor& m) { return m.squeeze(0).squeeze(0).to(at::kInt); };
+  const at::Tensor want_packed = at::tensor({0, 0, 1, 1,  //
+                                             0, 0, 1, 1,  //
+                                             1, 1, 0, 1,  //
+                                             1, 1, 1, 0},
+                                            at::kInt)
+                                     .view({4, 4});
+  EXPECT_TRUE(at::equal(rows(KeyMask(pad, seg, seg, 4, 4, false, at::kCPU)), want_packed));
+  const at::Tensor causal = KeyMask(pad, seg, seg, 4, 4, true, at::kCPU);
+  EXPECT_TRUE(at::equal(rows(causal), want_packed | at::ones({4, 4}, at::kInt).triu(1)));
+  // Unpacked: the padded key, for every query.
+  EXPECT_TRUE(at::equal(rows(KeyMask(pad, {}, {}, 4, 4, false, at::kCPU)).expand({4, 4}),
+                        at::tensor({0, 0, 0, 1}, at::kInt).expand({4, 4})));
+  // The last mask is cached per inputs; writing the segment ids in place refreshes it.
+  at::Tensor seg2 = seg.clone();
+  const at::Tensor before = KeyMask(pad, seg2, seg2, 4, 4, false, at::kCPU);
+  EXPECT_TRUE(KeyMask(pad, seg2, seg2, 4, 4, false, at::kCPU).is_same(before));
+  seg2.fill_(1);
+  // (one segment now: every query, the padded one too, masks only the padded key)
+  EXPECT_EQ(KeyMask(pad, seg2, seg2, 4, 4, false, at::kCPU).sum().item<int64_t>(), 4);
+  // The bias: 0 where visible, the dtype's lowest where masked.
+  const at::Tensor bias = MaskBias(causal, at::TensorOptions().dtype(at::kFloat));
+  EXPECT_EQ(bias[0][0][0][0].item<float>(), 0.f);
+  EXPECT_EQ(bias[0][0][0][2].item<float>(), std::numeric_limits<float>::lowest());
+}
 
 TEST(MultiHeadedAttention, ExtendStepMatchesCausalFProp) {
   auto atten = Make<MultiHeadedAttention>(MultiHeadedAttention::Params(),
