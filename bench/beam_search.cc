@@ -139,5 +139,6 @@ int main(int argc, char** argv) {
               sps[sps.size() / 2], tps[tps.size() / 2], static_cast<long long>(step),
               static_cast<long long>(batch), f["beam"].c_str(), src.size(),
               BlasCoreName());
+  bench::PrintKernelChoices();
   return 0;
 }

@@ -16,7 +16,22 @@
 #include <utility>
 #include <vector>
 
+#include "glossa/kernels/kernel_choice.h"
+
 namespace glossa::bench {
+
+// The kernel choices this run made (glossa/kernels/kernel_choice.h), counted per op and path:
+// "kernel_choices bf16_affine:aten=0,native=4 fp32_row_affine:aten=3,native=6".
+inline void PrintKernelChoices() {
+  std::map<std::string, std::pair<int, int>> chosen;  // op -> (aten, native)
+  for (const KernelDecision& k : KernelDecisions()) {
+    (k.native ? chosen[k.op].second : chosen[k.op].first) += 1;
+  }
+  if (chosen.empty()) return;
+  std::printf("kernel_choices");
+  for (const auto& [op, n] : chosen) std::printf(" %s:aten=%d,native=%d", op.c_str(), n.first, n.second);
+  std::printf("\n");
+}
 
 // `flags` (the defaults) with each --key=value of the command line applied. A flag that is not
 // --key=value of a known key exits with status 2, naming it and the valid flags; with

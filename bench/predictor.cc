@@ -188,5 +188,6 @@ int main(int argc, char** argv) {
       "tokens %lld\n",
       rates[rates.size() / 2], net_rates[net_rates.size() / 2], sentences.size(),
       static_cast<long long>(batch), BlasCoreName(), static_cast<long long>(total));
+  bench::PrintKernelChoices();
   return 0;
 }

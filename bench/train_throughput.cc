@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
                               {"threads", "0"},
                               {"gemm", "0"},
                               {"bf16_kernels", "measure"},
+                              {"gemm_split", "measure"},
                               {"task", "lm"},
                               {"bucket_mb", "25"},
                               {"overlap", "1"},
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
                               {"profile_ops", "0"}},
                              /*bare_means_true=*/true);
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
-  SetBf16KernelMode(ParseKernelMode(f["bf16_kernels"], "--bf16_kernels"));
+  SetKernelMode(KernelChoice::kBf16, ParseKernelMode(f["bf16_kernels"], "--bf16_kernels"));
+  SetKernelMode(KernelChoice::kGemmSplit, ParseKernelMode(f["gemm_split"], "--gemm_split"));
   const int runs = std::stoi(f["runs"]);
   if (f["gemm"] == "1") {
     // The GEMM peak of the dtype's thread layout: fp32 (OpenBLAS) or bf16 (oneDNN).
@@ -270,18 +272,7 @@ int main(int argc, char** argv) {
       "glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d "
       "blas_core %s\n",
       Median(rates), flops, layout.aten_threads, layout.blas_threads, BlasCoreName());
-  // The kernel choices this run made (glossa/kernels/kernel_choice.h), counted per op and path.
-  std::map<std::string, std::pair<int, int>> chosen;  // op -> (aten, native)
-  for (const KernelDecision& k : KernelDecisions()) {
-    (k.native ? chosen[k.op].second : chosen[k.op].first) += 1;
-  }
-  if (!chosen.empty()) {
-    std::printf("kernel_choices");
-    for (const auto& [op, n] : chosen) {
-      std::printf(" %s:aten=%d,native=%d", op.c_str(), n.first, n.second);
-    }
-    std::printf("\n");
-  }
+  bench::PrintKernelChoices();
   if (sync) {
     const auto st = sync->stats();
     std::printf("allreduce_mb_per_step %.2f exposed_ms_per_step %.2f buckets_per_step %.1f "

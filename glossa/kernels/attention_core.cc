@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "glossa/base/strings.h"
 #include "glossa/kernels/batch_invariant.h"
@@ -21,24 +23,59 @@
 namespace glossa {
 namespace {
 
+// The keys [start, end) computed for row r of x [B, N, T, S]: all S; with causal blocks of c
+// queries, [first key of the block, end of the block), where the first key (block_starts, per
+// batch row and block; none: 0) is the first any query of the block may see.
+struct RowRanges {
+  int64_t N = 1, T = 1, S = 0, c = 0, blocks = 1;
+  const std::vector<int64_t>* starts = nullptr;
+  std::pair<int64_t, int64_t> operator()(int64_t r) const {
+    if (c <= 0) return {0, S};
+    const int64_t t = r % T, j = t / c;
+    const int64_t start =
+        starts == nullptr || starts->empty() ? 0 : (*starts)[r / (N * T) * blocks + j];
+    return {start, std::min(S, (j + 1) * c)};
+  }
+};
+
+RowRanges MakeRowRanges(const at::Tensor& x, int64_t causal_block,
+                        const std::vector<int64_t>& block_starts) {
+  RowRanges r;
+  r.S = x.size(-1);
+  if (causal_block <= 0) return r;
+  r.N = x.size(1);
+  r.T = x.size(2);
+  r.c = causal_block;
+  r.blocks = (r.T + causal_block - 1) / causal_block;
+  r.starts = &block_starts;
+  TORCH_CHECK(block_starts.empty() ||
+                  static_cast<int64_t>(block_starts.size()) == x.size(0) * r.blocks,
+              "attention softmax: ", block_starts.size(), " block starts for ", x.size(0),
+              " rows of ", r.blocks, " blocks");
+  return r;
+}
+
 #if GLOSSA_X86_SIMD
 
 using simd_math::Exp16;
 using simd_math::TailMask;
 
-// Row r of x [rows, S] in place: softmax(x_r + bias_r) over its first len(r) entries (the rest
+// Row r of x [rows, S] in place: softmax(x_r + bias_r) over its entries [start, end) (the rest
 // is masked: it becomes 0 and is not read).
 __attribute__((target("avx512f"))) void SoftmaxRows(float* x, int64_t S, int64_t lo, int64_t hi,
                                                     const std::function<const float*(int64_t)>& bias_row,
-                                                    const std::function<int64_t(int64_t)>& len_of) {
+                                                    const RowRanges& range_of) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t r = lo; r < hi; ++r) {
-    float* row = x + r * S;
-    const int64_t L = len_of(r);
-    if (L < S) std::fill(row + L, row + S, 0.0f);
+    const auto [start, end] = range_of(r);
+    if (start > 0) std::fill(x + r * S, x + r * S + start, 0.0f);
+    float* row = x + r * S + start;
+    const int64_t L = end - start;
+    if (end < S) std::fill(x + r * S + end, x + (r + 1) * S, 0.0f);
     const int64_t full = L / 16 * 16;
     const __mmask16 tail = TailMask(L - full);
     const float* b = bias_row(r);
+    if (b) b += start;
     __m512 vmax = neg_inf;
     for (int64_t c = 0; c < full; c += 16) {
       __m512 z = _mm512_loadu_ps(row + c);
@@ -76,15 +113,17 @@ __attribute__((target("avx512f"))) void SoftmaxRows(float* x, int64_t S, int64_t
   }
 }
 
-// Row r in place over its first len(r) entries (the rest of dy is not read or written):
-// dy_r = y_r ∘ (dy_r − Σ dy_r∘y_r).
+// Row r in place over its entries [start, end): dy_r = y_r ∘ (dy_r − Σ dy_r∘y_r); [0, start)
+// becomes 0 (the key gradients' GEMMs read it), [end, S) is not read or written.
 __attribute__((target("avx512f"))) void SoftmaxBackwardRows(float* dy, const float* y, int64_t S,
                                                             int64_t lo, int64_t hi,
-                                                            const std::function<int64_t(int64_t)>& len_of) {
+                                                            const RowRanges& range_of) {
   for (int64_t r = lo; r < hi; ++r) {
-    float* d = dy + r * S;
-    const float* p = y + r * S;
-    const int64_t L = len_of(r);
+    const auto [start, end] = range_of(r);
+    if (start > 0) std::fill(dy + r * S, dy + r * S + start, 0.0f);
+    float* d = dy + r * S + start;
+    const float* p = y + r * S + start;
+    const int64_t L = end - start;
     const int64_t full = L / 16 * 16;
     const __mmask16 tail = TailMask(L - full);
     __m512 dot = _mm512_setzero_ps();
@@ -111,25 +150,20 @@ __attribute__((target("avx512f"))) void SoftmaxBackwardRows(float* dy, const flo
 #else  // no x86 SIMD in this build: CpuHasAvx512F() is false and these are never called
 
 void SoftmaxRows(float*, int64_t, int64_t, int64_t, const std::function<const float*(int64_t)>&,
-                 const std::function<int64_t(int64_t)>&) {
+                 const RowRanges&) {
   NoSimdInThisBuild();
 }
-void SoftmaxBackwardRows(float*, const float*, int64_t, int64_t, int64_t,
-                         const std::function<int64_t(int64_t)>&) {
+void SoftmaxBackwardRows(float*, const float*, int64_t, int64_t, int64_t, const RowRanges&) {
   NoSimdInThisBuild();
 }
 
 #endif  // GLOSSA_X86_SIMD
 
-// Row r's length in x [B, N, T, S]: S, or with a causal block the end of r's block of queries.
-std::function<int64_t(int64_t)> RowLengths(int64_t T, int64_t S, int64_t causal_block) {
-  if (causal_block <= 0) return [S](int64_t) { return S; };
-  return [=](int64_t r) { return std::min(S, (r % T / causal_block + 1) * causal_block); };
-}
 
 }  // namespace
 
-void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block) {
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block,
+                            const std::vector<int64_t>& block_starts) {
   TORCH_CHECK(CpuHasAvx512F() && x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                   x.dim() == 4,
               "SoftmaxWithBiasInPlace: float32 contiguous [B, N, T, S] on an AVX-512 CPU");
@@ -150,13 +184,14 @@ void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causa
     return bp + b * bb + t * bt;
   };
   float* xp = x.data_ptr<float>();
-  const auto len_of = RowLengths(T, S, causal_block);
+  const RowRanges range_of = MakeRowRanges(x, causal_block, block_starts);
   KernelParallelFor(0, B * N * T, ParallelGrain(8 * S), [&](int64_t lo, int64_t hi) {
-    SoftmaxRows(xp, S, lo, hi, bias_row, len_of);
+    SoftmaxRows(xp, S, lo, hi, bias_row, range_of);
   });
 }
 
-void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block) {
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block,
+                            const std::vector<int64_t>& block_starts) {
   TORCH_CHECK(CpuHasAvx512F() && dy.device().is_cpu() && dy.scalar_type() == at::kFloat &&
                   y.scalar_type() == at::kFloat && dy.is_contiguous() && y.is_contiguous() &&
                   dy.sizes() == y.sizes() && dy.dim() >= 1,
@@ -165,9 +200,10 @@ void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_
   float* d = dy.data_ptr<float>();
   const float* p = y.data_ptr<float>();
   TORCH_CHECK(causal_block <= 0 || dy.dim() == 4, "SoftmaxBackwardInPlace: a causal block needs [B, N, T, S]");
-  const auto len_of = RowLengths(causal_block > 0 ? dy.size(2) : 1, S, causal_block);
-  KernelParallelFor(0, rows, ParallelGrain(4 * S),
-                    [&](int64_t lo, int64_t hi) { SoftmaxBackwardRows(d, p, S, lo, hi, len_of); });
+  const RowRanges range_of = MakeRowRanges(dy, causal_block, block_starts);
+  KernelParallelFor(0, rows, ParallelGrain(4 * S), [&](int64_t lo, int64_t hi) {
+    SoftmaxBackwardRows(d, p, S, lo, hi, range_of);
+  });
 }
 
 namespace {
@@ -238,10 +274,57 @@ int64_t CausalBlock(bool causal, int64_t T, int64_t S) {
   return (T / 4 + 15) / 16 * 16;
 }
 
-// [1, 1, T, S]: true where causal blocks of c queries skip the key (s ≥ (t / c + 1)·c).
-at::Tensor SkippedByCausalBlocks(int64_t T, int64_t S, int64_t c) {
+// [1 or B, 1, T, S]: true where causal blocks of c queries skip the key (s ≥ (t / c + 1)·c, or
+// before the first key of its block: block_starts, [B, blocks], or empty).
+at::Tensor SkippedByCausalBlocks(int64_t T, int64_t S, int64_t c,
+                                 const std::vector<int64_t>& block_starts) {
   const at::Tensor t = at::arange(T, at::kLong).view({T, 1}), s = at::arange(S, at::kLong);
-  return (s >= (t.div(c, "floor") + 1) * c).view({1, 1, T, S});
+  const at::Tensor block = t.div(c, "floor");
+  at::Tensor skipped = (s >= (block + 1) * c).view({1, 1, T, S});
+  if (block_starts.empty()) return skipped;
+  const int64_t blocks = (T + c - 1) / c, B = static_cast<int64_t>(block_starts.size()) / blocks;
+  const at::Tensor starts =
+      at::tensor(block_starts, at::kLong).view({B, blocks}).index_select(1, block.view({T}));
+  return skipped | (s.view({1, 1, S}) < starts.view({B, T, 1})).view({B, 1, T, S});
+}
+
+// Below this a bias entry masks its key: its probability is exactly 0 (Glossa's masks add the
+// lowest float, or -inf).
+constexpr float kMaskedBias = -1e30f;
+
+// For causal blocks of c queries under a per-query bias [B, 1, T, S] (padding and segment masks:
+// packed rows), the first key each block of each batch row must compute: the first key any of
+// its queries may see. Keys before it have probability 0 for every query of the block, so the
+// GEMMs skip them as they skip the keys after the block (a packed row's blocks compute their own
+// segments, not every segment before them). A query that may see no key up to its block's end
+// gets 0 (its softmax spreads over every key). Empty when every block starts at 0, or the bias
+// is not per query.
+std::vector<int64_t> BlockKeyStarts(const at::Tensor& bias, int64_t B, int64_t T, int64_t S,
+                                    int64_t c) {
+  if (c <= 0 || !bias.defined() || bias.dim() != 4 || bias.size(0) != B || bias.size(1) != 1 ||
+      bias.size(2) != T || bias.size(3) != S || bias.scalar_type() != at::kFloat ||
+      !bias.is_contiguous()) {
+    return {};
+  }
+  const int64_t blocks = (T + c - 1) / c;
+  std::vector<int64_t> starts(B * blocks, 0);
+  const float* bp = bias.data_ptr<float>();
+  bool any = false;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < blocks; ++j) {
+      const int64_t t0 = j * c, t1 = std::min(T, t0 + c);
+      int64_t first = t1;
+      for (int64_t t = t0; t < t1 && first > 0; ++t) {
+        const float* row = bp + (b * T + t) * S;
+        int64_t s = 0;
+        while (s < t1 && row[s] < kMaskedBias) ++s;
+        first = s == t1 ? 0 : std::min(first, s);
+      }
+      starts[b * blocks + j] = first;
+      any = any || first > 0;
+    }
+  }
+  return any ? starts : std::vector<int64_t>();
 }
 
 class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
@@ -255,25 +338,30 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                      v = bf16 ? Widen(v_in) : v_in;
     const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
     const int64_t cb = CausalBlock(causal, T, S), blk = cb > 0 ? cb : T;
-    // Block [t0, t1)'s keys: [0, t1) when causal, else all.
+    const std::vector<int64_t> starts = BlockKeyStarts(bias, B, T, S, cb);
+    // Block [t0, t1)'s keys: [first(b, block), t1) when causal, else all.
+    auto first = [&](int64_t b, int64_t t0) {
+      return starts.empty() ? 0 : starts[b * ((T + blk - 1) / blk) + t0 / blk];
+    };
     auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
     at::Tensor logits = at::empty({B, N, T, S}, q.options());
     const Heads hq(q), hk(k), hv(v);
     float* lp = logits.data_ptr<float>();
     ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, true, t1 - t0, keys(t1), H, hq.at(b, n) + t0 * hq.row, hq.row,
-                      hk.at(b, n), hk.row, 0.0f, lp + ((b * N + n) * T + t0) * S, S);
+        const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
+        RowMajorSgemm(false, true, t1 - t0, keys(t1) - s0, H, hq.at(b, n) + t0 * hq.row, hq.row,
+                      hk.at(b, n) + s0 * hk.row, hk.row, 0.0f,
+                      lp + ((b * N + n) * T + t0) * S + s0, S);
       }
     });
     at::Tensor probs;
     if (CpuHasAvx512F()) {
-      SoftmaxWithBiasInPlace(logits, bias, cb);  // one kernel: + mask, max, e^x, Σ, scale
+      SoftmaxWithBiasInPlace(logits, bias, cb, starts);  // one kernel: + mask, max, e^x, Σ, scale
       probs = logits;
     } else {
       if (cb > 0) {  // the skipped blocks (masked by the bias) were not computed
-        logits.masked_fill_(SkippedByCausalBlocks(T, S, cb), 0.0);
+        logits.masked_fill_(SkippedByCausalBlocks(T, S, cb, starts), 0.0);
       }
       if (bias.numel() > 0) logits.add_(bias);
       probs = at::softmax(logits, -1);
@@ -283,14 +371,16 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     float* op = out.data_ptr<float>();
     ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, false, t1 - t0, H, keys(t1), pp + ((b * N + n) * T + t0) * S, S,
-                      hv.at(b, n), hv.row, 0.0f, op + (b * T + t0) * N * H + n * H, N * H);
+        const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
+        RowMajorSgemm(false, false, t1 - t0, H, keys(t1) - s0,
+                      pp + ((b * N + n) * T + t0) * S + s0, S, hv.at(b, n) + s0 * hv.row, hv.row,
+                      0.0f, op + (b * T + t0) * N * H + n * H, N * H);
       }
     });
     ctx->save_for_backward({q, k, v, probs});
     ctx->saved_data["bf16"] = bf16;
     ctx->saved_data["causal_block"] = cb;
+    ctx->saved_data["block_starts"] = starts;
     // An unused output (the probs, mostly) gets no gradient rather than a materialized zero
     // tensor [B, N, T, S] that backward would then add.
     ctx->set_materialize_grads(false);
@@ -308,6 +398,11 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const bool bf16 = ctx->saved_data["bf16"].toBool();
     const int64_t cb = grads[1].defined() ? 0 : ctx->saved_data["causal_block"].toInt();
     const int64_t blk = cb > 0 ? cb : T;
+    const std::vector<int64_t> starts =
+        cb > 0 ? ctx->saved_data["block_starts"].toIntVector() : std::vector<int64_t>();
+    auto first = [&](int64_t b, int64_t t0) {
+      return starts.empty() ? 0 : starts[b * ((T + blk - 1) / blk) + t0 / blk];
+    };
     auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
     const at::Tensor g =
         grads[0].defined() ? Widen(grads[0]) : at::zeros({B, T, N, H}, q.options());
@@ -318,18 +413,19 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     float* dpp = dp.data_ptr<float>();
     ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, true, t1 - t0, keys(t1), H, gp + (b * T + t0) * N * H + n * H, N * H,
-                      hv.at(b, n), hv.row, 0.0f, dpp + ((b * N + n) * T + t0) * S, S);
+        const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
+        RowMajorSgemm(false, true, t1 - t0, keys(t1) - s0, H, gp + (b * T + t0) * N * H + n * H,
+                      N * H, hv.at(b, n) + s0 * hv.row, hv.row, 0.0f,
+                      dpp + ((b * N + n) * T + t0) * S + s0, S);
       }
     });
     if (grads[1].defined()) dp.add_(bf16 ? Widen(grads[1]) : grads[1]);
     at::Tensor ds;
     if (CpuHasAvx512F()) {
-      SoftmaxBackwardInPlace(dp, probs, cb);
+      SoftmaxBackwardInPlace(dp, probs, cb, starts);
       ds = dp;
     } else {
-      if (cb > 0) dp.masked_fill_(SkippedByCausalBlocks(T, S, cb), 0.0);
+      if (cb > 0) dp.masked_fill_(SkippedByCausalBlocks(T, S, cb, starts), 0.0);
       ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
     }
     const float* dsp = ds.data_ptr<float>();
@@ -341,9 +437,10 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
       const float* ds_bn = dsp + (b * N + n) * T * S;
       const float* p_bn = pp + (b * N + n) * T * S;
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk);
-        RowMajorSgemm(false, false, t1 - t0, H, keys(t1), ds_bn + t0 * S, S, hk.at(b, n), hk.row,
-                      0.0f, dqp + (b * T + t0) * N * H + n * H, N * H);
+        const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
+        RowMajorSgemm(false, false, t1 - t0, H, keys(t1) - s0, ds_bn + t0 * S + s0, S,
+                      hk.at(b, n) + s0 * hk.row, hk.row, 0.0f,
+                      dqp + (b * T + t0) * N * H + n * H, N * H);
       }
       // Keys [s0, s1): causal, only queries from s0 on see them.
       const int64_t kblk = cb > 0 ? cb : S;
@@ -376,7 +473,7 @@ bool Bf16AttentionRunsNative(const at::Tensor& q, const at::Tensor& k, bool trai
                 H = q.size(3);
   const std::string shape =
       StrCat("B", B, " T", T, " S", S, " N", N, " H", H, training ? " train" : " infer");
-  return ChooseNative("bf16_attention", shape, [&](bool native) {
+  return ChooseNative(KernelChoice::kBf16, "bf16_attention", shape, [&](bool native) {
     at::AutoGradMode grad(training);
     auto operand = [](int64_t b, int64_t t, int64_t n, int64_t h, double phase) {
       return at::sin(at::arange(b * t * n * h, at::kFloat).mul_(0.37).add_(phase))

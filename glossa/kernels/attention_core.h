@@ -11,7 +11,9 @@
 // threads, reading each head in place through its strides, and writes the output as [B, T, N, H]
 // directly; its softmax is one AVX-512 pass per row where the CPU has it. Its bias must be
 // float32. With causal_blocks (T = S ≥ 64, causal), query block j's products cover keys
-// [0, (j + 1)·c) only. Everything else, GLOSSA_KERNELS=reference, and non-CPU tensors take the
+// [0, (j + 1)·c) only, and under a per-query bias [B, 1, T, S] (packed rows' segment masks) from
+// the first key any query of the block may see: a packed row's blocks skip the segments before
+// their own. Everything else, GLOSSA_KERNELS=reference, and non-CPU tensors take the
 // reference: ATen's einsum, + bias, softmax, einsum (the bias in q's dtype).
 #pragma once
 
@@ -19,6 +21,7 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace glossa {
 
@@ -39,7 +42,12 @@ std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, co
 // row t covers only its block's keys [0, (t / c + 1)·c): the softmax sets the rest of the row to
 // 0 without reading it (the bias masks those keys anyway), and the backward neither reads nor
 // writes it.
-void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block = 0);
-void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block = 0);
+// With block_starts ([B, blocks] row-major: the first key each block computes), row t covers
+// [block_starts[b][t / c], end of its block), and [0, start) is 0 in both (the bias masks those
+// keys for every query of the block).
+void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block = 0,
+                            const std::vector<int64_t>& block_starts = {});
+void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block = 0,
+                            const std::vector<int64_t>& block_starts = {});
 
 }  // namespace glossa

@@ -7,11 +7,15 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/kernels/cpu_features.h"
+#include "glossa/kernels/gemm.h"
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
 #include "glossa/kernels/simd_math.h"
@@ -340,9 +344,43 @@ bool BatchInvariantActive() {
   return scope_depth > 0 && !at::GradMode::is_enabled() && !KernelsForcedToReference();
 }
 
-bool RowKernelsFor(int64_t rows) {
-  return BatchInvariantActive() ||
-         (rows <= kRowKernelMaxRows && !at::GradMode::is_enabled() && !KernelsForcedToReference());
+bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed) {
+  if (BatchInvariantActive()) return true;
+  if (rows > kRowKernelMaxRows || rows < 1 || k < 1 || n < 1 || at::GradMode::is_enabled() ||
+      KernelsForcedToReference()) {
+    return false;
+  }
+  if (!HasSgemm()) return true;
+  int64_t bucket = 1;
+  while (bucket < rows) bucket *= 2;
+  // Decisions this thread has seen, without the decisions' lock and key (a decoding step asks
+  // for every projection).
+  static thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, KernelMode>, bool> seen;
+  const auto key = std::make_tuple(bucket, k, n, transposed, GetKernelMode(KernelChoice::kRowKernel));
+  if (const auto it = seen.find(key); it != seen.end()) return it->second;
+  const std::string shape = StrCat(bucket, "x", k, "x", n, transposed ? " wT" : "");
+  const bool row = ChooseNative(KernelChoice::kRowKernel, "fp32_row_affine", shape, [&](bool row_kernel) {
+    // Deterministic operands, and enough repetitions that a call is not timer noise.
+    static thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(bucket * k + k * n + n + bucket * n));
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = 0.05f * std::sin(0.37f * static_cast<float>(i));
+    const float *x = buf.data(), *w = x + bucket * k, *b = w + k * n;
+    float* y = const_cast<float*>(b) + n;
+    const int64_t reps = std::max<int64_t>(1, (int64_t{1} << 22) / (bucket * k * n));
+    for (int64_t r = 0; r < reps; ++r) {
+      if (row_kernel) {
+        (transposed ? AffineTransposedRaw : AffineRaw)(x, w, b, y, bucket, k, n, false,
+                                                       CpuHasAvx512F());
+        continue;
+      }
+      RowMajorSgemm(false, transposed, bucket, n, k, x, k, w, transposed ? k : n, 0.0f, y, n);
+      for (int64_t i = 0; i < bucket; ++i) {
+        for (int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
+      }
+    }
+  });
+  seen.emplace(key, row);
+  return row;
 }
 
 at::Tensor InvariantAffine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,

@@ -41,14 +41,17 @@ class BatchInvariantScope {
 };
 // Inside a scope, with autograd off and GLOSSA_KERNELS not reference.
 bool BatchInvariantActive();
-// Whether Affine takes InvariantAffine for an x of `rows` rows: inside a scope, and also for
-// short inputs (at most kRowKernelMaxRows rows) without autograd, where reading the weights in
-// place beats BLAS, which packs the whole weight matrix on every call (a decoding step's logits
-// GEMM at beam 4 spent 22% of its time packing the 256 × 8,000 softmax weight; bench/README.md).
-// (Attention takes InvariantAttention only inside a scope: on longer batches ATen's BLAS calls per
-// head were faster.)
-constexpr int64_t kRowKernelMaxRows = 64;
-bool RowKernelsFor(int64_t rows);
+// Whether Affine (and the fused decoder step's projections) take the row kernel for x [rows, k]
+// times a weight [k, n] (`transposed`: stored [n, k]): inside a scope always; else without
+// autograd, for at most kRowKernelMaxRows rows, where it measured faster than BLAS sgemm on this
+// machine (KernelChoice::kRowKernel in glossa/kernels/kernel_choice.h, once per weight shape and
+// power-of-two row count, timed at that count; --row_kernels pins it). Reading the weights in
+// place beats BLAS on short inputs, which packs the whole weight matrix on every call (a decoding
+// step's logits GEMM at beam 4 spent 22% of its time packing the 256 × 8,000 softmax weight;
+// bench/README.md); how short is this machine's to say. (Attention takes InvariantAttention only
+// inside a scope: on longer batches ATen's BLAS calls per head were faster.)
+constexpr int64_t kRowKernelMaxRows = 256;
+bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed = false);
 
 // x [M, K], w [K, N] float32 CPU (any strides; copied to contiguous), b [N] or undefined.
 at::Tensor InvariantAffine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,

@@ -47,15 +47,15 @@ void LayerNormRows(const float* x, int64_t rows, int64_t d, const StepNormArgs& 
   }
 }
 
-// y [rows, p.out] = x [rows, p.in] · w (+ b), relu optional: the row kernels for short inputs and
-// inside a BatchInvariantScope (as Affine chooses), else one BLAS sgemm and the bias (and relu)
-// in a pass.
+// y [rows, p.out] = x [rows, p.in] · w (+ b), relu optional: the row kernels where Affine would
+// take them (RowKernelsFor: inside a BatchInvariantScope, and for short inputs where they measured
+// faster), else one BLAS sgemm and the bias (and relu) in a pass.
 void Project(const float* x, int64_t rows, const StepProjArgs& p, bool relu, float* y) {
   if (p.w8 != nullptr) {
     Int8AffineRaw(x, rows, *p.w8, p.b, relu, y);
     return;
   }
-  if (rows <= kRowKernelMaxRows || BatchInvariantActive() || !HasSgemm()) {
+  if (!HasSgemm() || RowKernelsFor(rows, p.in, p.out, p.transposed)) {
     if (p.transposed) {
       InvariantAffineTransposedRaw(x, p.w, p.b, y, rows, p.in, p.out, relu);
     } else {

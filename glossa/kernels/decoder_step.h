@@ -14,10 +14,12 @@
 //   x += post(attend(scale · q(LN2 x), source keys/values, source bias))        cross-attention
 //   x += w · fc1(relu(fc0(LN3 x)))                                               feed-forward
 //
-// The projections take the batch-invariant row kernels (glossa/kernels/batch_invariant.h) for at
-// most kRowKernelMaxRows rows and inside a BatchInvariantScope, and BLAS sgemm otherwise; attention is StepAttentionRaw; layer norm is two passes per row in float32 (mean,
-// then the biased variance of the centred values). Every row is computed on its own, so a
-// hypothesis's bits do not depend on the batch beside it whichever path runs. The ATen reference
+// The projections take the batch-invariant row kernels (glossa/kernels/batch_invariant.h) where
+// Affine would (RowKernelsFor: inside a BatchInvariantScope, and on short inputs where they
+// measured faster than BLAS), and BLAS sgemm otherwise; attention is StepAttentionRaw; layer norm
+// is two passes per row in float32 (mean, then the biased variance of the centred values). Every
+// row is computed on its own, so inside a BatchInvariantScope (the row kernels always) a
+// hypothesis's bits do not depend on the batch beside it. The ATen reference
 // is the unfused composition of the layers' own ExtendStep (what GLOSSA_KERNELS=reference, training
 // and every configuration these arguments cannot express run); the bits differ from it in the
 // summation orders only (tests/kernels/decoder_step_test.cc).

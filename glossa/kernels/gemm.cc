@@ -245,36 +245,37 @@ at::Tensor ReluGrad(const at::Tensor& g_in, const at::Tensor& y) {
 }
 
 // Float32 x·w + b (optionally through a ReLU), as ATen's addmm (and relu) with the same ATen
-// calls. With two kernel threads (the fp32 layout of a 2-core machine) the large GEMMs run
-// single-threaded on them: the forward as two row halves, and the backward's two GEMMs, dx = g·wᵀ
-// and dw = xᵀ·g (with the bias's column sums), side by side. On the tiny LM's shapes that is
-// 5-15% faster than one GEMM at a time on both cores, whose OpenBLAS threads synchronize twice
-// per GEMM. The bits are those of ATen with one OpenBLAS thread (a 1-core machine's): OpenBLAS
-// splits a GEMM's output among its threads, not its sums, except that its threaded driver halves
-// a long inner dimension's remainder differently, so where that dimension is over its block size
-// (the tiny LM's logits: 2,000) the last bits differ from ATen on two OpenBLAS threads. The ReLU
-// runs in place on the kernel threads, and its backward masks the gradient in one pass. With
-// other than two kernel threads the GEMMs run one at a time on OpenBLAS's threads, as ATen's do.
-// GEMMs of at least this many multiply-adds run as two row halves on two kernel threads. Smaller
-// ones gain nothing, and OpenBLAS's small-matrix kernels (under 100³) sum a half's rows in another
-// order than the whole's; OpenBLAS itself runs those under 2^18 on one thread.
+// calls. With `split` (KernelChoice::kGemmSplit, measured per weight shape: SplitGemmsFor) the
+// large GEMMs run single-threaded on the kernel threads: the forward as row parts, one per
+// thread, and on two threads the backward's two GEMMs, dx = g·wᵀ and dw = xᵀ·g (with the bias's
+// column sums), side by side (on more, each as row parts). On a 2-core Zen 4 and a 2-core Xeon
+// that was 5-15% faster on the tiny LM's shapes than one GEMM at a time on both cores, whose
+// OpenBLAS threads synchronize twice per GEMM; elsewhere the measurement decides. The bits are
+// those of ATen with one OpenBLAS thread (a 1-core machine's): OpenBLAS splits a GEMM's output
+// among its threads, not its sums, except that its threaded driver halves a long inner
+// dimension's remainder differently, so where that dimension is over its block size (the tiny
+// LM's logits: 2,000) the last bits differ from ATen on two OpenBLAS threads. The ReLU runs in
+// place on the kernel threads, and its backward masks the gradient in one pass. Without `split`
+// the GEMMs run one at a time on OpenBLAS's threads, as ATen's do.
+// GEMMs of at least this many multiply-adds are split. Smaller ones gain nothing, and OpenBLAS's
+// small-matrix kernels (under 100³) sum a part's rows in another order than the whole's;
+// OpenBLAS itself runs those under 2^18 on one thread.
 constexpr double kSplitMacs = 4194304.0;
 
-bool SplitGemms() { return KernelThreads() == 2 && !at::GradMode::is_enabled(); }
-
-// a·b (+ bias), ATen's mm or addmm; with two kernel threads and a large product, as two row halves,
-// one single-threaded GEMM each.
-at::Tensor Mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = {}) {
-  const int64_t M = a.size(0);
-  if (!SplitGemms() || static_cast<double>(M) * a.size(1) * b.size(1) < kSplitMacs) {
+// a·b (+ bias), ATen's mm or addmm; with `split` and a large product, as row parts, one
+// single-threaded GEMM per kernel thread.
+at::Tensor Mm(const at::Tensor& a, const at::Tensor& b, bool split, const at::Tensor& bias = {}) {
+  const int64_t M = a.size(0), parts = std::min<int64_t>(KernelThreads(), M);
+  if (!split || parts < 2 || at::GradMode::is_enabled() ||
+      static_cast<double>(M) * a.size(1) * b.size(1) < kSplitMacs) {
     return bias.defined() ? at::addmm(bias, a, b) : at::mm(a, b);
   }
   at::Tensor out = at::empty({M, b.size(1)}, a.options());
-  KernelParallelFor(0, 2, 1, [&](int64_t lo, int64_t hi) {
+  KernelParallelFor(0, parts, 1, [&](int64_t lo, int64_t hi) {
     at::NoGradGuard no_grad;  // as on the calling thread (grad mode is per thread)
     for (int64_t i = lo; i < hi; ++i) {
-      at::Tensor rows = out.slice(0, M * i / 2, M * (i + 1) / 2);
-      const at::Tensor ai = a.slice(0, M * i / 2, M * (i + 1) / 2);
+      at::Tensor rows = out.slice(0, M * i / parts, M * (i + 1) / parts);
+      const at::Tensor ai = a.slice(0, M * i / parts, M * (i + 1) / parts);
       if (bias.defined()) {
         at::addmm_out(rows, bias, ai, b);
       } else {
@@ -289,19 +290,20 @@ class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> 
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& x, const at::Tensor& w,
-                                                const at::Tensor& b, bool relu) {
+                                                const at::Tensor& b, bool relu, bool split) {
     const bool has_bias = b.numel() > 0;
-    at::Tensor out = Mm(x, w, has_bias ? b : at::Tensor());
+    at::Tensor out = Mm(x, w, split, has_bias ? b : at::Tensor());
     if (relu) ReluInPlace(out);
     ctx->save_for_backward({x, w, relu ? out : at::Tensor()});
     ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["split"] = split;
     ctx->set_materialize_grads(false);
     return {out};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    if (!grads[0].defined()) return torch::autograd::variable_list(4);  // one per input
+    if (!grads[0].defined()) return torch::autograd::variable_list(5);  // one per input
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &y = saved[2];
     const at::Tensor g = y.defined() ? ReluGrad(grads[0], y) : grads[0];
@@ -317,8 +319,9 @@ class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> 
       return w.stride(0) == 1 && w.stride(1) == w.size(0) ? mm(g.t(), x).t() : mm(x.t(), g);
     };
     auto aten_mm = [](const at::Tensor& a, const at::Tensor& b) { return at::mm(a, b); };
-    auto split_mm = [](const at::Tensor& a, const at::Tensor& b) { return Mm(a, b); };
-    if (SplitGemms() && want_x && want_w) {
+    const bool split = ctx->saved_data["split"].toBool();
+    auto split_mm = [&](const at::Tensor& a, const at::Tensor& b) { return Mm(a, b, split); };
+    if (split && KernelThreads() == 2 && want_x && want_w) {
       // Side by side, each single-threaded.
       KernelParallelFor(0, 2, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
@@ -335,7 +338,7 @@ class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> 
       if (want_w) dw = grad_w(split_mm);
       if (want_b) db = g.sum(0);
     }
-    return {dx, dw, db, at::Tensor()};
+    return {dx, dw, db, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -429,13 +432,31 @@ bool Bf16AffineRunsNative(int64_t m, int64_t k, int64_t n, bool training) {
   (void)m;
   const int64_t rows = training ? 2048 : 256;
   const std::string shape = StrCat(rows, "x", k, "x", n, training ? " train" : " infer");
-  return ChooseNative("bf16_affine", shape, [&](bool native) {
+  return ChooseNative(KernelChoice::kBf16, "bf16_affine", shape, [&](bool native) {
     at::AutoGradMode grad(training);
     const at::Tensor x = ProbeOperand(rows, k, 0.1).requires_grad_(training);
     const at::Tensor w = ProbeOperand(k, n, 0.7).mul_(0.05).requires_grad_(training);
     const at::Tensor b = ProbeOperand(1, n, 0.3).reshape({n}).requires_grad_(training);
     const at::Tensor y = native ? Bf16AffineNative(x, w, b, false, false) : at::addmm(b, x, w);
     if (training) y.backward(at::ones_like(y));
+  });
+}
+
+bool SplitGemmsFor(int64_t k, int64_t n) {
+  // One choice per weight shape, measured at a fixed row count, whatever the batch.
+  constexpr int64_t kRows = 1024;
+  if (KernelThreads() < 2 || !HasSgemm() || static_cast<double>(kRows) * k * n < kSplitMacs) {
+    return false;
+  }
+  const std::string shape = StrCat(kRows, "x", k, "x", n, " train, ", KernelThreads(),
+                                   " kernel threads");
+  return ChooseNative(KernelChoice::kGemmSplit, "fp32_affine", shape, [&](bool split) {
+    at::AutoGradMode grad(true);
+    const at::Tensor x = ProbeOperand(kRows, k, 0.1).to(at::kFloat).requires_grad_(true);
+    const at::Tensor w = ProbeOperand(k, n, 0.7).to(at::kFloat).mul_(0.05).requires_grad_(true);
+    const at::Tensor b = ProbeOperand(1, n, 0.3).to(at::kFloat).reshape({n}).requires_grad_(true);
+    const at::Tensor y = Fp32AffineFunction::apply(x, w, b, false, split)[0];
+    y.backward(at::ones_like(y));
   });
 }
 
@@ -453,9 +474,10 @@ at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
     at::Tensor y = Int8Affine(Widen(x), *CachedInt8Weight(w), bias, relu);
     return float_out || x.scalar_type() == at::kFloat ? y : Narrow(y, x.scalar_type());
   }
-  if (x.dim() == 2 && RowKernelsFor(x.size(0)) && x.device().is_cpu() && w.dim() == 2 &&
+  if (x.dim() == 2 && x.device().is_cpu() && w.dim() == 2 && x.size(1) == w.size(0) &&
       x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-      (!b.defined() || b.scalar_type() == at::kFloat)) {
+      (!b.defined() || b.scalar_type() == at::kFloat) &&
+      RowKernelsFor(x.size(0), x.size(1), w.size(1))) {
     return InvariantAffine(x, w, b.defined() && b.numel() > 0 ? b : at::Tensor(), relu);
   }
   const bool shapes_ok = x.device().is_cpu() && x.dim() == 2 && w.dim() == 2 &&
@@ -479,7 +501,8 @@ at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
       if (relu) ReluInPlace(out);
       return out;
     }
-    return Fp32AffineFunction::apply(x, w, b.defined() ? b : no_bias, relu)[0];
+    return Fp32AffineFunction::apply(x, w, b.defined() ? b : no_bias, relu,
+                                     SplitGemmsFor(x.size(1), w.size(1)))[0];
   }
   at::Tensor out = b.defined() ? at::addmm(b, x, w) : at::mm(x, w);
   if (relu) out = at::relu(out);

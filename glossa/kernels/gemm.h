@@ -7,15 +7,17 @@
 // and both accumulate in float32; only the order of the sums differs. The backward pass
 // (dx = g·wᵀ, dw = xᵀ·g, db = Σ g) runs on the same path as the forward.
 //
-// Float32 is ATen's addmm, with ATen's calls; on the two kernel threads of a 2-core fp32 layout
-// its GEMMs run single-threaded side by side (the forward as two row halves, the backward's dx and
-// dw at once; gemm.cc: Fp32AffineFunction), with the bits ATen gives with one OpenBLAS thread. `relu` applies max(0, ·) to the result in place, on the kernel
-// threads, and its backward masks the gradient in one pass (ATen's relu and threshold_backward).
+// Float32 is ATen's addmm, with ATen's calls. In training with several kernel threads (the fp32
+// layout) its GEMMs may run single-threaded on them, as row parts, and on two threads the
+// backward's dx and dw side by side (gemm.cc: Fp32AffineFunction), with the bits ATen gives with
+// one OpenBLAS thread, where that measured faster than OpenBLAS's own threads (SplitGemmsFor;
+// --gemm_split pins it). `relu` applies max(0, ·) to the result in place, on the kernel threads,
+// and its backward masks the gradient in one pass (ATen's relu and threshold_backward).
 //
-// Without autograd, float32 inputs of at most 64 rows (a decoding step, a short sentence) and
-// every call inside a BatchInvariantScope take InvariantAffine instead
-// (glossa/kernels/batch_invariant.h: RowKernelsFor): it reads the weights in place, where BLAS
-// packs the whole weight matrix on every call, and its rows' bits do not depend on the others.
+// Without autograd, short float32 inputs (a decoding step, a short sentence) where the row kernel
+// measured faster than BLAS, and every call inside a BatchInvariantScope, take InvariantAffine
+// instead (glossa/kernels/batch_invariant.h: RowKernelsFor): it reads the weights in place, where
+// BLAS packs the whole weight matrix on every call, and its rows' bits do not depend on the others.
 //
 //   at::Tensor y = Affine(x2d, w, b);  // x [M, K], w [K, N], b [N] or undefined
 //   at::Tensor h = Affine(x2d, w, b, /*relu=*/true);
@@ -50,6 +52,11 @@ at::Tensor Narrow(const at::Tensor& t, at::ScalarType dtype);
 // widened values) on this machine: measured once per shape class (kernel_choice.h), `training`
 // when the backward runs too. False without a BLAS sgemm.
 bool Bf16AffineRunsNative(int64_t m, int64_t k, int64_t n, bool training);
+// Whether a training float32 projection with weight [k, n] runs its GEMMs as row parts on the
+// kernel threads rather than on OpenBLAS's threads: measured once per weight shape at 1,024 rows
+// (KernelChoice::kGemmSplit). False with one kernel thread, without a BLAS sgemm, or where 1,024
+// rows make a GEMM too small to split.
+bool SplitGemmsFor(int64_t k, int64_t n);
 // The native bf16 path itself, whatever the choice (tests hold it against ATen's and float64).
 at::Tensor Bf16AffineNative(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                             bool relu = false, bool float_out = false);

@@ -26,9 +26,24 @@ extern "C" char* openblas_get_corename() __attribute__((weak));
 namespace glossa {
 namespace {
 
-std::atomic<KernelMode>& Mode() {
-  static std::atomic<KernelMode> mode{KernelMode::kMeasure};
-  return mode;
+std::atomic<KernelMode>& Mode(KernelChoice choice) {
+  static std::atomic<KernelMode> modes[3] = {KernelMode::kMeasure, KernelMode::kMeasure,
+                                             KernelMode::kMeasure};
+  return modes[static_cast<int>(choice)];
+}
+
+// The two paths of each choice, as a decision names them: {ATen's, Glossa's}.
+std::pair<const char*, const char*> PathNames(KernelChoice choice) {
+  switch (choice) {
+    case KernelChoice::kBf16:
+      return {"aten (oneDNN bf16)", "native (float32 sgemm of widened bf16)"};
+    case KernelChoice::kGemmSplit:
+      return {"aten (one GEMM at a time on OpenBLAS's threads)",
+              "native (row parts, a single-threaded GEMM per kernel thread)"};
+    case KernelChoice::kRowKernel:
+      return {"aten (BLAS sgemm)", "native (the row kernel, weights read in place)"};
+  }
+  return {"aten", "native"};
 }
 
 struct Decisions {
@@ -95,16 +110,18 @@ std::optional<KernelDecision> ReadCached(int fd, const std::string& key, KernelD
 // Measures, or takes the decision another process of this machine made: the cache file is locked
 // while it is read, and while a missing decision is measured and appended, so that concurrent
 // runs agree. Without a usable cache file, measures.
-KernelDecision MeasureOrCached(const std::string& cache, const std::string& op,
-                               const std::string& shape, const std::function<void(bool)>& run);
+KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
+                               const std::string& op, const std::string& shape,
+                               const std::function<void(bool)>& run);
 
 Decisions& AllDecisions() {
   static Decisions* d = new Decisions;  // never destroyed: kernels may run during exit
   return *d;
 }
 
-KernelDecision NewDecision(const std::string& op, const std::string& shape) {
+KernelDecision NewDecision(KernelChoice choice, const std::string& op, const std::string& shape) {
   KernelDecision d;
+  d.choice = choice;
   d.op = op;
   d.shape = shape;
   return d;
@@ -120,10 +137,10 @@ double Median3(std::vector<double> v) {
 
 // Times both paths: one warm-up call each, then three alternating timed calls each (so that a
 // drift of this shared machine's speed hits both alike).
-KernelDecision Measure(const std::string& op, const std::string& shape,
+KernelDecision Measure(KernelChoice choice, const std::string& op, const std::string& shape,
                        const std::function<void(bool)>& run) {
   using Clock = std::chrono::steady_clock;
-  KernelDecision d = NewDecision(op, shape);
+  KernelDecision d = NewDecision(choice, op, shape);
   d.measured = true;
   run(false);
   run(true);
@@ -143,8 +160,9 @@ KernelDecision Measure(const std::string& op, const std::string& shape,
   return d;
 }
 
-KernelDecision MeasureOrCached(const std::string& cache, const std::string& op,
-                               const std::string& shape, const std::function<void(bool)>& run) {
+KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
+                               const std::string& op, const std::string& shape,
+                               const std::function<void(bool)>& run) {
   int fd = -1;
   if (!cache.empty()) {
     try {
@@ -156,12 +174,12 @@ KernelDecision MeasureOrCached(const std::string& cache, const std::string& op,
   }
   if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
     if (fd >= 0) ::close(fd);
-    return Measure(op, shape, run);
+    return Measure(choice, op, shape, run);
   }
   const std::string key = StrCat(MachineKey(), " | ", op, " ", shape);
-  std::optional<KernelDecision> d = ReadCached(fd, key, NewDecision(op, shape));
+  std::optional<KernelDecision> d = ReadCached(fd, key, NewDecision(choice, op, shape));
   if (!d) {
-    d = Measure(op, shape, run);
+    d = Measure(choice, op, shape, run);
     const std::string line = StrCat(key, "\t", d->native ? "native" : "aten", "\t",
                                     d->aten_seconds, "\t", d->native_seconds, "\n");
     (void)!::write(fd, line.data(), line.size());
@@ -188,12 +206,25 @@ KernelMode ParseKernelMode(const std::string& text, const std::string& flag) {
       StrCat(flag, " must be measure, aten or native, got '", text, "'"));
 }
 
-void SetBf16KernelMode(KernelMode mode) { Mode().store(mode); }
-KernelMode Bf16KernelMode() { return Mode().load(); }
+const char* KernelChoiceFlag(KernelChoice choice) {
+  switch (choice) {
+    case KernelChoice::kBf16:
+      return "--bf16_kernels";
+    case KernelChoice::kGemmSplit:
+      return "--gemm_split";
+    case KernelChoice::kRowKernel:
+      return "--row_kernels";
+  }
+  return "";
+}
+
+void SetKernelMode(KernelChoice choice, KernelMode mode) { Mode(choice).store(mode); }
+KernelMode GetKernelMode(KernelChoice choice) { return Mode(choice).load(); }
 
 std::string KernelDecision::Describe() const {
-  const std::string path = native ? "native (float32 sgemm of widened bf16)" : "aten (oneDNN bf16)";
-  if (!measured) return StrCat(op, " ", shape, ": ", path, ", as --bf16_kernels says");
+  const auto [aten_path, native_path] = PathNames(choice);
+  const std::string path = native ? native_path : aten_path;
+  if (!measured) return StrCat(op, " ", shape, ": ", path, ", as ", KernelChoiceFlag(choice), " says");
   char times[96];
   std::snprintf(times, sizeof(times), "aten %.3g ms, native %.3g ms", 1e3 * aten_seconds,
                 1e3 * native_seconds);
@@ -201,10 +232,10 @@ std::string KernelDecision::Describe() const {
                 cached ? StrCat("; as cached in ", cache) : std::string(), ")");
 }
 
-bool ChooseNative(const std::string& op, const std::string& shape,
+bool ChooseNative(KernelChoice choice, const std::string& op, const std::string& shape,
                   const std::function<void(bool native)>& run) {
   Decisions& all = AllDecisions();
-  const KernelMode mode = Mode().load();
+  const KernelMode mode = Mode(choice).load();
   // A forced path applies whatever was decided before (kept apart from the measured ones).
   const std::string key =
       mode == KernelMode::kMeasure
@@ -219,9 +250,9 @@ bool ChooseNative(const std::string& op, const std::string& shape,
       all.cache = DefaultCachePath();
       all.cache_set = true;
     }
-    d = MeasureOrCached(all.cache, op, shape, run);
+    d = MeasureOrCached(all.cache, choice, op, shape, run);
   } else {
-    d = NewDecision(op, shape);
+    d = NewDecision(choice, op, shape);
     d.native = mode == KernelMode::kNative;
   }
   std::fprintf(stderr, "kernel choice: %s\n", d.Describe().c_str());

@@ -1,9 +1,16 @@
-// Kernel choices by measurement. Where two kernels compute the same thing (bf16 projections as
-// ATen's bf16 GEMMs — oneDNN's AVX-512 BF16 / AMX kernels — or as Glossa's float32 sgemms of the
-// exactly widened values; bf16 attention likewise), which one runs is decided by timing both on
-// this machine, on the shape in use, the first time the process meets that shape: never by a list
-// of CPU flags, which is right on one VM and a bug on the next (issue 48: on a Xeon without AMX
-// oneDNN's bf16 GEMM ran at 0.7× OpenBLAS's fp32, on a Zen 4 at 1.9×).
+// Kernel choices by measurement. Where two kernels compute the same thing, which one runs is
+// decided by timing both on this machine, on the shape in use, the first time the process meets
+// that shape: never by a list of CPU flags or a core count, which is right on one VM and a bug on
+// the next (issue 48: on a Xeon without AMX oneDNN's bf16 GEMM ran at 0.7× OpenBLAS's fp32, on a
+// Zen 4 at 1.9×). Three choices are made so, each ATen's path against Glossa's native one:
+//   kBf16       bf16 projections and attention: ATen's bf16 GEMMs (oneDNN's AVX-512 BF16 / AMX
+//               kernels) or Glossa's float32 sgemms of the exactly widened values;
+//   kGemmSplit  a training fp32 projection's GEMMs: one at a time on OpenBLAS's threads, or as row
+//               parts, one single-threaded GEMM per kernel thread (and the backward's two GEMMs
+//               side by side on two);
+//   kRowKernel  a short fp32 input without autograd (decoding, scoring): BLAS sgemm, which packs
+//               the weights on every call, or the row kernel that reads them in place
+//               (glossa/kernels/batch_invariant.h), measured per power-of-two row count.
 //
 // A probe runs the forward (and, in training, the backward) of both paths on operands of the
 // layer's weight shape at a fixed row count (2,048 rows in training, 256 in inference: one path
@@ -15,10 +22,10 @@
 // said once on stderr ("kernel choice: ..."), kept for the process, and listed by
 // KernelDecisions() (the benchmarks print them). The two paths differ only in the order of float32
 // sums, so a measured choice can change the last bits of a bf16 run between machines or runs:
-// `--bf16_kernels=aten|native` pins it.
+// `--bf16_kernels=aten|native` pins it (`--gemm_split`, `--row_kernels` the others).
 //
-//   SetBf16KernelMode(ParseKernelMode("measure", "--bf16_kernels"));  // the default
-//   const bool native = ChooseNative("bf16_affine", "2048x512x2048 train",
+//   SetKernelMode(KernelChoice::kBf16, ParseKernelMode("measure", "--bf16_kernels"));  // default
+//   const bool native = ChooseNative(KernelChoice::kBf16, "bf16_affine", "2048x512x2048 train",
 //                                    [&](bool native) { /* run that path once */ });
 #pragma once
 
@@ -29,16 +36,20 @@
 namespace glossa {
 
 enum class KernelMode { kMeasure, kAten, kNative };
+enum class KernelChoice { kBf16, kGemmSplit, kRowKernel };
 
-// "measure" (time both), "aten" (ATen's kernels: oneDNN for bf16) or "native" (Glossa's float32
-// sgemms of the widened bf16 values); InvalidArgument naming `flag` otherwise.
+// The flag that pins `choice` ("--bf16_kernels", "--gemm_split", "--row_kernels").
+const char* KernelChoiceFlag(KernelChoice choice);
+// "measure" (time both), "aten" (ATen's path) or "native" (Glossa's); InvalidArgument naming
+// `flag` otherwise.
 KernelMode ParseKernelMode(const std::string& text, const std::string& flag);
-// How this process picks its bf16 kernels (kMeasure unless set). A forced mode applies from the
-// next call on; measured decisions are kept for when the mode is kMeasure again.
-void SetBf16KernelMode(KernelMode mode);
-KernelMode Bf16KernelMode();
+// How this process makes `choice` (kMeasure unless set). A forced mode applies from the next call
+// on; measured decisions are kept for when the mode is kMeasure again.
+void SetKernelMode(KernelChoice choice, KernelMode mode);
+KernelMode GetKernelMode(KernelChoice choice);
 
 struct KernelDecision {
+  KernelChoice choice = KernelChoice::kBf16;
   std::string op, shape;
   bool native = false;
   bool measured = false;                     // false: given by the mode
@@ -51,7 +62,7 @@ struct KernelDecision {
 // Whether `op` at `shape` (a key naming the shape and mode) runs the native path: the mode's
 // path when it forces one; else measured once per process by `run(native)` for both paths and the
 // faster kept. Thread-safe (a second caller waits for the first's probe).
-bool ChooseNative(const std::string& op, const std::string& shape,
+bool ChooseNative(KernelChoice choice, const std::string& op, const std::string& shape,
                   const std::function<void(bool native)>& run);
 
 // Measured decisions are shared by the runs of one machine through a cache file (a line per

@@ -166,6 +166,34 @@ std::string FlagSuggestion(const CLI::App* cmd, const std::string& arg) {
   return StrCat(" (did you mean: ", Join(near, ", "), "?)");
 }
 
+void AddKernelFlags(CLI::App* cmd, KernelFlags& f) {
+  const auto modes = CLI::IsMember({"measure", "aten", "native"});
+  cmd->add_option("--bf16_kernels", f.bf16_kernels,
+                  "How bf16 projections and attention pick their kernels: measure (time ATen's "
+                  "oneDNN kernels and Glossa's float32 sgemms on each shape once, keep the "
+                  "faster; each choice is printed), aten or native (pinned).")
+      ->capture_default_str()
+      ->check(modes);
+  cmd->add_option("--gemm_split", f.gemm_split,
+                  "How training fp32 projections run their GEMMs: measure (time both per weight "
+                  "shape once, keep the faster), aten (one at a time on OpenBLAS's threads) or "
+                  "native (row parts, a single-threaded GEMM per kernel thread).")
+      ->capture_default_str()
+      ->check(modes);
+  cmd->add_option("--row_kernels", f.row_kernels,
+                  "How short fp32 inputs without autograd (decoding, scoring) are projected: "
+                  "measure (time both per weight shape and power-of-two row count, keep the "
+                  "faster), aten (BLAS sgemm) or native (the row kernel, up to 256 rows).")
+      ->capture_default_str()
+      ->check(modes);
+}
+
+void ApplyKernelFlags(const KernelFlags& f) {
+  SetKernelMode(KernelChoice::kBf16, ParseKernelMode(f.bf16_kernels, "--bf16_kernels"));
+  SetKernelMode(KernelChoice::kGemmSplit, ParseKernelMode(f.gemm_split, "--gemm_split"));
+  SetKernelMode(KernelChoice::kRowKernel, ParseKernelMode(f.row_kernels, "--row_kernels"));
+}
+
 void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
                    const std::string& default_dataset) {
   f.dataset = default_dataset;
@@ -190,12 +218,7 @@ void AddModelFlags(CLI::App* cmd, ModelFlags& f, bool needs_logdir,
                   "Overrides task.train.save_keep_checkpoint_every_n_hours.");
   AddIntFlag(cmd, "--intra_op_threads", f.intra_op_threads, 0, 1024,
              "ATen intra-op threads; 0: the layout of glossa/runtime/cpu_runtime.h.");
-  cmd->add_option("--bf16_kernels", f.bf16_kernels,
-                  "How bf16 projections and attention pick their kernels: measure (time ATen's "
-                  "oneDNN kernels and Glossa's float32 sgemms on each shape once, keep the "
-                  "faster; each choice is printed), aten or native (pinned).")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"measure", "aten", "native"}));
+  AddKernelFlags(cmd, f.kernels);
   AddIntFlag(cmd, "--random_seed", f.random_seed, 0, kMax,
              "Overrides the model's random_seed (deterministic runs).");
   cmd->add_option("--model_task_name", f.model_task_name,
@@ -368,7 +391,7 @@ Params ModelParamsFromFlags(const ModelFlags& f, bool training) {
   }
   const ParamValue& fprop = p.Get("task.fprop_dtype");
   CheckIntraOpThreads(f.intra_op_threads);
-  SetBf16KernelMode(ParseKernelMode(f.bf16_kernels, "--bf16_kernels"));
+  ApplyKernelFlags(f.kernels);
   ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads),
                       !fprop.is_none() && fprop.AsDType() == DType::kBFloat16);
   if (f.max_steps >= 0) p.Set("task.train.max_steps", f.max_steps);

@@ -25,12 +25,21 @@ class Executor;
 
 namespace cli {
 
+// How kernel choices are made (glossa/kernels/kernel_choice.h): measure, aten or native each.
+struct KernelFlags {
+  std::string bf16_kernels = "measure", gemm_split = "measure", row_kernels = "measure";
+};
+// --bf16_kernels, --gemm_split, --row_kernels; ApplyKernelFlags sets the modes (call before the
+// first kernel runs).
+void AddKernelFlags(CLI::App* cmd, KernelFlags& f);
+void ApplyKernelFlags(const KernelFlags& f);
+
 struct ModelFlags {
   std::string model, logdir, dataset = "Train", override_text, override_file;
   int64_t max_steps = -1, saver_max_to_keep = -1, intra_op_threads = 0;
   int64_t random_seed = -1;  // -1: not given (a given value is checked to be >= 0)
   std::string model_task_name, checkpoint;
-  std::string bf16_kernels = "measure";  // glossa/kernels/kernel_choice.h
+  KernelFlags kernels;
   bool enable_check_numerics = false;
   std::vector<std::string> part_regex;
   int64_t topn = 0;

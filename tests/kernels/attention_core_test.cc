@@ -52,6 +52,43 @@ TEST(AttentionCoreKernel, CausalBlocksMatchTheReference) {
   for (int64_t t : {64, 80}) Compare(at::randn({2, t, 3 * 2 * 8}), 2, t, 2, 8, CausalBias(t), true);
 }
 
+// Packed rows (segments end to end, each causal within itself, padding as segment 0): the causal
+// blocks start at the first key any query of the block may see, skipping the segments before
+// it; outputs, probabilities and gradients are the reference's. T = 96: blocks of 32 queries,
+// segments that start inside a block, span blocks, and end one.
+at::Tensor PackedCausalBias(const std::vector<std::vector<int64_t>>& segment_lengths, int64_t t) {
+  at::Tensor bias = at::full({static_cast<int64_t>(segment_lengths.size()), 1, t, t},
+                             std::numeric_limits<float>::lowest());
+  for (size_t b = 0; b < segment_lengths.size(); ++b) {
+    int64_t start = 0;
+    for (int64_t len : segment_lengths[b]) {
+      for (int64_t q = start; q < start + len; ++q) {
+        bias[b][0][q].narrow(0, start, q - start + 1).zero_();
+      }
+      start += len;
+    }
+  }
+  return bias;
+}
+
+TEST(AttentionCoreKernel, CausalBlocksOfPackedRowsSkipTheSegmentsBeforeTheirOwn) {
+  const int64_t t = 96;
+  // Row 1 ends in 6 padded positions (their own segment, as segment 0 is).
+  const at::Tensor bias = PackedCausalBias({{10, 40, 30, 16}, {60, 30, 6}}, t);
+  Compare(at::randn({2, t, 3 * 2 * 8}), 2, t, 2, 8, bias, true);
+  // The softmax with block starts (row 0's blocks from keys 0, 10 and 50; row 1's from 0, 0, 60)
+  // is the softmax of the masked logits, 0 before each block's start and after its end.
+  at::Tensor x = at::randn({2, 2, t, t});
+  const at::Tensor want = at::softmax(x + bias, -1);
+  SoftmaxWithBiasInPlace(x, bias, 32, {0, 10, 50, 0, 0, 60});
+  EXPECT_TRUE(at::allclose(x, want, 1e-6, 1e-7));
+  at::Tensor d = at::randn({2, 2, t, t});
+  const at::Tensor dwant = at::_softmax_backward_data(d, want, -1, at::kFloat);
+  SoftmaxBackwardInPlace(d, want, 32, {0, 10, 50, 0, 0, 60});
+  EXPECT_TRUE(at::allclose(d.narrow(3, 0, 32), dwant.narrow(3, 0, 32), 1e-6, 1e-7));
+  EXPECT_TRUE(at::equal(d[0][1].narrow(0, 64, 32).narrow(1, 0, 50), at::zeros({32, 50})));
+}
+
 TEST(AttentionCoreKernel, OtherOperandsTakeTheReference) {
   const at::Tensor q = at::randn({1, 3, 2, 4}, at::kDouble);
   EXPECT_FALSE(AttentionCoreNativeApplies(q, q, q));

@@ -9,6 +9,7 @@
 #include "glossa/kernels/attention_core.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/kernels/parallel.h"
 #include "tests/test_util.h"
 
@@ -102,14 +103,32 @@ TEST(BatchInvariantScope, RoutesAffineAndTheAttentionCoreOnlyWithoutAutograd) {
     EXPECT_TRUE(Affine(x, wg, b).requires_grad());
   }
   EXPECT_FALSE(BatchInvariantActive());
-  // Outside a scope, short inputs without autograd take the row kernel too (RowKernelsFor);
-  // longer ones, ATen's GEMM.
+  // Outside a scope, short inputs without autograd take the row kernel where it measured faster
+  // than BLAS (RowKernelsFor; each way pinned here, then measured); longer ones, ATen's GEMM.
   at::NoGradGuard no_grad;
-  EXPECT_EQ(RowKernelsFor(kRowKernelMaxRows), !KernelsForcedToReference());
-  EXPECT_FALSE(RowKernelsFor(kRowKernelMaxRows + 1));
+  const KernelMode saved = GetKernelMode(KernelChoice::kRowKernel);
+  SetKernelMode(KernelChoice::kRowKernel, KernelMode::kNative);
+  EXPECT_EQ(RowKernelsFor(kRowKernelMaxRows, 16, 8), !KernelsForcedToReference());
+  EXPECT_FALSE(RowKernelsFor(kRowKernelMaxRows + 1, 16, 8));
   if (!KernelsForcedToReference()) {
     EXPECT_TRUE(SameBits(Affine(x, w, b), InvariantAffine(x, w, b, false)));
   }
+  if (HasSgemm()) {
+    SetKernelMode(KernelChoice::kRowKernel, KernelMode::kAten);
+    EXPECT_FALSE(RowKernelsFor(9, 16, 8));
+    EXPECT_TRUE(SameBits(Affine(x, w, b), at::addmm(b, x, w)));
+    SetKernelMode(KernelChoice::kRowKernel, KernelMode::kMeasure);
+    const bool row = RowKernelsFor(9, 16, 8, /*transposed=*/true);
+    bool found = false;
+    for (const KernelDecision& d : KernelDecisions()) {
+      if (d.op != "fp32_row_affine" || d.shape != "16x16x8 wT") continue;
+      found = true;
+      EXPECT_TRUE(d.measured) << d.Describe();  // timed at 16 rows, the power of two over 9
+      EXPECT_EQ(d.native, row && !KernelsForcedToReference()) << d.Describe();
+    }
+    EXPECT_EQ(found, !KernelsForcedToReference());
+  }
+  SetKernelMode(KernelChoice::kRowKernel, saved);
   const at::Tensor tall = at::randn({kRowKernelMaxRows + 1, 16});
   EXPECT_TRUE(at::allclose(Affine(tall, w, b), at::addmm(b, tall, w), 1e-5, 1e-5));
 }

@@ -30,15 +30,22 @@ struct Result {
   at::Tensor y, dx, dw, db;
 };
 
-// Pins the bf16 path for a test (glossa/kernels/kernel_choice.h), so that both paths are tested
+// Pins a kernel choice for a test (glossa/kernels/kernel_choice.h), so that both paths are tested
 // on every CPU whatever this machine's measurement would pick; restores the mode after.
-class PinBf16Kernels {
+class PinKernels {
  public:
-  explicit PinBf16Kernels(KernelMode mode) : saved_(Bf16KernelMode()) { SetBf16KernelMode(mode); }
-  ~PinBf16Kernels() { SetBf16KernelMode(saved_); }
+  PinKernels(KernelChoice choice, KernelMode mode) : choice_(choice), saved_(GetKernelMode(choice)) {
+    SetKernelMode(choice, mode);
+  }
+  ~PinKernels() { SetKernelMode(choice_, saved_); }
 
  private:
+  KernelChoice choice_;
   KernelMode saved_;
+};
+class PinBf16Kernels : public PinKernels {
+ public:
+  explicit PinBf16Kernels(KernelMode mode) : PinKernels(KernelChoice::kBf16, mode) {}
 };
 
 Result RunAffine(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0, const at::Tensor& g,
@@ -212,8 +219,11 @@ TEST(Affine, Bf16AttentionMatchesFloat32OnTheSameValues) {
 TEST(Affine, Float32IsAtensAddmmAndRelu) {
   const int saved_aten = at::get_num_threads(), saved_kernel = KernelThreads();
   const CpuRuntimeLayout layout = ConfigureCpuRuntime(0, /*bf16_compute=*/false);
-  for (int kernel_threads : {1, 2}) {
+  // The GEMMs split over the kernel threads (--gemm_split=native) or on OpenBLAS's (aten).
+  for (auto [kernel_threads, split] : {std::make_pair(1, true), std::make_pair(2, true),
+                                       std::make_pair(2, false), std::make_pair(3, true)}) {
     SetKernelThreads(kernel_threads);
+    PinKernels pin(KernelChoice::kGemmSplit, split ? KernelMode::kNative : KernelMode::kAten);
     for (auto [m, k, n] : {std::make_tuple(1024, 128, 512), std::make_tuple(1024, 512, 128),
                            std::make_tuple(1024, 128, 2000), std::make_tuple(64, 24, 40),
                            std::make_tuple(5, 16, 300), std::make_tuple(1001, 64, 100),
@@ -223,7 +233,8 @@ TEST(Affine, Float32IsAtensAddmmAndRelu) {
         const bool bias = variant & 1, relu = variant & 2, w_t = variant & 4, x_t = variant & 8;
         // The large shapes in two of the layouts (each takes a while).
         if (m * k * n > 1000000 && variant != 7 && variant != 8) continue;
-        SCOPED_TRACE(testing::Message() << "kernel threads " << kernel_threads << " m,k,n " << m
+        SCOPED_TRACE(testing::Message() << "kernel threads " << kernel_threads << " split "
+                                        << split << " m,k,n " << m
                                         << "," << k << "," << n << " bias " << bias << " relu "
                                         << relu << " wᵀ " << w_t << " xᵀ " << x_t);
         at::manual_seed(m + 3 * n + variant);
@@ -248,7 +259,8 @@ TEST(Affine, Float32IsAtensAddmmAndRelu) {
           return std::vector<at::Tensor>{y.detach(), x_grad ? xs.grad() : at::zeros({1}),
                                          ws.grad(), bias ? b.grad() : at::zeros({1})};
         };
-        const bool side_by_side = kernel_threads == 2 && layout.blas_threads > 0;
+        // Split GEMMs run on one OpenBLAS thread each.
+        const bool side_by_side = split && kernel_threads >= 2 && layout.blas_threads > 0;
         for (bool x_grad : {true, false}) {
           const auto got = run(true, x_grad, 0);
           const auto same_threads = run(false, x_grad, side_by_side ? 1 : 0);

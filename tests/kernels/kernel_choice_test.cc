@@ -26,7 +26,7 @@ double Busy(int64_t n) {
 }
 
 TEST(KernelChoice, KeepsTheFasterPathAndMeasuresEachShapeOnce) {
-  SetBf16KernelMode(KernelMode::kMeasure);
+  SetKernelMode(KernelChoice::kBf16, KernelMode::kMeasure);
   SetKernelChoiceCache("");  // measure here, whatever earlier runs of this machine found
   for (const bool native_is_faster : {true, false}) {
     int calls = 0;
@@ -36,9 +36,9 @@ TEST(KernelChoice, KeepsTheFasterPathAndMeasuresEachShapeOnce) {
       Busy(native == native_is_faster ? 20000 : 2000000);
     };
     const std::string shape = native_is_faster ? "a" : "b";
-    EXPECT_EQ(ChooseNative("test_op", shape, run), native_is_faster);
+    EXPECT_EQ(ChooseNative(KernelChoice::kBf16, "test_op", shape, run), native_is_faster);
     EXPECT_EQ(calls, 8);  // a warm-up and three timed calls per path
-    EXPECT_EQ(ChooseNative("test_op", shape, run), native_is_faster);
+    EXPECT_EQ(ChooseNative(KernelChoice::kBf16, "test_op", shape, run), native_is_faster);
     EXPECT_EQ(calls, 8) << "a second call measured again";
   }
   bool found = false;
@@ -59,9 +59,9 @@ TEST(KernelChoice, KeepsTheFasterPathAndMeasuresEachShapeOnce) {
 // machine; the cross-process reuse is checked end to end by trainer_e2e_test.sh.
 TEST(KernelChoice, AMeasuredDecisionIsWrittenToTheCacheFile) {
   const std::string cache = testing::TempDir("kernel_choice") + "/sub/k.tsv";
-  SetBf16KernelMode(KernelMode::kMeasure);
+  SetKernelMode(KernelChoice::kBf16, KernelMode::kMeasure);
   SetKernelChoiceCache(cache);
-  EXPECT_TRUE(ChooseNative("cache_op", "x1", [](bool native) { Busy(native ? 20000 : 2000000); }));
+  EXPECT_TRUE(ChooseNative(KernelChoice::kBf16, "cache_op", "x1", [](bool native) { Busy(native ? 20000 : 2000000); }));
   SetKernelChoiceCache("");
   const std::string text = ReadFileToString(cache);
   EXPECT_NE(text.find(" | cache_op x1\tnative\t"), std::string::npos) << text;
@@ -72,12 +72,33 @@ TEST(KernelChoice, AMeasuredDecisionIsWrittenToTheCacheFile) {
 TEST(KernelChoice, APinnedModeDecidesWithoutMeasuring) {
   int calls = 0;
   auto run = [&](bool) { ++calls; };
-  SetBf16KernelMode(KernelMode::kNative);
-  EXPECT_TRUE(ChooseNative("pinned_op", "s", run));
-  SetBf16KernelMode(KernelMode::kAten);
-  EXPECT_FALSE(ChooseNative("pinned_op", "s", run));
-  SetBf16KernelMode(KernelMode::kMeasure);
+  SetKernelMode(KernelChoice::kBf16, KernelMode::kNative);
+  EXPECT_TRUE(ChooseNative(KernelChoice::kBf16, "pinned_op", "s", run));
+  SetKernelMode(KernelChoice::kBf16, KernelMode::kAten);
+  EXPECT_FALSE(ChooseNative(KernelChoice::kBf16, "pinned_op", "s", run));
+  SetKernelMode(KernelChoice::kBf16, KernelMode::kMeasure);
   EXPECT_EQ(calls, 0);
+}
+
+// Each choice has its own mode and flag, and a decision names its paths.
+TEST(KernelChoice, EachChoiceIsPinnedByItsOwnFlag) {
+  auto run = [](bool) {};
+  SetKernelMode(KernelChoice::kGemmSplit, KernelMode::kNative);
+  SetKernelMode(KernelChoice::kRowKernel, KernelMode::kAten);
+  EXPECT_TRUE(ChooseNative(KernelChoice::kGemmSplit, "split_op", "s", run));
+  EXPECT_FALSE(ChooseNative(KernelChoice::kRowKernel, "row_op", "s", run));
+  EXPECT_EQ(GetKernelMode(KernelChoice::kBf16), KernelMode::kMeasure);
+  SetKernelMode(KernelChoice::kGemmSplit, KernelMode::kMeasure);
+  SetKernelMode(KernelChoice::kRowKernel, KernelMode::kMeasure);
+  std::string said;
+  for (const KernelDecision& d : KernelDecisions()) {
+    if (d.op == "split_op" || d.op == "row_op") said += d.Describe() + "\n";
+  }
+  EXPECT_EQ(said,
+            "split_op s: native (row parts, a single-threaded GEMM per kernel thread), as "
+            "--gemm_split says\n"
+            "row_op s: aten (BLAS sgemm), as --row_kernels says\n");
+  EXPECT_STREQ(KernelChoiceFlag(KernelChoice::kBf16), "--bf16_kernels");
 }
 
 TEST(KernelChoice, ModesParseAndBadOnesAreRefused) {

@@ -76,6 +76,18 @@ check "--bf16_kernels=native pins the path" grep -q 'kernel choice: bf16_affine 
 "$glossa" train --model=lm.austen.TransformerLmTiny --logdir="$tmp/bf16d" --bf16_kernels=onednn > "$tmp/bf16d.log" 2>&1; rc=$?
 check "--bf16_kernels=onednn is refused (rc $rc): $(head -1 "$tmp/bf16d.log")" bash -c "test $rc -ne 0 && grep -q 'bf16_kernels.*onednn' '$tmp/bf16d.log'"
 
+# An fp32 run measures, per weight shape, whether its GEMMs run as row parts on the kernel threads
+# or on OpenBLAS's (with several kernel threads: a machine of 2 cores or more); --gemm_split pins it.
+fp32=(--model=lm.austen.TransformerLmTiny --random_seed=3 --max_steps=1 "--model_params_override=$small")
+if [ "$(nproc)" -ge 2 ]; then
+  GLOSSA_KERNEL_CHOICE_CACHE="$tmp/kc.tsv" "$glossa" train "${fp32[@]}" --logdir="$tmp/fp32a" > "$tmp/fp32a.log" 2>&1
+  check "an fp32 run measures its GEMM split: $(grep -m1 'kernel choice: fp32' "$tmp/fp32a.log")" grep -q '^kernel choice: fp32_affine 1024x16x[0-9]* train, [0-9]* kernel threads: .* (measured: aten [0-9.e+-]* ms, native [0-9.e+-]* ms)$' "$tmp/fp32a.log"
+  GLOSSA_KERNEL_CHOICE_CACHE="$tmp/kc.tsv" "$glossa" train "${fp32[@]}" --logdir="$tmp/fp32b" --gemm_split=aten > "$tmp/fp32b.log" 2>&1
+  check "--gemm_split=aten pins it" grep -q "kernel choice: fp32_affine .*: aten (one GEMM at a time on OpenBLAS's threads), as --gemm_split says" "$tmp/fp32b.log"
+fi
+"$glossa" train "${fp32[@]}" --logdir="$tmp/fp32c" --row_kernels=blas > "$tmp/fp32c.log" 2>&1; rc=$?
+check "--row_kernels=blas is refused (rc $rc): $(head -1 "$tmp/fp32c.log")" bash -c "test $rc -ne 0 && grep -q 'row_kernels.*blas' '$tmp/fp32c.log'"
+
 # 2. Resume to step 30 (or past it when SIGTERM came late: then just to stopped_at + 10).
 target=$(( stopped_at < 20 ? 30 : stopped_at + 10 ))
 check "resume" "$glossa" train "${flags[@]}" --max_steps=$target > "$tmp/train2.log" 2>&1

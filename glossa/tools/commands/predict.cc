@@ -59,6 +59,7 @@ class PredictCommand : public Command {
         ->check(CLI::IsMember({"auto", "text", "json"}));
     AddIntFlag(c, "--max_line_bytes", o_.max_line_bytes, 1, int64_t{1} << 30,
                "A longer input line is an error naming it (default 1 MiB).");
+    AddKernelFlags(c, kernels_);
     AddIntFlag(c, "--max_new_tokens", max_new_tokens_, 0, 1 << 20,
                "A line asking a generation for more new tokens is an error (default 512).");
     return c;
@@ -69,6 +70,7 @@ class PredictCommand : public Command {
     // A reader that goes away (`glossa predict | head`) makes the next write fail with EPIPE,
     // which stops the run with an error and exit status 1, not a silent death by SIGPIPE.
     std::signal(SIGPIPE, SIG_IGN);
+    ApplyKernelFlags(kernels_);
     ConfigureCpuRuntime(0, false, CpuWorkload::kInference);  // as glossa serve
     PredictorOptions po;
     po.subgraphs = {o_.subgraph};
@@ -106,6 +108,7 @@ class PredictCommand : public Command {
   std::string bundle_, input_, output_;
   PredictLinesOptions o_;
   int64_t max_new_tokens_ = 512;
+  KernelFlags kernels_;
 };
 GLOSSA_REGISTER_COMMAND(PredictCommand, 100);
 

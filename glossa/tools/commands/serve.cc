@@ -32,6 +32,7 @@ struct ServeFlags {
   double header_timeout_secs = 10, body_timeout_secs = 60, request_timeout_secs = 60;
   bool no_batching = false;
   bool batch_invariant = true;
+  KernelFlags kernels;
 };
 
 
@@ -43,6 +44,7 @@ int Serve(ServeFlags& f) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   CheckIntraOpThreads(f.intra_op_threads);
+  ApplyKernelFlags(f.kernels);
   ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads), false, CpuWorkload::kInference);
   PredictorOptions po;
   po.subgraphs = f.subgraphs;
@@ -96,6 +98,7 @@ class ServeCommand : public Command {
         "serve", "Serve an inference bundle over HTTP/JSON with dynamic batching (docs/inference.md).");
     ServeFlags& f = f_;
     c->add_option("--bundle", f.bundle, "The bundle directory (glossa export).")->required();
+    AddKernelFlags(c, f.kernels);
     c->add_option("--host", f.options.host, "The address to listen on.")->capture_default_str();
     AddIntFlag(c, "--port", f.port, 0, 65535, "The port (0: a free one, printed).");
     c->add_option("--port_file", f.port_file, "Write the port to this file once listening.");
