@@ -47,7 +47,10 @@ int main(int argc, char** argv) {
                               {"beam", "4"},
                               {"runs", "3"},
                               {"int8", "0"},
-                              {"fused", "1"}});
+                              {"fused", "1"},
+                              {"row_kernels", "measure"}});
+  // --row_kernels=measure|aten|native: how short inputs are projected (kernel_choice.h).
+  SetKernelMode(KernelChoice::kRowKernel, ParseKernelMode(f["row_kernels"], "--row_kernels"));
   ConfigureCpuRuntime(0, false, CpuWorkload::kInference);
   const int64_t n = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int64_t runs = std::stoll(f["runs"]);

@@ -29,19 +29,30 @@ print(statistics.median(vals) if vals else 0)
 EOF
 }
 
+# The mean of a per-step summary over the steps from $3 on (every step writes it: one batch's
+# fullness varies too much to stand for a run's).
+mean_from() {
+  /usr/bin/python3 - "$1" "$2" "$3" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if f'"tag":"{sys.argv[2]}"' in l]
+vals = [r["value"] for r in rows if r["step"] >= int(sys.argv[3])] or [r["value"] for r in rows]
+print(statistics.fmean(vals) if vals else 0)
+EOF
+}
+
 run() {  # model packed(0/1) rep -> "tokens/s examples/s"
   local dir="$tmp/$1-$2-$3" n="$steps"
   case "$1" in mt.*) n=$((steps / 2)) ;; esac
   local override="task.input.packed_input : False"
   [ "$2" = 1 ] && override="task.input.packed_input : True"
-  override="$override; task.train.steps_per_loop : $((n / 4)); task.train.summary_interval_steps : $((n / 4))"
+  override="$override; task.train.steps_per_loop : $((n / 4)); task.train.summary_interval_steps : 1"
   if ! "$bin" train --model="$1" --logdir="$dir" --random_seed=1 --max_steps="$n" \
       --model_params_override="$override" > "$dir.log" 2>&1; then
     echo "FAIL: $1 (packed=$2): $(tail -3 "$dir.log")" >&2
     exit 1
   fi
   local m="$dir/train/metrics.jsonl"
-  echo "$(median_of "$m" tokens/sec) $(median_of "$m" examples/sec) $(median_of "$m" input_nonpad_fraction)"
+  echo "$(median_of "$m" tokens/sec) $(median_of "$m" examples/sec) $(mean_from "$m" input_nonpad_fraction $((n / 4)))"
 }
 
 models=(lm.austen.TransformerLmTiny)
@@ -53,8 +64,9 @@ else
        "bash scripts/prepare_bible_mt.sh DIR/bible_mt and set GLOSSA_DATA_DIR=DIR)"
 fi
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $steps steps a run, $reps reps"
-# full: input_nonpad_fraction, the share of the batches' cells holding a token (bucketed, packed);
-# bound: their ratio, what packing could gain if the work were proportional to the cells.
+# full: input_nonpad_fraction, the share of the batches' cells holding a token (bucketed, packed),
+# averaged over every step after the first loop; bound: their ratio, what packing could gain if
+# the work were proportional to the cells.
 printf "%-30s %14s %14s %12s %12s %6s %6s %6s %6s\n" model bucketed_tok/s packed_tok/s \
   bucketed_ex/s packed_ex/s full_b full_p bound ratio
 for m in "${models[@]}"; do

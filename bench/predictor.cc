@@ -46,10 +46,13 @@ int main(int argc, char** argv) {
                               {"threads", "0"},
                               {"batch_invariant", "0"},
                               {"int8", "0"},
-                             {"count_ops", "0"}});
+                             {"count_ops", "0"},
+                              {"row_kernels", "measure"}});
   const std::string work = f["workdir"];
   const int64_t num_sentences = std::stoll(f["sentences"]), batch = std::stoll(f["batch"]);
   const int runs = std::stoi(f["runs"]);
+  // --row_kernels=measure|aten|native: how short inputs are projected (kernel_choice.h).
+  SetKernelMode(KernelChoice::kRowKernel, ParseKernelMode(f["row_kernels"], "--row_kernels"));
   ConfigureCpuRuntime(std::stoi(f["threads"]), false, CpuWorkload::kInference);
   // --batch_invariant=1: the kernels glossa serve runs (glossa/kernels/batch_invariant.h).
   std::optional<BatchInvariantScope> invariant;

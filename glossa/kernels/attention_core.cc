@@ -12,6 +12,7 @@
 
 #include "glossa/base/strings.h"
 #include "glossa/kernels/batch_invariant.h"
+#include "glossa/kernels/bf16_softmax.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/kernel_choice.h"
@@ -515,6 +516,11 @@ std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, co
                                                          const at::Tensor& v,
                                                          const at::Tensor& bias) {
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
+  // bf16 logits: the bias added and the softmax taken in one pass (kernels/bf16_softmax.h).
+  if (Bf16SoftmaxApplies(logits, bias)) {
+    const at::Tensor probs = Bf16SoftmaxWithBias(logits, bias);
+    return {at::einsum("bnts,bsnh->btnh", {probs, v}), probs};
+  }
   // The mask as an additive bias on the (small, broadcast) mask: a masked_fill over the full
   // [B, N, T, S] logits, and its backward, cost ~10x more on CPU. logit + lowest rounds to
   // lowest for any finite logit of sane size, so the result is the same.

@@ -2,6 +2,8 @@
 // einsum), outputs, probabilities and gradients; causal blocks; what it sends to the reference.
 #include "glossa/kernels/attention_core.h"
 
+#include "glossa/kernels/bf16_softmax.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -87,6 +89,39 @@ TEST(AttentionCoreKernel, CausalBlocksOfPackedRowsSkipTheSegmentsBeforeTheirOwn)
   SoftmaxBackwardInPlace(d, want, 32, {0, 10, 50, 0, 0, 60});
   EXPECT_TRUE(at::allclose(d.narrow(3, 0, 32), dwant.narrow(3, 0, 32), 1e-6, 1e-7));
   EXPECT_TRUE(at::equal(d[0][1].narrow(0, 64, 32).narrow(1, 0, 50), at::zeros({32, 50})));
+}
+
+// bf16 logits' softmax (kernels/bf16_softmax.h) against ATen's bf16 softmax of logits + bias:
+// probabilities and the logits' gradient within one bf16 rounding, with a per-query float32
+// bias, a broadcast bf16 one and none, rows of 37 keys (a partial last vector) and 64.
+TEST(Bf16Softmax, MatchesAtensSoftmaxOfTheBiasedLogits) {
+  at::manual_seed(11);
+  for (int64_t s : {37, 64}) {
+    const at::Tensor masked = at::rand({2, 1, 5, s}) < 0.3;
+    const std::vector<at::Tensor> biases = {
+        at::zeros({2, 1, 5, s}).masked_fill_(masked, std::numeric_limits<float>::lowest()),
+        at::zeros({1, 1, 1, s}).masked_fill_(at::arange(s) >= s - 3, -3.38e38)
+            .to(at::kBFloat16),
+        at::Tensor()};
+    for (const at::Tensor& bias : biases) {
+      SCOPED_TRACE(testing::Message() << "S " << s << " bias " << (bias.defined() ? bias.sizes() : at::IntArrayRef{}));
+      const at::Tensor x0 = (3 * at::randn({2, 3, 5, s})).to(at::kBFloat16);
+      const at::Tensor g = at::randn({2, 3, 5, s}).to(at::kBFloat16);
+      if (!Bf16SoftmaxApplies(x0, bias)) GTEST_SKIP() << "needs AVX-512 BW/VL";
+      const at::Tensor x = x0.clone().requires_grad_(true), xr = x0.clone().requires_grad_(true);
+      const at::Tensor y = Bf16SoftmaxWithBias(x, bias);
+      const at::Tensor yr = at::softmax(bias.defined() ? xr + bias.to(at::kBFloat16) : xr, -1);
+      // One bf16 rounding: ATen adds the bias in bf16 first, so compare against float64 too.
+      const at::Tensor exact = at::softmax(
+          bias.defined() ? x0.to(at::kDouble) + bias.to(at::kDouble) : x0.to(at::kDouble), -1);
+      EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(at::allclose(y.to(at::kDouble), exact, 8e-3, 1e-6));
+      EXPECT_TRUE(at::allclose(y.to(at::kFloat), yr.to(at::kFloat), 1.6e-2, 1e-5));
+      y.backward(g);
+      yr.backward(g);
+      EXPECT_TRUE(at::allclose(x.grad().to(at::kFloat), xr.grad().to(at::kFloat), 3e-2, 2e-3));
+    }
+  }
 }
 
 TEST(AttentionCoreKernel, OtherOperandsTakeTheReference) {
