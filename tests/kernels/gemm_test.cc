@@ -282,9 +282,10 @@ TEST(Affine, Float32IsAtensAddmmAndRelu) {
   at::set_num_threads(saved_aten);
 }
 
-// bf16 Affine with the ReLU fused gives relu(Affine(·)) bit for bit, with its gradients.
-TEST(Affine, Bf16ReluIsReluOfTheProduct) {
-  PinBf16Kernels pin(KernelMode::kNative);
+// bf16 Affine with the ReLU fused gives relu(Affine(·)) bit for bit, with its gradients, on both
+// bf16 paths (the native one's fused ReLU, and Glossa's bf16 ReLU after ATen's addmm).
+void ExpectBf16ReluIsReluOfTheProduct(KernelMode mode) {
+  PinBf16Kernels pin(mode);
   at::manual_seed(4);
   const at::Tensor x0 = at::randn({70, 24}).to(at::kBFloat16),
                    w0 = at::randn({24, 130}).to(at::kBFloat16),
@@ -300,6 +301,20 @@ TEST(Affine, Bf16ReluIsReluOfTheProduct) {
   const auto got = run(true), want = run(false);
   EXPECT_GT((got[0] == 0).sum().item<int64_t>(), 0);  // the ReLU clipped something
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << i;
+}
+
+TEST(Affine, Bf16ReluIsReluOfTheProduct) {
+  ExpectBf16ReluIsReluOfTheProduct(KernelMode::kNative);
+  ExpectBf16ReluIsReluOfTheProduct(KernelMode::kAten);
+  // NaN stays NaN, -0 and negatives become 0, as ATen's relu has them (an odd length: the tail).
+  PinBf16Kernels pin(KernelMode::kAten);
+  const at::Tensor x = at::tensor({1.5f, -2.0f, std::nanf(""), -std::nanf(""), -0.0f, 0.0f, 3e38f,
+                                   -3e38f, 1e-40f, -1e-40f, 7.0f}).to(at::kBFloat16).view({11, 1});
+  const at::Tensor eye = at::ones({1, 1}, at::kBFloat16);
+  const at::Tensor got = Affine(x, eye, at::Tensor(), /*relu=*/true).to(at::kFloat);
+  const at::Tensor want = at::relu(x.to(at::kFloat));
+  EXPECT_TRUE(at::equal(got.isnan(), want.isnan()));
+  EXPECT_TRUE(at::equal(got.nan_to_num(), want.nan_to_num())) << got << want;
 }
 
 // bf16 Affine with a float32 output (the logits' path) gives .to(kFloat) of the bf16 result, and
