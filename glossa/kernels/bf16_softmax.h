@@ -1,8 +1,8 @@
 // softmax(logits + bias) over the last dimension for bf16 attention logits, in one pass each way
 // (what bf16 attention on ATen's oneDNN GEMMs runs between its two products; kernels/
-// attention_core.h). ATen 1.13's CPU softmax on bf16 and the bias add before it took 8 ms and
-// 2 ms per [8, 8, 256, 256] call on a Zen 4, a sixth of the 512-wide LM's bf16 attention time
-// (bench/README.md); here each row is widened once, the bias added, the softmax taken in float32
+// attention_core.h). ATen 1.13's bias add before its bf16 CPU softmax took 6 ms per
+// [8, 8, 256, 256] call on a Zen 4 (35 ms of the 512-wide LM's bf16 step; bench/README.md), and
+// its softmax 8; here each row is widened once, the bias added, the softmax taken in float32
 // and rounded to bf16 once, as ATen's (which also computes in float32) rounds it. The backward,
 // dx = y ∘ (dy − Σ dy∘y), likewise in float32 per row, rounded once.
 //
