@@ -55,7 +55,9 @@ void Project(const float* x, int64_t rows, const StepProjArgs& p, bool relu, flo
     Int8AffineRaw(x, rows, *p.w8, p.b, relu, y);
     return;
   }
-  if (!HasSgemm() || RowKernelsFor(rows, p.in, p.out, p.transposed)) {
+  // GLOSSA_KERNELS=reference: the portable row kernel (a step's rows stay independent).
+  if (!HasSgemm() || KernelsForcedToReference() ||
+      RowKernelsFor(rows, p.in, p.out, p.transposed)) {
     if (p.transposed) {
       InvariantAffineTransposedRaw(x, p.w, p.b, y, rows, p.in, p.out, relu);
     } else {
