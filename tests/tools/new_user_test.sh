@@ -232,7 +232,7 @@ grep -q "has no onnx/lm_score.onnx or onnx/mt_encoder.onnx" <<<"$out" || bad "no
 ort="$repo/bench/onnx/ort_run.js"
 if command -v node > /dev/null && [ -d "$repo/bench/onnx/node_modules/onnxruntime-node" ]; then
   node "$ort" --model onnx_bundle/onnx/lm_score.onnx --feeds feeds.json > ort.json 2> ort.err || bad "ort_run.js: $(cat ort.err)"
-  "$glossa" predict --bundle=onnx_bundle --input=onnx_lines.txt > predict.jsonl 2>&1 || bad "predict: $(cat predict.jsonl)"
+  "$glossa" predict --bundle=onnx_bundle --input=onnx_lines.txt > predict.jsonl 2> predict.err || bad "predict: $(cat predict.err)"
   /usr/bin/python3 - ort.json predict.jsonl <<'PY' || bad "ONNX Runtime's scores differ from predict's: $(cat ort.json | head -c 300)"
 import json, sys
 ort = json.load(open(sys.argv[1]))["outputs"]["total_log_prob"]["data"]
