@@ -15,7 +15,7 @@
 // A probe runs the forward (and, in training, the backward) of both paths on operands of the
 // layer's weight shape at a fixed row count (2,048 rows in training, 256 in inference: one path
 // per layer whatever the batch, so that a sentence's bits do not depend on what shares its
-// batch), a warm-up then three alternating timed calls each, and keeps the native path unless
+// batch), a warm-up then five alternating timed calls each, and keeps the native path unless
 // ATen's median is under 0.9 of it (near ties stay put); it costs a few milliseconds per shape for
 // small models and about 0.3 s per shape for a 512-wide one, once per machine (the decisions are
 // cached in a file, see SetKernelChoiceCache). Each decision is
