@@ -328,6 +328,13 @@ std::vector<int64_t> BlockKeyStarts(const at::Tensor& bias, int64_t B, int64_t T
   return any ? starts : std::vector<int64_t>();
 }
 
+// The first key block [t0, t0 + blk) of batch row b computes: block_starts' entry, or 0.
+auto BlockFirstKey(const std::vector<int64_t>& block_starts, int64_t T, int64_t blk) {
+  return [&block_starts, blocks = (T + blk - 1) / blk, blk](int64_t b, int64_t t0) -> int64_t {
+    return block_starts.empty() ? 0 : block_starts[b * blocks + t0 / blk];
+  };
+}
+
 class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -340,10 +347,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
     const int64_t cb = CausalBlock(causal, T, S), blk = cb > 0 ? cb : T;
     const std::vector<int64_t> starts = BlockKeyStarts(bias, B, T, S, cb);
-    // Block [t0, t1)'s keys: [first(b, block), t1) when causal, else all.
-    auto first = [&](int64_t b, int64_t t0) {
-      return starts.empty() ? 0 : starts[b * ((T + blk - 1) / blk) + t0 / blk];
-    };
+    // Block [t0, t1)'s keys: [first(b, t0), t1) when causal, else all.
+    const auto first = BlockFirstKey(starts, T, blk);
     auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
     at::Tensor logits = at::empty({B, N, T, S}, q.options());
     const Heads hq(q), hk(k), hv(v);
@@ -401,9 +406,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const int64_t blk = cb > 0 ? cb : T;
     const std::vector<int64_t> starts =
         cb > 0 ? ctx->saved_data["block_starts"].toIntVector() : std::vector<int64_t>();
-    auto first = [&](int64_t b, int64_t t0) {
-      return starts.empty() ? 0 : starts[b * ((T + blk - 1) / blk) + t0 / blk];
-    };
+    const auto first = BlockFirstKey(starts, T, blk);
     auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
     const at::Tensor g =
         grads[0].defined() ? Widen(grads[0]) : at::zeros({B, T, N, H}, q.options());

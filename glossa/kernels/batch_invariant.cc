@@ -353,16 +353,17 @@ bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed) {
   if (!HasSgemm()) return true;
   int64_t bucket = 1;
   while (bucket < rows) bucket *= 2;
-  // Decisions this thread has seen, without the decisions' lock and key (a decoding step asks
-  // for every projection).
+  // A copy of the decisions this thread has asked for (ChooseNative's, which are per process and
+  // decided by the mode in the key), read without their lock and string key: a decoding step asks
+  // for every projection.
   static thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, KernelMode>, bool> seen;
   const auto key = std::make_tuple(bucket, k, n, transposed, GetKernelMode(KernelChoice::kRowKernel));
   if (const auto it = seen.find(key); it != seen.end()) return it->second;
   const std::string shape = StrCat(bucket, "x", k, "x", n, transposed ? " wT" : "");
   const bool row = ChooseNative(KernelChoice::kRowKernel, "fp32_row_affine", shape, [&](bool row_kernel) {
-    // Deterministic operands, and enough repetitions that a call is not timer noise.
-    static thread_local std::vector<float> buf;
-    buf.resize(static_cast<size_t>(bucket * k + k * n + n + bucket * n));
+    // Deterministic operands (freed after the probe), and enough repetitions that a call is not
+    // timer noise.
+    std::vector<float> buf(static_cast<size_t>(bucket * k + k * n + n + bucket * n));
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = 0.05f * std::sin(0.37f * static_cast<float>(i));
     const float *x = buf.data(), *w = x + bucket * k, *b = w + k * n;
     float* y = const_cast<float*>(b) + n;
