@@ -51,8 +51,21 @@ class KernelPool {
     }
   }
   int threads() const { return threads_.load(); }
-  // Whether this thread runs a chunk of a loop (the caller's or a worker's).
+  // Whether this thread runs a chunk of a loop (the caller's or a worker's, or a whole loop that
+  // ran inline).
   static bool InLoop() { return in_loop_; }
+  // f(begin, end) on this thread as one chunk: the loops nested in it run inline too, as they do
+  // in a chunk the pool ran. (Unmarked, a loop of one chunk let its nested loops spread over the
+  // workers while the caller's chunk was not done with its own state.)
+  static void RunInline(int64_t begin, int64_t end,
+                        const std::function<void(int64_t, int64_t)>& f) {
+    struct Mark {
+      bool saved = in_loop_;
+      Mark() { in_loop_ = true; }
+      ~Mark() { in_loop_ = saved; }
+    } mark;
+    f(begin, end);
+  }
 
   // Runs f over [begin, end) on the caller and up to threads() - 1 workers; false (nothing run)
   // when the pool is busy with another thread's loop or there is a single chunk.
@@ -198,7 +211,7 @@ void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
     return;
   }
   if (KernelPool::Get().threads() > 1 && KernelPool::Get().Run(begin, end, grain, f)) return;
-  f(begin, end);
+  KernelPool::RunInline(begin, end, f);
 }
 
 }  // namespace glossa

@@ -171,9 +171,16 @@ TEST(CpuRuntime, KernelLoopsCoverEachIndexOnceAndPassErrorsOn) {
           ASSERT_LT(lo, hi);
           ++calls;
           for (int64_t i = lo; i < hi; ++i) ++hits[i];
-          // A nested loop runs inline on this thread.
+          // A nested loop runs inline on this thread, also where the outer loop was one chunk
+          // run inline (n = 1, or a grain larger than n).
           int64_t inner = 0;
-          KernelParallelFor(0, 10, 1, [&](int64_t a, int64_t b) { inner += b - a; });
+          bool elsewhere = false;
+          const std::thread::id me = std::this_thread::get_id();
+          KernelParallelFor(0, 10, 1, [&](int64_t a, int64_t b) {
+            if (std::this_thread::get_id() != me) elsewhere = true;
+            inner += b - a;
+          });
+          EXPECT_FALSE(elsewhere) << threads << " threads, n " << n << ", grain " << grain;
           EXPECT_EQ(inner, 10);
         });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << i;
