@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
 #include <limits>
 
 namespace glossa {
@@ -91,6 +92,38 @@ TEST(AttentionCoreKernel, CausalBlocksOfPackedRowsSkipTheSegmentsBeforeTheirOwn)
   SoftmaxBackwardInPlace(d, want, 32, {0, 10, 50, 0, 0, 60});
   EXPECT_TRUE(at::allclose(d.narrow(3, 0, 32), dwant.narrow(3, 0, 32), 1e-6, 1e-7));
   EXPECT_TRUE(at::equal(d[0][1].narrow(0, 64, 32).narrow(1, 0, 50), at::zeros({32, 50})));
+}
+
+// The native softmaxes never produce a subnormal probability (e^x below −87 is 0, as under
+// flush-to-zero: on Intel cores each subnormal result or operand takes a microcode assist, and a
+// causal mask's keys put half the softmax's inputs there), and agree with ATen's everywhere else:
+// logits 0, −86 (a normal e^x), −87.5 and −100 (subnormal ones), −200 (0 either way), masked.
+TEST(AttentionCoreKernel, SoftmaxesProduceNoSubnormals) {
+  if (!CpuHasAvx512BwVl()) return;  // both kernels need it (GLOSSA_KERNELS=reference too)
+  const float lowest = std::numeric_limits<float>::lowest();
+  const at::Tensor row = at::tensor({0.0f, -86.0f, -87.5f, -100.0f, -200.0f, 0.0f, 1.0f, 2.0f,
+                                     3.0f, -50.0f, -86.5f, -88.0f, -90.0f, -95.0f, -99.0f, 0.5f,
+                                     -1.0f});
+  const int64_t S = row.numel();
+  const at::Tensor bias = at::zeros({1, 1, 1, S}).index_put_({0, 0, 0, 5}, lowest);
+  const at::Tensor want = at::softmax(row.view({1, 1, 1, S}) + bias, -1);
+  auto check = [&](const at::Tensor& got, double rtol, const char* what) {
+    const at::Tensor g = got.to(at::kFloat).reshape({-1});
+    const at::Tensor w = want.to(got.scalar_type()).to(at::kFloat).reshape({-1});
+    for (int64_t s = 0; s < S; ++s) {
+      const float gs = g[s].item<float>(), ws = w[s].item<float>();
+      EXPECT_NE(std::fpclassify(gs), FP_SUBNORMAL) << what << " key " << s << ": " << gs;
+      if (std::fpclassify(ws) == FP_NORMAL) {
+        EXPECT_NEAR(gs, ws, rtol * ws) << what << " key " << s;
+      } else {
+        EXPECT_EQ(gs, 0.0f) << what << " key " << s << " (ATen: " << ws << ")";
+      }
+    }
+  };
+  at::Tensor x = row.view({1, 1, 1, S}).clone();
+  SoftmaxWithBiasInPlace(x, bias);
+  check(x, 1e-6, "float32");
+  check(Bf16SoftmaxWithBias(row.view({1, 1, 1, S}).to(at::kBFloat16), bias), 1e-2, "bf16");
 }
 
 // bf16 logits' softmax (kernels/bf16_softmax.h) against ATen's bf16 softmax of logits + bias:
