@@ -19,6 +19,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/inference/predictor.h"
 #include "glossa/io/safetensors.h"
+#include "glossa/kernels/kernel_choice.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
@@ -156,10 +157,42 @@ class SigintScope {
   struct sigaction old_ {};
 };
 
+// The kernel choices glossa.train's bf16_kernels, gemm_split and row_kernels pin (as the CLI's
+// --bf16_kernels, --gemm_split, --row_kernels do) for the call, and the earlier modes after it.
+class KernelModesScope {
+ public:
+  KernelModesScope(const std::string& bf16, const std::string& split, const std::string& rows) {
+    const std::pair<glossa::KernelChoice, const std::string*> given[] = {
+        {glossa::KernelChoice::kBf16, &bf16},
+        {glossa::KernelChoice::kGemmSplit, &split},
+        {glossa::KernelChoice::kRowKernel, &rows}};
+    std::vector<std::pair<glossa::KernelChoice, glossa::KernelMode>> modes;
+    for (const auto& [choice, text] : given) {  // every value checked before any is set
+      modes.emplace_back(choice, glossa::ParseKernelMode(
+                                     *text, std::string(glossa::KernelChoiceFlag(choice)).substr(2)));
+    }
+    for (const auto& [choice, mode] : modes) {
+      saved_.emplace_back(choice, glossa::GetKernelMode(choice));
+      glossa::SetKernelMode(choice, mode);
+    }
+  }
+  ~KernelModesScope() {
+    for (const auto& [choice, mode] : saved_) glossa::SetKernelMode(choice, mode);
+  }
+  KernelModesScope(const KernelModesScope&) = delete;
+  KernelModesScope& operator=(const KernelModesScope&) = delete;
+
+ private:
+  std::vector<std::pair<glossa::KernelChoice, glossa::KernelMode>> saved_;
+};
+
 int64_t Train(const Params& model_params, const std::string& logdir,
               std::optional<int64_t> max_steps, const py::dict& datasets, int verbosity,
-              int64_t log_every_n_steps, int intra_op_threads, const py::object& log) {
+              int64_t log_every_n_steps, int intra_op_threads, const py::object& log,
+              const std::string& bf16_kernels, const std::string& gemm_split,
+              const std::string& row_kernels) {
   InitLogging();
+  KernelModesScope kernel_modes(bf16_kernels, gemm_split, row_kernels);
   // The CLI's training (glossa/runtime/trainer.h): the same checks, CPU setup and executor.
   glossa::TrainOptions o;
   o.max_steps = max_steps;
@@ -280,6 +313,8 @@ void DefineRuntime(py::module_& m) {
         py::arg("max_steps") = py::none(), py::arg("datasets") = py::dict(),
         py::arg("verbosity") = 1, py::arg("log_every_n_steps") = 0,
         py::arg("intra_op_threads") = 0, py::arg("log") = py::none(),
+        py::arg("bf16_kernels") = "measure", py::arg("gemm_split") = "measure",
+        py::arg("row_kernels") = "measure",
         R"doc(Trains a model with the executor `glossa train` runs; returns the final global step.
 
 model_params: a model's Params (glossa.model_registry.get_params(key, "Train") or a Python
@@ -287,7 +322,9 @@ configuration's). It resumes from logdir/train's latest checkpoint, saves as the
 runs without the GIL. Ctrl-C (SIGINT) stops after the current step, saves, and raises
 KeyboardInterrupt. datasets: {name: Params} for the datasets the program schedule evaluates.
 log: a callable taking each console line (default: stdout). intra_op_threads as the CLI's
---intra_op_threads (0: the layout glossa picks; it sets torch's thread count).)doc");
+--intra_op_threads (0: the layout glossa picks; it sets torch's thread count). bf16_kernels,
+gemm_split, row_kernels: "measure" (the default: each kernel choice timed on this machine), "aten"
+or "native", as the CLI's flags of those names; for this call only.)doc");
 
   m.def(
       "load_checkpoint",

@@ -2,6 +2,7 @@
 `python3 -m glossa train ...` and glossa.train() all write the checkpoint the CLI writes for the
 same Params and seed."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,25 @@ def test_bad_python_models_fail_with_the_reason(glossa_cli, tmp_path, model, mes
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert message in r.stderr
     assert not (tmp_path / "train").exists()
+
+
+def test_train_pins_kernel_choices_for_the_call(tmp_path, capfd):
+    p = glossa.model_registry.get_params("py:pymodels.TinyLm", "Train")
+    with pytest.raises(ValueError, match="gemm_split must be measure, aten or native, got 'fast'"):
+        glossa.train(p, str(tmp_path / "bad"), gemm_split="fast")
+    assert not (tmp_path / "bad" / "train").exists()
+    # The fp32 projections' GEMMs split over the kernel threads or on OpenBLAS's: a choice made
+    # where there are several kernel threads (every machine of 2 cores or more), which
+    # gemm_split="aten" pins, as the CLI's --gemm_split=aten does.
+    capfd.readouterr()
+    assert glossa.train(p, str(tmp_path / "pinned"), max_steps=1, verbosity=0,
+                        gemm_split="aten") == 1
+    err = capfd.readouterr().err
+    if (os.cpu_count() or 1) >= 2:
+        assert re.search(r"kernel choice: fp32_affine .*: aten \(one GEMM at a time on OpenBLAS's "
+                         r"threads\), as --gemm_split says", err), err
+    else:  # one kernel thread: nothing to split, no choice made
+        assert "fp32_affine" not in err, err
 
 
 def test_train_rejects_what_is_not_a_model(tmp_path):
