@@ -240,6 +240,26 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o, i
 
 }  // namespace
 
+namespace {
+
+// A collective or transfer failed (`e`): Aborted naming `what`, this rank, and the ranks that are
+// gone when they can be told.
+[[noreturn]] void Fail(const std::exception& e, const DistributedOptions& o, c10d::Store* store,
+                       const char* what, int peer) {
+  std::string why = e.what();
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
+  const std::string me =
+      o.world_ranks.empty()
+          ? StrCat("rank ", o.rank, " of ", o.world_size)
+          : StrCat("rank ", o.world_ranks[o.rank], " (", o.rank, " of ", o.world_size,
+                   " in group ", o.group, ")");
+  throw AbortedError(StrCat(what, " failed on ", me, ": ", DiagnoseLostRanks(store, o, peer),
+                            "a rank died or stalled past the ", o.timeout_seconds,
+                            " s timeout (", Strip(why), ")"));
+}
+
+}  // namespace
+
 // Waits for a collective; a peer that died or stalled past the timeout is Aborted, naming the
 // ranks that are gone when they can be told.
 void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& o,
@@ -247,17 +267,19 @@ void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& 
   try {
     work->wait();
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
-    const std::string me =
-        o.world_ranks.empty()
-            ? StrCat("rank ", o.rank, " of ", o.world_size)
-            : StrCat("rank ", o.world_ranks[o.rank], " (", o.rank, " of ", o.world_size,
-                     " in group ", o.group, ")");
-    throw AbortedError(StrCat(what, " failed on ", me, ": ",
-                              DiagnoseLostRanks(store, o, peer), "a rank died or stalled past the ",
-                              o.timeout_seconds, " s timeout (", Strip(why), ")"));
+    Fail(e, o, store, what, peer);
   }
+}
+
+void Run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
+         const DistributedOptions& o, c10d::Store* store, const char* what, int peer) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = issue();
+  } catch (const std::exception& e) {
+    Fail(e, o, store, what, peer);
+  }
+  Wait(work, o, store, what, peer);
 }
 
 
@@ -266,14 +288,14 @@ void Distributed::Broadcast(const std::vector<at::Tensor>& tensors, int root) {
     std::vector<at::Tensor> one = {t};
     c10d::BroadcastOptions bo;
     bo.rootRank = root;
-    Wait(impl_->pg->broadcast(one, bo), options_, impl_->store.get(), "broadcast");
+    Run([&] { return impl_->pg->broadcast(one, bo); }, options_, impl_->store.get(), "broadcast");
   }
 }
 
 void Distributed::AllReduceSum(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     std::vector<at::Tensor> one = {t};
-    Wait(impl_->pg->allreduce(one), options_, impl_->store.get(), "allreduce");
+    Run([&] { return impl_->pg->allreduce(one); }, options_, impl_->store.get(), "allreduce");
   }
 }
 
@@ -302,7 +324,8 @@ int64_t Distributed::AllReduceMean(const std::vector<at::Tensor>& tensors, int64
       at::Tensor flat = bucket.size() == 1 && bucket[0].is_contiguous() ? bucket[0]
                                                                          : at::cat(flat_parts);
       std::vector<at::Tensor> one = {flat};
-      Wait(impl_->pg->allreduce(one), options_, impl_->store.get(), "allreduce of gradients");
+      Run([&] { return impl_->pg->allreduce(one); }, options_, impl_->store.get(),
+          "allreduce of gradients");
       sent += flat.numel() * static_cast<int64_t>(flat.element_size());
       flat.mul_(scale);
       if (!(bucket.size() == 1 && bucket[0].is_contiguous())) {
@@ -326,7 +349,8 @@ at::Tensor Distributed::AllToAll(const at::Tensor& input) {
   at::Tensor out = at::empty_like(in);
   if (options_.world_size == 1) return out.copy_(in);
   std::vector<int64_t> out_splits, in_splits;  // empty: equal blocks
-  Wait(impl_->pg->alltoall_base(out, in, out_splits, in_splits), options_, impl_->store.get(),
+  Run([&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits); }, options_,
+      impl_->store.get(),
        "all-to-all");
   return out;
 }
@@ -448,7 +472,7 @@ void CheckPeer(const DistributedOptions& o, int peer, const char* what) {
 void Distributed::Send(const at::Tensor& t, int dst, int tag) {
   CheckPeer(options_, dst, "send");
   std::vector<at::Tensor> one = {t.contiguous()};
-  Wait(impl_->pg->send(one, dst, tag), options_, impl_->store.get(),
+  Run([&] { return impl_->pg->send(one, dst, tag); }, options_, impl_->store.get(),
        StrCat("send to rank ", dst).c_str(), dst);
 }
 
@@ -458,7 +482,7 @@ void Distributed::Recv(at::Tensor& out, int src, int tag) {
     throw InvalidArgumentError("recv: the output tensor must be contiguous");
   }
   std::vector<at::Tensor> one = {out};
-  Wait(impl_->pg->recv(one, src, tag), options_, impl_->store.get(),
+  Run([&] { return impl_->pg->recv(one, src, tag); }, options_, impl_->store.get(),
        StrCat("recv from rank ", src).c_str(), src);
 }
 

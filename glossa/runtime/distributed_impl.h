@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "glossa/runtime/distributed.h"
@@ -24,5 +25,10 @@ struct Distributed::Impl {
 // (only `peer` after a point-to-point transfer, every rank after a collective).
 void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& o,
           c10d::Store* store, const char* what, int peer = -1);
+// Issues the work with `issue` and waits for it, failing as Wait does also when issuing throws
+// (gloo starts a send or recv on the calling thread, and throws there when the peer's connection
+// is already closed).
+void Run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
+         const DistributedOptions& o, c10d::Store* store, const char* what, int peer = -1);
 
 }  // namespace glossa

@@ -397,6 +397,46 @@ TEST(Distributed, PointToPointDeliversInOrderAndNamesALostPeer) {
             std::string::npos) << error;
 }
 
+// A send to a rank that has left: gloo starts the send on the calling thread and throws there once
+// it has seen the peer's connection close ("Connection closed by peer"); that too is Aborted
+// naming the lost rank, as a failed wait is (a killed pipeline stage's neighbour once exited with
+// gloo's bare message instead). Sends before the close is seen may still succeed into the
+// socket's buffer: rank 1 sends until one fails.
+TEST(Distributed, ASendToALostPeerNamesIt) {
+  std::promise<void> answered;
+  std::shared_future<void> done = answered.get_future().share();
+  std::string error, next;
+  RunWorkers(3, [&](Distributed& dist) {
+    dist.Barrier();
+    if (dist.rank() == 0) done.wait();  // the store's host stays until rank 1 has its answer
+    if (dist.rank() != 1) return;  // rank 2's Distributed, and its connections, close now
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    const at::Tensor x = at::zeros({1024});
+    try {
+      while (std::chrono::steady_clock::now() < deadline) dist.Send(x, 2);
+      error = "every send succeeded for 60 s";
+    } catch (const AbortedError& e) {
+      error = e.what();
+    } catch (const std::exception& e) {  // caught, so that rank 0 is always released
+      error = StrCat("not Aborted: ", e.what());
+    }
+    // Now that the close is seen, the next send fails where gloo starts it.
+    try {
+      dist.Send(x, 2);
+      next = "succeeded";
+    } catch (const AbortedError& e) {
+      next = e.what();
+    } catch (const std::exception& e) {
+      next = StrCat("not Aborted: ", e.what());
+    }
+    answered.set_value();
+  }, /*timeout=*/2);
+  for (const std::string* e : {&error, &next}) {
+    EXPECT_NE(e->find("send to rank 2 failed on rank 1 of 3: lost rank(s): 2"), std::string::npos)
+        << *e;
+  }
+}
+
 // GShard's expert parallelism (TransformerShardedMoeLayer with num_devices = 2 on a 2-rank expert
 // axis): each rank holds 2 of the 4 experts and routes its own half of the batch; outputs, aux
 // losses and every gradient match the same layer with all experts in one process on the whole
