@@ -238,10 +238,6 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o, i
   }
 }
 
-}  // namespace
-
-namespace {
-
 // A collective or transfer failed (`e`): Aborted naming `what`, this rank, and the ranks that are
 // gone when they can be told.
 [[noreturn]] void Fail(const std::exception& e, const DistributedOptions& o, c10d::Store* store,
@@ -350,8 +346,7 @@ at::Tensor Distributed::AllToAll(const at::Tensor& input) {
   if (options_.world_size == 1) return out.copy_(in);
   std::vector<int64_t> out_splits, in_splits;  // empty: equal blocks
   Run([&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits); }, options_,
-      impl_->store.get(),
-       "all-to-all");
+      impl_->store.get(), "all-to-all");
   return out;
 }
 
@@ -473,7 +468,7 @@ void Distributed::Send(const at::Tensor& t, int dst, int tag) {
   CheckPeer(options_, dst, "send");
   std::vector<at::Tensor> one = {t.contiguous()};
   Run([&] { return impl_->pg->send(one, dst, tag); }, options_, impl_->store.get(),
-       StrCat("send to rank ", dst).c_str(), dst);
+      StrCat("send to rank ", dst).c_str(), dst);
 }
 
 void Distributed::Recv(at::Tensor& out, int src, int tag) {
@@ -483,7 +478,7 @@ void Distributed::Recv(at::Tensor& out, int src, int tag) {
   }
   std::vector<at::Tensor> one = {out};
   Run([&] { return impl_->pg->recv(one, src, tag); }, options_, impl_->store.get(),
-       StrCat("recv from rank ", src).c_str(), src);
+      StrCat("recv from rank ", src).c_str(), src);
 }
 
 void Distributed::Barrier() {
