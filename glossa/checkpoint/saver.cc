@@ -18,6 +18,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 
 namespace glossa {
 namespace {
@@ -234,8 +235,9 @@ std::string Saver::Save(int64_t global_step, const std::map<std::string, at::Ten
   }
   pending_ = std::make_unique<Pending>();
   Pending* p = pending_.get();
-  p->thread = std::thread([this, p, prefix, copy = std::move(copy), metadata = std::move(metadata),
-                           timestamp, healthy]() mutable {
+  p->thread = StartThread(ThreadState::Fresh(), [this, p, prefix, copy = std::move(copy),
+                                                 metadata = std::move(metadata), timestamp,
+                                                 healthy]() mutable {
     try {
       Write(prefix, std::move(copy), std::move(metadata), timestamp, healthy);
     } catch (...) {

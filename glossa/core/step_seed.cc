@@ -7,15 +7,20 @@
 #include <vector>
 
 #include "glossa/base/errors.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/base/strings.h"
 
 namespace glossa {
 namespace {
 
-thread_local int64_t t_step_seed = 0;
-thread_local std::vector<int64_t> t_seed_increments;
-thread_local std::vector<int64_t> t_global_steps;
-thread_local std::optional<int64_t> t_overwrite_global_step;
+thread_local int64_t t_step_seed = 0;                          // ThreadState: "step_seed"
+thread_local std::vector<int64_t> t_seed_increments;             // ThreadState: "step_seed_increments"
+thread_local std::vector<int64_t> t_global_steps;                // ThreadState: "global_step"
+thread_local std::optional<int64_t> t_overwrite_global_step;     // ThreadState: "overwrite_global_step"
+GLOSSA_THREAD_STATE_SLOT("step_seed", t_step_seed);
+GLOSSA_THREAD_STATE_SLOT("step_seed_increments", t_seed_increments);
+GLOSSA_THREAD_STATE_SLOT("global_step", t_global_steps);
+GLOSSA_THREAD_STATE_SLOT("overwrite_global_step", t_overwrite_global_step);
 std::atomic<int64_t> g_global_step{0};
 
 }  // namespace
@@ -83,6 +88,7 @@ std::array<int64_t, 2> GenerateStepSeedPair(std::optional<int64_t> random_seed,
                                             std::optional<int64_t> op_seed, bool is_inference) {
   if (is_inference && !random_seed) {
     GetIncStepSeed();
+    // per-thread cache: each thread's own generator of inference seeds.
     static thread_local std::mt19937_64 rng(std::random_device{}());
     std::uniform_int_distribution<int64_t> dist(0, INT64_MAX);
     return {dist(rng), dist(rng)};
@@ -98,7 +104,8 @@ std::array<int64_t, 2> GenerateStepSeedPair(std::optional<int64_t> random_seed,
 }
 
 namespace {
-thread_local BatchShard t_batch_shard;
+thread_local BatchShard t_batch_shard;  // ThreadState: "batch_shard"
+GLOSSA_THREAD_STATE_SLOT("batch_shard", t_batch_shard);
 }  // namespace
 
 BatchShard CurrentBatchShard() { return t_batch_shard; }

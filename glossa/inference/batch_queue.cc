@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/inference/batching.h"
 #include "glossa/kernels/batch_invariant.h"
 
@@ -37,7 +38,7 @@ void BatchQueue::Start(const std::vector<std::string>& subgraphs) {
   }
   for (const auto& s : subgraphs) {
     for (int i = 0; i < options_.num_batch_threads; ++i) {
-      threads_.emplace_back([this, s] { Loop(s); });
+      threads_.push_back(StartThread(ThreadState::Fresh(), [this, s] { Loop(s); }));
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 
 namespace glossa {
 namespace {
@@ -65,7 +66,7 @@ void SendAll(int fd, const std::string& data) {
 }  // namespace
 
 ConnectionTable::ConnectionTable(ConnectionLimits limits) : limits_(limits) {
-  watcher_ = std::thread([this] { Watch(); });
+  watcher_ = StartThread(ThreadState::Fresh(), [this] { Watch(); });
 }
 
 ConnectionTable::~ConnectionTable() {
@@ -250,7 +251,7 @@ void ConnectionQueue::enqueue(std::function<void()> fn) {
   // bytes would make the close a reset that can destroy the answer in flight) closes a moment
   // after cpp-httplib is done with it, as web servers' lingering close does.
   const int keep = fd >= 0 ? ::dup(fd) : -1;
-  std::thread([this, fn = std::move(fn), inode, keep]() {
+  StartThread(ThreadState::Fresh(), [this, fn = std::move(fn), inode, keep]() {
     fn();
     if (inode != 0 && table_->Lingers(inode)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));

@@ -22,6 +22,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/inference/connection_guard.h"
 #include "glossa/inference/batch_queue.h"
 #include "glossa/inference/json_io.h"
@@ -456,9 +457,9 @@ int InferenceServer::Start() {
     for (const auto& [name, spec] : m.specs) names.push_back(name);
     m.batches->Start(names);
   }
-  m.listen_thread = std::thread([&m] { m.http.listen_after_bind(); });
+  m.listen_thread = StartThread(ThreadState::Fresh(), [&m] { m.http.listen_after_bind(); });
   if (!m.options.watch_logdir.empty()) {
-    m.watch_thread = std::thread([this] { impl_->WatchLoop(this); });
+    m.watch_thread = StartThread(ThreadState::Fresh(), [this] { impl_->WatchLoop(this); });
   }
   return port;
 }

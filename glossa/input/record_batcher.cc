@@ -13,6 +13,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 
 namespace glossa {
 
@@ -301,7 +302,7 @@ RecordBatcher::RecordBatcher(std::shared_ptr<RecordYielder> yielder, const Batch
   }
   const int64_t n = std::max<int64_t>(1, options.num_batcher_threads);
   s.active = static_cast<int>(n);
-  for (int64_t i = 0; i < n; ++i) s.threads.emplace_back([&s] { s.Loop(); });
+  for (int64_t i = 0; i < n; ++i) s.threads.push_back(StartThread(ThreadState::Fresh(), [&s] { s.Loop(); }));
 }
 
 RecordBatcher::~RecordBatcher() {

@@ -14,6 +14,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/io/record_io.h"
 
 namespace glossa {
@@ -147,7 +148,7 @@ struct RecordYielder::Source {
                             1, std::min<int64_t>(options.file_parallelism, epoch_files.size())));
     active_readers = n;
     stop = false;
-    for (int i = 0; i < n; ++i) readers.emplace_back([this] { ReaderLoop(); });
+    for (int i = 0; i < n; ++i) readers.push_back(StartThread(ThreadState::Fresh(), [this] { ReaderLoop(); }));
     return true;
   }
 

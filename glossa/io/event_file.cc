@@ -16,6 +16,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/io/event.pb.h"
 #include "glossa/io/record_io.h"
 
@@ -84,7 +85,7 @@ EventWriter::EventWriter(const std::string& logdir, double flush_secs,
   WriteEvent(e.SerializeAsString(), now);
   Flush();
   if (flush_secs > 0) {
-    impl_->flusher = std::thread([this, flush_secs] {
+    impl_->flusher = StartThread(ThreadState::Fresh(), [this, flush_secs] {
       std::unique_lock<std::mutex> lock(impl_->mu);
       while (!impl_->closed) {
         impl_->cv.wait_for(lock, std::chrono::duration<double>(flush_secs));

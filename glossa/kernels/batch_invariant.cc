@@ -13,6 +13,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/kernel_choice.h"
@@ -24,7 +25,8 @@
 namespace glossa {
 namespace {
 
-thread_local int scope_depth = 0;
+thread_local int scope_depth = 0;  // ThreadState: "batch_invariant"
+GLOSSA_THREAD_STATE_SLOT("batch_invariant", scope_depth);
 
 constexpr int64_t kRows = 8;    // rows of x per tile (16 of AVX-512's 32 registers accumulate)
 constexpr int64_t kCols = 32;   // columns of w per tile
@@ -356,6 +358,7 @@ bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed) {
   // A copy of the decisions this thread has asked for (ChooseNative's, which are per process and
   // decided by the mode in the key), read without their lock and string key: a decoding step asks
   // for every projection.
+  // per-thread cache: read without a lock.
   static thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, KernelMode>, bool> seen;
   const auto key = std::make_tuple(bucket, k, n, transposed, GetKernelMode(KernelChoice::kRowKernel));
   if (const auto it = seen.find(key); it != seen.end()) return it->second;

@@ -33,7 +33,7 @@ using bf16_simd::FirstLanes;
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void ForwardRows(
     const uint16_t* x, uint16_t* y, int64_t S, int64_t lo, int64_t hi, const BiasRows& bias) {
-  thread_local std::vector<float> buf;
+  thread_local std::vector<float> buf;  // per-thread cache: a row's float32 values
   buf.resize(static_cast<size_t>(S));
   float* z = buf.data();
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());

@@ -10,6 +10,7 @@
 #include "glossa/base/strings.h"
 #include <ATen/core/grad_mode.h>
 
+#include "glossa/base/thread_state.h"
 #include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/int8_gemm.h"
@@ -19,7 +20,9 @@
 namespace glossa {
 namespace {
 
-thread_local int unfused_depth = 0;
+thread_local int unfused_depth = 0;  // ThreadState: "unfused_decoder_step"
+GLOSSA_THREAD_STATE_SLOT("unfused_decoder_step", unfused_depth);
+// per-thread (not carried): the count of fused layer steps this thread ran.
 thread_local int64_t fused_layer_steps = 0;
 
 // Scratch of the step, kept per thread across steps (a decoding loop runs on one thread).
@@ -218,7 +221,7 @@ void DecoderLayerStep(const DecoderLayerStepArgs& a, float* x) {
   Check(a);
   ++fused_layer_steps;
   if (a.rows == 0) return;
-  thread_local Scratch scratch;
+  thread_local Scratch scratch;  // per-thread cache: the step's buffers
   SelfAttention(a.self, a.rows, a.model_dim, x, scratch);
   if (a.has_cross) CrossAttention(a.cross, a.rows, a.model_dim, x, scratch);
   FeedForward(a.ff, a.rows, a.model_dim, x, scratch);

@@ -12,6 +12,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/parallel.h"
 
@@ -210,7 +211,8 @@ void VnniGemm(const VnniArgs& a) {
 }
 #endif
 
-thread_local int scope_depth = 0;
+thread_local int scope_depth = 0;  // ThreadState: "int8"
+GLOSSA_THREAD_STATE_SLOT("int8", scope_depth);
 
 struct CacheEntry {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
@@ -341,6 +343,7 @@ void Int8AffineRaw(const float* x, int64_t m, const Int8Weight& w, const float* 
   if (m == 0 || w.n == 0) return;
 #if GLOSSA_X86_SIMD
   if (Int8HasVnni()) {
+    // per-thread cache: the quantized rows' buffers, reused across calls.
     thread_local std::vector<uint8_t> xu;
     thread_local std::vector<float> sx;
     xu.resize(static_cast<size_t>(m * w.k4));

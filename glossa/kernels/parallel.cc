@@ -178,11 +178,12 @@ class KernelPool {
   std::mutex done_mu_;
   std::condition_variable done_cv_;
   std::exception_ptr error_;
+  // per-thread (not carried): whether this thread runs a kernel loop's chunk now.
   static thread_local bool in_loop_;
   static KernelPool* current_;
 };
 
-thread_local bool KernelPool::in_loop_ = false;
+thread_local bool KernelPool::in_loop_ = false;  // per-thread (not carried)
 KernelPool* KernelPool::current_ = nullptr;
 
 }  // namespace

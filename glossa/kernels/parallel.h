@@ -22,6 +22,9 @@ namespace glossa {
 // loop runs (GEMMs inside it, such as the attention core's per-head ones, run one per thread).
 // Each index's result must not depend on how the range is split: results are then the same for
 // any number of threads. Nested calls, and calls while another thread's loop runs, run inline.
+// The workers do not carry the caller's ThreadState (glossa/base/thread_state.h: that would cost
+// a copy per loop): a loop body is arithmetic, and whatever depends on a context (eval mode, the
+// int8 or batch-invariant scopes, grad mode) is decided by the caller before the loop.
 void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
                        const std::function<void(int64_t, int64_t)>& f);
 // The grain (items per chunk) of a loop whose items cost `work_per_item` units each (a unit: a

@@ -32,7 +32,7 @@ at::Tensor KeyMask(const at::Tensor& paddings, const at::Tensor& query_segments,
     int64_t t = 0, s = 0;
     bool causal = false;
   };
-  thread_local Entry last;
+  thread_local Entry last;  // per-thread cache: the last mask built
   if (last.mask.defined() && last.t == t && last.s == s && last.causal == causal &&
       last.mask.device() == device && SameInput(last.paddings, last.versions[0], paddings) &&
       SameInput(last.query_segments, last.versions[1], query_segments) &&
@@ -68,7 +68,7 @@ at::Tensor KeyMask(const at::Tensor& paddings, const at::Tensor& query_segments,
 // The additive bias of a key mask in `dtype`: the dtype's lowest value where masked, else 0
 // (cached per thread for the last mask, which KeyMask hands to every layer of a stack).
 at::Tensor MaskBias(const at::Tensor& key_mask, const at::TensorOptions& options) {
-  thread_local at::Tensor last_mask, last_bias;
+  thread_local at::Tensor last_mask, last_bias;  // per-thread cache: the last bias
   if (last_bias.defined() && last_mask.unsafeGetTensorImpl() == key_mask.unsafeGetTensorImpl() &&
       last_bias.scalar_type() == options.dtype().toScalarType() &&
       last_bias.device() == options.device()) {

@@ -16,11 +16,15 @@
 namespace glossa {
 namespace {
 
-thread_local bool t_eval_mode = false;
-thread_local VariableStubScope* t_stub_scope = nullptr;
-thread_local std::vector<std::string> t_extra_collections;
-// Layers whose constructors are running CreateChild on this thread (innermost last).
-thread_local std::vector<BaseLayer*> t_constructing_parents;
+// The construction stack of this thread (innermost last): a layer whose constructor is running
+// CreateChild, or a root's InstantiateLayer with the context it builds for. A layer's constructor
+// takes its parent and build context from the top (a root built outside InstantiateLayer: none).
+struct Frame {
+  BaseLayer* parent;
+  const BuildContext* context;  // for a root; a child takes its parent's
+};
+// per-thread (not carried): a layer and its children are built on one thread.
+thread_local std::vector<Frame> t_construction;
 
 // Lingvo's SanitizeScopeKey: drop one leading '_', '[' -> '_', drop ']'.
 std::string SanitizeScopeKey(const std::string& name) {
@@ -36,9 +40,6 @@ std::string SanitizeScopeKey(const std::string& name) {
   }
   return out;
 }
-
-// Variables initialized from the process seed so far (process_seed.h).
-std::atomic<int64_t> g_process_seed_uses{0};
 
 Params DefaultVN() {
   Params vn;
@@ -64,29 +65,6 @@ std::optional<int64_t> OptionalInt(const Params& p, const char* key) {
 
 }  // namespace
 
-int64_t ProcessRandomSeed() {
-  static std::once_flag once;
-  static int64_t seed = 0;
-  std::call_once(once, [] {
-    std::random_device rd;
-    seed = static_cast<int64_t>(rd() % 2147483647u);
-  });
-  return seed;
-}
-
-int64_t ProcessRandomSeedUses() { return g_process_seed_uses.load(); }
-
-bool IsEvalMode() { return t_eval_mode; }
-EvalModeScope::EvalModeScope(bool eval) : saved_(t_eval_mode) { t_eval_mode = eval; }
-EvalModeScope::~EvalModeScope() { t_eval_mode = saved_; }
-
-VariableStubScope::VariableStubScope() : previous_(t_stub_scope) { t_stub_scope = this; }
-VariableCollectionScope::VariableCollectionScope(std::string collection) {
-  t_extra_collections.push_back(std::move(collection));
-}
-VariableCollectionScope::~VariableCollectionScope() { t_extra_collections.pop_back(); }
-VariableStubScope::~VariableStubScope() { t_stub_scope = previous_; }
-size_t VariableStubScope::num_cached() const { return cache_.size(); }
 
 // A child slot: one layer, a list of slots or a dict of slots.
 struct BaseLayer::ChildTree {
@@ -126,6 +104,20 @@ glossa::Params& BaseLayer::CopyBaseParams(const glossa::Params& from, glossa::Pa
   return to;
 }
 
+std::vector<BaseLayer::UnmetMeshAxis> BaseLayer::UnmetMeshAxes() const {
+  std::vector<UnmetMeshAxis> out;
+  if (auto need = UnmetMesh()) out.push_back(std::move(*need));
+  ForEachChild([&](BaseLayer& child) {
+    for (auto& need : child.UnmetMeshAxes()) out.push_back(std::move(need));
+  });
+  return out;
+}
+
+ConstructionFrame::ConstructionFrame(const BuildContext& context) {
+  t_construction.push_back({nullptr, &context});
+}
+ConstructionFrame::~ConstructionFrame() { t_construction.pop_back(); }
+
 BaseLayer::BaseLayer(const glossa::Params& params) : params_(params.Copy()) {
   name_ = params_.GetString("name");
   if (name_.empty()) {
@@ -133,7 +125,11 @@ BaseLayer::BaseLayer(const glossa::Params& params) : params_(params.Copy()) {
         "layer params (cls ", PyStrRepr(params_.Get("cls").is_none() ? "None" : params_.ClsKey()),
         ") must set `name`"));
   }
-  if (!t_constructing_parents.empty()) parent_ = t_constructing_parents.back();
+  if (!t_construction.empty()) {
+    const Frame& top = t_construction.back();
+    parent_ = top.parent;
+    build_context_ = parent_ != nullptr ? parent_->build_context_ : *top.context;
+  }
   // Names become variable names, checkpoint keys and summary tags: keep them short.
   constexpr size_t kMaxNameBytes = 256;
   if (name_.size() > kMaxNameBytes) {
@@ -181,7 +177,7 @@ void BaseLayer::CheckName(const std::string& name, const char* what) const {
 at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
   CheckConstructing("CreateVariable");
   CheckName(name, "variable");
-  for (const std::string& c : t_extra_collections) {
+  for (const std::string& c : VariableCollectionScope::Current()) {
     if (std::find(wp.collections.begin(), wp.collections.end(), c) == wp.collections.end()) {
       wp.collections.push_back(c);
     }
@@ -199,11 +195,12 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
                              kNonTrainableCollection) == wp.collections.end();
   info.params = wp;
   at::Tensor value;
-  if (t_stub_scope != nullptr && name.find("total_samples") == std::string::npos) {
+  VariableStubScope* const stubs = VariableStubScope::Current();
+  if (stubs != nullptr && name.find("total_samples") == std::string::npos) {
     auto key = std::make_pair(wp.shape, ToScalarType(wp.dtype));
-    auto it = t_stub_scope->cache_.find(key);
-    if (it == t_stub_scope->cache_.end()) {
-      it = t_stub_scope->cache_
+    auto it = stubs->cache_.find(key);
+    if (it == stubs->cache_.end()) {
+      it = stubs->cache_
                .emplace(key, at::zeros(wp.shape, at::TensorOptions().dtype(key.second)))
                .first;
     }
@@ -212,7 +209,7 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
     const std::optional<int64_t> layer_seed = OptionalInt(params_, "random_seed");
     const int64_t user_seed = wp.init.seed ? *wp.init.seed
                               : layer_seed ? *layer_seed
-                                           : (++g_process_seed_uses, ProcessRandomSeed());
+                                           : UseProcessRandomSeed();
     try {
       const std::array<int64_t, 2> seed = {user_seed, GenerateSeedFromName(info.full_name)};
       if (wp.shard_count > 1 && !wp.shape.empty()) {
@@ -287,13 +284,13 @@ std::unique_ptr<BaseLayer> BaseLayer::BuildChild(const glossa::Params& p,
   }
   CopyBaseParams(params_, child_params);
   if (child_params.GetString("name").empty()) child_params.Set("name", default_name);
-  t_constructing_parents.push_back(this);
+  t_construction.push_back({this, nullptr});
   try {
     std::unique_ptr<BaseLayer> child = child_params.Instantiate<BaseLayer>();
-    t_constructing_parents.pop_back();
+    t_construction.pop_back();
     return child;
   } catch (...) {
-    t_constructing_parents.pop_back();
+    t_construction.pop_back();
     throw;
   }
 }

@@ -38,6 +38,7 @@
 
 #include "glossa/core/nested_map.h"
 #include "glossa/core/params.h"
+#include "glossa/layers/mesh.h"
 #include "glossa/layers/weight_init.h"
 
 namespace glossa {
@@ -71,6 +72,8 @@ class VariableStubScope {
   VariableStubScope& operator=(const VariableStubScope&) = delete;
   // How many distinct zero tensors were handed out.
   size_t num_cached() const;
+  // The innermost scope on this thread, or null.
+  static VariableStubScope* Current();
 
  private:
   friend class BaseLayer;
@@ -86,6 +89,8 @@ class VariableCollectionScope {
   ~VariableCollectionScope();
   VariableCollectionScope(const VariableCollectionScope&) = delete;
   VariableCollectionScope& operator=(const VariableCollectionScope&) = delete;
+  // The collections of the scopes alive on this thread, outermost first.
+  static const std::vector<std::string>& Current();
 };
 
 // Where eval reads exponential moving averages of variables (issue 4's ExponentialMovingAverage
@@ -169,6 +174,20 @@ class BaseLayer {
   // Dotted path from the root layer, e.g. "lm.enc.layer_0".
   const std::string& path() const { return path_; }
   const BaseLayer* parent() const { return parent_; }
+  // What the layer was built for beyond its Params (the mesh axes of this rank): its parent's, or
+  // the root's from InstantiateLayer. Kept for the layer's life; no thread-local scope decides it.
+  const BuildContext& build_context() const { return build_context_; }
+  // A layer whose Params shard it over a mesh axis that its build context lacks builds whole (every
+  // shard in this process: what eval, decode and export run). Training refuses such a model, as
+  // its checkpoints would not resume on the mesh its Params name. Default: none.
+  struct UnmetMeshAxis {
+    std::string variable;  // a sharded variable's full name
+    std::string axis;      // the axis it needs ("expert")
+    int64_t size = 0;      // of that many ranks
+  };
+  virtual std::optional<UnmetMeshAxis> UnmetMesh() const { return std::nullopt; }
+  // UnmetMesh of this layer and every layer under it, in construction order.
+  std::vector<UnmetMeshAxis> UnmetMeshAxes() const;
   at::ScalarType dtype() const { return dtype_; }
   // fprop_dtype, or dtype when unset.
   at::ScalarType fprop_dtype() const { return fprop_dtype_; }
@@ -347,6 +366,7 @@ class BaseLayer {
   std::string scope_;
   std::string path_;
   BaseLayer* parent_ = nullptr;
+  BuildContext build_context_;
   at::ScalarType dtype_;
   at::ScalarType fprop_dtype_;
   bool constructed_ = false;
@@ -391,9 +411,18 @@ class Block {
 // is absent or None.
 at::Tensor OptionalInput(const NestedMap& inputs, std::string_view key);
 
-// Builds the layer `p` describes (p.cls) as a root layer.
+// Builds the layer `p` describes (p.cls) as a root layer, for `context` (the mesh axes of this
+// rank; none: the whole model in one process). Every layer under it is built for the same context.
+class ConstructionFrame {  // the construction stack's entry for a root (internal)
+ public:
+  explicit ConstructionFrame(const BuildContext& context);
+  ~ConstructionFrame();
+  ConstructionFrame(const ConstructionFrame&) = delete;
+  ConstructionFrame& operator=(const ConstructionFrame&) = delete;
+};
 template <typename T = BaseLayer>
-std::unique_ptr<T> InstantiateLayer(const Params& p) {
+std::unique_ptr<T> InstantiateLayer(const Params& p, const BuildContext& context = BuildContext()) {
+  ConstructionFrame frame(context);
   return p.Instantiate<T>();
 }
 

@@ -1,7 +1,6 @@
 #include "glossa/layers/gpipe.h"
 
 #include <ATen/ATen.h>
-#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <exception>
@@ -12,6 +11,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/layers/channel.h"
 #include "glossa/layers/custom_gradient.h"
 #include "glossa/layers/block.h"
@@ -22,15 +22,14 @@ namespace glossa {
 
 namespace {
 
-// Runs fn(stage) on one thread per stage with the caller's ATen thread-local state, eval mode and
-// global step. The first exception closes every channel (so no stage waits forever) and is
-// rethrown after all threads have joined.
+// Runs fn(stage) on one thread per stage under the caller's ThreadState (eval mode, global step,
+// batch shard, summary name scopes, ATen's grad mode, ...), but no summary context: stages record
+// into contexts of their own (PipelineForward). The first exception closes every channel (so no
+// stage waits forever) and is rethrown after all threads have joined.
 void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
                const std::function<void(int64_t)>& fn) {
-  const at::ThreadLocalState tls;
-  const bool eval = IsEvalMode();
-  const int64_t global_step = GetGlobalStep();
-  const BatchShard shard = CurrentBatchShard();
+  ThreadState caller = ThreadState::Capture();
+  caller.Reset("summaries");
   std::mutex mu;
   std::exception_ptr error;
   std::vector<std::thread> threads;
@@ -41,17 +40,13 @@ void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
   };
   for (int64_t s = 0; s < stages; ++s) {
     try {
-      threads.emplace_back([&, s] {
+      threads.push_back(StartThread(caller, [&, s] {
         try {
-          at::ThreadLocalStateGuard tls_guard(tls);
-          EvalModeScope eval_scope(eval);
-          GlobalStepContext step(global_step);
-          BatchShardScope rows(shard.index, shard.count, shard.index1, shard.count1);
           fn(s);
         } catch (...) {
           fail(s);
         }
-      });
+      }));
     } catch (...) {  // no thread for stage s: stop the others, then report
       fail(s);
       break;
@@ -108,7 +103,8 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   const ParamValue& mbs = params().Get("micro_batch_size");
   if (!mbs.is_none()) pipe_.micro_batch_size = mbs.AsInt();
   // On a pipe axis: this rank's stage's cells only, under their whole-pipeline names.
-  pipe_.placement = PlaceStages(StrCat("pipeline '", path(), "'"), pipe_.ends);
+  pipe_.placement = PlaceStages(StrCat("pipeline '", path(), "'"), pipe_.ends,
+                                 build_context().axis("pipe"));
   const StagePlacement& place = pipe_.placement;
   ParamValue::List named = NameCells(cells.AsList(), "cells");
   ParamValue::List mine(named.begin() + place.first, named.begin() + place.end);
@@ -294,20 +290,18 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
   std::vector<at::Tensor> outputs(run.m);
   auto chs = MakeChannels(run, false);  // chs[s]: stage s -> s + 1
   // Summaries the cells record on the stage threads reach the caller's context, under the
-  // caller's name scope, in stage order (the backward's recompute records none).
+  // caller's name scope (the stage threads have it), in stage order (the backward's recompute
+  // records none).
   SummaryContext* caller_summaries = SummaryContext::Current();
-  const std::string summary_scope = SummaryNameScope::Current();
   std::vector<std::vector<SummaryContext::Entry>> stage_summaries(run.stages);
   ForStages(run, chs, [&](int64_t s) {
     at::NoGradGuard no_grad;
     std::optional<SummaryContext> summaries;
-    std::optional<SummaryNameScope> scope;
     std::optional<SummaryLoop> micro_batches;  // on a pipe rank: this thread is the caller's
     if (caller_summaries != nullptr && run.axis()) {
       micro_batches.emplace();
     } else if (caller_summaries != nullptr) {
       summaries.emplace();
-      if (!summary_scope.empty()) scope.emplace(summary_scope);
     }
     const StageLinks io = Links(run, chs, s, s > 0 ? s - 1 : -1, s + 1 < run.stages ? s + 1 : -1);
     for (int64_t t = 0; t < run.m; ++t) {
@@ -429,6 +423,7 @@ void BackwardStage(const BackwardPass& p, int64_t s) {
   const PipelineRun& run = p.run;
   const PipelineCells& pc = *run.cells;
   at::AutoGradMode grad_mode(true);
+  SummarySuppressScope no_summaries;  // the recompute records none (the forward did)
   const int64_t held = pc.placement.first;
   const int64_t first = (s == 0 ? 0 : pc.ends[s - 1]) - held, end = pc.ends[s] - held;
   StageLeaves w = MakeStageLeaves(p.thetas, first, end);

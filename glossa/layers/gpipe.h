@@ -11,8 +11,8 @@
 // differ per micro-batch and replay exactly in the backward pass. Accumulators count once per
 // micro-batch (they are disabled while the backward recomputes).
 //
-// Stages on ranks (GPipe across processes and hosts): built inside a MeshAxisScope("pipe", axis)
-// whose axis has one rank per stage (glossa train --mesh=pipe:S), the pipeline builds only the
+// Stages on ranks (GPipe across processes and hosts): built for a BuildContext whose 'pipe' axis
+// has one rank per stage (glossa train --mesh=pipe:S), the pipeline builds only the
 // cells of stage axis->index() (the others' variables live on their ranks: RemoteScopes) and runs
 // that stage alone: micro-batch activations arrive from the previous rank and go to the next by
 // the axis's send/recv (the cross-process form of Lingvo's Channel), their gradients travel back
@@ -46,14 +46,15 @@ std::vector<int64_t> EvenStageEnds(int64_t cells, int64_t stages);
 std::vector<int64_t> StageEndsFromSplits(const std::string& where, const ParamValue& splits,
                                          int64_t cells);
 
-// Which cells of a pipeline with stage ends `ends` this process builds: every one (no 'pipe'
-// mesh axis on this thread, or one of size 1), or on a pipe axis of one rank per stage, the
-// cells of stage axis->index(). FailedPrecondition naming `where` when the axis has another size.
+// Which cells of a pipeline with stage ends `ends` this process builds: every one (`axis`, the
+// layer's build context's 'pipe' axis, null or of size 1), or on a pipe axis of one rank per
+// stage, the cells of stage axis->index(). FailedPrecondition naming `where` when the axis has another size.
 struct StagePlacement {
   MeshAxis* axis = nullptr;  // null: every stage in this process
   int64_t stage = 0, first = 0, end = 0;  // this rank's stage and its cells [first, end)
 };
-StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends);
+StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends,
+                           MeshAxis* axis);
 
 // `cells` (a list of layer Params) with every unnamed entry named as CreateChildren would name it
 // (<prefix>_<uid>), so that a stage's sublist builds its cells under their whole-pipeline names.

@@ -48,10 +48,10 @@ std::vector<int64_t> StageEndsFromSplits(const std::string& where, const ParamVa
   return EvenStageEnds(n, stages);
 }
 
-StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends) {
+StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends,
+                           MeshAxis* axis) {
   StagePlacement p;
   p.end = ends.back();
-  MeshAxis* axis = CurrentMeshAxis("pipe");
   if (axis == nullptr || axis->size() == 1) return p;
   const int64_t stages = static_cast<int64_t>(ends.size());
   if (axis->size() != stages) {

@@ -15,7 +15,7 @@ namespace glossa {
 bool AnyPadding(const at::Tensor& paddings) {
   // The layers of a stack ask about the same paddings tensor again and again: remember the last
   // answer per thread. The entry holds the tensor (its address cannot be reused by another while
-  // cached) and its version (an in-place write makes the entry stale).
+  // cached) and its version (an in-place write makes the entry stale). A per-thread cache.
   thread_local at::Tensor last;
   thread_local int64_t last_version = 0;
   thread_local bool last_any = false;

@@ -12,8 +12,6 @@
 namespace glossa {
 namespace {
 
-thread_local MeshAxisScope* current_scope = nullptr;
-
 class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -33,18 +31,26 @@ class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
 
 }  // namespace
 
-MeshAxisScope::MeshAxisScope(std::string name, MeshAxis* axis)
-    : name_(std::move(name)), axis_(axis), previous_(current_scope) {
-  current_scope = this;
+BuildContext& BuildContext::WithAxis(const std::string& name, MeshAxis* axis) {
+  std::erase_if(axes_, [&](const auto& a) { return a.first == name; });
+  if (axis != nullptr && axis->size() > 1) axes_.emplace_back(name, axis);
+  return *this;
 }
 
-MeshAxisScope::~MeshAxisScope() { current_scope = previous_; }
-
-MeshAxis* CurrentMeshAxis(const std::string& name) {
-  for (MeshAxisScope* s = current_scope; s != nullptr; s = s->previous_) {
-    if (s->name_ == name) return s->axis_;
+MeshAxis* BuildContext::axis(const std::string& name) const {
+  for (const auto& [n, a] : axes_) {
+    if (n == name) return a;
   }
   return nullptr;
+}
+
+std::string BuildContext::Describe() const {
+  if (axes_.empty()) return "one process";
+  std::string out;
+  for (const auto& [n, a] : axes_) {
+    out += StrCat(out.empty() ? "" : ", ", n, " ", a->index(), " of ", a->size());
+  }
+  return out;
 }
 
 at::Tensor AllToAll(MeshAxis& axis, const at::Tensor& input) {

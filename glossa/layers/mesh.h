@@ -1,16 +1,21 @@
-// Axes of the device mesh that sharded layers spread their weights over (GShard's expert axis),
-// as seen from a layer: this rank's index on the axis, the axis's size, and an all-to-all among
-// its ranks. The runtime provides the axes (glossa/runtime/distributed.h: DistributedMeshAxis,
-// over c10d) for the scope of a program; layers find them by name.
+// Axes of the device mesh that sharded layers spread their weights over (GShard's expert axis,
+// GPipe's stages), as seen from a layer: this rank's index on the axis, the axis's size, and the
+// exchanges among its ranks. The runtime provides the axes (glossa/runtime/distributed.h:
+// DistributedMeshAxis, over c10d) in the BuildContext it builds the model with; each layer keeps
+// its context (BaseLayer::build_context()), so which shard a rank holds is decided when the layer
+// is built, from its Params and the mesh, never by what a thread has in scope.
 //
-//   MeshAxisScope scope("expert", &axis);          // this thread, innermost wins
-//   MeshAxis* axis = CurrentMeshAxis("expert");   // null: not sharded
-//   at::Tensor y = AllToAll(*axis, x);            // differentiable; block j of dim 0 to rank j
+//   BuildContext ctx = BuildContext().WithAxis("expert", &axis);
+//   auto model = InstantiateLayer<BaseModel>(params, ctx);  // every layer under it has ctx
+//   MeshAxis* axis = build_context().axis("expert");        // in a layer; null: not sharded
+//   at::Tensor y = AllToAll(*axis, x);                      // differentiable; block j to rank j
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace glossa {
 
@@ -34,21 +39,22 @@ class MeshAxis {
   virtual void Broadcast(at::Tensor& t, int root);
 };
 
-// The axis named `name` on this thread (innermost MeshAxisScope), or null.
-MeshAxis* CurrentMeshAxis(const std::string& name);
-
-class MeshAxisScope {
+// What a layer is built for beyond its Params: the mesh axes this process's rank sits on, by name
+// ("expert", "pipe"). A layer whose Params shard it over an axis builds this rank's shard when its
+// context has that axis, and the whole layer (every shard, in one process) when it has not.
+// Copied into every layer of a model at construction: the axes must outlive the model.
+class BuildContext {
  public:
-  MeshAxisScope(std::string name, MeshAxis* axis);
-  ~MeshAxisScope();
-  MeshAxisScope(const MeshAxisScope&) = delete;
-  MeshAxisScope& operator=(const MeshAxisScope&) = delete;
+  BuildContext() = default;
+  // With `axis` as `name` (replacing one of that name); a null axis or one of size 1 removes it.
+  BuildContext& WithAxis(const std::string& name, MeshAxis* axis);
+  // The axis named `name`, or null (the layer is not sharded over it).
+  MeshAxis* axis(const std::string& name) const;
+  // "expert 1 of 2, pipe 0 of 2", or "one process".
+  std::string Describe() const;
 
  private:
-  std::string name_;
-  MeshAxis* axis_;
-  MeshAxisScope* previous_;
-  friend MeshAxis* CurrentMeshAxis(const std::string& name);
+  std::vector<std::pair<std::string, MeshAxis*>> axes_;
 };
 
 // ExchangeBlocks with a gradient: the adjoint of sending block j to rank j is sending the

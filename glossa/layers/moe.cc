@@ -1,4 +1,5 @@
 #include "glossa/layers/moe.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/core/params_walk.h"
 
 #include <ATen/ATen.h>
@@ -23,7 +24,8 @@ namespace glossa {
 // ---- AuxLossContext ----
 
 namespace {
-thread_local AuxLossContext* current_aux_loss_context = nullptr;
+thread_local AuxLossContext* current_aux_loss_context = nullptr;  // ThreadState: "aux_losses"
+GLOSSA_THREAD_STATE_SLOT("aux_losses", current_aux_loss_context);
 }  // namespace
 
 AuxLossContext::AuxLossContext() : previous_(current_aux_loss_context) {
@@ -350,26 +352,30 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
   const DType dtype = params().Get("dtype").AsDType();
   CreateVariable("gate", WeightParams({m, e}, WeightInit::Uniform(gate_scale), dtype));
   const int64_t wi_out = params().GetBool("use_glu") ? 2 * h : h;
-  // This rank's experts only (all of them when num_devices is 1).
-  // This rank's experts: block `index` of the whole initialization (the expert axis's rank when
-  // one is set while the layer is built; ShardedExperts checks that it runs on that rank).
-  const int64_t local = e / devices;
-  MeshAxis* axis = devices > 1 ? CurrentMeshAxis("expert") : nullptr;
-  expert_shard_ = axis != nullptr ? axis->index() : 0;
+  // With the build context's 'expert' axis, this rank's experts: block `index` of the whole
+  // initialization. Without it (one process: eval, decode, export), every expert.
   num_devices_ = devices;
-  if (axis != nullptr) ExpertAxis();  // a mesh of another size: said now, not at the first step
+  expert_axis_ = devices > 1 ? build_context().axis("expert") : nullptr;
+  if (expert_axis_ != nullptr && expert_axis_->size() != devices) {
+    throw FailedPreconditionError(StrCat(
+        "layer '", path(), "': num_devices = ", devices, " needs a mesh with an 'expert' axis of ",
+        devices, " ranks, but the axis has ", expert_axis_->size(), ": train it on ", devices,
+        " ranks (glossa train --nproc_per_node=", devices, "), or set num_devices to ",
+        expert_axis_->size()));
+  }
+  expert_shard_ = expert_axis_ != nullptr ? expert_axis_->index() : 0;
+  const int64_t local = expert_axis_ != nullptr ? e / devices : e;
   for (const auto& [name, shape, scale] :
        {std::tuple<const char*, std::vector<int64_t>, double>{"wi", {local, m, wi_out}, gate_scale},
         {"wo", {local, h, out}, std::sqrt(3.0 / static_cast<double>(h))}}) {
     WeightParams wp(shape, WeightInit::Uniform(scale), dtype);
-    if (devices > 1) {
+    if (expert_axis_ != nullptr) {
       wp.collections.push_back(kExpertShardedCollection);
       wp.shard_index = expert_shard_;
       wp.shard_count = devices;
     }
     CreateVariable(name, wp);
   }
-  num_devices_ = devices;
   ln_ = CreateChild<LayerNorm>("layer_norm", params().GetParams("ln_tpl").Copy().Set("input_dim", m));
   residual_dropout_ = CreateChild<DropoutLayer>(
       "residual_dropout", params().GetParams("dropout_tpl").Copy().Set(
@@ -425,10 +431,10 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
       at::einsum("gsm,me->gse", {gsm.to(gating_dtype), theta.GetTensor("gate").to(gating_dtype)});
   Top2GatingOptions o = gating_options_;
   o.fprop_dtype = x.scalar_type();
-  if (num_devices_ > 1 && o.capacity_factor) {
+  if (expert_axis_ != nullptr && o.capacity_factor) {
     // The all-to-all needs one capacity on every rank, but each rank's batch has its own padded
     // length: the capacity of the longest group over the ranks (each rank sends its length to all).
-    MeshAxis& axis = ExpertAxis();
+    MeshAxis& axis = *expert_axis_;
     const at::Tensor lengths = axis.ExchangeBlocks(at::full({axis.size()}, s, at::kLong));
     o.expert_capacity_dim = std::max(
         o.expert_capacity_dim,
@@ -441,7 +447,7 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
   }
 
   const at::Tensor expert_inputs = at::einsum("gsec,gsm->egcm", {gating.dispatch, gsm});
-  const at::Tensor expert_outputs = num_devices_ > 1
+  const at::Tensor expert_outputs = expert_axis_ != nullptr
                                         ? ShardedExperts(theta, expert_inputs)
                                         : Experts(theta, expert_inputs).permute({1, 0, 2, 3});
   at::Tensor combined =
@@ -471,28 +477,14 @@ at::Tensor TransformerShardedMoeLayer::Experts(const NestedMap& theta, const at:
 // GShard's expert parallelism: [E, G, C, M] of this rank's groups → the all-to-all hands rank i
 // the slots of its E/n experts from every rank ([E/n, n·G, C, M]) → its experts → the all-to-all
 // back → [G, E, C, M] for this rank's groups, every expert's outputs.
-MeshAxis& TransformerShardedMoeLayer::ExpertAxis() const {
-  MeshAxis* axis = CurrentMeshAxis("expert");
-  if (axis == nullptr || axis->size() != num_devices_) {
-    throw FailedPreconditionError(StrCat(
-        "layer '", path(), "': num_devices = ", num_devices_, " needs a mesh with an 'expert' axis ",
-        "of ", num_devices_, " ranks, ",
-        axis == nullptr ? std::string("but this thread has none (glossa/layers/mesh.h: MeshAxisScope)")
-                        : StrCat("but the axis has ", axis->size()),
-        ": train it on ", num_devices_, " ranks (glossa train --nproc_per_node=", num_devices_,
-        "), or set num_devices to 1"));
-  }
-  if (axis->index() != expert_shard_) {
-    throw FailedPreconditionError(StrCat(
-        "layer '", path(), "' holds the experts of expert rank ", expert_shard_,
-        " but runs on rank ", axis->index(), ": build it while the mesh's 'expert' axis is set"));
-  }
-  return *axis;
+std::optional<BaseLayer::UnmetMeshAxis> TransformerShardedMoeLayer::UnmetMesh() const {
+  if (num_devices_ <= 1 || expert_axis_ != nullptr) return std::nullopt;
+  return UnmetMeshAxis{StrCat(scope(), "/wi"), "expert", num_devices_};
 }
 
 at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
                                                       const at::Tensor& x) const {
-  MeshAxis* axis = &ExpertAxis();
+  MeshAxis* axis = expert_axis_;
   const int64_t n = num_devices_, e = x.size(0), g = x.size(1), c = x.size(2), m = x.size(3);
   const int64_t local = e / n;
   const at::Tensor mine = AllToAll(*axis, x)  // [n (from rank i), E/n, G, C, M]
@@ -514,15 +506,5 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
 }
 
 GLOSSA_REGISTER_CLASS(TransformerShardedMoeLayer, "glossa.layers.TransformerShardedMoeLayer");
-
-void UnshardExperts(Params& p) {
-  ForEachNestedParams(p, [](Params& q) {
-    if (q.Contains("num_devices") && q.Contains("num_groups") &&
-        q.Get("num_devices").kind() == ParamValue::Kind::kInt && q.GetInt("num_devices") > 1) {
-      q.Set("num_groups", std::max<int64_t>(1, q.GetInt("num_groups") / q.GetInt("num_devices")));
-      q.Set("num_devices", 1);
-    }
-  });
-}
 
 }  // namespace glossa

@@ -93,20 +93,16 @@ class LayerNorm;
 class DropoutLayer;
 class MeshAxis;
 
-// `p` (a model's Params, searched through every nested Params and list of Params) with every
-// expert in one process: each layer with num_devices > 1 gets num_devices 1 and num_groups /
-// num_devices (as one rank routed its own batch in training). The sharded checkpoint loads whole
-// (checkpoint/saver.h), so what export bundles and the eval and decode jobs run.
-void UnshardExperts(Params& p);
-
 class TransformerShardedMoeLayer : public BaseLayer, public Block {
  public:
   // + input_dim, output_dim (0: input_dim), hidden_dim, activation ('RELU'), use_glu,
   // residual_dropout_prob, relu_dropout_prob, pre_layer_norm (True), residual_weight (1.0),
   // num_experts, num_groups, expert_capacity_dim (0: from the factor), expert_capacity_factor
   // (1.5), second_expert_policy ('all'), ln_tpl (LayerNorm; input_dim set here), num_devices
-  // (1; n > 1: GShard's expert parallelism, num_experts / n experts on each rank of the mesh's
-  // 'expert' axis, glossa/layers/mesh.h, tokens exchanged by all-to-all).
+  // (1; n > 1: GShard's expert parallelism, num_experts / n experts on each rank of the build
+  // context's 'expert' axis, glossa/layers/mesh.h, tokens exchanged by all-to-all; built without
+  // that axis, every expert in this process, each call routing num_groups / n groups as one rank
+  // did in training: what eval, decode and export run from the same Params).
   static glossa::Params Params();
   explicit TransformerShardedMoeLayer(const glossa::Params& p);
   // inputs [B, T, M], paddings [B, T] (or undefined). B·T must be divisible by the group count
@@ -125,11 +121,15 @@ class TransformerShardedMoeLayer : public BaseLayer, public Block {
     return "its aux loss would be lost (the block runs without gradients or on another thread)";
   }
 
+  // Built whole for a Params' num_devices > 1 without an 'expert' axis: that variable and axis.
+  std::optional<UnmetMeshAxis> UnmetMesh() const override;
+
  private:
   at::Tensor Experts(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor ShardedExperts(const NestedMap& theta, const at::Tensor& x) const;
-  // The mesh's 'expert' axis this layer was built for; FailedPrecondition when absent or other.
-  MeshAxis& ExpertAxis() const;
+  // The build context's 'expert' axis when num_devices > 1 and the mesh has one (this rank holds
+  // its experts only), else null (every expert here).
+  MeshAxis* expert_axis_ = nullptr;
   int64_t input_dim_, num_groups_, num_devices_ = 1, expert_shard_ = 0;
   bool pre_layer_norm_, use_glu_;
   double residual_weight_;

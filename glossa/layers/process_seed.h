@@ -16,5 +16,7 @@ namespace glossa {
 int64_t ProcessRandomSeed();
 // How many variables have been initialized from it so far in this process.
 int64_t ProcessRandomSeedUses();
+// The seed, counted as one more use (what a variable's initialization without a seed takes).
+int64_t UseProcessRandomSeed();
 
 }  // namespace glossa

@@ -208,8 +208,7 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
   return step;
 }
 
-bool ShareBatchOverPipe(bool have, NestedMap& batch) {
-  MeshAxis* pipe = CurrentMeshAxis("pipe");
+bool ShareBatchOverPipe(MeshAxis* pipe, bool have, NestedMap& batch) {
   if (pipe == nullptr || pipe->size() == 1) return have;
   const bool root = pipe->index() == 0;
   std::string bytes;

@@ -49,12 +49,12 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
                            const std::string& restored_prefix = "", int shard_index = -1,
                            int shard_count = 0);
 
-// On this thread's 'pipe' mesh axis (a pipeline's ranks, which must compute on the same
-// batches): the batch of the axis's rank 0, and whether it had one (its input had not ended), on
+// On the 'pipe' mesh axis `pipe` (a pipeline's ranks, which must compute on the same batches; the
+// model's build context's): the batch of the axis's rank 0, and whether it had one (its input had not ended), on
 // every rank of the axis. Each rank still reads its own input (so that its input position goes on
 // as the others'), but parallel readers and shuffling need not give every process the same
-// order. Without such an axis: `have`, and the batch as it is.
-bool ShareBatchOverPipe(bool have, NestedMap& batch);
+// order. Without such an axis (null, or of size 1): `have`, and the batch as it is.
+bool ShareBatchOverPipe(MeshAxis* pipe, bool have, NestedMap& batch);
 // The CRC32C of every pipeline_stage variable, by name: what a stage's replicas on a data × pipe
 // mesh compare before a checkpoint (they must hold the same values).
 std::string StageReplicaDigest(const BaseLayer& model);

@@ -1,4 +1,5 @@
 #include "glossa/runtime/distributed.h"
+#include "glossa/base/thread_state.h"
 #include "glossa/runtime/distributed_impl.h"
 
 #include <unistd.h>
@@ -435,8 +436,10 @@ std::map<std::string, std::pair<double, double>> Distributed::GatherWeighted(
 }
 
 namespace {
-thread_local Distributed* g_current = nullptr;
-thread_local Distributed* g_batch_group = nullptr;
+thread_local Distributed* g_current = nullptr;      // ThreadState: "distributed"
+thread_local Distributed* g_batch_group = nullptr;  // ThreadState: "batch_group"
+GLOSSA_THREAD_STATE_SLOT("distributed", g_current);
+GLOSSA_THREAD_STATE_SLOT("batch_group", g_batch_group);
 }  // namespace
 
 Distributed* CurrentDistributed() { return g_current; }

@@ -339,9 +339,6 @@ int64_t Executor::Run() {
   Distributed* dist = options_.distributed;
   // Metrics average over the ranks whose batches differ: on a pipe mesh the stages' replicas.
   DistributedScope dist_scope(dist, pipe_axis_ ? mesh_->data_group() : dist);
-  std::optional<MeshAxisScope> expert_scope, pipe_scope;
-  if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
-  if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
   if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
   if (dist != nullptr) JoinRanks(*dist);

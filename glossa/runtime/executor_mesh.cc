@@ -28,18 +28,18 @@ void InstallGradientSyncs(Distributed& dist, BaseModel& model, const ExecutorOpt
   }
 }
 
-// An expert-sharded layer (num_devices > 1) built in one process holds one rank's share of the
-// experts: its first step would fail, and a resumed run on a shape. Say what it needs.
-void RefuseExpertShardsInOneProcess(const BaseModel& model) {
-  for (const auto& [info, value] : model.AllVariables()) {
-    const int64_t n = info.params.shard_count;
-    if (n <= 1) continue;
+// A layer whose Params shard it over a mesh axis this run lacks is built whole (as eval and export
+// build it); training it so would write checkpoints its Params' mesh does not resume. Say what it
+// needs.
+void RefuseUnmetMeshAxes(const BaseLayer& model) {
+  for (const auto& need : model.UnmetMeshAxes()) {
+    const std::string n = std::to_string(need.size);
     throw FailedPreconditionError(StrCat(
-        "variable '", info.full_name, "' is sharded over the ranks of an 'expert' axis (its "
-        "layer has num_devices = ", n, "), but this run is one process: it needs a mesh with an "
-        "'expert' axis of ", n, " ranks: train it with --nproc_per_node=", n,
-        " (or --mesh=data:D,expert:", n, " over more; docs/distributed.md), or set the layer's "
-        "num_devices to 1 (its checkpoints load whole either way)"));
+        "variable '", need.variable, "' is sharded over the ranks of an '", need.axis,
+        "' axis (its layer has num_devices = ", n, "), but this run is one process: it needs a "
+        "mesh with an '", need.axis, "' axis of ", n, " ranks: train it with --nproc_per_node=", n,
+        " (or --mesh=data:D,", need.axis, ":", n, " over more; docs/distributed.md), or set the "
+        "layer's num_devices to 1 (its checkpoints load whole either way)"));
   }
 }
 
@@ -63,12 +63,11 @@ void Executor::BuildModel() {
   }
   const int64_t seed_uses = ProcessRandomSeedUses();
   {
-    std::optional<MeshAxisScope> expert_scope, pipe_scope;
+    BuildContext context;
     if (mesh_) {
       expert_axis_ = mesh_->expert_axis();
       pipe_axis_ = mesh_->pipe_axis();
-      if (expert_axis_) expert_scope.emplace("expert", expert_axis_);
-      if (pipe_axis_) pipe_scope.emplace("pipe", pipe_axis_);
+      context.WithAxis("expert", expert_axis_).WithAxis("pipe", pipe_axis_);
       if (chief_ && mesh_->shape().data > 1 && pipe_axis_) {
         Log(StrCat("mesh: data ", mesh_->shape().data, " x pipe ", mesh_->shape().pipe,
                    " (pipelines of ", mesh_->shape().pipe, " ranks, each replicated ",
@@ -79,10 +78,10 @@ void Executor::BuildModel() {
                    mesh_->shape().data, " times)"));
       }
     }
-    model_ = InstantiateLayer<BaseModel>(params_);
+    model_ = InstantiateLayer<BaseModel>(params_, context);
   }
   used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
-  if (!mesh_) RefuseExpertShardsInOneProcess(*model_);
+  RefuseUnmetMeshAxes(*model_);
   int64_t stage_bytes = 0, stage_vars = 0;
   for (const auto& v : LearnerVariables(*model_)) {
     if (v.rank_local()) sharded_vars_.push_back(v.name);

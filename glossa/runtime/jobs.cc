@@ -12,7 +12,6 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/event_file.h"
-#include "glossa/layers/moe.h"
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
 #include "glossa/runtime/data_parallel.h"
@@ -417,10 +416,9 @@ int64_t RunCheckpointJob(JobKind kind, const Params& model_params, const JobOpti
   Distributed* dist = options.distributed;
   const bool chief = dist == nullptr || dist->rank() == 0;
   DistributedScope dist_scope(dist);
-  Params params = model_params.Copy();
   // Experts trained sharded over ranks are all here (each rank evaluates its shard of the data
-  // with the whole model): the jobs open no expert mesh.
-  UnshardExperts(params);
+  // with the whole model): the jobs build with no mesh axes, so each such layer builds whole.
+  Params params = model_params.Copy();
   if (options.once) OnceParams(params, train_dir);
   if (dist != nullptr && dist->world_size() > 1) {
     CheckSameConfiguration(*dist, params);

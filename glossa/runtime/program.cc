@@ -200,7 +200,7 @@ bool TakeBatchOnEveryRank(BaseTask& task, Distributed* dist, NestedMap& batch) {
   } catch (const OutOfRangeError&) {
     exhausted = true;
   }
-  exhausted = !ShareBatchOverPipe(!exhausted, batch);
+  exhausted = !ShareBatchOverPipe(task.build_context().axis("pipe"), !exhausted, batch);
   return !(dist != nullptr ? dist->AnyTrue(exhausted) : exhausted);
 }
 
@@ -440,7 +440,7 @@ std::map<std::string, std::pair<double, double>> EvalProgram::Run(int64_t global
     } catch (const OutOfRangeError&) {
       have = false;
     }
-    if (!ShareBatchOverPipe(have, batch)) break;
+    if (!ShareBatchOverPipe(task.build_context().axis("pipe"), have, batch)) break;
     BaseTask::FPropResult r = task.FPropDefaultTheta(batch);
     acc.Add(r.metrics);
     samples += static_cast<int64_t>(r.metrics.at("num_samples_in_batch").value.item<double>());

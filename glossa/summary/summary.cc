@@ -5,13 +5,17 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/base/thread_state.h"
 
 namespace glossa {
 namespace {
 
-thread_local SummaryContext* t_context = nullptr;
-thread_local std::vector<std::string> t_scopes;
-thread_local int t_suppressed = 0;
+thread_local SummaryContext* t_context = nullptr;    // ThreadState: "summaries"
+thread_local std::vector<std::string> t_scopes;      // ThreadState: "summary_name_scopes"
+thread_local int t_suppressed = 0;                   // ThreadState: "summaries_suppressed"
+GLOSSA_THREAD_STATE_SLOT("summaries", t_context);
+GLOSSA_THREAD_STATE_SLOT("summary_name_scopes", t_scopes);
+GLOSSA_THREAD_STATE_SLOT("summaries_suppressed", t_suppressed);
 
 // Lingvo's merge_all key: "<name>/<name scope>", the scope a suffix ("name/" at the root).
 std::string Key(const std::string& name, const std::string& scope) { return name + "/" + scope; }
@@ -190,8 +194,10 @@ struct TpuSummaryTensor {
   std::string name, scope;
   at::Tensor value, weight;
 };
-thread_local std::vector<TpuSummaryTensor> t_tpu_tensors;                 // outside contexts
-thread_local std::vector<std::vector<TpuSummaryTensor>> t_tpu_contexts;  // innermost last
+// per-thread (not carried): each thread's own collected values, outside contexts and in them
+// (innermost last); a thread's values are read on that thread (GetTpuSummaryTensors).
+thread_local std::vector<TpuSummaryTensor> t_tpu_tensors;
+thread_local std::vector<std::vector<TpuSummaryTensor>> t_tpu_contexts;
 
 std::vector<TpuSummaryTensor>& TpuTensors() {
   return t_tpu_contexts.empty() ? t_tpu_tensors : t_tpu_contexts.back();

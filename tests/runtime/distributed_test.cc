@@ -442,12 +442,12 @@ TEST(Distributed, ASendToALostPeerNamesIt) {
 // losses and every gradient match the same layer with all experts in one process on the whole
 // batch (float64, so the comparison is to rounding).
 TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
-  auto make = [](int devices) {
+  auto make = [](int devices, const BuildContext& context = BuildContext()) {
     Params p = TransformerShardedMoeLayer::Params();
     p.Set("name", "moe").Set("random_seed", 11).Set("dtype", DType::kFloat64);
     p.FromText(StrCat("input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_groups : 4\n"
                       "expert_capacity_dim : 3\nuse_glu : True\nnum_devices : ", devices, "\n"));
-    return InstantiateLayer<TransformerShardedMoeLayer>(p);
+    return InstantiateLayer<TransformerShardedMoeLayer>(p, context);
   };
   auto whole = make(1);
   const NestedMap full = whole->theta();
@@ -471,8 +471,8 @@ TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
   RunWorkers(2, [&](Distributed& dist) {
     const int r = dist.rank();
     DistributedMeshAxis axis(dist);
-    MeshAxisScope scope("expert", &axis);
-    auto sharded = make(2);  // built under the axis: experts 2r, 2r + 1
+    auto sharded = make(2, BuildContext().WithAxis("expert", &axis));  // experts 2r, 2r + 1
+    EXPECT_FALSE(sharded->UnmetMesh().has_value());
     NestedMap mine = sharded->theta();
     // Initialized as those experts' rows of the one-process layer's initial value.
     for (const char* name : {"wi", "wo"}) {
@@ -511,29 +511,27 @@ TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
     dist.AllReduceSum({mean_aux});
     EXPECT_NEAR(mean_aux.item<double>() / 2, ref_aux.item<double>(), 1e-12);
   });
-  // A layer built for expert rank 0 refuses to run as rank 1.
+  // Built for an expert axis of another size: refused at construction, naming both sizes.
   RunWorkers(2, [&](Distributed& dist) {
-    auto built_alone = make(2);
     DistributedMeshAxis axis(dist);
-    MeshAxisScope scope("expert", &axis);
-    dist.Barrier();  // both through the rendezvous before rank 0 leaves (as above)
-    if (dist.rank() == 0) return;
-    try {
-      built_alone->FProp(built_alone->theta(), x.slice(0, 2, 4));
-      ADD_FAILURE() << "ran rank 0's experts as rank 1";
-    } catch (const FailedPreconditionError& e) {
-      EXPECT_NE(std::string(e.what()).find("holds the experts of expert rank 0 but runs on rank 1"),
-                std::string::npos) << e.what();
-    }
+    EXPECT_ERROR_CONTAINS(make(4, BuildContext().WithAxis("expert", &axis)),
+                          FailedPreconditionError,
+                          "num_devices = 4 needs a mesh with an 'expert' axis of 4 ranks, but the "
+                          "axis has 2");
   });
-  // Without the mesh axis the sharded layer says what it needs.
-  auto orphan = make(2);
-  try {
-    orphan->FProp(orphan->theta(), x.slice(0, 0, 2));
-    ADD_FAILURE() << "ran without an expert axis";
-  } catch (const FailedPreconditionError& e) {
-    EXPECT_NE(std::string(e.what()).find("'expert' axis of 2 ranks"), std::string::npos) << e.what();
+  // Without an expert axis the same Params build every expert in this process (what eval, decode
+  // and export run): the one-process layer's variables, each call routing 4 / 2 groups as one
+  // rank did, and the layer says which axis its Params name.
+  auto whole_here = make(2);
+  for (const char* name : {"gate", "wi", "wo"}) {
+    EXPECT_TRUE(at::equal(whole_here->theta().GetTensor(name), full.GetTensor(name))) << name;
   }
+  EXPECT_TRUE(at::allclose(whole_here->FProp(full, x), whole->FProp(full, x, {}, 2), 1e-12, 1e-12));
+  ASSERT_TRUE(whole_here->UnmetMesh().has_value());
+  EXPECT_EQ(whole_here->UnmetMesh()->variable, "moe/wi");
+  EXPECT_EQ(whole_here->UnmetMesh()->axis, "expert");
+  EXPECT_EQ(whole_here->UnmetMesh()->size, 2);
+  EXPECT_FALSE(whole->UnmetMesh().has_value());
   // Experts that do not divide over the devices are refused at construction.
   Params bad = TransformerShardedMoeLayer::Params();
   bad.Set("name", "moe");
@@ -546,12 +544,12 @@ TEST(Distributed, ExpertParallelMoeMatchesAllExpertsInOneProcess) {
 // group's capacity (12 for groups of 12 at factor 1.5 × 2 over 4 experts), and each rank's
 // output is what all 4 experts in one process give its batch at that capacity.
 TEST(Distributed, ExpertParallelRanksOfDifferentLengthsAgreeOnTheCapacity) {
-  auto make = [](int devices, int groups, int capacity) {
+  auto make = [](int devices, int groups, int capacity, const BuildContext& context) {
     Params p = TransformerShardedMoeLayer::Params();
     p.Set("name", "moe").Set("random_seed", 11).Set("dtype", DType::kFloat64);
     p.FromText(StrCat("input_dim : 6\nhidden_dim : 10\nnum_experts : 4\nnum_groups : ", groups,
                       "\nexpert_capacity_dim : ", capacity, "\nnum_devices : ", devices, "\n"));
-    return InstantiateLayer<TransformerShardedMoeLayer>(p);
+    return InstantiateLayer<TransformerShardedMoeLayer>(p, context);
   };
   at::manual_seed(9);
   const std::vector<at::Tensor> xs = {at::randn({2, 12, 6}, at::kDouble),
@@ -559,9 +557,8 @@ TEST(Distributed, ExpertParallelRanksOfDifferentLengthsAgreeOnTheCapacity) {
   RunWorkers(2, [&](Distributed& dist) {
     const int r = dist.rank();
     DistributedMeshAxis axis(dist);
-    MeshAxisScope scope("expert", &axis);
-    auto sharded = make(2, 4, 0);  // capacity from the factor (1.5)
-    auto whole = make(1, 2, 12);
+    auto sharded = make(2, 4, 0, BuildContext().WithAxis("expert", &axis));  // factor 1.5
+    auto whole = make(1, 2, 12, BuildContext());
     NestedMap theta = whole->theta();
     for (const char* name : {"wi", "wo"}) {
       EXPECT_TRUE(at::equal(sharded->theta().GetTensor(name),
@@ -574,7 +571,8 @@ TEST(Distributed, ExpertParallelRanksOfDifferentLengthsAgreeOnTheCapacity) {
 
 // A 2-layer LM whose second layer is a 4-expert MoE block spread over `devices` ranks, routing
 // `groups` groups over them.
-std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2, double dropout = 0.0) {
+std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2, double dropout = 0.0,
+                                              const BuildContext& context = BuildContext()) {
   Params p = TransformerLmTask::CommonParams(50, 16, 32, 2, 2);
   p.Set("name", "lm").Set("random_seed", 3).Set("aux_loss_weight", 0.01);
   p.Set("train.learner.learning_rate", 1e-2);
@@ -599,7 +597,7 @@ std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2, doubl
   dense.Set("tr_fflayer_tpl.residual_dropout_prob", dropout);
   dense.Set("tr_fflayer_tpl.relu_dropout_prob", dropout);
   p.Set("stack.transformer_layer_params_tpl", ParamValue::List{dense, moe});
-  return InstantiateLayer<TransformerLmTask>(p);
+  return InstantiateLayer<TransformerLmTask>(p, context);
 }
 
 // `steps` Adam steps of `lm` on rows [lo, hi) of each batch, each at its global step; the losses
@@ -675,10 +673,9 @@ TEST(Distributed, ExpertParallelMoeLmTrainsLikeOneProcess) {
       RunWorkers(n, [&](Distributed& dist) {
         const int r = dist.rank();
         DistributedMeshAxis axis(dist);
-        MeshAxisScope scope("expert", &axis);
         // As the trainer does: this rank's rows draw their rows of one process's dropout masks.
         BatchShardScope shard(r, n);
-        auto lm = SmallMoeLm(n, n, dropout);
+        auto lm = SmallMoeLm(n, n, dropout, BuildContext().WithAxis("expert", &axis));
         const auto vars = LearnerVariables(*lm);
         // The same seed gives every variable the one-process model's start: dense ones whole,
         // this rank's block of experts here.
@@ -729,9 +726,8 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
       const int r = dist.rank();
       DistributedMesh mesh(dist, ParseMesh("data:2,expert:2", 4));
       index[r] = {mesh.data_index(), mesh.expert_index()};
-      MeshAxisScope scope("expert", mesh.expert_axis());
       BatchShardScope shard(r, 4);  // as the trainer does: this rank's rows of the batch
-      auto lm = SmallMoeLm(2, 2, dropout);
+      auto lm = SmallMoeLm(2, 2, dropout, BuildContext().WithAxis("expert", mesh.expert_axis()));
       const auto vars = LearnerVariables(*lm);
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
       sync->SetShardGroups(&mesh.expert_group(), mesh.data_group());
@@ -753,7 +749,8 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
 // A 4-layer LM whose stack is pipelined over `splits` stages of `micro` micro-batches, with
 // dropout `dropout` at every site of its layers.
 std::unique_ptr<TransformerLmTask> SmallPipeLm(int splits, int micro, double dropout,
-                                               bool sgd = false) {
+                                               bool sgd = false,
+                                               const BuildContext& context = BuildContext()) {
   Params p = TransformerLmTask::CommonParams(50, 16, 32, 2, 4);
   p.Set("name", "lm").Set("random_seed", 5);
   p.Set("train.learner.learning_rate", sgd ? 0.5 : 1e-2);
@@ -762,7 +759,7 @@ std::unique_ptr<TransformerLmTask> SmallPipeLm(int splits, int micro, double dro
   p.Set("train.learner.clip_gradient_norm_to_value", 0.5);  // clipping sees the global gradient
   p.Set("stack.dropout_prob", dropout);
   p.Set("stack.splits", splits).Set("stack.num_micro_batches", micro);
-  return InstantiateLayer<TransformerLmTask>(p);
+  return InstantiateLayer<TransformerLmTask>(p, context);
 }
 
 // Issue 36's pipeline equivalence: the LM's 4 layers as 2 stages on 2 ranks and as 4 stages on 4
@@ -797,8 +794,7 @@ TEST(Distributed, PipelineStagesOnRanksTrainLikeOneProcess) {
       RunWorkers(n, [&](Distributed& dist) {
         const int r = dist.rank();
         DistributedMeshAxis axis(dist);
-        MeshAxisScope scope("pipe", &axis);
-        auto lm = SmallPipeLm(n, 4, 0.1);
+        auto lm = SmallPipeLm(n, 4, 0.1, false, BuildContext().WithAxis("pipe", &axis));
         remote[r] = lm->RemoteScopes();
         auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, overlapped);
         sync->SetShardedScale(1.0);
@@ -858,9 +854,8 @@ TEST(Distributed, DataTimesPipeMeshTrainsLikeOneProcess) {
       DistributedMesh mesh(dist, ParseMesh("data:2,pipe:2", 4));
       EXPECT_EQ(mesh.pipe_index(), r % 2);
       EXPECT_EQ(mesh.batch_shard(), r / 2);
-      MeshAxisScope scope("pipe", mesh.pipe_axis());
       BatchShardScope shard(mesh.batch_shard(), 2);  // as the trainer does
-      auto lm = SmallPipeLm(2, 2, 0.1, sgd);
+      auto lm = SmallPipeLm(2, 2, 0.1, sgd, BuildContext().WithAxis("pipe", mesh.pipe_axis()));
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
       sync->SetShardedScale(0.5);
       sync->SetShardGroups(&mesh.pipe_group(), mesh.data_group());
@@ -898,15 +893,14 @@ TEST(Distributed, PipelineRanksShareRankZerosBatch) {
     NestedMap batch;
     batch.Set("ids", at::full({2, 3 + r}, r, at::kLong));
     batch.Set("paddings", at::zeros({2, 3 + r}));
-    EXPECT_TRUE(ShareBatchOverPipe(true, batch));  // no axis yet
+    EXPECT_TRUE(ShareBatchOverPipe(nullptr, true, batch));  // no axis
     EXPECT_EQ(batch.GetTensor("ids").size(1), 3 + r);
     DistributedMeshAxis axis(dist);
-    MeshAxisScope scope("pipe", &axis);
-    EXPECT_TRUE(ShareBatchOverPipe(true, batch));
+    EXPECT_TRUE(ShareBatchOverPipe(&axis, true, batch));
     EXPECT_TRUE(at::equal(batch.GetTensor("ids"), at::zeros({2, 3}, at::kLong))) << "rank " << r;
     EXPECT_EQ(batch.GetTensor("paddings").sizes(), at::IntArrayRef({2, 3}));
     // Rank 0's input ended: every rank stops, though rank 1 still had a batch.
-    EXPECT_FALSE(ShareBatchOverPipe(r != 0, batch)) << "rank " << r;
+    EXPECT_FALSE(ShareBatchOverPipe(&axis, r != 0, batch)) << "rank " << r;
   });
 }
 
@@ -915,10 +909,10 @@ TEST(Distributed, PipelineRanksShareRankZerosBatch) {
 TEST(Distributed, PipelineStagesNeedOneRankEach) {
   RunWorkers(2, [&](Distributed& dist) {
     DistributedMeshAxis axis(dist);
-    MeshAxisScope scope("pipe", &axis);
-    EXPECT_ERROR_CONTAINS(SmallPipeLm(4, 1, 0.0), FailedPreconditionError,
+    const BuildContext context = BuildContext().WithAxis("pipe", &axis);
+    EXPECT_ERROR_CONTAINS(SmallPipeLm(4, 1, 0.0, false, context), FailedPreconditionError,
                           "has 4 pipeline stage(s), but the mesh's 'pipe' axis has 2 ranks");
-    auto lm = SmallPipeLm(2, 1, 0.0);
+    auto lm = SmallPipeLm(2, 1, 0.0, false, context);
     EXPECT_ERROR_CONTAINS(lm->GetChildAs<TransformerStack>("stack").InitStates(1, at::kFloat),
                           FailedPreconditionError,
                           "holds only pipeline stage");

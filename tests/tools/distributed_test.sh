@@ -181,7 +181,7 @@ check "RANK out of range is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q
 # 6. GShard's expert parallelism: lm.austen.TransformerLmMoeTinyExpertParallel keeps 2 of its 4
 # experts on each of 2 ranks. Each rank writes its experts' shard before rank 0 writes the
 # checkpoint; a restart resumes from it on both ranks; the checkpoint loads whole, and export
-# builds the model in one process (num_devices 1: every expert) and serves it.
+# builds the model in one process (no expert axis: every expert, from the same Params) and serves it.
 moe=(--model=lm.austen.TransformerLmMoeTinyExpertParallel --random_seed=3 --intra_op_threads=1
      "--model_params_override=task.train.steps_per_loop : 5; task.train.save_interval_steps : 10")
 "$glossa" train "${moe[@]}" --logdir="$tmp/e" --max_steps=10 --nproc_per_node=2 > "$tmp/e.log" 2>&1; rc=$?
@@ -199,7 +199,7 @@ check "step 20's shards" test -f "$tmp/e/train/ckpt-00000020-rank-00001-of-00002
 check "one process evaluates the expert-parallel logdir with every expert (rc $rc): $(tail -1 "$tmp/e_eval.log")" bash -c "test $rc -eq 0 && test -f '$tmp/e/eval_dev/score-00000020.txt'"
 "$glossa" export "${moe[@]}" --logdir="$tmp/e" --out="$tmp/e_bundle" > "$tmp/e3.log" 2>&1; rc=$?
 check "the expert-parallel checkpoint exports in one process (rc $rc): $(tail -2 "$tmp/e3.log")" test "$rc" -eq 0
-check "the bundle's model has every expert" grep -q 'num_devices : 1' "$tmp/e_bundle/model_params.txt"
+check "the bundle's Params are the training run's, unrewritten (num_devices 2; one process builds every expert)" grep -q 'num_devices : 2' "$tmp/e_bundle/model_params.txt"
 echo 'It is a truth universally acknowledged' | "$glossa" predict --bundle="$tmp/e_bundle" > "$tmp/e_pred.jsonl" 2>"$tmp/e_pred.err"; rc=$?
 check "the bundle scores text (rc $rc): $(tail -1 "$tmp/e_pred.err")" bash -c "test $rc -eq 0 && grep -q total_log_prob '$tmp/e_pred.jsonl'"
 "$glossa" train "${moe[@]}" --logdir="$tmp/e1" --max_steps=5 > "$tmp/e5.log" 2>&1; rc=$?

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Keeps every thread-crossing context in glossa/base/thread_state.h's ThreadState (issue 49).
+
+1. Every `thread_local` under glossa/ and python/ is either a ThreadState slot, its declaration
+   line saying `// ThreadState: "<slot>"` and the same file registering that variable with
+   `GLOSSA_THREAD_STATE_SLOT("<slot>", <variable>)`, or marked `per-thread` (a cache, or a flag
+   that must not cross threads) on its line or in the comment just above it (for a group of
+   consecutive declarations, above the first).
+2. Every GLOSSA_THREAD_STATE_SLOT names a thread_local its file declares, and no slot name is
+   registered twice.
+3. Threads start through StartThread(state, fn): no `std::thread(...)` construction elsewhere
+   (glossa/base/thread_state.h defines StartThread; glossa/kernels/parallel.cc's KernelPool
+   workers run arithmetic chunks whose callers decided every context-dependent choice before the
+   loop, see glossa/kernels/parallel.h), and no `emplace_back(` of a lambda into a
+   std::vector<std::thread>.
+
+Usage: check_thread_state.py <source root> [--self-test]; exits 1 listing each offence as
+file:line: what.
+"""
+import pathlib
+import re
+import sys
+
+EXEMPT_THREADS = {"glossa/base/thread_state.h", "glossa/kernels/parallel.cc"}
+DECL = re.compile(r"\bthread_local\b[^;]*?\b(\w+)\s*(?:[=({;]|\[)")
+SLOT = re.compile(r'GLOSSA_THREAD_STATE_SLOT\(\s*"([^"]+)"\s*,\s*(\w+)\s*\)')
+ANNOT = re.compile(r'ThreadState:\s*"([^"]+)"')
+THREAD_CTOR = re.compile(r"\bstd::thread\s*\(|\bstd::thread\s+\w+\s*\(|\bstd::thread\s*\{")
+VEC_THREADS = re.compile(r"std::vector<std::thread>\s+(\w+)")
+
+
+def code_part(line):
+    i = line.find("//")
+    return line if i < 0 else line[:i]
+
+
+def check_file(rel, text):
+    errors = []
+    lines = text.split("\n")
+    slots = {}
+    for m in SLOT.finditer("\n".join(code_part(l) for l in lines)):
+        slots.setdefault(m.group(1), []).append(m.group(2))
+    declared = set()
+    for i, line in enumerate(lines):
+        code = code_part(line)
+        if "thread_local" not in code or "#define" in code:
+            continue
+        m = DECL.search(code)
+        if not m:
+            errors.append(f"{rel}:{i + 1}: a thread_local this lint cannot parse")
+            continue
+        var = m.group(1)
+        declared.add(var)
+        annot = ANNOT.search(line)
+        if annot:
+            slot = annot.group(1)
+            if var not in slots.get(slot, []):
+                errors.append(f'{rel}:{i + 1}: thread_local {var} says ThreadState: "{slot}" but '
+                              f'the file has no GLOSSA_THREAD_STATE_SLOT("{slot}", {var})')
+            continue
+        # The comment on the line, or the comments above it (and above a run of declarations).
+        notes = [line]
+        j = i - 1
+        while j >= 0 and (lines[j].strip().startswith("//") or
+                          ("thread_local" in code_part(lines[j]) and
+                           not ANNOT.search(lines[j]))):
+            notes.append(lines[j])
+            j -= 1
+        if not any("per-thread" in n for n in notes):
+            errors.append(f"{rel}:{i + 1}: thread_local {var} is neither a ThreadState slot "
+                          f'(// ThreadState: "<slot>" and GLOSSA_THREAD_STATE_SLOT) nor marked '
+                          f"per-thread (a cache, or a flag that must not cross threads)")
+    for slot, variables in slots.items():
+        for var in variables:
+            if var not in declared:
+                errors.append(f'{rel}: GLOSSA_THREAD_STATE_SLOT("{slot}", {var}) names no '
+                              f"thread_local of this file")
+    if rel not in EXEMPT_THREADS:
+        vectors = set(VEC_THREADS.findall(text))
+        for i, line in enumerate(lines):
+            code = code_part(line)
+            if THREAD_CTOR.search(code):
+                errors.append(f"{rel}:{i + 1}: a thread started without StartThread "
+                              f"(glossa/base/thread_state.h): say which ThreadState it runs under")
+            for v in vectors:
+                if re.search(r"\b" + v + r"\.emplace_back\(\s*\[", code):
+                    errors.append(f"{rel}:{i + 1}: a thread started without StartThread into {v}")
+    return errors, slots
+
+
+def check_tree(root):
+    root = pathlib.Path(root)
+    errors, seen = [], {}
+    for base in ("glossa", "python"):
+        for path in sorted((root / base).rglob("*")):
+            if path.suffix not in (".cc", ".h"):
+                continue
+            rel = str(path.relative_to(root))
+            errs, slots = check_file(rel, path.read_text(encoding="utf-8"))
+            errors += errs
+            for slot in slots:
+                if slot in seen and seen[slot] != rel:
+                    errors.append(f'{rel}: slot "{slot}" is registered in {seen[slot]} too')
+                seen.setdefault(slot, rel)
+    return errors
+
+
+def self_test():
+    """Each kind of breach is caught, and the allowed forms pass."""
+    ok = ('thread_local int a = 0;  // ThreadState: "a"\n'
+          'GLOSSA_THREAD_STATE_SLOT("a", a);\n'
+          "// per-thread cache: buffers\n"
+          "thread_local std::vector<float> b;\n"
+          "thread_local std::vector<float> c;\n"
+          "std::thread t = StartThread(ThreadState::Fresh(), [] {});\n")
+    cases = {
+        "unmarked": "thread_local int x = 0;\n",
+        "unregistered": 'thread_local int x = 0;  // ThreadState: "x"\n',
+        "wrong variable": ('thread_local int x = 0;  // ThreadState: "x"\n'
+                           'GLOSSA_THREAD_STATE_SLOT("x", y);\n'),
+        "raw thread": "std::thread t([] {});\n",
+        "raw temporary thread": "std::thread([] {}).detach();\n",
+        "vector of raw threads": ("std::vector<std::thread> ts;\n"
+                                  "ts.emplace_back([] {});\n"),
+    }
+    failures = []
+    errs, _ = check_file("glossa/x/ok.cc", ok)
+    if errs:
+        failures.append(f"allowed forms flagged: {errs}")
+    for name, src in cases.items():
+        errs, _ = check_file("glossa/x/bad.cc", src)
+        if not errs:
+            failures.append(f"not caught: {name}")
+    return failures
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    if "--self-test" in sys.argv:
+        failures = self_test()
+        for f in failures:
+            print(f)
+        print("self-test:", "FAILED" if failures else "ok")
+        return 1 if failures else 0
+    errors = check_tree(sys.argv[1])
+    for e in errors:
+        print(e)
+    print(f"thread-state lint: {len(errors)} offence(s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
