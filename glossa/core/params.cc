@@ -1,5 +1,4 @@
 #include "glossa/core/params.h"
-#include "glossa/core/params_walk.h"
 
 #include <algorithm>
 #include <charconv>
@@ -326,27 +325,6 @@ void VisitValue(const std::string& key, const ParamValue& value, const Params::V
 }
 
 }  // namespace
-
-void ForEachNestedParams(Params& p, const std::function<void(Params&)>& fn) {
-  fn(p);
-  for (const auto& key : p.Keys()) {
-    const ParamValue& v = p.Get(key);
-    if (v.is_params()) {
-      ForEachNestedParams(p.GetParams(key), fn);
-    } else if (v.is_list()) {
-      ParamValue::List items = v.AsList();
-      bool changed = false;
-      for (auto& item : items) {
-        if (!item.is_params()) continue;
-        Params copy = item.AsParams().Copy();
-        ForEachNestedParams(copy, fn);
-        item = copy;
-        changed = true;
-      }
-      if (changed) p.Set(key, items);
-    }
-  }
-}
 
 void Params::Visit(const VisitFn& visit, const EnterFn& enter, const VisitFn& exit) const {
   EnterFn enter_fn = enter ? enter : [](const std::string&, const ParamValue&) { return true; };

@@ -19,7 +19,6 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/io/safetensors.h"
-#include "glossa/layers/gpipe.h"
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
 #include "glossa/checkpoint/saver.h"
@@ -326,7 +325,6 @@ int64_t ExportBundle(const ExportOptions& o) {
   CheckExportOptions(o);
   // The model without its training inputs; the main task's tokenizer kept apart.
   Params p = o.model_params.Copy();
-  UnpipelineStacks(p);  // without stage threads
   std::optional<Params> tokenizer = MainTokenizer(p);
   for (const auto& task : TaskPaths(p)) p.Set(task + ".input", nullptr);
   // (Seeded only to build it: the checkpoint overwrites every variable.)

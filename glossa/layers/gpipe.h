@@ -60,10 +60,6 @@ StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>&
 // (<prefix>_<uid>), so that a stage's sublist builds its cells under their whole-pipeline names.
 ParamValue::List NameCells(const ParamValue::List& cells, const std::string& prefix);
 
-// `p` (a model's Params, searched through every nested Params and list of Params) with every
-// TransformerStack unpipelined (splits 1, num_micro_batches 1): its math and variable names do
-// not change, and a serving process runs it without stage threads (export bundles).
-void UnpipelineStacks(Params& p);
 
 // The pipeline engine (PipeliningLayer and TransformerStack's splits): the cells this process
 // holds, their blocks and seeds, the stages and the micro-batching.

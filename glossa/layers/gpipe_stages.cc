@@ -3,7 +3,6 @@
 // for bundles.
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/core/params_walk.h"
 #include "glossa/layers/gpipe.h"
 #include "glossa/layers/mesh.h"
 
@@ -83,12 +82,5 @@ ParamValue::List NameCells(const ParamValue::List& cells, const std::string& pre
   return out;
 }
 
-void UnpipelineStacks(Params& p) {
-  ForEachNestedParams(p, [](Params& q) {
-    if (q.Contains("splits") && q.Contains("num_micro_batches") && q.Contains("final_layer_norm")) {
-      q.Set("splits", 1).Set("num_micro_batches", 1);
-    }
-  });
-}
 
 }  // namespace glossa

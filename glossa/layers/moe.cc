@@ -1,6 +1,5 @@
 #include "glossa/layers/moe.h"
 #include "glossa/base/thread_state.h"
-#include "glossa/core/params_walk.h"
 
 #include <ATen/ATen.h>
 

@@ -200,12 +200,17 @@ at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inp
                                    const at::Tensor& aux_paddings, const at::Tensor& segment_ids,
                                    const at::Tensor& aux_segment_ids) const {
   at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
-  if (pipe_ && (segment_ids.defined() || aux_segment_ids.defined())) {
+  // Without gradients in one process (eval, decode, a bundle) the cells run in order on this
+  // thread over the whole batch: what splits 1 computes, without stage threads. Micro-batches
+  // save activation memory for a backward pass, and stages on ranks hold only their own cells.
+  const bool pipelined =
+      pipe_ && (pipe_->placement.axis != nullptr || at::GradMode::is_enabled());
+  if (pipelined && (segment_ids.defined() || aux_segment_ids.defined())) {
     throw FailedPreconditionError(StrCat("layer '", path(), "': packed inputs (segment ids) ",
                                          "cannot run in a pipeline (splits > 1); set the input's ",
                                          "packed_input to False"));
   }
-  if (pipe_) {
+  if (pipelined) {
     x = PipelineFProp(*pipe_, theta.at("x_layers"), x, paddings);
   } else {
     // Each layer from its own step seed, as a pipeline stage runs it (the masks do not depend on

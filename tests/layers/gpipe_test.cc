@@ -210,19 +210,31 @@ TEST(TransformerStackSplits, LeaveTheMathAsItWas) {
                         "take no cross-attention inputs");
 }
 
-// Bundles run the stack unpipelined: splits and micro-batches back to 1, nested ones included.
-TEST(TransformerStackSplits, UnpipelineStacksFindsEveryStack) {
-  Params lm = TransformerStack::Params();
-  lm.Set("name", "stack").Set("splits", 2).Set("num_micro_batches", 4);
-  Params outer = SequentialLayer::Params();
-  outer.Set("name", "seq").Set("sub", ParamValue::List{ParamValue(lm)});
-  UnpipelineStacks(outer);
-  const Params& inner = outer.Get("sub").AsList()[0].AsParams();
-  EXPECT_EQ(inner.GetInt("splits"), 1);
-  EXPECT_EQ(inner.GetInt("num_micro_batches"), 1);
-  Params gpipe = StackParams(2, 2, 0.0);  // a GPipeTransformerStack keeps its pipeline
-  UnpipelineStacks(gpipe);
-  EXPECT_EQ(gpipe.Get("splits").AsInt(), 2);
+// Without gradients in one process a pipelined stack runs its cells in order on the calling thread
+// over the whole batch, as splits 1 does (what eval, decode and bundles run, from the training
+// Params): the same outputs, and packed inputs, which a pipeline refuses, are taken.
+TEST(TransformerStackSplits, WithoutGradientsTheCellsRunInOrderAsSplitsOne) {
+  auto make = [](int64_t splits) {
+    Params p = TransformerStack::Params();
+    p.Set("name", "s").Set("num_layers", 4).Set("mdl_dim", 8).Set("hidden_dim", 16);
+    p.Set("num_atten_heads", 2).Set("random_seed", 3).Set("splits", splits);
+    p.Set("num_micro_batches", 2);
+    return InstantiateLayer<TransformerStack>(p);
+  };
+  auto piped = make(2), whole = make(1);
+  at::manual_seed(1);
+  const at::Tensor x = at::randn({4, 5, 8});
+  const at::Tensor paddings = at::zeros({4, 5});
+  const at::Tensor segments = at::tensor({1, 1, 2, 2, 2}).repeat({4, 1});
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(piped->FProp(piped->theta(), x, paddings),
+                        whole->FProp(whole->theta(), x, paddings)));
+  EXPECT_TRUE(at::equal(
+      piped->FProp(piped->theta(), x, paddings, {}, {}, segments),
+      whole->FProp(whole->theta(), x, paddings, {}, {}, segments)));
+  at::AutoGradMode grad(true);
+  EXPECT_ERROR_CONTAINS(piped->FProp(piped->theta(), x, paddings, {}, {}, segments),
+                        FailedPreconditionError, "cannot run in a pipeline");
 }
 
 TEST(GPipeTransformerStack, SplitsAsEndIndices) {
