@@ -15,6 +15,8 @@
    GLOSSA_X86_SIMD.
 5. Tests mirror the code: every glossa/<room>/<file>.cc has tests/<room>/<file>_test.cc or a row
    in tests/COVERAGE.md naming existing tests that cover it.
+6. The table allows only edges that exist: every room a row names is included by some file of
+   that room (a dependency that is gone leaves the table with it).
 
 Prints each breach as file:line: message and exits 1 if there is any.
 """
@@ -163,6 +165,7 @@ def function_allowed(lines, start, end):
 def check(repo):
     rooms = read_rooms(repo)
     errors = []
+    used = set()  # (room, included room) edges that some include uses
     for rel, full in library_files(repo):
         text = open(full, encoding="utf-8", errors="replace").read()
         lines = text.split("\n")
@@ -175,6 +178,8 @@ def check(repo):
             allowed = allowed | {"tools"}
         for no, l in enumerate(lines, 1):
             m = re.match(r'\s*#\s*include\s+"glossa/([a-z_]+)/', l)
+            if m:
+                used.add((room, m.group(1)))
             if m and m.group(1) not in allowed:
                 errors.append(f"{rel}:{no}: room '{room}' includes glossa/{m.group(1)}/, which "
                               f"its row of docs/architecture.md does not allow")
@@ -204,6 +209,11 @@ def check(repo):
                     not any(g.startswith("#if GLOSSA_X86_SIMD") for g in guard) and \
                     not re.search(r"#if !GLOSSA_X86_SIMD\s*\n\s*#error", text):
                 errors.append(f"{rel}:{no}: <immintrin.h> outside #if GLOSSA_X86_SIMD")
+    for room, allowed in rooms.items():
+        for a in sorted(allowed):
+            if (room, a) not in used:
+                errors.append(f"docs/architecture.md:1: room '{room}' may include '{a}', but no file "
+                              f"of {room} does: drop '{a}' from its row of the rooms table")
     return errors + check_coverage(repo)
 
 
@@ -267,6 +277,13 @@ def _append(path, text):
         f.write(text)
 
 
+def _write_sub(path, old, new):
+    text = open(path, encoding="utf-8").read()
+    assert old in text, (path, old)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace(old, new, 1))
+
+
 def _prepend(path, text):
     old = open(path, encoding="utf-8").read()
     with open(path, "w", encoding="utf-8") as f:
@@ -292,6 +309,9 @@ INJECTIONS = [
      "outside glossa/kernels/"),
     ("untested_file", lambda d: _append(os.path.join(d, "glossa/base/untested.cc"), "int x;\n"),
      "no tests/base/untested_test.cc"),
+    ("unused_edge", lambda d: _write_sub(os.path.join(d, "docs/architecture.md"),
+                                         "| core | base |", "| core | base kernels |"),
+     "room 'core' may include 'kernels', but no file"),
     ("unguarded_intrinsics", lambda d: _prepend(os.path.join(d, "glossa/kernels/parallel.cc"),
                                                 "#include <immintrin.h>\n"),
      "outside #if GLOSSA_X86_SIMD"),
