@@ -174,6 +174,17 @@ class DistributedMeshAxis : public MeshAxis {
 // gradients and read different batches. A pipe axis does not combine with an expert axis yet.
 struct MeshShape {
   int data = 1, expert = 1, pipe = 1;
+  // Where a rank sits on each axis. The rank layout is defined here alone: world rank
+  // r = (d·S + s)·E + e, the data index outermost and the expert index fastest (so r = d·S + s on
+  // a pipe mesh and r = d·E + e on an expert mesh).
+  struct Coordinates {
+    int data = 0, pipe = 0, expert = 0;
+  };
+  Coordinates Of(int rank) const;
+  int RankAt(const Coordinates& c) const;
+  int64_t world_size() const { return static_cast<int64_t>(data) * pipe * expert; }
+  // "data 2 x pipe 2", naming the axes over 1 ("data 1" when none is).
+  std::string Describe() const;
 };
 // "data:D,expert:E" or "data:D,pipe:S" (data may be left out: 1). Empty: the expert axis over
 // the whole world (data 1). InvalidArgument naming --mesh for an unknown axis, a size < 1, pipe
@@ -203,13 +214,14 @@ class DistributedMesh {
   int batch_shard() const { return data_index_ * shape_.expert + expert_index_; }
 
  private:
-  // Rank r = d·size + i of a data × `axis` grid: this rank's row (the `size` ranks sharing its
-  // data index, into row_group) and column (the data replicas sharing i, into data_group_);
-  // nothing when data is 1.
-  void FormGrid(const std::string& axis, int size, int index,
+  // The ranks of a data × `axis` grid (`along`: that axis's coordinate): this rank's row (the
+  // ranks sharing its data index, into row_group) and column (the data replicas sharing its index
+  // on the axis, into data_group_); nothing when data is 1.
+  void FormGrid(const std::string& axis, int MeshShape::Coordinates::*along,
                 std::unique_ptr<Distributed>& row_group);
   Distributed& world_;
   MeshShape shape_;
+  MeshShape::Coordinates here_;
   int data_index_ = 0, expert_index_ = 0, pipe_index_ = 0;
   std::unique_ptr<Distributed> expert_group_, data_group_, pipe_group_;
   std::unique_ptr<DistributedMeshAxis> expert_axis_, pipe_axis_;

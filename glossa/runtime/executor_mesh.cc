@@ -68,14 +68,11 @@ void Executor::BuildModel() {
       expert_axis_ = mesh_->expert_axis();
       pipe_axis_ = mesh_->pipe_axis();
       context.WithAxis("expert", expert_axis_).WithAxis("pipe", pipe_axis_);
-      if (chief_ && mesh_->shape().data > 1 && pipe_axis_) {
-        Log(StrCat("mesh: data ", mesh_->shape().data, " x pipe ", mesh_->shape().pipe,
-                   " (pipelines of ", mesh_->shape().pipe, " ranks, each replicated ",
-                   mesh_->shape().data, " times)"));
-      } else if (chief_ && mesh_->shape().data > 1) {
-        Log(StrCat("mesh: data ", mesh_->shape().data, " x expert ", mesh_->shape().expert,
-                   " (expert groups of ", mesh_->shape().expert, " ranks, each replicated ",
-                   mesh_->shape().data, " times)"));
+      const MeshShape& shape = mesh_->shape();
+      if (chief_ && shape.data > 1) {
+        Log(StrCat("mesh: ", shape.Describe(), " (", pipe_axis_ ? "pipelines" : "expert groups",
+                   " of ", pipe_axis_ ? shape.pipe : shape.expert, " ranks, each replicated ",
+                   shape.data, " times)"));
       }
     }
     model_ = InstantiateLayer<BaseModel>(params_, context);

@@ -56,6 +56,26 @@ std::unique_ptr<Distributed> Distributed::Subgroup(const std::string& name,
   return sub;
 }
 
+MeshShape::Coordinates MeshShape::Of(int rank) const {
+  Coordinates c;
+  c.expert = rank % expert;
+  c.pipe = rank / expert % pipe;
+  c.data = rank / expert / pipe;
+  return c;
+}
+
+int MeshShape::RankAt(const Coordinates& c) const {
+  return (c.data * pipe + c.pipe) * expert + c.expert;
+}
+
+std::string MeshShape::Describe() const {
+  std::vector<std::string> axes;
+  if (data > 1) axes.push_back(StrCat("data ", data));
+  if (pipe > 1) axes.push_back(StrCat("pipe ", pipe));
+  if (expert > 1) axes.push_back(StrCat("expert ", expert));
+  return axes.empty() ? "data 1" : Join(axes, " x ");
+}
+
 MeshShape ParseMesh(const std::string& text, int world_size) {
   MeshShape m;
   if (text.empty()) {
@@ -110,40 +130,42 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
   return m;
 }
 
-void DistributedMesh::FormGrid(const std::string& axis, int size, int index,
+void DistributedMesh::FormGrid(const std::string& axis, int MeshShape::Coordinates::*along,
                                std::unique_ptr<Distributed>& row_group) {
   if (shape_.data == 1) return;  // the axis is the world; no data axis
+  const int size = axis == "pipe" ? shape_.pipe : shape_.expert;
   std::vector<int> row, column;
-  for (int i = 0; i < size; ++i) row.push_back(data_index_ * size + i);
-  for (int d = 0; d < shape_.data; ++d) column.push_back(d * size + index);
-  row_group = world_.Subgroup(StrCat(axis, "/", data_index_), row);
-  data_group_ = world_.Subgroup(StrCat("data/", index), column);
+  for (int i = 0; i < size; ++i) {
+    MeshShape::Coordinates c = here_;
+    c.*along = i;
+    row.push_back(shape_.RankAt(c));
+  }
+  for (int d = 0; d < shape_.data; ++d) {
+    MeshShape::Coordinates c = here_;
+    c.data = d;
+    column.push_back(shape_.RankAt(c));
+  }
+  row_group = world_.Subgroup(StrCat(axis, "/", here_.data), row);
+  data_group_ = world_.Subgroup(StrCat("data/", here_.*along), column);
 }
 
 DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     : world_(world), shape_(shape) {
+  if (shape.world_size() != world.world_size() || (shape.pipe > 1 && shape.expert > 1)) {
+    throw InvalidArgumentError(StrCat("mesh ", shape.Describe(), " does not cover the ",
+                                      world.world_size(), " ranks"));
+  }
+  here_ = shape.Of(world.rank());
+  data_index_ = here_.data;
+  pipe_index_ = here_.pipe;
+  expert_index_ = here_.expert;
   if (shape.pipe > 1) {
-    if (static_cast<int64_t>(shape.data) * shape.pipe != world.world_size() ||
-        shape.expert != 1) {
-      throw InvalidArgumentError(StrCat("mesh data ", shape.data, " x pipe ", shape.pipe,
-                                        " (expert ", shape.expert, ") does not cover the ",
-                                        world.world_size(), " ranks"));
-    }
-    // Rank r = d·S + s: the S ranks sharing d are one pipeline, the D sharing s one stage's
-    // replicas.
-    data_index_ = world.rank() / shape.pipe;
-    pipe_index_ = world.rank() % shape.pipe;
-    FormGrid("pipe", shape.pipe, pipe_index_, pipe_group_);
+    // The S ranks sharing d are one pipeline, the D sharing s one stage's replicas.
+    FormGrid("pipe", &MeshShape::Coordinates::pipe, pipe_group_);
     pipe_axis_ = std::make_unique<DistributedMeshAxis>(pipe_group());
     return;
   }
-  if (static_cast<int64_t>(shape.data) * shape.expert != world.world_size()) {
-    throw InvalidArgumentError(StrCat("mesh data ", shape.data, " x expert ", shape.expert,
-                                      " does not cover the ", world.world_size(), " ranks"));
-  }
-  data_index_ = world.rank() / shape.expert;
-  expert_index_ = world.rank() % shape.expert;
-  FormGrid("expert", shape.expert, expert_index_, expert_group_);
+  FormGrid("expert", &MeshShape::Coordinates::expert, expert_group_);
   expert_axis_ = std::make_unique<DistributedMeshAxis>(expert_group());
 }
 

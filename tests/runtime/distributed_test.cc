@@ -18,7 +18,9 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "glossa/base/errors.h"
@@ -917,6 +919,43 @@ TEST(Distributed, PipelineStagesNeedOneRankEach) {
                           FailedPreconditionError,
                           "holds only pipeline stage");
   });
+}
+
+// The rank layout, defined by MeshShape alone: rank r = (d·S + s)·E + e, so a pipe mesh puts
+// rank r at (r / S, r % S) and an expert mesh at (r / E, r % E); Of and RankAt are inverses.
+TEST(Distributed, MeshShapeDefinesTheRankLayout) {
+  MeshShape pipe;
+  pipe.data = 3;
+  pipe.pipe = 2;
+  MeshShape expert;
+  expert.data = 2;
+  expert.expert = 4;
+  for (int r = 0; r < 6; ++r) {
+    EXPECT_EQ(pipe.Of(r).data, r / 2);
+    EXPECT_EQ(pipe.Of(r).pipe, r % 2);
+    EXPECT_EQ(pipe.Of(r).expert, 0);
+  }
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(expert.Of(r).data, r / 4);
+    EXPECT_EQ(expert.Of(r).expert, r % 4);
+    EXPECT_EQ(expert.Of(r).pipe, 0);
+  }
+  MeshShape all;
+  all.data = 2;
+  all.pipe = 3;
+  all.expert = 2;
+  std::set<std::tuple<int, int, int>> seen;
+  for (int r = 0; r < all.world_size(); ++r) {
+    const MeshShape::Coordinates c = all.Of(r);
+    EXPECT_EQ(all.RankAt(c), r);
+    seen.insert({c.data, c.pipe, c.expert});
+  }
+  EXPECT_EQ(seen.size(), 12u);
+  EXPECT_EQ(all.Of(7).data, 1);  // 7 = (1·3 + 0)·2 + 1
+  EXPECT_EQ(all.Of(7).pipe, 0);
+  EXPECT_EQ(all.Of(7).expert, 1);
+  EXPECT_EQ(all.Describe(), "data 2 x pipe 3 x expert 2");
+  EXPECT_EQ(MeshShape().Describe(), "data 1");
 }
 
 TEST(Distributed, MeshFlagNamesWhatIsWrong) {

@@ -45,10 +45,11 @@ class TrainCommand : public Command {
     eo.log_every_n_steps = log_every_n_steps_;
     if (dist && dist->rank() != 0) {
       // Rank 0 speaks for the job; the others say what they are and then only fail loudly.
-      if (const MeshShape m = ParseMesh(d_.mesh, dist->world_size()); m.pipe > 1) {
+      const MeshShape m = ParseMesh(d_.mesh, dist->world_size());
+      if (m.pipe > 1) {
+        const MeshShape::Coordinates at = m.Of(dist->rank());
         std::printf("rank %d of %d: pipeline stage %d, training on input shard %d of %d\n",
-                    dist->rank(), dist->world_size(), dist->rank() % m.pipe,
-                    dist->rank() / m.pipe, m.data);
+                    dist->rank(), dist->world_size(), at.pipe, at.data, m.data);
       } else {
         std::printf("rank %d of %d: training on input shard %d\n", dist->rank(),
                     dist->world_size(), dist->rank());
