@@ -17,10 +17,11 @@ struct Slot {
   std::any fresh;
 };
 
-// Filled at static initialization (before any thread starts), read-only after.
+// Filled at static initialization (before any thread starts), read-only after; never destroyed,
+// as a detached thread may still leave its Scope while the process exits.
 std::vector<Slot>& Slots() {
-  static std::vector<Slot> slots;
-  return slots;
+  static auto* slots = new std::vector<Slot>;
+  return *slots;
 }
 
 }  // namespace
@@ -61,10 +62,17 @@ ThreadState& ThreadState::Reset(const std::string& slot) {
 ThreadState::Scope::Scope(const ThreadState& state) {
   const std::vector<Slot>& slots = Slots();
   saved_.reserve(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) saved_.push_back(slots[i].exchange(state.values_[i]));
-  if (state.aten_ != nullptr) {
-    aten_guard_ = std::make_shared<at::ThreadLocalStateGuard>(
-        *static_cast<const at::ThreadLocalState*>(state.aten_.get()));
+  try {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      saved_.push_back(slots[i].exchange(state.values_[i]));
+    }
+    if (state.aten_ != nullptr) {
+      aten_guard_ = std::make_shared<at::ThreadLocalStateGuard>(
+          *static_cast<const at::ThreadLocalState*>(state.aten_.get()));
+    }
+  } catch (...) {  // the thread's own values back before the error leaves
+    for (size_t i = saved_.size(); i-- > 0;) slots[i].exchange(std::move(saved_[i]));
+    throw;
   }
 }
 

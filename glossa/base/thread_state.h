@@ -4,9 +4,9 @@
 // lives in a thread-local registers a slot (GLOSSA_THREAD_STATE_SLOT, in the file that owns it);
 // ThreadState::Capture() copies every slot, a ThreadState::Scope installs them and restores the
 // thread's own on exit. Every thread Glossa starts is started by StartThread with an explicit state:
-// the starter's (Capture(), for threads that compute for it: pipeline stages, input readers) or
-// Fresh() (the defaults, for service threads that outlive the starter's scopes: servers, flushers,
-// savers). tests/lint/check_thread_state.py fails on a thread_local that is neither a slot nor
+// the starter's (Capture(), for threads that compute for it: pipeline stages) or Fresh() (the
+// defaults, for threads that outlive the starter's scopes: servers, flushers, savers, input
+// readers). tests/lint/check_thread_state.py fails on a thread_local that is neither a slot nor
 // marked a per-thread cache, and on a thread started any other way.
 //
 //   thread_local bool t_eval_mode = false;  // ThreadState: "eval_mode"
@@ -35,7 +35,8 @@ class ThreadState {
   // unknown slot.
   ThreadState& Reset(const std::string& slot);
 
-  // Installs `state` on this thread for its lifetime; the thread's own values come back after.
+  // Installs `state` on this thread for its lifetime; the thread's own values come back after
+  // (and at once, if installing one slot fails).
   class Scope {
    public:
     explicit Scope(const ThreadState& state);
@@ -52,7 +53,8 @@ class ThreadState {
   static std::vector<std::string> SlotNames();
 
  private:
-  std::vector<std::any> values_;  // one per slot; empty: Fresh()
+  ThreadState() = default;        // only Capture() and Fresh() make one
+  std::vector<std::any> values_;  // one per slot
   std::shared_ptr<const void> aten_;  // at::ThreadLocalState, or null for Fresh()
 };
 
@@ -71,9 +73,9 @@ bool RegisterThreadStateSlot(const char* name, std::function<std::any()> capture
       ::glossa::RegisterThreadStateSlot(                                                        \
           name, [] { return std::any(var); },                                                   \
           [](std::any v) {                                                                      \
-            std::any old(std::move(var));                                                       \
-            var = std::any_cast<std::decay_t<decltype(var)>>(std::move(v));                     \
-            return old;                                                                         \
+            auto value = std::any_cast<std::decay_t<decltype(var)>>(std::move(v));              \
+            std::swap(var, value);                                                              \
+            return std::any(std::move(value));                                                  \
           },                                                                                    \
           std::any(std::decay_t<decltype(var)>(var)))
 

@@ -345,7 +345,7 @@ void Int8AffineRaw(const float* x, int64_t m, const Int8Weight& w, const float* 
   if (Int8HasVnni()) {
     // per-thread cache: the quantized rows' buffers, reused across calls.
     thread_local std::vector<uint8_t> xu;
-    thread_local std::vector<float> sx;
+    thread_local std::vector<float> sx;  // per-thread cache
     xu.resize(static_cast<size_t>(m * w.k4));
     sx.resize(static_cast<size_t>(m));
     QuantizeRowsU8(x, m, w.k, w.k4, xu.data(), sx.data());

@@ -23,13 +23,14 @@ namespace glossa {
 namespace {
 
 // Runs fn(stage) on one thread per stage under the caller's ThreadState (eval mode, global step,
-// batch shard, summary name scopes, ATen's grad mode, ...), but no summary context: stages record
-// into contexts of their own (PipelineForward). The first exception closes every channel (so no
+// batch shard, summary name scopes, ATen's grad mode, ...), but no summary or aux-loss context:
+// stages record summaries into contexts of their own (PipelineForward), and a layer with an aux
+// loss cannot sit in a pipeline (its ReplayHazard). The first exception closes every channel (so no
 // stage waits forever) and is rethrown after all threads have joined.
 void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
                const std::function<void(int64_t)>& fn) {
   ThreadState caller = ThreadState::Capture();
-  caller.Reset("summaries");
+  caller.Reset("summaries").Reset("aux_losses");
   std::mutex mu;
   std::exception_ptr error;
   std::vector<std::thread> threads;

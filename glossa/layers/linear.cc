@@ -17,8 +17,8 @@ bool AnyPadding(const at::Tensor& paddings) {
   // answer per thread. The entry holds the tensor (its address cannot be reused by another while
   // cached) and its version (an in-place write makes the entry stale). A per-thread cache.
   thread_local at::Tensor last;
-  thread_local int64_t last_version = 0;
-  thread_local bool last_any = false;
+  thread_local int64_t last_version = 0;  // per-thread cache
+  thread_local bool last_any = false;  // per-thread cache
   if (last.defined() && last.unsafeGetTensorImpl() == paddings.unsafeGetTensorImpl() &&
       last_version == paddings._version()) {
     return last_any;

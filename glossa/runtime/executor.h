@@ -101,16 +101,18 @@ class Executor {
   ExecutorOptions options_;
   std::unique_ptr<DirectoryLock> lock_;  // one trainer per logdir
   std::unique_ptr<ProgressBar> bar_;
+  // With several ranks: the mesh (before the model, which outlives it: its layers keep the
+  // mesh's axes in their BuildContext).
+  std::unique_ptr<DistributedMesh> mesh_;
   std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;
-  // With several ranks: the mesh, its expert axis (GShard) or pipe axis (GPipe), open while the
-  // model is built and trained; the variables held by this rank alone (kExpertShardedCollection,
+  // With several ranks: the mesh's expert axis (GShard) or pipe axis (GPipe), which the model is
+  // built for; the variables held by this rank alone (kExpertShardedCollection,
   // kPipelineStageCollection), if any.
   void BuildModel();
   void JoinRanks(Distributed& dist);
   void LogModelParallelSummary(int64_t first_step);
-  std::unique_ptr<DistributedMesh> mesh_;
   DistributedMeshAxis* expert_axis_ = nullptr;
   DistributedMeshAxis* pipe_axis_ = nullptr;
   std::vector<std::string> sharded_vars_;

@@ -31,13 +31,16 @@ void InstallGradientSyncs(Distributed& dist, BaseModel& model, const ExecutorOpt
 // A layer whose Params shard it over a mesh axis this run lacks is built whole (as eval and export
 // build it); training it so would write checkpoints its Params' mesh does not resume. Say what it
 // needs.
-void RefuseUnmetMeshAxes(const BaseLayer& model) {
+void RefuseUnmetMeshAxes(const BaseLayer& model, const DistributedMesh* mesh) {
   for (const auto& need : model.UnmetMeshAxes()) {
     const std::string n = std::to_string(need.size);
     throw FailedPreconditionError(StrCat(
         "variable '", need.variable, "' is sharded over the ranks of an '", need.axis,
-        "' axis (its layer has num_devices = ", n, "), but this run is one process: it needs a "
-        "mesh with an '", need.axis, "' axis of ", n, " ranks: train it with --nproc_per_node=", n,
+        "' axis (its layer has num_devices = ", n, "), but ",
+        mesh != nullptr ? StrCat("this run's mesh (", mesh->shape().Describe(), ") has none")
+                        : std::string("this run is one process"),
+        ": it needs a mesh with an '", need.axis, "' axis of ", n,
+        " ranks: train it with --nproc_per_node=", n,
         " (or --mesh=data:D,", need.axis, ":", n, " over more; docs/distributed.md), or set the "
         "layer's num_devices to 1 (its checkpoints load whole either way)"));
   }
@@ -78,7 +81,7 @@ void Executor::BuildModel() {
     model_ = InstantiateLayer<BaseModel>(params_, context);
   }
   used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
-  RefuseUnmetMeshAxes(*model_);
+  RefuseUnmetMeshAxes(*model_, mesh_.get());
   int64_t stage_bytes = 0, stage_vars = 0;
   for (const auto& v : LearnerVariables(*model_)) {
     if (v.rank_local()) sharded_vars_.push_back(v.name);

@@ -197,7 +197,7 @@ struct TpuSummaryTensor {
 // per-thread (not carried): each thread's own collected values, outside contexts and in them
 // (innermost last); a thread's values are read on that thread (GetTpuSummaryTensors).
 thread_local std::vector<TpuSummaryTensor> t_tpu_tensors;
-thread_local std::vector<std::vector<TpuSummaryTensor>> t_tpu_contexts;
+thread_local std::vector<std::vector<TpuSummaryTensor>> t_tpu_contexts;  // per-thread
 
 std::vector<TpuSummaryTensor>& TpuTensors() {
   return t_tpu_contexts.empty() ? t_tpu_tensors : t_tpu_contexts.back();

@@ -25,8 +25,9 @@ EXEMPT_THREADS = {"glossa/base/thread_state.h", "glossa/kernels/parallel.cc"}
 DECL = re.compile(r"\bthread_local\b[^;]*?\b(\w+)\s*(?:[=({;]|\[)")
 SLOT = re.compile(r'GLOSSA_THREAD_STATE_SLOT\(\s*"([^"]+)"\s*,\s*(\w+)\s*\)')
 ANNOT = re.compile(r'ThreadState:\s*"([^"]+)"')
-THREAD_CTOR = re.compile(r"\bstd::thread\s*\(|\bstd::thread\s+\w+\s*\(|\bstd::thread\s*\{")
-VEC_THREADS = re.compile(r"std::vector<std::thread>\s+(\w+)")
+THREAD_CTOR = re.compile(r"\bstd::thread\s*\w*\s*[({]|\bstd::jthread\b|\bstd::async\s*\(|"
+                         r"make_(?:unique|shared)<std::thread>")
+VEC_THREADS = re.compile(r"std::(?:vector|deque|list)<std::thread>\s+(\w+)")
 
 
 def code_part(line):
@@ -34,7 +35,7 @@ def code_part(line):
     return line if i < 0 else line[:i]
 
 
-def check_file(rel, text):
+def check_file(rel, text, header_text=""):
     errors = []
     lines = text.split("\n")
     slots = {}
@@ -58,12 +59,10 @@ def check_file(rel, text):
                 errors.append(f'{rel}:{i + 1}: thread_local {var} says ThreadState: "{slot}" but '
                               f'the file has no GLOSSA_THREAD_STATE_SLOT("{slot}", {var})')
             continue
-        # The comment on the line, or the comments above it (and above a run of declarations).
+        # The comment on the line, or the comment lines directly above it.
         notes = [line]
         j = i - 1
-        while j >= 0 and (lines[j].strip().startswith("//") or
-                          ("thread_local" in code_part(lines[j]) and
-                           not ANNOT.search(lines[j]))):
+        while j >= 0 and lines[j].strip().startswith("//"):
             notes.append(lines[j])
             j -= 1
         if not any("per-thread" in n for n in notes):
@@ -76,14 +75,15 @@ def check_file(rel, text):
                 errors.append(f'{rel}: GLOSSA_THREAD_STATE_SLOT("{slot}", {var}) names no '
                               f"thread_local of this file")
     if rel not in EXEMPT_THREADS:
-        vectors = set(VEC_THREADS.findall(text))
+        vectors = set(VEC_THREADS.findall(text)) | set(VEC_THREADS.findall(header_text))
         for i, line in enumerate(lines):
             code = code_part(line)
             if THREAD_CTOR.search(code):
                 errors.append(f"{rel}:{i + 1}: a thread started without StartThread "
                               f"(glossa/base/thread_state.h): say which ThreadState it runs under")
             for v in vectors:
-                if re.search(r"\b" + v + r"\.emplace_back\(\s*\[", code):
+                if re.search(r"\b" + v + r"\.(?:emplace_back|push_back|emplace)\(", code) and \
+                        "StartThread(" not in code:
                     errors.append(f"{rel}:{i + 1}: a thread started without StartThread into {v}")
     return errors, slots
 
@@ -96,7 +96,10 @@ def check_tree(root):
             if path.suffix not in (".cc", ".h"):
                 continue
             rel = str(path.relative_to(root))
-            errs, slots = check_file(rel, path.read_text(encoding="utf-8"))
+            header = path.with_suffix(".h")
+            header_text = header.read_text(encoding="utf-8") if path.suffix == ".cc" and \
+                header.exists() else ""
+            errs, slots = check_file(rel, path.read_text(encoding="utf-8"), header_text)
             errors += errs
             for slot in slots:
                 if slot in seen and seen[slot] != rel:
@@ -111,8 +114,11 @@ def self_test():
           'GLOSSA_THREAD_STATE_SLOT("a", a);\n'
           "// per-thread cache: buffers\n"
           "thread_local std::vector<float> b;\n"
-          "thread_local std::vector<float> c;\n"
-          "std::thread t = StartThread(ThreadState::Fresh(), [] {});\n")
+          "thread_local std::vector<float> c;  // per-thread cache\n"
+          "std::thread t = StartThread(ThreadState::Fresh(), [] {});\n"
+          "std::vector<std::thread> ts;\n"
+          "ts.push_back(StartThread(ThreadState::Fresh(), [] {}));\n"
+          "int n = std::thread::hardware_concurrency();\n")
     cases = {
         "unmarked": "thread_local int x = 0;\n",
         "unregistered": 'thread_local int x = 0;  // ThreadState: "x"\n',
@@ -122,8 +128,21 @@ def self_test():
         "raw temporary thread": "std::thread([] {}).detach();\n",
         "vector of raw threads": ("std::vector<std::thread> ts;\n"
                                   "ts.emplace_back([] {});\n"),
+        "member function thread": ("std::vector<std::thread> ts;\n"
+                                   "ts.emplace_back(&X::Loop, this);\n"),
+        "braced thread": "std::thread t{[] {}};\n",
+        "jthread": "std::jthread t([] {});\n",
+        "async": "auto f = std::async(std::launch::async, [] {});\n",
+        "heap thread": "auto t = std::make_unique<std::thread>([] {});\n",
+        "unmarked under a marked one": ("// per-thread cache: buffers\n"
+                                        "thread_local std::vector<float> b;\n"
+                                        "thread_local Ctx* ctx = nullptr;\n"),
     }
     failures = []
+    errs, _ = check_file("glossa/x/bad.cc", "threads_.emplace_back([this] { Loop(); });\n",
+                         "std::vector<std::thread> threads_;\n")
+    if not errs:
+        failures.append("not caught: a raw thread into a vector its header declares")
     errs, _ = check_file("glossa/x/ok.cc", ok)
     if errs:
         failures.append(f"allowed forms flagged: {errs}")
