@@ -39,8 +39,8 @@ void RefuseUnmetMeshAxes(const BaseLayer& model, const DistributedMesh* mesh) {
         "' axis (its layer has num_devices = ", n, "), but ",
         mesh != nullptr ? StrCat("this run's mesh (", mesh->shape().Describe(), ") has none")
                         : std::string("this run is one process"),
-        ": it needs a mesh with an '", need.axis, "' axis of ", n,
-        " ranks: train it with --nproc_per_node=", n,
+        ": it needs a mesh with an '", need.axis, "' axis of ", n, " ranks: train it with ",
+        mesh != nullptr ? StrCat("--mesh=", need.axis, ":", n) : StrCat("--nproc_per_node=", n),
         " (or --mesh=data:D,", need.axis, ":", n, " over more; docs/distributed.md), or set the "
         "layer's num_devices to 1 (its checkpoints load whole either way)"));
   }

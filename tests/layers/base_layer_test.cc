@@ -3,7 +3,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "glossa/core/step_seed.h"
+#include "glossa/layers/process_seed.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -143,6 +148,64 @@ TEST(BaseLayer, InitIsDeterministicGivenSeedAndFullName) {
   p.Set("random_seed", 999);
   auto e = InstantiateLayer<TestLayer>(p);
   EXPECT_TRUE(at::equal(d->GetVariable("w"), e->GetVariable("w")));
+}
+
+// glossa/layers/process_seed.cc: a layer without any seed draws the process's seed, once per
+// process, and counts each variable initialized from it; a seeded layer does not.
+TEST(BaseLayer, VariablesWithoutASeedDrawTheProcessSeedAndCountIt) {
+  const int64_t before = ProcessRandomSeedUses();
+  auto unseeded = InstantiateLayer<TestLayer>(Named(TestLayer::Params(), "root").Set("dim", 4));
+  const int64_t after = ProcessRandomSeedUses();
+  EXPECT_GE(after, before + 1);
+  EXPECT_EQ(ProcessRandomSeed(), ProcessRandomSeed());
+  auto seeded = InstantiateLayer<TestLayer>(
+      Named(TestLayer::Params(), "root").Set("dim", 4).Set("random_seed", ProcessRandomSeed()));
+  EXPECT_EQ(ProcessRandomSeedUses(), after);
+  EXPECT_TRUE(at::equal(unseeded->GetVariable("w"), seeded->GetVariable("w")));
+}
+
+// glossa/layers/layer_scopes.cc: the execution-mode scopes nest and restore on this thread.
+TEST(BaseLayer, ModeScopesNestAndRestore) {
+  EXPECT_FALSE(IsEvalMode());
+  {
+    EvalModeScope eval;
+    EXPECT_TRUE(IsEvalMode());
+    {
+      EvalModeScope train(false);
+      EXPECT_FALSE(IsEvalMode());
+    }
+    EXPECT_TRUE(IsEvalMode());
+  }
+  EXPECT_FALSE(IsEvalMode());
+  EXPECT_EQ(VariableStubScope::Current(), nullptr);
+  {
+    VariableStubScope outer;
+    {
+      VariableStubScope inner;
+      EXPECT_EQ(VariableStubScope::Current(), &inner);
+    }
+    EXPECT_EQ(VariableStubScope::Current(), &outer);
+  }
+  EXPECT_EQ(VariableStubScope::Current(), nullptr);
+  auto collections_of_w = [](const BaseLayer& l) {
+    for (const auto& info : l.variable_infos()) {
+      if (info.name == "w") return info.params.collections;
+    }
+    return std::vector<std::string>{};
+  };
+  {
+    VariableCollectionScope a("stage_a");
+    VariableCollectionScope b("stage_b");
+    EXPECT_EQ(VariableCollectionScope::Current(), (std::vector<std::string>{"stage_a", "stage_b"}));
+    auto tagged = InstantiateLayer<TestLayer>(Named(TestLayer::Params(), "t").Set("random_seed", 1));
+    const auto c = collections_of_w(*tagged);
+    EXPECT_NE(std::find(c.begin(), c.end(), "stage_a"), c.end());
+    EXPECT_NE(std::find(c.begin(), c.end(), "stage_b"), c.end());
+  }
+  EXPECT_TRUE(VariableCollectionScope::Current().empty());
+  auto plain = InstantiateLayer<TestLayer>(Named(TestLayer::Params(), "t").Set("random_seed", 1));
+  const auto c = collections_of_w(*plain);
+  EXPECT_EQ(std::find(c.begin(), c.end(), "stage_a"), c.end());
 }
 
 TEST(BaseLayer, CopyBaseParamsFillsOnlyDefaults) {

@@ -206,6 +206,8 @@ check "the bundle scores text (rc $rc): $(tail -1 "$tmp/e_pred.err")" bash -c "t
 check "one process cannot train the 2-rank experts (rc $rc): $(tail -1 "$tmp/e5.log")" bash -c "test $rc -ne 0 && grep -q \"needs a mesh with an 'expert' axis of 2 ranks.*--nproc_per_node=2\" '$tmp/e5.log'"
 "$glossa" train "${moe[@]}" --logdir="$tmp/e3" --max_steps=5 --nproc_per_node=3 > "$tmp/e6.log" 2>&1; rc=$?
 check "nor 3 ranks (rc $rc): $(grep -m1 'expert' "$tmp/e6.log")" bash -c "test $rc -ne 0 && grep -q 'but the axis has 3' '$tmp/e6.log'"
+"$glossa" train "${moe[@]}" --logdir="$tmp/e7" --max_steps=5 --nproc_per_node=2 --mesh=data:2 > "$tmp/e7.log" 2>&1; rc=$?
+check "nor a mesh without an expert axis, which it names (rc $rc): $(grep -m1 'expert' "$tmp/e7.log")" bash -c "test $rc -ne 0 && grep -q \"this run's mesh (data 2) has none: it needs a mesh with an 'expert' axis of 2 ranks: train it with --mesh=expert:2\" '$tmp/e7.log'"
 rm "$tmp/e/train/ckpt-00000020-rank-00001-of-00002.safetensors"
 "$glossa" export "${moe[@]}" --logdir="$tmp/e" --out="$tmp/e_bundle2" > "$tmp/e4.log" 2>&1; rc=$?
 check "a missing shard is an error naming it (rc $rc): $(tail -1 "$tmp/e4.log")" bash -c "test $rc -ne 0 && grep -q 'ckpt-00000020-rank-00001-of-00002.safetensors is missing' '$tmp/e4.log'"
