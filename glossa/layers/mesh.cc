@@ -44,15 +44,6 @@ MeshAxis* BuildContext::axis(const std::string& name) const {
   return nullptr;
 }
 
-std::string BuildContext::Describe() const {
-  if (axes_.empty()) return "one process";
-  std::string out;
-  for (const auto& [n, a] : axes_) {
-    out += StrCat(out.empty() ? "" : ", ", n, " ", a->index(), " of ", a->size());
-  }
-  return out;
-}
-
 at::Tensor AllToAll(MeshAxis& axis, const at::Tensor& input) {
   if (input.dim() < 1 || input.size(0) % axis.size() != 0) {
     throw InvalidArgumentError(StrCat("AllToAll: dim 0 of ", input.sizes(),

@@ -50,8 +50,6 @@ class BuildContext {
   BuildContext& WithAxis(const std::string& name, MeshAxis* axis);
   // The axis named `name`, or null (the layer is not sharded over it).
   MeshAxis* axis(const std::string& name) const;
-  // "expert 1 of 2, pipe 0 of 2", or "one process".
-  std::string Describe() const;
 
  private:
   std::vector<std::pair<std::string, MeshAxis*>> axes_;

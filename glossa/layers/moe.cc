@@ -362,7 +362,6 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
         " ranks (glossa train --nproc_per_node=", devices, "), or set num_devices to ",
         expert_axis_->size()));
   }
-  expert_shard_ = expert_axis_ != nullptr ? expert_axis_->index() : 0;
   const int64_t local = expert_axis_ != nullptr ? e / devices : e;
   for (const auto& [name, shape, scale] :
        {std::tuple<const char*, std::vector<int64_t>, double>{"wi", {local, m, wi_out}, gate_scale},
@@ -370,7 +369,7 @@ TransformerShardedMoeLayer::TransformerShardedMoeLayer(const glossa::Params& p) 
     WeightParams wp(shape, WeightInit::Uniform(scale), dtype);
     if (expert_axis_ != nullptr) {
       wp.collections.push_back(kExpertShardedCollection);
-      wp.shard_index = expert_shard_;
+      wp.shard_index = expert_axis_->index();
       wp.shard_count = devices;
     }
     CreateVariable(name, wp);

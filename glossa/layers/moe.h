@@ -130,7 +130,7 @@ class TransformerShardedMoeLayer : public BaseLayer, public Block {
   // The build context's 'expert' axis when num_devices > 1 and the mesh has one (this rank holds
   // its experts only), else null (every expert here).
   MeshAxis* expert_axis_ = nullptr;
-  int64_t input_dim_, num_groups_, num_devices_ = 1, expert_shard_ = 0;
+  int64_t input_dim_, num_groups_, num_devices_ = 1;
   bool pre_layer_norm_, use_glu_;
   double residual_weight_;
   std::string activation_;
