@@ -315,15 +315,10 @@ struct Restored {
 
 // Restores the first of `candidates` that loads and passes its checks into `model` (and `ema`);
 // DataLoss listing why each failed when none does (nothing was changed then).
-// What a rank of a sharded model restores: block `index` of `count` of the variables `names`.
-struct Shards {
-  const std::vector<std::string>& names;
-  int index, count;
-};
 
 Restored RestoreFirstGood(const std::vector<std::string>& candidates,
                           const std::string& train_dir, BaseModel& model,
-                          ExponentialMovingAverage* ema, const Shards& shards) {
+                          ExponentialMovingAverage* ema, const ShardLayout& shards) {
   Restored out;
   std::optional<std::string> restored;
   for (const auto& name : candidates) {
@@ -331,7 +326,7 @@ Restored RestoreFirstGood(const std::vector<std::string>& candidates,
     try {
       out.contents = LoadCheckpoint(prefix);
       CheckedGlobalStep(out.contents, prefix);
-      if (shards.count > 1) SliceShards(out.contents, shards.names, shards.index, shards.count);
+      SlicePieces(out.contents, shards);  // this rank's pieces of the variables it shares
       for (const auto& [name, t] : out.contents.tensors) {
         const std::string pos = kInputPosition;
         if (name.size() >= pos.size() &&
@@ -419,8 +414,7 @@ int64_t Checkpointer::RestoreOrInitialize(const std::function<void(const std::st
   const CheckpointState state = ReadOrRebuildState(train_dir_, state_path, log);
   if (!state.model_checkpoint_path.empty()) {
     const Restored r = RestoreFirstGood(RestoreCandidates(state, train_dir_), train_dir_, model_,
-                                        ema_, Shards{shard_names_, shard_index_,
-                                                     shards_whole_ ? 1 : shard_count_});
+                                        ema_, shard_layout_);
     step = r.step;
     restored_prefix_ = JoinPath(train_dir_, r.name);
     RepairStateFile(state, r, train_dir_, state_path, clock_, log);
@@ -486,21 +480,19 @@ bool Checkpointer::SaveIfNew(int64_t global_step, bool healthy) {
   return true;
 }
 
-void Checkpointer::SetShards(std::vector<std::string> names, int index, int count, bool whole) {
-  shard_names_ = std::move(names);
-  shard_index_ = index;
-  shard_count_ = count;
-  shards_whole_ = whole;
+void Checkpointer::SetShards(ShardLayout layout, int ranks) {
+  shard_layout_ = std::move(layout);
+  shard_ranks_ = ranks;
 }
 
 void Checkpointer::Save(int64_t global_step, bool healthy) {
   std::map<std::string, at::Tensor> tensors = CheckpointTensors(model_, ema_, global_step);
   std::map<std::string, std::string> metadata;
-  if (shard_count_ > 1 && !shard_names_.empty()) {
+  if (shard_ranks_ > 0 && !shard_layout_.empty()) {
     for (auto it = tensors.begin(); it != tensors.end();) {
-      it = IsShardTensor(it->first, shard_names_) ? tensors.erase(it) : std::next(it);
+      it = FindPiece(shard_layout_, it->first) != nullptr ? tensors.erase(it) : std::next(it);
     }
-    metadata[kShardedRanksMetadata] = StrCat(shard_count_);
+    metadata[kShardedRanksMetadata] = StrCat(shard_ranks_);
   }
   saver_->Save(global_step, tensors, std::move(metadata), healthy);
   last_save_step_ = global_step;

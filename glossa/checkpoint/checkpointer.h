@@ -84,14 +84,13 @@ class Checkpointer {
   // sharded model agree on it before each writes its shard).
   bool SaveDue(int64_t global_step) const;
   bool IsNew(int64_t global_step) const;
-  // Model parallelism: the variables `names` (and their slots and averages) hold block `index` of
-  // `count` along dim 0 (kExpertShardedCollection). Restores cut that block from the whole
-  // checkpoint (saver.h: SliceShards, any mesh's checkpoint); Save leaves them out of the chief's
-  // file, which it marks sharded_ranks = count (the ranks have written them with SaveRankShard).
-  // `whole`: the variables are whole on this rank (a pipeline stage's, kPipelineStageCollection),
-  // written by rank `index` of `count` and restored as they are; the other ranks' stages in the
-  // checkpoint are left to them (RestoreCheckpoint drops what the model's RemoteScopes hold).
-  void SetShards(std::vector<std::string> names, int index, int count, bool whole = false);
+  // Model parallelism: this rank's pieces of the variables it does not hold whole, or that other
+  // ranks lack (saver.h: ShardLayout; their slots and averages alike). Restores cut the pieces
+  // from the whole checkpoint (any mesh's); Save leaves those variables out of the chief's file,
+  // which it marks sharded_ranks = `ranks` (the ranks that write them with SaveRankPieces). A
+  // variable of another rank's pipeline stage is in no layout: RestoreCheckpoint drops what the
+  // model's RemoteScopes hold.
+  void SetShards(ShardLayout layout, int ranks);
   // The checkpoint RestoreOrInitialize restored ("" when none).
   const std::string& restored_prefix() const { return restored_prefix_; }
   const std::string& train_dir() const { return train_dir_; }
@@ -113,9 +112,8 @@ class Checkpointer {
   std::string train_dir_;
   bool restored_ = false;
   std::string restored_prefix_;
-  std::vector<std::string> shard_names_;
-  int shard_index_ = 0, shard_count_ = 1;
-  bool shards_whole_ = false;
+  ShardLayout shard_layout_;
+  int shard_ranks_ = 0;
   BaseModel& model_;
   ExponentialMovingAverage* ema_;
   std::function<double()> clock_;

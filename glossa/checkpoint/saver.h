@@ -124,31 +124,47 @@ CheckpointState ExistingCheckpoints(const std::string& dir);
 // checkpoint of `train_dir` (ExistingCheckpoints). NotFound naming what is missing.
 std::string ResolveCheckpoint(const std::string& given, const std::string& train_dir);
 
-// Model-parallel checkpoints: variables split along dim 0 over the ranks (GShard's experts, their
-// optimizer slots and averages) are written by each rank r of n to
-// `<prefix>-rank-%05d-of-%05d.safetensors` (SaveRankShard) before the chief writes the checkpoint
-// itself with metadata sharded_ranks = n; a checkpoint is visible only through the chief's file
-// and the state file, so one whose ranks did not all finish never is. LoadCheckpoint then
-// concatenates every sharded tensor's pieces in rank order: a sharded checkpoint loads as the
-// whole model, which SliceShards cuts for any other mesh (re-meshing), or not at all (export).
-// A pipeline's ranks each hold whole variables of their own stage instead: their files are
-// marked `whole` (metadata layout = whole) and their tensors, which no other file may hold, join
-// the checkpoint as they are.
+// Model-parallel checkpoints. Variables no rank holds whole, or that some ranks lack (GShard's
+// experts, a pipeline stage's layers, a model axis's blocks of heads and hidden units, with their
+// optimizer slots and averages), are written by the ranks that hold them, rank r of n to
+// `<prefix>-rank-%05d-of-%05d.safetensors` (SaveRankPieces), before the chief writes the
+// checkpoint itself with metadata sharded_ranks = n; a checkpoint is visible only through the
+// chief's file and the state file, so one whose ranks did not all finish never is. Each tensor of
+// a rank file is a piece of its variable: block `index` of `count` along `dim`, or the whole
+// variable (count 1). LoadCheckpoint joins every variable's pieces: a sharded checkpoint loads as
+// the whole model, which SlicePieces cuts for any other mesh (re-meshing), or not at all (export,
+// eval in one process).
 inline constexpr const char* kShardedRanksMetadata = "sharded_ranks";
 std::string RankShardPath(const std::string& prefix, int rank, int ranks);
+// Where a rank's values of a variable sit in the whole variable: block `index` of `count` equal
+// blocks along `dim` (count 1: the whole variable).
+struct ShardPiece {
+  int64_t dim = 0;
+  int index = 0;
+  int count = 1;
+  bool operator==(const ShardPiece&) const = default;
+};
+// By variable name; a variable's slots and averages ("<variable>/...") are its pieces alike.
+using ShardLayout = std::map<std::string, ShardPiece>;
+// The piece of tensor `name` (its variable's, or that of the variable it is a slot of), or null;
+// with `variable`, that variable's name there.
+const ShardPiece* FindPiece(const ShardLayout& layout, const std::string& name,
+                            std::string* variable = nullptr);
+// Rank `rank` of `ranks` writes `tensors`, each with its piece in `layout` (InvalidArgument for a
+// tensor `layout` does not place).
+void SaveRankPieces(const std::string& prefix, int rank, int ranks,
+                    const std::map<std::string, at::Tensor>& tensors, const ShardLayout& layout);
+// Replaces every tensor of `contents` that `layout` places by its piece of it. InvalidArgument
+// naming a tensor whose dim does not divide (or is missing).
+void SlicePieces(SafetensorsContents& contents, const ShardLayout& layout);
+// Older checkpoints' rank files: blocks of dim 0 in every rank's file ("blocks"), or variables
+// each in one rank's file ("whole"); tests write them to check they still load.
 void SaveRankShard(const std::string& prefix, int rank, int ranks,
                    const std::map<std::string, at::Tensor>& tensors, bool whole = false);
-// Whether tensor `name` is one of the variables `sharded` or under one ("<variable>/..." slots and
-// averages).
-bool IsShardTensor(const std::string& name, const std::vector<std::string>& sharded);
-// Replaces every tensor named in `sharded`, or under one of those names ("<name>/..."), by block
-// `index` of `count` equal blocks of its dim 0. InvalidArgument naming a tensor whose dim 0 does
-// not divide (or a scalar).
-void SliceShards(SafetensorsContents& contents, const std::vector<std::string>& sharded, int index,
-                 int count);
 
 // Adds the rank files' pieces of a checkpoint sharded over `ranks` ranks to `contents`, each
-// tensor's pieces concatenated in rank order (what LoadCheckpoint does for sharded_ranks).
+// variable's pieces joined (what LoadCheckpoint does for sharded_ranks). DataLoss naming the file
+// for a missing file, a piece that is also elsewhere, pieces that do not make up their variable.
 void MergeRankShards(const std::string& prefix, int ranks, SafetensorsContents& contents);
 
 // Loads a checkpoint by prefix ("<dir>/ckpt-00001000"), or the latest in a directory. A sharded

@@ -19,84 +19,6 @@
 
 namespace glossa {
 
-glossa::Params MultiHeadedProjectionLayer::Params() {
-  glossa::Params p = BaseLayer::Params();
-  p.Set("cls", ClsOf<MultiHeadedProjectionLayer>());
-  p.Define("input_dim", 0, "Input dimension.");
-  p.Define("num_heads", 0, "Number of heads.");
-  p.Define("dim_per_head", 0, "Size of each head.");
-  p.Define("is_output_projection", false,
-           "Whether it is an output projection ([B, T, N, H] -> [B, T, D]).");
-  p.Define("use_bias", true, "Whether to add a bias.");
-  return p;
-}
-
-MultiHeadedProjectionLayer::MultiHeadedProjectionLayer(const glossa::Params& p) : BaseLayer(p) {
-  const int64_t d = params().GetInt("input_dim"), n = params().GetInt("num_heads"),
-                h = params().GetInt("dim_per_head");
-  if (d <= 0 || n <= 0 || h <= 0) {
-    throw InvalidArgumentError(
-        StrCat("layer '", path(), "': input_dim, num_heads and dim_per_head must be > 0"));
-  }
-  is_output_projection_ = params().GetBool("is_output_projection");
-  use_bias_ = params().GetBool("use_bias");
-  const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable(
-      "w",
-      WeightParams({d, n, h}, WeightInit::FromParams(params().GetParams("params_init")), dtype));
-  if (use_bias_) {
-    CreateVariable("b", WeightParams(is_output_projection_ ? std::vector<int64_t>{d}
-                                                           : std::vector<int64_t>{n, h},
-                                     WeightInit::Constant(0.0), dtype));
-  }
-}
-
-at::Tensor MultiHeadedProjectionLayer::FProp(const NestedMap& theta,
-                                             const at::Tensor& inputs) const {
-  // One GEMM over the flattened batch (the bias fused in), the same contraction as the einsums
-  // btd,dnh->btnh and btnh,dnh->btd.
-  const at::Tensor& w = theta.GetTensor("w");
-  const int64_t d = w.size(0), nh = w.size(1) * w.size(2);
-  std::vector<int64_t> out_shape = inputs.sizes().vec();
-  at::Tensor x, w2;
-  if (is_output_projection_) {
-    out_shape.resize(out_shape.size() - 2);
-    out_shape.push_back(d);
-    x = inputs.reshape({-1, nh});
-    w2 = w.reshape({d, nh}).t();
-  } else {
-    out_shape.pop_back();
-    out_shape.push_back(w.size(1));
-    out_shape.push_back(w.size(2));
-    x = inputs.reshape({-1, d});
-    w2 = w.reshape({d, nh});
-  }
-  at::Tensor out = Affine(x, w2, use_bias_ ? theta.GetTensor("b").reshape({-1}) : at::Tensor());
-  return out.view(out_shape);
-}
-
-glossa::Params PerDimScaleLayer::Params() {
-  glossa::Params p = BaseLayer::Params();
-  p.Set("cls", ClsOf<PerDimScaleLayer>());
-  p.Define("dim", 0, "Number of individual dims.");
-  return p;
-}
-
-PerDimScaleLayer::PerDimScaleLayer(const glossa::Params& p) : BaseLayer(p) {
-  dim_ = params().GetInt("dim");
-  if (dim_ <= 0) throw InvalidArgumentError(StrCat("layer '", path(), "': dim must be > 0"));
-  CreateVariable("per_dim_scale",
-                 WeightParams({dim_}, WeightInit::Constant(0.0), params().Get("dtype").AsDType()));
-}
-
-at::Tensor PerDimScaleLayer::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
-  // 1.0/softplus(0.0) = 1.442695041: the scale is 1/sqrt(dim) at initialization.
-  const double r_softplus_0 = 1.442695041;
-  at::Tensor scale = at::softplus(theta.GetTensor("per_dim_scale")) *
-                     (r_softplus_0 / std::sqrt(static_cast<double>(dim_)));
-  return inputs * scale;
-}
-
 glossa::Params MultiHeadedAttention::Params() {
   glossa::Params p = BaseLayer::Params();
   p.Set("cls", ClsOf<MultiHeadedAttention>());
@@ -118,6 +40,10 @@ glossa::Params MultiHeadedAttention::Params() {
            "dim_per_head, use_bias and is_output_projection are set by this layer).");
   p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
            "Params of the attention-weight dropout (keep_prob is set from atten_dropout_prob).");
+  p.Define("weight_split_dims_mapping", nullptr,
+           "Tensor parallelism: the projections' weight_split_dims_mapping ([None, \"model\", "
+           "None]: the heads split over the 'model' axis, each rank attending with its own; the "
+           "output projection sums them: one all-reduce per layer). None: replicated.");
   return p;
 }
 
@@ -137,6 +63,10 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
   glossa::Params proj = params().GetParams("proj_tpl").Copy();
   proj.Set("input_dim", input_dim_).Set("num_heads", num_heads_).Set("dim_per_head", dim_per_head_);
   proj.Set("use_bias", params().GetBool("use_bias"));
+  const ParamValue& mapping = params().Get("weight_split_dims_mapping");
+  const WeightSplit split = ParseWeightSplit(mapping, 3, StrCat("layer '", path(), "'"));
+  axis_ = split.Resolve(build_context());
+  if (!mapping.is_none()) proj.Set("weight_split_dims_mapping", mapping);
   query_ = CreateChild<MultiHeadedProjectionLayer>("query", proj);
   key_ = CreateChild<MultiHeadedProjectionLayer>("key", proj);
   value_ = CreateChild<MultiHeadedProjectionLayer>("value", proj);
@@ -147,17 +77,29 @@ MultiHeadedAttention::MultiHeadedAttention(const glossa::Params& p) : BaseLayer(
               typeid(*value_.get()) == typeid(MultiHeadedProjectionLayer);
   proj.Set("is_output_projection", true);
   post_ = CreateChild<MultiHeadedProjectionLayer>("post", proj);
+  // This rank's heads (the projections checked that they split).
+  if (axis_ != nullptr) num_heads_ /= axis_->size();
   if (per_dim_scale_) {
     per_dim_scale_layer_ = CreateChild<PerDimScaleLayer>(
         "per_dim_scale", PerDimScaleLayer::Params().Set("dim", dim_per_head_));
   }
   atten_dropout_active_ = params().GetFloat("atten_dropout_prob") > 0;
-  atten_dropout_ = CreateChild<DropoutLayer>(
-      "atten_dropout", params().GetParams("dropout_tpl").Copy().Set(
-                           "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob")));
+  glossa::Params dropout = params().GetParams("dropout_tpl").Copy().Set(
+      "keep_prob", 1.0 - params().GetFloat("atten_dropout_prob"));
+  // The weights [B, N, T, S] of this rank's heads: its block of the whole layer's mask.
+  if (axis_ != nullptr) {
+    dropout.Set("activation_split_dims_mapping", WeightSplitMapping(3, 0, split.axis));
+  }
+  atten_dropout_ = CreateChild<DropoutLayer>("atten_dropout", dropout);
 }
 
 at::Tensor MultiHeadedAttention::ScaleQuery(const NestedMap& theta, const at::Tensor& q) const {
+  if (per_dim_scale_ && axis_ != nullptr) {
+    // Every rank's heads use the scale: its gradient sums theirs over the axis.
+    NestedMap t = per_dim_scale_layer_.Theta(theta);
+    t.Set("per_dim_scale", ReplicateOverAxis(*axis_, t.GetTensor("per_dim_scale")));
+    return per_dim_scale_layer_->FProp(t, q);
+  }
   if (per_dim_scale_) return per_dim_scale_layer_->FProp(per_dim_scale_layer_.Theta(theta), q);
   return q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
 }
@@ -265,7 +207,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(
                                 tk.GetTensor("w").reshape({input_dim_, nh}),
                                 tv.GetTensor("w").reshape({input_dim_, nh})},
                                1);
-  const at::Tensor x2 = x.reshape({-1, input_dim_});
+  at::Tensor x2 = x.reshape({-1, input_dim_});
+  if (axis_ != nullptr) x2 = ReplicateOverAxis(*axis_, x2);  // the heads' projections are split
   const at::Tensor b = use_bias_ ? at::cat({tq.GetTensor("b").reshape({-1}),
                                             tk.GetTensor("b").reshape({-1}),
                                             tv.GetTensor("b").reshape({-1})})
@@ -424,31 +367,9 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
   return {encoded, StatesAfterStep(c)};
 }
 
-GLOSSA_REGISTER_CLASS(MultiHeadedProjectionLayer, "glossa.layers.MultiHeadedProjectionLayer");
-GLOSSA_REGISTER_CLASS(PerDimScaleLayer, "glossa.layers.PerDimScaleLayer");
 GLOSSA_REGISTER_CLASS(MultiHeadedAttention, "glossa.layers.MultiHeadedAttention");
 
 // ---- The uniform call (BaseLayer::FPropMap) ----
-
-BaseLayer::FPropMapSignature MultiHeadedProjectionLayer::FPropMapSpec() const {
-  return {{"inputs"}, 1, {"outputs"}, false, "Tensor"};
-}
-
-NestedMap MultiHeadedProjectionLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
-  NestedMap out;
-  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs")));
-  return out;
-}
-
-BaseLayer::FPropMapSignature PerDimScaleLayer::FPropMapSpec() const {
-  return {{"inputs"}, 1, {"outputs"}, false, "Tensor"};
-}
-
-NestedMap PerDimScaleLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
-  NestedMap out;
-  out.Put("outputs", FProp(theta, inputs.GetTensor("inputs")));
-  return out;
-}
 
 BaseLayer::FPropMapSignature MultiHeadedAttention::FPropMapSpec() const {
   return {{"query", "key", "value", "paddings", "causal", "segment_ids", "source_segment_ids"},

@@ -11,46 +11,13 @@
 #include <tuple>
 #include <utility>
 
+#include "glossa/layers/attention_projection.h"
 #include "glossa/layers/base_layer.h"
 #include "glossa/layers/step_layer.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/kernels/decoder_step.h"
 
 namespace glossa {
-
-// Projects [B, T, D] to [B, T, N, H] (or back, as the output projection): w [D, N, H],
-// b [N, H] (output projection: b [D]).
-class MultiHeadedProjectionLayer : public BaseLayer {
- public:
-  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs) -> Tensor.
-  FPropMapSignature FPropMapSpec() const override;
-  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
-  // + input_dim, num_heads, dim_per_head, is_output_projection (False), use_bias (True).
-  static glossa::Params Params();
-  explicit MultiHeadedProjectionLayer(const glossa::Params& p);
-  at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
-  // This projection as the fused decoding step reads it (the output projection transposed);
-  // false unless its theta is float32 and contiguous.
-  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, FusedStepKeep* keep) const;
-
- private:
-  bool is_output_projection_, use_bias_;
-};
-
-// Scales the last dim by 1.442695041/sqrt(dim) · softplus(per_dim_scale) (1/sqrt(dim) at init).
-class PerDimScaleLayer : public BaseLayer {
- public:
-  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs) -> Tensor.
-  FPropMapSignature FPropMapSpec() const override;
-  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
-  // + dim.
-  static glossa::Params Params();
-  explicit PerDimScaleLayer(const glossa::Params& p);
-  at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
-
- private:
-  int64_t dim_;
-};
 
 class MultiHeadedAttention : public BaseLayer, public StepLayer {
  public:
@@ -159,6 +126,9 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   Child<MultiHeadedProjectionLayer> query_, key_, value_, post_;
   Child<PerDimScaleLayer> per_dim_scale_layer_;
   Child<DropoutLayer> atten_dropout_;
+  // The axis the heads are split over (weight_split_dims_mapping); num_heads_ is then this
+  // rank's.
+  MeshAxis* axis_ = nullptr;
 };
 
 }  // namespace glossa

@@ -214,9 +214,10 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
       const std::array<int64_t, 2> seed = {user_seed, GenerateSeedFromName(info.full_name)};
       if (wp.shard_count > 1 && !wp.shape.empty()) {
         WeightParams whole = wp;
-        whole.shape[0] *= wp.shard_count;
-        const int64_t n = wp.shape[0];
-        value = InitializeWeight(whole, seed).slice(0, wp.shard_index * n, (wp.shard_index + 1) * n)
+        const int64_t dim = wp.shard_dim, n = wp.shape.at(dim);
+        whole.shape[dim] *= wp.shard_count;
+        value = InitializeWeight(whole, seed)
+                    .slice(dim, wp.shard_index * n, (wp.shard_index + 1) * n)
                     .contiguous();
       } else {
         value = InitializeWeight(wp, seed);

@@ -8,6 +8,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/layers/mesh.h"
 
 namespace glossa {
 namespace {
@@ -38,33 +39,42 @@ inline uint64_t Mix(uint64_t z) {
 
 }  // namespace
 
-at::Tensor StatelessUniform(std::array<int64_t, 2> seeds, const std::vector<int64_t>& whole,
-                            int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
-  if (whole.empty()) throw InvalidArgumentError("StatelessUniform: a scalar shape");
-  const int64_t d0 = whole[0], d1 = whole.size() > 1 ? whole[1] : 1;
-  int64_t rest = 1;
-  for (size_t i = 2; i < whole.size(); ++i) rest *= whole[i];
-  if (row0 < 0 || rows < 0 || row0 + rows > d0 || col0 < 0 || cols < 0 || col0 + cols > d1) {
-    throw InvalidArgumentError(StrCat("StatelessUniform: block rows [", row0, ", ", row0 + rows,
-                                      ") x cols [", col0, ", ", col0 + cols, ") of ",
+at::Tensor StatelessUniformBlock(std::array<int64_t, 2> seeds, const std::vector<int64_t>& whole,
+                                 const std::vector<int64_t>& offsets,
+                                 const std::vector<int64_t>& sizes) {
+  const size_t n = whole.size();
+  if (n == 0) throw InvalidArgumentError("StatelessUniform: a scalar shape");
+  bool ok = offsets.size() == n && sizes.size() == n;
+  for (size_t i = 0; ok && i < n; ++i) {
+    ok = offsets[i] >= 0 && sizes[i] >= 0 && offsets[i] + sizes[i] <= whole[i];
+  }
+  if (!ok) {
+    throw InvalidArgumentError(StrCat("StatelessUniform: block at ", at::IntArrayRef(offsets),
+                                      " of size ", at::IntArrayRef(sizes), " of ",
                                       at::IntArrayRef(whole)));
   }
-  std::vector<int64_t> shape = whole;
-  shape[0] = rows;
-  if (shape.size() > 1) shape[1] = cols;
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  // Row-major strides of the whole; the block is drawn in runs along its last dim.
+  std::vector<int64_t> stride(n, 1);
+  for (size_t i = n - 1; i-- > 0;) stride[i] = stride[i + 1] * whole[i + 1];
+  const int64_t run = sizes.back();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < n; ++i) rows *= sizes[i];
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   const uint64_t key = Mix(static_cast<uint64_t>(seeds[0]) ^ Mix(static_cast<uint64_t>(seeds[1]) +
                                                                   0x632be59bd9b4e019ULL));
-  const int64_t run = cols * rest;  // contiguous elements of one output row
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, run)),
                    [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      // Element (row0 + r, col0 + c, k) of the whole: ((row0 + r) · d1 + col0 + c) · rest + k.
-      const uint64_t base = static_cast<uint64_t>(((row0 + r) * d1 + col0) * rest);
+      // Element k of the whole (row-major) for the block's run r.
+      int64_t base = offsets.back(), rest = r;
+      for (size_t i = n - 1; i-- > 0;) {
+        base += (offsets[i] + rest % sizes[i]) * stride[i];
+        rest /= sizes[i];
+      }
       float* dst = o + r * run;
       for (int64_t i = 0; i < run; ++i) {
-        const uint64_t z = Mix(key + (base + static_cast<uint64_t>(i)) * 0x9e3779b97f4a7c15ULL);
+        const uint64_t z = Mix(key + static_cast<uint64_t>(base + i) * 0x9e3779b97f4a7c15ULL);
         dst[i] = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
       }
     }
@@ -72,8 +82,25 @@ at::Tensor StatelessUniform(std::array<int64_t, 2> seeds, const std::vector<int6
   return out;
 }
 
+at::Tensor StatelessUniform(std::array<int64_t, 2> seeds, const std::vector<int64_t>& whole,
+                            int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+  if (whole.empty()) throw InvalidArgumentError("StatelessUniform: a scalar shape");
+  std::vector<int64_t> offsets(whole.size(), 0), sizes = whole;
+  offsets[0] = row0;
+  sizes[0] = rows;
+  if (whole.size() > 1) {
+    offsets[1] = col0;
+    sizes[1] = cols;
+  } else if (col0 != 0 || cols != 1) {
+    throw InvalidArgumentError(StrCat("StatelessUniform: cols [", col0, ", ", col0 + cols,
+                                      ") of a rank-1 shape"));
+  }
+  return StatelessUniformBlock(seeds, whole, offsets, sizes);
+}
+
 at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
-                                const std::optional<std::vector<int64_t>>& noise_shape) {
+                                const std::optional<std::vector<int64_t>>& noise_shape,
+                                const std::optional<DimBlock>& block) {
   CheckKeepProb(keep_prob);
   if (keep_prob == 1.0) return x;
   std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
@@ -82,16 +109,19 @@ at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::arra
   // (core/step_seed.h: BatchShard; and its dim-1 block when one is set). A mask broadcast over
   // a split dim is the same for every block.
   const BatchShard shard = CurrentBatchShard();
-  const bool per_row = shard.count > 1 && x.dim() > 0 && shape[0] == x.size(0) &&
-                       (!noise_shape || shape[0] != 1);
-  const bool per_column = shard.count1 > 1 && shape.size() > 1 && x.dim() > 1 &&
-                          shape[1] == x.size(1) && (!noise_shape || shape[1] != 1);
-  std::vector<int64_t> whole = shape;
-  if (per_row) whole[0] *= shard.count;
-  if (per_column) whole[1] *= shard.count1;
-  const int64_t cols = shape.size() > 1 ? shape[1] : 1;
-  at::Tensor u = StatelessUniform(seeds, whole, per_row ? shard.index * shape[0] : 0, shape[0],
-                                  per_column ? shard.index1 * cols : 0, cols);
+  std::vector<int64_t> whole = shape, offsets(shape.size(), 0);
+  auto split = [&](size_t d, int64_t index, int64_t count) {
+    if (count <= 1 || d >= shape.size() || static_cast<int64_t>(d) >= x.dim() ||
+        shape[d] != x.size(static_cast<int64_t>(d)) || (noise_shape && shape[d] == 1)) {
+      return;
+    }
+    whole[d] = shape[d] * count;
+    offsets[d] = index * shape[d];
+  };
+  split(0, shard.index, shard.count);
+  split(1, shard.index1, shard.count1);
+  if (block) split(static_cast<size_t>(block->dim), block->index, block->count);
+  at::Tensor u = StatelessUniformBlock(seeds, whole, offsets, shape);
   if (noise_shape && noise_shape->empty()) u = u.view({});
   if (!noise_shape && x.dim() == 0) u = u.view({});
   at::Tensor mask = at::floor(u + static_cast<float>(keep_prob)).to(x.options());
@@ -107,6 +137,10 @@ glossa::Params DropoutLayer::Params() {
   p.Define("noise_shape_broadcast_dims", nullptr,
            "A list of dims set to 1 in the noise shape, e.g. [-1] drops whole last-dim vectors.");
   p.Define("dropout_at_eval", false, "Whether or not to also perform dropout at eval time.");
+  p.Define("activation_split_dims_mapping", nullptr,
+           "Tensor parallelism: per trailing dim of the input, None or the mesh axis it is split "
+           "over (e.g. [None, None, \"model\"] for a [B, T, H] input whose H is split). A "
+           "seeded dropout then draws this rank's block of the whole input's mask.");
   return p;
 }
 
@@ -118,6 +152,24 @@ DropoutLayer::DropoutLayer(const glossa::Params& p) : BaseLayer(p) {
   if (params().IsSet("noise_shape_broadcast_dims")) {
     noise_shape_broadcast_dims_ = IntList(params().Get("noise_shape_broadcast_dims"));
   }
+  const ParamValue& mapping = params().Get("activation_split_dims_mapping");
+  if (!mapping.is_none()) {
+    const int64_t rank = mapping.is_list() ? static_cast<int64_t>(mapping.AsList().size()) : 0;
+    const WeightSplit split = ParseWeightSplit(mapping, rank, StrCat("layer '", path(),
+                                                                     "' (activation mapping)"));
+    split_axis_ = split.Resolve(build_context());
+    split_from_end_ = rank - split.dim;
+  }
+}
+
+std::optional<DimBlock> DropoutLayer::SplitBlock(const at::Tensor& x) const {
+  if (split_axis_ == nullptr) return std::nullopt;
+  const int64_t dim = x.dim() - split_from_end_;
+  if (dim < 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': input ", x.sizes(), " has fewer dims "
+                                      "than its activation_split_dims_mapping"));
+  }
+  return DimBlock{dim, split_axis_->index(), split_axis_->size()};
 }
 
 bool DropoutLayer::IsIdentity() const {
@@ -140,11 +192,12 @@ at::Tensor DropoutLayer::FProp(const NestedMap&, const at::Tensor& x) const {
     }
     ns = shape;
   }
-  return Dropout(x, keep_prob_, ns);
+  return Dropout(x, keep_prob_, ns, SplitBlock(x));
 }
 
 at::Tensor DropoutLayer::Dropout(const at::Tensor& x, double keep_prob,
-                                 const std::optional<std::vector<int64_t>>& noise_shape) const {
+                                 const std::optional<std::vector<int64_t>>& noise_shape,
+                                 const std::optional<DimBlock>&) const {
   const std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
   at::Tensor keep = (at::rand(shape, x.options().dtype(at::kFloat)) >= (1.0 - keep_prob));
   return x * (1.0 / keep_prob) * keep.to(x.scalar_type());
@@ -163,9 +216,10 @@ DeterministicDropoutLayer::DeterministicDropoutLayer(const glossa::Params& p) : 
 
 at::Tensor DeterministicDropoutLayer::Dropout(
     const at::Tensor& x, double keep_prob,
-    const std::optional<std::vector<int64_t>>& noise_shape) const {
+    const std::optional<std::vector<int64_t>>& noise_shape,
+    const std::optional<DimBlock>& block) const {
   auto seeds = GenerateStepSeedPair(random_seed_, std::nullopt, is_inference());
-  return DeterministicDropout(x, keep_prob, seeds, noise_shape);
+  return DeterministicDropout(x, keep_prob, seeds, noise_shape, block);
 }
 
 GLOSSA_REGISTER_CLASS(DropoutLayer, "glossa.layers.DropoutLayer");

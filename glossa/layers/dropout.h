@@ -22,18 +22,30 @@ namespace glossa {
 // the later dims); a `whole` of rank 1 has no dim 1 (col0 0, cols 1). Float32.
 at::Tensor StatelessUniform(std::array<int64_t, 2> seeds, const std::vector<int64_t>& whole,
                             int64_t row0, int64_t rows, int64_t col0, int64_t cols);
+// The block of `sizes` at `offsets` (one per dim of `whole`) of the same draw.
+at::Tensor StatelessUniformBlock(std::array<int64_t, 2> seeds, const std::vector<int64_t>& whole,
+                                 const std::vector<int64_t>& offsets,
+                                 const std::vector<int64_t>& sizes);
+
+// x is block `index` of `count` along `dim` of a tensor split over ranks.
+struct DimBlock {
+  int64_t dim = 0, index = 0, count = 1;
+};
 
 // (x / keep_prob) · floor(keep_prob + U), U ~ Uniform[0, 1) of `noise_shape` (default x's shape,
 // broadcast against x) drawn from `seeds` (StatelessUniform). keep_prob must be in (0, 1]; 1
 // returns x. Inside a BatchShardScope(i, n) (core/step_seed.h: x is block i of n of a batch along
 // dim 0, and j of m along dim 1 when set) U is block i of the whole batch's draw, drawn alone,
-// unless noise_shape broadcasts that dim.
+// unless noise_shape broadcasts that dim. With `block`, x is that block of a tensor split over
+// ranks (a model axis's heads or hidden units), and U that block of the whole tensor's draw.
 at::Tensor DeterministicDropout(const at::Tensor& x, double keep_prob, std::array<int64_t, 2> seeds,
-                                const std::optional<std::vector<int64_t>>& noise_shape = {});
+                                const std::optional<std::vector<int64_t>>& noise_shape = {},
+                                const std::optional<DimBlock>& block = {});
 
 class DropoutLayer : public BaseLayer, public Block {
  public:
-  // + keep_prob, noise_shape, noise_shape_broadcast_dims, dropout_at_eval.
+  // + keep_prob, noise_shape, noise_shape_broadcast_dims, dropout_at_eval,
+  // activation_split_dims_mapping.
   static glossa::Params Params();
   explicit DropoutLayer(const glossa::Params& p);
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const;
@@ -56,10 +68,15 @@ class DropoutLayer : public BaseLayer, public Block {
 
  protected:
   // The mask-and-scale step; DeterministicDropoutLayer draws from the step seed pair.
+  // `block`: where x sits in the whole tensor when its activation_split_dims_mapping splits it.
   virtual at::Tensor Dropout(const at::Tensor& x, double keep_prob,
-                             const std::optional<std::vector<int64_t>>& noise_shape) const;
+                             const std::optional<std::vector<int64_t>>& noise_shape,
+                             const std::optional<DimBlock>& block) const;
 
  private:
+  std::optional<DimBlock> SplitBlock(const at::Tensor& x) const;
+  MeshAxis* split_axis_ = nullptr;
+  int64_t split_from_end_ = 0;
   double keep_prob_;
   bool dropout_at_eval_;
   std::optional<std::vector<int64_t>> noise_shape_;
@@ -74,7 +91,8 @@ class DeterministicDropoutLayer : public DropoutLayer {
 
  protected:
   at::Tensor Dropout(const at::Tensor& x, double keep_prob,
-                     const std::optional<std::vector<int64_t>>& noise_shape) const override;
+                     const std::optional<std::vector<int64_t>>& noise_shape,
+                     const std::optional<DimBlock>& block) const override;
 
  private:
   std::optional<int64_t> random_seed_;

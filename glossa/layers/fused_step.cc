@@ -15,6 +15,7 @@ namespace glossa {
 
 bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out,
                                                FusedStepKeep* keep) const {
+  if (axis_ != nullptr) return false;  // a block of heads: the step runs in one process
   const at::Tensor& w = theta.GetTensor("w");  // [D, N, H]
   const float* wp = FusedStepData(w);
   const float* bp = use_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr;

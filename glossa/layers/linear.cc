@@ -7,6 +7,8 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/activations.h"
+#include "glossa/layers/mesh.h"
+#include "glossa/layers/weight_init.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/int8_gemm.h"
 
@@ -48,6 +50,12 @@ glossa::Params ProjectionLayer::Params() {
   p.Define("activation", "RELU", "Activation function (see activations.h for the names).");
   p.Define("has_bias", false, "Whether to add a bias.");
   p.Define("bias_init", 0.0, "Initial value of the bias.");
+  p.Define("weight_split_dims_mapping", nullptr,
+           "Tensor parallelism (Lingvo/GShard): per dim of w [input_dim, output_dim], None or a "
+           "mesh axis name. [None, \"model\"] splits the output columns over the 'model' axis "
+           "(column-parallel: each rank computes its block of outputs); [\"model\", None] the "
+           "input rows (row-parallel: the input is each rank's block of features, and the "
+           "partial products are summed over the axis). Built whole without that axis.");
   return p;
 }
 
@@ -62,13 +70,35 @@ ProjectionLayer::ProjectionLayer(const glossa::Params& p) : BaseLayer(p) {
   }
   CheckActivation(activation_, StrCat("layer '", path(), "'"));
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("w",
-                 WeightParams({input_dim_, output_dim_},
-                              WeightInit::FromParams(params().GetParams("params_init")), dtype));
-  if (has_bias_) {
-    CreateVariable("b", WeightParams({output_dim_},
-                                     WeightInit::Constant(params().GetFloat("bias_init")), dtype));
+  const WeightSplit split = ParseWeightSplit(params().Get("weight_split_dims_mapping"), 2,
+                                             StrCat("layer '", path(), "'"));
+  axis_ = split.Resolve(build_context());
+  WeightParams w({input_dim_, output_dim_},
+                 WeightInit::FromParams(params().GetParams("params_init")), dtype);
+  WeightParams b({output_dim_}, WeightInit::Constant(params().GetFloat("bias_init")), dtype);
+  if (axis_ != nullptr) {
+    const int64_t m = axis_->size(), whole = split.dim == 0 ? input_dim_ : output_dim_;
+    if (whole % m != 0) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ", split.dim == 0 ? "input_dim" :
+                                        "output_dim", " ", whole, " does not split over the ", m,
+                                        " ranks of the '", split.axis, "' axis"));
+    }
+    row_parallel_ = split.dim == 0;
+    (row_parallel_ ? input_dim_ : output_dim_) = whole / m;
+    w.shape = {input_dim_, output_dim_};
+    w.collections.push_back(kModelShardedCollection);
+    w.shard_dim = split.dim;
+    w.shard_index = axis_->index();
+    w.shard_count = m;
+    if (!row_parallel_) {  // the bias of this rank's columns; a row-parallel one is added whole
+      b.shape = {output_dim_};
+      b.collections.push_back(kModelShardedCollection);
+      b.shard_index = axis_->index();
+      b.shard_count = m;
+    }
   }
+  CreateVariable("w", w);
+  if (has_bias_) CreateVariable("b", b);
 }
 
 at::Tensor ProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,
@@ -80,6 +110,14 @@ at::Tensor ProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
   at::Tensor x = CastToFPropDtype(inputs);
   const at::Tensor& w = theta.GetTensor("w");
   at::Tensor y;
+  if (row_parallel_) {
+    // This rank's block of input features times its rows of w, summed over the axis; then the
+    // (whole) bias and the activation.
+    y = ReduceOverAxis(*axis_, at::matmul(x, w));
+    if (has_bias_) y = y + theta.GetTensor("b");
+    return ApplyPaddings(Activate(activation_, y), paddings);
+  }
+  if (axis_ != nullptr) x = ReplicateOverAxis(*axis_, x);  // column-parallel
   if (has_bias_ && x.dim() >= 2) {  // x·w + b as one GEMM with the bias fused in
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(1);
@@ -104,7 +142,7 @@ glossa::Params FCLayer::Params() {
 
 bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
                                     FusedStepKeep* keep) const {
-  if (activation_ != "RELU" && activation_ != "NONE") return false;
+  if ((activation_ != "RELU" && activation_ != "NONE") || axis_ != nullptr) return false;
   *relu = activation_ == "RELU";
   const at::Tensor& w = theta.GetTensor("w");
   *out = StepProjArgs{FusedStepData(w), has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr,

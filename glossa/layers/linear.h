@@ -22,7 +22,8 @@ class ProjectionLayer : public BaseLayer, public Block {
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
-  // + input_dim, output_dim, activation ('RELU'), has_bias (False), bias_init (0.0).
+  // + input_dim, output_dim, activation ('RELU'), has_bias (False), bias_init (0.0),
+  // weight_split_dims_mapping (None).
   static glossa::Params Params();
   explicit ProjectionLayer(const glossa::Params& p);
   // inputs [..., input_dim]; paddings (optional) [...] or [..., 1], 1 = padded: those outputs are
@@ -39,9 +40,12 @@ class ProjectionLayer : public BaseLayer, public Block {
                      FusedStepKeep* keep) const;
 
  private:
-  int64_t input_dim_, output_dim_;
+  int64_t input_dim_, output_dim_;  // this rank's (of a split w)
   std::string activation_;
   bool has_bias_;
+  // The model axis w is split over (weight_split_dims_mapping); null: whole.
+  MeshAxis* axis_ = nullptr;
+  bool row_parallel_ = false;  // split along the input dim (else the output's)
 };
 
 // A ProjectionLayer with has_bias = True.

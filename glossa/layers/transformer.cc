@@ -49,7 +49,33 @@ glossa::Params TransformerFeedForwardLayer::Params() {
            "set by this layer).");
   p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
            "Params of the relu and residual dropouts (keep_prob is set from the *_prob fields).");
+  p.Define("weight_split_dims_mapping_list", nullptr,
+           "Tensor parallelism (Lingvo's FeedForwardNet): the weight_split_dims_mapping of fc0 "
+           "and of fc1, e.g. [[None, \"model\"], [\"model\", None]]: the hidden units split "
+           "over the 'model' axis (fc0 column-, fc1 row-parallel: one all-reduce per layer). "
+           "None: replicated.");
   return p;
+}
+
+// fc0's and fc1's weight_split_dims_mapping from the FFN's list (None: neither split), checked to
+// split the hidden units over one axis (fc0's columns and fc1's rows) or nothing; the axis name.
+static std::pair<ParamValue, ParamValue> HiddenSplit(const glossa::Params& p, const std::string& layer,
+                                              std::string* axis) {
+  const ParamValue& list = p.Get("weight_split_dims_mapping_list");
+  if (list.is_none()) return {ParamValue(), ParamValue()};
+  const std::string what = StrCat("layer '", layer, "': weight_split_dims_mapping_list");
+  if (!list.is_list() || list.AsList().size() != 2) {
+    throw InvalidArgumentError(StrCat(what, " must list 2 mappings (fc0's and fc1's)"));
+  }
+  const WeightSplit a = ParseWeightSplit(list.AsList()[0], 2, what + "[0]");
+  const WeightSplit b = ParseWeightSplit(list.AsList()[1], 2, what + "[1]");
+  if ((a.dim >= 0 || b.dim >= 0) && (a.dim != 1 || b.dim != 0 || a.axis != b.axis)) {
+    throw InvalidArgumentError(StrCat(what, ": fc0 must split its output columns and fc1 its "
+                                      "input rows over the same axis ([[None, A], [A, None]]), "
+                                      "or neither split"));
+  }
+  *axis = a.axis;
+  return {list.AsList()[0], list.AsList()[1]};
 }
 
 TransformerFeedForwardLayer::TransformerFeedForwardLayer(const glossa::Params& p) : BaseLayer(p) {
@@ -61,12 +87,17 @@ TransformerFeedForwardLayer::TransformerFeedForwardLayer(const glossa::Params& p
   pre_layer_norm_ = p.GetBool("pre_layer_norm");
   residual_weight_ = p.GetFloat("residual_weight");
   ln_ = CreateChild<LayerNorm>("ln", p.GetParams("ln_tpl").Copy().Set("input_dim", d));
+  std::string axis;
+  const auto [split0, split1] = HiddenSplit(p, path(), &axis);
   glossa::Params fc = p.GetParams("fc_tpl").Copy();
   fc.Set("input_dim", d).Set("output_dim", h).Set("activation", p.GetString("activation"));
-  fc0_ = CreateChild<FCLayer>("fc0", fc);
+  fc0_ = CreateChild<FCLayer>("fc0", fc.Set("weight_split_dims_mapping", split0));
   fc.Set("input_dim", h).Set("output_dim", d).Set("activation", "NONE");
-  fc1_ = CreateChild<FCLayer>("fc1", fc);
-  relu_dropout_ = CreateChild<DropoutLayer>("relu_dropout", DropoutParams(p, "relu_dropout_prob"));
+  fc1_ = CreateChild<FCLayer>("fc1", fc.Set("weight_split_dims_mapping", split1));
+  glossa::Params relu = DropoutParams(p, "relu_dropout_prob");
+  // The hidden units' mask: this rank's block of the whole layer's.
+  if (!axis.empty()) relu.Set("activation_split_dims_mapping", WeightSplitMapping(1, 0, axis));
+  relu_dropout_ = CreateChild<DropoutLayer>("relu_dropout", relu);
   residual_dropout_ =
       CreateChild<DropoutLayer>("residual_dropout", DropoutParams(p, "residual_dropout_prob"));
 }
@@ -193,6 +224,13 @@ glossa::Params TransformerLayer::Params() {
            "TransformerShardedMoeLayer (Mixture-of-Experts) or any Block with an input_dim.");
   p.Define("ln_tpl", nullptr,
            "Layer norm params for every block (LayerNorm); None: each block's own ln_tpl.");
+  return p;
+}
+
+glossa::Params& TransformerLayer::SetTensorParallel(glossa::Params& p, const std::string& axis) {
+  p.Set("tr_atten_tpl.atten_tpl.weight_split_dims_mapping", WeightSplitMapping(3, 1, axis));
+  p.Set("tr_fflayer_tpl.weight_split_dims_mapping_list",
+        ParamValue::List{WeightSplitMapping(2, 1, axis), WeightSplitMapping(2, 0, axis)});
   return p;
 }
 

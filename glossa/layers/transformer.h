@@ -157,6 +157,11 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
   // tr_atten_tpl (TransformerAttentionLayer), tr_self_atten_tpl (None: tr_atten_tpl),
   // tr_aux_atten_tpl (None: tr_atten_tpl), tr_fflayer_tpl (TransformerFeedForwardLayer,
   // TransformerShardedMoeLayer or any Block with an input_dim), ln_tpl (None: each block's own).
+  // Tensor parallelism over mesh axis `axis` in TransformerLayer Params `p`: the attention's
+  // heads (tr_atten_tpl.atten_tpl.weight_split_dims_mapping [None, axis, None]) and the
+  // feed-forward hidden units (tr_fflayer_tpl.weight_split_dims_mapping_list [[None, axis],
+  // [axis, None]]). Returns p.
+  static glossa::Params& SetTensorParallel(glossa::Params& p, const std::string& axis);
   static glossa::Params Params();
   // Lingvo's SetCanonicalShapeParams: input_dim, num_heads and the feed-forward hidden_dim.
   static glossa::Params& SetCanonicalShapeParams(glossa::Params& p, int64_t input_dim,

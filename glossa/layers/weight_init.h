@@ -95,11 +95,13 @@ struct WeightParams {
   // Collection names; "non_trainable" makes the variable non-trainable (no gradient, not given to
   // the optimizer), "skip_lp_regularization" exempts it from L1/L2 penalties.
   std::vector<std::string> collections;
-  // A variable split along dim 0 over shard_count ranks (GShard's experts) holds block
+  // A variable split along dim shard_dim over shard_count ranks (GShard's experts along dim 0, a
+  // model axis's shards along the dim its layer's weight_split_dims_mapping names) holds block
   // shard_index: `shape` is the block's, and its initial value is that block of the whole
-  // variable's (shape[0] · shard_count rows) initial value, so any split starts as one process.
+  // variable's (shape[shard_dim] · shard_count) initial value, so any split starts as one process.
   int64_t shard_index = 0;
   int64_t shard_count = 1;
+  int64_t shard_dim = 0;
 };
 
 inline constexpr const char* kNonTrainableCollection = "non_trainable";
@@ -112,6 +114,10 @@ inline constexpr const char* kExpertShardedCollection = "expert_sharded";
 // on a 'pipe' mesh axis): whole, not split; data parallelism does not average its gradient nor
 // broadcast its value, and the global gradient norm sums its squares over the ranks.
 inline constexpr const char* kPipelineStageCollection = "pipeline_stage";
+// A variable split over the ranks of a 'model' mesh axis (tensor parallelism: a block of heads or
+// hidden units, WeightParams::shard_dim): data parallelism averages its gradient over the ranks
+// holding the same block only, and the global gradient norm counts every block once.
+inline constexpr const char* kModelShardedCollection = "model_sharded";
 // Non-trainable statistics that exponential moving averages also track (batch-norm moving stats).
 inline constexpr const char* kMovingVarsCollection = "moving_vars";
 

@@ -38,7 +38,8 @@ std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model) {
     out.push_back({info.full_name, value, info.trainable,
                    std::find(c.begin(), c.end(), kSkipLpRegularizationCollection) != c.end(),
                    std::find(c.begin(), c.end(), kExpertShardedCollection) != c.end(),
-                   std::find(c.begin(), c.end(), kPipelineStageCollection) != c.end()});
+                   std::find(c.begin(), c.end(), kPipelineStageCollection) != c.end(),
+                   std::find(c.begin(), c.end(), kModelShardedCollection) != c.end()});
   }
   return out;
 }
@@ -210,11 +211,7 @@ std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
   std::vector<at::Tensor> inputs;
   for (const auto& v : selected) inputs.push_back(v.value);
   std::vector<at::Tensor> grads;
-  if (sync) {
-    std::vector<bool> sharded;
-    for (const auto& v : selected) sharded.push_back(v.rank_local());
-    sync->SetSharded(sharded);
-  }
+  if (sync) sync->SetVariables(selected);
   bool overlap = sync && sync->overlaps();
   for (const auto& v : inputs) overlap = overlap && v.is_leaf();
   if (overlap) {
@@ -236,7 +233,7 @@ std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
       grads[i] = at::zeros_like(selected[i].value);
     }
     var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach(),
-                         selected[i].rank_local()});
+                         selected[i].rank_local(), sync ? sync->NormWeight(i) : 1.0});
   }
   if (sync) {
     std::vector<at::Tensor> to_reduce;
@@ -289,10 +286,16 @@ double ScaleGradients(const Params& p, GradNormTracker* tracker, bool var_norm,
   double grad_sq = 0, sharded_sq = 0, var_sq = 0, sharded_var_sq = 0;
   bool has_nan = false;
   for (const auto& vg : var_grads) {
-    (vg.sharded ? sharded_sq : grad_sq) += SumOfSquares(vg.grad);
-    if (var_norm) (vg.sharded ? sharded_var_sq : var_sq) += SumOfSquares(vg.var);
+    if (vg.sharded) {
+      sharded_sq += SumOfSquares(vg.grad) * vg.norm_weight;
+      if (var_norm) sharded_var_sq += SumOfSquares(vg.var) * vg.norm_weight;
+    } else {
+      grad_sq += SumOfSquares(vg.grad);
+      if (var_norm) var_sq += SumOfSquares(vg.var);
+    }
   }
-  // With experts sharded over ranks, every rank decides on the norm of the whole model's gradient.
+  // With variables sharded over ranks, every rank decides on the norm of the whole model's
+  // gradient.
   grad_sq = sync ? sync->GlobalSquaredNorm(grad_sq, sharded_sq) : grad_sq + sharded_sq;
   if (var_norm) var_sq = sync ? sync->GlobalSquaredNorm(var_sq, sharded_var_sq) : var_sq + sharded_var_sq;
   // Squares are non-negative, so Σ g² is NaN or Inf exactly when some gradient element is (or

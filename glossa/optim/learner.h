@@ -39,9 +39,11 @@ struct LearnerVariable {
   bool skip_lp_regularization = false;
   bool expert_sharded = false;  // kExpertShardedCollection: this rank's experts only
   bool pipeline_stage = false;  // kPipelineStageCollection: a layer of this rank's stage only
-  // Held by this rank alone (not replicated): its gradient is not averaged over the ranks, and
-  // the gradient norm sums its squares over them.
-  bool rank_local() const { return expert_sharded || pipeline_stage; }
+  bool model_sharded = false;   // kModelShardedCollection: this rank's block of a model axis
+  // Not held by every rank alike: its gradient is not averaged over the world (the gradient
+  // sync reduces it over the ranks that hold the same values), and the gradient norm counts
+  // each distinct value once.
+  bool rank_local() const { return expert_sharded || pipeline_stage || model_sharded; }
 };
 // Every variable of a layer tree (trainable or not: the learner selects).
 std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model);
@@ -110,11 +112,19 @@ class Learner {
     // Every variable's gradient, reduced: in place, or replaced by a tensor of the same shape
     // (valid until the next step's backward pass).
     virtual void Reduce(std::vector<at::Tensor>& grads) = 0;
-    // Which of the coming step's variables (in BeforeBackward's and Reduce's order) hold this
-    // rank's share only (kExpertShardedCollection); called before BeforeBackward and Reduce.
-    virtual void SetSharded(const std::vector<bool>& sharded) { (void)sharded; }
-    // The global Σ g² from this rank's sums over replicated and over sharded gradients (the
-    // replicated ones are already reduced, so every rank has the same sum; sharded ones differ).
+    // The coming step's variables (in BeforeBackward's and Reduce's order), which tell which
+    // hold a rank-local share (LearnerVariable::rank_local); called before BeforeBackward and
+    // Reduce.
+    virtual void SetVariables(const std::vector<LearnerVariable>& vars) { (void)vars; }
+    // What variable k's Σ g² counts for in the global norm: 1 / the number of ranks holding the
+    // same values (1 without ranks). Rank-local ones only.
+    virtual double NormWeight(size_t k) const {
+      (void)k;
+      return 1.0;
+    }
+    // The global Σ g² from this rank's sums over replicated and over rank-local gradients, the
+    // latter weighted by NormWeight (the replicated ones are already reduced, so every rank has
+    // the same sum; rank-local ones differ).
     virtual double GlobalSquaredNorm(double replicated, double sharded) {
       return replicated + sharded;
     }

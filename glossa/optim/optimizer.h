@@ -24,7 +24,9 @@ struct VarGrad {
   std::string name;  // the variable's full name (slot names derive from it)
   at::Tensor var;
   at::Tensor grad;
-  bool sharded = false;  // this rank's experts only (LearnerVariable::expert_sharded)
+  bool sharded = false;  // not held by every rank alike (LearnerVariable::rank_local)
+  // What its Σ g² counts for in the global norm (GradientSync::NormWeight).
+  double norm_weight = 1.0;
 };
 
 class Optimizer {

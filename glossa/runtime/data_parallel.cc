@@ -139,18 +139,16 @@ void CheckSameConfiguration(Distributed& dist, const Params& model_params) {
 int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovingAverage* ema,
                            int64_t global_step,
                            const std::function<void(const std::string&)>& log,
-                           const std::vector<std::string>& sharded,
-                           const std::string& restored_prefix, int shard_index,
-                           int shard_count) {
+                           const ShardLayout& shards, const std::string& restored_prefix) {
   if (dist.world_size() == 1) return global_step;
   const bool chief = dist.rank() == 0;
   std::map<std::string, at::Tensor> state;
   std::string spec;
   const std::string prefix =
-      sharded.empty() ? std::string() : dist.AllGatherStrings(chief ? restored_prefix : "")[0];
+      shards.empty() ? std::string() : dist.AllGatherStrings(chief ? restored_prefix : "")[0];
   if (chief) {
     for (const auto& [name, t] : CheckpointTensors(model, ema, global_step)) {
-      if (IsShardTensor(name, sharded)) continue;  // each rank has its own
+      if (FindPiece(shards, name) != nullptr) continue;  // each rank has its own
       state[name] = t.detach().contiguous().clone();
       std::vector<std::string> dims;
       for (int64_t d : t.sizes()) dims.push_back(StrCat(d));
@@ -185,20 +183,18 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
     }
   }
   if (chief) return global_step;
-  if (!sharded.empty()) {
-    // This rank's experts: its block of the restored checkpoint, or its own initialization.
+  if (!shards.empty()) {
+    // This rank's pieces: cut from the restored checkpoint, or its own initialization.
     std::map<std::string, at::Tensor> own;
     if (!prefix.empty()) {
       SafetensorsContents c = LoadCheckpoint(prefix);
-      const int count = shard_count > 0 ? shard_count : dist.world_size();
-      // (count 1: whole variables, a pipeline stage's, taken as they are.)
-      if (count > 1) SliceShards(c, sharded, shard_index >= 0 ? shard_index : dist.rank(), count);
+      SlicePieces(c, shards);
       own = std::move(c.tensors);
     } else {
       own = CheckpointTensors(model, ema, global_step);
     }
     for (auto& [name, t] : own) {
-      if (IsShardTensor(name, sharded)) state[name] = t;
+      if (FindPiece(shards, name) != nullptr) state[name] = t;
     }
   }
   SafetensorsContents contents;
@@ -228,10 +224,10 @@ bool ShareBatchOverPipe(MeshAxis* pipe, bool have, NestedMap& batch) {
   return true;
 }
 
-std::string StageReplicaDigest(const BaseLayer& model) {
+std::string PieceReplicaDigest(const BaseLayer& model) {
   std::string digest;
   for (const auto& v : LearnerVariables(model)) {
-    if (!v.pipeline_stage) continue;
+    if (!v.rank_local()) continue;
     const at::Tensor t = v.value.detach().contiguous();
     digest += StrCat(v.name, ":", Crc32c(t.data_ptr(), t.numel() * t.element_size()), "\n");
   }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "glossa/checkpoint/saver.h"
 #include "glossa/core/nested_map.h"
 #include "glossa/core/params.h"
 #include "glossa/model/base_model.h"
@@ -38,16 +39,14 @@ void CheckSameConfiguration(Distributed& dist, const Params& model_params);
 // Rank 0's variables, learner slots, EMA shadows, global step and input position on every rank
 // (one broadcast per dtype); the other ranks restore them as from a checkpoint and skip their
 // input shards to the position. Returns the global step.
-// A sharded model's variables `sharded` (and their slots and averages; kExpertShardedCollection)
-// are not broadcast: each rank cuts its block from the checkpoint the chief restored
-// (`restored_prefix`, the chief's; "" when it restored none) or keeps its own initialization. Its
-// block is shard_index of shard_count (-1, 0: this rank of the world; on a data × expert mesh,
-// its expert index of the expert axis's size).
+// A sharded model's variables this rank holds a piece of (`shards`: their slots and averages
+// alike; saver.h's ShardLayout) are not broadcast: each rank cuts its pieces from the checkpoint
+// the chief restored (`restored_prefix`, the chief's; "" when it restored none) or keeps its own
+// initialization.
 int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovingAverage* ema,
                            int64_t global_step, const std::function<void(const std::string&)>& log,
-                           const std::vector<std::string>& sharded = {},
-                           const std::string& restored_prefix = "", int shard_index = -1,
-                           int shard_count = 0);
+                           const ShardLayout& shards = {},
+                           const std::string& restored_prefix = "");
 
 // On the 'pipe' mesh axis `pipe` (a pipeline's ranks, which must compute on the same batches; the
 // model's build context's): the batch of the axis's rank 0, and whether it had one (its input had not ended), on
@@ -55,9 +54,10 @@ int64_t SyncStateFromChief(Distributed& dist, BaseModel& model, ExponentialMovin
 // as the others'), but parallel readers and shuffling need not give every process the same
 // order. Without such an axis (null, or of size 1): `have`, and the batch as it is.
 bool ShareBatchOverPipe(MeshAxis* pipe, bool have, NestedMap& batch);
-// The CRC32C of every pipeline_stage variable, by name: what a stage's replicas on a data × pipe
-// mesh compare before a checkpoint (they must hold the same values).
-std::string StageReplicaDigest(const BaseLayer& model);
+// The CRC32C of every rank-local variable (LearnerVariable::rank_local), by name: what the
+// replicas of a piece (a rank's data group) compare before a checkpoint (they must hold the same
+// values).
+std::string PieceReplicaDigest(const BaseLayer& model);
 
 // Decode outputs (NestedMaps of tensors) to bytes and back, to gather them across ranks.
 std::string SerializeNestedMaps(const std::vector<NestedMap>& maps);

@@ -146,6 +146,11 @@ class DistributedMeshAxis : public MeshAxis {
   }
   void RecvFrom(at::Tensor& out, int src) override { group_.Recv(out, src); }
   void Broadcast(at::Tensor& t, int root) override { group_.Broadcast({t}, root); }
+  void AllReduceSum(at::Tensor& t) override {
+    ++reductions_;
+    reduce_bytes_ += t.numel() * static_cast<int64_t>(t.element_size());
+    group_.AllReduceSum({t});
+  }
   // Exchanges so far, the bytes this rank passed to them (its whole input, its own block
   // included), and the largest input.
   int64_t exchanges() const { return exchanges_; }
@@ -154,41 +159,51 @@ class DistributedMeshAxis : public MeshAxis {
   // Point-to-point sends so far and their bytes (a pipeline's micro-batches and gradients).
   int64_t sends() const { return sends_; }
   int64_t send_bytes() const { return send_bytes_; }
+  // All-reduces so far (a model axis's row-parallel outputs and replicated inputs' gradients)
+  // and their bytes.
+  int64_t reductions() const { return reductions_; }
+  int64_t reduce_bytes() const { return reduce_bytes_; }
 
  private:
   Distributed& group_;
   int64_t exchanges_ = 0, bytes_ = 0, max_bytes_ = 0, sends_ = 0, send_bytes_ = 0;
+  int64_t reductions_ = 0, reduce_bytes_ = 0;
 };
 
-// GShard's 2-D device mesh, data × expert (`glossa train --mesh=data:2,expert:2`): world rank
-// r = d·E + e sits at data index d and expert index e. The E ranks that share d form the expert
-// axis (together they hold every expert once, and exchange tokens by all-to-all); the D ranks
-// that share e form the data axis (replicas of the same experts, whose gradients they sum).
-// Dense variables are replicated on every rank and averaged over the world as in plain data
-// parallelism.
-//
-// GPipe's data × pipe mesh (`--mesh=pipe:S` or `--mesh=data:D,pipe:S`): world rank r = d·S + s
-// holds pipeline stage s of every pipelined layer (gpipe.h). The S ranks that share d form the
-// pipe axis (one pipeline; they read the same batches, the layers around the pipeline running
-// replicated); the D ranks that share s are replicas of the same stage, which average its
-// gradients and read different batches. A pipe axis does not combine with an expert axis yet.
+// The device mesh over the ranks (`glossa train --mesh=data:D,pipe:S,expert:E,model:M`, any
+// subset; the sizes' product is the world size). Each axis is a set of process groups: the ranks
+// that differ only in their index on that axis.
+//   data:   replicas that read different batches and average their gradients.
+//   expert: GShard's expert axis. Its E ranks hold every expert once and exchange tokens by
+//           all-to-all; they read different batches (data and expert together split the batch).
+//   pipe:   GPipe's stages (gpipe.h). The S ranks of one pipeline read the same batches; stage s
+//           holds the cells of stage s of every pipelined layer.
+//   model:  tensor (Megatron / GShard dense) parallelism. The M ranks read the same batches and
+//           each holds 1/M of every layer whose Params split its weights over "model" (attention
+//           heads, the feed-forward hidden units), with one all-reduce per such block.
+// Variables no axis splits are replicated on every rank and averaged over the world. A pipe axis
+// combines with data and model; an expert axis with data.
 struct MeshShape {
-  int data = 1, expert = 1, pipe = 1;
+  int data = 1, expert = 1, pipe = 1, model = 1;
   // Where a rank sits on each axis. The rank layout is defined here alone: world rank
-  // r = (d·S + s)·E + e, the data index outermost and the expert index fastest (so r = d·S + s on
-  // a pipe mesh and r = d·E + e on an expert mesh).
+  // r = ((d·S + s)·E + e)·M + m, the data index outermost and the model index fastest (a model
+  // axis's ranks are neighbours, as Megatron places tensor parallelism inside a host).
   struct Coordinates {
-    int data = 0, pipe = 0, expert = 0;
+    int data = 0, pipe = 0, expert = 0, model = 0;
   };
   Coordinates Of(int rank) const;
   int RankAt(const Coordinates& c) const;
-  int64_t world_size() const { return static_cast<int64_t>(data) * pipe * expert; }
+  int64_t world_size() const { return static_cast<int64_t>(data) * pipe * expert * model; }
+  // How many ranks read different batches (data · expert), and which of them rank `c` is.
+  int batch_shards() const { return data * expert; }
+  int BatchShard(const Coordinates& c) const { return c.data * expert + c.expert; }
   // "data 2 x pipe 2", naming the axes over 1 ("data 1" when none is).
   std::string Describe() const;
 };
-// "data:D,expert:E" or "data:D,pipe:S" (data may be left out: 1). Empty: the expert axis over
-// the whole world (data 1). InvalidArgument naming --mesh for an unknown axis, a size < 1, pipe
-// with expert, or a product other than world_size.
+// "data:D,expert:E", "data:D,pipe:S,model:M", ... (an axis left out: 1). Empty: the expert axis
+// over the whole world (data 1). InvalidArgument naming --mesh for an unknown or repeated axis, a
+// size < 1, a combination not supported yet (pipe with expert, expert with model), or a product
+// other than world_size.
 MeshShape ParseMesh(const std::string& text, int world_size);
 
 class DistributedMesh {
@@ -196,35 +211,42 @@ class DistributedMesh {
   // Every rank of `world` constructs it with the same shape (it forms the subgroups).
   DistributedMesh(Distributed& world, MeshShape shape);
   const MeshShape& shape() const { return shape_; }
-  int data_index() const { return data_index_; }
-  int expert_index() const { return expert_index_; }
-  // The ranks sharing this rank's data index (the world itself when data is 1).
+  const MeshShape::Coordinates& here() const { return here_; }
+  int data_index() const { return here_.data; }
+  int expert_index() const { return here_.expert; }
+  int pipe_index() const { return here_.pipe; }
+  int model_index() const { return here_.model; }
+  // The ranks sharing every index but the expert one (the world itself when it is all of them).
   Distributed& expert_group() { return expert_group_ ? *expert_group_ : world_; }
-  // The ranks sharing this rank's expert index; null when data is 1.
+  // The ranks sharing every index but the data one; null when data is 1.
   Distributed* data_group() { return data_group_.get(); }
-  // Null on a pipe mesh.
+  // The axes (null when the mesh has none of that name, or it is of size 1).
   DistributedMeshAxis* expert_axis() { return expert_axis_.get(); }
-  // The pipe axis (this rank's pipeline, stage s its rank s); null unless pipe > 1.
+  // The pipe axis (this rank's pipeline, stage s its rank s).
   DistributedMeshAxis* pipe_axis() { return pipe_axis_.get(); }
-  // The ranks of this rank's pipeline (the world itself when data is 1).
+  DistributedMeshAxis* model_axis() { return model_axis_.get(); }
+  // The ranks of this rank's pipeline (the world itself when it is all of them).
   Distributed& pipe_group() { return pipe_group_ ? *pipe_group_ : world_; }
-  int pipe_index() const { return pipe_index_; }
+  // The ranks sharing every index but the model one (the world itself when it is all of them).
+  Distributed& model_group() { return model_group_ ? *model_group_ : world_; }
   // How many ranks read different batches (data · expert), and which of them this one is.
-  int batch_shards() const { return shape_.data * shape_.expert; }
-  int batch_shard() const { return data_index_ * shape_.expert + expert_index_; }
+  int batch_shards() const { return shape_.batch_shards(); }
+  int batch_shard() const { return shape_.BatchShard(here_); }
+  // One rank per batch shard, over which metrics are averaged and eval and decode sets split
+  // (CurrentBatchGroup): the world when every rank reads its own batches, the data group when
+  // pipe or model ranks share theirs; null when every rank reads the same batches.
+  Distributed* batch_group();
 
  private:
-  // The ranks of a data × `axis` grid (`along`: that axis's coordinate): this rank's row (the
-  // ranks sharing its data index, into row_group) and column (the data replicas sharing its index
-  // on the axis, into data_group_); nothing when data is 1.
-  void FormGrid(const std::string& axis, int MeshShape::Coordinates::*along,
-                std::unique_ptr<Distributed>& row_group);
+  // The ranks that differ from this one only in `along` (size `size`), as a subgroup named after
+  // the axis and its first rank; null when that is one rank or the whole world.
+  std::unique_ptr<Distributed> FormAxis(const std::string& axis,
+                                        int MeshShape::Coordinates::*along, int size);
   Distributed& world_;
   MeshShape shape_;
   MeshShape::Coordinates here_;
-  int data_index_ = 0, expert_index_ = 0, pipe_index_ = 0;
-  std::unique_ptr<Distributed> expert_group_, data_group_, pipe_group_;
-  std::unique_ptr<DistributedMeshAxis> expert_axis_, pipe_axis_;
+  std::unique_ptr<Distributed> expert_group_, data_group_, pipe_group_, model_group_;
+  std::unique_ptr<DistributedMeshAxis> expert_axis_, pipe_axis_, model_axis_;
 };
 
 // The workers this thread's programs run over, as Lingvo's cluster_factory.Current(): the
@@ -268,22 +290,21 @@ class DataParallelGradientSync : public Learner::GradientSync {
   bool overlaps() const override { return overlap_; }
   void BeforeBackward(const std::vector<at::Tensor>& vars) override;
   void Reduce(std::vector<at::Tensor>& grads) override;
-  // Rank-local variables (kExpertShardedCollection, kPipelineStageCollection) stay out of the
-  // buckets: their gradient is divided by the world size (SetShardedScale) instead of averaged; the gradient norm sums their squares over
-  // the ranks (one small allreduce, only when there are such variables).
-  void SetSharded(const std::vector<bool>& sharded) override;
+  // Rank-local variables (LearnerVariable::rank_local: an expert axis's experts, a pipeline
+  // stage's layers, a model axis's blocks) stay out of the buckets. Each is summed over the ranks
+  // that hold the same values' replicas (the mesh's data group) and scaled by 1 / data, and by
+  // 1 / expert more for experts (each expert's gradient already sums the tokens of its expert
+  // axis's ranks); the global norm counts its squares once per distinct value (NormWeight: 1 /
+  // the ranks holding the same values), summed over the world in one small allreduce.
+  void SetVariables(const std::vector<LearnerVariable>& vars) override;
+  double NormWeight(size_t k) const override;
   double GlobalSquaredNorm(double replicated, double sharded) override;
-  // On a data × expert mesh: the sharded gradients are summed over `data` (the replicas of this
-  // rank's experts) before the division, and their squares over `expert` (every expert once)
-  // for the norm. Null: the world is one expert axis.
-  void SetShardGroups(Distributed* expert, Distributed* data) {
-    shard_norm_group_ = expert;
-    shard_data_group_ = data;
+  // The mesh the ranks form and the group of this rank's replicas along its data axis (null:
+  // data 1). Without it: the world is one expert axis (MeshShape{expert = world}).
+  void SetMesh(const MeshShape& shape, Distributed* data_group) {
+    shape_ = shape;
+    data_group_ = data_group;
   }
-  // What this rank's own gradients (of rank-local variables) are multiplied by: 1 / world for
-  // experts (the default; each sums every rank's tokens), 1 for pipeline stages (each rank's stage
-  // saw the whole batch).
-  void SetShardedScale(double scale) { sharded_scale_ = scale; }
 
   struct Stats {
     int64_t steps = 0;
@@ -300,9 +321,9 @@ class DataParallelGradientSync : public Learner::GradientSync {
   int64_t bucket_bytes_;
   bool overlap_;
   std::vector<bool> sharded_;
-  double sharded_scale_ = 1.0;
-  Distributed* shard_norm_group_ = nullptr;
-  Distributed* shard_data_group_ = nullptr;
+  std::vector<double> sharded_scale_, norm_weight_;  // per variable (rank-local ones)
+  MeshShape shape_;
+  Distributed* data_group_ = nullptr;
   std::shared_ptr<Core> core_;
 };
 

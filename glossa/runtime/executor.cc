@@ -244,13 +244,8 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   }
   CreateDirectories(JoinPath(options_.logdir, "control"));
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
-  if (!sharded_vars_.empty() && dist != nullptr) {
-    if (pipe_axis_) {
-      checkpointer_->SetShards(sharded_vars_, pipe_axis_->index(), pipe_axis_->size(),
-                               /*whole=*/true);
-    } else {
-      checkpointer_->SetShards(sharded_vars_, mesh_->expert_index(), mesh_->shape().expert);
-    }
+  if (!shard_layout_.empty() && mesh_) {
+    checkpointer_->SetShards(shard_layout_, mesh_->shape().world_size() / mesh_->shape().data);
   }
   checkpointer_->SetStopRequested([this] { return stop_.load(); });
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
@@ -337,8 +332,8 @@ int64_t Executor::Run() {
   const Params& tp = model_->task().train_params();
   auto log = [this](const std::string& l) { Log(l); };
   Distributed* dist = options_.distributed;
-  // Metrics average over the ranks whose batches differ: on a pipe mesh the stages' replicas.
-  DistributedScope dist_scope(dist, pipe_axis_ ? mesh_->data_group() : dist);
+  // Metrics average over the ranks whose batches differ (one per batch shard).
+  DistributedScope dist_scope(dist, mesh_ ? mesh_->batch_group() : dist);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
   if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
   if (dist != nullptr) JoinRanks(*dist);

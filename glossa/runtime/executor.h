@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -107,15 +108,19 @@ class Executor {
   std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;
-  // With several ranks: the mesh's expert axis (GShard) or pipe axis (GPipe), which the model is
-  // built for; the variables held by this rank alone (kExpertShardedCollection,
-  // kPipelineStageCollection), if any.
+  // With several ranks: the mesh's expert axis (GShard), pipe axis (GPipe) and model axis
+  // (tensor parallelism), which the model is built for; this rank's pieces of the variables
+  // it does not hold as every rank does (LearnerVariable::rank_local), and which of them it
+  // writes into checkpoints (one rank per distinct piece).
   void BuildModel();
   void JoinRanks(Distributed& dist);
   void LogModelParallelSummary(int64_t first_step);
   DistributedMeshAxis* expert_axis_ = nullptr;
   DistributedMeshAxis* pipe_axis_ = nullptr;
-  std::vector<std::string> sharded_vars_;
+  DistributedMeshAxis* model_axis_ = nullptr;
+  ShardLayout shard_layout_;
+  std::set<std::string> writes_pieces_;
+  void PlacePieces();
   std::string train_dir_;
   bool chief_ = true;
   std::vector<std::shared_ptr<DataParallelGradientSync>> syncs_;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <set>
 
 #include "glossa/base/errors.h"
@@ -70,12 +71,17 @@ void Executor::BuildModel() {
     if (mesh_) {
       expert_axis_ = mesh_->expert_axis();
       pipe_axis_ = mesh_->pipe_axis();
-      context.WithAxis("expert", expert_axis_).WithAxis("pipe", pipe_axis_);
+      model_axis_ = mesh_->model_axis();
+      context.WithAxis("expert", expert_axis_).WithAxis("pipe", pipe_axis_)
+          .WithAxis("model", model_axis_);
       const MeshShape& shape = mesh_->shape();
       if (chief_ && shape.data > 1) {
-        Log(StrCat("mesh: ", shape.Describe(), " (", pipe_axis_ ? "pipelines" : "expert groups",
-                   " of ", pipe_axis_ ? shape.pipe : shape.expert, " ranks, each replicated ",
+        const int64_t group = shape.world_size() / shape.data;
+        Log(StrCat("mesh: ", shape.Describe(), " (", pipe_axis_ ? "pipelines" : model_axis_ ?
+                   "model groups" : "expert groups", " of ", group, " ranks, each replicated ",
                    shape.data, " times)"));
+      } else if (chief_ && model_axis_) {
+        Log(StrCat("mesh: ", shape.Describe()));
       }
     }
     model_ = InstantiateLayer<BaseModel>(params_, context);
@@ -83,8 +89,8 @@ void Executor::BuildModel() {
   used_process_seed_ = ProcessRandomSeedUses() > seed_uses;
   RefuseUnmetMeshAxes(*model_, mesh_.get());
   int64_t stage_bytes = 0, stage_vars = 0;
+  if (mesh_) PlacePieces();
   for (const auto& v : LearnerVariables(*model_)) {
-    if (v.rank_local()) sharded_vars_.push_back(v.name);
     if (v.pipeline_stage) {
       ++stage_vars;
       stage_bytes += v.value.numel() * static_cast<int64_t>(v.value.element_size());
@@ -124,34 +130,44 @@ void Executor::BuildModel() {
 // variables), the gradient syncs, and a pipe mesh's stage replicas made alike.
 void Executor::JoinRanks(Distributed& dist) {
   auto log = [this](const std::string& l) { Log(l); };
-  global_step_ = SyncStateFromChief(dist, *model_, ema_.get(), global_step_, log, sharded_vars_,
-                                    chief_ ? checkpointer_->restored_prefix() : "",
-                                    !mesh_ ? -1 : pipe_axis_ ? 0 : mesh_->expert_index(),
-                                    !mesh_ ? 0 : pipe_axis_ ? 1 : mesh_->shape().expert);
+  global_step_ = SyncStateFromChief(dist, *model_, ema_.get(), global_step_, log, shard_layout_,
+                                    chief_ ? checkpointer_->restored_prefix() : "");
   syncs_.clear();
   InstallGradientSyncs(dist, *model_, options_, syncs_);
-  // The replicas of a stage start alike, whatever each process's seed drew (restored
+  if (!mesh_) return;
+  // The replicas of a piece start alike, whatever each process's seed drew (restored
   // checkpoints agree already).
-  if (pipe_axis_ && mesh_->data_group() != nullptr) {
-    std::vector<at::Tensor> stage;
+  if (mesh_->data_group() != nullptr) {
+    std::vector<at::Tensor> pieces;
     for (const auto& v : LearnerVariables(*model_)) {
-      if (v.pipeline_stage) stage.push_back(v.value.detach());
+      if (v.rank_local()) pieces.push_back(v.value.detach());
     }
-    mesh_->data_group()->Broadcast(stage, 0);
+    if (!pieces.empty()) mesh_->data_group()->Broadcast(pieces, 0);
   }
-  // A stage's gradients are its layers' gradients of its pipeline's whole batch: averaged over
-  // the stage's replicas (summed over the data group, then divided), and the norm sums their
-  // squares over the pipeline.
-  if (pipe_axis_) {
-    for (auto& s : syncs_) {
-      s->SetShardedScale(1.0 / mesh_->shape().data);
-      s->SetShardGroups(&mesh_->pipe_group(), mesh_->data_group());
-    }
-  }
-  if (mesh_ && !pipe_axis_ && mesh_->data_group() != nullptr) {
-    for (auto& s : syncs_) s->SetShardGroups(&mesh_->expert_group(), mesh_->data_group());
-  }
+  for (auto& s : syncs_) s->SetMesh(mesh_->shape(), mesh_->data_group());
+}
 
+// Where this rank's values of every rank-local variable sit in the whole variable, and which of
+// them it writes: one rank per distinct piece, the one at index 0 on every axis that does not
+// split the variable.
+void Executor::PlacePieces() {
+  const MeshShape::Coordinates& at = mesh_->here();
+  const MeshShape& shape = mesh_->shape();
+  for (const auto& [info, value] : model_->AllVariables()) {
+    const auto& c = info.params.collections;
+    auto in = [&](const char* name) { return std::find(c.begin(), c.end(), name) != c.end(); };
+    const bool expert = in(kExpertShardedCollection), stage = in(kPipelineStageCollection),
+               model = in(kModelShardedCollection);
+    if (!expert && !stage && !model) continue;
+    ShardPiece piece;  // a stage's variable: whole
+    if (expert) piece = {0, at.expert, shape.expert};
+    if (model) piece = {info.params.shard_dim, at.model, shape.model};
+    shard_layout_[info.full_name] = piece;
+    if (at.data == 0 && (expert || at.expert == 0) && (stage || at.pipe == 0) &&
+        (model || at.model == 0)) {
+      writes_pieces_.insert(info.full_name);
+    }
+  }
 }
 
 // What the expert axis exchanged and the pipe axis sent during the run, per step.
@@ -183,29 +199,31 @@ void Executor::LogModelParallelSummary(int64_t first_step) {
 
 bool Executor::SaveCheckpoint(bool due, bool healthy) {
   Distributed* dist = options_.distributed;
-  if (sharded_vars_.empty() || dist == nullptr) {
+  if (shard_layout_.empty() || dist == nullptr) {
     if (!chief_ || !due) return false;
     checkpointer_->Save(global_step_, healthy);
     return true;
   }
   if (!dist->AnyTrue(due)) return false;
-  std::map<std::string, at::Tensor> mine;
-  for (auto& [name, t] : CheckpointTensors(*model_, ema_.get(), global_step_)) {
-    if (IsShardTensor(name, sharded_vars_)) mine[name] = t;
+  if (mesh_->data_group() != nullptr) {
+    // The replicas of a piece must hold the same values (FailedPrecondition naming the ranks).
+    mesh_->data_group()->CheckSame("the values of this rank's pieces on their replicas",
+                                   PieceReplicaDigest(*model_));
   }
-  if (pipe_axis_ && mesh_->data_group() != nullptr) {
-    // The stage's replicas must hold the same values (FailedPrecondition naming the ranks).
-    mesh_->data_group()->CheckSame("the values of this pipeline stage's variables on its replicas",
-                                   StageReplicaDigest(*model_));
-  }
-  if (pipe_axis_) {
-    // Each stage's layers, whole, by the stage's replica of data index 0.
-    if (mesh_->data_index() == 0) SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), pipe_axis_->index(),
-                  pipe_axis_->size(), mine, /*whole=*/true);
-  } else if (mesh_->data_index() == 0) {
-    // One replica of each expert shard writes it: the ranks of data index 0.
-    SaveRankShard(Saver::CheckpointPrefix(train_dir_, global_step_), mesh_->expert_index(),
-                  mesh_->shape().expert, mine);
+  // Every rank of data index 0 writes a file (rank r of the W / D ranks of data index 0: r is
+  // its world rank, data being the outermost axis), with the pieces it is the writer of.
+  if (mesh_->data_index() == 0) {
+    std::map<std::string, at::Tensor> mine;
+    for (auto& [name, t] : CheckpointTensors(*model_, ema_.get(), global_step_)) {
+      std::string variable;
+      if (FindPiece(shard_layout_, name, &variable) != nullptr &&
+          writes_pieces_.count(variable) > 0) {
+        mine[name] = t;
+      }
+    }
+    const MeshShape& shape = mesh_->shape();
+    SaveRankPieces(Saver::CheckpointPrefix(train_dir_, global_step_), dist->rank(),
+                   static_cast<int>(shape.world_size() / shape.data), mine, shard_layout_);
   }
   dist->Barrier();  // every rank's shard is complete before the checkpoint can become visible
   if (chief_) checkpointer_->Save(global_step_, healthy);

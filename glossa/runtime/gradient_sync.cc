@@ -81,7 +81,7 @@ DataParallelGradientSync::DataParallelGradientSync(Distributed& dist, int64_t bu
       core_(std::make_shared<Core>()) {
   core_->pg = dist.impl_->pg;
   core_->scale = at::scalar_tensor(1.0 / dist.world_size(), at::kFloat);
-  sharded_scale_ = 1.0 / dist.world_size();
+  shape_.expert = dist.world_size();
 }
 
 DataParallelGradientSync::~DataParallelGradientSync() {
@@ -161,15 +161,39 @@ void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& var
   c.active = true;
 }
 
-void DataParallelGradientSync::SetSharded(const std::vector<bool>& sharded) { sharded_ = sharded; }
+void DataParallelGradientSync::SetVariables(const std::vector<LearnerVariable>& vars) {
+  if (shape_.world_size() != dist_.world_size()) {
+    throw InternalError(StrCat("DataParallelGradientSync: the mesh (", shape_.Describe(),
+                               ") is not the ", dist_.world_size(), " ranks'"));
+  }
+  sharded_.assign(vars.size(), false);
+  sharded_scale_.assign(vars.size(), 1.0);
+  norm_weight_.assign(vars.size(), 1.0);
+  for (size_t k = 0; k < vars.size(); ++k) {
+    const LearnerVariable& v = vars[k];
+    if (!v.rank_local()) continue;
+    sharded_[k] = true;
+    sharded_scale_[k] = 1.0 / shape_.data / (v.expert_sharded ? shape_.expert : 1);
+    // The ranks that hold the same values: every rank, less the axes that split the variable.
+    double copies = static_cast<double>(shape_.world_size());
+    if (v.expert_sharded) copies /= shape_.expert;
+    if (v.pipeline_stage) copies /= shape_.pipe;
+    if (v.model_sharded) copies /= shape_.model;
+    norm_weight_[k] = 1.0 / copies;
+  }
+}
+
+double DataParallelGradientSync::NormWeight(size_t k) const {
+  return k < norm_weight_.size() ? norm_weight_[k] : 1.0;
+}
 
 double DataParallelGradientSync::GlobalSquaredNorm(double replicated, double sharded) {
   if (std::find(sharded_.begin(), sharded_.end(), true) == sharded_.end()) {
     return replicated + sharded;
   }
+  // Each rank's squares weighted by 1 / the copies of their values: every value once.
   at::Tensor t = at::scalar_tensor(sharded, at::kDouble).view({1});
-  // Every expert once: over the expert axis (its data replicas hold the same gradients).
-  (shard_norm_group_ != nullptr ? *shard_norm_group_ : dist_).AllReduceSum({t});
+  dist_.AllReduceSum({t});
   return replicated + t.item<double>();
 }
 
@@ -201,20 +225,20 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   // gradient is that sum over the ranks.
   const bool any_sharded = sharded_.size() == grads.size() &&
                            std::find(sharded_.begin(), sharded_.end(), true) != sharded_.end();
-  // On a data × expert mesh the replicas of this rank's experts sum their gradients first.
-  if (any_sharded && shard_data_group_ != nullptr && shard_data_group_->world_size() > 1) {
+  // The replicas of this rank's share (its data group) sum their gradients first.
+  if (any_sharded && data_group_ != nullptr && data_group_->world_size() > 1) {
     at::NoGradGuard no_grad;
     std::vector<size_t> which;
     for (size_t k = 0; k < grads.size(); ++k) {
       if (sharded_[k]) which.push_back(k);
     }
-    SumOver(*shard_data_group_, grads, which);
+    SumOver(*data_group_, grads, which);
   }
   if (!overlap_) {
     std::vector<at::Tensor> in;
     for (size_t k = 0; k < grads.size(); ++k) {
       if (any_sharded && sharded_[k]) {
-        if (sharded_scale_ != 1.0) grads[k] = grads[k] * sharded_scale_;
+        if (sharded_scale_[k] != 1.0) grads[k] = grads[k] * sharded_scale_[k];
       } else {
         in.push_back(grads[k]);
       }
@@ -241,7 +265,7 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   // What the hooks did not see (variables the loss does not reach, or not leaves).
   for (size_t k = 0; k < grads.size(); ++k) {
     if (c.sharded[k]) {
-      if (sharded_scale_ != 1.0) grads[k] = grads[k] * sharded_scale_;
+      if (sharded_scale_[k] != 1.0) grads[k] = grads[k] * sharded_scale_[k];
       continue;
     }
     if (c.ready[k]) continue;

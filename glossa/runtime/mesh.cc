@@ -2,6 +2,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <utility>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -58,14 +59,15 @@ std::unique_ptr<Distributed> Distributed::Subgroup(const std::string& name,
 
 MeshShape::Coordinates MeshShape::Of(int rank) const {
   Coordinates c;
-  c.expert = rank % expert;
-  c.pipe = rank / expert % pipe;
-  c.data = rank / expert / pipe;
+  c.model = rank % model;
+  c.expert = rank / model % expert;
+  c.pipe = rank / model / expert % pipe;
+  c.data = rank / model / expert / pipe;
   return c;
 }
 
 int MeshShape::RankAt(const Coordinates& c) const {
-  return (c.data * pipe + c.pipe) * expert + c.expert;
+  return ((c.data * pipe + c.pipe) * expert + c.expert) * model + c.model;
 }
 
 std::string MeshShape::Describe() const {
@@ -73,6 +75,7 @@ std::string MeshShape::Describe() const {
   if (data > 1) axes.push_back(StrCat("data ", data));
   if (pipe > 1) axes.push_back(StrCat("pipe ", pipe));
   if (expert > 1) axes.push_back(StrCat("expert ", expert));
+  if (model > 1) axes.push_back(StrCat("model ", model));
   return axes.empty() ? "data 1" : Join(axes, " x ");
 }
 
@@ -84,10 +87,14 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
   }
   auto bad = [&](const std::string& why) {
     return InvalidArgumentError(StrCat("--mesh='", text, "': ", why,
-                                       " (the form is data:D,expert:E or data:D,pipe:S, the "
-                                       "sizes' product the number of ranks)"));
+                                       " (the form is axis:size,... over the axes data, pipe, "
+                                       "expert and model, the sizes' product the number of "
+                                       "ranks; docs/distributed.md)"));
   };
-  bool seen_data = false, seen_expert = false, seen_pipe = false;
+  const std::vector<std::pair<const char*, int MeshShape::*>> axes = {
+      {"data", &MeshShape::data}, {"pipe", &MeshShape::pipe}, {"expert", &MeshShape::expert},
+      {"model", &MeshShape::model}};
+  std::vector<std::string> seen;
   for (const std::string& part : Split(text, ',')) {
     const std::vector<std::string> kv = Split(part, ':');
     if (kv.size() != 2) throw bad(StrCat("'", part, "' is not axis:size"));
@@ -100,73 +107,63 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
       throw bad(StrCat("the size of '", kv[0], "' is not an integer: '", kv[1], "'"));
     }
     if (size < 1) throw bad(StrCat("the size of '", kv[0], "' must be >= 1, got ", size));
-    if (kv[0] == "data" && !seen_data) {
-      m.data = size;
-      seen_data = true;
-    } else if (kv[0] == "expert" && !seen_expert) {
-      m.expert = size;
-      seen_expert = true;
-    } else if (kv[0] == "pipe" && !seen_pipe) {
-      m.pipe = size;
-      seen_pipe = true;
-    } else {
-      throw bad(StrCat("unknown or repeated axis '", kv[0], "' (axes: data, expert, pipe)"));
+    auto axis = std::find_if(axes.begin(), axes.end(), [&](const auto& a) { return kv[0] == a.first; });
+    if (axis == axes.end() || std::find(seen.begin(), seen.end(), kv[0]) != seen.end()) {
+      throw bad(StrCat("unknown or repeated axis '", kv[0], "' (axes: data, pipe, expert, model)"));
     }
+    seen.push_back(kv[0]);
+    m.*(axis->second) = size;
   }
-  if (seen_pipe) {
-    if (seen_expert) throw bad("a pipe axis does not combine with an expert axis yet");
-    if (static_cast<int64_t>(m.data) * m.pipe != world_size) {
-      throw bad(StrCat("data ", m.data, " x pipe ", m.pipe, " = ",
-                       static_cast<int64_t>(m.data) * m.pipe, " ranks, but the job has ",
-                       world_size));
-    }
-    return m;
+  if (m.pipe > 1 && m.expert > 1) throw bad("a pipe axis does not combine with an expert axis yet");
+  if (m.expert > 1 && m.model > 1) {
+    throw bad("an expert axis does not combine with a model axis yet");
   }
-  if (static_cast<int64_t>(m.data) * m.expert != world_size) {
-    throw bad(StrCat("data ", m.data, " x expert ", m.expert, " = ",
-                     static_cast<int64_t>(m.data) * m.expert, " ranks, but the job has ",
-                     world_size));
+  if (m.world_size() != world_size) {
+    throw bad(StrCat(m.Describe(), " = ", m.world_size(), " ranks, but the job has ", world_size));
   }
   return m;
 }
 
-void DistributedMesh::FormGrid(const std::string& axis, int MeshShape::Coordinates::*along,
-                               std::unique_ptr<Distributed>& row_group) {
-  if (shape_.data == 1) return;  // the axis is the world; no data axis
-  const int size = axis == "pipe" ? shape_.pipe : shape_.expert;
-  std::vector<int> row, column;
+Distributed* DistributedMesh::batch_group() {
+  if (shape_.pipe == 1 && shape_.model == 1) return &world_;
+  return shape_.expert > 1 ? nullptr : data_group();
+}
+
+std::unique_ptr<Distributed> DistributedMesh::FormAxis(const std::string& axis,
+                                                       int MeshShape::Coordinates::*along,
+                                                       int size) {
+  if (size == 1 || size == world_.world_size()) return nullptr;
+  std::vector<int> ranks;
   for (int i = 0; i < size; ++i) {
     MeshShape::Coordinates c = here_;
     c.*along = i;
-    row.push_back(shape_.RankAt(c));
+    ranks.push_back(shape_.RankAt(c));
   }
-  for (int d = 0; d < shape_.data; ++d) {
-    MeshShape::Coordinates c = here_;
-    c.data = d;
-    column.push_back(shape_.RankAt(c));
-  }
-  row_group = world_.Subgroup(StrCat(axis, "/", here_.data), row);
-  data_group_ = world_.Subgroup(StrCat("data/", here_.*along), column);
+  return world_.Subgroup(StrCat(axis, "/", ranks.front()), ranks);
 }
 
 DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     : world_(world), shape_(shape) {
-  if (shape.world_size() != world.world_size() || (shape.pipe > 1 && shape.expert > 1)) {
+  if (shape.world_size() != world.world_size() || (shape.pipe > 1 && shape.expert > 1) ||
+      (shape.expert > 1 && shape.model > 1)) {
     throw InvalidArgumentError(StrCat("mesh ", shape.Describe(), " does not cover the ",
                                       world.world_size(), " ranks"));
   }
   here_ = shape.Of(world.rank());
-  data_index_ = here_.data;
-  pipe_index_ = here_.pipe;
-  expert_index_ = here_.expert;
-  if (shape.pipe > 1) {
-    // The S ranks sharing d are one pipeline, the D sharing s one stage's replicas.
-    FormGrid("pipe", &MeshShape::Coordinates::pipe, pipe_group_);
-    pipe_axis_ = std::make_unique<DistributedMeshAxis>(pipe_group());
-    return;
-  }
-  FormGrid("expert", &MeshShape::Coordinates::expert, expert_group_);
-  expert_axis_ = std::make_unique<DistributedMeshAxis>(expert_group());
+  // Every rank forms the groups in the same order: each group's ranks meet in its store.
+  using C = MeshShape::Coordinates;
+  data_group_ = FormAxis("data", &C::data, shape.data);
+  if (shape.data > 1 && !data_group_) data_group_ = world.Subgroup("data/0", [&] {
+    std::vector<int> all(world.world_size());
+    for (int r = 0; r < world.world_size(); ++r) all[r] = r;
+    return all;
+  }());
+  pipe_group_ = FormAxis("pipe", &C::pipe, shape.pipe);
+  expert_group_ = FormAxis("expert", &C::expert, shape.expert);
+  model_group_ = FormAxis("model", &C::model, shape.model);
+  if (shape.pipe > 1) pipe_axis_ = std::make_unique<DistributedMeshAxis>(pipe_group());
+  if (shape.model > 1) model_axis_ = std::make_unique<DistributedMeshAxis>(model_group());
+  if (shape.expert > 1) expert_axis_ = std::make_unique<DistributedMeshAxis>(expert_group());
 }
 
 }  // namespace glossa

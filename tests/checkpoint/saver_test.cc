@@ -98,12 +98,12 @@ TEST(Saver, RankShardedCheckpointsLoadWholeAndReMesh) {
   EXPECT_TRUE(at::equal(c.tensors.at("lm/gate"), at::ones({3, 4})));
   // Onto 4 ranks: rank 3 holds expert 3 and its slot; the replicated gate stays whole.
   SafetensorsContents four = c;
-  SliceShards(four, {"lm/moe/wi"}, 3, 4);
+  SlicePieces(four, {{"lm/moe/wi", ShardPiece{0, 3, 4}}});
   EXPECT_TRUE(at::equal(four.tensors.at("lm/moe/wi"), wi.slice(0, 3, 4)));
   EXPECT_TRUE(at::equal(four.tensors.at("lm/moe/wi/Adam/m"), m.slice(0, 3, 4)));
   EXPECT_TRUE(at::equal(four.tensors.at("lm/gate"), at::ones({3, 4})));
   SafetensorsContents three = c;
-  EXPECT_THROW(SliceShards(three, {"lm/moe/wi"}, 0, 3), InvalidArgumentError);
+  EXPECT_THROW(SlicePieces(three, {{"lm/moe/wi", ShardPiece{0, 0, 3}}}), InvalidArgumentError);
   // Broken rank files.
   auto expect_data_loss = [&](const std::string& what, const std::string& needle) {
     try {
@@ -171,6 +171,67 @@ TEST(Saver, PipelineStageFilesLoadAsTheWholeModel) {
   SaveSafetensors(RankShardPath(prefix, 1, 2), {{"lm/stack/x_layers_1/w", w1}},
                   {{"rank", "1"}, {"ranks", "2"}, {"layout", "diagonal"}});
   expect_data_loss("unknown layout", "unknown layout 'diagonal'");
+}
+
+// The layout every mesh writes now ("pieces"): each tensor of a rank file is block i of n of its
+// variable along a dim, or the whole variable. A data x pipe x model checkpoint's files (2 stages x
+// 2 model ranks): a stage's layer norm whole in its model-0 rank's file, a projection split along
+// dim 1 over the model ranks (with its slot). It loads whole; SlicePieces cuts any rank's block
+// (here a model axis of 4); a block missing or repeated, or pieces that disagree on their dim or
+// do not join, are DataLoss naming the variable or file.
+TEST(Saver, PiecesOfAnyMeshLoadAsTheWholeModel) {
+  const std::string dir = NewDir("pieces");
+  Saver saver({.dir = dir, .keep_latest_n = 2});
+  const std::string prefix = Saver::CheckpointPrefix(dir, 4);
+  const at::Tensor w = at::arange(3 * 8, at::kFloat).view({3, 8}), ln = at::full({3}, 2.0);
+  const ShardLayout stage0_m0 = {{"lm/x_0/w", ShardPiece{1, 0, 2}}, {"lm/x_0/ln", ShardPiece{}}};
+  const ShardLayout stage0_m1 = {{"lm/x_0/w", ShardPiece{1, 1, 2}}};
+  SaveRankPieces(prefix, 0, 4, {{"lm/x_0/w", w.slice(1, 0, 4)}, {"lm/x_0/w/m", w.slice(1, 0, 4) * 2},
+                                {"lm/x_0/ln", ln}}, stage0_m0);
+  SaveRankPieces(prefix, 1, 4, {{"lm/x_0/w", w.slice(1, 4, 8)}, {"lm/x_0/w/m", w.slice(1, 4, 8) * 2}},
+                 stage0_m1);
+  SaveRankPieces(prefix, 2, 4, {{"lm/x_1/ln", ln * 3}}, {{"lm/x_1/ln", ShardPiece{}}});
+  SaveRankPieces(prefix, 3, 4, {}, {});
+  EXPECT_THROW(SaveRankPieces(prefix, 3, 4, {{"lm/y", ln}}, {}), InvalidArgumentError);
+  saver.Save(4, {{"lm/emb", at::ones({4})}}, {{kShardedRanksMetadata, "4"}});
+  SafetensorsContents c = LoadCheckpoint(prefix);
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/x_0/w"), w));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/x_0/w/m"), w * 2));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/x_0/ln"), ln));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/x_1/ln"), ln * 3));
+  EXPECT_TRUE(at::equal(c.tensors.at("lm/emb"), at::ones({4})));
+  SafetensorsContents four = c;
+  SlicePieces(four, {{"lm/x_0/w", ShardPiece{1, 2, 4}}, {"lm/x_0/ln", ShardPiece{}}});
+  EXPECT_TRUE(at::equal(four.tensors.at("lm/x_0/w"), w.slice(1, 4, 6)));
+  EXPECT_TRUE(at::equal(four.tensors.at("lm/x_0/w/m"), w.slice(1, 4, 6) * 2));
+  EXPECT_TRUE(at::equal(four.tensors.at("lm/x_0/ln"), ln));
+  std::string variable;
+  ASSERT_NE(FindPiece(stage0_m0, "lm/x_0/w/m", &variable), nullptr);
+  EXPECT_EQ(variable, "lm/x_0/w");
+  EXPECT_EQ(FindPiece(stage0_m0, "lm/x_0/wx"), nullptr);
+  auto expect_data_loss = [&](const std::string& what, const std::string& needle) {
+    try {
+      LoadCheckpoint(prefix);
+      ADD_FAILURE() << what << ": loaded";
+    } catch (const DataLossError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  SaveRankPieces(prefix, 1, 4, {{"lm/x_0/w", w.slice(1, 4, 8)}}, stage0_m0);
+  expect_data_loss("a block twice", "block 0 of 'lm/x_0/w' is also in another rank's file");
+  SaveRankPieces(prefix, 1, 4, {}, {});
+  expect_data_loss("a block missing", "'lm/x_0/w' is split into 2 blocks along dim 1, but the rank "
+                                      "files hold blocks 0");
+  SaveRankPieces(prefix, 1, 4, {{"lm/x_0/w", w.slice(1, 4, 8)}, {"lm/x_0/w/m", w.slice(1, 4, 8)}},
+                 {{"lm/x_0/w", ShardPiece{0, 1, 2}}});
+  expect_data_loss("another dim", "but " + RankShardPath(prefix, 0, 4) + " has it as one of 2 "
+                                  "along dim 1");
+  SaveRankPieces(prefix, 1, 4, {{"lm/x_0/w", at::zeros({2, 4})}, {"lm/x_0/w/m", w.slice(1, 4, 8)}},
+                 stage0_m1);
+  expect_data_loss("not joining", "the blocks of 'lm/x_0/w'");
+  SaveSafetensors(RankShardPath(prefix, 1, 4), {{"lm/x_0/w", w.slice(1, 4, 8)}},
+                  {{"rank", "1"}, {"ranks", "4"}, {"layout", "pieces"}, {"pieces", "lm/x_0/w\t1\tx\t2"}});
+  expect_data_loss("a bad line", "metadata pieces has a bad line");
 }
 
 // The retention rule, written out independently: keep the last n, and every checkpoint more than

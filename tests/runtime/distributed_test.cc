@@ -33,55 +33,11 @@
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
+#include "tests/runtime/workers.h"
 #include "tests/test_util.h"
 
 namespace glossa {
 namespace {
-
-// Runs fn(rank, dist) on `world` workers; rethrows the first worker's exception. Rank 0 binds a
-// port the kernel picks (master_port 0) and the others join on the port it reports, so no other
-// test can take the port in between.
-void RunWorkers(int world, const std::function<void(Distributed&)>& fn, double timeout = 30) {
-  std::promise<int> listening;
-  std::shared_future<int> port = listening.get_future().share();
-  std::once_flag told;
-  const auto tell = [&](const std::string&, int p) {
-    std::call_once(told, [&] { listening.set_value(p); });
-  };
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        DistributedOptions o;
-        o.world_size = world;
-        o.rank = r;
-        o.timeout_seconds = timeout;
-        if (r == 0) {
-          o.master_port = 0;
-          o.on_listening = tell;
-        } else {
-          if (port.wait_for(std::chrono::duration<double>(timeout)) !=
-              std::future_status::ready) {
-            throw AbortedError(StrCat("rank ", r, ": rank 0 did not bind its port within ",
-                                      timeout, " s"));
-          }
-          o.master_port = port.get();
-          if (o.master_port <= 0) throw AbortedError(StrCat("rank ", r, ": rank 0 failed first"));
-        }
-        Distributed dist(o);
-        fn(dist);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-      if (r == 0) tell("", -1);  // rank 0 failed before it listened: the others stop waiting
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
 
 TEST(Distributed, BroadcastAndBucketedMeanMatchTheirDefinitions) {
   for (int64_t bucket_bytes : {int64_t{16}, int64_t{1000}, int64_t{25} << 20}) {
@@ -732,7 +688,7 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
       auto lm = SmallMoeLm(2, 2, dropout, BuildContext().WithAxis("expert", mesh.expert_axis()));
       const auto vars = LearnerVariables(*lm);
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-      sync->SetShardGroups(&mesh.expert_group(), mesh.data_group());
+      sync->SetMesh(mesh.shape(), mesh.data_group());
       lm->learner().SetGradientSync(sync);
       losses[r] = TrainSteps(*lm, batches, 2 * r, 2 * r + 2, &dist);
       for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
@@ -799,7 +755,7 @@ TEST(Distributed, PipelineStagesOnRanksTrainLikeOneProcess) {
         auto lm = SmallPipeLm(n, 4, 0.1, false, BuildContext().WithAxis("pipe", &axis));
         remote[r] = lm->RemoteScopes();
         auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, overlapped);
-        sync->SetShardedScale(1.0);
+        sync->SetMesh(MeshShape{.pipe = n}, nullptr);
         lm->learner().SetGradientSync(sync);
         losses[r] = TrainSteps(*lm, batches, 0, 8, &dist);
         for (const auto& v : LearnerVariables(*lm)) {
@@ -859,8 +815,7 @@ TEST(Distributed, DataTimesPipeMeshTrainsLikeOneProcess) {
       BatchShardScope shard(mesh.batch_shard(), 2);  // as the trainer does
       auto lm = SmallPipeLm(2, 2, 0.1, sgd, BuildContext().WithAxis("pipe", mesh.pipe_axis()));
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-      sync->SetShardedScale(0.5);
-      sync->SetShardGroups(&mesh.pipe_group(), mesh.data_group());
+      sync->SetMesh(mesh.shape(), mesh.data_group());
       lm->learner().SetGradientSync(sync);
       const int d = mesh.batch_shard();
       losses[r] = TrainSteps(*lm, batches, 4 * d, 4 * d + 4, &dist);
@@ -956,6 +911,18 @@ TEST(Distributed, MeshShapeDefinesTheRankLayout) {
   EXPECT_EQ(all.Of(7).expert, 1);
   EXPECT_EQ(all.Describe(), "data 2 x pipe 3 x expert 2");
   EXPECT_EQ(MeshShape().Describe(), "data 1");
+  // The model axis is the fastest: a model group's ranks are neighbours.
+  const MeshShape dpm{.data = 2, .pipe = 2, .model = 2};
+  EXPECT_EQ(dpm.Describe(), "data 2 x pipe 2 x model 2");
+  for (int r = 0; r < 8; ++r) {
+    const MeshShape::Coordinates c = dpm.Of(r);
+    EXPECT_EQ(c.model, r % 2);
+    EXPECT_EQ(c.pipe, r / 2 % 2);
+    EXPECT_EQ(c.data, r / 4);
+    EXPECT_EQ(dpm.RankAt(c), r);
+    EXPECT_EQ(dpm.BatchShard(c), r / 4);  // pipe and model ranks share their batches
+  }
+  EXPECT_EQ(dpm.batch_shards(), 2);
 }
 
 TEST(Distributed, MeshFlagNamesWhatIsWrong) {
@@ -970,7 +937,15 @@ TEST(Distributed, MeshFlagNamesWhatIsWrong) {
   EXPECT_EQ(ParseMesh("pipe:4", 4).pipe, 4);
   EXPECT_EQ(ParseMesh("pipe:2,data:2", 4).data, 2);
   EXPECT_ERROR_CONTAINS(ParseMesh("pipe:2", 4), InvalidArgumentError,
-                        "data 1 x pipe 2 = 2 ranks, but the job has 4");
+                        "pipe 2 = 2 ranks, but the job has 4");
+  const MeshShape dm = ParseMesh("model:2,data:2", 4);
+  EXPECT_EQ(dm.data, 2);
+  EXPECT_EQ(dm.model, 2);
+  EXPECT_EQ(ParseMesh("data:2,pipe:2,model:2", 8).world_size(), 8);
+  EXPECT_ERROR_CONTAINS(ParseMesh("expert:2,model:2", 4), InvalidArgumentError,
+                        "an expert axis does not combine with a model axis yet");
+  EXPECT_ERROR_CONTAINS(ParseMesh("data:2,model:3", 4), InvalidArgumentError,
+                        "data 2 x model 3 = 6 ranks, but the job has 4");
   EXPECT_ERROR_CONTAINS(ParseMesh("pipe:2,expert:2", 4), InvalidArgumentError,
                         "does not combine with an expert axis");
   EXPECT_ERROR_CONTAINS(ParseMesh("pipeline:2", 2), InvalidArgumentError,

@@ -1,0 +1,65 @@
+// Ranks as threads of one test process: each with its own c10d store client and Gloo process
+// group, as processes would have (tests/runtime/*_test.cc).
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/runtime/distributed.h"
+
+namespace glossa {
+
+// Runs fn(rank, dist) on `world` workers; rethrows the first worker's exception. Rank 0 binds a
+// port the kernel picks (master_port 0) and the others join on the port it reports, so no other
+// test can take the port in between.
+inline void RunWorkers(int world, const std::function<void(Distributed&)>& fn, double timeout = 30) {
+  std::promise<int> listening;
+  std::shared_future<int> port = listening.get_future().share();
+  std::once_flag told;
+  const auto tell = [&](const std::string&, int p) {
+    std::call_once(told, [&] { listening.set_value(p); });
+  };
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistributedOptions o;
+        o.world_size = world;
+        o.rank = r;
+        o.timeout_seconds = timeout;
+        if (r == 0) {
+          o.master_port = 0;
+          o.on_listening = tell;
+        } else {
+          if (port.wait_for(std::chrono::duration<double>(timeout)) !=
+              std::future_status::ready) {
+            throw AbortedError(StrCat("rank ", r, ": rank 0 did not bind its port within ",
+                                      timeout, " s"));
+          }
+          o.master_port = port.get();
+          if (o.master_port <= 0) throw AbortedError(StrCat("rank ", r, ": rank 0 failed first"));
+        }
+        Distributed dist(o);
+        fn(dist);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+      if (r == 0) tell("", -1);  // rank 0 failed before it listened: the others stop waiting
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace glossa
