@@ -184,6 +184,16 @@ void Executor::LogModelParallelSummary(int64_t first_step) {
                   static_cast<double>(expert_axis_->max_bytes()));
     Log(buf);
   }
+  if (model_axis_ && model_axis_->reductions() > 0 && global_step_ > first_step) {
+    // The blocks' forward sums and the replicated inputs' backward sums.
+    const double steps = static_cast<double>(global_step_ - first_step);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "model all-reduce over %d ranks: %.1f per step, %.2f MB per step (this rank's)",
+                  model_axis_->size(), model_axis_->reductions() / steps,
+                  model_axis_->reduce_bytes() / 1e6 / steps);
+    Log(buf);
+  }
   if (pipe_axis_ && pipe_axis_->sends() > 0 && global_step_ > first_step) {
     // Rank 0 (stage 0) sends its micro-batches' activations on; the gradients come back to it.
     const double steps = static_cast<double>(global_step_ - first_step);

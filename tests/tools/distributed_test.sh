@@ -2,7 +2,7 @@
 # Data-parallel training, evaluation and decoding on 127.0.0.1 (docs/distributed.md), through the
 # glossa binary: --nproc_per_node, workers started from the environment as torchrun would,
 # reproducibility with dropout on, a killed worker, resuming, sharded eval/decode against
-# unsharded, and configuration errors.
+# unsharded, expert, pipeline and tensor (model-axis) parallelism, and configuration errors.
 #   bash tests/tools/distributed_test.sh build/bin/glossa
 set -u
 glossa="$1"
@@ -300,8 +300,42 @@ last=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$tmp/pk/tra
 check "a complete pipeline checkpoint survived (step '$last')" test -n "$last"
 "$glossa" train "${pipe[@]}" --logdir="$tmp/pk" --max_steps=$(( ${last:-0} + 5 )) --nproc_per_node=2 --mesh=pipe:2 > "$tmp/pk2.log" 2>&1; rc=$?
 check "the pipeline restarts from step $last (rc $rc)" bash -c "test $rc -eq 0 && grep -q 'restored .*ckpt-0*$last at step $last' '$tmp/pk2.log'"
-"$glossa" train "${pipe[@]}" --logdir="$tmp/p7" --max_steps=5 --nproc_per_node=2 --mesh=pipe:2,expert:1 > "$tmp/p7.log" 2>&1; rc=$?
+"$glossa" train "${pipe[@]}" --logdir="$tmp/p7" --max_steps=5 --nproc_per_node=4 --mesh=pipe:2,expert:2 > "$tmp/p7.log" 2>&1; rc=$?
 check "a pipe axis with an expert axis is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'does not combine with an expert axis' '$tmp/p7.log'"
+
+# 9. Tensor parallelism: the tiny LM's heads and hidden units split over a model axis of 2 ranks by
+# the split mappings in its Params (--mesh=model:2). Both ranks read the same batches; each writes
+# its blocks; the losses are one process's; the checkpoint resumes on data x model (4 ranks), then
+# in one process, which evaluates and exports it from the training run's Params.
+tp="$small; task.stack.transformer_layer_params_tpl.tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]"
+tp+="; task.stack.transformer_layer_params_tpl.tr_fflayer_tpl.weight_split_dims_mapping_list : [[None, 'model'], ['model', None]]"
+tpm=("${common[@]}" "--model_params_override=$tp")
+"$glossa" train "${tpm[@]}" --logdir="$tmp/tm" --max_steps=10 --nproc_per_node=2 --mesh=model:2 > "$tmp/tm.log" 2>&1; rc=$?
+check "model-axis training exits 0 (rc $rc): $(tail -2 "$tmp/tm.log")" test "$rc" -eq 0
+check "rank 1 holds model shard 1 and reads rank 0's input" grep -q '^\[rank 1\] rank 1 of 2: model shard 1 of 2, training on input shard 0 of 1' "$tmp/tm.log"
+check "what the model axis summed: $(grep -m1 'model all-reduce' "$tmp/tm.log")" grep -q '^\[rank 0\] model all-reduce over 2 ranks: 5.0 per step' "$tmp/tm.log"
+for r in 0 1; do
+  check "model shard $r's blocks" test -f "$tmp/tm/train/ckpt-00000010-rank-0000$r-of-00002.safetensors"
+done
+"$glossa" train "${tpm[@]}" --logdir="$tmp/tm1" --max_steps=10 > "$tmp/tm1.log" 2>&1; rc=$?
+loss_at() { sed -n 's/^{"step":9,"tag":"loss","value":\([^,]*\),.*/\1/p' "$1/train/metrics.jsonl"; }
+check "one process trains the same Params (rc $rc)" test "$rc" -eq 0
+check "to the same loss at step 9 ($(loss_at "$tmp/tm") on 2 ranks, $(loss_at "$tmp/tm1") in one process)" \
+  awk -v a="$(loss_at "$tmp/tm")" -v b="$(loss_at "$tmp/tm1")" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-5 * b) }'
+"$glossa" train "${tpm[@]}" --logdir="$tmp/tm" --max_steps=15 --nproc_per_node=4 --mesh=data:2,model:2 > "$tmp/tm2.log" 2>&1; rc=$?
+check "the model-axis checkpoint resumes on data x model (rc $rc): $(grep -m1 restored "$tmp/tm2.log")" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' '$tmp/tm2.log'"
+check "which names its mesh" grep -q '^\[rank 0\] mesh: data 2 x model 2 (model groups of 2 ranks, each replicated 2 times)' "$tmp/tm2.log"
+"$glossa" train "${tpm[@]}" --logdir="$tmp/tm" --max_steps=20 > "$tmp/tm3.log" 2>&1; rc=$?
+check "and in one process (rc $rc)" bash -c "test $rc -eq 0 && grep -q 'restored .*ckpt-00000015 at step 15' '$tmp/tm3.log'"
+check "control/params.txt is the split model's" grep -q "atten_tpl.weight_split_dims_mapping : \['NoneType', 'model', 'NoneType'\]" "$tmp/tm/control/params.txt"
+"$glossa" eval "${tpm[@]}" --logdir="$tmp/tm" --once > "$tmp/tm5.log" 2>&1; rc=$?
+check "one process evaluates it from control/params.txt, no rewriting (rc $rc): $(tail -1 "$tmp/tm5.log")" bash -c "test $rc -eq 0 && test -f '$tmp/tm/eval_dev/score-00000020.txt'"
+"$glossa" export "${tpm[@]}" --logdir="$tmp/tm" --out="$tmp/tm_bundle" > "$tmp/tm4.log" 2>&1; rc=$?
+check "one process exports it (rc $rc): $(tail -1 "$tmp/tm4.log")" test "$rc" -eq 0
+echo 'It is a truth universally acknowledged' | "$glossa" predict --bundle="$tmp/tm_bundle" > "$tmp/tm_pred.jsonl" 2>"$tmp/tm_pred.err"; rc=$?
+check "the bundle scores text (rc $rc)" bash -c "test $rc -eq 0 && grep -q total_log_prob '$tmp/tm_pred.jsonl'"
+"$glossa" train "${common[@]}" "--model_params_override=$small; task.stack.num_atten_heads : 3; task.stack.mdl_dim : 18; task.emb.embedding_dim : 18; task.position_emb.embedding_dim : 18; task.softmax.input_dim : 18; task.stack.transformer_layer_params_tpl.tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]" --logdir="$tmp/tm6" --max_steps=5 --nproc_per_node=2 --mesh=model:2 > "$tmp/tm6.log" 2>&1; rc=$?
+check "heads that do not split are refused naming the layer (rc $rc): $(grep -m1 'heads do not split' "$tmp/tm6.log")" bash -c "test $rc -ne 0 && grep -q '3 heads do not split over the 2 ranks of the .model. axis' '$tmp/tm6.log'"
 
 [ "$fail" -eq 0 ] && echo "distributed_test: all checks passed"
 exit "$fail"

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "glossa/base/strings.h"
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/trainer.h"
 #include "glossa/tools/command.h"
@@ -46,10 +47,13 @@ class TrainCommand : public Command {
     if (dist && dist->rank() != 0) {
       // Rank 0 speaks for the job; the others say what they are and then only fail loudly.
       const MeshShape m = ParseMesh(d_.mesh, dist->world_size());
-      if (m.pipe > 1) {
-        const MeshShape::Coordinates at = m.Of(dist->rank());
-        std::printf("rank %d of %d: pipeline stage %d, training on input shard %d of %d\n",
-                    dist->rank(), dist->world_size(), at.pipe, at.data, m.data);
+      const MeshShape::Coordinates at = m.Of(dist->rank());
+      if (m.pipe > 1 || m.model > 1) {
+        std::string where;
+        if (m.pipe > 1) where += StrCat("pipeline stage ", at.pipe, ", ");
+        if (m.model > 1) where += StrCat("model shard ", at.model, " of ", m.model, ", ");
+        std::printf("rank %d of %d: %straining on input shard %d of %d\n", dist->rank(),
+                    dist->world_size(), where.c_str(), m.BatchShard(at), m.batch_shards());
       } else {
         std::printf("rank %d of %d: training on input shard %d\n", dist->rank(),
                     dist->world_size(), dist->rank());
