@@ -105,7 +105,7 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   if (!mbs.is_none()) pipe_.micro_batch_size = mbs.AsInt();
   // On a pipe axis: this rank's stage's cells only, under their whole-pipeline names.
   pipe_.placement = PlaceStages(StrCat("pipeline '", path(), "'"), pipe_.ends,
-                                 build_context().axis("pipe"));
+                                 build_context());
   const StagePlacement& place = pipe_.placement;
   ParamValue::List named = NameCells(cells.AsList(), "cells");
   ParamValue::List mine(named.begin() + place.first, named.begin() + place.end);

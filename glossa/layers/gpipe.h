@@ -53,8 +53,10 @@ struct StagePlacement {
   MeshAxis* axis = nullptr;  // null: every stage in this process
   int64_t stage = 0, first = 0, end = 0;  // this rank's stage and its cells [first, end)
 };
+// `context`: the layer's build context (its 'pipe' axis). FailedPrecondition too for stages on
+// threads of a process on a 'model' axis (their collectives would interleave).
 StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends,
-                           MeshAxis* axis);
+                           const BuildContext& context);
 
 // `cells` (a list of layer Params) with every unnamed entry named as CreateChildren would name it
 // (<prefix>_<uid>), so that a stage's sublist builds its cells under their whole-pipeline names.

@@ -139,7 +139,7 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
     if (p.GetInt("num_micro_batches") <= 0) {
       throw InvalidArgumentError(StrCat(where, ": num_micro_batches must be > 0"));
     }
-    place = PlaceStages(where, ends, build_context().axis("pipe"));
+    place = PlaceStages(where, ends, build_context());
   }
   const ParamValue::List named = NameCells(layers, "x_layers");
   {
