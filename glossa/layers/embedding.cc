@@ -8,6 +8,8 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/layers/mesh.h"
+#include "glossa/layers/weight_init.h"
 
 namespace glossa {
 
@@ -17,6 +19,11 @@ glossa::Params EmbeddingLayer::Params() {
   p.Define("vocab_size", 0, "Number of tokens in the vocabulary.");
   p.Define("embedding_dim", 0, "Depth of the embeddings.");
   p.Define("scale_sqrt_depth", false, "If True, multiply the embeddings by sqrt(embedding_dim).");
+  p.Define("weight_split_dims_mapping", nullptr,
+           "Tensor parallelism: per dim of emb_var [vocab_size, embedding_dim], None or a mesh "
+           "axis name; [\"model\", None] splits the vocabulary over the 'model' axis (each rank "
+           "looks up the ids in its block of rows, zeros for the others, and the axis sums). "
+           "Built whole without that axis.");
   return p;
 }
 
@@ -28,9 +35,29 @@ EmbeddingLayer::EmbeddingLayer(const glossa::Params& p) : BaseLayer(p) {
     throw InvalidArgumentError(
         StrCat("layer '", path(), "': vocab_size and embedding_dim must be > 0"));
   }
-  CreateVariable("emb_var", WeightParams({vocab_size_, embedding_dim_},
-                                         WeightInit::FromParams(params().GetParams("params_init")),
-                                         params().Get("dtype").AsDType()));
+  WeightParams table({vocab_size_, embedding_dim_},
+                     WeightInit::FromParams(params().GetParams("params_init")),
+                     params().Get("dtype").AsDType());
+  const WeightSplit split = ParseWeightSplit(params().Get("weight_split_dims_mapping"), 2,
+                                             StrCat("layer '", path(), "'"));
+  if (split.dim == 1) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': weight_split_dims_mapping may split "
+                                      "the vocabulary (dim 0) only"));
+  }
+  axis_ = split.Resolve(build_context());
+  if (axis_ != nullptr) {
+    const int64_t m = axis_->size();
+    if (vocab_size_ % m != 0) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': vocab_size ", vocab_size_,
+                                        " does not split over the ", m, " ranks of the '",
+                                        split.axis, "' axis"));
+    }
+    table.shape[0] = vocab_size_ / m;
+    table.collections.push_back(kModelShardedCollection);
+    table.shard_index = axis_->index();
+    table.shard_count = m;
+  }
+  CreateVariable("emb_var", table);
 }
 
 at::Tensor EmbeddingLayer::EmbLookup(const NestedMap& theta, const at::Tensor& ids) const {
@@ -44,7 +71,19 @@ at::Tensor EmbeddingLayer::EmbLookup(const NestedMap& theta, const at::Tensor& i
                                         "), found ", lo < 0 ? lo : hi));
     }
   }
-  at::Tensor out = at::embedding(theta.GetTensor("emb_var"), ids.to(at::kLong));
+  at::Tensor out;
+  if (axis_ != nullptr) {
+    // This rank's rows [lo, lo + n): their embeddings, zeros for the other ids; summed over the
+    // axis, every id's row (its gradient reaches the rank holding it).
+    const at::Tensor& table = theta.GetTensor("emb_var");
+    const int64_t n = table.size(0), lo = axis_->index() * n;
+    const at::Tensor local = ids.to(at::kLong) - lo;
+    const at::Tensor mine = (local >= 0) & (local < n);
+    out = at::embedding(table, at::where(mine, local, at::zeros_like(local)));
+    out = ReduceOverAxis(*axis_, out * mine.unsqueeze(-1).to(out.scalar_type()));
+  } else {
+    out = at::embedding(theta.GetTensor("emb_var"), ids.to(at::kLong));
+  }
   if (scale_sqrt_depth_) out = out * std::sqrt(static_cast<double>(embedding_dim_));
   return out;
 }

@@ -20,7 +20,8 @@ class EmbeddingLayer : public BaseLayer {
   // The uniform call (BaseLayer::FPropMap): FProp(theta, ids) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
-  // + vocab_size, embedding_dim, scale_sqrt_depth (False: multiply by sqrt(embedding_dim)).
+  // + vocab_size, embedding_dim, scale_sqrt_depth (False: multiply by sqrt(embedding_dim)),
+  // weight_split_dims_mapping (None).
   static glossa::Params Params();
   explicit EmbeddingLayer(const glossa::Params& p);
   // ids: an integer tensor of any shape -> [..., embedding_dim]. InvalidArgument for ids outside
@@ -33,6 +34,7 @@ class EmbeddingLayer : public BaseLayer {
  private:
   int64_t vocab_size_, embedding_dim_;
   bool scale_sqrt_depth_;
+  MeshAxis* axis_ = nullptr;  // the vocabulary is split over it (weight_split_dims_mapping)
 };
 
 class PositionalEmbeddingLayer : public BaseLayer {

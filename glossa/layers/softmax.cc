@@ -8,6 +8,8 @@
 #include "glossa/base/strings.h"
 #include "glossa/kernels/fused_xent.h"
 #include "glossa/kernels/gemm.h"
+#include "glossa/layers/mesh.h"
+#include "glossa/layers/weight_init.h"
 
 namespace glossa {
 namespace {
@@ -60,6 +62,11 @@ glossa::Params SimpleFullSoftmax::Params() {
            "[..., num_classes] log_probs tensor, so the output then has no log_probs. false, "
            "other CPUs, float64 logits and class_probabilities targets: ATen's log_softmax, and "
            "log_probs in the output.");
+  p.Define("weight_split_dims_mapping", nullptr,
+           "Tensor parallelism: per dim of weight_0 [input_dim, num_classes], None or a mesh "
+           "axis name; [None, \"model\"] splits the classes (and bias_0) over the 'model' axis: "
+           "the cross-entropy against class_ids combines the ranks' logsumexp and label logits "
+           "in one all-reduce and never gathers the logits. Built whole without that axis.");
   return p;
 }
 
@@ -78,13 +85,98 @@ SimpleFullSoftmax::SimpleFullSoftmax(const glossa::Params& p) : BaseLayer(p) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': label_smoothing must be in [0, 1)"));
   }
   const DType dtype = params().Get("dtype").AsDType();
-  CreateVariable("weight_0",
-                 WeightParams({input_dim_, num_classes_},
-                              WeightInit::FromParams(params().GetParams("params_init")), dtype));
-  CreateVariable("bias_0", WeightParams({num_classes_}, WeightInit::Constant(0.0), dtype));
+  WeightParams w({input_dim_, num_classes_},
+                 WeightInit::FromParams(params().GetParams("params_init")), dtype);
+  WeightParams b({num_classes_}, WeightInit::Constant(0.0), dtype);
+  const WeightSplit split = ParseWeightSplit(params().Get("weight_split_dims_mapping"), 2,
+                                             StrCat("layer '", path(), "'"));
+  if (split.dim == 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': weight_split_dims_mapping may split "
+                                      "the classes (dim 1) only"));
+  }
+  axis_ = split.Resolve(build_context());
+  if (axis_ != nullptr) {
+    const int64_t m = axis_->size();
+    if (num_classes_ % m != 0 || logits_abs_max_) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ", logits_abs_max_ ?
+                                        "logits_abs_max with the classes split" :
+                                        StrCat("num_classes ", num_classes_, " does not split"),
+                                        " over the ", m, " ranks of the '", split.axis,
+                                        "' axis"));
+    }
+    for (WeightParams* wp : {&w, &b}) {
+      wp->shape.back() = num_classes_ / m;
+      wp->collections.push_back(kModelShardedCollection);
+      wp->shard_dim = static_cast<int64_t>(wp->shape.size()) - 1;
+      wp->shard_index = axis_->index();
+      wp->shard_count = m;
+    }
+  }
+  CreateVariable("weight_0", w);
+  CreateVariable("bias_0", b);
+}
+
+at::Tensor SimpleFullSoftmax::LocalLogits(const NestedMap& theta, const at::Tensor& inputs) const {
+  if (inputs.dim() < 1 || inputs.size(-1) != input_dim_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must end in input_dim ",
+                                      input_dim_, ", got shape ", inputs.sizes()));
+  }
+  const at::Tensor x = ReplicateOverAxis(*axis_, CastToFPropDtype(inputs).reshape({-1, input_dim_}));
+  return Affine(x, theta.GetTensor("weight_0"), theta.GetTensor("bias_0")).to(at::kFloat);
+}
+
+NestedMap SimpleFullSoftmax::ShardedXent(const NestedMap& theta, const at::Tensor& inputs,
+                                         const at::Tensor& class_ids,
+                                         const at::Tensor& class_weights,
+                                         const at::Tensor& paddings) const {
+  const at::Tensor local = LocalLogits(theta, inputs);  // [N, n]
+  const int64_t m = axis_->size(), k = axis_->index(), n = local.size(1);
+  const std::vector<int64_t> batch_shape(inputs.sizes().begin(), inputs.sizes().end() - 1);
+  if (class_ids.sizes().vec() != batch_shape || at::isFloatingType(class_ids.scalar_type()) ||
+      (class_ids.numel() > 0 && (class_ids.min().item<int64_t>() < 0 ||
+                                 class_ids.max().item<int64_t>() >= num_classes_))) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': class_ids must be integers in [0, ",
+                                      num_classes_, ") shaped ", at::IntArrayRef(batch_shape),
+                                      ", got ", class_ids.sizes()));
+  }
+  const at::Tensor ids = class_ids.reshape({-1}).to(at::kLong) - k * n;
+  const at::Tensor mine = (ids >= 0) & (ids < n);
+  const at::Tensor zero = at::zeros({local.size(0)}, local.options());
+  // One all-reduce of rows: each rank's logsumexp at row k and max at row m + k (zeros in the
+  // others' rows), the label logit (its owner's), and the sum of the logits (label smoothing).
+  std::vector<at::Tensor> rows(2 * m + 2, zero);
+  rows[k] = at::logsumexp(local, -1);
+  rows[m + k] = std::get<0>(local.detach().max(-1));
+  rows[2 * m] = local.gather(-1, at::where(mine, ids, at::zeros_like(ids)).unsqueeze(-1))
+                    .squeeze(-1) * mine.to(local.scalar_type());
+  if (label_smoothing_ > 0) rows[2 * m + 1] = local.sum(-1);
+  const at::Tensor all = ReduceOverAxis(*axis_, at::stack(rows));
+  const at::Tensor lse = at::logsumexp(all.slice(0, 0, m), 0);
+  const at::Tensor label_lp = all[2 * m] - lse;
+  at::Tensor xent = -label_lp;
+  if (label_smoothing_ > 0) {
+    const at::Tensor sum_log_probs = all[2 * m + 1] - lse * static_cast<double>(num_classes_);
+    xent = xent * (1 - label_smoothing_) - sum_log_probs * (label_smoothing_ / num_classes_);
+  }
+  NestedMap out;
+  out.Put("per_example_label_log_prob", label_lp.detach().view(batch_shape));
+  out.Put("per_example_max_log_prob",
+          (all.slice(0, m, 2 * m).amax(0) - lse).detach().view(batch_shape));
+  AddTotals(out, xent.view(batch_shape), class_weights, paddings);
+  return out;
 }
 
 at::Tensor SimpleFullSoftmax::Logits(const NestedMap& theta, const at::Tensor& inputs) const {
+  if (axis_ != nullptr) {
+    // Every class's logit: this rank's block in place, zeros elsewhere, summed over the axis.
+    const at::Tensor local = LocalLogits(theta, inputs);
+    const int64_t n = local.size(1), lo = axis_->index() * n;
+    std::vector<int64_t> shape = inputs.sizes().vec();
+    shape.back() = num_classes_;
+    return ReduceOverAxis(*axis_, at::constant_pad_nd(local, {lo, num_classes_ - lo - n}))
+        .view(shape)
+        .to(fprop_dtype());
+  }
   if (inputs.dim() < 1 || inputs.size(-1) != input_dim_) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': inputs must end in input_dim ",
                                       input_dim_, ", got shape ", inputs.sizes()));
@@ -103,6 +195,13 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
                                    const at::Tensor& class_ids, const at::Tensor& class_weights,
                                    const at::Tensor& paddings,
                                    const at::Tensor& class_probabilities) const {
+  if (axis_ != nullptr) {
+    if (!class_ids.defined() || class_probabilities.defined()) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': with the classes split over the '",
+                                        "model' axis the cross-entropy takes class_ids only"));
+    }
+    return ShardedXent(theta, inputs, class_ids, class_weights, paddings);
+  }
   if (class_ids.defined() && !class_probabilities.defined() && fused_xent_ && !logits_abs_max_ &&
       FusedSoftmaxXentApplies(inputs) &&
       inputs.scalar_type() != at::kDouble && inputs.dim() >= 1 && inputs.size(-1) == input_dim_) {
@@ -176,6 +275,12 @@ NestedMap SimpleFullSoftmax::Xent(const at::Tensor& logits, const at::Tensor& bi
     }
     out.Put("per_example_max_log_prob", at::amax(log_probs.detach(), {-1}));
   }
+  AddTotals(out, xent, class_weights, paddings);
+  return out;
+}
+
+void SimpleFullSoftmax::AddTotals(NestedMap& out, const at::Tensor& xent,
+                                  const at::Tensor& class_weights, const at::Tensor& paddings) {
   at::Tensor weights =
       class_weights.defined() ? class_weights.to(xent.scalar_type()) : at::ones_like(xent);
   if (paddings.defined()) weights = weights * (1 - paddings.to(xent.scalar_type()));
@@ -186,7 +291,6 @@ NestedMap SimpleFullSoftmax::Xent(const at::Tensor& logits, const at::Tensor& bi
   out.Put("total_xent", total_xent);
   out.Put("total_weight", total_weight);
   out.Put("avg_xent", total_xent / at::clamp_min(total_weight, 1e-6));
-  return out;
 }
 
 GLOSSA_REGISTER_CLASS(SimpleFullSoftmax, "glossa.layers.SimpleFullSoftmax");

@@ -23,7 +23,10 @@ class SimpleFullSoftmax : public BaseLayer {
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, class_ids=None, class_weights=None, paddings=None, class_probabilities=None) -> dict (logits, per_example_xent, ...).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
-  // + input_dim, num_classes, label_smoothing (0), logits_abs_max (None: no clipping).
+  // + input_dim, num_classes, label_smoothing (0), logits_abs_max (None: no clipping),
+  // weight_split_dims_mapping (None; [None, "model"] splits the classes over a model axis: the
+  // cross-entropy then never gathers the logits, Logits() sums them over the axis, and FProp
+  // gives no per_example_argmax nor log_probs).
   static glossa::Params Params();
   explicit SimpleFullSoftmax(const glossa::Params& p);
 
@@ -53,7 +56,19 @@ class SimpleFullSoftmax : public BaseLayer {
                  const at::Tensor& class_weights, const at::Tensor& paddings,
                  const at::Tensor& class_probabilities) const;
 
+  // The cross-entropy against class_ids with the classes split over axis_: each rank's
+  // logsumexp, max and label logit over its classes, combined by one all-reduce.
+  NestedMap ShardedXent(const NestedMap& theta, const at::Tensor& inputs,
+                        const at::Tensor& class_ids, const at::Tensor& class_weights,
+                        const at::Tensor& paddings) const;
+  // The per-example weights (class_weights · (1 - paddings)) and the totals, into `out`.
+  static void AddTotals(NestedMap& out, const at::Tensor& xent, const at::Tensor& class_weights,
+                        const at::Tensor& paddings);
+  // This rank's logits [N, num_classes / axis size] (float32) of inputs [..., input_dim].
+  at::Tensor LocalLogits(const NestedMap& theta, const at::Tensor& inputs) const;
+
   int64_t input_dim_, num_classes_;
+  MeshAxis* axis_ = nullptr;  // the classes are split over it (weight_split_dims_mapping)
   double label_smoothing_;
   std::optional<double> logits_abs_max_;
   bool compute_per_example_argmax_;

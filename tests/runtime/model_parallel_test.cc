@@ -16,6 +16,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/mesh.h"
+#include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
@@ -27,13 +28,19 @@
 namespace glossa {
 namespace {
 
-// A 2-layer LM with 4 heads and 32 hidden units whose layers split both over the 'model' axis
-// (when `context` has one; whole otherwise), dropout `dropout` at every site of its layers,
+// A 2-layer LM with 4 heads, 32 hidden units and 52 classes whose layers split all three over the
+// 'model' axis (when `context` has one; whole otherwise), the embedding its rows and the softmax
+// its classes (a sharded cross-entropy, with `label_smoothing`), dropout `dropout` at every site of its layers,
 // Adam (or SGD, which a wrong gradient scale cannot hide from) with global-norm clipping.
 std::unique_ptr<TransformerLmTask> TensorParallelLm(double dropout, bool sgd = false,
                                                     const BuildContext& context = BuildContext(),
-                                                    int layers = 2, int splits = 1, int micro = 1) {
-  Params p = TransformerLmTask::CommonParams(50, 16, 32, 4, layers);
+                                                    int layers = 2, int splits = 1, int micro = 1,
+                                                    double label_smoothing = 0) {
+  Params p = TransformerLmTask::CommonParams(52, 16, 32, 4, layers);
+  // The vocabulary too: the embedding's rows and the softmax's classes.
+  p.Set("emb.weight_split_dims_mapping", WeightSplitMapping(2, 0, "model"));
+  p.Set("softmax.weight_split_dims_mapping", WeightSplitMapping(2, 1, "model"));
+  p.Set("softmax.label_smoothing", label_smoothing);
   p.Set("stack.splits", splits).Set("stack.num_micro_batches", micro);
   p.Set("name", "lm").Set("random_seed", 7);
   p.Set("train.learner.learning_rate", sgd ? 0.5 : 1e-2);
@@ -81,6 +88,8 @@ std::vector<at::Tensor> Batches(int steps, int rows, uint64_t seed) {
 
 // The dim a model-sharded variable of the LM is split along (its name says which projection).
 int64_t SplitDim(const std::string& name, int64_t whole_dims) {
+  if (name.ends_with("emb/emb_var") || name.ends_with("softmax/bias_0")) return 0;  // the vocab
+  if (name.ends_with("softmax/weight_0")) return 1;
   if (name.find("/fc1/w") != std::string::npos) return 0;  // row-parallel
   if (name.find("/fc0/") != std::string::npos) return whole_dims - 1;  // columns (and bias)
   if (name.ends_with("/b")) return 0;                       // [N, H] of a q/k/v projection
@@ -133,7 +142,8 @@ class ForgetfulAxis : public MeshAxis {
 // units) train like the LM in one process: 20 Adam steps with global-norm clipping and dropout 0.1
 // at every site (the attention weights' and hidden units' masks are each rank's block of the
 // one-process masks), losses within 1e-6 and weights within 1e-5 relative; the split variables
-// are 10 per layer (q, k and v w and b, post w, fc0 w and b, fc1 w), and they start as their block of
+// are 10 per layer (q, k and v w and b, post w, fc0 w and b, fc1 w) and 3 of the vocabulary, and
+// they start as their block of
 // the one-process initial values. A model axis whose all-reduce sums nothing diverges.
 TEST(ModelParallel, HeadsAndHiddenUnitsOnRanksTrainLikeOneProcess) {
   const int steps = 20;
@@ -162,7 +172,7 @@ TEST(ModelParallel, HeadsAndHiddenUnitsOnRanksTrainLikeOneProcess) {
         }
         EXPECT_TRUE(at::equal(v.value, want)) << v.name << " on rank " << r;
       }
-      EXPECT_EQ(split, 2 * 10);
+      EXPECT_EQ(split, 2 * 10 + 3);
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
       sync->SetMesh(mesh.shape(), mesh.data_group());
       lm->learner().SetGradientSync(sync);
@@ -201,7 +211,9 @@ TEST(ModelParallel, DataTimesModelMeshTrainsLikeOneProcess) {
   const std::vector<at::Tensor> batches = Batches(steps, 8, 31);
   for (const bool sgd : {false, true}) {
     SCOPED_TRACE(sgd ? "SGD" : "Adam");
-    auto one = TensorParallelLm(0.1, sgd);
+    // Label smoothing in the SGD run (the sharded cross-entropy's sum over the classes).
+    const double ls = sgd ? 0.1 : 0.0;
+    auto one = TensorParallelLm(0.1, sgd, BuildContext(), 2, 1, 1, ls);
     const auto one_vars = LearnerVariables(*one);
     const std::vector<double> one_losses = Train(*one, batches, 0, 8);
     std::vector<RankRun> runs(4);
@@ -211,7 +223,8 @@ TEST(ModelParallel, DataTimesModelMeshTrainsLikeOneProcess) {
       EXPECT_EQ(mesh.model_index(), r % 2);
       EXPECT_EQ(mesh.batch_shard(), r / 2);
       BatchShardScope shard(mesh.batch_shard(), 2);  // as the trainer does
-      auto lm = TensorParallelLm(0.1, sgd, BuildContext().WithAxis("model", mesh.model_axis()));
+      auto lm = TensorParallelLm(0.1, sgd, BuildContext().WithAxis("model", mesh.model_axis()), 2,
+                                 1, 1, ls);
       // Gradients reduced overlapped with the backward pass (Adam) and after it (SGD).
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, !sgd);
       sync->SetMesh(mesh.shape(), mesh.data_group());
@@ -329,14 +342,22 @@ TEST(ModelParallel, SplitMappingsAreCheckedAndNamed) {
                               atten, BuildContext().WithAxis("model", mesh.model_axis())),
                           InvalidArgumentError,
                           "2 heads do not split over the 5 ranks of the 'model' axis");
-    // A pipeline whose stages run on threads of this process would interleave the axis's sums.
-    EXPECT_ERROR_CONTAINS(
-        TensorParallelLm(0.0, false, BuildContext().WithAxis("model", mesh.model_axis()), 4, 2, 2),
-        FailedPreconditionError, "runs its 2 pipeline stages on threads of this process");
     atten.Set("weight_split_dims_mapping", ParamValue::List{"model", nullptr, nullptr});
     EXPECT_ERROR_CONTAINS(InstantiateLayer<MultiHeadedAttention>(atten), InvalidArgumentError,
                           "may split the heads (dim 1) only, not dim 0");
   });
+  RunWorkers(2, [&](Distributed& dist) {
+    DistributedMesh mesh(dist, ParseMesh("model:2", 2));
+    // A pipeline whose stages run on threads of this process would interleave the axis's sums.
+    EXPECT_ERROR_CONTAINS(
+        TensorParallelLm(0.0, false, BuildContext().WithAxis("model", mesh.model_axis()), 4, 2, 2),
+        FailedPreconditionError, "runs its 2 pipeline stages on threads of this process");
+  });
+  Params softmax = SimpleFullSoftmax::Params();
+  softmax.Set("name", "softmax").Set("input_dim", 4).Set("num_classes", 6);
+  softmax.Set("weight_split_dims_mapping", WeightSplitMapping(2, 0, "model"));
+  EXPECT_ERROR_CONTAINS(InstantiateLayer<SimpleFullSoftmax>(softmax), InvalidArgumentError,
+                        "may split the classes (dim 1) only");
 }
 
 }  // namespace

@@ -303,17 +303,19 @@ check "the pipeline restarts from step $last (rc $rc)" bash -c "test $rc -eq 0 &
 "$glossa" train "${pipe[@]}" --logdir="$tmp/p7" --max_steps=5 --nproc_per_node=4 --mesh=pipe:2,expert:2 > "$tmp/p7.log" 2>&1; rc=$?
 check "a pipe axis with an expert axis is refused (rc $rc)" bash -c "test $rc -ne 0 && grep -q 'does not combine with an expert axis' '$tmp/p7.log'"
 
-# 9. Tensor parallelism: the tiny LM's heads and hidden units split over a model axis of 2 ranks by
+# 9. Tensor parallelism: the tiny LM's heads, hidden units and vocabulary (embedding rows, softmax
+# classes: a sharded cross-entropy) split over a model axis of 2 ranks by
 # the split mappings in its Params (--mesh=model:2). Both ranks read the same batches; each writes
 # its blocks; the losses are one process's; the checkpoint resumes on data x model (4 ranks), then
 # in one process, which evaluates and exports it from the training run's Params.
 tp="$small; task.stack.transformer_layer_params_tpl.tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]"
 tp+="; task.stack.transformer_layer_params_tpl.tr_fflayer_tpl.weight_split_dims_mapping_list : [[None, 'model'], ['model', None]]"
+tp+="; task.emb.weight_split_dims_mapping : ['model', None]; task.softmax.weight_split_dims_mapping : [None, 'model']"
 tpm=("${common[@]}" "--model_params_override=$tp")
 "$glossa" train "${tpm[@]}" --logdir="$tmp/tm" --max_steps=10 --nproc_per_node=2 --mesh=model:2 > "$tmp/tm.log" 2>&1; rc=$?
 check "model-axis training exits 0 (rc $rc): $(tail -2 "$tmp/tm.log")" test "$rc" -eq 0
 check "rank 1 holds model shard 1 and reads rank 0's input" grep -q '^\[rank 1\] rank 1 of 2: model shard 1 of 2, training on input shard 0 of 1' "$tmp/tm.log"
-check "what the model axis summed: $(grep -m1 'model all-reduce' "$tmp/tm.log")" grep -q '^\[rank 0\] model all-reduce over 2 ranks: 5.0 per step' "$tmp/tm.log"
+check "what the model axis summed: $(grep -m1 'model all-reduce' "$tmp/tm.log")" grep -q '^\[rank 0\] model all-reduce over 2 ranks: 8.0 per step' "$tmp/tm.log"
 for r in 0 1; do
   check "model shard $r's blocks" test -f "$tmp/tm/train/ckpt-00000010-rank-0000$r-of-00002.safetensors"
 done
