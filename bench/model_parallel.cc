@@ -7,6 +7,8 @@
 //   --op=sendrecv: a pipeline's micro-batch of --bytes passed down the ranks 0 -> 1 -> ... -> n-1
 //     by Distributed::Send/Recv (what the pipe axis runs); the last rank prints the median
 //     milliseconds per hop.
+//   --op=allreduce: a model axis's sum of --bytes (Distributed::AllReduceSum, c10d allreduce over
+//     Gloo), median milliseconds printed by rank 0.
 //   WORLD_SIZE=2 RANK=r MASTER_PORT=p bench_model_parallel --op=alltoall --bytes=524288 --reps=20
 #include <ATen/ATen.h>
 
@@ -54,8 +56,27 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (f["op"] == "allreduce") {
+    // A model axis's sum of one block's output (MeshAxis::AllReduceSum: c10d allreduce).
+    at::Tensor x = at::randn({std::max<int64_t>(1, std::stoll(f["bytes"]) / 4)});
+    for (int i = 0; i < 3; ++i) dist.AllReduceSum({x});
+    std::vector<double> ms;
+    for (int i = 0; i < std::stoi(f["reps"]); ++i) {
+      dist.Barrier();
+      const double t0 = bench::Now();
+      dist.AllReduceSum({x});
+      ms.push_back(1e3 * (bench::Now() - t0));
+    }
+    std::sort(ms.begin(), ms.end());
+    if (r == 0) {
+      std::printf("glossa_allreduce_ms %.3f bytes %lld ranks %lld\n", ms[ms.size() / 2],
+                  static_cast<long long>(x.numel() * 4), static_cast<long long>(n));
+    }
+    return 0;
+  }
   if (f["op"] != "alltoall") {
-    std::fprintf(stderr, "bench_model_parallel: --op must be alltoall or sendrecv, got '%s'\n",
+    std::fprintf(stderr,
+                 "bench_model_parallel: --op must be alltoall, sendrecv or allreduce, got '%s'\n",
                  f["op"].c_str());
     return 1;
   }

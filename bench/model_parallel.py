@@ -4,7 +4,8 @@
 #   --op=alltoall: all_to_all_single over Gloo on rows of 64 floats, a multiple of the world size,
 #     median milliseconds of --reps exchanges after 3 warm-up ones, printed by rank 0;
 #   --op=sendrecv: dist.send/dist.recv passing --bytes down the ranks 0 -> ... -> n-1, median
-#     milliseconds per hop, printed by the last rank.
+#     milliseconds per hop, printed by the last rank;
+#   --op=allreduce: all_reduce (sum) of --bytes, median milliseconds printed by rank 0.
 import argparse
 import statistics
 import time
@@ -15,7 +16,7 @@ import torch.distributed as dist
 ap = argparse.ArgumentParser()
 ap.add_argument("--bytes", type=int, default=524288)
 ap.add_argument("--reps", type=int, default=20)
-ap.add_argument("--op", choices=["alltoall", "sendrecv"], default="alltoall")
+ap.add_argument("--op", choices=["alltoall", "sendrecv", "allreduce"], default="alltoall")
 a = ap.parse_args()
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -41,6 +42,20 @@ if a.op == "sendrecv":
         ms.append(1e3 * (time.perf_counter() - t0) / (n - 1))
     if r == n - 1:
         print(f"torch_sendrecv_ms {statistics.median(ms):.3f} bytes {x.numel() * 4} ranks {n}")
+    dist.destroy_process_group()
+    raise SystemExit(0)
+if a.op == "allreduce":
+    x = torch.randn(max(1, a.bytes // 4))
+    for _ in range(3):
+        dist.all_reduce(x)
+    ms = []
+    for _ in range(a.reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        ms.append(1e3 * (time.perf_counter() - t0))
+    if r == 0:
+        print(f"torch_allreduce_ms {statistics.median(ms):.3f} bytes {x.numel() * 4} ranks {n}")
     dist.destroy_process_group()
     raise SystemExit(0)
 rows = max(1, a.bytes // (64 * 4) // n) * n

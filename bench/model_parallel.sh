@@ -17,6 +17,7 @@
 # replicated embedding and softmax, each rank file one stage's layers), the activations stage 0
 # sent per step (the trainer's summary line), and one micro-batch's hop timed alone through
 # Glossa's Distributed::Send/Recv and PyTorch's dist.send/recv.
+# Then tensor parallelism on the 512-wide LM over model axes of 1, 2 and 4 ranks (see below).
 # docs/distributed.md's cost model uses these figures.
 #   bash bench/model_parallel.sh [build=build] [steps=20] [reps=3]
 set -euo pipefail
@@ -145,4 +146,58 @@ for n in 1 2 4; do
   printf "%-6s %10.0f %14s %9s %26s %14s %14s %7s\n" "$n" "$(med "${toks[@]}")" "$per" "$of" "$act" "$gh" "$th" "$ratio"
 done
 echo "ratio: torch send/recv ms / glossa Send/Recv ms per hop of one micro-batch (> 1: Glossa faster)"
+
+# Tensor parallelism (--mesh=model:N) on the 512-wide LM (lm.austen.TransformerLm512: 6 layers,
+# 8 heads, 2,048 hidden units, 2,000 classes): its heads, hidden units and vocabulary split over
+# N ranks by the split mappings in its Params. Tokens/s, parameter + slot bytes per rank as above
+# (rank 0's file holds the replicated layer norms and output biases, each rank file one rank's
+# blocks), the all-reduces the run did (the trainer's summary line), and one block's all-reduce
+# (its activations, [2048, 512] floats) timed alone through Glossa's Distributed::AllReduceSum and
+# PyTorch's dist.all_reduce over Gloo on loopback.
+l='task.stack.transformer_layer_params_tpl'
+tp_model="$l.tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]; $l.tr_fflayer_tpl.weight_split_dims_mapping_list : [[None, 'model'], ['model', None]]; task.emb.weight_split_dims_mapping : ['model', None]; task.softmax.weight_split_dims_mapping : [None, 'model']; task.train.steps_per_loop : 5; task.train.save_interval_steps : 1000000"
+allreduce_ms() {
+  local n=$1 size=$2 gs=() ts=() p pids r
+  for _ in $(seq "$reps"); do
+    for peer in glossa torch; do
+      p=$(port); pids=()
+      for r in $(seq 0 $((n - 1))); do
+        if [ "$peer" = glossa ]; then
+          WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 "$a2a" --op=allreduce --bytes="$size" --reps=50 > "$tmp/ar$r" & pids+=($!)
+        else
+          WORLD_SIZE=$n RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p OMP_NUM_THREADS=1 /usr/bin/python3 bench/model_parallel.py --op=allreduce --bytes="$size" --reps=50 > "$tmp/ar$r" & pids+=($!)
+        fi
+      done
+      wait "${pids[@]}"
+      if [ "$peer" = glossa ]; then gs+=("$(awk '{print $2}' "$tmp/ar0")"); else ts+=("$(awk '{print $2}' "$tmp/ar0")"); fi
+    done
+  done
+  echo "$(med "${gs[@]}") $(med "${ts[@]}")"
+}
+echo
+printf "%-6s %10s %14s %9s %30s %14s %14s %7s\n" model tokens/s "MB per rank" "of 1" "all-reduces per step" "glossa ar ms" "torch ar ms" ratio
+one_bytes=0
+for n in 1 2 4; do
+  toks=(); line=""; bytes=0
+  for r in $(seq "$reps"); do
+    logdir="$tmp/m$n-$r"
+    flags=(--model=lm.austen.TransformerLm512 --random_seed=3 --intra_op_threads=1
+           "--model_params_override=$tp_model" --logdir="$logdir" --max_steps="$steps")
+    [ "$n" -gt 1 ] && flags+=(--nproc_per_node="$n" --mesh=model:"$n")
+    "$glossa" train "${flags[@]}" > "$tmp/log" 2>&1 || { tail -5 "$tmp/log"; exit 1; }
+    toks+=("$(grep -o '[0-9.]*k* tok/s' "$tmp/log" | tail -1 | awk '{v=$1; if (v ~ /k$/) {sub(/k$/, "", v); v *= 1000} print v}')")
+    line=$(sed -n 's/^\[rank 0\] model all-reduce over .* ranks: //p' "$tmp/log")
+    bytes=$(per_rank_bytes "$logdir/train")
+  done
+  [ "$n" -eq 1 ] && one_bytes=$bytes
+  ga="-"; ta="-"; ratio="-"
+  if [ "$n" -gt 1 ]; then
+    read -r ga ta <<<"$(allreduce_ms "$n" $((2048 * 512 * 4)))"
+    ratio=$(awk -v g="$ga" -v t="$ta" 'BEGIN { printf "%.2f", t / g }')
+  fi
+  per=$(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e6 }')
+  of=$(awk -v b="$bytes" -v o="$one_bytes" 'BEGIN { printf "%.3f", b / o }')
+  printf "%-6s %10.0f %14s %9s %30s %14s %14s %7s\n" "$n" "$(med "${toks[@]}")" "$per" "$of" "${line:--}" "$ga" "$ta" "$ratio"
+done
+echo "ratio: torch all_reduce ms / glossa AllReduceSum ms on one block's [2048, 512] floats (> 1: Glossa faster)"
 echo "reproduce: bash bench/model_parallel.sh $build $steps $reps"

@@ -12,7 +12,10 @@
 #   3. with the link back, a restart on both hosts resumes from the last complete checkpoint;
 #   4. GPipe's stages across the hosts: the tiny LM's 2 layers as 2 stages (--mesh=pipe:2,
 #      micro-batches by send/recv over the link) write the same checkpoint bytes (rank 0's file
-#      and both stages' files) as on one host.
+#      and both stages' files) as on one host;
+#   5. tensor parallelism across the hosts (--mesh=model:2: heads, hidden units and vocabulary
+#      split, all-reduces over the link): the same checkpoint bytes as on one host; a rank killed
+#      mid-training ends the other naming it; a restart on both hosts resumes.
 # Needs root (ip netns); skipped with a message where namespaces cannot be created. The namespaces
 # and the veth pair are deleted on every exit path.
 #   bash tests/tools/multihost_test.sh build/bin/glossa
@@ -133,6 +136,51 @@ for f in ckpt-00000010.safetensors ckpt-00000010-rank-00000-of-00002.safetensors
          ckpt-00000010-rank-00001-of-00002.safetensors; do
   check "two pipeline hosts write the bytes one host writes: $f" cmp -s "$tmp/pone/train/$f" "$tmp/ptwo/train/$f"
 done
+
+# 5. Tensor parallelism across the hosts: the tiny LM's heads, hidden units and vocabulary split
+# over a model axis of 2 (--mesh=model:2, two all-reduces per layer forward and two backward over
+# the link) write the same checkpoint bytes as on one host; a rank killed mid-training ends the
+# other naming it, and a restart on both hosts resumes.
+l=task.stack.transformer_layer_params_tpl
+model=(--model=lm.austen.TransformerLmTiny --random_seed=3 --intra_op_threads=1
+       "--model_params_override=task.train.steps_per_loop : 5; task.train.save_interval_steps : 10; $l.tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]; $l.tr_fflayer_tpl.weight_split_dims_mapping_list : [[None, 'model'], ['model', None]]; task.emb.weight_split_dims_mapping : ['model', None]; task.softmax.weight_split_dims_mapping : [None, 'model']"
+       --mesh=model:2)
+"$glossa" train "${model[@]}" --logdir="$tmp/tone" --max_steps=10 --nproc_per_node=2 > "$tmp/tone.log" 2>&1
+check "the one-host model axis exits 0: $(tail -2 "$tmp/tone.log")" test $? -eq 0
+host a "$tmp/ttwo0.log" --logdir="$tmp/ttwo" --max_steps=10
+host b "$tmp/ttwo1.log" --logdir="$tmp/ttwo" --max_steps=10
+wait "${pids[0]}"; rc0=$?
+wait "${pids[1]}"; rc1=$?
+pids=()
+check "both model-axis hosts exit 0 ($rc0, $rc1): $(tail -2 "$tmp/ttwo0.log") $(tail -2 "$tmp/ttwo1.log")" test "$rc0" -eq 0 -a "$rc1" -eq 0
+check "host B held model shard 1" grep -q 'model shard 1 of 2' "$tmp/ttwo1.log"
+for f in ckpt-00000010.safetensors ckpt-00000010-rank-00000-of-00002.safetensors \
+         ckpt-00000010-rank-00001-of-00002.safetensors; do
+  check "two model-axis hosts write the bytes one host writes: $f" cmp -s "$tmp/tone/train/$f" "$tmp/ttwo/train/$f"
+done
+host a "$tmp/tk0.log" --logdir="$tmp/tk" --max_steps=100000 --dist_timeout=$timeout_s
+host b "$tmp/tk1.log" --logdir="$tmp/tk" --max_steps=100000 --dist_timeout=$timeout_s
+wait_checkpoint "$tmp/tk/train" 20 120 "$tmp/tk0.log" "$tmp/tk1.log"
+kill -9 "${pids[1]}"
+start=$(date +%s)
+wait "${pids[0]}"; rc0=$?
+took=$(( $(date +%s) - start ))
+wait "${pids[1]}" 2>/dev/null
+pids=()
+bound=$((2 * timeout_s + 10 * $(slowdown)))
+check "host A's rank exits non-zero when host B's is killed (rc $rc0)" test "$rc0" -ne 0
+check "within the timeout and the diagnosis (${took} s; bound $bound s)" test "$took" -le "$bound"
+check "naming rank 1: $(tail -1 "$tmp/tk0.log")" grep -q 'lost rank(s): 1' "$tmp/tk0.log"
+last=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$tmp/tk/train/checkpoint")
+check "a complete model-axis checkpoint survived (step '$last')" test -n "$last"
+target=$(( ${last:-0} + 5 ))
+host a "$tmp/tr0.log" --logdir="$tmp/tk" --max_steps=$target
+host b "$tmp/tr1.log" --logdir="$tmp/tk" --max_steps=$target
+wait "${pids[0]}"; rc0=$?
+wait "${pids[1]}"; rc1=$?
+pids=()
+check "the restart exits 0 on both hosts ($rc0, $rc1)" test "$rc0" -eq 0 -a "$rc1" -eq 0
+check "it resumed from step $last: $(grep restored "$tmp/tr0.log")" grep -q "restored .*ckpt-0*$last at step $last" "$tmp/tr0.log"
 
 [ "$fail" -eq 0 ] && echo "multihost_test: all checks passed"
 exit "$fail"
