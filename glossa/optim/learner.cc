@@ -39,7 +39,7 @@ std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model) {
                    std::find(c.begin(), c.end(), kSkipLpRegularizationCollection) != c.end(),
                    std::find(c.begin(), c.end(), kExpertShardedCollection) != c.end(),
                    std::find(c.begin(), c.end(), kPipelineStageCollection) != c.end(),
-                   std::find(c.begin(), c.end(), kModelShardedCollection) != c.end()});
+                   std::find(c.begin(), c.end(), kModelShardedCollection) != c.end(), c});
   }
   return out;
 }

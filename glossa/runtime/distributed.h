@@ -292,19 +292,19 @@ class DataParallelGradientSync : public Learner::GradientSync {
   void Reduce(std::vector<at::Tensor>& grads) override;
   // Rank-local variables (LearnerVariable::rank_local: an expert axis's experts, a pipeline
   // stage's layers, a model axis's blocks) stay out of the buckets. Each is summed over the ranks
-  // that hold the same values' replicas (the mesh's data group) and scaled by 1 / data, and by
-  // 1 / expert more for experts (each expert's gradient already sums the tokens of its expert
-  // axis's ranks); the global norm counts its squares once per distinct value (NormWeight: 1 /
-  // the ranks holding the same values), summed over the world in one small allreduce.
+  // that hold replicas of the same values (the data group given to SetRankLocalRule), then
+  // multiplied by its scale; the global norm counts its squares times its norm weight (1 / the
+  // ranks holding the same values), summed over the world in one small allreduce. The rule gives
+  // (scale, norm weight) per variable (ParallelPlan::Configure). Without one: the world is one
+  // expert axis (scale 1 / world, weight 1).
+  using RankLocalRule = std::function<std::pair<double, double>(const LearnerVariable&)>;
+  void SetRankLocalRule(Distributed* data_group, RankLocalRule rule) {
+    data_group_ = data_group;
+    rule_ = std::move(rule);
+  }
   void SetVariables(const std::vector<LearnerVariable>& vars) override;
   double NormWeight(size_t k) const override;
   double GlobalSquaredNorm(double replicated, double sharded) override;
-  // The mesh the ranks form and the group of this rank's replicas along its data axis (null:
-  // data 1). Without it: the world is one expert axis (MeshShape{expert = world}).
-  void SetMesh(const MeshShape& shape, Distributed* data_group) {
-    shape_ = shape;
-    data_group_ = data_group;
-  }
 
   struct Stats {
     int64_t steps = 0;
@@ -322,7 +322,7 @@ class DataParallelGradientSync : public Learner::GradientSync {
   bool overlap_;
   std::vector<bool> sharded_;
   std::vector<double> sharded_scale_, norm_weight_;  // per variable (rank-local ones)
-  MeshShape shape_;
+  RankLocalRule rule_;
   Distributed* data_group_ = nullptr;
   std::shared_ptr<Core> core_;
 };

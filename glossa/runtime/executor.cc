@@ -244,8 +244,8 @@ Executor::Executor(const Params& model_params, ExecutorOptions options)
   }
   CreateDirectories(JoinPath(options_.logdir, "control"));
   checkpointer_ = std::make_unique<Checkpointer>(train_dir_, *model_, ema_.get(), options_.clock);
-  if (!shard_layout_.empty() && mesh_) {
-    checkpointer_->SetShards(shard_layout_, mesh_->shape().world_size() / mesh_->shape().data);
+  if (plan_ && !plan_->layout().empty()) {
+    checkpointer_->SetShards(plan_->layout(), plan_->checkpoint_files());
   }
   checkpointer_->SetStopRequested([this] { return stop_.load(); });
   AtomicWriteFile(JoinPath(JoinPath(options_.logdir, "control"), "params.txt"), config_text);
@@ -333,7 +333,7 @@ int64_t Executor::Run() {
   auto log = [this](const std::string& l) { Log(l); };
   Distributed* dist = options_.distributed;
   // Metrics average over the ranks whose batches differ (one per batch shard).
-  DistributedScope dist_scope(dist, mesh_ ? mesh_->batch_group() : dist);
+  DistributedScope dist_scope(dist, plan_ ? plan_->batch_group() : dist);
   if (chief_) global_step_ = checkpointer_->RestoreOrInitialize(log);
   if (chief_ && !checkpointer_->restored() && used_process_seed_) Log(ProcessSeedNote());
   if (dist != nullptr) JoinRanks(*dist);
@@ -360,7 +360,7 @@ int64_t Executor::Run() {
   {
     // Each rank's rows of the global batch draw their rows of one process's masks.
     std::optional<BatchShardScope> shard;
-    if (mesh_ && mesh_->batch_shards() > 1) shard.emplace(mesh_->batch_shard(), mesh_->batch_shards());
+    if (plan_ && plan_->batch_shards() > 1) shard.emplace(plan_->batch_shard(), plan_->batch_shards());
     TrainLoops(run);
   }
   run.schedule.RunStop();

@@ -17,7 +17,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +25,7 @@
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/parallel_plan.h"
 
 namespace glossa {
 
@@ -102,25 +102,17 @@ class Executor {
   ExecutorOptions options_;
   std::unique_ptr<DirectoryLock> lock_;  // one trainer per logdir
   std::unique_ptr<ProgressBar> bar_;
-  // With several ranks: the mesh (before the model, which outlives it: its layers keep the
-  // mesh's axes in their BuildContext).
-  std::unique_ptr<DistributedMesh> mesh_;
+  // With several ranks: the parallel plan (before the model, which outlives it: its layers keep
+  // the plan's axes in their BuildContext).
+  std::unique_ptr<ParallelPlan> plan_;
   std::unique_ptr<BaseModel> model_;
   std::shared_ptr<ExponentialMovingAverage> ema_;
   std::unique_ptr<Checkpointer> checkpointer_;
-  // With several ranks: the mesh's expert axis (GShard), pipe axis (GPipe) and model axis
-  // (tensor parallelism), which the model is built for; this rank's pieces of the variables
-  // it does not hold as every rank does (LearnerVariable::rank_local), and which of them it
-  // writes into checkpoints (one rank per distinct piece).
+  // With several ranks: builds the plan and the model in its context; joins the ranks' state;
+  // logs each axis's traffic.
   void BuildModel();
   void JoinRanks(Distributed& dist);
   void LogModelParallelSummary(int64_t first_step);
-  DistributedMeshAxis* expert_axis_ = nullptr;
-  DistributedMeshAxis* pipe_axis_ = nullptr;
-  DistributedMeshAxis* model_axis_ = nullptr;
-  ShardLayout shard_layout_;
-  std::set<std::string> writes_pieces_;
-  void PlacePieces();
   std::string train_dir_;
   bool chief_ = true;
   std::vector<std::shared_ptr<DataParallelGradientSync>> syncs_;

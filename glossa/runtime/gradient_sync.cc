@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <tuple>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -81,7 +82,6 @@ DataParallelGradientSync::DataParallelGradientSync(Distributed& dist, int64_t bu
       core_(std::make_shared<Core>()) {
   core_->pg = dist.impl_->pg;
   core_->scale = at::scalar_tensor(1.0 / dist.world_size(), at::kFloat);
-  shape_.expert = dist.world_size();
 }
 
 DataParallelGradientSync::~DataParallelGradientSync() {
@@ -162,24 +162,17 @@ void DataParallelGradientSync::BeforeBackward(const std::vector<at::Tensor>& var
 }
 
 void DataParallelGradientSync::SetVariables(const std::vector<LearnerVariable>& vars) {
-  if (shape_.world_size() != dist_.world_size()) {
-    throw InternalError(StrCat("DataParallelGradientSync: the mesh (", shape_.Describe(),
-                               ") is not the ", dist_.world_size(), " ranks'"));
-  }
   sharded_.assign(vars.size(), false);
   sharded_scale_.assign(vars.size(), 1.0);
   norm_weight_.assign(vars.size(), 1.0);
   for (size_t k = 0; k < vars.size(); ++k) {
-    const LearnerVariable& v = vars[k];
-    if (!v.rank_local()) continue;
+    if (!vars[k].rank_local()) continue;
     sharded_[k] = true;
-    sharded_scale_[k] = 1.0 / shape_.data / (v.expert_sharded ? shape_.expert : 1);
-    // The ranks that hold the same values: every rank, less the axes that split the variable.
-    double copies = static_cast<double>(shape_.world_size());
-    if (v.expert_sharded) copies /= shape_.expert;
-    if (v.pipeline_stage) copies /= shape_.pipe;
-    if (v.model_sharded) copies /= shape_.model;
-    norm_weight_[k] = 1.0 / copies;
+    if (rule_) {
+      std::tie(sharded_scale_[k], norm_weight_[k]) = rule_(vars[k]);
+    } else {
+      sharded_scale_[k] = 1.0 / dist_.world_size();  // the world is one expert axis
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // 127.0.0.1: two workers as two threads of this process, each with its own store client and
 // process group, as two processes would have.
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/parallel_plan.h"
 #include "glossa/runtime/data_parallel.h"
 
 #include <ATen/ATen.h>
@@ -682,13 +683,14 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
     std::vector<std::pair<int, int>> index(4);
     RunWorkers(4, [&](Distributed& dist) {
       const int r = dist.rank();
-      DistributedMesh mesh(dist, ParseMesh("data:2,expert:2", 4));
+      ParallelPlan plan(dist, "data:2,expert:2");
+      DistributedMesh& mesh = plan.mesh();
       index[r] = {mesh.data_index(), mesh.expert_index()};
       BatchShardScope shard(r, 4);  // as the trainer does: this rank's rows of the batch
       auto lm = SmallMoeLm(2, 2, dropout, BuildContext().WithAxis("expert", mesh.expert_axis()));
       const auto vars = LearnerVariables(*lm);
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-      sync->SetMesh(mesh.shape(), mesh.data_group());
+      plan.Configure(*sync);
       lm->learner().SetGradientSync(sync);
       losses[r] = TrainSteps(*lm, batches, 2 * r, 2 * r + 2, &dist);
       for (const auto& v : vars) weights[r][v.name] = v.value.detach().clone();
@@ -751,11 +753,11 @@ TEST(Distributed, PipelineStagesOnRanksTrainLikeOneProcess) {
       std::vector<std::vector<std::string>> remote(n);
       RunWorkers(n, [&](Distributed& dist) {
         const int r = dist.rank();
-        DistributedMeshAxis axis(dist);
-        auto lm = SmallPipeLm(n, 4, 0.1, false, BuildContext().WithAxis("pipe", &axis));
+        ParallelPlan plan(dist, StrCat("pipe:", n));
+        auto lm = SmallPipeLm(n, 4, 0.1, false, plan.Context());
         remote[r] = lm->RemoteScopes();
         auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, overlapped);
-        sync->SetMesh(MeshShape{.pipe = n}, nullptr);
+        plan.Configure(*sync);
         lm->learner().SetGradientSync(sync);
         losses[r] = TrainSteps(*lm, batches, 0, 8, &dist);
         for (const auto& v : LearnerVariables(*lm)) {
@@ -809,13 +811,14 @@ TEST(Distributed, DataTimesPipeMeshTrainsLikeOneProcess) {
     std::vector<std::map<std::string, at::Tensor>> weights(4);
     RunWorkers(4, [&](Distributed& dist) {
       const int r = dist.rank();
-      DistributedMesh mesh(dist, ParseMesh("data:2,pipe:2", 4));
+      ParallelPlan plan(dist, "data:2,pipe:2");
+      DistributedMesh& mesh = plan.mesh();
       EXPECT_EQ(mesh.pipe_index(), r % 2);
       EXPECT_EQ(mesh.batch_shard(), r / 2);
       BatchShardScope shard(mesh.batch_shard(), 2);  // as the trainer does
       auto lm = SmallPipeLm(2, 2, 0.1, sgd, BuildContext().WithAxis("pipe", mesh.pipe_axis()));
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-      sync->SetMesh(mesh.shape(), mesh.data_group());
+      plan.Configure(*sync);
       lm->learner().SetGradientSync(sync);
       const int d = mesh.batch_shard();
       losses[r] = TrainSteps(*lm, batches, 4 * d, 4 * d + 4, &dist);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/parallel_plan.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "tests/runtime/workers.h"
 #include "tests/test_util.h"
@@ -159,7 +161,8 @@ TEST(ModelParallel, HeadsAndHiddenUnitsOnRanksTrainLikeOneProcess) {
     std::vector<RankRun> runs(m);
     RunWorkers(m, [&](Distributed& dist) {
       const int r = dist.rank();
-      DistributedMesh mesh(dist, ParseMesh(StrCat("model:", m), m));
+      ParallelPlan plan(dist, StrCat("model:", m));
+      DistributedMesh& mesh = plan.mesh();
       auto lm = TensorParallelLm(0.1, false, BuildContext().WithAxis("model", mesh.model_axis()));
       int split = 0;
       for (const auto& v : LearnerVariables(*lm)) {
@@ -174,7 +177,7 @@ TEST(ModelParallel, HeadsAndHiddenUnitsOnRanksTrainLikeOneProcess) {
       }
       EXPECT_EQ(split, 2 * 10 + 3);
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-      sync->SetMesh(mesh.shape(), mesh.data_group());
+      plan.Configure(*sync);
       lm->learner().SetGradientSync(sync);
       runs[r].losses = Train(*lm, batches, 0, 8);
       for (const auto& v : LearnerVariables(*lm)) runs[r].weights[v.name] = v.value.detach().clone();
@@ -189,11 +192,12 @@ TEST(ModelParallel, HeadsAndHiddenUnitsOnRanksTrainLikeOneProcess) {
   // The mutation: the same ranks with an axis that does not sum.
   std::vector<double> forgetful(steps);
   RunWorkers(2, [&](Distributed& dist) {
-    DistributedMesh mesh(dist, ParseMesh("model:2", 2));
+    ParallelPlan plan(dist, "model:2");
+    DistributedMesh& mesh = plan.mesh();
     ForgetfulAxis axis(*mesh.model_axis());
     auto lm = TensorParallelLm(0.1, false, BuildContext().WithAxis("model", &axis));
     auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-    sync->SetMesh(mesh.shape(), mesh.data_group());
+    plan.Configure(*sync);
     lm->learner().SetGradientSync(sync);
     const auto losses = Train(*lm, batches, 0, 8);
     if (dist.rank() == 0) forgetful = losses;
@@ -219,7 +223,8 @@ TEST(ModelParallel, DataTimesModelMeshTrainsLikeOneProcess) {
     std::vector<RankRun> runs(4);
     RunWorkers(4, [&](Distributed& dist) {
       const int r = dist.rank();
-      DistributedMesh mesh(dist, ParseMesh("data:2,model:2", 4));
+      ParallelPlan plan(dist, "data:2,model:2");
+      DistributedMesh& mesh = plan.mesh();
       EXPECT_EQ(mesh.model_index(), r % 2);
       EXPECT_EQ(mesh.batch_shard(), r / 2);
       BatchShardScope shard(mesh.batch_shard(), 2);  // as the trainer does
@@ -227,7 +232,7 @@ TEST(ModelParallel, DataTimesModelMeshTrainsLikeOneProcess) {
                                  1, 1, ls);
       // Gradients reduced overlapped with the backward pass (Adam) and after it (SGD).
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, !sgd);
-      sync->SetMesh(mesh.shape(), mesh.data_group());
+      plan.Configure(*sync);
       lm->learner().SetGradientSync(sync);
       const int d = mesh.batch_shard();
       runs[r].losses = Train(*lm, batches, 4 * d, 4 * d + 4, mesh.batch_group());
@@ -262,14 +267,15 @@ TEST(ModelParallel, PipeTimesModelAndDataTimesPipeTimesModelTrainLikeOneProcess)
     std::vector<RankRun> runs(world);
     RunWorkers(world, [&](Distributed& dist) {
       const int r = dist.rank();
-      DistributedMesh mesh(dist, shape);
+      ParallelPlan plan(dist, mesh_text);
+      DistributedMesh& mesh = plan.mesh();
       BatchShardScope shard(mesh.batch_shard(), mesh.batch_shards());
       auto lm = TensorParallelLm(0.1, false,
                                  BuildContext().WithAxis("pipe", mesh.pipe_axis())
                                      .WithAxis("model", mesh.model_axis()),
                                  4, 2, 2);
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-      sync->SetMesh(mesh.shape(), mesh.data_group());
+      plan.Configure(*sync);
       lm->learner().SetGradientSync(sync);
       const int rows = 8 / mesh.batch_shards(), b = mesh.batch_shard();
       runs[r].losses = Train(*lm, batches, rows * b, rows * b + rows, mesh.batch_group());
@@ -306,6 +312,48 @@ TEST(ModelParallel, PipeTimesModelAndDataTimesPipeTimesModelTrainLikeOneProcess)
   }
 }
 
+// The plan places every rank-local variable: on data:2 x pipe:2 x model:2, a stage's split
+// projections are block m of 2 along their dim and written by both model ranks of data index 0;
+// its layer norms are whole and written by model rank 0 only; the replicas of data index 1 write
+// nothing; the other stage's variables are in no layout. The gradient rule scales a split
+// variable by 1 / data and weighs its squares by 1 / (its copies: the data replicas).
+TEST(ModelParallel, ThePlanPlacesPiecesAndWriters) {
+  std::vector<ShardLayout> layouts(8);
+  std::vector<std::set<std::string>> written(8);
+  std::vector<std::string> described(8);
+  std::vector<int> files(8);
+  RunWorkers(8, [&](Distributed& dist) {
+    const int r = dist.rank();
+    ParallelPlan plan(dist, "data:2,pipe:2,model:2");
+    auto lm = TensorParallelLm(0.0, false, plan.Context(), 4, 2, 2);
+    plan.PlaceVariables(*lm);
+    layouts[r] = plan.layout();
+    for (const auto& [name, piece] : plan.layout()) {
+      if (plan.Writes(name)) written[r].insert(name);
+    }
+    described[r] = plan.Describe();
+    files[r] = plan.checkpoint_file();
+    EXPECT_EQ(plan.checkpoint_files(), 4);
+  }, 60);
+  EXPECT_EQ(described[0], "mesh: data 2 x pipe 2 x model 2 (pipelines of 4 ranks, each "
+                          "replicated 2 times)");
+  const std::string proj = "lm/stack/x_layers_0/fflayer/fc0/w", ln = "lm/stack/x_layers_0/fflayer/ln/scale";
+  for (int r = 0; r < 8; ++r) {
+    const MeshShape::Coordinates c = MeshShape{.data = 2, .pipe = 2, .model = 2}.Of(r);
+    EXPECT_EQ(files[r], c.data == 0 ? r : -1) << "rank " << r;
+    const bool stage0 = c.pipe == 0;
+    EXPECT_EQ(layouts[r].count(proj), stage0 ? 1u : 0u) << "rank " << r;
+    if (!stage0) continue;
+    EXPECT_EQ(layouts[r].at(proj), (ShardPiece{1, c.model, 2})) << "rank " << r;
+    EXPECT_EQ(written[r].count(proj), c.data == 0 ? 1u : 0u) << "rank " << r;
+    ASSERT_EQ(layouts[r].count(ln), 1u) << "rank " << r << ": " << layouts[r].begin()->first;
+    EXPECT_EQ(layouts[r].at(ln), ShardPiece{}) << "rank " << r;
+    EXPECT_EQ(written[r].count(ln), c.data == 0 && c.model == 0 ? 1u : 0u) << "rank " << r;
+    // The embedding: split over the model axis, outside the pipeline.
+    EXPECT_EQ(layouts[r].at("lm/emb/emb_var"), (ShardPiece{0, c.model, 2})) << "rank " << r;
+  }
+}
+
 // Mappings that cannot split are refused naming the layer and what is wrong, and so is a
 // pipeline on threads of a process on a model axis; without a model axis the same Params build
 // the whole layer.
@@ -329,7 +377,8 @@ TEST(ModelParallel, SplitMappingsAreCheckedAndNamed) {
   auto whole = InstantiateLayer<TransformerFeedForwardLayer>(ffn);  // no axis: whole
   EXPECT_EQ(whole->theta().GetTensor("fc0.w").sizes(), (std::vector<int64_t>{8, 12}));
   RunWorkers(5, [&](Distributed& dist) {
-    DistributedMesh mesh(dist, ParseMesh("model:5", 5));
+    ParallelPlan plan(dist, "model:5");
+    DistributedMesh& mesh = plan.mesh();
     EXPECT_ERROR_CONTAINS(
         InstantiateLayer<TransformerFeedForwardLayer>(
             ffn, BuildContext().WithAxis("model", mesh.model_axis())),
@@ -347,7 +396,8 @@ TEST(ModelParallel, SplitMappingsAreCheckedAndNamed) {
                           "may split the heads (dim 1) only, not dim 0");
   });
   RunWorkers(2, [&](Distributed& dist) {
-    DistributedMesh mesh(dist, ParseMesh("model:2", 2));
+    ParallelPlan plan(dist, "model:2");
+    DistributedMesh& mesh = plan.mesh();
     // A pipeline whose stages run on threads of this process would interleave the axis's sums.
     EXPECT_ERROR_CONTAINS(
         TensorParallelLm(0.0, false, BuildContext().WithAxis("model", mesh.model_axis()), 4, 2, 2),
