@@ -21,7 +21,7 @@ namespace {
 // takes its parent and build context from the top (a root built outside InstantiateLayer: none).
 struct Frame {
   BaseLayer* parent;
-  const BuildContext* context;  // for a root; a child takes its parent's
+  const BuildContext* context;  // a root's, or a child's from CreateChildrenIn; else the parent's
 };
 // per-thread (not carried): a layer and its children are built on one thread.
 thread_local std::vector<Frame> t_construction;
@@ -128,7 +128,7 @@ BaseLayer::BaseLayer(const glossa::Params& params) : params_(params.Copy()) {
   if (!t_construction.empty()) {
     const Frame& top = t_construction.back();
     parent_ = top.parent;
-    build_context_ = parent_ != nullptr ? parent_->build_context_ : *top.context;
+    build_context_ = top.context != nullptr ? *top.context : parent_->build_context_;
   }
   // Names become variable names, checkpoint keys and summary tags: keep them short.
   constexpr size_t kMaxNameBytes = 256;
@@ -177,7 +177,7 @@ void BaseLayer::CheckName(const std::string& name, const char* what) const {
 at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
   CheckConstructing("CreateVariable");
   CheckName(name, "variable");
-  for (const std::string& c : VariableCollectionScope::Current()) {
+  for (const std::string& c : build_context_.collections()) {
     if (std::find(wp.collections.begin(), wp.collections.end(), c) == wp.collections.end()) {
       wp.collections.push_back(c);
     }
@@ -285,7 +285,7 @@ std::unique_ptr<BaseLayer> BaseLayer::BuildChild(const glossa::Params& p,
   }
   CopyBaseParams(params_, child_params);
   if (child_params.GetString("name").empty()) child_params.Set("name", default_name);
-  t_construction.push_back({this, nullptr});
+  t_construction.push_back({this, child_context_});
   try {
     std::unique_ptr<BaseLayer> child = child_params.Instantiate<BaseLayer>();
     t_construction.pop_back();

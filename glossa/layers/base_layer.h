@@ -81,18 +81,6 @@ class VariableStubScope {
   VariableStubScope* previous_;
 };
 
-// While alive on this thread, every variable CreateVariable makes joins `collection` too (a
-// pipeline stage tags its cells' variables kPipelineStageCollection this way). Nests.
-class VariableCollectionScope {
- public:
-  explicit VariableCollectionScope(std::string collection);
-  ~VariableCollectionScope();
-  VariableCollectionScope(const VariableCollectionScope&) = delete;
-  VariableCollectionScope& operator=(const VariableCollectionScope&) = delete;
-  // The collections of the scopes alive on this thread, outermost first.
-  static const std::vector<std::string>& Current();
-};
-
 // Where eval reads exponential moving averages of variables (issue 4's ExponentialMovingAverage
 // implements it). Average returns nullopt for variables it does not track.
 class EmaSource {
@@ -335,6 +323,19 @@ class BaseLayer {
   // A list or (nested) dict of Params; unnamed children are named `name_0`, `name_1`, ... in
   // flatten order (lists by index, dict keys sorted).
   void CreateChildren(const std::string& name, const ParamValue& params_structure);
+  // CreateChildren with the children (and theirs) built in `context` instead of this layer's (a
+  // pipeline stage's cells: its context with kPipelineStageCollection).
+  template <typename T>
+  std::vector<Child<T>> CreateChildrenIn(const BuildContext& context, const std::string& name,
+                                         const ParamValue::List& params) {
+    ChildContext in(*this, context);
+    return CreateChildren<T>(name, params);
+  }
+  void CreateChildrenIn(const BuildContext& context, const std::string& name,
+                        const ParamValue& params_structure) {
+    ChildContext in(*this, context);
+    CreateChildren(name, params_structure);
+  }
   // Adds an existing layer as a child.
   void AddChild(const std::string& name, std::unique_ptr<BaseLayer> child);
 
@@ -367,6 +368,17 @@ class BaseLayer {
   std::string path_;
   BaseLayer* parent_ = nullptr;
   BuildContext build_context_;
+  // The context children are built in while CreateChildrenIn runs (null: build_context_).
+  const BuildContext* child_context_ = nullptr;
+  struct ChildContext {
+    ChildContext(BaseLayer& layer, const BuildContext& context)
+        : layer_(layer), previous_(layer.child_context_) {
+      layer.child_context_ = &context;
+    }
+    ~ChildContext() { layer_.child_context_ = previous_; }
+    BaseLayer& layer_;
+    const BuildContext* previous_;
+  };
   at::ScalarType dtype_;
   at::ScalarType fprop_dtype_;
   bool constructed_ = false;

@@ -110,9 +110,10 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   ParamValue::List named = NameCells(cells.AsList(), "cells");
   ParamValue::List mine(named.begin() + place.first, named.begin() + place.end);
   {
-    std::optional<VariableCollectionScope> stage_vars;
-    if (place.axis != nullptr) stage_vars.emplace(kPipelineStageCollection);
-    CreateChildren("cells", mine);
+    // A stage's cells on a pipe axis: their variables are this rank's alone.
+    BuildContext stage = build_context();
+    if (place.axis != nullptr) stage.WithCollection(kPipelineStageCollection);
+    CreateChildrenIn(stage, "cells", mine);
   }
   for (int64_t c = 0; c < n; ++c) {
     if ((c < place.first || c >= place.end) && named[c].is_params()) {

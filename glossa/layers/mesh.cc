@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <typeinfo>
 #include <utility>
 
@@ -111,6 +112,13 @@ void MeshAxis::AllReduceSum(at::Tensor& t) {
 BuildContext& BuildContext::WithAxis(const std::string& name, MeshAxis* axis) {
   std::erase_if(axes_, [&](const auto& a) { return a.first == name; });
   if (axis != nullptr && axis->size() > 1) axes_.emplace_back(name, axis);
+  return *this;
+}
+
+BuildContext& BuildContext::WithCollection(const std::string& collection) {
+  if (std::find(collections_.begin(), collections_.end(), collection) == collections_.end()) {
+    collections_.push_back(collection);
+  }
   return *this;
 }
 

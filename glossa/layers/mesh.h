@@ -45,7 +45,7 @@ class MeshAxis {
 };
 
 // What a layer is built for beyond its Params: the mesh axes this process's rank sits on, by name
-// ("expert", "pipe"). A layer whose Params shard it over an axis builds this rank's shard when its
+// ("expert", "pipe", "model"), and the collections its variables join. A layer whose Params shard it over an axis builds this rank's shard when its
 // context has that axis, and the whole layer (every shard, in one process) when it has not.
 // Copied into every layer of a model at construction: the axes must outlive the model.
 class BuildContext {
@@ -55,9 +55,14 @@ class BuildContext {
   BuildContext& WithAxis(const std::string& name, MeshAxis* axis);
   // The axis named `name`, or null (the layer is not sharded over it).
   MeshAxis* axis(const std::string& name) const;
+  // With every variable the layers create joining `collection` too (a pipeline stage's cells
+  // are built with kPipelineStageCollection: BaseLayer::CreateChildrenIn).
+  BuildContext& WithCollection(const std::string& collection);
+  const std::vector<std::string>& collections() const { return collections_; }
 
  private:
   std::vector<std::pair<std::string, MeshAxis*>> axes_;
+  std::vector<std::string> collections_;
 };
 
 // A weight's split over a mesh axis, from Lingvo's `weight_split_dims_mapping`: one entry per

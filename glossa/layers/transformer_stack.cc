@@ -143,10 +143,11 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
   }
   const ParamValue::List named = NameCells(layers, "x_layers");
   {
-    std::optional<VariableCollectionScope> stage_vars;
-    if (place.axis != nullptr) stage_vars.emplace(kPipelineStageCollection);
-    layers_ = CreateChildren<TransformerLayer>(
-        "x_layers", ParamValue::List(named.begin() + place.first, named.begin() + place.end));
+    // A stage's layers on a pipe axis: their variables are this rank's alone.
+    BuildContext stage = build_context();
+    if (place.axis != nullptr) stage.WithCollection(kPipelineStageCollection);
+    layers_ = CreateChildrenIn<TransformerLayer>(
+        stage, "x_layers", ParamValue::List(named.begin() + place.first, named.begin() + place.end));
   }
   for (int64_t i = 0; i < n; ++i) {
     if (i < place.first || i >= place.end) {

@@ -29,7 +29,7 @@ namespace {
 
 // What a thread sees of every slot.
 struct Seen {
-  bool eval = false, stubbed = false, in_collection = false, grad = true;
+  bool eval = false, stubbed = false, grad = true;
   int64_t seed = -1, seed_step = -1, global_step = -1, overwrite_step = -1;
   BatchShard shard;
   SummaryContext* summaries = nullptr;
@@ -49,9 +49,6 @@ Seen Look(SummaryContext* own) {
   p.Set("name", "proj").Set("input_dim", 3).Set("output_dim", 2).Set("random_seed", 1);
   auto layer = InstantiateLayer<ProjectionLayer>(p);
   s.stubbed = layer->theta().GetTensor("w").abs().sum().item<double>() == 0.0;
-  for (const auto& info : layer->variable_infos()) {
-    for (const auto& c : info.params.collections) s.in_collection |= c == "test_collection";
-  }
   s.grad = at::GradMode::is_enabled();
   s.seed = GetStepSeed();
   GetIncStepSeed();
@@ -92,7 +89,7 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   std::sort(names.begin(), names.end());
   const std::vector<std::string> checked = {
       "aux_losses",   "batch_group",          "batch_invariant",     "batch_shard",
-      "collections",  "distributed",          "eval_mode",           "global_step",
+      "distributed",          "eval_mode",           "global_step",
       "int8",         "overwrite_global_step", "step_seed",          "step_seed_increments",
       "summaries",    "summaries_suppressed", "summary_name_scopes", "unfused_decoder_step",
       "variable_stubs"};
@@ -113,7 +110,6 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   DistributedScope dist_scope(&dist, &group);
   EvalModeScope eval;
   VariableStubScope stubs;
-  VariableCollectionScope collection("test_collection");
   const int64_t saved_seed = GetStepSeed();
   ResetStepSeed(41);
   StepSeedIncrementContext increments(3);
@@ -128,7 +124,6 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   const Seen there = LookOnThread(ThreadState::Capture(), &summaries);
   EXPECT_TRUE(there.eval);
   EXPECT_TRUE(there.stubbed);
-  EXPECT_TRUE(there.in_collection);
   EXPECT_FALSE(there.grad);
   EXPECT_EQ(there.seed, 41);
   EXPECT_EQ(there.seed_step, 3);
@@ -158,7 +153,6 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   const Seen fresh = LookOnThread(ThreadState::Fresh(), &summaries);
   EXPECT_FALSE(fresh.eval);
   EXPECT_FALSE(fresh.stubbed);
-  EXPECT_FALSE(fresh.in_collection);
   EXPECT_TRUE(fresh.grad);
   EXPECT_EQ(fresh.seed, 0);
   EXPECT_EQ(fresh.seed_step, 1);

@@ -193,16 +193,14 @@ TEST(BaseLayer, ModeScopesNestAndRestore) {
     }
     return std::vector<std::string>{};
   };
-  {
-    VariableCollectionScope a("stage_a");
-    VariableCollectionScope b("stage_b");
-    EXPECT_EQ(VariableCollectionScope::Current(), (std::vector<std::string>{"stage_a", "stage_b"}));
-    auto tagged = InstantiateLayer<TestLayer>(Named(TestLayer::Params(), "t").Set("random_seed", 1));
-    const auto c = collections_of_w(*tagged);
-    EXPECT_NE(std::find(c.begin(), c.end(), "stage_a"), c.end());
-    EXPECT_NE(std::find(c.begin(), c.end(), "stage_b"), c.end());
-  }
-  EXPECT_TRUE(VariableCollectionScope::Current().empty());
+  // Collections come from the build context, passed down the construction stack: a parent's
+  // CreateChildrenIn gives them to its children (a pipeline stage's cells), never a thread's scope.
+  auto tagged = InstantiateLayer<TestLayer>(
+      Named(TestLayer::Params(), "t").Set("random_seed", 1),
+      BuildContext().WithCollection("stage_a").WithCollection("stage_b"));
+  const auto tc = collections_of_w(*tagged);
+  EXPECT_NE(std::find(tc.begin(), tc.end(), "stage_a"), tc.end());
+  EXPECT_NE(std::find(tc.begin(), tc.end(), "stage_b"), tc.end());
   auto plain = InstantiateLayer<TestLayer>(Named(TestLayer::Params(), "t").Set("random_seed", 1));
   const auto c = collections_of_w(*plain);
   EXPECT_EQ(std::find(c.begin(), c.end(), "stage_a"), c.end());

@@ -14,6 +14,11 @@
    loop, see glossa/kernels/parallel.h), and no `emplace_back(` of a lambda into a
    std::vector<std::thread>.
 
+4. No thread-local scope decides what is built: the constructors of glossa/layers/ and
+   glossa/tasks/ read no ambient context (no `Current...()`, `IsEvalMode()`, step or seed getter,
+   kernel-mode probe): a layer's build inputs are its Params and its BuildContext
+   (glossa/layers/mesh.h), which BaseLayer copies from its parent.
+
 Usage: check_thread_state.py <source root> [--self-test]; exits 1 listing each offence as
 file:line: what.
 """
@@ -88,6 +93,33 @@ def check_file(rel, text, header_text=""):
     return errors, slots
 
 
+CTOR = re.compile(r"^(\w+)::\1\([^;{]*?\)\s*(?::[^{;]*)?\{", re.M)
+AMBIENT = re.compile(r"\b(?:Current\w*|IsEvalMode|GetGlobalStep|GetStepSeed|GetIncStepSeed|"
+                     r"Int8Active|BatchInvariantActive|UnfusedDecoderStep\w*)\s*\(")
+BUILD_DIRS = ("glossa/layers/", "glossa/tasks/")
+
+
+def check_constructors(rel, text):
+    """Rule 4: a layer's constructor reads no ambient (thread-local) context."""
+    if not rel.startswith(BUILD_DIRS) or not rel.endswith(".cc"):
+        return []
+    errors = []
+    for m in CTOR.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        body = text[m.end():i]
+        for line_no, line in enumerate(body.split("\n")):
+            a = AMBIENT.search(code_part(line))
+            if a:
+                at = text.count("\n", 0, m.end()) + line_no + 1
+                errors.append(f"{rel}:{at}: {m.group(1)}'s constructor reads ambient context "
+                              f"({a.group(0).rstrip('(')}): what a layer builds must come from "
+                              f"its Params and build_context()")
+    return errors
+
+
 def check_tree(root):
     root = pathlib.Path(root)
     errors, seen = [], {}
@@ -99,8 +131,9 @@ def check_tree(root):
             header = path.with_suffix(".h")
             header_text = header.read_text(encoding="utf-8") if path.suffix == ".cc" and \
                 header.exists() else ""
-            errs, slots = check_file(rel, path.read_text(encoding="utf-8"), header_text)
-            errors += errs
+            text = path.read_text(encoding="utf-8")
+            errs, slots = check_file(rel, text, header_text)
+            errors += errs + check_constructors(rel, text)
             for slot in slots:
                 if slot in seen and seen[slot] != rel:
                     errors.append(f'{rel}: slot "{slot}" is registered in {seen[slot]} too')
@@ -150,6 +183,16 @@ def self_test():
         errs, _ = check_file("glossa/x/bad.cc", src)
         if not errs:
             failures.append(f"not caught: {name}")
+    built = ("Foo::Foo(const glossa::Params& p) : BaseLayer(p) {\n"
+             "  if (p.GetBool(\"x\")) { CreateVariable(\"w\", {}); }\n"
+             "  axis_ = build_context().axis(\"model\");\n}\n")
+    if check_constructors("glossa/layers/ok.cc", built):
+        failures.append("a constructor reading its build context flagged")
+    for read in ("CurrentMeshAxis(\"expert\")", "IsEvalMode()", "CurrentBatchShard()",
+                 "VariableCollectionScope::Current()"):
+        src = built.replace("build_context().axis(\"model\")", read)
+        if not check_constructors("glossa/layers/bad.cc", src):
+            failures.append(f"not caught: a constructor reading {read}")
     return failures
 
 
