@@ -273,7 +273,7 @@ done
 # A --mesh that does not fit the ranks is refused before any rank starts.
 out=$(timeout 120 "$glossa" train --model=$model --logdir=meshrun --nproc_per_node=2 --mesh=data:3 --max_steps=1 2>&1) \
   && bad "a 3-rank mesh over 2 ranks succeeded"
-grep -q -- "--mesh='data:3': data 3 x expert 1 = 3 ranks, but the job has 2" <<<"$out" || bad "bad mesh: $out"
+grep -q -- "--mesh='data:3': data 3 = 3 ranks, but the job has 2" <<<"$out" || bad "bad mesh: $out"
 grep -q "^\[rank\|rank [01] of 2" <<<"$out" && bad "ranks started for a bad mesh: $out"
 # An expert-parallel model in one process (a 2-rank logdir resumed without its ranks): said when the
 # model is built, not as a shape mismatch on restore or a failure at the first step.
