@@ -81,7 +81,7 @@ WeightSplit ParseWeightSplit(const ParamValue& mapping, int64_t rank, const std:
                                        "dim of the weight, None or a mesh axis name such as "
                                        "\"model\"; at most one dim split)"));
   };
-  if (!mapping.is_list()) throw bad(StrCat("a ", mapping.KindName(), ", not a list"));
+  if (!mapping.is_list()) throw bad(StrCat("a value of type ", mapping.KindName(), ", not a list"));
   const auto& list = mapping.AsList();
   if (static_cast<int64_t>(list.size()) != rank) {
     throw bad(StrCat(list.size(), " entries for a weight of ", rank, " dims"));
