@@ -184,6 +184,10 @@ class BaseLayer {
   // stages on other threads): a reason naming what would go wrong, or "" when it can. Containers
   // ask every layer under their blocks (CheckReplayable), so they need know no concrete class.
   virtual std::string ReplayHazard() const { return ""; }
+  // Whether FProp adds an auxiliary loss to the current AuxLossContext (a MoE layer's load
+  // balancing): a replaying container must carry it out of its replay (a pipeline does; RevNet
+  // and recomputation refuse such a layer: CheckReplayable).
+  virtual bool AddsAuxLoss() const { return false; }
 
   // ---- The uniform call ----
   // Every layer can be called by name, whatever its typed FProp looks like: FPropMap(theta,

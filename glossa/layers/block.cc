@@ -20,9 +20,14 @@ const Block& AsBlock(const BaseLayer& layer, std::string_view container) {
   return *block;
 }
 
-void CheckReplayable(const BaseLayer& block, std::string_view container) {
+void CheckReplayable(const BaseLayer& block, std::string_view container,
+                     bool carries_aux_losses) {
   std::function<void(const BaseLayer&)> walk = [&](const BaseLayer& l) {
-    if (const std::string why = l.ReplayHazard(); !why.empty()) {
+    std::string why = l.ReplayHazard();
+    if (why.empty() && l.AddsAuxLoss() && !carries_aux_losses) {
+      why = "its aux loss would be lost (the block runs without gradients or on another thread)";
+    }
+    if (!why.empty()) {
       throw InvalidArgumentError(StrCat("layer '", l.path(), "' (", l.params().ClsKey(),
                                         ") cannot be inside ", container, ": ", why));
     }

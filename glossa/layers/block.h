@@ -18,10 +18,12 @@ namespace glossa {
 const Block& AsBlock(const BaseLayer& layer, std::string_view container);
 
 // Containers that replay their blocks (RevNet's reverse pass, GPipe's recompute on stage
-// threads) call this on each block: InvalidArgument naming the layer for a MoE layer anywhere in
-// the subtree (its aux loss would be lost) or a plain DropoutLayer with keep_prob < 1 (its replay
-// would draw new masks).
-void CheckReplayable(const BaseLayer& block, std::string_view container);
+// threads) call this on each block: InvalidArgument naming the layer for one whose ReplayHazard
+// says why it cannot be replayed (a plain DropoutLayer with keep_prob < 1 would draw new masks),
+// or, unless the container `carries_aux_losses` out of its replay (a pipeline does), one that
+// AddsAuxLoss (a MoE layer: its aux loss would be lost).
+void CheckReplayable(const BaseLayer& block, std::string_view container,
+                     bool carries_aux_losses = false);
 
 // Lingvo's SequentialLayer: `sub` (a list of block Params) applied in order.
 class SequentialLayer : public BaseLayer, public Block {

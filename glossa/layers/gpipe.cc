@@ -16,6 +16,7 @@
 #include "glossa/layers/custom_gradient.h"
 #include "glossa/layers/block.h"
 #include "glossa/layers/mesh.h"
+#include "glossa/layers/moe.h"
 #include "glossa/summary/summary.h"
 
 namespace glossa {
@@ -24,8 +25,8 @@ namespace {
 
 // Runs fn(stage) on one thread per stage under the caller's ThreadState (eval mode, global step,
 // batch shard, summary name scopes, ATen's grad mode, ...), but no summary or aux-loss context:
-// stages record summaries into contexts of their own (PipelineForward), and a layer with an aux
-// loss cannot sit in a pipeline (its ReplayHazard). The first exception closes every channel (so no
+// stages record summaries into contexts of their own (PipelineForward), and each micro-batch's
+// aux losses into one of its own (RunStage), which the pipeline carries out as its "aux" output. The first exception closes every channel (so no
 // stage waits forever) and is rethrown after all threads have joined.
 void RunStages(int64_t stages, std::vector<std::unique_ptr<Channel>>& channels,
                const std::function<void(int64_t)>& fn) {
@@ -123,7 +124,7 @@ PipeliningLayer::PipeliningLayer(const glossa::Params& p) : BaseLayer(p) {
   pipe_.owner = this;
   pipe_.cells = GetChildren("cells");
   for (const BaseLayer* c : pipe_.cells) {
-    CheckReplayable(*c, StrCat("pipeline '", path(), "'"));
+    CheckReplayable(*c, StrCat("pipeline '", path(), "'"), /*carries_aux_losses=*/true);
     pipe_.blocks.push_back(&AsBlock(*c, StrCat("pipeline '", path(), "'")));
     pipe_.seeds.push_back(GenerateSeedFromName(c->path()));
   }
@@ -141,6 +142,10 @@ struct PipelineRun {
   std::vector<int64_t> whole_shape;               // the batch's
   int64_t global_step = 0;
   std::vector<std::vector<at::Tensor>> stage_inputs;  // [stage][micro-batch]
+  // The cells' aux losses (a MoE layer's): whether any cell of the whole pipeline added one (on a
+  // pipe axis, of any rank), and their dtype.
+  bool has_aux = false;
+  at::ScalarType aux_dtype = at::kFloat;
   std::vector<at::Tensor> paddings;                   // per micro-batch (or undefined)
   MeshAxis* axis() const { return cells->placement.axis; }
   // The stages this process runs: all of them, or on a pipe axis its own.
@@ -172,9 +177,9 @@ std::pair<int64_t, int64_t> MicroBatches(const std::string& path, int64_t batch,
 }
 
 // Runs stage s on micro-batch t (cells in order, each from its own step seed; the thread's step
-// seed is left as it was).
+// seed is left as it was). The aux losses its cells add sum into *aux (undefined: none).
 at::Tensor RunStage(const PipelineRun& run, int64_t s, const NestedValue::List& thetas,
-                    at::Tensor x, int64_t t) {
+                    at::Tensor x, int64_t t, at::Tensor* aux) {
   const PipelineCells& pc = *run.cells;
   std::optional<OverWriteGlobalStepContext> overwrite;
   std::optional<BatchShardScope> rows;
@@ -189,10 +194,12 @@ at::Tensor RunStage(const PipelineRun& run, int64_t s, const NestedValue::List& 
     ~RestoreSeed() { ResetStepSeed(seed); }
   } restore;
   const int64_t first = pc.placement.first;
+  AuxLossContext aux_losses;  // this micro-batch's, on this stage
   for (int64_t c = s == 0 ? 0 : pc.ends[s - 1]; c < pc.ends[s]; ++c) {
     ResetStepSeed(pc.seeds[c - first]);
     x = pc.blocks[c - first]->FPropBlock(thetas[c - first].AsMap(), x, run.paddings[t]);
   }
+  *aux = aux_losses.losses().empty() ? at::Tensor() : aux_losses.Sum();
   return x;
 }
 
@@ -284,6 +291,22 @@ at::Tensor ShareFromStage(const PipelineRun& run, std::vector<at::Tensor>& piece
   return whole;
 }
 
+// The pipeline's aux loss: the cells' aux losses summed over the stages (each micro-batch's sum) and
+// averaged over the micro-batches: the loss of the whole batch's groups, as a MoE layer averages
+// its groups' (a micro-batch routes its own groups). On a pipe axis the stages' sums meet in one
+// small all-reduce, which also tells every rank whether any stage has an aux loss.
+at::Tensor PipelineAux(PipelineRun& run, const std::vector<at::Tensor>& stage_aux) {
+  at::Tensor sum = at::zeros({2}, at::kDouble);  // [Σ aux, stages with one]
+  for (const at::Tensor& a : stage_aux) {
+    if (!a.defined()) continue;
+    sum[0] += a;
+    sum[1] += 1;
+  }
+  if (run.axis()) run.axis()->AllReduceSum(sum);
+  run.has_aux = sum[1].item<double>() > 0;
+  return (sum[0] / static_cast<double>(run.m)).to(run.aux_dtype);
+}
+
 // The forward pass: every stage runs its cells on each micro-batch in turn, without gradients,
 // keeping its inputs for the backward's recompute; the last stage's outputs make "y".
 NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
@@ -296,6 +319,7 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
   // records none).
   SummaryContext* caller_summaries = SummaryContext::Current();
   std::vector<std::vector<SummaryContext::Entry>> stage_summaries(run.stages);
+  std::vector<at::Tensor> stage_aux(run.stages);  // each stage's aux losses over its micro-batches
   ForStages(run, chs, [&](int64_t s) {
     at::NoGradGuard no_grad;
     std::optional<SummaryContext> summaries;
@@ -309,7 +333,11 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
     for (int64_t t = 0; t < run.m; ++t) {
       at::Tensor xt = s == 0 ? xin.narrow(run.dim, t * run.size, run.size) : io.recv();
       run.stage_inputs[s][t] = xt;
-      at::Tensor y = RunStage(run, s, thetas, xt, t);
+      at::Tensor aux;
+      at::Tensor y = RunStage(run, s, thetas, xt, t, &aux);
+      if (aux.defined()) {
+        stage_aux[s] = stage_aux[s].defined() ? stage_aux[s] + aux.to(at::kDouble) : aux.to(at::kDouble);
+      }
       if (s + 1 < run.stages) {
         io.send(y);
       } else {
@@ -323,7 +351,8 @@ NestedMap PipelineForward(PipelineRun& run, const NestedMap& in) {
     SummaryLoop micro_batches;
     for (auto& entries : stage_summaries) caller_summaries->RecordEntries(std::move(entries));
   }
-  return NestedMap{{"y", ShareFromStage(run, outputs, run.stages - 1)}};
+  return NestedMap{{"y", ShareFromStage(run, outputs, run.stages - 1)},
+                   {"aux", PipelineAux(run, stage_aux)}};
 }
 
 // Disables the accumulators of the cells for its lifetime: the recompute must not count again;
@@ -361,12 +390,14 @@ StageLeaves MakeStageLeaves(const NestedValue::List& thetas, int64_t first, int6
 }
 
 // Recomputes stage s on micro-batch t from its saved input, under autograd, and backpropagates
-// dyt: adds the weights' gradients into w.sums and returns the input's (zeros when it has none).
+// dyt (and d_aux into its cells' aux losses, each micro-batch's share of the pipeline's): adds the
+// weights' gradients into w.sums and returns the input's (zeros when it has none).
 at::Tensor RecomputeMicroBatch(const PipelineRun& run, int64_t s, int64_t t, const at::Tensor& dyt,
-                               StageLeaves& w) {
+                               const at::Tensor& d_aux, StageLeaves& w) {
   at::Tensor xt = run.stage_inputs[s][t].detach();
   if (at::isFloatingType(xt.scalar_type())) xt.requires_grad_(true);
-  at::Tensor y = RunStage(run, s, w.leaves, xt, t);
+  at::Tensor aux;
+  at::Tensor y = RunStage(run, s, w.leaves, xt, t, &aux);
   // Differentiate with respect to what requires a gradient: the stage input when it is
   // floating, and the floating weights.
   std::vector<at::Tensor> wrt;
@@ -379,9 +410,18 @@ at::Tensor RecomputeMicroBatch(const PipelineRun& run, int64_t s, int64_t t, con
       used.push_back(i);
     }
   }
+  std::vector<at::Tensor> outputs, grad_outputs;
+  if (y.requires_grad()) {
+    outputs.push_back(y);
+    grad_outputs.push_back(dyt);
+  }
+  if (aux.defined() && aux.requires_grad()) {
+    outputs.push_back(aux);
+    grad_outputs.push_back((d_aux / static_cast<double>(run.m)).to(aux.scalar_type()));
+  }
   std::vector<at::Tensor> g(wrt.size());
-  if (y.requires_grad() && !wrt.empty()) {
-    g = torch::autograd::grad({y}, wrt, {dyt}, /*retain_graph=*/false,
+  if (!outputs.empty() && !wrt.empty()) {
+    g = torch::autograd::grad(outputs, wrt, grad_outputs, /*retain_graph=*/false,
                               /*create_graph=*/false, /*allow_unused=*/true);
   }
   for (size_t k = 0; k < used.size(); ++k) {
@@ -414,6 +454,7 @@ struct BackwardPass {
   const PipelineRun& run;
   const NestedValue::List& thetas;
   const at::Tensor& dy;
+  const at::Tensor& d_aux;  // of the pipeline's aux loss (a scalar; zero when unused)
   std::vector<std::unique_ptr<Channel>>& chs;  // chs[s]: stage s + 1 -> s
   std::vector<at::Tensor>& dx;                 // per micro-batch
   std::vector<NestedValue>& d_cells;           // per held cell
@@ -436,7 +477,7 @@ void BackwardStage(const BackwardPass& p, int64_t s) {
   for (int64_t t = run.m - 1; t >= 0; --t) {
     at::Tensor dyt =
         s + 1 == run.stages ? p.dy.narrow(run.dim, t * run.size, run.size) : io.recv();
-    at::Tensor gx = RecomputeMicroBatch(run, s, t, dyt, w);
+    at::Tensor gx = RecomputeMicroBatch(run, s, t, dyt, p.d_aux, w);
     if (s > 0) {
       io.send(gx);
     } else {
@@ -451,10 +492,11 @@ void BackwardStage(const BackwardPass& p, int64_t s) {
 NestedMap PipelineBackward(PipelineRun& run, const NestedMap& in, const NestedMap& dys) {
   const auto& thetas = in.at("cells").AsList();
   const at::Tensor dy = dys.GetTensor("y");
+  const at::Tensor d_aux = dys.GetTensor("aux").to(at::kDouble);
   std::vector<at::Tensor> dx(run.m);
   std::vector<NestedValue> d_cells(run.cells->cells.size());
   auto chs = MakeChannels(run, true);  // chs[s]: stage s + 1 -> s
-  const BackwardPass pass{run, thetas, dy, chs, dx, d_cells};
+  const BackwardPass pass{run, thetas, dy, d_aux, chs, dx, d_cells};
   ForStages(run, chs, [&](int64_t s) { BackwardStage(pass, s); });
   for (auto& per_stage : run.stage_inputs) {
     for (auto& t : per_stage) t = at::Tensor();  // the boundaries are not needed any more
@@ -507,6 +549,7 @@ at::Tensor PipelineFProp(const PipelineCells& cells, const NestedValue& cells_th
   run->micro_shape = x.sizes().vec();
   run->micro_shape[dim] = size;
   run->dtype = x.scalar_type();
+  run->aux_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 
   auto fwd = [run](const NestedMap& in) { return PipelineForward(*run, in); };
   auto bak = [run](const NestedMap& in, const NestedMap&, const NestedMap& dys) {
@@ -515,7 +558,10 @@ at::Tensor PipelineFProp(const PipelineCells& cells, const NestedValue& cells_th
   NestedMap xs;
   xs.Set("cells", cells_theta);
   xs.Set("x", x);
-  return CallWithCustomGradient(fwd, bak, xs).GetTensor("y");
+  const NestedMap ys = CallWithCustomGradient(fwd, bak, xs);
+  // The cells' aux losses reach the caller's context as one loss of the whole pipeline.
+  if (run->has_aux) AuxLossContext::AddLoss(ys.GetTensor("aux"));
+  return ys.GetTensor("y");
 }
 
 at::Tensor PipeliningLayer::FProp(const NestedMap& theta, const at::Tensor& inputs,

@@ -52,12 +52,13 @@ StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>&
   StagePlacement p;
   p.end = ends.back();
   MeshAxis* axis = context.axis("pipe");
-  if (axis == nullptr && ends.size() > 1 && context.axis("model") != nullptr) {
+  for (const char* name : {"model", "expert"}) {
+    if (axis != nullptr || ends.size() == 1 || context.axis(name) == nullptr) continue;
     throw FailedPreconditionError(StrCat(
-        where, " runs its ", ends.size(), " pipeline stages on threads of this process, whose "
-        "'model' axis all-reduces would interleave in a different order on each rank: put the "
-        "stages on ranks (--mesh=pipe:", ends.size(), ",model:", context.axis("model")->size(),
-        ") or set its splits to 1"));
+        where, " runs its ", ends.size(), " pipeline stages on threads of this process, whose '",
+        name, "' axis exchanges would interleave in a different order on each rank: put the "
+        "stages on ranks (--mesh=pipe:", ends.size(), ",", name, ":",
+        context.axis(name)->size(), ") or set its splits to 1"));
   }
   if (axis == nullptr || axis->size() == 1) return p;
   const int64_t stages = static_cast<int64_t>(ends.size());

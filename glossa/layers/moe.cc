@@ -447,7 +447,7 @@ at::Tensor TransformerShardedMoeLayer::FProp(const NestedMap& theta, const at::T
   const at::Tensor expert_inputs = at::einsum("gsec,gsm->egcm", {gating.dispatch, gsm});
   const at::Tensor expert_outputs = expert_axis_ != nullptr
                                         ? ShardedExperts(theta, expert_inputs)
-                                        : Experts(theta, expert_inputs).permute({1, 0, 2, 3});
+                                        : LocalExperts(theta, expert_inputs).permute({1, 0, 2, 3});
   at::Tensor combined =
       at::einsum("gsec,gecm->gsm", {gating.combine, expert_outputs}).reshape({b, t, m});
   if (paddings.defined())
@@ -470,6 +470,17 @@ at::Tensor TransformerShardedMoeLayer::Experts(const NestedMap& theta, const at:
   }
   hidden = relu_dropout_->FProp(relu_dropout_.Theta(theta), hidden);
   return at::einsum("egch,ehm->egcm", {hidden, theta.GetTensor("wo")});
+}
+
+// Every expert here. The activations are [E, G, C, H], the batch's rows along the groups (dim 1):
+// a shard of the rows (a pipeline's micro-batch) draws its block of the groups of the whole
+// batch's masks, so that micro-batching leaves the math as it was.
+at::Tensor TransformerShardedMoeLayer::LocalExperts(const NestedMap& theta,
+                                                    const at::Tensor& x) const {
+  const BatchShard rows = CurrentBatchShard();
+  if (rows.count == 1 || rows.count1 != 1) return Experts(theta, x);
+  BatchShardScope groups(0, 1, rows.index, rows.count);
+  return Experts(theta, x);
 }
 
 // GShard's expert parallelism: [E, G, C, M] of this rank's groups → the all-to-all hands rank i

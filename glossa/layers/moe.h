@@ -117,15 +117,14 @@ class TransformerShardedMoeLayer : public BaseLayer, public Block {
   at::Tensor StepBlock(const NestedMap& theta, const at::Tensor& x) const override {
     return FProp(theta, x, {}, /*num_groups=*/1);
   }
-  std::string ReplayHazard() const override {
-    return "its aux loss would be lost (the block runs without gradients or on another thread)";
-  }
+  bool AddsAuxLoss() const override { return true; }
 
   // Built whole for a Params' num_devices > 1 without an 'expert' axis: that variable and axis.
   std::optional<UnmetMeshAxis> UnmetMesh() const override;
 
  private:
   at::Tensor Experts(const NestedMap& theta, const at::Tensor& x) const;
+  at::Tensor LocalExperts(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor ShardedExperts(const NestedMap& theta, const at::Tensor& x) const;
   // The build context's 'expert' axis when num_devices > 1 and the mesh has one (this rank holds
   // its experts only), else null (every expert here).

@@ -166,7 +166,7 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
   for (const auto& layer : layers_) {
     if (pipe_) {
       pipe_->blocks.push_back(&AsBlock(*layer, StrCat("pipeline '", path(), "'")));
-      CheckReplayable(*layer, StrCat("pipeline '", path(), "'"));
+      CheckReplayable(*layer, StrCat("pipeline '", path(), "'"), /*carries_aux_losses=*/true);
     }
     layer_seeds_.push_back(GenerateSeedFromName(layer->path()));
   }

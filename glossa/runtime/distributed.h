@@ -181,8 +181,8 @@ class DistributedMeshAxis : public MeshAxis {
 //   model:  tensor (Megatron / GShard dense) parallelism. The M ranks read the same batches and
 //           each holds 1/M of every layer whose Params split its weights over "model" (attention
 //           heads, the feed-forward hidden units), with one all-reduce per such block.
-// Variables no axis splits are replicated on every rank and averaged over the world. A pipe axis
-// combines with data and model; an expert axis with data.
+// Variables no axis splits are replicated on every rank and averaged over the world. An expert
+// axis combines with data and pipe (a MoE layer inside a pipeline stage), not yet with model.
 struct MeshShape {
   int data = 1, expert = 1, pipe = 1, model = 1;
   // Where a rank sits on each axis. The rank layout is defined here alone: world rank
@@ -234,7 +234,8 @@ class DistributedMesh {
   int batch_shard() const { return shape_.BatchShard(here_); }
   // One rank per batch shard, over which metrics are averaged and eval and decode sets split
   // (CurrentBatchGroup): the world when every rank reads its own batches, the data group when
-  // pipe or model ranks share theirs; null when every rank reads the same batches.
+  // pipe or model ranks share theirs (with an expert axis, the data and expert ranks of this
+  // pipeline stage); null when every rank reads the same batches.
   Distributed* batch_group();
 
  private:
@@ -246,6 +247,7 @@ class DistributedMesh {
   MeshShape shape_;
   MeshShape::Coordinates here_;
   std::unique_ptr<Distributed> expert_group_, data_group_, pipe_group_, model_group_;
+  std::unique_ptr<Distributed> batch_group_;  // pipe x expert: this stage's data x expert ranks
   std::unique_ptr<DistributedMeshAxis> expert_axis_, pipe_axis_, model_axis_;
 };
 
@@ -292,16 +294,18 @@ class DataParallelGradientSync : public Learner::GradientSync {
   void Reduce(std::vector<at::Tensor>& grads) override;
   // Rank-local variables (LearnerVariable::rank_local: an expert axis's experts, a pipeline
   // stage's layers, a model axis's blocks) stay out of the buckets. Each is summed over the ranks
-  // that hold replicas of the same values (the data group given to SetRankLocalRule), then
-  // multiplied by its scale; the global norm counts its squares times its norm weight (1 / the
-  // ranks holding the same values), summed over the world in one small allreduce. The rule gives
-  // (scale, norm weight) per variable (ParallelPlan::Configure). Without one: the world is one
-  // expert axis (scale 1 / world, weight 1).
-  using RankLocalRule = std::function<std::pair<double, double>(const LearnerVariable&)>;
-  void SetRankLocalRule(Distributed* data_group, RankLocalRule rule) {
-    data_group_ = data_group;
-    rule_ = std::move(rule);
-  }
+  // that hold replicas of the same values but read other rows of the batch (its rule's group: the
+  // data group, or a pipeline stage's data x expert ranks), then multiplied by its scale; the
+  // global norm counts its squares times its norm weight (1 / the ranks holding the same
+  // values), summed over the world in one small allreduce. The rule gives these per variable
+  // (ParallelPlan::Configure). Without one: the world is one expert axis (scale 1 / world,
+  // weight 1, no group).
+  struct RankLocalSync {
+    double scale = 1.0, norm_weight = 1.0;
+    Distributed* group = nullptr;  // null or of one rank: no sum
+  };
+  using RankLocalRule = std::function<RankLocalSync(const LearnerVariable&)>;
+  void SetRankLocalRule(RankLocalRule rule) { rule_ = std::move(rule); }
   void SetVariables(const std::vector<LearnerVariable>& vars) override;
   double NormWeight(size_t k) const override;
   double GlobalSquaredNorm(double replicated, double sharded) override;
@@ -322,8 +326,8 @@ class DataParallelGradientSync : public Learner::GradientSync {
   bool overlap_;
   std::vector<bool> sharded_;
   std::vector<double> sharded_scale_, norm_weight_;  // per variable (rank-local ones)
+  std::vector<Distributed*> sum_group_;               // per variable (rank-local ones)
   RankLocalRule rule_;
-  Distributed* data_group_ = nullptr;
   std::shared_ptr<Core> core_;
 };
 

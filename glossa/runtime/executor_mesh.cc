@@ -2,8 +2,8 @@
 // joining the ranks' state, their checkpoint shards, and what the axes carried.
 #include <ATen/ATen.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "glossa/base/errors.h"
@@ -89,13 +89,22 @@ void Executor::JoinRanks(Distributed& dist) {
   if (!plan_) return;
   // The replicas of a piece start alike, whatever each process's seed drew (restored
   // checkpoints agree already).
-  if (plan_->data_group() != nullptr) {
-    std::vector<at::Tensor> pieces;
-    for (const auto& v : LearnerVariables(*model_)) {
-      if (v.rank_local()) pieces.push_back(v.value.detach());
+  // Group by group (the data group, a stage's data x expert ranks), in the order of their first
+  // variable: the same on every rank of a group.
+  std::vector<std::pair<Distributed*, std::vector<at::Tensor>>> groups;
+  for (const auto& v : LearnerVariables(*model_)) {
+    if (!v.rank_local()) continue;
+    Distributed* group = plan_->RankLocal(v).group;
+    if (group == nullptr || group->world_size() == 1) continue;
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const auto& e) { return e.first == group; });
+    if (g == groups.end()) {
+      groups.push_back({group, {v.value.detach()}});
+    } else {
+      g->second.push_back(v.value.detach());
     }
-    if (!pieces.empty()) plan_->data_group()->Broadcast(pieces, 0);
   }
+  for (auto& [group, pieces] : groups) group->Broadcast(pieces, 0);
   for (auto& s : syncs_) plan_->Configure(*s);
 }
 

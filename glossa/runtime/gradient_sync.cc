@@ -165,11 +165,15 @@ void DataParallelGradientSync::SetVariables(const std::vector<LearnerVariable>& 
   sharded_.assign(vars.size(), false);
   sharded_scale_.assign(vars.size(), 1.0);
   norm_weight_.assign(vars.size(), 1.0);
+  sum_group_.assign(vars.size(), nullptr);
   for (size_t k = 0; k < vars.size(); ++k) {
     if (!vars[k].rank_local()) continue;
     sharded_[k] = true;
     if (rule_) {
-      std::tie(sharded_scale_[k], norm_weight_[k]) = rule_(vars[k]);
+      const RankLocalSync r = rule_(vars[k]);
+      sharded_scale_[k] = r.scale;
+      norm_weight_[k] = r.norm_weight;
+      sum_group_[k] = r.group != nullptr && r.group->world_size() > 1 ? r.group : nullptr;
     } else {
       sharded_scale_[k] = 1.0 / dist_.world_size();  // the world is one expert axis
     }
@@ -218,14 +222,22 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   // gradient is that sum over the ranks.
   const bool any_sharded = sharded_.size() == grads.size() &&
                            std::find(sharded_.begin(), sharded_.end(), true) != sharded_.end();
-  // The replicas of this rank's share (its data group) sum their gradients first.
-  if (any_sharded && data_group_ != nullptr && data_group_->world_size() > 1) {
+  // The replicas of each share sum their gradients first, group by group in the order of their
+  // first variable (the same order on every rank of a group: they hold the same variables).
+  if (any_sharded) {
     at::NoGradGuard no_grad;
-    std::vector<size_t> which;
+    std::vector<std::pair<Distributed*, std::vector<size_t>>> groups;
     for (size_t k = 0; k < grads.size(); ++k) {
-      if (sharded_[k]) which.push_back(k);
+      if (!sharded_[k] || sum_group_[k] == nullptr) continue;
+      auto g = std::find_if(groups.begin(), groups.end(),
+                            [&](const auto& e) { return e.first == sum_group_[k]; });
+      if (g == groups.end()) {
+        groups.push_back({sum_group_[k], {k}});
+      } else {
+        g->second.push_back(k);
+      }
     }
-    SumOver(*data_group_, grads, which);
+    for (auto& [group, which] : groups) SumOver(*group, grads, which);
   }
   if (!overlap_) {
     std::vector<at::Tensor> in;

@@ -114,7 +114,6 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
     seen.push_back(kv[0]);
     m.*(axis->second) = size;
   }
-  if (m.pipe > 1 && m.expert > 1) throw bad("a pipe axis does not combine with an expert axis yet");
   if (m.expert > 1 && m.model > 1) {
     throw bad("an expert axis does not combine with a model axis yet");
   }
@@ -126,7 +125,7 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
 
 Distributed* DistributedMesh::batch_group() {
   if (shape_.pipe == 1 && shape_.model == 1) return &world_;
-  return shape_.expert > 1 ? nullptr : data_group();
+  return shape_.expert > 1 ? batch_group_.get() : data_group();
 }
 
 std::unique_ptr<Distributed> DistributedMesh::FormAxis(const std::string& axis,
@@ -144,8 +143,7 @@ std::unique_ptr<Distributed> DistributedMesh::FormAxis(const std::string& axis,
 
 DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     : world_(world), shape_(shape) {
-  if (shape.world_size() != world.world_size() || (shape.pipe > 1 && shape.expert > 1) ||
-      (shape.expert > 1 && shape.model > 1)) {
+  if (shape.world_size() != world.world_size() || (shape.expert > 1 && shape.model > 1)) {
     throw InvalidArgumentError(StrCat("mesh ", shape.Describe(), " does not cover the ",
                                       world.world_size(), " ranks"));
   }
@@ -158,6 +156,14 @@ DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     for (int r = 0; r < world.world_size(); ++r) all[r] = r;
     return all;
   }());
+  if (shape.expert > 1 && shape.pipe > 1) {
+    // Data and expert ranks of this stage: one per batch shard.
+    std::vector<int> ranks;
+    for (int r = 0; r < world.world_size(); ++r) {
+      if (shape.Of(r).pipe == here_.pipe) ranks.push_back(r);
+    }
+    batch_group_ = world.Subgroup(StrCat("batch/", ranks.front()), ranks);
+  }
   pipe_group_ = FormAxis("pipe", &C::pipe, shape.pipe);
   expert_group_ = FormAxis("expert", &C::expert, shape.expert);
   model_group_ = FormAxis("model", &C::model, shape.model);

@@ -185,19 +185,29 @@ int ParallelPlan::checkpoint_file() const {
   return shape().RankAt(c);
 }
 
-void ParallelPlan::Configure(DataParallelGradientSync& sync) {
+DataParallelGradientSync::RankLocalSync ParallelPlan::RankLocal(const LearnerVariable& v) {
   const MeshShape& s = shape();
-  std::vector<const PlanAxis*> axes;
-  for (const auto& a : axes_) axes.push_back(a.get());
-  sync.SetRankLocalRule(mesh_.data_group(), [s, axes](const LearnerVariable& v) {
-    double scale = 1.0 / s.data, copies = static_cast<double>(s.world_size());
-    for (const PlanAxis* a : axes) {
-      if (!a->Holds(v.collections)) continue;
-      scale *= a->GradScale();
+  DataParallelGradientSync::RankLocalSync r;
+  r.scale = 1.0 / s.data;
+  double copies = static_cast<double>(s.world_size());
+  r.group = mesh_.data_group();
+  for (const auto& a : axes_) {
+    if (a->Holds(v.collections)) {
+      r.scale *= a->GradScale();
       copies /= a->size();
+    } else if (a->SplitsBatch()) {
+      // Replicated over an axis whose ranks read other rows (a pipeline stage's dense layers on
+      // an expert axis): averaged over them too, with the data ranks (this stage's batch group).
+      r.scale /= a->size();
+      r.group = mesh_.batch_group();
     }
-    return std::make_pair(scale, 1.0 / copies);
-  });
+  }
+  r.norm_weight = 1.0 / copies;
+  return r;
+}
+
+void ParallelPlan::Configure(DataParallelGradientSync& sync) {
+  sync.SetRankLocalRule([this](const LearnerVariable& v) { return RankLocal(v); });
 }
 
 std::vector<std::string> ParallelPlan::Summaries(double steps) const {

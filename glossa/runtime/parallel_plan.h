@@ -99,10 +99,14 @@ class ParallelPlan {
   int checkpoint_files() const;
   int checkpoint_file() const;
 
-  // The gradient sync's rule for rank-local variables: summed over the data group and scaled by
-  // 1 / data and each holding axis's GradScale; in the norm, weighted by 1 / the ranks holding the
-  // same values.
+  // The gradient sync's rule for rank-local variables: summed over the ranks holding the same
+  // values and scaled by 1 / data, each holding axis's GradScale and 1 / each batch-splitting
+  // axis that does not hold it; in the norm, weighted by 1 / the ranks holding the same values.
   void Configure(DataParallelGradientSync& sync);
+  // That rule for one rank-local variable: its scale, norm weight and the ranks that sum its
+  // gradient (those holding the same values but reading other rows: the data group, or on a pipe
+  // x expert mesh this stage's data x expert ranks for a stage's dense layers).
+  DataParallelGradientSync::RankLocalSync RankLocal(const LearnerVariable& v);
   // Each axis's summary line over `steps` steps (those with traffic).
   std::vector<std::string> Summaries(double steps) const;
 

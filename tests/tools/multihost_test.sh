@@ -15,7 +15,11 @@
 #      and both stages' files) as on one host;
 #   5. tensor parallelism across the hosts (--mesh=model:2: heads, hidden units and vocabulary
 #      split, all-reduces over the link): the same checkpoint bytes as on one host; a rank killed
-#      mid-training ends the other naming it; a restart on both hosts resumes.
+#      mid-training ends the other naming it; a restart on both hosts resumes;
+#   6. MoE inside a pipeline across the hosts (--mesh=pipe:2,expert:2, 2 ranks per host: host A
+#      stage 0, host B stage 1 with the MoE layer's experts split over its 2 ranks): the same
+#      checkpoint bytes as 4 ranks on one host; a killed rank on host B ends every other rank
+#      naming it; a restart on both hosts resumes.
 # Needs root (ip netns); skipped with a message where namespaces cannot be created. The namespaces
 # and the veth pair are deleted on every exit path.
 #   bash tests/tools/multihost_test.sh build/bin/glossa
@@ -181,6 +185,62 @@ wait "${pids[1]}"; rc1=$?
 pids=()
 check "the restart exits 0 on both hosts ($rc0, $rc1)" test "$rc0" -eq 0 -a "$rc1" -eq 0
 check "it resumed from step $last: $(grep restored "$tmp/tr0.log")" grep -q "restored .*ckpt-0*$last at step $last" "$tmp/tr0.log"
+
+# 6. MoE inside a pipeline across the hosts: 4 ranks, ranks 0-1 on host A (stage 0), 2-3 on host
+# B (stage 1: the MoE layer, 2 experts each, all-to-all inside host B); micro-batches and their
+# gradients cross the link, and the stages' aux losses meet in an all-reduce over it.
+model=(--model=lm.austen.TransformerLmMoeTinyExpertParallel --random_seed=3 --intra_op_threads=1
+       "--model_params_override=task.train.steps_per_loop : 5; task.train.save_interval_steps : 10; task.stack.splits : 2"
+       --mesh=pipe:2,expert:2)
+# host4 <a|b> <tag> <glossa args...>: the host's 2 of 4 ranks in the background, logs $tmp/<tag><rank>.log.
+host4() {
+  local h="$1" tag="$2"; shift 2
+  local ns="$nsa" dev="$va" first=0
+  if [ "$h" = b ]; then ns="$nsb" dev="$vb" first=2; fi
+  for rank in $first $((first + 1)); do
+    ip netns exec "$ns" env WORLD_SIZE=4 RANK=$rank LOCAL_RANK=$((rank - first)) LOCAL_WORLD_SIZE=4 \
+      MASTER_ADDR="$addr_a" MASTER_PORT=$port GLOO_SOCKET_IFNAME="$dev" \
+      "$glossa" train "${model[@]}" "$@" > "$tmp/$tag$rank.log" 2>&1 &
+    pids+=($!)
+  done
+}
+wait_all() {  # the exit codes of $pids, space-separated, into $rcs
+  rcs=""
+  for p in "${pids[@]}"; do wait "$p"; rcs="$rcs $?"; done
+  pids=()
+}
+"$glossa" train "${model[@]}" --logdir="$tmp/xone" --max_steps=10 --nproc_per_node=4 > "$tmp/xone.log" 2>&1
+check "the one-host pipe x expert run exits 0: $(tail -2 "$tmp/xone.log")" test $? -eq 0
+host4 a x --logdir="$tmp/xtwo" --max_steps=10
+host4 b x --logdir="$tmp/xtwo" --max_steps=10
+wait_all
+check "all 4 pipe x expert ranks exit 0 ($rcs): $(tail -1 "$tmp/x0.log") $(tail -1 "$tmp/x2.log")" test "$rcs" = " 0 0 0 0"
+check "host B's rank 3 ran stage 1's experts: $(grep -m1 'rank 3 of 4' "$tmp/x3.log")" grep -q 'pipeline stage 1' "$tmp/x3.log"
+for f in ckpt-00000010.safetensors ckpt-00000010-rank-0000{0,1,2,3}-of-00004.safetensors; do
+  check "two pipe x expert hosts write the bytes one host writes: $f" cmp -s "$tmp/xone/train/$f" "$tmp/xtwo/train/$f"
+done
+host4 a xk --logdir="$tmp/xk" --max_steps=100000 --dist_timeout=$timeout_s
+host4 b xk --logdir="$tmp/xk" --max_steps=100000 --dist_timeout=$timeout_s
+wait_checkpoint "$tmp/xk/train" 20 180 "$tmp/xk0.log" "$tmp/xk2.log"
+kill -9 "${pids[2]}"  # rank 2: host B's first
+start=$(date +%s)
+wait_all
+took=$(( $(date +%s) - start ))
+bound=$((2 * timeout_s + 10 * $(slowdown)))
+check "every other rank exits non-zero when rank 2 is killed ($rcs)" bash -c "set -- $rcs; test \$1 -ne 0 -a \$2 -ne 0 -a \$4 -ne 0"
+check "within the timeout and the diagnosis (${took} s; bound $bound s)" test "$took" -le "$bound"
+for r in 0 1 3; do
+  check "rank $r names a lost rank: $(tail -1 "$tmp/xk$r.log")" grep -q 'lost rank(s):' "$tmp/xk$r.log"
+done
+check "rank 3, its stage's other expert rank, names rank 2: $(tail -1 "$tmp/xk3.log")" grep -q 'lost rank(s):.*\b2\b' "$tmp/xk3.log"
+last=$(sed -n 's/^model_checkpoint_path: "ckpt-0*\([0-9]*\)"$/\1/p' "$tmp/xk/train/checkpoint")
+check "a complete pipe x expert checkpoint survived (step '$last')" test -n "$last"
+target=$(( ${last:-0} + 5 ))
+host4 a xr --logdir="$tmp/xk" --max_steps=$target
+host4 b xr --logdir="$tmp/xk" --max_steps=$target
+wait_all
+check "the pipe x expert restart exits 0 on both hosts ($rcs)" test "$rcs" = " 0 0 0 0"
+check "it resumed from step $last: $(grep restored "$tmp/xr0.log")" grep -q "restored .*ckpt-0*$last at step $last" "$tmp/xr0.log"
 
 [ "$fail" -eq 0 ] && echo "multihost_test: all checks passed"
 exit "$fail"

@@ -51,6 +51,7 @@ class TrainCommand : public Command {
       if (m.pipe > 1 || m.model > 1) {
         std::string where;
         if (m.pipe > 1) where += StrCat("pipeline stage ", at.pipe, ", ");
+        if (m.expert > 1) where += StrCat("expert shard ", at.expert, " of ", m.expert, ", ");
         if (m.model > 1) where += StrCat("model shard ", at.model, " of ", m.model, ", ");
         std::printf("rank %d of %d: %straining on input shard %d of %d\n", dist->rank(),
                     dist->world_size(), where.c_str(), m.BatchShard(at), m.batch_shards());
