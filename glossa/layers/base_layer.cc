@@ -14,6 +14,12 @@
 #include "glossa/core/step_seed.h"
 
 namespace glossa {
+
+void ThrowChildNotHere(const std::string& key) {
+  throw FailedPreconditionError(StrCat("child layer '", key, "' is not built in this process: a "
+                                       "pipeline rank holds only its stage's layers"));
+}
+
 namespace {
 
 // The construction stack of this thread (innermost last): a layer whose constructor is running
@@ -32,11 +38,7 @@ std::string SanitizeScopeKey(const std::string& name) {
   for (size_t i = 0; i < name.size(); ++i) {
     char c = name[i];
     if (i == 0 && c == '_') continue;
-    if (c == '[') {
-      out += '_';
-    } else if (c != ']') {
-      out += c;
-    }
+    if (c != ']') out += c == '[' ? '_' : c;
   }
   return out;
 }
@@ -64,7 +66,6 @@ std::optional<int64_t> OptionalInt(const Params& p, const char* key) {
 }
 
 }  // namespace
-
 
 // A child slot: one layer, a list of slots or a dict of slots.
 struct BaseLayer::ChildTree {

@@ -116,16 +116,24 @@ class BaseLayer;
 const NestedMap& ChildTheta(const NestedMap& parent_theta, const BaseLayer* child,
                             const std::string& key, int64_t index);
 
+// FailedPrecondition: child `key` is not built in this process (a pipeline rank holds only its
+// stage's layers).
+[[noreturn]] void ThrowChildNotHere(const std::string& key);
+
 // A typed handle to a child layer, returned by CreateChild<T> and kept as a member: FProp calls
-// the child through it without lookups by name or casts.
+// the child through it without lookups by name or casts. An empty handle (a child this process
+// does not build: DeclareRemoteScope) is FailedPrecondition when used.
 template <typename T>
 class Child {
  public:
   Child() = default;
   Child(const T* layer, std::string key, int64_t index = -1)
       : layer_(layer), key_(std::move(key)), index_(index) {}
-  const T* operator->() const { return layer_; }
-  const T& operator*() const { return *layer_; }
+  const T* operator->() const {
+    if (layer_ == nullptr) ThrowChildNotHere(key_);
+    return layer_;
+  }
+  const T& operator*() const { return *operator->(); }
   const T* get() const { return layer_; }
   explicit operator bool() const { return layer_ != nullptr; }
   // This child's theta inside its parent's theta (Lingvo's theta.<name>).
@@ -339,6 +347,13 @@ class BaseLayer {
                         const ParamValue& params_structure) {
     ChildContext in(*this, context);
     CreateChildren(name, params_structure);
+  }
+  // CreateChild<T> built in `context` (a pipeline's first or last stage's layers around it).
+  template <typename T>
+  Child<T> CreateChildIn(const BuildContext& context, const std::string& name,
+                         const glossa::Params& p) {
+    ChildContext in(*this, context);
+    return CreateChild<T>(name, p);
   }
   // Adds an existing layer as a child.
   void AddChild(const std::string& name, std::unique_ptr<BaseLayer> child);

@@ -273,9 +273,15 @@ void ForStages(const PipelineRun& run, std::vector<std::unique_ptr<Channel>>& ch
 }
 
 // Hands the whole batch's tensor `pieces` (per micro-batch, held by stage `root`) to every rank
-// of the pipe axis; in one process it is just their concatenation.
+// of the pipe axis; in one process it is just their concatenation. With the ends on their stages,
+// only `root` has it (the others, zeros).
 at::Tensor ShareFromStage(const PipelineRun& run, std::vector<at::Tensor>& pieces, int64_t root) {
   if (!run.axis()) return at::cat(pieces, run.dim);
+  if (run.cells->ends_on_stages) {
+    return run.first_stage() == root
+               ? at::cat(pieces, run.dim)
+               : at::zeros(run.whole_shape, at::TensorOptions().dtype(run.dtype));
+  }
   at::Tensor whole = run.first_stage() == root
                          ? at::cat(pieces, run.dim).contiguous()
                          : at::empty(run.whole_shape, at::TensorOptions().dtype(run.dtype));

@@ -58,6 +58,17 @@ struct StagePlacement {
 StagePlacement PlaceStages(const std::string& where, const std::vector<int64_t>& ends,
                            const BuildContext& context);
 
+// Lingvo's placement of what surrounds a pipeline over ranks (TransformerStack's
+// place_ends_on_stages, on a 'pipe' axis): the axis, this rank's stage and the stage count. A null
+// axis: every rank has the pipeline's input and output (one process, no pipeline, or the ends
+// replicated).
+struct PipelineEnds {
+  MeshAxis* axis = nullptr;
+  int64_t stage = 0, stages = 1;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage + 1 == stages; }
+};
+
 // `cells` (a list of layer Params) with every unnamed entry named as CreateChildren would name it
 // (<prefix>_<uid>), so that a stage's sublist builds its cells under their whole-pipeline names.
 ParamValue::List NameCells(const ParamValue::List& cells, const std::string& prefix);
@@ -79,6 +90,11 @@ struct PipelineCells {
   // (BatchShardScope), so that pipelining leaves a stack's math as it was; a batch that
   // num_micro_batches does not divide then runs as the most micro-batches below it that do.
   bool masks_follow_rows = false;
+  // On a pipe axis: false, the last stage's output and the first stage's input gradient are
+  // broadcast to every rank (what feeds and reads the pipeline is replicated); true, Lingvo's
+  // placement: they stay on those stages (where the embedding and the softmax live) and the
+  // other ranks get zeros of their shapes (their input is not read).
+  bool ends_on_stages = false;
 };
 // Runs x (and paddings, [B, T] or undefined) through the cells as a pipeline, with GPipe's
 // backward (recompute from the stage inputs). `cells_theta`: the held cells' thetas, in order.

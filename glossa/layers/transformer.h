@@ -18,6 +18,7 @@
 
 #include "glossa/layers/attention.h"
 #include "glossa/layers/base_layer.h"
+#include "glossa/layers/gpipe.h"
 #include "glossa/layers/step_layer.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/linear.h"
@@ -293,6 +294,10 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
                            const std::vector<std::string>& caches,
                            const std::vector<std::string>& sources,
                            std::vector<std::string>* new_caches) const;
+  // Where the ends of a stack of Params `stack` built in `context` go (what a task that feeds and
+  // reads the stack asks before building its layers around it).
+  static PipelineEnds PlaceEnds(const glossa::Params& stack, const BuildContext& context);
+  const PipelineEnds& pipeline_ends() const { return ends_; }
   // The layers this process holds (all of them, or on a pipe rank its stage's).
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t model_dim() const { return model_dim_; }
@@ -303,6 +308,7 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   void CheckWhole(const char* what) const;
   int64_t model_dim_;
   std::unique_ptr<PipelineCells> pipe_;  // splits > 1
+  PipelineEnds ends_;
   std::vector<int64_t> layer_seeds_;     // GenerateSeedFromName(layer path)
   Child<DropoutLayer> input_dropout_;
   std::vector<Child<TransformerLayer>> layers_;

@@ -32,6 +32,13 @@ glossa::Params TransformerStack::Params() {
            "or a list of increasing layer end indices whose last is num_layers. On a mesh's "
            "'pipe' axis each rank holds one stage.");
   p.Define("num_micro_batches", 1, "Micro-batches a pipelined batch is split into.");
+  p.Define("place_ends_on_stages", false,
+           "On a 'pipe' axis (stages on ranks), Lingvo's placement: the stack reads its input on "
+           "stage 0 only and its output (after the final layer norm, held by the last stage) "
+           "stays on the last stage, the other ranks getting zeros of its shape, so that what "
+           "feeds the stack (the embedding) lives on stage 0 and what reads it (the softmax) on "
+           "the last (PlaceEnds). False: the output and the input's gradient are broadcast to "
+           "every rank and what surrounds the stack is replicated.");
   return p;
 }
 
@@ -119,6 +126,20 @@ std::vector<glossa::Params> TransformerStack::LayerParams(const glossa::Params& 
   return layers;
 }
 
+namespace {
+
+// final_layer_norm, or when None whether the first layer's self-attention is pre-layer-norm.
+bool UsesFinalLayerNorm(const glossa::Params& p, const glossa::Params& layer0) {
+  const ParamValue& final_ln = p.Get("final_layer_norm");
+  if (!final_ln.is_none()) return final_ln.AsBool();
+  const ParamValue& self = layer0.Get("tr_self_atten_tpl");
+  const glossa::Params& atten =
+      self.is_params() ? self.AsParams() : layer0.GetParams("tr_atten_tpl");
+  return atten.Contains("pre_layer_norm") && atten.GetBool("pre_layer_norm");
+}
+
+}  // namespace
+
 TransformerStack::~TransformerStack() = default;
 
 TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
@@ -180,20 +201,36 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
                                         "; set mdl_dim to give every layer one width"));
     }
   }
-  const ParamValue& final_ln = p.Get("final_layer_norm");
-  bool use_final_ln;
-  if (final_ln.is_none()) {
-    const glossa::Params& l0 = layers_.front()->params();
-    const ParamValue& self = l0.Get("tr_self_atten_tpl");
-    const glossa::Params& atten = self.is_params() ? self.AsParams() : l0.GetParams("tr_atten_tpl");
-    use_final_ln = atten.Contains("pre_layer_norm") && atten.GetBool("pre_layer_norm");
-  } else {
-    use_final_ln = final_ln.AsBool();
+  ends_ = PlaceEnds(p, build_context());
+  if (pipe_) pipe_->ends_on_stages = ends_.axis != nullptr;
+  if (UsesFinalLayerNorm(p, layers_.front()->params())) {
+    const glossa::Params ln = p.GetParams("ln_tpl").Copy().Set("input_dim", model_dim_);
+    if (ends_.axis == nullptr) {
+      final_ln_ = CreateChild<LayerNorm>("final_ln", ln);
+    } else if (ends_.last()) {  // with the last stage's layers
+      BuildContext last = build_context();
+      last.WithCollection(kPipelineStageCollection);
+      final_ln_ = CreateChildIn<LayerNorm>(last, "final_ln", ln);
+    } else {
+      DeclareRemoteScope(ln.GetString("name").empty() ? "final_ln" : ln.GetString("name"));
+    }
   }
-  if (use_final_ln) {
-    final_ln_ =
-        CreateChild<LayerNorm>("final_ln", p.GetParams("ln_tpl").Copy().Set("input_dim", model_dim_));
-  }
+}
+
+PipelineEnds TransformerStack::PlaceEnds(const glossa::Params& p,
+                                                           const BuildContext& context) {
+  PipelineEnds e;
+  if (!p.GetBool("place_ends_on_stages")) return e;
+  const std::string where = StrCat("layer '", p.GetString("name"), "'");
+  const int64_t n = static_cast<int64_t>(LayerParams(p).size());
+  const std::vector<int64_t> ends = StageEndsFromSplits(where, p.Get("splits"), n);
+  if (ends.size() == 1) return e;
+  const StagePlacement place = PlaceStages(where, ends, context);
+  if (place.axis == nullptr) return e;
+  e.axis = place.axis;
+  e.stage = place.stage;
+  e.stages = static_cast<int64_t>(ends.size());
+  return e;
 }
 
 at::Tensor TransformerStack::FProp(const NestedMap& theta, const at::Tensor& inputs,

@@ -772,9 +772,9 @@ TEST(Distributed, PipeTimesExpertMeshTrainsLikeOneProcess) {
           EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
         }
       }
-      // A stage's layers on its 2 ranks, the rest on all 4.
-      const bool staged = v.name.find("/x_layers_") != std::string::npos;
-      EXPECT_EQ(holders, staged ? 2 : 4) << v.name;
+      // A stage's layers on its 2 ranks (the embedding stage 0's, the final layer norm and the
+      // softmax stage 1's), the rest on all 4.
+      EXPECT_EQ(holders, LmStageOf(v.name, 2, 2) >= 0 ? 2 : 4) << v.name;
     }
     if (mutated) {
       EXPECT_GT(worst, 1e-3);
@@ -850,9 +850,10 @@ TEST(Distributed, PipelineStagesOnRanksTrainLikeOneProcess) {
         lm->learner().SetGradientSync(sync);
         losses[r] = TrainSteps(*lm, batches, 0, 8, &dist);
         for (const auto& v : LearnerVariables(*lm)) {
-          // A stage's variables are its layers', tagged; everything else is replicated.
-          const bool in_layers = v.name.find("/x_layers_") != std::string::npos;
-          EXPECT_EQ(v.pipeline_stage, in_layers) << v.name;
+          // A stage's variables are its layers' (stage 0's also the embedding, the last's the
+          // final layer norm and the softmax: Lingvo's placement), tagged; nothing replicated.
+          EXPECT_TRUE(v.pipeline_stage) << v.name;
+          EXPECT_EQ(LmStageOf(v.name, n, 4), r) << v.name;
           weights[r][v.name] = v.value.detach().clone();
         }
       });
@@ -863,11 +864,10 @@ TEST(Distributed, PipelineStagesOnRanksTrainLikeOneProcess) {
       for (const auto& v : one_vars) {
         // key/b: its gradient cancels in softmax up to rounding; every other variable must agree.
         if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;
-        const size_t at = v.name.find("/x_layers_");
-        const int layer = at == std::string::npos ? -1 : std::stoi(v.name.substr(at + 10));
+        const int stage = LmStageOf(v.name, n, 4);
         const at::Tensor want = v.value.detach();
         for (int r = 0; r < n; ++r) {
-          const bool mine = layer < 0 || layer / (4 / n) == r;  // layers 4/n per stage
+          const bool mine = stage < 0 || stage == r;
           ASSERT_EQ(weights[r].count(v.name), mine ? 1u : 0u) << v.name << " on rank " << r;
           if (!mine) continue;
           const double rel = ((weights[r].at(v.name) - want).abs().max() /
@@ -875,8 +875,16 @@ TEST(Distributed, PipelineStagesOnRanksTrainLikeOneProcess) {
           EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
         }
       }
-      EXPECT_EQ(remote[0].size(), static_cast<size_t>(4 - 4 / n));
-      EXPECT_EQ(remote[0].front(), StrCat("lm/stack/x_layers_", 4 / n)) << Join(remote[0], ", ");
+      // Rank 0 lacks the later stages' layers, the final layer norm and the softmax; the last
+      // rank the embedding.
+      const std::set<std::string> first(remote[0].begin(), remote[0].end());
+      EXPECT_EQ(first.size(), static_cast<size_t>(4 - 4 / n + 2)) << Join(remote[0], ", ");
+      for (const std::string& s : {StrCat("lm/stack/x_layers_", 4 / n), std::string("lm/softmax"),
+                                  std::string("lm/stack/final_ln")}) {
+        EXPECT_TRUE(first.count(s)) << s << " not in " << Join(remote[0], ", ");
+      }
+      const std::set<std::string> last(remote[n - 1].begin(), remote[n - 1].end());
+      EXPECT_TRUE(last.count("lm/emb")) << Join(remote[n - 1], ", ");
     }
   }
 }
@@ -918,11 +926,10 @@ TEST(Distributed, DataTimesPipeMeshTrainsLikeOneProcess) {
     }
     for (const auto& v : one_vars) {
       if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;
-      const size_t at = v.name.find("/x_layers_");
-      const int layer = at == std::string::npos ? -1 : std::stoi(v.name.substr(at + 10));
+      const int stage = LmStageOf(v.name, 2, 4);
       const at::Tensor want = v.value.detach();
       for (int r = 0; r < 4; ++r) {
-        const bool mine = layer < 0 || layer / 2 == r % 2;
+        const bool mine = stage < 0 || stage == r % 2;
         ASSERT_EQ(weights[r].count(v.name), mine ? 1u : 0u) << v.name << " on rank " << r;
         if (!mine) continue;
         const double rel = ((weights[r].at(v.name) - want).abs().max() /

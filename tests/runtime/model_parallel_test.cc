@@ -290,11 +290,10 @@ TEST(ModelParallel, PipeTimesModelAndDataTimesPipeTimesModelTrainLikeOneProcess)
     }
     for (const auto& v : one_vars) {
       if (v.name.ends_with("key/b")) continue;
-      const size_t at = v.name.find("/x_layers_");
-      const int layer = at == std::string::npos ? -1 : std::stoi(v.name.substr(at + 10));
+      const int stage = LmStageOf(v.name, 2, 4);
       for (int r = 0; r < world; ++r) {
         const MeshShape::Coordinates c = shape.Of(r);
-        const bool mine = layer < 0 || layer / 2 == c.pipe;
+        const bool mine = stage < 0 || stage == c.pipe;
         ASSERT_EQ(runs[r].weights.count(v.name), mine ? 1u : 0u) << v.name << " on rank " << r;
         if (!mine) continue;
         at::Tensor want = v.value.detach();

@@ -62,4 +62,18 @@ inline void RunWorkers(int world, const std::function<void(Distributed&)>& fn, d
   }
 }
 
+// The pipeline stage that holds variable `name` of an LM task named "lm" whose `layers` layers are
+// split evenly into `stages` stages with Lingvo's placement (TransformerStack's
+// place_ends_on_stages: the embedding on stage 0, the final layer norm and the softmax on the
+// last); -1 for a variable every rank holds.
+inline int LmStageOf(const std::string& name, int stages, int layers) {
+  const size_t at = name.find("/x_layers_");
+  if (at != std::string::npos) return std::stoi(name.substr(at + 10)) / (layers / stages);
+  if (name.rfind("lm/emb/", 0) == 0) return 0;
+  if (name.rfind("lm/softmax/", 0) == 0 || name.rfind("lm/stack/final_ln/", 0) == 0) {
+    return stages - 1;
+  }
+  return -1;
+}
+
 }  // namespace glossa

@@ -242,7 +242,7 @@ pipe=("${common[@]}" "--model_params_override=$pipe_small")
 "$glossa" train "${pipe[@]}" --logdir="$tmp/p" --max_steps=10 --nproc_per_node=2 --mesh=pipe:2 > "$tmp/p.log" 2>&1; rc=$?
 check "pipeline training exits 0 (rc $rc): $(tail -2 "$tmp/p.log")" test "$rc" -eq 0
 check "rank 1 is stage 1 and reads the same input as rank 0" grep -q '^\[rank 1\] rank 1 of 2: pipeline stage 1, training on input shard 0 of 1' "$tmp/p.log"
-check "rank 0 says what its stage holds" grep -q '^\[rank 0\] pipeline stage 0 of 2: 17 variables' "$tmp/p.log"
+check "rank 0 says what its stage holds" grep -q '^\[rank 0\] pipeline stage 0 of 2: 18 variables' "$tmp/p.log"
 check "and what it sent: $(grep -m1 'pipeline over' "$tmp/p.log")" grep -q '^\[rank 0\] pipeline over 2 ranks: stage 0 sent 2.0 micro-batches per step' "$tmp/p.log"
 for r in 0 1; do
   check "stage $r's layers" test -f "$tmp/p/train/ckpt-00000010-rank-0000$r-of-00002.safetensors"

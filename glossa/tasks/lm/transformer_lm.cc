@@ -18,6 +18,7 @@
 #include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer.h"
+#include "glossa/model/pipeline_metrics.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 
@@ -30,9 +31,12 @@ glossa::Params TransformerLmTask::Params() {
            "Token embedding params (vocab_size, embedding_dim).");
   p.Define("position_emb", PositionalEmbeddingLayer::Params(),
            "Sinusoidal position embedding params (embedding_dim).");
-  p.Define("stack", TransformerStack::Params().Set("mask_self_atten", true),
+  p.Define("stack",
+           TransformerStack::Params().Set("mask_self_atten", true).Set("place_ends_on_stages", true),
            "The causal TransformerStack (its transformer_layer_params_tpl holds the attention "
-           "and feed-forward templates).");
+           "and feed-forward templates). Pipelined over ranks (splits, --mesh=pipe:S) with "
+           "place_ends_on_stages (Lingvo's placement), the embedding lives on stage 0 and the "
+           "softmax and loss on the last stage.");
   p.Define("softmax", SimpleFullSoftmax::Params().Set("compute_per_example_argmax", false),
            "Softmax params (input_dim, num_classes, label_smoothing).");
   p.Define("aux_loss_weight", 0.01,
@@ -61,10 +65,27 @@ glossa::Params TransformerLmTask::CommonParams(int64_t vocab_size, int64_t model
 }
 
 TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
-  emb_ = CreateChild<EmbeddingLayer>("emb", p.GetParams("emb"));
+  // Lingvo's pipeline placement: on a pipe axis the embedding is stage 0's and the softmax the
+  // last stage's (their variables this rank's alone); elsewhere both are built here.
+  ends_ = TransformerStack::PlaceEnds(p.GetParams("stack"), build_context());
+  BuildContext stage = build_context();
+  if (ends_.axis != nullptr) stage.WithCollection(kPipelineStageCollection);
+  auto scope = [&](const char* name) {
+    const std::string set = p.GetParams(name).GetString("name");
+    return set.empty() ? std::string(name) : set;
+  };
+  if (ends_.axis == nullptr || ends_.first()) {
+    emb_ = CreateChildIn<EmbeddingLayer>(stage, "emb", p.GetParams("emb"));
+  } else {
+    DeclareRemoteScope(scope("emb"));
+  }
   position_emb_ = CreateChild<PositionalEmbeddingLayer>("position_emb", p.GetParams("position_emb"));
   stack_ = CreateChild<TransformerStack>("stack", p.GetParams("stack"));
-  softmax_ = CreateChild<SimpleFullSoftmax>("softmax", p.GetParams("softmax"));
+  if (ends_.axis == nullptr || ends_.last()) {
+    softmax_ = CreateChildIn<SimpleFullSoftmax>(stage, "softmax", p.GetParams("softmax"));
+  } else {
+    DeclareRemoteScope(scope("softmax"));
+  }
   vocab_size_ = p.GetInt("emb.vocab_size");
   const int64_t dim = p.GetInt("emb.embedding_dim");
   auto check = [&](const char* key, int64_t value, const char* what, int64_t want) {
@@ -103,7 +124,10 @@ at::Tensor TransformerLmTask::Logits(const NestedMap& theta, const at::Tensor& i
 NestedMap TransformerLmTask::ComputePredictions(const NestedMap& theta,
                                                 const NestedMap& batch) const {
   const at::Tensor& ids = batch.GetTensor("ids");
-  at::Tensor x = emb_->FProp(emb_.Theta(theta), ids);
+  // A later pipeline stage (Lingvo's placement): the stack reads stage 0's embeddings, not these.
+  at::Tensor x = ends_.axis != nullptr && !ends_.first()
+                     ? at::zeros({ids.size(0), ids.size(1), stack_->model_dim()})
+                     : emb_->FProp(emb_.Theta(theta), ids);
   // Packed rows (the input's packed_input): positions restart with each segment, and attention
   // stays within it.
   const at::Tensor segment_ids = OptionalInput(batch, "segment_ids");
@@ -129,9 +153,47 @@ NestedMap TransformerLmTask::ComputePredictions(const NestedMap& theta,
   return out;
 }
 
+namespace {
+// The metrics the last pipeline stage hands the others, in order.
+std::vector<std::string> LmMetricNames(bool aux) {
+  std::vector<std::string> names = {"loss", "log_pplx", "fraction_of_correct_next_step_preds",
+                                    "num_predictions", "num_samples_in_batch"};
+  if (aux) names.push_back("aux_loss");
+  return names;
+}
+}  // namespace
+
 BaseTask::LossOutput TransformerLmTask::ComputeLoss(const NestedMap& theta,
                                                     const NestedMap& predictions,
                                                     const NestedMap& batch) const {
+  if (ends_.axis != nullptr && !ends_.last()) return LossFromLastStage(predictions);
+  LossOutput out = ComputeLossHere(theta, predictions, batch);
+  if (ends_.axis != nullptr) {
+    ShareMetricsFromLastStage(ends_, out.metrics, LmMetricNames(predictions.Has("aux_loss")));
+  }
+  return out;
+}
+
+BaseTask::LossOutput TransformerLmTask::LossFromLastStage(const NestedMap& predictions) const {
+  const at::Tensor encoded = predictions.GetTensor("encoded");
+  LossOutput out;
+  out.metrics = MetricsFromLastStage(ends_, LmMetricNames(predictions.Has("aux_loss")),
+                                     encoded.scalar_type());
+  // The loss's value is the last stage's; its gradient reaches this stage's layers through the
+  // pipeline's backward (which reads the output gradient on the last stage only) and the aux
+  // loss's re-injection, so both stay in the graph at no value.
+  at::Tensor& loss = out.metrics["loss"].value;
+  loss = loss + (encoded * 0).sum().to(loss.scalar_type());
+  if (predictions.Has("aux_loss")) {
+    const at::Tensor a = predictions.GetTensor("aux_loss");
+    loss = loss + aux_loss_weight_ * (a - a.detach()).to(loss.scalar_type());
+  }
+  return out;
+}
+
+BaseTask::LossOutput TransformerLmTask::ComputeLossHere(const NestedMap& theta,
+                                                        const NestedMap& predictions,
+                                                        const NestedMap& batch) const {
   const at::Tensor& labels = batch.GetTensor("labels");
   at::Tensor weights =
       batch.Has("weights") ? batch.GetTensor("weights") : at::ones(labels.sizes(), at::kFloat);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "glossa/layers/gpipe.h"
 #include "glossa/model/base_task.h"
 
 namespace glossa {
@@ -111,6 +112,16 @@ class TransformerLmTask : public BaseTask {
   Child<PositionalEmbeddingLayer> position_emb_;
   Child<TransformerStack> stack_;
   Child<SimpleFullSoftmax> softmax_;
+  // On a pipe axis with the stack's place_ends_on_stages: this rank's stage (emb_ is built on
+  // stage 0, softmax_ on the last).
+  PipelineEnds ends_;
+
+  // The loss and metrics (on the last pipeline stage, or without one).
+  LossOutput ComputeLossHere(const NestedMap& theta, const NestedMap& predictions,
+                             const NestedMap& batch) const;
+  // On a stage before the last: the last stage's metrics, the loss's value with this stage's
+  // layers in its graph.
+  LossOutput LossFromLastStage(const NestedMap& predictions) const;
 };
 
 // Unigram baseline: token frequencies (add-one smoothed) counted over `train` batches' labels,
