@@ -14,7 +14,8 @@
 # Then GPipe's pipeline parallelism: the Austen LM at width 256 with 4 layers of hidden dim 1,024
 # (task.stack.splits = ranks, 4 micro-batches; 1 rank: unpipelined) on 1, 2 and 4 ranks
 # (--mesh=pipe:N): tokens/s, parameter + slot bytes per rank as above (rank 0's file holds the
-# replicated embedding and softmax, each rank file one stage's layers), the activations stage 0
+# global step, each rank file one stage's layers, stage 0's with the embedding and the last's
+# with the softmax and final layer norm: Lingvo's placement), the activations stage 0
 # sent per step (the trainer's summary line), and one micro-batch's hop timed alone through
 # Glossa's Distributed::Send/Recv and PyTorch's dist.send/recv.
 # Then tensor parallelism on the 512-wide LM over model axes of 1, 2 and 4 ranks (see below).
