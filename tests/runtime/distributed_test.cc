@@ -889,6 +889,97 @@ TEST(Distributed, PipelineStagesOnRanksTrainLikeOneProcess) {
   }
 }
 
+// A pipe or expert axis with one fault: the mutations the equivalences above must catch.
+class FaultyAxis : public MeshAxis {
+ public:
+  enum Fault { kLoseGradients, kNoExchange };
+  FaultyAxis(MeshAxis& real, Fault fault) : real_(real), fault_(fault) {}
+  int size() const override { return real_.size(); }
+  int index() const override { return real_.index(); }
+  // kNoExchange: every block stays on its rank (the tokens never reach their experts).
+  at::Tensor ExchangeBlocks(const at::Tensor& input) override {
+    return fault_ == kNoExchange ? input.clone() : real_.ExchangeBlocks(input);
+  }
+  void SendTo(const at::Tensor& t, int dst) override { real_.SendTo(t, dst); }
+  // kLoseGradients: what rank 0 receives (on 2 stages, only the gradients) arrives as zeros.
+  void RecvFrom(at::Tensor& out, int src) override {
+    real_.RecvFrom(out, src);
+    if (fault_ == kLoseGradients && real_.index() == 0) out.zero_();
+  }
+  void Broadcast(at::Tensor& t, int root) override { real_.Broadcast(t, root); }
+  void AllReduceSum(at::Tensor& t) override { real_.AllReduceSum(t); }
+
+ private:
+  MeshAxis& real_;
+  Fault fault_;
+};
+
+// The largest relative difference between a rank's weights and the one-process model's (an
+// expert variable against its block of `per` experts at expert_block · per).
+double WorstWeightDifference(const std::vector<LearnerVariable>& one,
+                             const std::map<std::string, at::Tensor>& rank, int per = 0,
+                             int expert_block = 0) {
+  double worst = 0;
+  for (const auto& v : one) {
+    if (!rank.count(v.name)) continue;
+    const at::Tensor& got = rank.at(v.name);
+    at::Tensor want = v.value.detach();
+    if (got.size(0) != want.size(0)) want = want.slice(0, per * expert_block, per * expert_block + per);
+    worst = std::max(worst, ((got - want).abs().max() /
+                             at::clamp_min(want.abs().max(), 1e-12)).item<double>());
+  }
+  return worst;
+}
+
+// A mutation check per axis: a pipe axis that loses the gradients on their way back to stage 0,
+// and an expert axis whose all-to-all keeps every token on its own rank, train away from one
+// process (weights apart by more than 1e-3 after 10 steps), where the real axes stay within 1e-5
+// (the equivalences above).
+TEST(Distributed, AFaultyPipeOrExpertAxisPartsFromOneProcess) {
+  const int steps = 10;
+  std::vector<at::Tensor> batches;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(29);
+  for (int s = 0; s < steps; ++s) batches.push_back(at::randint(3, 50, {8, 12}, gen));
+  {
+    auto one = SmallPipeLm(1, 1, 0.1);
+    TrainSteps(*one, batches, 0, 8);
+    const auto one_vars = LearnerVariables(*one);
+    std::vector<double> worst(2);
+    RunWorkers(2, [&](Distributed& dist) {
+      ParallelPlan plan(dist, "pipe:2");
+      FaultyAxis lossy(*plan.mesh().pipe_axis(), FaultyAxis::kLoseGradients);
+      auto lm = SmallPipeLm(2, 4, 0.1, false, BuildContext().WithAxis("pipe", &lossy));
+      auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
+      plan.Configure(*sync);
+      lm->learner().SetGradientSync(sync);
+      TrainSteps(*lm, batches, 0, 8, &dist);
+      std::map<std::string, at::Tensor> weights;
+      for (const auto& v : LearnerVariables(*lm)) weights[v.name] = v.value.detach();
+      worst[dist.rank()] = WorstWeightDifference(one_vars, weights);
+    });
+    EXPECT_GT(worst[0], 1e-3) << "stage 0 trained as if its gradients had arrived";
+  }
+  {
+    auto one = SmallMoeLm(1, 2, 0.0);
+    TrainSteps(*one, batches, 0, 8);
+    const auto one_vars = LearnerVariables(*one);
+    std::vector<double> worst(2);
+    RunWorkers(2, [&](Distributed& dist) {
+      const int r = dist.rank();
+      DistributedMeshAxis axis(dist);
+      FaultyAxis stay(axis, FaultyAxis::kNoExchange);
+      BatchShardScope shard(r, 2);
+      auto lm = SmallMoeLm(2, 2, 0.0, BuildContext().WithAxis("expert", &stay));
+      lm->learner().SetGradientSync(std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true));
+      TrainSteps(*lm, batches, 4 * r, 4 * r + 4, &dist);
+      std::map<std::string, at::Tensor> weights;
+      for (const auto& v : LearnerVariables(*lm)) weights[v.name] = v.value.detach();
+      worst[r] = WorstWeightDifference(one_vars, weights, 2, r);
+    });
+    EXPECT_GT(std::max(worst[0], worst[1]), 1e-3) << "tokens that never left their rank";
+  }
+}
+
 // The data × pipe mesh (--mesh=data:2,pipe:2): 4 ranks, rank r = 2d + s. Ranks {0, 1} and {2, 3}
 // are two pipelines of the LM's 4 layers (2 per stage), each on half the batch; ranks {0, 2} and
 // {1, 3} hold the same stage and average its gradients. 20 steps with clipping and dropout 0.1
