@@ -2,6 +2,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/layers/flops.h"
 #include "glossa/layers/transformer.h"
 
 namespace glossa {
@@ -17,11 +18,10 @@ glossa::Params ExpandTransformerStack(const glossa::Params& p) {
     throw InvalidArgumentError(StrCat(where, ": pipeline cells take no cross-attention inputs "
                                              "(has_aux_atten must be False)"));
   }
-  ParamValue::List cells;
-  for (auto& l : TransformerStack::LayerParams(p)) cells.push_back(ParamValue(std::move(l)));
-  out.Set("cell_tpl", cells);
+  const std::vector<glossa::Params> layers = TransformerStack::LayerParams(p);
+  out.Set("cell_tpl", ParamValue::List(layers.begin(), layers.end()));
   ParamValue::List ends;
-  for (int64_t e : StageEndsFromSplits(where, p.Get("splits"), n)) ends.push_back(ParamValue(e));
+  for (int64_t e : StageEndsOf(where, p.Get("splits"), layers)) ends.push_back(ParamValue(e));
   out.Set("stage_ends", ends);
   return out;
 }
@@ -33,8 +33,9 @@ glossa::Params GPipeTransformerStack::Params() {
   p.Set("cls", ClsOf<GPipeTransformerStack>());
   TransformerStack::DefineLayerFields(p);
   p.Define("splits", 1,
-           "Stages: an int (that many, layers split evenly) or a list of increasing layer end "
-           "indices whose last is num_layers.");
+           "Stages: an int (that many, balanced by the layers' declared FLOPs per token, "
+           "glossa/layers/flops.h) or a list of increasing layer end indices whose last is "
+           "num_layers.");
   return p;
 }
 

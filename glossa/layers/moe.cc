@@ -13,6 +13,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/activations.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/flops.h"
 #include "glossa/layers/mesh.h"
 #include "glossa/layers/normalization.h"
 #include "glossa/layers/weight_init.h"
@@ -515,5 +516,13 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
 }
 
 GLOSSA_REGISTER_CLASS(TransformerShardedMoeLayer, "glossa.layers.TransformerShardedMoeLayer");
+
+// Declared FLOPs per token (flops.h): the gate, and the top-2 experts' two projections.
+[[maybe_unused]] static const bool kDeclaredFlops = RegisterDeclaredFlops(
+    "glossa.layers.TransformerShardedMoeLayer", [](const glossa::Params& p) -> std::optional<double> {
+      const double m = p.GetInt("input_dim"), h = p.GetInt("hidden_dim");
+      return 2.0 * m * p.GetInt("num_experts") +
+             2 * (2.0 * m * h * (p.GetBool("use_glu") ? 2 : 1) + 2.0 * h * m);
+    });
 
 }  // namespace glossa

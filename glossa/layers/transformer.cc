@@ -8,6 +8,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/layers/block.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/flops.h"
 
 namespace glossa {
 namespace {
@@ -369,6 +370,28 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
 GLOSSA_REGISTER_CLASS(TransformerFeedForwardLayer, "glossa.layers.TransformerFeedForwardLayer");
 GLOSSA_REGISTER_CLASS(TransformerAttentionLayer, "glossa.layers.TransformerAttentionLayer");
 GLOSSA_REGISTER_CLASS(TransformerLayer, "glossa.layers.TransformerLayer");
+
+// Declared FLOPs per token (flops.h): 2 per weight a token meets.
+[[maybe_unused]] static const bool kDeclaredFlops =
+    RegisterDeclaredFlops("glossa.layers.TransformerFeedForwardLayer",
+                          [](const glossa::Params& p) -> std::optional<double> {
+                            return 4.0 * p.GetInt("input_dim") * p.GetInt("hidden_dim");
+                          }) &&
+    RegisterDeclaredFlops("glossa.layers.TransformerAttentionLayer",
+                          [](const glossa::Params& p) -> std::optional<double> {
+                            const double d = p.GetInt("input_dim"), h = p.GetInt("hidden_dim");
+                            return 8.0 * d * (h > 0 ? h : d);  // q, k, v, output projections
+                          }) &&
+    RegisterDeclaredFlops("glossa.layers.TransformerLayer",
+                          [](const glossa::Params& p) -> std::optional<double> {
+                            const int64_t d = p.GetInt("input_dim");
+                            const char* self = p.Get("tr_self_atten_tpl").is_params()
+                                                   ? "tr_self_atten_tpl" : "tr_atten_tpl";
+                            const auto a = DeclaredFlopsPerToken(BlockParams(p, self, d));
+                            const auto f = DeclaredFlopsPerToken(BlockParams(p, "tr_fflayer_tpl", d));
+                            if (!a || !f) return std::nullopt;
+                            return *a * (p.GetBool("has_aux_atten") ? 2 : 1) + *f;
+                          });
 
 // ---- The uniform call (BaseLayer::FPropMap) ----
 

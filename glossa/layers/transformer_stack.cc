@@ -7,6 +7,7 @@
 #include "glossa/layers/block.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/layers/dropout.h"
+#include "glossa/layers/flops.h"
 #include "glossa/layers/gpipe.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
@@ -28,8 +29,9 @@ glossa::Params TransformerStack::Params() {
   p.Define("dropout_tpl", DeterministicDropoutLayer::Params(),
            "Params of the input dropout (keep_prob is set from input_dropout_prob).");
   p.Define("splits", 1,
-           "GPipe stages of the layers: an int (that many, layers split evenly; 1: no pipeline) "
-           "or a list of increasing layer end indices whose last is num_layers. On a mesh's "
+           "GPipe stages of the layers: an int (that many, balanced by the layers' declared FLOPs "
+           "per token, glossa/layers/flops.h; 1: no pipeline) or a list of increasing layer end "
+           "indices whose last is num_layers. On a mesh's "
            "'pipe' axis each rank holds one stage.");
   p.Define("num_micro_batches", 1, "Micro-batches a pipelined batch is split into.");
   p.Define("place_ends_on_stages", false,
@@ -143,13 +145,13 @@ bool UsesFinalLayerNorm(const glossa::Params& p, const glossa::Params& layer0) {
 TransformerStack::~TransformerStack() = default;
 
 TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
-  ParamValue::List layers;
-  for (auto& l : LayerParams(p)) layers.push_back(ParamValue(std::move(l)));
+  const std::vector<glossa::Params> layer_params = LayerParams(p);
+  ParamValue::List layers(layer_params.begin(), layer_params.end());
   input_dropout_ =
       CreateChild<DropoutLayer>("input_dropout", DropoutParams(p, "input_dropout_prob"));
   const int64_t n = static_cast<int64_t>(layers.size());
   const std::string where = StrCat("layer '", path(), "'");
-  const std::vector<int64_t> ends = StageEndsFromSplits(where, p.Get("splits"), n);
+  const std::vector<int64_t> ends = StageEndsOf(where, p.Get("splits"), layer_params);
   StagePlacement place;
   place.end = n;
   if (ends.size() > 1) {
@@ -222,8 +224,7 @@ PipelineEnds TransformerStack::PlaceEnds(const glossa::Params& p,
   PipelineEnds e;
   if (!p.GetBool("place_ends_on_stages")) return e;
   const std::string where = StrCat("layer '", p.GetString("name"), "'");
-  const int64_t n = static_cast<int64_t>(LayerParams(p).size());
-  const std::vector<int64_t> ends = StageEndsFromSplits(where, p.Get("splits"), n);
+  const std::vector<int64_t> ends = StageEndsOf(where, p.Get("splits"), LayerParams(p));
   if (ends.size() == 1) return e;
   const StagePlacement place = PlaceStages(where, ends, context);
   if (place.axis == nullptr) return e;
