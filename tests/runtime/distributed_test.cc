@@ -739,6 +739,15 @@ TEST(Distributed, PipeTimesExpertMeshTrainsLikeOneProcess) {
       ASSERT_EQ(plan.batch_shards(), 2);
       BatchShardScope shard(plan.batch_shard(), plan.batch_shards());
       auto lm = SmallMoeLm(2, 2, 0.1, plan.Context(), /*splits=*/2);
+      // The plan's rule: a stage's dense variable sums over the stage's 2 expert ranks (the
+      // batch group) and is halved; an expert sums over no one (data 1) and is halved too.
+      for (const auto& v : LearnerVariables(*lm)) {
+        if (!v.rank_local()) continue;
+        const auto rule = plan.RankLocal(v);
+        EXPECT_DOUBLE_EQ(rule.scale, 0.5) << v.name;
+        EXPECT_EQ(rule.group, v.expert_sharded ? plan.data_group() : plan.batch_group()) << v.name;
+        EXPECT_DOUBLE_EQ(rule.norm_weight, v.expert_sharded ? 1.0 : 0.5) << v.name;
+      }
       auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
       if (!mutated) plan.Configure(*sync);
       lm->learner().SetGradientSync(sync);
