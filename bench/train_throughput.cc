@@ -37,6 +37,8 @@
 #include "glossa/optim/schedule.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "bench/bench_util.h"
 
 namespace {

@@ -6,7 +6,7 @@
 
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/model/base_task.h"
 #include "glossa/optim/schedule.h"
 

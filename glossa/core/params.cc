@@ -8,7 +8,9 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/core/params_proto.h"
 #include "glossa/core/params_repr.h"
+#include "glossa/core/params_text.h"
 
 namespace glossa {
 
@@ -442,6 +444,26 @@ std::string DiffMaps(const ParamValue& a, const ParamValue& b, const std::string
 
 std::string Params::TextDiff(const Params& other) const {
   return DiffMaps(ParamValue(*this), ParamValue(other), " ");
+}
+
+// ---- The formats (params_text.h, params_proto.h) ----
+
+std::string Params::ToText() const { return internal::ParamsText(*this, /*with_docs=*/false); }
+std::string Params::ToTextWithDocs() const {
+  return internal::ParamsText(*this, /*with_docs=*/true);
+}
+
+Params& Params::FromText(std::string_view text) {
+  CheckMutable("FromText");
+  *this = internal::ParamsWithText(*this, text);  // all or nothing
+  return *this;
+}
+
+void Params::ToProto(proto::Hyperparam* out) const { internal::WriteParamsProto(*this, out); }
+std::string Params::ToProtoBytes() const { return internal::ParamsProtoBytes(*this); }
+Params Params::FromProto(const proto::Hyperparam& pb) { return internal::ParamsFromProto(pb); }
+Params Params::FromProtoBytes(std::string_view bytes) {
+  return internal::ParamsFromProtoBytes(bytes);
 }
 
 }  // namespace glossa

@@ -8,6 +8,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/hyperparams.pb.h"
 #include "glossa/core/params.h"
+#include "glossa/core/params_proto.h"
 
 namespace glossa {
 namespace {
@@ -145,14 +146,16 @@ Params FromParamsProto(const proto::Hyperparam& pb, const std::string& where) {
 
 }  // namespace
 
-void Params::ToProto(proto::Hyperparam* out) const {
+namespace internal {
+
+void WriteParamsProto(const Params& p, proto::Hyperparam* out) {
   out->Clear();
-  ToParamsProto(*this, out);
+  ToParamsProto(p, out);
 }
 
-std::string Params::ToProtoBytes() const {
+std::string ParamsProtoBytes(const Params& p) {
   proto::Hyperparam pb;
-  ToProto(&pb);
+  WriteParamsProto(p, &pb);
   std::string bytes;
   {
     // Deterministic serialization writes map entries sorted by key, so equal Params give equal
@@ -165,14 +168,16 @@ std::string Params::ToProtoBytes() const {
   return bytes;
 }
 
-Params Params::FromProto(const proto::Hyperparam& pb) { return FromParamsProto(pb, ""); }
+Params ParamsFromProto(const proto::Hyperparam& pb) { return FromParamsProto(pb, ""); }
 
-Params Params::FromProtoBytes(std::string_view bytes) {
+Params ParamsFromProtoBytes(std::string_view bytes) {
   proto::Hyperparam pb;
   if (!pb.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     throw DataLossError(StrCat("cannot parse ", bytes.size(), " bytes as a Hyperparam proto"));
   }
-  return FromProto(pb);
+  return ParamsFromProto(pb);
 }
+
+}  // namespace internal
 
 }  // namespace glossa

@@ -12,6 +12,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/core/params_text.h"
 #include "glossa/core/params.h"
 #include "glossa/core/params_repr.h"
 #include "glossa/core/python_literal.h"
@@ -432,18 +433,13 @@ std::map<std::string, std::string> TextLines(const Params& p) {
 
 }  // namespace
 
-std::string Params::ToText() const {
-  const auto kv = TextLines(*this);
-  std::string out;
-  for (const auto& [k, v] : kv) out += k + " : " + v + "\n";
-  return out;
-}
+namespace internal {
 
-std::string Params::ToTextWithDocs() const {
-  const auto kv = TextLines(*this);
+std::string ParamsText(const Params& p, bool with_docs) {
+  const auto kv = TextLines(p);
   std::string out;
   for (const auto& [k, v] : kv) {
-    const std::string& doc = Doc(k);
+    const std::string& doc = with_docs ? p.Doc(k) : std::string();
     if (!doc.empty()) {
       for (const std::string& line : Split(doc, '\n')) out += "# " + line + "\n";
     }
@@ -451,6 +447,8 @@ std::string Params::ToTextWithDocs() const {
   }
   return out;
 }
+
+}  // namespace internal
 
 namespace {
 
@@ -571,12 +569,11 @@ std::vector<TextItem> ParseTextItems(std::string_view text) {
 
 }  // namespace
 
-Params& Params::FromText(std::string_view text) {
-  CheckMutable("FromText");
-  const std::vector<TextItem> items = ParseTextItems(text);
+namespace internal {
 
-  // Apply to a copy so that an error leaves this Params unchanged.
-  Params updated = *this;
+Params ParamsWithText(const Params& base, std::string_view text) {
+  const std::vector<TextItem> items = ParseTextItems(text);
+  Params updated = base;
   for (const TextItem& item : items) {
     try {
       const ParamValue& old = updated.Get(item.key);
@@ -585,8 +582,9 @@ Params& Params::FromText(std::string_view text) {
       ThrowError(e.code(), StrCat("params text line ", item.line, ": ", e.message()));
     }
   }
-  *this = std::move(updated);
-  return *this;
+  return updated;
 }
+
+}  // namespace internal
 
 }  // namespace glossa

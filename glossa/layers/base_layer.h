@@ -38,6 +38,8 @@
 
 #include "glossa/core/nested_map.h"
 #include "glossa/core/params.h"
+#include "glossa/layers/accumulator.h"
+#include "glossa/layers/layer_scopes.h"
 #include "glossa/layers/mesh.h"
 #include "glossa/layers/weight_init.h"
 
@@ -46,66 +48,12 @@ namespace glossa {
 class TorchScriptWriter;  // glossa/layers/torchscript.h
 class OnnxGraph;          // glossa/layers/onnx_graph.h
 
-// ---- Execution mode ----
-
-// True inside an EvalModeScope on this thread (Lingvo's cluster.do_eval): no dropout, EMA weights.
-bool IsEvalMode();
-class EvalModeScope {
- public:
-  explicit EvalModeScope(bool eval = true);
-  ~EvalModeScope();
-  EvalModeScope(const EvalModeScope&) = delete;
-  EvalModeScope& operator=(const EvalModeScope&) = delete;
-
- private:
-  bool saved_;
-};
-
-// While alive on this thread, CreateVariable returns a cached zero tensor per (shape, dtype)
-// instead of initializing a variable, except for names containing "total_samples". Lets a test
-// instantiate every registered model cheaply.
-class VariableStubScope {
- public:
-  VariableStubScope();
-  ~VariableStubScope();
-  VariableStubScope(const VariableStubScope&) = delete;
-  VariableStubScope& operator=(const VariableStubScope&) = delete;
-  // How many distinct zero tensors were handed out.
-  size_t num_cached() const;
-  // The innermost scope on this thread, or null.
-  static VariableStubScope* Current();
-
- private:
-  friend class BaseLayer;
-  std::map<std::pair<std::vector<int64_t>, at::ScalarType>, at::Tensor> cache_;
-  VariableStubScope* previous_;
-};
-
 // Where eval reads exponential moving averages of variables (issue 4's ExponentialMovingAverage
 // implements it). Average returns nullopt for variables it does not track.
 class EmaSource {
  public:
   virtual ~EmaSource() = default;
   virtual std::optional<at::Tensor> Average(const std::string& var_full_name) const = 0;
-};
-
-// Lingvo's Accumulator: a value carried across calls (e.g. recurrent steps), reset per step.
-// Disable()/Enable() nest: while disabled, GetValue returns the default and Set/Reset do nothing.
-class Accumulator {
- public:
-  virtual ~Accumulator() = default;
-  // A fresh default value on every call.
-  virtual at::Tensor DefaultValue() const = 0;
-  at::Tensor GetValue() const;
-  void SetValue(at::Tensor value);
-  void Reset();
-  void Disable() { ++disable_count_; }
-  void Enable();  // FailedPrecondition when not disabled
-  bool IsDisabled() const { return disable_count_ > 0; }
-
- private:
-  at::Tensor value_;
-  int disable_count_ = 0;
 };
 
 class BaseLayer;

@@ -3,7 +3,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/flops.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 
 namespace glossa {
 

@@ -1,11 +1,11 @@
-// The execution-mode scopes of glossa/layers/base_layer.h (eval mode, variable stubs):
+// The execution-mode scopes of glossa/layers/layer_scopes.h (eval mode, variable stubs):
 // thread-locals carried to the threads Glossa starts as ThreadState slots.
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "glossa/base/thread_state.h"
-#include "glossa/layers/base_layer.h"
+#include "glossa/layers/layer_scopes.h"
 
 namespace glossa {
 namespace {

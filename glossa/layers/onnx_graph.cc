@@ -247,8 +247,4 @@ void OnnxGraph::Unsupported(const BaseLayer& layer, const std::string& what) {
                                   " is not covered by the ONNX export"));
 }
 
-std::string BaseLayer::EmitOnnx(OnnxGraph&, const std::string&, const std::string&) const {
-  OnnxGraph::Unsupported(*this, "this layer class");
-}
-
 }  // namespace glossa

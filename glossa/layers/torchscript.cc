@@ -29,9 +29,4 @@ void TorchScriptWriter::Unsupported(const BaseLayer& layer, const std::string& w
                                   " is not covered by the TorchScript export"));
 }
 
-void BaseLayer::EmitTorchScript(TorchScriptWriter&, const std::string&, const std::string&,
-                                const std::string&) const {
-  TorchScriptWriter::Unsupported(*this, "this layer class");
-}
-
 }  // namespace glossa

@@ -1,11 +1,10 @@
 // Transformer building blocks (Lingvo's batch-major transformer), composed from templates as in
 // Lingvo: a TransformerLayer is built from tr_atten_tpl (self- and cross-attention) and
 // tr_fflayer_tpl (a dense TransformerFeedForwardLayer, a TransformerShardedMoeLayer, or any
-// Block); a TransformerStack (Lingvo's StackedTransformerLayers) from
-// transformer_layer_params_tpl, one template or a list of them. Every field of every block stays
+// Block). Stacks of them are glossa/layers/transformer_stack.h. Every field of every block stays
 // reachable by its path, e.g. `stack.transformer_layer_params_tpl.tr_fflayer_tpl.activation`.
 //
-//   auto p = TransformerStack::Params();
+//   auto p = TransformerStack::Params();  // glossa/layers/transformer_stack.h
 //   p.Set("name", "enc").Set("num_layers", 6).Set("mdl_dim", 512).Set("num_atten_heads", 8)
 //    .Set("hidden_dim", 2048);
 //   p.GetParams("transformer_layer_params_tpl.tr_fflayer_tpl").Set("activation", "GELU");
@@ -213,118 +212,6 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
   Child<BaseLayer> fflayer_;
   const Block* ff_block_ = nullptr;
   // Set when the feed-forward block is MoE: a decoding step routes its tokens as one group.
-};
-
-// Lingvo's StackedTransformerLayers: num_layers TransformerLayers from
-// transformer_layer_params_tpl (one template, or a list whose length divides num_layers: layer i
-// uses template i / (num_layers / len)), then an optional final layer norm. The stack's fields
-// set the corresponding template fields of every layer when given (mdl_dim > 0, hidden_dim > 0,
-// num_atten_heads > 0, dropout_prob not None); mask_self_atten and has_aux_atten always do.
-//
-// splits > 1 pipelines the layers as GPipe does (gpipe.h: that many stages, num_micro_batches
-// micro-batches, recomputation in the backward), on threads in one process or, on a mesh's
-// 'pipe' axis, one stage per rank (glossa train --mesh=pipe:S): a rank then builds and trains
-// only its stage's layers. Pipelining leaves the math as it was: every layer draws its dropout
-// masks from its own seed, and a micro-batch draws its rows of the whole batch's masks, so any
-// splits and micro-batching give the same outputs and gradients as splits 1 (up to float
-// rounding) and the same checkpoint names; decoding and export take the whole stack (one
-// process).
-struct PipelineCells;
-class TransformerStack : public BaseLayer, public Block, public StepLayer {
- public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
-  // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None,
-  // aux_paddings=None, segment_ids=None, aux_segment_ids=None) -> Tensor.
-  FPropMapSignature FPropMapSpec() const override;
-  NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
-  // + num_layers, mdl_dim, hidden_dim, num_atten_heads, dropout_prob, mask_self_atten,
-  // has_aux_atten, input_dropout_prob, final_layer_norm (True), ln_tpl,
-  // transformer_layer_params_tpl, splits (1), num_micro_batches (1).
-  static glossa::Params Params();
-  // Defines the fields LayerParams reads (every field above but input_dropout_prob,
-  // final_layer_norm and ln_tpl), for other stacks of TransformerLayers (GPipeTransformerStack).
-  static void DefineLayerFields(glossa::Params& p);
-  explicit TransformerStack(const glossa::Params& p);
-  // The TransformerLayer Params of every layer, after the stack's fields are applied
-  // (InvalidArgument naming the field for a bad num_layers or template list).
-  static std::vector<glossa::Params> LayerParams(const glossa::Params& stack);
-
-  // Packed inputs: segment_ids [B, T], aux_segment_ids [B, S] (TransformerLayer::FProp); not in a
-  // pipeline (FailedPrecondition).
-  at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs,
-                   const at::Tensor& paddings = {}, const at::Tensor& aux_vecs = {},
-                   const at::Tensor& aux_paddings = {}, const at::Tensor& segment_ids = {},
-                   const at::Tensor& aux_segment_ids = {}) const;
-  at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
-                        const at::Tensor& paddings) const override {
-    return FProp(theta, x, paddings);
-  }
-  // Per-layer decoding caches.
-  NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
-  // StepLayer: context {aux: PrecomputeAux(source), aux_paddings}; without one, no source.
-  NestedMap PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
-                              const at::Tensor& source_paddings) const override;
-  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
-                                              const NestedMap& states,
-                                              const NestedMap& context) const override;
-  std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
-                                              const NestedMap& states,
-                                              const at::Tensor& aux_vecs = {},
-                                              const at::Tensor& aux_paddings = {}) const;
-  // Every layer's projected cross-attention source ({x_layers: [...]}), computed once per
-  // source, and the decoding step that uses it (what beam search and sampling call).
-  NestedMap PrecomputeAux(const NestedMap& theta, const at::Tensor& aux_vecs) const;
-  std::pair<at::Tensor, NestedMap> ExtendStepProjected(const NestedMap& theta,
-                                                       const at::Tensor& inputs,
-                                                       const NestedMap& states,
-                                                       const NestedMap& aux,
-                                                       const at::Tensor& aux_paddings) const;
-  // ONNX (glossa/layers/onnx_graph.h): every layer's cross-attention keys and values of source
-  // [N, S, D] (two values per layer: k0, v0, k1, ...), and one decoding step of x [N, 1, D] with
-  // each layer's cache (k, v per layer, [N, P, heads, dim]) in and the caches with this step out,
-  // the projected source as EmitOnnxSource gave it, g.Get("source_bias") masking the source.
-  std::vector<std::string> EmitOnnxSource(OnnxGraph& g, const std::string& source,
-                                          const std::string& prefix) const;
-  std::string EmitOnnxStep(OnnxGraph& g, const std::string& x, const std::string& prefix,
-                           const std::vector<std::string>& caches,
-                           const std::vector<std::string>& sources,
-                           std::vector<std::string>* new_caches) const;
-  // Where the ends of a stack of Params `stack` built in `context` go (what a task that feeds and
-  // reads the stack asks before building its layers around it).
-  static PipelineEnds PlaceEnds(const glossa::Params& stack, const BuildContext& context);
-  const PipelineEnds& pipeline_ends() const { return ends_; }
-  // The layers this process holds (all of them, or on a pipe rank its stage's).
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-  int64_t model_dim() const { return model_dim_; }
-  ~TransformerStack() override;
-
- private:
-  // FailedPrecondition naming `what` on a pipe rank, which holds only its stage's layers.
-  void CheckWhole(const char* what) const;
-  int64_t model_dim_;
-  std::unique_ptr<PipelineCells> pipe_;  // splits > 1
-  PipelineEnds ends_;
-  std::vector<int64_t> layer_seeds_;     // GenerateSeedFromName(layer path)
-  Child<DropoutLayer> input_dropout_;
-  std::vector<Child<TransformerLayer>> layers_;
-  Child<LayerNorm> final_ln_;
-};
-
-class TransformerEncoder : public TransformerStack {
- public:
-  static glossa::Params Params();
-  explicit TransformerEncoder(const glossa::Params& p) : TransformerStack(p) {}
-};
-
-class TransformerDecoder : public TransformerStack {
- public:
-  static glossa::Params Params();
-  explicit TransformerDecoder(const glossa::Params& p) : TransformerStack(p) {}
 };
 
 }  // namespace glossa

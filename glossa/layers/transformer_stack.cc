@@ -11,7 +11,7 @@
 #include "glossa/layers/gpipe.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 
 namespace glossa {
 

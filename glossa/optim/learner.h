@@ -102,7 +102,7 @@ class Learner {
   // A sync that overlaps() is told the variables before the backward pass, which then runs as
   // loss.backward() into the variables' .grad, so hooks on their gradient accumulators see each
   // gradient as soon as it is final and can start reducing it while the backward still runs
-  // (glossa/runtime/distributed.h's DataParallelGradientSync). Null: no reduction.
+  // (glossa/runtime/gradient_sync.h's DataParallelGradientSync). Null: no reduction.
   class GradientSync {
    public:
     virtual ~GradientSync() = default;

@@ -489,4 +489,40 @@ void Distributed::Barrier() {
   AllReduceSum({t});
 }
 
+std::unique_ptr<Distributed> Distributed::Subgroup(const std::string& name,
+                                                   const std::vector<int>& ranks) {
+  const auto me = std::find(ranks.begin(), ranks.end(), options_.rank);
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (me == ranks.end() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ||
+      sorted.front() < 0 || sorted.back() >= options_.world_size) {
+    throw InvalidArgumentError(StrCat("process group '", name, "': its ranks must be distinct "
+                                      "ranks of the world of ", options_.world_size,
+                                      " and include this rank (", options_.rank, ")"));
+  }
+  DistributedOptions o = options_;
+  o.rank = static_cast<int>(me - ranks.begin());
+  o.world_size = static_cast<int>(ranks.size());
+  o.group = name;
+  for (int r : ranks) o.world_ranks.push_back(options_.world_ranks.empty() ? r : options_.world_ranks[r]);
+  auto sub = std::unique_ptr<Distributed>(new Distributed(o, NoRendezvous{}));
+  try {
+    sub->impl_->store = c10::make_intrusive<c10d::PrefixStore>(StrCat("glossa/group/", name, "/"),
+                                                               impl_->store);
+    auto pg_options = c10d::ProcessGroupGloo::Options::create(Millis(o.timeout_seconds));
+    pg_options->devices.push_back(impl_->device);
+    sub->impl_->device = impl_->device;
+    sub->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(sub->impl_->store, o.rank,
+                                                                 o.world_size, pg_options);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
+    std::vector<std::string> listed;
+    for (int r : o.world_ranks) listed.push_back(StrCat(r));
+    throw AbortedError(StrCat("process group '", name, "' (world ranks ", Join(listed, ", "),
+                              ") failed to form within ", o.timeout_seconds, " s: ", why));
+  }
+  return sub;
+}
+
 }  // namespace glossa

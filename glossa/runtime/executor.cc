@@ -18,6 +18,8 @@
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/data_parallel.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "glossa/model/metric_history.h"
 #include "glossa/runtime/program.h"
 #include "glossa/layers/process_seed.h"

@@ -13,6 +13,8 @@
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/data_parallel.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/parallel_plan.h"
 

@@ -14,7 +14,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
 #include "glossa/runtime/distributed_impl.h"
 
 namespace glossa {

@@ -4,7 +4,7 @@
 // rank reads and which ranks average metrics, where each rank-local variable's values sit in the
 // whole variable and which rank writes them into checkpoints, the gradient sync's rule for them,
 // the refusals of models an axis cannot train, and the summary line of each axis's traffic.
-// Only MeshShape (distributed.h) knows the rank layout.
+// Only MeshShape (runtime/mesh.h) knows the rank layout.
 //
 //   ParallelPlan plan(world, "data:2,model:2");
 //   auto model = InstantiateLayer<BaseModel>(params, plan.Context());
@@ -23,7 +23,8 @@
 #include "glossa/checkpoint/saver.h"
 #include "glossa/layers/base_layer.h"
 #include "glossa/model/base_model.h"
-#include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 
 namespace glossa {
 

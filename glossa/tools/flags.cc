@@ -25,6 +25,8 @@
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/launcher.h"
 

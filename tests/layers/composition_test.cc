@@ -15,7 +15,7 @@
 #include "glossa/layers/revnet.h"
 #include "glossa/layers/rnn.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "tests/test_util.h"
 
 namespace glossa {

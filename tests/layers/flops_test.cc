@@ -11,7 +11,7 @@
 #include "glossa/layers/gpipe.h"
 #include "glossa/layers/gpipe_transformer.h"
 #include "glossa/layers/moe.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "tests/test_util.h"
 
 namespace glossa {

@@ -9,7 +9,7 @@
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/decoder_step.h"
 #include "glossa/kernels/int8_gemm.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "tests/test_util.h"
 
 namespace glossa {

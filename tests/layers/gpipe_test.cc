@@ -20,7 +20,7 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/block.h"
 #include "glossa/layers/moe.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/summary/summary.h"
 #include "tests/test_util.h"
 

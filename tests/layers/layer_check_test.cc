@@ -25,7 +25,7 @@
 #include "glossa/layers/normalization.h"
 #include "glossa/layers/rnn.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/tasks/asr/asr.h"
 #include "glossa/tasks/image/image.h"
 #include "tests/test_util.h"

@@ -8,7 +8,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/conv.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "tests/inference/onnx_runtime.h"
 #include "tests/test_util.h"
 

@@ -17,6 +17,9 @@
    in tests/COVERAGE.md naming existing tests that cover it.
 6. The table allows only edges that exist: every room a row names is included by some file of
    that room (a dependency that is gone leaves the table with it).
+7. Headers and sources pair: what a header declares (its classes' members, its free functions)
+   is defined in the .cc of its name and at most one more file; a header implemented elsewhere
+   names its own .cc among them. A concept that needs a third file gets a header of its own.
 
 Prints each breach as file:line: message and exits 1 if there is any.
 """
@@ -214,7 +217,7 @@ def check(repo):
             if (room, a) not in used:
                 errors.append(f"docs/architecture.md:1: room '{room}' may include '{a}', but no file "
                               f"of {room} does: drop '{a}' from its row of the rooms table")
-    return errors + check_coverage(repo)
+    return errors + check_coverage(repo) + check_pairing(repo)
 
 
 def check_coverage(repo):
@@ -244,6 +247,118 @@ def check_coverage(repo):
         for t in named:
             if not os.path.exists(os.path.join(repo, t)):
                 errors.append(f"tests/COVERAGE.md:{no}: {t} does not exist")
+    return errors
+
+
+
+# ---- 7. Headers and sources pair ----
+
+NOT_FUNCTIONS = re.compile(r"^(using|typedef|class|struct|union|enum|namespace|friend|static_assert|"
+                           r"return|template\s*<[^>]*>\s*(class|struct))\b")
+
+
+def namespace_statements(text):
+    """(line, head, namespace) of each declaration or definition head at namespace level; a head
+    that opens a body ends with '{'; namespace is the enclosing path ("glossa::mt"), with
+    "{anon}" for an anonymous one."""
+    code = strip_code(text)
+    code = "\n".join(" " * len(l) if l.lstrip().startswith("#") else l for l in code.split("\n"))
+    stack = []  # namespace names, or None for any other brace
+    head, start, line = [], None, 1
+    for ch in code:
+        if ch == "\n":
+            line += 1
+            head.append(" ")
+            continue
+        at_ns = None not in stack
+        if ch in ";{}":
+            h = " ".join("".join(head).split())
+            m = re.match(r"^(?:inline\s+)?namespace\s*([\w:]*)$", h) if at_ns else None
+            if ch == "{":
+                if m:
+                    stack.append(m.group(1) or "{anon}")
+                elif at_ns and re.match(r'^extern\s+"', h):
+                    stack.append("")
+                else:
+                    if at_ns and h:
+                        yield start, h + " {", "::".join(n for n in stack if n)
+                    stack.append(None)
+            elif ch == ";" and at_ns and h:
+                yield start, h + ";", "::".join(n for n in stack if n)
+            elif ch == "}" and stack:
+                stack.pop()
+            head, start = [], None
+            continue
+        if start is None and not ch.isspace():
+            start = line
+        head.append(ch)
+
+
+def declarator(head):
+    """(qualifier chain, name) of a function head, or None when it is not a function."""
+    if "(" not in head or NOT_FUNCTIONS.match(head) or "=" in head.split("(")[0]:
+        return None
+    before = re.sub(r"<[^<>]*>", "", re.sub(r"<[^<>]*>", "", head.split("(")[0])).strip()
+    m = re.search(r"((?:\w+::)*)(~?\w+)$", before)
+    if not m or re.fullmatch(r"[A-Z][A-Z0-9_]+", m.group(2)) or not re.search(r"[\s*&>]", before.replace(m.group(0), " x")):
+        return None
+    return m.group(1)[:-2], m.group(2)
+
+
+def check_pairing(repo):
+    classes, functions, files = {}, {}, []  # "ns::Name" -> headers declaring it
+    for rel, full in library_files(repo):
+        if not rel.startswith("glossa/"):
+            continue
+        text = open(full, encoding="utf-8", errors="replace").read()
+        files.append((rel, text))
+        if not rel.endswith(".h"):
+            continue
+        for _, head, ns in namespace_statements(text):
+            if "{anon}" in ns:
+                continue
+            m = re.match(r"^(?:template\s*<.*>\s*)?(?:class|struct)\s+([\w:]+)(?:\s+final)?\s*[:{]", head)
+            if m:
+                classes.setdefault(f"{ns}::{m.group(1)}", set()).add(rel)
+                continue
+            d = declarator(head)
+            if d and not d[0] and head.endswith(";"):
+                functions.setdefault(f"{ns}::{d[1]}", set()).add(rel)
+    implemented = {}  # header -> {source: first line}
+    for rel, text in files:
+        if not rel.endswith(".cc"):
+            continue
+        includes = set(re.findall(r'#\s*include\s+"([^"]+)"', text))
+        for line, head, ns in namespace_statements(text):
+            d = declarator(head)
+            if not d or not head.endswith("{") or "{anon}" in ns:
+                continue
+            chain, name = d
+            if chain:
+                parts = chain.split("::")
+                owners = set()
+                for k in range(len(parts), 0, -1):
+                    owners = classes.get(f"{ns}::" + "::".join(parts[:k]), set())
+                    if owners:
+                        break
+            else:
+                owners = functions.get(f"{ns}::{name}", set())
+            for h in owners & includes:
+                implemented.setdefault(h, {}).setdefault(rel, line)
+    errors = []
+    sources_of = {r for r, _ in files}
+    for h, sources in sorted(implemented.items()):
+        own = h[:-2] + ".cc"
+        others = sorted(s for s in sources if s != own)
+        where = ", ".join(f"{s}:{sources[s]}" for s in others)
+        if len(sources) > 2:
+            errors.append(f"{h}:1: implemented across {len(sources)} files ({where} beside "
+                          f"{own}): a header pairs with its .cc (and at most one more); give "
+                          f"the other concepts headers of their own")
+        elif others and own not in sources and own in sources_of:
+            errors.append(f"{h}:1: implemented in {where}, not in its own {own}")
+        elif len(others) == 2:
+            errors.append(f"{h}:1: implemented in {where}, neither of them {own}")
     return errors
 
 
@@ -312,6 +427,15 @@ INJECTIONS = [
     ("unused_edge", lambda d: _write_sub(os.path.join(d, "docs/architecture.md"),
                                          "| core | base |", "| core | base kernels |"),
      "room 'core' may include 'kernels', but no file"),
+    ("header_across_three_files", lambda d: [
+        _append(os.path.join(d, "glossa/base/paired.h"),
+                "#pragma once\nnamespace glossa {\nclass Paired {\n public:\n  void A();\n"
+                "  void B();\n  void C();\n};\n}  // namespace glossa\n")] + [
+        _append(os.path.join(d, f"glossa/base/{stem}.cc"),
+                f'#include "glossa/base/paired.h"\nnamespace glossa {{\nvoid Paired::{fn}() {{}}\n'
+                f'}}  // namespace glossa\n')
+        for stem, fn in (("paired", "A"), ("paired_more", "B"), ("paired_too", "C"))],
+     "glossa/base/paired.h:1: implemented across 3 files"),
     ("unguarded_intrinsics", lambda d: _prepend(os.path.join(d, "glossa/kernels/parallel.cc"),
                                                 "#include <immintrin.h>\n"),
      "outside #if GLOSSA_X86_SIMD"),

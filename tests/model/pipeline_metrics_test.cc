@@ -8,6 +8,8 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "tests/runtime/workers.h"
 #include "tests/test_util.h"
 

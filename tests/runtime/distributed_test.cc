@@ -2,6 +2,8 @@
 // 127.0.0.1: two workers as two threads of this process, each with its own store client and
 // process group, as two processes would have.
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "glossa/runtime/parallel_plan.h"
 #include "glossa/runtime/data_parallel.h"
 
@@ -30,7 +32,7 @@
 #include "glossa/input/input_generator.h"
 #include "glossa/layers/mesh.h"
 #include "glossa/layers/moe.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"

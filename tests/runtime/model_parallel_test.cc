@@ -22,6 +22,8 @@
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "glossa/runtime/parallel_plan.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "tests/runtime/workers.h"

@@ -19,7 +19,7 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/linear.h"
 #include "glossa/layers/rnn.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/metrics/wer.h"
 #include "glossa/tasks/mt/mt.h"
 #include "glossa/tasks/lm/transformer_lm.h"

@@ -17,7 +17,7 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/model/pipeline_metrics.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"

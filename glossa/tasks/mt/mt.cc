@@ -19,7 +19,7 @@
 #include "glossa/kernels/fused_xent.h"
 #include "glossa/search/fusion.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/metrics/bleu.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/search/beam_search.h"

@@ -4,7 +4,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 
 namespace glossa {
 namespace mt {

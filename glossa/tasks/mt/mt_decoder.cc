@@ -1,6 +1,6 @@
 // The MT Transformer decoder (Lingvo's mt.decoder.TransformerDecoder): teacher-forced loss,
 // incremental steps, beam search, greedy and sampling.
-#include "glossa/tasks/mt/mt.h"
+#include "glossa/tasks/mt/mt_decoder.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/int8_gemm.h"
 
@@ -18,7 +18,7 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/kernels/fused_xent.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/metrics/bleu.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/search/beam_search.h"

@@ -1,5 +1,5 @@
 // The MT Transformer encoder (Lingvo's mt.encoder.TransformerEncoder).
-#include "glossa/tasks/mt/mt.h"
+#include "glossa/tasks/mt/mt_encoder.h"
 
 #include <ATen/ATen.h>
 
@@ -15,7 +15,7 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/kernels/fused_xent.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/metrics/bleu.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/search/beam_search.h"

@@ -12,8 +12,10 @@
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/softmax.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/tasks/mt/mt.h"
+#include "glossa/tasks/mt/mt_decoder.h"
+#include "glossa/tasks/mt/mt_encoder.h"
 
 namespace glossa {
 namespace mt {

@@ -6,6 +6,8 @@
 
 #include "glossa/base/strings.h"
 #include "glossa/runtime/distributed.h"
+#include "glossa/runtime/gradient_sync.h"
+#include "glossa/runtime/mesh.h"
 #include "glossa/runtime/trainer.h"
 #include "glossa/tools/command.h"
 #include "glossa/tools/flags.h"

@@ -1,4 +1,5 @@
 #include "glossa/tasks/lm/transformer_lm.h"
+#include "glossa/tasks/lm/unigram_baseline.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -14,7 +14,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/input/nmt_input.h"
-#include "glossa/layers/transformer.h"
+#include "glossa/layers/transformer_stack.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/io/example.h"
 #include "glossa/io/record_io.h"

@@ -1,4 +1,8 @@
-// BaseLayer's uniform call (FPropMap): the checks every class shares, and the default for Blocks.
+// BaseLayer's calls around FProp (the tree and its variables are base_layer.cc):
+// - the uniform call (FPropMap): the checks every class shares, and the default for Blocks;
+// - the accumulators (Lingvo's): registered by a layer, collected and reset over its whole tree
+//   (SetAccumulatorValues, which walks the child tree, stays in base_layer.cc);
+// - the export formats' default: a class that writes no ONNX or TorchScript is refused by name.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -7,6 +11,8 @@
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
 #include "glossa/layers/base_layer.h"
+#include "glossa/layers/onnx_graph.h"
+#include "glossa/layers/torchscript.h"
 
 namespace glossa {
 namespace {
@@ -75,6 +81,56 @@ std::string BaseLayer::FPropMapSignatureText() const {
     s += ", " + spec.inputs[i] + (i < spec.required ? "" : "=None");
   }
   return StrCat(s, ") -> ", spec.returns, "  [", ClassNameOf(*this), "]");
+}
+
+// ---- Accumulators ----
+
+void BaseLayer::RegisterAccumulator(const std::string& name, std::unique_ptr<Accumulator> acc) {
+  CheckConstructing("RegisterAccumulator");
+  CheckName(name, "accumulator");
+  accumulators_[name] = std::move(acc);
+}
+
+Accumulator& BaseLayer::GetAccumulator(const std::string& name) const {
+  auto it = accumulators_.find(name);
+  if (it == accumulators_.end()) {
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : accumulators_) keys.push_back(k);
+    throw NotFoundError(
+        StrCat("layer '", path_, "' has no accumulator ", KeyErrorString(name, keys)));
+  }
+  return *it->second;
+}
+
+NestedMap BaseLayer::GetAccumulatorValues() const {
+  NestedMap out =
+      CollectTree([](const BaseLayer& c) { return NestedValue(c.GetAccumulatorValues()); });
+  for (const auto& [name, acc] : accumulators_) out.Put(name, acc->GetValue());
+  return out;
+}
+
+void BaseLayer::ResetAccumulators() {
+  for (auto& [name, acc] : accumulators_) acc->Reset();
+  ForEachChild([](BaseLayer& c) { c.ResetAccumulators(); });
+}
+void BaseLayer::DisableAccumulators() {
+  for (auto& [name, acc] : accumulators_) acc->Disable();
+  ForEachChild([](BaseLayer& c) { c.DisableAccumulators(); });
+}
+void BaseLayer::EnableAccumulators() {
+  for (auto& [name, acc] : accumulators_) acc->Enable();
+  ForEachChild([](BaseLayer& c) { c.EnableAccumulators(); });
+}
+
+// ---- Export formats ----
+
+std::string BaseLayer::EmitOnnx(OnnxGraph&, const std::string&, const std::string&) const {
+  OnnxGraph::Unsupported(*this, "this layer class");
+}
+
+void BaseLayer::EmitTorchScript(TorchScriptWriter&, const std::string&, const std::string&,
+                                const std::string&) const {
+  TorchScriptWriter::Unsupported(*this, "this layer class");
 }
 
 }  // namespace glossa
