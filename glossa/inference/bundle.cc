@@ -14,6 +14,7 @@
 
 #include <google/protobuf/text_format.h>
 
+#include "glossa/model/params_passes.h"
 #include "glossa/base/errors.h"
 #include "glossa/inference/inference_graph.pb.h"
 #include "glossa/base/file.h"
@@ -72,17 +73,6 @@ std::string ManifestHash(json m) {
   return Sha256Of([&](const auto& update) { update(text.data(), text.size()); });
 }
 
-// The Params paths of every task's training input, and the main task's tokenizer.
-std::vector<std::string> TaskPaths(const Params& p) {
-  if (p.Contains("task")) return {"task"};
-  std::vector<std::string> out;
-  for (const auto& name : p.GetParams("task_params").Keys()) out.push_back("task_params." + name);
-  return out;
-}
-std::string MainTaskPath(const Params& p) {
-  return p.Contains("task") ? "task" : "task_params." + p.GetString("main_task");
-}
-
 std::string NowIso8601() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -127,20 +117,6 @@ std::optional<Params> MainTokenizer(Params& p) {
   }
   return tokenizer;
 }
-
-// int8 bundles compute in float32 around the int8 projections (the kernel quantizes float32
-// activations; CTranslate2's int8_float32): every fprop_dtype set in the tree goes back to None.
-void FloatActivations(Params& p) {
-  for (const auto& key : p.Keys()) {
-    const ParamValue& v = p.Get(key);
-    if (key == "fprop_dtype" && !v.is_none()) {
-      p.Set(key, nullptr);
-    } else if (v.is_params()) {
-      FloatActivations(p.GetParams(key));
-    }
-  }
-}
-
 
 // The weights: EMA averages when the model keeps them (what evaluation uses), else the variables,
 // in o.dtype; throws on a non-finite weight.

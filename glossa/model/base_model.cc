@@ -1,4 +1,5 @@
 #include "glossa/model/base_model.h"
+#include "glossa/model/params_passes.h"
 
 #include <algorithm>
 #include <random>
@@ -143,11 +144,6 @@ BaseTask& MultiTaskModel::SampleTask(int64_t global_step) const {
 GLOSSA_REGISTER_CLASS(SingleTaskModel, "glossa.model.SingleTaskModel");
 GLOSSA_REGISTER_CLASS(MultiTaskModel, "glossa.model.MultiTaskModel");
 
-std::string EvalTaskParamsPath(const BaseModel& model) {
-  if (const auto* multi = dynamic_cast<const MultiTaskModel*>(&model)) {
-    return StrCat("task_params.", multi->main_task_name());
-  }
-  return "task";
-}
+std::string EvalTaskParamsPath(const BaseModel& model) { return MainTaskPath(model.params()); }
 
 }  // namespace glossa

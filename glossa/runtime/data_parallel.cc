@@ -18,50 +18,6 @@
 namespace glossa {
 namespace {
 
-// Each rank's share of a batch: value / world, rounded up (the global batch then grows to
-// world × share, noted in `notes`).
-int64_t DivideAmong(int64_t value, int world, const std::string& key,
-                    std::vector<std::string>* notes) {
-  const int64_t share = (value + world - 1) / world;
-  if (share * world != value) {
-    notes->push_back(StrCat(key, " = ", value, " does not divide among ", world,
-                            " workers: each reads ", share, ", ", share * world, " in all"));
-  }
-  return share;
-}
-
-void ShardNode(Params& p, const std::string& path, int world, int rank,
-               std::vector<std::string>* notes) {
-  auto key = [&](const std::string& name) { return path.empty() ? name : path + "." + name; };
-  if (p.Contains("num_input_replicas") && p.Contains("input_replica_id")) {
-    p.Set("num_input_replicas", world);
-    p.Set("input_replica_id", rank);
-    if (p.Contains("batch_size") && p.GetInt("batch_size") > 0) {
-      p.Set("batch_size", DivideAmong(p.GetInt("batch_size"), world, key("batch_size"), notes));
-    }
-    if (p.Contains("bucket_batch_limit")) {
-      ParamValue::List limits;
-      for (const ParamValue& v : p.Get("bucket_batch_limit").AsList()) {
-        limits.emplace_back(DivideAmong(v.AsInt(), world, key("bucket_batch_limit"), notes));
-      }
-      p.Set("bucket_batch_limit", limits);
-    }
-  }
-  if (p.Contains("num_splits") && p.Contains("train") && p.Contains("input")) {  // a task
-    const int64_t splits = p.GetInt("num_splits");
-    if (splits % world == 0) {
-      p.Set("num_splits", splits / world);
-    } else if (splits != 1) {
-      throw InvalidArgumentError(StrCat(key("num_splits"), " = ", splits,
-                                        " towers cannot be spread over ", world,
-                                        " workers: use a multiple of the world size, or 1"));
-    }
-  }
-  for (const auto& e : p.entries()) {
-    if (e.value.is_params()) ShardNode(p.GetParams(e.name), key(e.name), world, rank, notes);
-  }
-}
-
 // The files the Params name (vocabularies, SentencePiece models): "key\tpath\tsize\thash" lines.
 void NamedFiles(const Params& p, const std::string& path, std::string* out) {
   for (const auto& e : p.entries()) {
@@ -114,15 +70,6 @@ struct Reader {
 };
 
 }  // namespace
-
-std::vector<std::string> ShardParamsForReplicas(Params& model_params, int world, int rank) {
-  if (world < 1 || rank < 0 || rank >= world) {
-    throw InvalidArgumentError(StrCat("rank ", rank, " of world size ", world, " is out of range"));
-  }
-  std::vector<std::string> notes;
-  if (world > 1) ShardNode(model_params, "", world, rank, &notes);
-  return notes;
-}
 
 void CheckSameConfiguration(Distributed& dist, const Params& model_params) {
   dist.CheckSame("the world size", StrCat(dist.world_size()));

@@ -2,7 +2,7 @@
 // what the executor and the eval/decode jobs do with several ranks (docs/distributed.md).
 //
 //   Params p = ...;  CheckSameConfiguration(dist, p);   // every rank runs the same experiment
-//   ShardParamsForReplicas(p, dist.world_size(), dist.rank());   // disjoint input shards
+//   ShardParamsForReplicas(p, dist.world_size(), dist.rank());   // model/params_passes.h
 //   ... build the model; rank 0 restores its checkpoint ...
 //   step = SyncStateFromChief(dist, model, ema, step, log);      // rank 0's state everywhere
 #pragma once
@@ -17,19 +17,11 @@
 #include "glossa/core/nested_map.h"
 #include "glossa/core/params.h"
 #include "glossa/model/base_model.h"
+#include "glossa/model/params_passes.h"
 #include "glossa/optim/ema.h"
 #include "glossa/runtime/distributed.h"
 
 namespace glossa {
-
-// The global batch stays as configured; each of `world` ranks reads a share of it. Every input
-// generator's Params in the tree (those with num_input_replicas) get num_input_replicas = world,
-// input_replica_id = rank (the record yielder gives replica r the records whose index ≡ r mod
-// world) and batch_size and each bucket_batch_limit divided by world, rounded up (returned: one
-// line for each that does not divide, saying what the global batch becomes). Every task's
-// num_splits towers are spread over the ranks: num_splits / world per rank (a multiple of world,
-// or 1: one tower per rank; InvalidArgument naming the key otherwise).
-std::vector<std::string> ShardParamsForReplicas(Params& model_params, int world, int rank);
 
 // FailedPrecondition, naming the ranks and what differs, unless every rank has the same model
 // Params text, the same contents in the files the Params name (vocabularies, SentencePiece

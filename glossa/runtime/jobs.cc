@@ -17,6 +17,7 @@
 #include "glossa/runtime/data_parallel.h"
 #include "glossa/runtime/distributed.h"
 #include "glossa/model/metric_history.h"
+#include "glossa/model/params_passes.h"
 #include "glossa/runtime/program.h"
 #include "glossa/base/progress.h"
 
@@ -48,12 +49,7 @@ void OnceParams(Params& p, const std::string& train_dir) {
   if (existing.model_checkpoint_path.empty()) {
     throw NotFoundError(StrCat("no checkpoint in ", train_dir));
   }
-  std::string task = "task";
-  if (!p.Contains("task")) {
-    std::string main = p.GetString("main_task");
-    if (main.empty()) main = p.GetParams("task_params").Keys().front();
-    task = StrCat("task_params.", main);
-  }
+  const std::string task = MainTaskPath(p);
   p.Set(task + ".eval.start_eval_after", 0);
   p.Set(task + ".eval.start_decoder_after", 0);
   p.Set(task + ".eval.eval_all_checkpoints", false);

@@ -3,21 +3,10 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/dtype.h"
+#include "glossa/model/params_passes.h"
 #include "glossa/runtime/cpu_runtime.h"
 
 namespace glossa {
-namespace {
-
-// The main task's Params path ("task" or "task_params.<main_task>").
-std::string MainTaskPath(const Params& p) {
-  if (p.Contains("task")) return "task";
-  std::string main = p.GetString("main_task");
-  const auto names = p.GetParams("task_params").Keys();
-  if (main.empty() && !names.empty()) main = names.front();
-  return StrCat("task_params.", main);
-}
-
-}  // namespace
 
 int64_t Train(const Params& model_params, TrainOptions options) {
   Params p = model_params.Copy();
@@ -28,12 +17,8 @@ int64_t Train(const Params& model_params, TrainOptions options) {
   }
   if (options.max_steps) {
     if (*options.max_steps < 0) throw InvalidArgumentError("train: max_steps must be >= 0");
-    if (p.Contains("task")) {
-      p.Set("task.train.max_steps", *options.max_steps);
-    } else {
-      for (const auto& name : p.GetParams("task_params").Keys()) {
-        p.Set(StrCat("task_params.", name, ".train.max_steps"), *options.max_steps);
-      }
+    for (const std::string& task : TaskPaths(p)) {
+      p.Set(task + ".train.max_steps", *options.max_steps);
     }
   }
   for (const auto& ds : p.Get("program_schedule.eval_dataset_names").AsList()) {

@@ -22,6 +22,7 @@
 #include "glossa/kernels/kernel_choice.h"
 #include "glossa/model/datasets.h"
 #include "glossa/model/model_registry.h"
+#include "glossa/model/params_passes.h"
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/distributed.h"
@@ -386,10 +387,7 @@ Params ModelParamsFromFlags(const ModelFlags& f, bool training) {
     } catch (const NotFoundError& e) {
       throw NotFoundError(StrCat("--checkpoint: ", e.message()));
     }
-    p.Set(p.Contains("task") ? "task.eval.load_checkpoint_from"
-                             : StrCat("task_params.", p.GetString("main_task"),
-                                      ".eval.load_checkpoint_from"),
-          prefix);
+    p.Set(MainTaskPath(p) + ".eval.load_checkpoint_from", prefix);
   }
   const ParamValue& fprop = p.Get("task.fprop_dtype");
   CheckIntraOpThreads(f.intra_op_threads);

@@ -249,7 +249,7 @@ TEST(Distributed, AgreeingAndGatheringWeightedMetricsWithDifferentNames) {
 
 TEST(DataParallel, ShardingDividesTheGlobalBatchAndNamesWhatDoesNotDivide) {
   Params p = TransformerLmTask::CommonParams(50, 16, 32, 2, 2);
-  Params input = BaseSequenceInputGenerator::Params();
+  Params input = TextLmInput::Params();
   input.Set("bucket_batch_limit", ParamValue::List{8, 4});
   Params model;
   model.Define("task", p, "");
