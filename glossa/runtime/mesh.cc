@@ -70,9 +70,6 @@ MeshShape ParseMesh(const std::string& text, int world_size) {
     seen.push_back(kv[0]);
     m.*(axis->second) = size;
   }
-  if (m.expert > 1 && m.model > 1) {
-    throw bad("an expert axis does not combine with a model axis yet");
-  }
   if (m.world_size() != world_size) {
     throw bad(StrCat(m.Describe(), " = ", m.world_size(), " ranks, but the job has ", world_size));
   }
@@ -99,7 +96,7 @@ std::unique_ptr<Distributed> DistributedMesh::FormAxis(const std::string& axis,
 
 DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     : world_(world), shape_(shape) {
-  if (shape.world_size() != world.world_size() || (shape.expert > 1 && shape.model > 1)) {
+  if (shape.world_size() != world.world_size()) {
     throw InvalidArgumentError(StrCat("mesh ", shape.Describe(), " does not cover the ",
                                       world.world_size(), " ranks"));
   }
@@ -112,11 +109,12 @@ DistributedMesh::DistributedMesh(Distributed& world, MeshShape shape)
     for (int r = 0; r < world.world_size(); ++r) all[r] = r;
     return all;
   }());
-  if (shape.expert > 1 && shape.pipe > 1) {
-    // Data and expert ranks of this stage: one per batch shard.
+  if (shape.expert > 1 && (shape.pipe > 1 || shape.model > 1)) {
+    // The data and expert ranks of this stage and model shard: one per batch shard.
     std::vector<int> ranks;
     for (int r = 0; r < world.world_size(); ++r) {
-      if (shape.Of(r).pipe == here_.pipe) ranks.push_back(r);
+      const MeshShape::Coordinates c = shape.Of(r);
+      if (c.pipe == here_.pipe && c.model == here_.model) ranks.push_back(r);
     }
     batch_group_ = world.Subgroup(StrCat("batch/", ranks.front()), ranks);
   }

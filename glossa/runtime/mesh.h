@@ -72,8 +72,10 @@ class DistributedMeshAxis : public MeshAxis {
 //   model:  tensor (Megatron / GShard dense) parallelism. The M ranks read the same batches and
 //           each holds 1/M of every layer whose Params split its weights over "model" (attention
 //           heads, the feed-forward hidden units), with one all-reduce per such block.
-// Variables no axis splits are replicated on every rank and averaged over the world. An expert
-// axis combines with data and pipe (a MoE layer inside a pipeline stage), not yet with model.
+// Variables no axis splits are replicated on every rank and averaged over the world. The axes
+// combine in any subset: a MoE layer inside a pipeline stage (pipe x expert), its experts on an
+// expert axis beside dense layers split over a model axis (expert x model: each model shard has
+// its own expert group, the MoE layer computed alike on a shard's model ranks).
 struct MeshShape {
   int data = 1, expert = 1, pipe = 1, model = 1;
   // Where a rank sits on each axis. The rank layout is defined here alone: world rank
@@ -93,8 +95,7 @@ struct MeshShape {
 };
 // "data:D,expert:E", "data:D,pipe:S,model:M", ... (an axis left out: 1). Empty: the expert axis
 // over the whole world (data 1). InvalidArgument naming --mesh for an unknown or repeated axis, a
-// size < 1, a combination not supported yet (pipe with expert, expert with model), or a product
-// other than world_size.
+// size < 1, or a product other than world_size.
 MeshShape ParseMesh(const std::string& text, int world_size);
 
 class DistributedMesh {
@@ -126,7 +127,7 @@ class DistributedMesh {
   // One rank per batch shard, over which metrics are averaged and eval and decode sets split
   // (CurrentBatchGroup): the world when every rank reads its own batches, the data group when
   // pipe or model ranks share theirs (with an expert axis, the data and expert ranks of this
-  // pipeline stage); null when every rank reads the same batches.
+  // pipeline stage and model shard); null when every rank reads the same batches.
   Distributed* batch_group();
 
  private:
@@ -138,7 +139,8 @@ class DistributedMesh {
   MeshShape shape_;
   MeshShape::Coordinates here_;
   std::unique_ptr<Distributed> expert_group_, data_group_, pipe_group_, model_group_;
-  std::unique_ptr<Distributed> batch_group_;  // pipe x expert: this stage's data x expert ranks
+  // expert with pipe or model: this stage's and model shard's data x expert ranks
+  std::unique_ptr<Distributed> batch_group_;
   std::unique_ptr<DistributedMeshAxis> expert_axis_, pipe_axis_, model_axis_;
 };
 

@@ -90,16 +90,6 @@ std::vector<at::Tensor> Batches(int steps, int rows, uint64_t seed) {
   return out;
 }
 
-// The dim a model-sharded variable of the LM is split along (its name says which projection).
-int64_t SplitDim(const std::string& name, int64_t whole_dims) {
-  if (name.ends_with("emb/emb_var") || name.ends_with("softmax/bias_0")) return 0;  // the vocab
-  if (name.ends_with("softmax/weight_0")) return 1;
-  if (name.find("/fc1/w") != std::string::npos) return 0;  // row-parallel
-  if (name.find("/fc0/") != std::string::npos) return whole_dims - 1;  // columns (and bias)
-  if (name.ends_with("/b")) return 0;                       // [N, H] of a q/k/v projection
-  return 1;                                                 // [D, N, H]: the heads
-}
-
 struct RankRun {
   std::vector<double> losses;
   std::map<std::string, at::Tensor> weights;
@@ -117,7 +107,7 @@ void ExpectWeights(const std::vector<LearnerVariable>& one, const std::vector<Ra
     for (int r = 0; r < static_cast<int>(runs.size()); ++r) {
       at::Tensor want = w;
       if (runs[r].model_sharded.at(v.name)) {
-        const int64_t dim = SplitDim(v.name, w.dim()), n = w.size(dim) / m;
+        const int64_t dim = ModelSplitDim(v.name, w.dim()), n = w.size(dim) / m;
         want = w.slice(dim, block(r) * n, block(r) * n + n);
       }
       const at::Tensor& got = runs[r].weights.at(v.name);
@@ -172,7 +162,7 @@ TEST(ModelParallel, HeadsAndHiddenUnitsOnRanksTrainLikeOneProcess) {
         split += v.model_sharded;
         at::Tensor want = init.at(v.name);
         if (v.model_sharded) {
-          const int64_t dim = SplitDim(v.name, want.dim()), n = want.size(dim) / m;
+          const int64_t dim = ModelSplitDim(v.name, want.dim()), n = want.size(dim) / m;
           want = want.slice(dim, r * n, r * n + n);
         }
         EXPECT_TRUE(at::equal(v.value, want)) << v.name << " on rank " << r;
@@ -300,7 +290,7 @@ TEST(ModelParallel, PipeTimesModelAndDataTimesPipeTimesModelTrainLikeOneProcess)
         if (!mine) continue;
         at::Tensor want = v.value.detach();
         if (runs[r].model_sharded.at(v.name)) {
-          const int64_t dim = SplitDim(v.name, want.dim()), n = want.size(dim) / 2;
+          const int64_t dim = ModelSplitDim(v.name, want.dim()), n = want.size(dim) / 2;
           want = want.slice(dim, c.model * n, c.model * n + n);
         }
         const at::Tensor& got = runs[r].weights.at(v.name);

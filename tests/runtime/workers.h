@@ -76,4 +76,15 @@ inline int LmStageOf(const std::string& name, int stages, int layers) {
   return -1;
 }
 
+// The dim a model-sharded variable of a tensor-parallel LM (TransformerLayer::SetTensorParallel,
+// the embedding's rows and the softmax's classes) is split along: its name says which projection.
+inline int64_t ModelSplitDim(const std::string& name, int64_t whole_dims) {
+  if (name.ends_with("emb/emb_var") || name.ends_with("softmax/bias_0")) return 0;  // the vocab
+  if (name.ends_with("softmax/weight_0")) return 1;
+  if (name.find("/fc1/w") != std::string::npos) return 0;  // row-parallel
+  if (name.find("/fc0/") != std::string::npos) return whole_dims - 1;  // columns (and bias)
+  if (name.ends_with("/b")) return 0;                       // [N, H] of a q/k/v projection
+  return 1;                                                 // [D, N, H]: the heads
+}
+
 }  // namespace glossa

@@ -353,5 +353,30 @@ check "the bundle scores text (rc $rc)" bash -c "test $rc -eq 0 && grep -q total
 "$glossa" train "${common[@]}" "--model_params_override=$small; task.stack.num_atten_heads : 3; task.stack.mdl_dim : 18; task.emb.embedding_dim : 18; task.position_emb.embedding_dim : 18; task.softmax.input_dim : 18; task.stack.transformer_layer_params_tpl.tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]" --logdir="$tmp/tm6" --max_steps=5 --nproc_per_node=2 --mesh=model:2 > "$tmp/tm6.log" 2>&1; rc=$?
 check "heads that do not split are refused naming the layer (rc $rc): $(grep -m1 'heads do not split' "$tmp/tm6.log")" bash -c "test $rc -ne 0 && grep -q '3 heads do not split over the 2 ranks of the .model. axis' '$tmp/tm6.log'"
 
+# 10. Experts beside tensor parallelism (--mesh=expert:2,model:2): the MoE LM's attention (both
+# layers), its dense layer's hidden units and its vocabulary split over a model axis of 2 by the
+# split mappings in its Params, its 4 experts 2 per expert rank; each model shard has its own
+# expert group, and expert rank e reads input shard e (its model ranks the same rows). 4 rank
+# files; the checkpoint resumes on 2 ranks of an expert axis alone (every attention and dense
+# block whole), and one process evaluates it with every expert from the training run's Params.
+em="task.train.steps_per_loop : 5; task.train.save_interval_steps : 10; task.eval.samples_per_summary : 8"
+for l in 0 1; do
+  em+="; task.stack.transformer_layer_params_tpl[$l].tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]"
+done
+em+="; task.stack.transformer_layer_params_tpl[0].tr_fflayer_tpl.weight_split_dims_mapping_list : [[None, 'model'], ['model', None]]"
+em+="; task.emb.weight_split_dims_mapping : ['model', None]; task.softmax.weight_split_dims_mapping : [None, 'model']"
+emm=(--model=lm.austen.TransformerLmMoeTinyExpertParallel --random_seed=3 --intra_op_threads=1 "--model_params_override=$em")
+"$glossa" train "${emm[@]}" --logdir="$tmp/em" --max_steps=10 --nproc_per_node=4 --mesh=expert:2,model:2 > "$tmp/em.log" 2>&1; rc=$?
+check "expert x model training exits 0 (rc $rc): $(tail -2 "$tmp/em.log")" test "$rc" -eq 0
+check "rank 0 names the mesh: $(grep -m1 'mesh:' "$tmp/em.log")" grep -q '^\[rank 0\] mesh: expert 2 x model 2$' "$tmp/em.log"
+check "rank 3 holds expert shard 1 and model shard 1 on input shard 1" grep -q '^\[rank 3\] rank 3 of 4: expert shard 1 of 2, model shard 1 of 2, training on input shard 1 of 2' "$tmp/em.log"
+check "rank 1 reads rank 0's rows" grep -q '^\[rank 1\] rank 1 of 4: expert shard 0 of 2, model shard 1 of 2, training on input shard 0 of 2' "$tmp/em.log"
+check "both axes exchanged: $(grep -m1 'expert all-to-all' "$tmp/em.log")" bash -c "grep -q '^\[rank 0\] expert all-to-all over 2 ranks' '$tmp/em.log' && grep -q '^\[rank 0\] model all-reduce over 2 ranks' '$tmp/em.log'"
+check "4 rank files (expert x model)" test "$(ls "$tmp/em/train" | grep -c -- 'ckpt-00000010-rank-.*-of-00004')" -eq 4
+"$glossa" train "${emm[@]}" --logdir="$tmp/em" --max_steps=15 --nproc_per_node=2 --mesh=expert:2 > "$tmp/em2.log" 2>&1; rc=$?
+check "the expert x model checkpoint resumes on an expert axis alone, every block whole (rc $rc): $(grep -m1 restored "$tmp/em2.log")" bash -c "test $rc -eq 0 && grep -q '^\[rank 0\] restored .*ckpt-00000010 at step 10' '$tmp/em2.log'"
+"$glossa" eval "${emm[@]}" --logdir="$tmp/em" --once > "$tmp/em3.log" 2>&1; rc=$?
+check "one process evaluates it (rc $rc): $(tail -1 "$tmp/em3.log")" bash -c "test $rc -eq 0 && test -f '$tmp/em/eval_dev/score-00000015.txt'"
+
 [ "$fail" -eq 0 ] && echo "distributed_test: all checks passed"
 exit "$fail"
