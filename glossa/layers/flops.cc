@@ -39,11 +39,16 @@ std::optional<double> DeclaredFlopsPerToken(const Params& p) {
   return fn(p);
 }
 
-std::vector<int64_t> BalancedStageEnds(const std::vector<double>& costs, int64_t stages) {
+std::vector<int64_t> BalancedStageEnds(const std::vector<double>& costs, int64_t stages,
+                                       double first_extra, double last_extra) {
   const int64_t n = static_cast<int64_t>(costs.size());
   std::vector<double> prefix(n + 1, 0.0);
   for (int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
-  auto cost = [&](int64_t a, int64_t b) { return prefix[b] - prefix[a]; };
+  // Stage s holding cells [a, b).
+  auto cost = [&](int64_t s, int64_t a, int64_t b) {
+    return prefix[b] - prefix[a] + (s == 0 ? first_extra : 0) +
+           (s == stages - 1 ? last_extra : 0);
+  };
   // best[s][e]: the least costliest stage of cells [0, e) in s stages.
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
@@ -51,14 +56,14 @@ std::vector<int64_t> BalancedStageEnds(const std::vector<double>& costs, int64_t
   for (int64_t s = 1; s <= stages; ++s) {
     for (int64_t e = s; e <= n; ++e) {
       for (int64_t a = s - 1; a < e; ++a) {
-        best[s][e] = std::min(best[s][e], std::max(best[s - 1][a], cost(a, e)));
+        best[s][e] = std::min(best[s][e], std::max(best[s - 1][a], cost(s - 1, a, e)));
       }
     }
   }
   const double bound = best[stages][n] * (1 + 1e-9);
   std::vector<int64_t> ends = EvenStageEnds(n, stages);
   double even = 0;
-  for (int64_t s = 0, a = 0; s < stages; a = ends[s++]) even = std::max(even, cost(a, ends[s]));
+  for (int64_t s = 0, a = 0; s < stages; a = ends[s++]) even = std::max(even, cost(s, a, ends[s]));
   if (even <= bound) return ends;
   // Front to back: each stage takes the most cells it can within the bound, leaving one for each
   // stage after it (a cheapest split exists, so the rest fits).
@@ -66,7 +71,7 @@ std::vector<int64_t> BalancedStageEnds(const std::vector<double>& costs, int64_t
   int64_t a = 0;
   for (int64_t s = 0; s + 1 < stages; ++s) {
     int64_t e = a + 1;
-    while (e < n - (stages - s - 1) && cost(a, e + 1) <= bound) ++e;
+    while (e < n - (stages - s - 1) && cost(s, a, e + 1) <= bound) ++e;
     ends.push_back(e);
     a = e;
   }
@@ -75,7 +80,8 @@ std::vector<int64_t> BalancedStageEnds(const std::vector<double>& costs, int64_t
 }
 
 std::vector<int64_t> StageEndsOf(const std::string& where, const ParamValue& splits,
-                                 const std::vector<Params>& cells) {
+                                 const std::vector<Params>& cells,
+                                 std::pair<double, double> end_flops) {
   const std::vector<int64_t> given =
       StageEndsFromSplits(where, splits, static_cast<int64_t>(cells.size()));
   if (splits.is_list() || given.size() == 1) return given;
@@ -85,7 +91,8 @@ std::vector<int64_t> StageEndsOf(const std::string& where, const ParamValue& spl
     if (!f || !(*f > 0)) return given;
     costs.push_back(*f);
   }
-  return BalancedStageEnds(costs, static_cast<int64_t>(given.size()));
+  return BalancedStageEnds(costs, static_cast<int64_t>(given.size()), end_flops.first,
+                           end_flops.second);
 }
 
 }  // namespace glossa

@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "glossa/core/params.h"
@@ -24,15 +25,19 @@ bool RegisterDeclaredFlops(const std::string& cls_key, DeclaredFlopsFn fn);
 // declares none.
 std::optional<double> DeclaredFlopsPerToken(const Params& p);
 
-// The ends of `stages` contiguous stages over cells costing `costs`, the costliest stage as cheap
-// as it can be: EvenStageEnds when that split is one of the cheapest (equal cells split evenly),
-// else the one that fills the stages front to back.
-std::vector<int64_t> BalancedStageEnds(const std::vector<double>& costs, int64_t stages);
+// The ends of `stages` contiguous stages over cells costing `costs`, the first stage also
+// costing `first_extra` and the last `last_extra` (what runs beside them: a task's embedding and
+// softmax), the costliest stage as cheap as it can be: EvenStageEnds when that split is one of
+// the cheapest (equal cells split evenly), else the one that fills the stages front to back.
+std::vector<int64_t> BalancedStageEnds(const std::vector<double>& costs, int64_t stages,
+                                       double first_extra = 0, double last_extra = 0);
 
 // Stage ends from a pipeline's `splits` over `cells` (their Params): a list is taken as given
-// (StageEndsFromSplits checks it); an int derives them, balanced by the cells' declared FLOPs
-// (evenly when a cell declares none). InvalidArgument naming `where` for bad splits.
+// (StageEndsFromSplits checks it); an int derives them, balanced by the cells' declared FLOPs and
+// `end_flops` (per token, beside the first and the last stage; evenly when a cell declares none).
+// InvalidArgument naming `where` for bad splits.
 std::vector<int64_t> StageEndsOf(const std::string& where, const ParamValue& splits,
-                                 const std::vector<Params>& cells);
+                                 const std::vector<Params>& cells,
+                                 std::pair<double, double> end_flops = {0, 0});
 
 }  // namespace glossa

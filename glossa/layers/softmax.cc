@@ -1,3 +1,4 @@
+#include "glossa/layers/flops.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
 #include "glossa/layers/softmax.h"
@@ -294,6 +295,11 @@ void SimpleFullSoftmax::AddTotals(NestedMap& out, const at::Tensor& xent,
 }
 
 GLOSSA_REGISTER_CLASS(SimpleFullSoftmax, "glossa.layers.SimpleFullSoftmax");
+// The logits' projection: 2 per weight a token meets (what a pipeline's last stage adds).
+[[maybe_unused]] static const bool kDeclaredFlops = RegisterDeclaredFlops(
+    "glossa.layers.SimpleFullSoftmax", [](const glossa::Params& p) -> std::optional<double> {
+      return 2.0 * p.GetInt("input_dim") * p.GetInt("num_classes");
+    });
 
 // ---- The uniform call (BaseLayer::FPropMap) ----
 

@@ -41,8 +41,29 @@ glossa::Params TransformerStack::Params() {
            "feeds the stack (the embedding) lives on stage 0 and what reads it (the softmax) on "
            "the last (PlaceEnds). False: the output and the input's gradient are broadcast to "
            "every rank and what surrounds the stack is replicated.");
+  p.Define("end_stage_flops", ParamValue::List{0.0, 0.0},
+           "[first, last]: forward FLOPs per token that run beside the first and the last stage "
+           "when they sit there (place_ends_on_stages on a 'pipe' axis: the task's embedding "
+           "and softmax; the task sets them from their declared FLOPs), counted when an int "
+           "splits balances the stages.");
   return p;
 }
+
+namespace {
+
+// What the stages' balance counts beside the layers: end_stage_flops, when the ends sit on the
+// stages (place_ends_on_stages, stages on the ranks of a 'pipe' axis).
+std::pair<double, double> EndStageFlops(const glossa::Params& p, const BuildContext& context) {
+  if (!p.GetBool("place_ends_on_stages") || context.axis("pipe") == nullptr) return {0, 0};
+  const ParamValue::List& f = p.Get("end_stage_flops").AsList();
+  if (f.size() != 2 || !(f[0].AsFloat() >= 0) || !(f[1].AsFloat() >= 0)) {
+    throw InvalidArgumentError(StrCat("layer '", p.GetString("name"),
+                                      "': end_stage_flops must be [first, last], both >= 0"));
+  }
+  return {f[0].AsFloat(), f[1].AsFloat()};
+}
+
+}  // namespace
 
 void TransformerStack::DefineLayerFields(glossa::Params& p) {
   p.Define("num_layers", 1, "Number of transformer layers.");
@@ -151,7 +172,8 @@ TransformerStack::TransformerStack(const glossa::Params& p) : BaseLayer(p) {
       CreateChild<DropoutLayer>("input_dropout", DropoutParams(p, "input_dropout_prob"));
   const int64_t n = static_cast<int64_t>(layers.size());
   const std::string where = StrCat("layer '", path(), "'");
-  const std::vector<int64_t> ends = StageEndsOf(where, p.Get("splits"), layer_params);
+  const std::vector<int64_t> ends =
+      StageEndsOf(where, p.Get("splits"), layer_params, EndStageFlops(p, build_context()));
   StagePlacement place;
   place.end = n;
   if (ends.size() > 1) {
@@ -224,7 +246,8 @@ PipelineEnds TransformerStack::PlaceEnds(const glossa::Params& p,
   PipelineEnds e;
   if (!p.GetBool("place_ends_on_stages")) return e;
   const std::string where = StrCat("layer '", p.GetString("name"), "'");
-  const std::vector<int64_t> ends = StageEndsOf(where, p.Get("splits"), LayerParams(p));
+  const std::vector<int64_t> ends =
+      StageEndsOf(where, p.Get("splits"), LayerParams(p), EndStageFlops(p, context));
   if (ends.size() == 1) return e;
   const StagePlacement place = PlaceStages(where, ends, context);
   if (place.axis == nullptr) return e;

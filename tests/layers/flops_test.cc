@@ -7,27 +7,49 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "glossa/layers/gpipe.h"
 #include "glossa/layers/gpipe_transformer.h"
 #include "glossa/layers/moe.h"
+#include "glossa/layers/mesh.h"
+#include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer_stack.h"
+#include "glossa/tasks/lm/transformer_lm.h"
 #include "tests/test_util.h"
 
 namespace glossa {
 namespace {
 
-// The costliest stage of the split `ends` over `costs`.
-double Costliest(const std::vector<double>& costs, const std::vector<int64_t>& ends) {
+// The costliest stage of the split `ends` over `costs`, the first stage costing `first` more and
+// the last `last`.
+double Costliest(const std::vector<double>& costs, const std::vector<int64_t>& ends,
+                 double first = 0, double last = 0) {
   double worst = 0;
   int64_t a = 0;
-  for (int64_t e : ends) {
-    double c = 0;
-    for (int64_t i = a; i < e; ++i) c += costs[i];
+  for (size_t s = 0; s < ends.size(); ++s) {
+    double c = (s == 0 ? first : 0) + (s + 1 == ends.size() ? last : 0);
+    for (int64_t i = a; i < ends[s]; ++i) c += costs[i];
     worst = std::max(worst, c);
-    a = e;
+    a = ends[s];
   }
   return worst;
+}
+
+// Every split of cells [first, n) into `stages` stages (their ends), by enumeration.
+void EverySplit(int64_t n, int64_t stages, int64_t first, std::vector<int64_t>& ends,
+                const std::function<void(const std::vector<int64_t>&)>& visit) {
+  if (stages == 1) {
+    ends.push_back(n);
+    visit(ends);
+    ends.pop_back();
+    return;
+  }
+  for (int64_t e = first + 1; e <= n - stages + 1; ++e) {
+    ends.push_back(e);
+    EverySplit(n, stages - 1, e, ends, visit);
+    ends.pop_back();
+  }
 }
 
 // The cheapest costliest stage over every split of n cells into s stages, by enumeration.
@@ -61,6 +83,33 @@ TEST(DeclaredFlops, BalancedStageEndsAreTheCheapestSplitAndEvenWhenThatIsOne) {
     for (size_t s = 0; s < ends.size(); ++s) EXPECT_GT(ends[s], s == 0 ? 0 : ends[s - 1]);
     EXPECT_EQ(ends.back(), n);
     EXPECT_NEAR(Costliest(costs, ends), BruteForce(costs, stages), 1e-9) << "trial " << trial;
+  }
+}
+
+// What runs beside the first and the last stage (a task's embedding and softmax under Lingvo's
+// placement) counts in the balance: against every split enumerated, with random extras.
+TEST(DeclaredFlops, WhatRunsBesideTheEndStagesCountsInTheBalance) {
+  const std::vector<double> eight(8, 1.0);
+  EXPECT_EQ(BalancedStageEnds(eight, 2, 0, 2), (std::vector<int64_t>{5, 8}));
+  EXPECT_EQ(BalancedStageEnds(eight, 2, 2, 0), (std::vector<int64_t>{3, 8}));
+  EXPECT_EQ(BalancedStageEnds(eight, 2, 1, 1), (std::vector<int64_t>{4, 8}));  // even is cheapest
+  at::manual_seed(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 2 + trial % 7, stages = 1 + trial % n;
+    const at::Tensor r = at::rand({n + 2}, at::kDouble) * 10 + 0.1;
+    const double* v = r.data_ptr<double>();
+    const std::vector<double> costs(v, v + n);
+    const double first = trial % 3 == 0 ? 0.0 : v[n], last = v[n + 1] * (trial % 4);
+    double best = 1e300;
+    std::vector<int64_t> scratch;
+    EverySplit(n, stages, 0, scratch, [&](const std::vector<int64_t>& ends) {
+      best = std::min(best, Costliest(costs, ends, first, last));
+    });
+    const std::vector<int64_t> ends = BalancedStageEnds(costs, stages, first, last);
+    ASSERT_EQ(static_cast<int64_t>(ends.size()), stages);
+    for (size_t s = 0; s < ends.size(); ++s) EXPECT_GT(ends[s], s == 0 ? 0 : ends[s - 1]);
+    EXPECT_EQ(ends.back(), n);
+    EXPECT_NEAR(Costliest(costs, ends, first, last), best, 1e-9) << "trial " << trial;
   }
 }
 
@@ -116,6 +165,44 @@ TEST(DeclaredFlops, PipelinedStacksBalanceTheirStagesByDeclaredFlops) {
   EXPECT_EQ(stack(true, ParamValue(ParamValue::List{ParamValue(int64_t{2}), ParamValue(int64_t{4})}))
                 ->stage_ends(),
             (std::vector<int64_t>{2, 4}));
+}
+
+// A pipe axis's rank that only answers where it sits: building a stage exchanges nothing.
+class StageOnlyAxis : public MeshAxis {
+ public:
+  StageOnlyAxis(int size, int index) : size_(size), index_(index) {}
+  int size() const override { return size_; }
+  int index() const override { return index_; }
+  at::Tensor ExchangeBlocks(const at::Tensor&) override {
+    throw InternalError("a stage's construction exchanged blocks");
+  }
+
+ private:
+  int size_, index_;
+};
+
+// Under Lingvo's placement the LM's softmax runs on the last stage: an LM of 8 equal layers whose
+// softmax costs 2 layers (2 · 16 · 256 against 8 · 16² + 4 · 16 · 32 per token) puts 5 layers on
+// stage 0 and 3 beside the softmax on stage 1 of a 'pipe' axis; without the axis (one process,
+// where the softmax runs on the caller) the stack splits evenly, and a given list is kept.
+TEST(DeclaredFlops, TheLmsSoftmaxCountsOnTheLastStage) {
+  auto lm_layers = [](MeshAxis* pipe, const ParamValue& splits) {
+    Params p = TransformerLmTask::CommonParams(/*vocab_size=*/256, 16, 32, 2, 8);
+    p.Set("name", "lm").Set("stack.splits", splits).Set("stack.num_micro_batches", 2);
+    auto lm = InstantiateLayer<TransformerLmTask>(p, BuildContext().WithAxis("pipe", pipe));
+    return lm->GetChildAs<TransformerStack>("stack").num_layers();
+  };
+  EXPECT_EQ(*DeclaredFlopsPerToken(SimpleFullSoftmax::Params()
+                                       .Set("input_dim", 16)
+                                       .Set("num_classes", 256)),
+            2.0 * 16 * 256);
+  StageOnlyAxis first(2, 0), last(2, 1);
+  const ParamValue two(int64_t{2});
+  EXPECT_EQ(lm_layers(&first, two), 5);
+  EXPECT_EQ(lm_layers(&last, two), 3);
+  EXPECT_EQ(lm_layers(nullptr, two), 8);  // one process holds every layer
+  const ParamValue given(ParamValue::List{ParamValue(int64_t{4}), ParamValue(int64_t{8})});
+  EXPECT_EQ(lm_layers(&first, given), 4);
 }
 
 }  // namespace

@@ -5,16 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include "glossa/base/errors.h"
-#include "glossa/base/progress.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/input/vocabulary_check.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/layers/embedding.h"
+#include "glossa/layers/flops.h"
 #include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer_stack.h"
@@ -66,8 +65,12 @@ glossa::Params TransformerLmTask::CommonParams(int64_t vocab_size, int64_t model
 
 TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
   // Lingvo's pipeline placement: on a pipe axis the embedding is stage 0's and the softmax the
-  // last stage's (their variables this rank's alone); elsewhere both are built here.
-  ends_ = TransformerStack::PlaceEnds(p.GetParams("stack"), build_context());
+  // last stage's (their variables this rank's alone); elsewhere both are built here. The
+  // softmax's FLOPs count on the last stage when the stack derives its stages.
+  glossa::Params stack = p.GetParams("stack").Copy();
+  stack.Set("end_stage_flops",
+            ParamValue::List{0.0, DeclaredFlopsPerToken(p.GetParams("softmax")).value_or(0.0)});
+  ends_ = TransformerStack::PlaceEnds(stack, build_context());
   BuildContext stage = build_context();
   if (ends_.axis != nullptr) stage.WithCollection(kPipelineStageCollection);
   auto scope = [&](const char* name) {
@@ -80,7 +83,7 @@ TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
     DeclareRemoteScope(scope("emb"));
   }
   position_emb_ = CreateChild<PositionalEmbeddingLayer>("position_emb", p.GetParams("position_emb"));
-  stack_ = CreateChild<TransformerStack>("stack", p.GetParams("stack"));
+  stack_ = CreateChild<TransformerStack>("stack", stack);
   if (ends_.axis == nullptr || ends_.last()) {
     softmax_ = CreateChildIn<SimpleFullSoftmax>(stage, "softmax", p.GetParams("softmax"));
   } else {
