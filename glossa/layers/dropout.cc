@@ -152,6 +152,7 @@ DropoutLayer::DropoutLayer(const glossa::Params& p) : BaseLayer(p) {
   if (params().IsSet("noise_shape_broadcast_dims")) {
     noise_shape_broadcast_dims_ = IntList(params().Get("noise_shape_broadcast_dims"));
   }
+  model_axis_ = build_context().axis("model");
   const ParamValue& mapping = params().Get("activation_split_dims_mapping");
   if (!mapping.is_none()) {
     const int64_t rank = mapping.is_list() ? static_cast<int64_t>(mapping.AsList().size()) : 0;
@@ -198,6 +199,13 @@ at::Tensor DropoutLayer::FProp(const NestedMap&, const at::Tensor& x) const {
 at::Tensor DropoutLayer::Dropout(const at::Tensor& x, double keep_prob,
                                  const std::optional<std::vector<int64_t>>& noise_shape,
                                  const std::optional<DimBlock>&) const {
+  if (model_axis_ != nullptr) {
+    throw FailedPreconditionError(StrCat(
+        "layer '", path(), "': DropoutLayer draws its masks from each process's generator, so on "
+        "the ", model_axis_->size(), " ranks of a 'model' axis, which hold activations alike, it "
+        "would drop different units on each: use DeterministicDropoutLayer (the layers' "
+        "dropout_tpl default), whose masks are one process's"));
+  }
   const std::vector<int64_t> shape = noise_shape ? *noise_shape : x.sizes().vec();
   at::Tensor keep = (at::rand(shape, x.options().dtype(at::kFloat)) >= (1.0 - keep_prob));
   return x * (1.0 / keep_prob) * keep.to(x.scalar_type());

@@ -77,6 +77,9 @@ class DropoutLayer : public BaseLayer, public Block {
   std::optional<DimBlock> SplitBlock(const at::Tensor& x) const;
   MeshAxis* split_axis_ = nullptr;
   int64_t split_from_end_ = 0;
+  // The context's 'model' axis: its ranks hold activations alike, which a mask drawn from each
+  // process's generator would tell apart (plain Dropout refuses to run there).
+  MeshAxis* model_axis_ = nullptr;
   double keep_prob_;
   bool dropout_at_eval_;
   std::optional<std::vector<int64_t>> noise_shape_;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "glossa/core/step_seed.h"
+#include "glossa/layers/mesh.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -106,6 +107,41 @@ TEST(DropoutLayer, PlainDropoutScalesKeptValues) {
   EXPECT_ERROR_CONTAINS(bad->FProp(bad->theta(), x), InvalidArgumentError, "invalid broadcast dim");
   p.Set("keep_prob", 0.0);
   EXPECT_THROW(InstantiateLayer<DropoutLayer>(p), InvalidArgumentError);
+}
+
+// A 'model' axis of 2 ranks that exchanges nothing (the layers here only ask where they sit).
+class TwoRankAxis : public MeshAxis {
+ public:
+  int size() const override { return 2; }
+  int index() const override { return 0; }
+  at::Tensor ExchangeBlocks(const at::Tensor& x) override { return x; }
+};
+
+// On a 'model' axis, whose ranks hold activations alike, plain dropout (each process's generator)
+// is refused when it would drop; the seeded one draws one process's mask there.
+TEST(DropoutLayer, PlainDropoutIsRefusedOnAModelAxis) {
+  TwoRankAxis axis;
+  const BuildContext on_model = BuildContext().WithAxis("model", &axis);
+  const at::Tensor x = at::ones({4, 6});
+  auto plain = InstantiateLayer<DropoutLayer>(
+      DropoutLayer::Params().Set("name", "drop").Set("keep_prob", 0.5), on_model);
+  EXPECT_ERROR_CONTAINS(plain->FProp(plain->theta(), x), FailedPreconditionError,
+                        "on the 2 ranks of a 'model' axis, which hold activations alike, it would "
+                        "drop different units on each: use DeterministicDropoutLayer");
+  auto keep_all = InstantiateLayer<DropoutLayer>(
+      DropoutLayer::Params().Set("name", "drop").Set("keep_prob", 1.0), on_model);
+  EXPECT_TRUE(at::equal(keep_all->FProp(keep_all->theta(), x), x));
+  Params seeded = DeterministicDropoutLayer::Params();
+  seeded.Set("name", "drop").Set("keep_prob", 0.5).Set("random_seed", 3);
+  auto det = InstantiateLayer<DeterministicDropoutLayer>(seeded, on_model);
+  auto one = InstantiateLayer<DeterministicDropoutLayer>(seeded);
+  GlobalStepContext step(4);
+  ResetStepSeed();
+  const at::Tensor on_ranks = det->FProp(det->theta(), x);
+  ResetStepSeed();  // the same step seed again
+  const at::Tensor alone = one->FProp(one->theta(), x);
+  EXPECT_TRUE(at::equal(on_ranks, alone));
+  EXPECT_TRUE(on_ranks.eq(0).any().item<bool>());  // it did drop
 }
 
 }  // namespace
