@@ -110,13 +110,17 @@ GLOSSA_THREAD_STATE_SLOT("batch_shard", t_batch_shard);
 
 BatchShard CurrentBatchShard() { return t_batch_shard; }
 
-BatchShardScope::BatchShardScope(int64_t index, int64_t count, int64_t index1, int64_t count1)
+BatchShardScope::BatchShardScope(int64_t index, int64_t count, int64_t index1, int64_t count1,
+                                 int64_t micro, int64_t micro_count)
     : previous_(t_batch_shard) {
-  if (count < 1 || index < 0 || index >= count || count1 < 1 || index1 < 0 || index1 >= count1) {
+  if (count < 1 || index < 0 || index >= count || count1 < 1 || index1 < 0 || index1 >= count1 ||
+      micro_count < 1 || micro < 0 || micro >= micro_count || count % micro_count != 0 ||
+      index % micro_count != micro) {
     throw InvalidArgumentError(StrCat("BatchShardScope: block (", index, ", ", index1, ") of (",
-                                      count, ", ", count1, ") is out of range"));
+                                      count, ", ", count1, "), micro-batch ", micro, " of ",
+                                      micro_count, ", is out of range"));
   }
-  t_batch_shard = {index, count, index1, count1};
+  t_batch_shard = {index, count, index1, count1, micro, micro_count};
 }
 
 BatchShardScope::~BatchShardScope() { t_batch_shard = previous_; }

@@ -77,14 +77,19 @@ class OverWriteGlobalStepContext {
 // A second, dim-1 block (index1 of count1) serves tensors split along two dims: the experts of a
 // data × expert mesh, [experts, groups, ...], are this rank's experts (dim 0) of its data
 // replica's groups (dim 1).
+// A pipeline's micro-batch t of m within a rank's rows is block index = outer·m + t of count
+// outer_count·m, and says so (micro, micro_count): what a layer whose tensors gather the
+// micro-batch's rows from every rank of an axis (the experts') needs to find their blocks.
 struct BatchShard {
   int64_t index = 0, count = 1;
   int64_t index1 = 0, count1 = 1;
+  int64_t micro = 0, micro_count = 1;
 };
 BatchShard CurrentBatchShard();
 class BatchShardScope {
  public:
-  BatchShardScope(int64_t index, int64_t count, int64_t index1 = 0, int64_t count1 = 1);
+  BatchShardScope(int64_t index, int64_t count, int64_t index1 = 0, int64_t count1 = 1,
+                  int64_t micro = 0, int64_t micro_count = 1);
   ~BatchShardScope();
   BatchShardScope(const BatchShardScope&) = delete;
   BatchShardScope& operator=(const BatchShardScope&) = delete;

@@ -185,7 +185,7 @@ at::Tensor RunStage(const PipelineRun& run, int64_t s, const NestedValue::List& 
   std::optional<BatchShardScope> rows;
   if (pc.masks_follow_rows) {
     const BatchShard outer = CurrentBatchShard();
-    rows.emplace(outer.index * run.m + t, outer.count * run.m);
+    rows.emplace(outer.index * run.m + t, outer.count * run.m, 0, 1, t, run.m);
   } else {
     overwrite.emplace(run.global_step * run.m + t);
   }

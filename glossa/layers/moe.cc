@@ -501,15 +501,31 @@ at::Tensor TransformerShardedMoeLayer::ShardedExperts(const NestedMap& theta,
                               .view({n, local, g, c, m})
                               .permute({1, 0, 2, 3, 4})
                               .reshape({local, n * g, c, m});
+  // Row blocks of [E, G, C, M] are experts here: this rank's block of the one-process draw.
+  // On a data × expert mesh (the trainer's rows: rank d·n + e of D·n) the groups here are data
+  // replica d's, block d of the one process's groups; in a pipeline's micro-batch t of m, rank
+  // i's are block (d·n + i)·m + t of D·n·m, one block per rank.
+  const BatchShard rows = CurrentBatchShard();
+  const int64_t mb = rows.micro_count, outer = rows.index / mb, outers = rows.count / mb;
+  const int64_t replicas = outers % n == 0 ? outers / n : 1, d = replicas > 1 ? outer / n : 0;
   at::Tensor hidden;
-  {
-    // Row blocks of [E, G, C, M] are experts here: this rank's block of the one-process draw.
-    // On a data × expert mesh (the trainer's rows: rank d·n + e of D·n) the groups here are
-    // data replica d's, block d of the one process's groups.
-    const BatchShard rows = CurrentBatchShard();
-    const int64_t replicas = rows.count % n == 0 ? rows.count / n : 1;
-    BatchShardScope experts(axis->index(), n, replicas > 1 ? rows.index / n : 0, replicas);
+  if (mb == 1 || outers % n != 0) {
+    BatchShardScope experts(axis->index(), n, d, replicas);
     hidden = Experts(theta, mine);
+  } else {
+    // Each rank's block draws from the step seed one call would (the draws are the blocks of
+    // one whole-tensor draw), and the seed moves on as after one call.
+    const int64_t seed = GetStepSeed();
+    int64_t after = seed;
+    std::vector<at::Tensor> parts;
+    for (int64_t i = 0; i < n; ++i) {
+      ResetStepSeed(seed);
+      BatchShardScope experts(axis->index(), n, (d * n + i) * mb + rows.micro, replicas * n * mb);
+      parts.push_back(Experts(theta, mine.narrow(1, i * g, g)));
+      after = GetStepSeed();
+    }
+    ResetStepSeed(after);
+    hidden = at::cat(parts, 1);
   }
   const at::Tensor out = hidden.view({local, n, g, c, m}).permute({1, 0, 2, 3, 4});
   return AllToAll(*axis, out.contiguous().view({e, g, c, m})).permute({1, 0, 2, 3});

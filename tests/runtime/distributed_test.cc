@@ -536,7 +536,8 @@ TEST(Distributed, ExpertParallelRanksOfDifferentLengthsAgreeOnTheCapacity) {
 // softmax's classes over a 'model' axis (whole without one).
 std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2, double dropout = 0.0,
                                               const BuildContext& context = BuildContext(),
-                                              int splits = 1, bool model_split = false) {
+                                              int splits = 1, bool model_split = false,
+                                              int micro = 1) {
   Params p = TransformerLmTask::CommonParams(50, 16, 32, 2, 2);
   p.Set("name", "lm").Set("random_seed", 3).Set("aux_loss_weight", 0.01);
   p.Set("train.learner.learning_rate", 1e-2);
@@ -567,7 +568,7 @@ std::unique_ptr<TransformerLmTask> SmallMoeLm(int devices, int groups = 2, doubl
     p.Set("softmax.weight_split_dims_mapping", WeightSplitMapping(2, 1, "model"));
   }
   p.Set("stack.transformer_layer_params_tpl", ParamValue::List{dense, moe});
-  p.Set("stack.splits", splits);
+  p.Set("stack.splits", splits).Set("stack.num_micro_batches", micro);
   return InstantiateLayer<TransformerLmTask>(p, context);
 }
 
@@ -725,82 +726,88 @@ TEST(Distributed, DataTimesExpertMeshTrainsLikeOneProcess) {
 // variables (the gate, attention) are averaged over its data x expert ranks, the experts summed
 // over none (their gradients sum both ranks' tokens already). The MoE layer's aux loss leaves the
 // pipeline as its output (the stages' sums meet in one all-reduce) and its gradient is re-injected
-// in the backward's recompute. Against the LM in one process with all experts unpipelined (2
-// groups over the whole batch): 20 Adam steps with global-norm clipping and dropout 0.1 at every
-// site, losses within 1e-6, weights within 1e-5. Mutation: without the plan's rule (the stage's
-// gate averaged over no one) the weights part from one process.
+// in the backward's recompute. With 1 and with 2 micro-batches, against the LM in one process
+// with all experts unpipelined (one group per micro-batch of each rank: 2 or 4 groups over the
+// whole batch): 20 Adam steps with global-norm clipping and dropout 0.1 at every site (a
+// micro-batch's experts draw their blocks of the one-process masks), losses within 1e-6, weights
+// within 1e-5. Mutation: without the plan's rule (the stage's gate averaged over no one) the
+// weights part from one process.
 TEST(Distributed, PipeTimesExpertMeshTrainsLikeOneProcess) {
   const int steps = 20;
   std::vector<at::Tensor> batches;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(23);
   for (int s = 0; s < steps; ++s) batches.push_back(at::randint(3, 50, {8, 12}, gen));
-  auto one = SmallMoeLm(1, 2, 0.1);
-  const auto one_vars = LearnerVariables(*one);
-  const std::vector<double> one_losses = TrainSteps(*one, batches, 0, 8);
-  EXPECT_LT(one_losses.back(), one_losses.front());
-  for (const bool mutated : {false, true}) {
-    SCOPED_TRACE(mutated ? "without the plan's rule" : "with the plan");
-    std::vector<std::vector<double>> losses(4);
-    std::vector<std::map<std::string, at::Tensor>> weights(4);
-    std::vector<double> aux(4);
-    RunWorkers(4, [&](Distributed& dist) {
-      const int r = dist.rank();
-      ParallelPlan plan(dist, "pipe:2,expert:2");
-      ASSERT_EQ(plan.batch_shards(), 2);
-      BatchShardScope shard(plan.batch_shard(), plan.batch_shards());
-      auto lm = SmallMoeLm(2, 2, 0.1, plan.Context(), /*splits=*/2);
-      // The plan's rule: a stage's dense variable sums over the stage's 2 expert ranks (the
-      // batch group) and is halved; an expert sums over no one (data 1) and is halved too.
-      for (const auto& v : LearnerVariables(*lm)) {
-        if (!v.rank_local()) continue;
-        const auto rule = plan.RankLocal(v);
-        EXPECT_DOUBLE_EQ(rule.scale, 0.5) << v.name;
-        EXPECT_EQ(rule.group, v.expert_sharded ? plan.data_group() : plan.batch_group()) << v.name;
-        EXPECT_DOUBLE_EQ(rule.norm_weight, v.expert_sharded ? 1.0 : 0.5) << v.name;
-      }
-      auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
-      if (!mutated) plan.Configure(*sync);
-      lm->learner().SetGradientSync(sync);
-      {
-        GlobalStepContext step(0);
-        aux[r] = lm->FPropDefaultTheta(LmBatch(batches[0].slice(0, 4 * (r % 2), 4 * (r % 2) + 4)))
-                     .metrics.at("aux_loss").value.item<double>();
-      }
-      losses[r] = TrainSteps(*lm, batches, 4 * (r % 2), 4 * (r % 2) + 4, &dist);
-      for (const auto& v : LearnerVariables(*lm)) weights[r][v.name] = v.value.detach().clone();
-    });
-    // Every stage sees the pipeline's aux loss (stage 0 has no MoE layer of its own).
-    EXPECT_EQ(aux[0], aux[2]);
-    EXPECT_EQ(aux[1], aux[3]);
-    EXPECT_GT(aux[0], 0.0);
-    double worst = 0;
-    for (const auto& v : one_vars) {
-      if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;
-      const at::Tensor w = v.value.detach();
-      int holders = 0;
-      for (int r = 0; r < 4; ++r) {
-        if (!weights[r].count(v.name)) continue;
-        ++holders;
-        const at::Tensor& mine = weights[r].at(v.name);
-        const int e = r % 2;
-        const at::Tensor want = mine.size(0) != w.size(0) ? w.slice(0, 2 * e, 2 * e + 2) : w;
-        const double rel = ((mine - want).abs().max() /
-                            at::clamp_min(want.abs().max(), 1e-12)).item<double>();
-        worst = std::max(worst, rel);
-        if (!mutated) {
-          EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
+  for (const int micro : {1, 2}) {
+    SCOPED_TRACE(StrCat(micro, " micro-batch(es)"));
+    // Each micro-batch of a rank routes its own group: 2 · micro groups over the whole batch.
+    auto one = SmallMoeLm(1, 2 * micro, 0.1);
+    const auto one_vars = LearnerVariables(*one);
+    const std::vector<double> one_losses = TrainSteps(*one, batches, 0, 8);
+    EXPECT_LT(one_losses.back(), one_losses.front());
+    for (const bool mutated : micro == 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      SCOPED_TRACE(mutated ? "without the plan's rule" : "with the plan");
+      std::vector<std::vector<double>> losses(4);
+      std::vector<std::map<std::string, at::Tensor>> weights(4);
+      std::vector<double> aux(4);
+      RunWorkers(4, [&](Distributed& dist) {
+        const int r = dist.rank();
+        ParallelPlan plan(dist, "pipe:2,expert:2");
+        ASSERT_EQ(plan.batch_shards(), 2);
+        BatchShardScope shard(plan.batch_shard(), plan.batch_shards());
+        auto lm = SmallMoeLm(2, 2, 0.1, plan.Context(), /*splits=*/2, false, micro);
+        // The plan's rule: a stage's dense variable sums over the stage's 2 expert ranks (the
+        // batch group) and is halved; an expert sums over no one (data 1) and is halved too.
+        for (const auto& v : LearnerVariables(*lm)) {
+          if (!v.rank_local()) continue;
+          const auto rule = plan.RankLocal(v);
+          EXPECT_DOUBLE_EQ(rule.scale, 0.5) << v.name;
+          EXPECT_EQ(rule.group, v.expert_sharded ? plan.data_group() : plan.batch_group()) << v.name;
+          EXPECT_DOUBLE_EQ(rule.norm_weight, v.expert_sharded ? 1.0 : 0.5) << v.name;
         }
+        auto sync = std::make_shared<DataParallelGradientSync>(dist, 1 << 12, true);
+        if (!mutated) plan.Configure(*sync);
+        lm->learner().SetGradientSync(sync);
+        {
+          GlobalStepContext step(0);
+          aux[r] = lm->FPropDefaultTheta(LmBatch(batches[0].slice(0, 4 * (r % 2), 4 * (r % 2) + 4)))
+                       .metrics.at("aux_loss").value.item<double>();
+        }
+        losses[r] = TrainSteps(*lm, batches, 4 * (r % 2), 4 * (r % 2) + 4, &dist);
+        for (const auto& v : LearnerVariables(*lm)) weights[r][v.name] = v.value.detach().clone();
+      });
+      // Every stage sees the pipeline's aux loss (stage 0 has no MoE layer of its own).
+      EXPECT_EQ(aux[0], aux[2]);
+      EXPECT_EQ(aux[1], aux[3]);
+      EXPECT_GT(aux[0], 0.0);
+      double worst = 0;
+      for (const auto& v : one_vars) {
+        if (v.name.size() > 5 && v.name.substr(v.name.size() - 5) == "key/b") continue;
+        const at::Tensor w = v.value.detach();
+        int holders = 0;
+        for (int r = 0; r < 4; ++r) {
+          if (!weights[r].count(v.name)) continue;
+          ++holders;
+          const at::Tensor& mine = weights[r].at(v.name);
+          const int e = r % 2;
+          const at::Tensor want = mine.size(0) != w.size(0) ? w.slice(0, 2 * e, 2 * e + 2) : w;
+          const double rel = ((mine - want).abs().max() /
+                              at::clamp_min(want.abs().max(), 1e-12)).item<double>();
+          worst = std::max(worst, rel);
+          if (!mutated) {
+            EXPECT_LT(rel, 1e-5) << v.name << " on rank " << r;
+          }
+        }
+        // A stage's layers on its 2 ranks (the embedding stage 0's, the final layer norm and the
+        // softmax stage 1's), the rest on all 4.
+        EXPECT_EQ(holders, LmStageOf(v.name, 2, 2) >= 0 ? 2 : 4) << v.name;
       }
-      // A stage's layers on its 2 ranks (the embedding stage 0's, the final layer norm and the
-      // softmax stage 1's), the rest on all 4.
-      EXPECT_EQ(holders, LmStageOf(v.name, 2, 2) >= 0 ? 2 : 4) << v.name;
-    }
-    if (mutated) {
-      EXPECT_GT(worst, 1e-3);
-      continue;
-    }
-    for (int s = 0; s < steps; ++s) {
-      EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
+      if (mutated) {
+        EXPECT_GT(worst, 1e-3);
+        continue;
+      }
+      for (int s = 0; s < steps; ++s) {
+        EXPECT_NEAR(losses[0][s], one_losses[s], 1e-6 * std::abs(one_losses[s])) << "step " << s;
+      }
     }
   }
   // A pipeline on threads of one process cannot sit on an expert axis (its exchanges would
