@@ -96,11 +96,29 @@ void PipeAxis::Check(const BaseModel& model, const std::string& mesh_flag,
 // WeightParams name; its ranks share the batch.
 class ModelAxis : public PlanAxis {
  public:
-  ModelAxis(int size, int index, DistributedMeshAxis* axis)
-      : PlanAxis("model", kModelShardedCollection, size, index, axis) {}
+  // `whole_model`: every rank builds the whole model (no pipe axis), so each can tell alone
+  // whether the model splits anything.
+  ModelAxis(int size, int index, DistributedMeshAxis* axis, bool whole_model)
+      : PlanAxis("model", kModelShardedCollection, size, index, axis), whole_model_(whole_model) {}
   ShardPiece Piece(const WeightParams& params) const override {
     return {params.shard_dim, index(), size()};
   }
+  // A model axis over a model that splits nothing would have its ranks compute the same thing.
+  void Check(const BaseModel& model, const std::string& mesh_flag,
+             const std::function<void(const std::string&)>&) const override {
+    if (!whole_model_) return;
+    for (const auto& v : LearnerVariables(model)) {
+      if (v.model_sharded) return;
+    }
+    throw InvalidArgumentError(StrCat(
+        "--mesh=", mesh_flag, ": the model splits no variable over the 'model' axis, so its ",
+        size(), " ranks would compute the same thing: give its layers weight_split_dims_mapping "
+        "over 'model' (TransformerLayer::SetTensorParallel; docs/distributed.md, \"Tensor "
+        "parallelism\"), or leave 'model' out of the mesh"));
+  }
+
+ private:
+  bool whole_model_;
   std::string Summary(double steps) const override {
     if (axis()->reductions() == 0) return "";
     // The blocks' forward sums and the replicated inputs' backward sums.
@@ -128,7 +146,8 @@ ParallelPlan::ParallelPlan(Distributed& world, const std::string& mesh_flag)
     axes_.push_back(std::make_unique<ExpertAxis>(s.expert, at.expert, mesh_.expert_axis()));
   }
   if (s.model > 1) {
-    axes_.push_back(std::make_unique<ModelAxis>(s.model, at.model, mesh_.model_axis()));
+    axes_.push_back(
+        std::make_unique<ModelAxis>(s.model, at.model, mesh_.model_axis(), s.pipe == 1));
   }
 }
 

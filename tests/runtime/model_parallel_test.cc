@@ -393,6 +393,14 @@ TEST(ModelParallel, SplitMappingsAreCheckedAndNamed) {
     EXPECT_ERROR_CONTAINS(
         TensorParallelLm(0.0, false, BuildContext().WithAxis("model", mesh.model_axis()), 4, 2, 2),
         FailedPreconditionError, "runs its 2 pipeline stages on threads of this process");
+    // A model axis over a model that splits nothing: its ranks would compute the same thing.
+    Params plain = SingleTaskModel::Params();
+    plain.Set("name", "m").Set("task", TransformerLmTask::CommonParams(52, 16, 32, 4, 2));
+    auto model = InstantiateLayer<BaseModel>(plain, plan.Context());
+    EXPECT_ERROR_CONTAINS(plan.CheckModel(*model, "model:2", [](const std::string&) {}),
+                          InvalidArgumentError,
+                          "--mesh=model:2: the model splits no variable over the 'model' axis, so "
+                          "its 2 ranks would compute the same thing");
   });
   Params softmax = SimpleFullSoftmax::Params();
   softmax.Set("name", "softmax").Set("input_dim", 4).Set("num_classes", 6);

@@ -352,6 +352,8 @@ echo 'It is a truth universally acknowledged' | "$glossa" predict --bundle="$tmp
 check "the bundle scores text (rc $rc)" bash -c "test $rc -eq 0 && grep -q total_log_prob '$tmp/tm_pred.jsonl'"
 "$glossa" train "${common[@]}" "--model_params_override=$small; task.stack.num_atten_heads : 3; task.stack.mdl_dim : 18; task.emb.embedding_dim : 18; task.position_emb.embedding_dim : 18; task.softmax.input_dim : 18; task.stack.transformer_layer_params_tpl.tr_atten_tpl.atten_tpl.weight_split_dims_mapping : [None, 'model', None]" --logdir="$tmp/tm6" --max_steps=5 --nproc_per_node=2 --mesh=model:2 > "$tmp/tm6.log" 2>&1; rc=$?
 check "heads that do not split are refused naming the layer (rc $rc): $(grep -m1 'heads do not split' "$tmp/tm6.log")" bash -c "test $rc -ne 0 && grep -q '3 heads do not split over the 2 ranks of the .model. axis' '$tmp/tm6.log'"
+"$glossa" train "${common[@]}" "--model_params_override=$small" --logdir="$tmp/tm7" --max_steps=5 --nproc_per_node=2 --mesh=model:2 > "$tmp/tm7.log" 2>&1; rc=$?
+check "a model axis over a model that splits nothing is refused (rc $rc): $(grep -m1 'splits no variable' "$tmp/tm7.log")" bash -c "test $rc -ne 0 && grep -q 'the model splits no variable over the .model. axis, so its 2 ranks would compute the same thing' '$tmp/tm7.log'"
 
 # 10. Experts beside tensor parallelism (--mesh=expert:2,model:2): the MoE LM's attention (both
 # layers), its dense layer's hidden units and its vocabulary split over a model axis of 2 by the
