@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <istream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,8 @@ struct Example {
   std::map<std::string, std::string> strings;
   InferenceMap options;
   std::string options_key;
+  int64_t line = 0;    // its line number
+  int64_t tokens = 0;  // its longest string feed's tokens (what sorting and the budget count)
 };
 
 class LineBatcher {
@@ -46,22 +49,26 @@ class LineBatcher {
   }
 
   int64_t Run(std::istream& in, std::ostream& out) {
+    const bool sorting = o_.sort_window > 1;
+    const size_t window = static_cast<size_t>(sorting ? o_.sort_window : o_.batch_size);
     std::string line;
     int64_t line_no = 0;
     while (std::getline(in, line)) {
       ++line_no;
       Example ex = Parse(line, line_no);
-      if (!batch_.empty() && (ex.options_key != batch_.front().options_key ||
-                              static_cast<int64_t>(batch_.size()) >= o_.batch_size)) {
-        Flush(out, line_no - 1);
+      ex.line = line_no;
+      if (sorting || o_.max_batch_tokens > 0) {
+        for (const auto& [name, text] : ex.strings) {
+          ex.tokens = std::max(ex.tokens, predictor_.CountTokens(text));
+        }
       }
-      batch_.push_back(std::move(ex));
-      if (static_cast<int64_t>(batch_.size()) >= o_.batch_size) Flush(out, line_no);
+      pending_.push_back(std::move(ex));
+      if (pending_.size() >= window) Drain(out, sorting);
     }
     if (in.bad()) {
       throw DataLossError(StrCat("cannot read ", o_.input_name, " after line ", line_no));
     }
-    Flush(out, line_no);
+    Drain(out, sorting);
     return answered_;
   }
 
@@ -133,17 +140,75 @@ class LineBatcher {
     }
   }
 
-  // Runs the batch and writes its lines; errors name the batch's last line.
-  void Flush(std::ostream& out, int64_t last_line) {
-    if (batch_.empty()) return;
-    InferenceMap feeds = batch_.front().options;
+  // Cuts the pending lines into batches (in input order, or sorted by options and length), runs
+  // them and writes every line's answer in input order.
+  void Drain(std::ostream& out, bool sorting) {
+    if (pending_.empty()) return;
+    std::vector<size_t> order(pending_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (sorting) {
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        const Example &x = pending_[a], &y = pending_[b];
+        return x.options_key != y.options_key ? x.options_key < y.options_key
+                                              : x.tokens < y.tokens;
+      });
+    }
+    std::vector<std::string> answers(pending_.size());
+    std::vector<size_t> batch;
+    int64_t longest = 0;
+    for (size_t i : order) {
+      const Example& ex = pending_[i];
+      const int64_t rows = static_cast<int64_t>(batch.size()) + 1;
+      const bool fits =
+          batch.empty() || (ex.options_key == pending_[batch[0]].options_key &&
+                            rows <= o_.batch_size &&
+                            (o_.max_batch_tokens <= 0 ||
+                             rows * std::max(longest, ex.tokens) <= o_.max_batch_tokens));
+      if (!fits) {
+        RunBatch(batch, &answers);
+        batch.clear();
+        longest = 0;
+      }
+      batch.push_back(i);
+      longest = std::max(longest, ex.tokens);
+    }
+    RunBatch(batch, &answers);
+    for (const std::string& a : answers) out << a << "\n";
+    errno = 0;
+    out.flush();
+    if (!out.good()) {
+      throw AbortedError(StrCat("cannot write ", o_.output_name, ": ",
+                                errno != 0 ? std::strerror(errno) : "write error"));
+    }
+    answered_ += static_cast<int64_t>(pending_.size());
+    pending_.clear();
+  }
+
+  // Which lines a batch holds, for its errors: "the batch ending at line 9" for a run of lines,
+  // else "the batch of lines 3, 17, 40" (the first 8 named).
+  std::string BatchLines(const std::vector<size_t>& batch) const {
+    bool run = true;
+    for (size_t k = 1; k < batch.size(); ++k) {
+      run = run && pending_[batch[k]].line == pending_[batch[k - 1]].line + 1;
+    }
+    if (run) return StrCat("the batch ending at line ", pending_[batch.back()].line);
+    std::vector<std::string> named;
+    for (size_t k = 0; k < batch.size() && k < 8; ++k) named.push_back(StrCat(pending_[batch[k]].line));
+    return StrCat("the batch of lines ", Join(named, ", "),
+                  batch.size() > 8 ? StrCat(" and ", batch.size() - 8, " more") : "");
+  }
+
+  // Runs the lines `batch` (indices into pending_) and puts their answers in *answers.
+  void RunBatch(const std::vector<size_t>& batch, std::vector<std::string>* answers) {
+    if (batch.empty()) return;
+    InferenceMap feeds = pending_[batch[0]].options;
     for (const auto& name : string_feeds_) {
       std::vector<std::string> column;
       bool any = false;
-      for (const auto& ex : batch_) {
-        auto it = ex.strings.find(name);
-        any = any || it != ex.strings.end();
-        column.push_back(it == ex.strings.end() ? std::string() : it->second);
+      for (size_t i : batch) {
+        auto it = pending_[i].strings.find(name);
+        any = any || it != pending_[i].strings.end();
+        column.push_back(it == pending_[i].strings.end() ? std::string() : it->second);
       }
       if (any) feeds[name] = InferenceValue::Strings(std::move(column));
     }
@@ -151,21 +216,13 @@ class LineBatcher {
     try {
       fetches = predictor_.Run(o_.subgraph, feeds);
     } catch (const Error& e) {
-      ThrowError(e.code(), StrCat(o_.input_name, " (the batch ending at line ", last_line, "): ",
-                                  e.message()));
+      ThrowError(e.code(), StrCat(o_.input_name, " (", BatchLines(batch), "): ", e.message()));
     }
-    for (size_t i = 0; i < batch_.size(); ++i) {
-      const nlohmann::ordered_json row = FetchRowToJson(fetches, static_cast<int64_t>(i));
-      out << row.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const nlohmann::ordered_json row = FetchRowToJson(fetches, static_cast<int64_t>(k));
+      (*answers)[batch[k]] =
+          row.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     }
-    errno = 0;
-    out.flush();
-    if (!out.good()) {
-      throw AbortedError(StrCat("cannot write ", o_.output_name, ": ",
-                                errno != 0 ? std::strerror(errno) : "write error"));
-    }
-    answered_ += static_cast<int64_t>(batch_.size());
-    batch_.clear();
   }
 
   const Predictor& predictor_;
@@ -173,7 +230,7 @@ class LineBatcher {
   const InferenceSubgraphSpec spec_;
   std::vector<std::string> string_feeds_;
   bool plain_text_ok_ = false;
-  std::vector<Example> batch_;
+  std::vector<Example> pending_;  // read, not yet answered
   int64_t answered_ = 0;
 };
 
@@ -182,6 +239,9 @@ class LineBatcher {
 int64_t PredictLines(const Predictor& predictor, std::istream& in, std::ostream& out,
                      const PredictLinesOptions& options) {
   if (options.batch_size < 1) throw InvalidArgumentError("predict: batch_size must be >= 1");
+  if (options.sort_window < 0 || options.max_batch_tokens < 0) {
+    throw InvalidArgumentError("predict: sort_window and max_batch_tokens must be >= 0");
+  }
   LineBatcher batcher(predictor, options);
   return batcher.Run(in, out);
 }

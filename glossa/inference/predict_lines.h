@@ -2,7 +2,10 @@
 // `glossa predict`. Each input line is one example: a JSON object of its feeds (a string per string
 // feed, a number per scalar option), or, for a subgraph with one string feed, a text line.
 // Examples run `batch_size` at a time; lines with different options run in separate batches. Each
-// output line holds one example's fetches, per-token fetches cut to its length (json_io.h).
+// output line holds one example's fetches, per-token fetches cut to its length (json_io.h), in
+// the input's order. As Marian and CTranslate2 batch: `sort_window` lines are read ahead and
+// sorted by length (their string feeds' tokens), so that a batch holds lines of like lengths and
+// pads little, and `max_batch_tokens` caps a batch's padded size (rows × its longest line).
 //
 //   PredictLines(predictor, std::cin, std::cout, {.subgraph = "generate"});
 //
@@ -24,6 +27,12 @@ struct PredictLinesOptions {
   int64_t batch_size = 32;
   // auto: a line starting with '{' is JSON, any other text; text or json: every line.
   std::string input_format = "auto";
+  // Lines read ahead and sorted by length before they are cut into batches (Marian's maxi-batch);
+  // 0 or 1: batches in input order.
+  int64_t sort_window = 0;
+  // A batch's rows × its longest line's tokens at most this; 0: no budget. A line longer than the
+  // budget runs alone.
+  int64_t max_batch_tokens = 0;
   int64_t max_line_bytes = int64_t{1} << 20;
   std::string input_name = "stdin";    // names the input in errors
   std::string output_name = "stdout";  // names the output in errors

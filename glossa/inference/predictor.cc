@@ -263,4 +263,9 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
   return out;
 }
 
+int64_t Predictor::CountTokens(const std::string& text) const {
+  if (bundle_.tokenizer == nullptr) return static_cast<int64_t>(text.size());
+  return static_cast<int64_t>(bundle_.tokenizer->StringToIds(text).size());
+}
+
 }  // namespace glossa

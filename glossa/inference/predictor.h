@@ -59,6 +59,9 @@ class Predictor {
   void Load(const std::string& checkpoint);
   int64_t global_step() const;
   const std::map<std::string, std::string>& manifest() const { return bundle_.manifest; }
+  // The tokens the bundle's tokenizer makes of `text` (its bytes without a tokenizer): what a
+  // token budget counts.
+  int64_t CountTokens(const std::string& text) const;
 
  private:
   // A numeric feed outside its spec's [min, max] (or max_new_tokens), or a non-finite float.

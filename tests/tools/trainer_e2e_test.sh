@@ -143,6 +143,19 @@ one_line_error "exists and is not empty" export "${flags[@]}" --out="$tmp/bundle
 # predict: text lines (one string feed) and JSON lines, in batches; errors name the line.
 printf 'It is a truth universally acknowledged\nthat a single man\nmust be in want of a wife\n' > "$tmp/texts.txt"
 check "predict scores text lines" bash -c "'$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' --batch_size=2 > '$tmp/scores.jsonl' && test \$(wc -l < '$tmp/scores.jsonl') -eq 3 && grep -q '\"total_log_prob\":-' '$tmp/scores.jsonl'"
+# Length-sorted, token-budget batches (Marian's maxi-batch, CTranslate2's token batches): the
+# lines are sorted by length before batching and capped at 12 padded tokens a batch, yet each
+# answer is its line's, in input order; a failing batch of non-consecutive lines names them.
+check "predict --sort_window --max_batch_tokens answers each line in input order" bash -c "'$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' --batch_size=2 --sort_window=3 --max_batch_tokens=12 > '$tmp/scores_sorted.jsonl' && /usr/bin/python3 -c '
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 3, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x[\"pieces\"] == y[\"pieces\"] and abs(x[\"total_log_prob\"] - y[\"total_log_prob\"]) < 1e-4, (x, y)
+' '$tmp/scores.jsonl' '$tmp/scores_sorted.jsonl'"
+/usr/bin/python3 -c 'print("short line"); print(" ".join(["truth"] * 5000)); print("another short line")' > "$tmp/one_long.txt"
+one_line_error "one_long.txt \(the batch of lines 1, 3, 2\): .*4096" predict --bundle="$tmp/bundle" --input="$tmp/one_long.txt" --batch_size=3 --sort_window=3
 # The TorchScript network, run by stock PyTorch, gives predict's log-probs (bit for bit with
 # OpenBLAS's SkylakeX kernels, within float32 rounding with others: check_torchscript.py).
 # (GLOSSA_KEEP_BLAS_KERNELS: the OpenBLAS kernels stock PyTorch uses, for a bit-for-bit comparison.)

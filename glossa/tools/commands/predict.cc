@@ -52,6 +52,13 @@ class PredictCommand : public Command {
     c->add_option("--input", input_, "Input file (default: stdin).");
     c->add_option("--output", output_, "Output file (default: stdout).");
     AddIntFlag(c, "--batch_size", o_.batch_size, 1, 65536, "Lines run together (default 32).");
+    AddIntFlag(c, "--sort_window", o_.sort_window, 0, 1 << 20,
+               "Lines read ahead and sorted by length (tokens) before they are cut into batches, "
+               "so that a batch pads little (Marian's maxi-batch); answers keep the input's "
+               "order. 0: batches in input order (default).");
+    AddIntFlag(c, "--max_batch_tokens", o_.max_batch_tokens, 0, int64_t{1} << 30,
+               "A batch's rows x its longest line's tokens at most this (CTranslate2's token "
+               "batches); a longer line runs alone. 0: no budget (default).");
     c->add_option("--input_format", o_.input_format,
                   "text: each line is the subgraph's one string feed; json: each line is a JSON "
                   "object of feeds; auto: lines starting with '{' are JSON.")
