@@ -59,7 +59,15 @@ class LineBatcher {
       ex.line = line_no;
       if (sorting || o_.max_batch_tokens > 0) {
         for (const auto& [name, text] : ex.strings) {
-          ex.tokens = std::max(ex.tokens, predictor_.CountTokens(text));
+          const int64_t tokens = predictor_.CountTokens(text);
+          // Counted here anyway: the line is named, not the sorted batch it would fail in.
+          if (tokens > predictor_.options().max_input_tokens) {
+            throw InvalidArgumentError(StrCat(o_.input_name, ":", line_no, ": feed '", name,
+                                              "' is ", tokens, " tokens, more than "
+                                              "max_input_tokens ",
+                                              predictor_.options().max_input_tokens));
+          }
+          ex.tokens = std::max(ex.tokens, tokens);
         }
       }
       pending_.push_back(std::move(ex));

@@ -155,7 +155,9 @@ for x, y in zip(a, b):
     assert x[\"pieces\"] == y[\"pieces\"] and abs(x[\"total_log_prob\"] - y[\"total_log_prob\"]) < 1e-4, (x, y)
 ' '$tmp/scores.jsonl' '$tmp/scores_sorted.jsonl'"
 /usr/bin/python3 -c 'print("short line"); print(" ".join(["truth"] * 5000)); print("another short line")' > "$tmp/one_long.txt"
-one_line_error "one_long.txt \(the batch of lines 1, 3, 2\): .*4096" predict --bundle="$tmp/bundle" --input="$tmp/one_long.txt" --batch_size=3 --sort_window=3
+one_line_error "one_long.txt:2: feed 'text' is 5000 tokens, more than max_input_tokens 4096" predict --bundle="$tmp/bundle" --input="$tmp/one_long.txt" --batch_size=3 --sort_window=3
+printf '{"prompt": "Elizabeth", "max_new_tokens": -5}\n{"prompt": "Mr Darcy", "max_new_tokens": 3}\n{"prompt": "Jane", "max_new_tokens": -5}\n' > "$tmp/mixed_options.jsonl"
+one_line_error "mixed_options.jsonl \(the batch of lines 1, 3\): .*max_new_tokens" predict --bundle="$tmp/bundle" --subgraph=generate --input="$tmp/mixed_options.jsonl" --sort_window=3
 # The TorchScript network, run by stock PyTorch, gives predict's log-probs (bit for bit with
 # OpenBLAS's SkylakeX kernels, within float32 rounding with others: check_torchscript.py).
 # (GLOSSA_KEEP_BLAS_KERNELS: the OpenBLAS kernels stock PyTorch uses, for a bit-for-bit comparison.)
