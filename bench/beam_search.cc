@@ -25,7 +25,7 @@
 #include "glossa/base/strings.h"
 #include "glossa/input/input_generator.h"
 #include "glossa/kernels/decoder_step.h"
-#include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/model/base_model.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/data_dir.h"
@@ -103,13 +103,13 @@ int main(int argc, char** argv) {
   std::vector<std::vector<int64_t>> hyps;
   const NestedMap theta = task.theta();
   // --int8=1: the projections in int8, as the Predictor of a bundle exported with
-  // --quantize=int8 runs them (glossa/kernels/int8_gemm.h).
-  const bool int8 = f["int8"] == "1";
+  // --quantize=int8 runs them; --fused=0: the unfused decoding step. The plan the Predictor would
+  // make at load (glossa/kernels/compute_plan.h).
+  ComputePolicy policy;
+  if (f["int8"] == "1") policy.precision = Precision::kInt8;
+  policy.fused_decoder_step = f["fused"] != "0";
+  model->SetComputePlan(PlanInference(*model, policy));
   at::NoGradGuard no_grad;
-  std::optional<Int8Scope> int8_scope;
-  if (int8) int8_scope.emplace();
-  std::optional<UnfusedDecoderStepScope> unfused;
-  if (f["fused"] == "0") unfused.emplace();
   for (int64_t r = 0; r <= runs; ++r) {  // run 0 warms up
     hyps.clear();
     int64_t tokens = 0;
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
     }
   }
   {
-    std::ofstream out(JoinPath(f["workdir"], int8 ? "glossa_hyps_int8.jsonl" : "glossa_hyps.jsonl"));
+    std::ofstream out(JoinPath(f["workdir"], policy.precision == Precision::kInt8 ? "glossa_hyps_int8.jsonl" : "glossa_hyps.jsonl"));
     for (const auto& h : hyps) out << nlohmann::json(h).dump() << "\n";
   }
   std::sort(sps.begin(), sps.end());

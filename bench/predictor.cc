@@ -25,8 +25,7 @@
 #include "glossa/base/file.h"
 #include "glossa/inference/bundle.h"
 #include "glossa/inference/predictor.h"
-#include "glossa/kernels/batch_invariant.h"
-#include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/runtime/cpu_runtime.h"
@@ -54,9 +53,9 @@ int main(int argc, char** argv) {
   // --row_kernels=measure|aten|native: how short inputs are projected (kernel_choice.h).
   SetKernelMode(KernelChoice::kRowKernel, ParseKernelMode(f["row_kernels"], "--row_kernels"));
   ConfigureCpuRuntime(std::stoi(f["threads"]), false, CpuWorkload::kInference);
-  // --batch_invariant=1: the kernels glossa serve runs (glossa/kernels/batch_invariant.h).
-  std::optional<BatchInvariantScope> invariant;
-  if (f["batch_invariant"] == "1") invariant.emplace();
+  // --batch_invariant=1: the kernels glossa serve runs (a batch-invariant plan,
+  // glossa/kernels/compute_plan.h).
+  const bool invariant = f["batch_invariant"] == "1";
   // --int8=1: the same checkpoint exported with --quantize=int8 (<workdir>/bundle_int8).
   const bool int8 = f["int8"] == "1";
   const std::string bundle = JoinPath(work, int8 ? "bundle_int8" : "bundle");
@@ -93,7 +92,9 @@ int main(int argc, char** argv) {
                                                         num_sentences;) {
     if (!line.empty()) sentences.push_back(line);
   }
-  Predictor predictor(bundle);
+  PredictorOptions po;
+  po.batch_invariant = invariant;
+  Predictor predictor(bundle, po);
   auto pass = [&](std::vector<glossa::InferenceMap>* outs) {
     int64_t tokens = 0;
     for (size_t i = 0; i < sentences.size(); i += batch) {
@@ -127,6 +128,8 @@ int main(int argc, char** argv) {
   // the Predictor's so that drifts in the machine's speed hit both alike.
   LoadedBundle b = LoadBundle(bundle);
   auto& lm = dynamic_cast<TransformerLmTask&>(b.model->task());
+  // The plan the Predictor made at load, for the network alone too.
+  b.model->SetComputePlan(PlanInference(*b.model, predictor.policy()));
   std::vector<std::pair<at::Tensor, at::Tensor>> inputs;
   int64_t total = 0;
   for (const auto& out : outs) {
@@ -176,8 +179,6 @@ int main(int argc, char** argv) {
     rates.push_back(static_cast<double>(tokens) / (Now() - t0));
     at::NoGradGuard no_grad;
     EvalModeScope eval;
-    std::optional<Int8Scope> int8_scope;  // what the Predictor of an int8 bundle opens
-    if (int8) int8_scope.emplace();
     const NestedMap theta = lm.theta();
     t0 = Now();
     for (const auto& [ids, paddings] : inputs) at::log_softmax(lm.Logits(theta, ids, paddings), -1);

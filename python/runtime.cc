@@ -350,19 +350,27 @@ or "native", as the CLI's flags of those names; for this call only.)doc");
 Thread-safe: run() releases the GIL, and several threads may call it at once.)doc")
       .def(py::init([](const std::string& bundle, const std::string& checkpoint,
                        const std::vector<std::string>& subgraphs, int64_t max_batch_size,
-                       int64_t max_input_tokens) {
+                       int64_t max_input_tokens, const std::string& precision,
+                       bool batch_invariant) {
              InitLogging();
              glossa::PredictorOptions o;
              o.checkpoint = checkpoint;
              o.subgraphs = subgraphs;
              o.max_batch_size = max_batch_size;
              o.max_input_tokens = max_input_tokens;
+             o.precision = precision;
+             o.batch_invariant = batch_invariant;
              py::gil_scoped_release release;
              return std::make_shared<glossa::Predictor>(bundle, o);
            }),
            py::arg("bundle_dir"), py::arg("checkpoint") = "",
            py::arg("subgraphs") = std::vector<std::string>{}, py::arg("max_batch_size") = 1024,
-           py::arg("max_input_tokens") = 4096)
+           py::arg("max_input_tokens") = 4096, py::arg("precision") = "",
+           py::arg("batch_invariant") = false)
+      .def_property_readonly(
+          "compute",
+          [](const glossa::Predictor& p) { return p.policy().ToString(); },
+          "What the plan made at load runs: 'int8, batch-invariant, fused decoder step'.")
       .def(
           "run",
           [](const glossa::Predictor& p, const std::string& subgraph,

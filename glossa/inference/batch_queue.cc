@@ -10,7 +10,6 @@
 #include "glossa/base/strings.h"
 #include "glossa/base/thread_state.h"
 #include "glossa/inference/batching.h"
-#include "glossa/kernels/batch_invariant.h"
 
 namespace glossa {
 
@@ -165,8 +164,6 @@ void BatchQueue::DropExpired(std::vector<std::shared_ptr<Pending>>& batch) {
 }
 
 void BatchQueue::RunBatch(const std::vector<std::shared_ptr<Pending>>& batch) {
-  std::optional<BatchInvariantScope> invariant;
-  if (options_.batch_invariant) invariant.emplace();
   int64_t total = 0;
   for (const auto& p : batch) total += p->n;
   if (on_batch_) on_batch_(total);

@@ -42,9 +42,6 @@ class BatchQueue {
     int64_t batch_timeout_micros = 1000;
     int64_t max_enqueued_requests = 1024;
     int num_batch_threads = 1;  // per subgraph
-    // Run every batch inside a BatchInvariantScope (glossa/kernels/batch_invariant.h): a request's
-    // answer has the same bits whatever it was merged with.
-    bool batch_invariant = true;
   };
   using Result = std::pair<InferenceMap, int64_t>;  // fetches, global step
 

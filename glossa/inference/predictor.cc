@@ -8,7 +8,6 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/kernels/int8_gemm.h"
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
 #include "glossa/checkpoint/saver.h"
@@ -23,6 +22,7 @@ struct Predictor::Loaded {
   std::unique_ptr<BaseModel> owned;  // null for the bundle's own model
   const BaseModel* model = nullptr;
   int64_t global_step = 0;
+  std::shared_ptr<const ComputePlan> plan;  // set on model
 };
 
 namespace {
@@ -91,10 +91,18 @@ Predictor::Predictor(const std::string& bundle_dir, PredictorOptions options)
     }
   }
   auto q = bundle_.manifest.find("quantize");
-  int8_ = q != bundle_.manifest.end() && q->second == "int8";
+  policy_.precision =
+      !options_.precision.empty()
+          ? ParsePrecision(options_.precision, "precision")
+          : ParsePrecision(q != bundle_.manifest.end() ? q->second : "",
+                           StrCat("bundle '", bundle_dir, "': manifest quantize"));
+  policy_.batch_invariant = options_.batch_invariant;
+  policy_.fused_decoder_step = options_.fused_decoder_step;
   auto loaded = std::make_shared<Loaded>();
   loaded->model = bundle_.model.get();
   loaded->global_step = bundle_.global_step;
+  loaded->plan = PlanInference(*bundle_.model, policy_);
+  bundle_.model->SetComputePlan(loaded->plan);
   current_ = loaded;
   if (!options_.checkpoint.empty()) Load(options_.checkpoint);
 }
@@ -112,6 +120,8 @@ void Predictor::Load(const std::string& checkpoint) {
   auto loaded = std::make_shared<Loaded>();
   loaded->owned = ModelFromCheckpoint(bundle_.model_params, checkpoint, &loaded->global_step);
   loaded->model = loaded->owned.get();
+  loaded->plan = PlanInference(*loaded->owned, policy_);  // prepared before any Run sees it
+  loaded->owned->SetComputePlan(loaded->plan);
   std::shared_ptr<const Loaded> previous = std::move(loaded);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -243,8 +253,7 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
   Validate(subgraph, feeds, fetch_keys, validate_fetches);
   const std::shared_ptr<const Loaded> loaded = Current();  // this Run's weights, whatever Load does
   if (global_step != nullptr) *global_step = loaded->global_step;
-  std::optional<Int8Scope> int8;  // a bundle exported with --quantize=int8
-  if (int8_) int8.emplace();
+  at::NoGradGuard no_grad;  // inference: the plan applies (ComputePlan::AppliesNow)
   InferenceMap all = loaded->model->task().RunInference(subgraph, feeds, bundle_.tokenizer.get());
   // A NaN is never an answer (JSON would carry it as null): the model or its input broke.
   for (const auto& [key, v] : all) {
@@ -262,6 +271,8 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
   }
   return out;
 }
+
+size_t Predictor::prepared_weights() const { return Current()->plan->size(); }
 
 int64_t Predictor::CountTokens(const std::string& text) const {
   if (bundle_.tokenizer == nullptr) return static_cast<int64_t>(text.size());

@@ -12,6 +12,11 @@
 // batch, more than max_batch_size examples, and inputs longer than max_input_tokens tokens. An
 // unknown subgraph is NotFound listing the subgraphs. Run is thread-safe and re-entrant; Load
 // swaps the weights atomically (a Run sees the old or the new weights, never a mix).
+//
+// What arithmetic runs is decided once, at load: a ComputePolicy from the bundle (an int8 export)
+// and the options, and a plan that prepares the weights for it (quantized, transposed, Q/K/V
+// fused) keyed by variable name (glossa/kernels/compute_plan.h). Load makes a new plan for the
+// new weights. Nothing a Run does asks a thread-local what mode it is in.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +26,7 @@
 #include <vector>
 
 #include "glossa/inference/bundle.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/model/inference_spec.h"
 
 namespace glossa {
@@ -35,6 +41,13 @@ struct PredictorOptions {
   // A feed named max_new_tokens (generation) above this is InvalidArgument: one request cannot
   // hold a batch thread for minutes.
   int64_t max_new_tokens = 512;
+  // The plan made at load (glossa/kernels/compute_plan.h). precision: "" takes the bundle's
+  // (its manifest's quantize: int8 or none), else "float32" or "int8" (a float bundle quantized at
+  // load). batch_invariant: a request's answer has the same bits alone or in any batch (what
+  // glossa serve runs by default).
+  std::string precision;
+  bool batch_invariant = false;
+  bool fused_decoder_step = true;
 };
 
 class Predictor {
@@ -62,6 +75,10 @@ class Predictor {
   // The tokens the bundle's tokenizer makes of `text` (its bytes without a tokenizer): what a
   // token budget counts.
   int64_t CountTokens(const std::string& text) const;
+  // What the plan made at load runs ("int8, batch-invariant, fused decoder step"), and how many
+  // weights it prepared.
+  const ComputePolicy& policy() const { return policy_; }
+  size_t prepared_weights() const;
 
  private:
   // A numeric feed outside its spec's [min, max] (or max_new_tokens), or a non-finite float.
@@ -74,7 +91,7 @@ class Predictor {
   LoadedBundle bundle_;
   PredictorOptions options_;
   std::map<std::string, InferenceSubgraphSpec> specs_;
-  bool int8_ = false;  // the manifest's quantize is int8: Runs open an Int8Scope
+  ComputePolicy policy_;
   mutable std::mutex mu_;
   std::shared_ptr<const Loaded> current_;
 };

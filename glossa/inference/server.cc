@@ -29,7 +29,6 @@
 #include "glossa/inference/serve_metrics.h"
 #include "glossa/inference/predictor.h"
 #include "glossa/checkpoint/saver.h"
-#include "glossa/kernels/batch_invariant.h"
 
 namespace glossa {
 
@@ -130,8 +129,6 @@ struct InferenceServer::Impl {
                                             Clock::time_point start) {
     std::pair<InferenceMap, int64_t> result;
     if (!options.enable_batching) {
-      std::optional<BatchInvariantScope> invariant;
-      if (options.batch_invariant) invariant.emplace();
       result.first = predictor->Run(subgraph, feeds, {}, true, &result.second);
       return result;
     }
@@ -450,7 +447,6 @@ int InferenceServer::Start() {
     bo.batch_timeout_micros = m.options.batch_timeout_micros;
     bo.max_enqueued_requests = m.options.max_enqueued_requests;
     bo.num_batch_threads = m.options.num_batch_threads;
-    bo.batch_invariant = m.options.batch_invariant;
     m.batches = std::make_unique<BatchQueue>(m.predictor, bo,
                                              [&m](int64_t n) { m.metrics.ObserveBatch(n); });
     std::vector<std::string> names;

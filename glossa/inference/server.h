@@ -60,9 +60,6 @@ struct ServeOptions {
   // (UNAVAILABLE) and its HTTP thread freed; one still waiting for a batch is then dropped
   // unrun. A batch already running finishes (its answer discarded). 0: no limit.
   double request_timeout_secs = 60;
-  // Batch-invariant kernels for every run (glossa/kernels/batch_invariant.h): the same request
-  // returns the same bits alone or merged into any batch, at any thread count.
-  bool batch_invariant = true;
   // Reload the latest checkpoint of <watch_logdir>/train when it changes (empty: no watching).
   std::string watch_logdir;
   double watch_interval_secs = 10;

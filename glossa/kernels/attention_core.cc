@@ -503,9 +503,10 @@ bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const 
 
 std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& v, const at::Tensor& bias,
-                                                bool causal_blocks) {
-  if (BatchInvariantActive() && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
-      k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat) {
+                                                bool causal_blocks, bool batch_invariant) {
+  if (batch_invariant && !KernelsForcedToReference() && q.device().is_cpu() &&
+      q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+      v.scalar_type() == at::kFloat) {
     return InvariantAttention(q, k, v, bias);  // the bias masks the future: no causal blocks
   }
   if (AttentionCoreNativeApplies(q, k, v)) {

@@ -28,9 +28,12 @@ namespace glossa {
 // Whether AttentionCore runs its native core for these operands (then its bias is float32).
 bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
+// With batch_invariant (a batch-invariant inference plan, glossa/kernels/compute_plan.h; not with
+// GLOSSA_KERNELS=reference) and float32 CPU operands, InvariantAttention
+// (glossa/kernels/batch_invariant.h): a row's bits do not depend on the batch or padded length.
 std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& v, const at::Tensor& bias,
-                                                bool causal_blocks);
+                                                bool causal_blocks, bool batch_invariant = false);
 std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, const at::Tensor& k,
                                                          const at::Tensor& v,
                                                          const at::Tensor& bias);

@@ -13,7 +13,6 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/base/thread_state.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/kernel_choice.h"
@@ -24,9 +23,6 @@
 
 namespace glossa {
 namespace {
-
-thread_local int scope_depth = 0;  // ThreadState: "batch_invariant"
-GLOSSA_THREAD_STATE_SLOT("batch_invariant", scope_depth);
 
 constexpr int64_t kRows = 8;    // rows of x per tile (16 of AVX-512's 32 registers accumulate)
 constexpr int64_t kCols = 32;   // columns of w per tile
@@ -339,15 +335,7 @@ __attribute__((target("avx512f"))) void AttendHead512(const AttentionArgs& a, in
 
 }  // namespace
 
-BatchInvariantScope::BatchInvariantScope() { ++scope_depth; }
-BatchInvariantScope::~BatchInvariantScope() { --scope_depth; }
-
-bool BatchInvariantActive() {
-  return scope_depth > 0 && !at::GradMode::is_enabled() && !KernelsForcedToReference();
-}
-
 bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed) {
-  if (BatchInvariantActive()) return true;
   if (rows > kRowKernelMaxRows || rows < 1 || k < 1 || n < 1 || at::GradMode::is_enabled() ||
       KernelsForcedToReference()) {
     return false;

@@ -15,14 +15,13 @@
 //    length are masked (bias = the lowest float), so they add exact zeros: the padded length does
 //    not change a row's bits either.
 //
-// They run in inference (no autograd) inside a BatchInvariantScope; Affine and AttentionCore take
-// them there (glossa/kernels/gemm.h, attention_core.h). The AVX-512 paths and the portable ones
-// give the same bits for the affine map; for attention, e^x is Exp16 (simd_math.h) on AVX-512 and
-// std::exp elsewhere. GLOSSA_KERNELS=reference turns the scope off (ATen's kernels are not
-// batch-invariant).
+// They run where a model's inference plan is batch-invariant (glossa/kernels/compute_plan.h:
+// glossa serve's default): its projections and attention core take them, explicitly. The AVX-512
+// paths and the portable ones give the same bits for the affine map; for attention, e^x is Exp16
+// (simd_math.h) on AVX-512 and std::exp elsewhere. GLOSSA_KERNELS=reference turns them off (ATen's
+// kernels are not batch-invariant).
 //
-//   BatchInvariantScope invariant;            // what the serving batch threads do
-//   at::Tensor y = Affine(x, w, b, true);     // InvariantAffine inside the scope
+//   at::Tensor y = InvariantAffine(x, w, b, /*relu=*/true);
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,25 +30,15 @@
 
 namespace glossa {
 
-// Batch-invariant kernels on this thread while one is alive (nests).
-class BatchInvariantScope {
- public:
-  BatchInvariantScope();
-  ~BatchInvariantScope();
-  BatchInvariantScope(const BatchInvariantScope&) = delete;
-  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
-};
-// Inside a scope, with autograd off and GLOSSA_KERNELS not reference.
-bool BatchInvariantActive();
 // Whether Affine (and the fused decoder step's projections) take the row kernel for x [rows, k]
-// times a weight [k, n] (`transposed`: stored [n, k]): inside a scope always; else without
+// times a weight [k, n] (`transposed`: stored [n, k]) when the plan does not ask for them: without
 // autograd, for at most kRowKernelMaxRows rows, where it measured faster than BLAS sgemm on this
 // machine (KernelChoice::kRowKernel in glossa/kernels/kernel_choice.h, once per weight shape and
 // power-of-two row count, timed at that count; --row_kernels pins it). Reading the weights in
 // place beats BLAS on short inputs, which packs the whole weight matrix on every call (a decoding
 // step's logits GEMM at beam 4 spent 22% of its time packing the 256 × 8,000 softmax weight;
 // bench/README.md); how short is this machine's to say. (Attention takes InvariantAttention only
-// inside a scope: on longer batches ATen's BLAS calls per head were faster.)
+// when the plan is batch-invariant: on longer batches ATen's BLAS calls per head were faster.)
 constexpr int64_t kRowKernelMaxRows = 256;
 bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed = false);
 

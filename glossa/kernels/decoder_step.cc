@@ -10,7 +10,7 @@
 #include "glossa/base/strings.h"
 #include <ATen/core/grad_mode.h>
 
-#include "glossa/base/thread_state.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/int8_gemm.h"
@@ -20,8 +20,6 @@
 namespace glossa {
 namespace {
 
-thread_local int unfused_depth = 0;  // ThreadState: "unfused_decoder_step"
-GLOSSA_THREAD_STATE_SLOT("unfused_decoder_step", unfused_depth);
 // per-thread (not carried): the count of fused layer steps this thread ran.
 thread_local int64_t fused_layer_steps = 0;
 
@@ -50,16 +48,16 @@ void LayerNormRows(const float* x, int64_t rows, int64_t d, const StepNormArgs& 
   }
 }
 
-// y [rows, p.out] = x [rows, p.in] · w (+ b), relu optional: the row kernels where Affine would
-// take them (RowKernelsFor: inside a BatchInvariantScope, and for short inputs where they measured
-// faster), else one BLAS sgemm and the bias (and relu) in a pass.
+// y [rows, p.out] = x [rows, p.in] · w (+ b), relu optional: the row kernels where the plan asks
+// for them (p.row_kernels: batch-invariant) or Affine would take them (RowKernelsFor: short inputs
+// where they measured faster), else one BLAS sgemm and the bias (and relu) in a pass.
 void Project(const float* x, int64_t rows, const StepProjArgs& p, bool relu, float* y) {
   if (p.w8 != nullptr) {
     Int8AffineRaw(x, rows, *p.w8, p.b, relu, y);
     return;
   }
   // GLOSSA_KERNELS=reference: the portable row kernel (a step's rows stay independent).
-  if (!HasSgemm() || KernelsForcedToReference() ||
+  if (!HasSgemm() || KernelsForcedToReference() || p.row_kernels ||
       RowKernelsFor(rows, p.in, p.out, p.transposed)) {
     if (p.transposed) {
       InvariantAffineTransposedRaw(x, p.w, p.b, y, rows, p.in, p.out, relu);
@@ -208,12 +206,10 @@ const float* FusedStepData(const at::Tensor& t) {
   return t.data_ptr<float>();
 }
 
-bool FusedDecoderStepApplies() {
-  return unfused_depth == 0 && !at::GradMode::is_enabled() && !KernelsForcedToReference();
+bool FusedDecoderStepApplies(const ComputePlan* plan) {
+  return (plan == nullptr || plan->policy().fused_decoder_step) && !at::GradMode::is_enabled() &&
+         !KernelsForcedToReference();
 }
-
-UnfusedDecoderStepScope::UnfusedDecoderStepScope() { ++unfused_depth; }
-UnfusedDecoderStepScope::~UnfusedDecoderStepScope() { --unfused_depth; }
 
 int64_t FusedDecoderLayerSteps() { return fused_layer_steps; }
 

@@ -15,11 +15,12 @@
 //   x += w · fc1(relu(fc0(LN3 x)))                                               feed-forward
 //
 // The projections take the batch-invariant row kernels (glossa/kernels/batch_invariant.h) where
-// Affine would (RowKernelsFor: inside a BatchInvariantScope, and on short inputs where they
-// measured faster than BLAS), and BLAS sgemm otherwise; attention is StepAttentionRaw; layer norm
-// is two passes per row in float32 (mean, then the biased variance of the centred values). Every
-// row is computed on its own, so inside a BatchInvariantScope (the row kernels always) a
-// hypothesis's bits do not depend on the batch beside it. The ATen reference
+// the model's inference plan is batch-invariant (glossa/kernels/compute_plan.h) and where Affine
+// would (RowKernelsFor: on short inputs where they measured faster than BLAS), BLAS sgemm
+// otherwise, and under an int8 plan Int8AffineRaw on the weights it prepared; attention is
+// StepAttentionRaw; layer norm is two passes per row in float32 (mean, then the biased variance of
+// the centred values). Every row is computed on its own, so under a batch-invariant plan (the row
+// kernels always) a hypothesis's bits do not depend on the batch beside it. The ATen reference
 // is the unfused composition of the layers' own ExtendStep (what GLOSSA_KERNELS=reference, training
 // and every configuration these arguments cannot express run); the bits differ from it in the
 // summation orders only (tests/kernels/decoder_step_test.cc).
@@ -45,16 +46,19 @@ struct StepNormArgs {
   float epsilon = 1e-6f;
 };
 
-struct Int8Weight;  // glossa/kernels/int8_gemm.h
+struct Int8Weight;   // glossa/kernels/int8_gemm.h
+class ComputePlan;   // glossa/kernels/compute_plan.h
 
 // y = x·w (+ b): w [in, out] row-major, or with `transposed` w [out, in] and y = x·wᵀ. With w8
-// (int8 inference: the quantized form of that weight, CachedInt8Weight), Int8AffineRaw instead.
+// (an int8 plan: the quantized form of that weight, prepared at load), Int8AffineRaw instead;
+// with row_kernels (a batch-invariant plan), the row kernels always.
 struct StepProjArgs {
   const float* w = nullptr;
   const float* b = nullptr;
   int64_t in = 0, out = 0;
   bool transposed = false;
   const Int8Weight* w8 = nullptr;
+  bool row_kernels = false;
 };
 
 struct StepSelfAttentionArgs {
@@ -98,28 +102,18 @@ struct DecoderLayerStepArgs {
   StepFeedForwardArgs ff;
 };
 
-// What the arguments point into, held by the caller for the step.
+// What the arguments point into, held by the caller for the step (int8 weights live in the plan).
 struct FusedStepKeep {
   std::vector<at::Tensor> tensors;
-  std::vector<std::shared_ptr<const Int8Weight>> int8;
 };
 
 // t's data when the fused step can read it in place (a float32 contiguous CPU tensor), else null.
 const float* FusedStepData(const at::Tensor& t);
 
 // Whether decoding steps take DecoderLayerStep now: without autograd, not with
-// GLOSSA_KERNELS=reference, and outside an UnfusedDecoderStepScope. Inside an Int8Scope the
-// projections run in int8 (w8), as Affine runs them there.
-bool FusedDecoderStepApplies();
-// The unfused composition on this thread while one is alive (tests and bench_beam_search
-// --fused=0 compare the two).
-class UnfusedDecoderStepScope {
- public:
-  UnfusedDecoderStepScope();
-  ~UnfusedDecoderStepScope();
-  UnfusedDecoderStepScope(const UnfusedDecoderStepScope&) = delete;
-  UnfusedDecoderStepScope& operator=(const UnfusedDecoderStepScope&) = delete;
-};
+// GLOSSA_KERNELS=reference, and unless the model's plan (null: none) turns it off
+// (ComputePolicy::fused_decoder_step: tests and bench_beam_search --fused=0 compare the two).
+bool FusedDecoderStepApplies(const ComputePlan* plan);
 // How many DecoderLayerStep calls this thread has made (tests check which path ran).
 int64_t FusedDecoderLayerSteps();
 

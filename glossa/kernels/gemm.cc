@@ -13,7 +13,6 @@
 #include "glossa/base/strings.h"
 #include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
-#include "glossa/kernels/int8_gemm.h"
 #include "glossa/kernels/kernel_choice.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
@@ -505,18 +504,6 @@ bool SplitGemmsFor(int64_t k, int64_t n) {
 
 at::Tensor Affine(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool relu,
                   bool float_out) {
-  // int8 (glossa/kernels/int8_gemm.h) for float32 and bf16 operands: a bf16 x is widened exactly
-  // and the result rounded back to bf16 (unless float_out), as the bf16 path does.
-  const auto float_or_bf16 = [](const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
-  };
-  if (Int8Active() && x.dim() == 2 && w.dim() == 2 && x.device().is_cpu() &&
-      w.device().is_cpu() && float_or_bf16(x) && float_or_bf16(w) && x.size(1) == w.size(0) &&
-      (!b.defined() || float_or_bf16(b))) {
-    const at::Tensor bias = b.defined() && b.numel() > 0 ? Widen(b) : at::Tensor();
-    at::Tensor y = Int8Affine(Widen(x), *CachedInt8Weight(w), bias, relu);
-    return float_out || x.scalar_type() == at::kFloat ? y : Narrow(y, x.scalar_type());
-  }
   if (x.dim() == 2 && x.device().is_cpu() && w.dim() == 2 && x.size(1) == w.size(0) &&
       x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
       (!b.defined() || b.scalar_type() == at::kFloat) &&

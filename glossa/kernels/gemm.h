@@ -15,9 +15,10 @@
 // and its backward masks the gradient in one pass (ATen's relu and threshold_backward).
 //
 // Without autograd, short float32 inputs (a decoding step, a short sentence) where the row kernel
-// measured faster than BLAS, and every call inside a BatchInvariantScope, take InvariantAffine
-// instead (glossa/kernels/batch_invariant.h: RowKernelsFor): it reads the weights in place, where
-// BLAS packs the whole weight matrix on every call, and its rows' bits do not depend on the others.
+// measured faster than BLAS take InvariantAffine instead (glossa/kernels/batch_invariant.h:
+// RowKernelsFor): it reads the weights in place, where BLAS packs the whole weight matrix on every
+// call. A loaded model's inference plan (compute_plan.h) runs its prepared weights through
+// ComputePlan::Affine instead: int8, or batch-invariant, as the plan says.
 //
 //   at::Tensor y = Affine(x2d, w, b);  // x [M, K], w [K, N], b [N] or undefined
 //   at::Tensor h = Affine(x2d, w, b, /*relu=*/true);

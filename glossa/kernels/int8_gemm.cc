@@ -1,18 +1,13 @@
 #include "glossa/kernels/int8_gemm.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
-#include "glossa/base/thread_state.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/parallel.h"
 
@@ -211,21 +206,6 @@ void VnniGemm(const VnniArgs& a) {
 }
 #endif
 
-thread_local int scope_depth = 0;  // ThreadState: "int8"
-GLOSSA_THREAD_STATE_SLOT("int8", scope_depth);
-
-struct CacheEntry {
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  std::shared_ptr<const Int8Weight> weight;
-};
-using CacheKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>,
-                            uint32_t>;
-std::mutex cache_mu;
-std::map<CacheKey, CacheEntry>& Cache() {
-  static auto* cache = new std::map<CacheKey, CacheEntry>();
-  return *cache;
-}
-
 }  // namespace
 
 bool Int8HasVnni() {
@@ -372,37 +352,6 @@ at::Tensor Int8AffineAten(const at::Tensor& x, const Int8Weight& w, const at::Te
   at::Tensor y = at::matmul(xd, wd.t());
   if (b.defined()) y = y + b.to(at::kDouble);
   return relu ? at::relu(y) : y;
-}
-
-Int8Scope::Int8Scope() { ++scope_depth; }
-Int8Scope::~Int8Scope() { --scope_depth; }
-
-bool Int8Active() { return scope_depth > 0 && !c10::GradMode::is_enabled(); }
-
-std::shared_ptr<const Int8Weight> CachedInt8Weight(const at::Tensor& w) {
-  const c10::Storage& storage = w.storage();
-  const uint32_t version = w.is_inference() ? 0 : w._version();
-  CacheKey key{storage.unsafeGetStorageImpl(), w.storage_offset(), w.sizes().vec(),
-               w.strides().vec(), version};
-  {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    auto it = Cache().find(key);
-    if (it != Cache().end() && !it->second.storage.expired()) return it->second.weight;
-  }
-  std::shared_ptr<const Int8Weight> q = QuantizeInt8(w);
-  std::lock_guard<std::mutex> lock(cache_mu);
-  auto& cache = Cache();
-  for (auto it = cache.begin(); it != cache.end();) {
-    it = it->second.storage.expired() ? cache.erase(it) : std::next(it);
-  }
-  auto [it, inserted] = cache.emplace(key, CacheEntry{storage.getWeakStorageImpl(), q});
-  if (!inserted) it->second = CacheEntry{storage.getWeakStorageImpl(), q};
-  return it->second.weight;
-}
-
-int64_t Int8CacheSize() {
-  std::lock_guard<std::mutex> lock(cache_mu);
-  return static_cast<int64_t>(Cache().size());
 }
 
 }  // namespace glossa

@@ -13,10 +13,9 @@
 // taken back off) and the portable one give the same bits; GLOSSA_KERNELS=reference forces the
 // portable one. The ATen reference of the arithmetic is Int8AffineAten (doubles; tests only).
 //
-// Affine (glossa/kernels/gemm.h) takes this path inside an Int8Scope, without autograd, for float32
-// operands: the Predictor of a bundle exported with --quantize=int8 opens one per Run. The
-// quantized weights are made on first use and cached (CachedInt8Weight) while the float weight's
-// storage lives and is not written.
+// A model's inference plan with precision int8 (glossa/kernels/compute_plan.h) quantizes its
+// projections' weights once when it loads and runs them here: the Predictor of a bundle exported
+// with --quantize=int8 (or given --compute=int8) makes that plan.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -58,23 +57,5 @@ std::pair<at::Tensor, at::Tensor> QuantizeRowsInt8(const at::Tensor& x);
 
 // Whether Int8Affine has its VNNI path here (AVX-512 VNNI and not GLOSSA_KERNELS=reference).
 bool Int8HasVnni();
-
-// Affine takes Int8Affine on this thread while one is alive (nests).
-class Int8Scope {
- public:
-  Int8Scope();
-  ~Int8Scope();
-  Int8Scope(const Int8Scope&) = delete;
-  Int8Scope& operator=(const Int8Scope&) = delete;
-};
-// Inside a scope with autograd off.
-bool Int8Active();
-
-// The quantized form of the weight view `w` [K, N]: made on the first call for this storage,
-// offset, shape, strides and version, and returned again while that storage lives (entries of
-// freed storages are dropped). Thread-safe.
-std::shared_ptr<const Int8Weight> CachedInt8Weight(const at::Tensor& w);
-// Entries in the cache (tests).
-int64_t Int8CacheSize();
 
 }  // namespace glossa

@@ -15,7 +15,7 @@
 #include "glossa/kernels/attention_core.h"
 #include "glossa/kernels/step_attention.h"
 #include "glossa/kernels/gemm.h"
-#include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/compute_plan.h"
 
 namespace glossa {
 
@@ -117,7 +117,7 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& 
         AttentionCoreNativeApplies(q, k, v) ? q.options().dtype(at::kFloat) : q.options();
     const at::Tensor bias =
         key_mask.defined() ? MaskBias(key_mask, options) : at::empty({0}, options);
-    auto [encoded, probs] = AttentionCore(q, k, v, bias, causal);
+    auto [encoded, probs] = AttentionCore(q, k, v, bias, causal, PlannedBatchInvariant());
     return {post_->FProp(post_.Theta(theta), encoded), probs};
   }
   // With attention dropout: the reference composition with the dropout between its two products.
@@ -149,9 +149,7 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
     return p->FProp(p.Theta(theta), CastToFPropDtype(x));
   };
   at::Tensor q, k, v;
-  // Not under int8 (glossa/kernels/int8_gemm.h): the concatenated weight would be a new tensor
-  // each call, quantized again each time; the three projections keep theirs.
-  if (fuse_qkv_ && query.is_same(key) && key.is_same(value) && !Int8Active()) {
+  if (fuse_qkv_ && query.is_same(key) && key.is_same(value)) {
     std::tie(q, k, v) = ProjectQkv(theta, CastToFPropDtype(query));
   } else {
     q = proj(query_, query);
@@ -203,22 +201,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(
     const NestedMap& theta, const at::Tensor& x) const {
   const NestedMap &tq = query_.Theta(theta), &tk = key_.Theta(theta), &tv = value_.Theta(theta);
   const int64_t nh = num_heads_ * dim_per_head_;
-  const at::Tensor w = at::cat({tq.GetTensor("w").reshape({input_dim_, nh}),
-                                tk.GetTensor("w").reshape({input_dim_, nh}),
-                                tv.GetTensor("w").reshape({input_dim_, nh})},
-                               1);
+  const at::Tensor &wq = tq.GetTensor("w"), &wk = tk.GetTensor("w"), &wv = tv.GetTensor("w");
   at::Tensor x2 = x.reshape({-1, input_dim_});
   if (axis_ != nullptr) x2 = ReplicateOverAxis(*axis_, x2);  // the heads' projections are split
   const at::Tensor b = use_bias_ ? at::cat({tq.GetTensor("b").reshape({-1}),
                                             tk.GetTensor("b").reshape({-1}),
                                             tv.GetTensor("b").reshape({-1})})
                                  : at::Tensor();
-  at::Tensor out = Affine(x2, w, b);
+  // The plan's matrix, concatenated once at load; else concatenated here.
+  const PreparedWeight* planned = axis_ == nullptr ? PlannedWeight("qkv", {wq, wk, wv}) : nullptr;
+  at::Tensor out =
+      planned != nullptr
+          ? compute_plan()->Affine(*planned, x2, b)
+          : Affine(x2,
+                   at::cat({wq.reshape({input_dim_, nh}), wk.reshape({input_dim_, nh}),
+                            wv.reshape({input_dim_, nh})},
+                           1),
+                   b);
   out = out.view({x.size(0), x.size(1), 3, num_heads_, dim_per_head_});
   // unbind: one backward node that stacks the three gradients (three selects would each
   // scatter into a zero tensor of the whole output).
   std::vector<at::Tensor> qkv = out.unbind(2);
   return {qkv[0], qkv[1], qkv[2]};
+}
+
+void MultiHeadedAttention::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
+  if (!fuse_qkv_ || axis_ != nullptr) return;
+  const int64_t nh = num_heads_ * dim_per_head_;
+  const at::Tensor& wq = query_.Theta(theta).GetTensor("w");
+  const at::Tensor& wk = key_.Theta(theta).GetTensor("w");
+  const at::Tensor& wv = value_.Theta(theta).GetTensor("w");
+  plan.Prepare(PlanKey("qkv"),
+               at::cat({wq.reshape({input_dim_, nh}), wk.reshape({input_dim_, nh}),
+                        wv.reshape({input_dim_, nh})},
+                       1),
+               {wq, wk, wv});
 }
 
 NestedMap MultiHeadedAttention::ProjectSource(const NestedMap& theta,

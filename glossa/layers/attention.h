@@ -101,6 +101,9 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   };
   StepCaches PrepareStep(const NestedMap& cached_states, int64_t n, at::ScalarType dtype) const;
   static NestedMap StatesAfterStep(const StepCaches& c);
+  // The inference plan's Q, K and V in one matrix [D, 3·N·H] (glossa/kernels/compute_plan.h),
+  // under "qkv", for self-attention's one GEMM; the projections prepare their own weights.
+  void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
   // InvalidArgument naming the shapes unless both are undefined or integer [b, t] and [b, s].

@@ -7,6 +7,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/layers/weight_init.h"
 
@@ -101,9 +102,19 @@ at::Tensor MultiHeadedProjectionLayer::FProp(const NestedMap& theta,
     if (use_bias_) out = out + theta.GetTensor("b");
     return out.view(out_shape);
   }
-  if (axis_ != nullptr) x = ReplicateOverAxis(*axis_, x);
-  at::Tensor out = Affine(x, w2, use_bias_ ? theta.GetTensor("b").reshape({-1}) : at::Tensor());
-  return out.view(out_shape);
+  const at::Tensor b = use_bias_ ? theta.GetTensor("b").reshape({-1}) : at::Tensor();
+  if (axis_ != nullptr) {
+    return Affine(ReplicateOverAxis(*axis_, x), w2, b).view(out_shape);
+  }
+  return PlannedAffine("w", w, x, w2, b).view(out_shape);
+}
+
+void MultiHeadedProjectionLayer::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
+  if (axis_ != nullptr) return;  // a block of heads: the plan covers a model in one process
+  const at::Tensor& w = theta.GetTensor("w");
+  const int64_t d = w.size(0), nh = w.size(1) * w.size(2);
+  plan.Prepare(PlanKey("w"), is_output_projection_ ? w.reshape({d, nh}).t() : w.reshape({d, nh}),
+               {w});
 }
 
 glossa::Params PerDimScaleLayer::Params() {

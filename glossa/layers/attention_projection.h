@@ -25,6 +25,9 @@ class MultiHeadedProjectionLayer : public BaseLayer {
   // This projection as the fused decoding step reads it (the output projection transposed);
   // false unless its theta is float32 and contiguous.
   bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, FusedStepKeep* keep) const;
+  // The inference plan's form of w (glossa/kernels/compute_plan.h), [K, N] as FProp multiplies
+  // it: [D, N·H], or an output projection's [N·H, D] transposed once. Not for a block of heads.
+  void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
   bool is_output_projection_, use_bias_;

@@ -30,6 +30,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <array>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,6 +48,9 @@ namespace glossa {
 
 class TorchScriptWriter;  // glossa/layers/torchscript.h
 class OnnxGraph;          // glossa/layers/onnx_graph.h
+class ComputePlan;        // glossa/kernels/compute_plan.h
+struct ComputePolicy;
+struct PreparedWeight;
 
 // Where eval reads exponential moving averages of variables (issue 4's ExponentialMovingAverage
 // implements it). Average returns nullopt for variables it does not track.
@@ -210,6 +214,18 @@ class BaseLayer {
   // Sets the root's EMA source (read by theta() in eval anywhere in the tree).
   void SetEma(std::shared_ptr<const EmaSource> ema);
   const EmaSource* ema() const;
+
+  // ---- The inference plan (glossa/kernels/compute_plan.h) ----
+  // Sets the root's plan, made by PlanInference for this model's weights (null removes it).
+  void SetComputePlan(std::shared_ptr<const ComputePlan> plan);
+  // The root's plan where it applies now (one is set and autograd is off), else null: what FProp
+  // runs its projections, attention core and decoding step by.
+  const ComputePlan* compute_plan() const;
+  // Adds the weights this layer's FProp reads through the plan, prepared for it, keyed by
+  // PlanKey: the layers that read them (PlannedWeight) override it. `theta` is this layer's.
+  virtual void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const;
+  // PrepareWeights of this layer and every layer under it.
+  void PrepareWeightsTree(ComputePlan& plan) const;
   // Moves every variable of the subtree to `device` (keeping trainability).
   void MoveTo(at::Device device);
 
@@ -249,6 +265,22 @@ class BaseLayer {
   // FPropMap's body, after the inputs were checked against FPropMapSpec(): absent optional
   // inputs are missing from `inputs` (NestedMap::Get... on them throws; use contains()).
   virtual NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const;
+
+  // The plan's key for this layer's variable `name` (or a form derived from it, "atten:qkv"):
+  // its full name, scope()/name.
+  std::string PlanKey(const std::string& name) const;
+  // The weight the plan prepared under PlanKey(name) from `sources` (theta's tensors for it now,
+  // checked: ComputePlan::Find), or null without a plan that applies now or without that weight.
+  const PreparedWeight* PlannedWeight(const std::string& name,
+                                      std::initializer_list<at::Tensor> sources) const;
+  // x [M, K]·w + b through PlannedWeight(name, {source}) where there is one, else Affine(x, w, b)
+  // (glossa/kernels/gemm.h): `w` is `source` as Affine reads it, [K, N].
+  at::Tensor PlannedAffine(const std::string& name, const at::Tensor& source, const at::Tensor& x,
+                           const at::Tensor& w, const at::Tensor& b, bool relu = false,
+                           bool float_out = false) const;
+  // Whether the attention core and the decoding step's row kernels run batch-invariant now
+  // (a batch-invariant plan, ComputePlan::BatchInvariantNow).
+  bool PlannedBatchInvariant() const;
 
   // Creates variable `name` (checked like NestedMap keys; shares one namespace with children and
   // accumulators) and returns it.
@@ -354,6 +386,7 @@ class BaseLayer {
   std::map<std::string, std::unique_ptr<ChildTree>> children_;
   std::map<std::string, std::unique_ptr<Accumulator>> accumulators_;
   std::shared_ptr<const EmaSource> ema_;
+  std::shared_ptr<const ComputePlan> compute_plan_;
   std::vector<std::string> remote_scopes_;
 };
 
@@ -389,6 +422,12 @@ class Block {
 // For FPropMapImpl bodies: inputs[key] as a tensor, or an undefined tensor when the optional input
 // is absent or None.
 at::Tensor OptionalInput(const NestedMap& inputs, std::string_view key);
+
+// The inference plan for `model`'s weights as they are now: every layer prepares what its FProp
+// reads for `policy` (PrepareWeightsTree). The Predictor makes one when a bundle loads and sets it
+// (model.SetComputePlan); making it again after the weights change is the caller's.
+std::shared_ptr<const ComputePlan> PlanInference(const BaseLayer& model,
+                                                 const ComputePolicy& policy);
 
 // Builds the layer `p` describes (p.cls) as a root layer, for `context` (the mesh axes of this
 // rank; none: the whole model in one process). Every layer under it is built for the same context.

@@ -2,7 +2,10 @@
 // - the uniform call (FPropMap): the checks every class shares, and the default for Blocks;
 // - the accumulators (Lingvo's): registered by a layer, collected and reset over its whole tree
 //   (SetAccumulatorValues, which walks the child tree, stays in base_layer.cc);
-// - the export formats' default: a class that writes no ONNX or TorchScript is refused by name.
+// - the export formats' default: a class that writes no ONNX or TorchScript is refused by name;
+// - the inference plan (glossa/kernels/compute_plan.h): made over the tree, read by FProp.
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -10,6 +13,8 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
+#include "glossa/kernels/compute_plan.h"
+#include "glossa/kernels/gemm.h"
 #include "glossa/layers/base_layer.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/torchscript.h"
@@ -25,6 +30,61 @@ std::string ClassNameOf(const BaseLayer& layer) {
 }
 
 }  // namespace
+
+// ---- The inference plan ----
+
+void BaseLayer::SetComputePlan(std::shared_ptr<const ComputePlan> plan) {
+  compute_plan_ = std::move(plan);
+}
+
+const ComputePlan* BaseLayer::compute_plan() const {
+  const ComputePlan* plan = Root().compute_plan_.get();
+  return plan != nullptr && ComputePlan::AppliesNow() ? plan : nullptr;
+}
+
+void BaseLayer::PrepareWeights(const NestedMap& /*theta*/, ComputePlan& /*plan*/) const {}
+
+void BaseLayer::PrepareWeightsTree(ComputePlan& plan) const {
+  if (!var_infos_.empty() && fprop_dtype_ != dtype_) {
+    // theta() casts the variables on every call: no prepared weight could be checked against it.
+    throw FailedPreconditionError(StrCat(
+        "layer '", path_, "' computes in ", c10::toString(fprop_dtype_), " on ",
+        c10::toString(dtype_), " variables: an inference plan needs fprop_dtype equal to dtype "
+        "(a bundle's export sets it: FloatActivations)"));
+  }
+  PrepareWeights(theta(), plan);
+  ForEachChild([&](BaseLayer& c) { c.PrepareWeightsTree(plan); });
+}
+
+std::string BaseLayer::PlanKey(const std::string& name) const { return scope_ + "/" + name; }
+
+const PreparedWeight* BaseLayer::PlannedWeight(const std::string& name,
+                                               std::initializer_list<at::Tensor> sources) const {
+  const ComputePlan* plan = compute_plan();
+  return plan != nullptr ? plan->Find(PlanKey(name), sources) : nullptr;
+}
+
+at::Tensor BaseLayer::PlannedAffine(const std::string& name, const at::Tensor& source,
+                                    const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                    bool relu, bool float_out) const {
+  if (const PreparedWeight* p = PlannedWeight(name, {source})) {
+    return compute_plan()->Affine(*p, x, b, relu, float_out);
+  }
+  return Affine(x, w, b, relu, float_out);
+}
+
+bool BaseLayer::PlannedBatchInvariant() const {
+  const ComputePlan* plan = compute_plan();
+  return plan != nullptr && plan->BatchInvariantNow();
+}
+
+std::shared_ptr<const ComputePlan> PlanInference(const BaseLayer& model,
+                                                 const ComputePolicy& policy) {
+  auto plan = std::make_shared<ComputePlan>(policy);
+  at::NoGradGuard no_grad;
+  model.PrepareWeightsTree(*plan);
+  return plan;
+}
 
 at::Tensor OptionalInput(const NestedMap& inputs, std::string_view key) {
   if (!inputs.contains(key)) return at::Tensor();

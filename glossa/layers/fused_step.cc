@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/kernels/int8_gemm.h"
 #include "glossa/layers/attention.h"
 #include "glossa/layers/transformer.h"
@@ -14,7 +15,7 @@
 namespace glossa {
 
 bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out,
-                                               FusedStepKeep* keep) const {
+                                               FusedStepKeep* /*keep*/) const {
   if (axis_ != nullptr) return false;  // a block of heads: the step runs in one process
   const at::Tensor& w = theta.GetTensor("w");  // [D, N, H]
   const float* wp = FusedStepData(w);
@@ -23,11 +24,9 @@ bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjA
   const int64_t d = w.size(0), nh = w.size(1) * w.size(2);
   *out = StepProjArgs{wp, bp, is_output_projection_ ? nh : d, is_output_projection_ ? d : nh,
                       is_output_projection_, nullptr};
-  // int8 inference quantizes the weight view FProp's Affine would (the same cache entry).
-  if (Int8Active()) {
-    const at::Tensor w2 = is_output_projection_ ? w.reshape({d, nh}).t() : w.reshape({d, nh});
-    out->w8 = keep->int8.emplace_back(CachedInt8Weight(w2)).get();
-  }
+  // The plan's int8 form of the weight FProp reads, and its batch invariance.
+  if (const PreparedWeight* p = PlannedWeight("w", {w})) out->w8 = p->int8.get();
+  out->row_kernels = PlannedBatchInvariant();
   return true;
 }
 
@@ -135,7 +134,7 @@ bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor&
                                        const at::Tensor& aux_paddings, at::Tensor* out,
                                        NestedMap* new_states) const {
   const auto* ff = dynamic_cast<const TransformerFeedForwardLayer*>(fflayer_.get());
-  if (!FusedDecoderStepApplies() || ff == nullptr || inputs.dim() != 2 ||
+  if (!FusedDecoderStepApplies(compute_plan()) || ff == nullptr || inputs.dim() != 2 ||
       FusedStepData(inputs) == nullptr || fprop_dtype() != at::kFloat) {
     return false;
   }

@@ -10,7 +10,7 @@
 #include "glossa/layers/mesh.h"
 #include "glossa/layers/weight_init.h"
 #include "glossa/kernels/gemm.h"
-#include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/compute_plan.h"
 
 namespace glossa {
 
@@ -118,12 +118,17 @@ at::Tensor ProjectionLayer::FProp(const NestedMap& theta, const at::Tensor& inpu
     return ApplyPaddings(Activate(activation_, y), paddings);
   }
   if (axis_ != nullptr) x = ReplicateOverAxis(*axis_, x);  // column-parallel
-  if (has_bias_ && x.dim() >= 2) {  // x·w + b as one GEMM with the bias fused in
+  const PreparedWeight* planned = axis_ == nullptr ? PlannedWeight("w", {w}) : nullptr;
+  if ((has_bias_ || planned != nullptr) && x.dim() >= 2) {  // x·w + b as one GEMM, bias fused in
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(1);
     // A ReLU goes into the same call: applied in place, its backward in one pass.
     const bool relu = activation_ == "RELU";
-    y = Affine(x.reshape({-1, input_dim_}), w, theta.GetTensor("b"), relu).view(shape);
+    const at::Tensor b = has_bias_ ? theta.GetTensor("b") : at::Tensor();
+    const at::Tensor x2 = x.reshape({-1, input_dim_});
+    y = (planned != nullptr ? compute_plan()->Affine(*planned, x2, b, relu)
+                            : Affine(x2, w, b, relu))
+            .view(shape);
     if (!relu) y = Activate(activation_, y);
   } else {
     y = at::matmul(x, w);
@@ -141,16 +146,23 @@ glossa::Params FCLayer::Params() {
 }
 
 bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
-                                    FusedStepKeep* keep) const {
+                                    FusedStepKeep* /*keep*/) const {
   if ((activation_ != "RELU" && activation_ != "NONE") || axis_ != nullptr) return false;
   *relu = activation_ == "RELU";
   const at::Tensor& w = theta.GetTensor("w");
   *out = StepProjArgs{FusedStepData(w), has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr,
                       input_dim_, output_dim_, false, nullptr};
   if (out->w == nullptr || (has_bias_ && out->b == nullptr)) return false;
-  // int8 inference quantizes the weight FProp's Affine would (the same cache entry).
-  if (Int8Active()) out->w8 = keep->int8.emplace_back(CachedInt8Weight(w)).get();
+  // The plan's int8 form of the weight FProp reads, and its batch invariance.
+  if (const PreparedWeight* p = PlannedWeight("w", {w})) out->w8 = p->int8.get();
+  out->row_kernels = PlannedBatchInvariant();
   return true;
+}
+
+void ProjectionLayer::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
+  if (axis_ != nullptr) return;  // a shard: the plan covers a model in one process
+  const at::Tensor& w = theta.GetTensor("w");
+  plan.Prepare(PlanKey("w"), w, {w});
 }
 
 GLOSSA_REGISTER_CLASS(ProjectionLayer, "glossa.layers.ProjectionLayer");

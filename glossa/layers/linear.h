@@ -38,6 +38,8 @@ class ProjectionLayer : public BaseLayer, public Block {
   // contiguous.
   bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
                      FusedStepKeep* keep) const;
+  // The inference plan's form of w (glossa/kernels/compute_plan.h): a whole w, under "w".
+  void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
   int64_t input_dim_, output_dim_;  // this rank's (of a split w)

@@ -7,6 +7,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/kernels/fused_xent.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/layers/mesh.h"
@@ -185,11 +186,18 @@ at::Tensor SimpleFullSoftmax::Logits(const NestedMap& theta, const at::Tensor& i
   const at::Tensor x = CastToFPropDtype(inputs);
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = num_classes_;
+  const at::Tensor& w = theta.GetTensor("weight_0");
   at::Tensor logits =
-      Affine(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"), theta.GetTensor("bias_0"))
+      PlannedAffine("weight_0", w, x.reshape({-1, input_dim_}), w, theta.GetTensor("bias_0"))
           .view(shape);
   if (logits_abs_max_) logits = at::clamp(logits, -*logits_abs_max_, *logits_abs_max_);
   return logits;
+}
+
+void SimpleFullSoftmax::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
+  if (axis_ != nullptr) return;  // a block of classes: the plan covers a model in one process
+  const at::Tensor& w = theta.GetTensor("weight_0");
+  plan.Prepare(PlanKey("weight_0"), w, {w});
 }
 
 NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inputs,
@@ -213,8 +221,9 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
     shape.back() = num_classes_;
     // In float32 (the kernel's dtype): bf16 products arrive rounded to bf16 as before, without
     // a bf16 copy of all N·C logits and its widening (and the same in the backward).
-    const at::Tensor xw = Affine(x.reshape({-1, input_dim_}), theta.GetTensor("weight_0"),
-                                 at::Tensor(), /*relu=*/false, /*float_out=*/true)
+    const at::Tensor& w = theta.GetTensor("weight_0");
+    const at::Tensor xw = PlannedAffine("weight_0", w, x.reshape({-1, input_dim_}), w,
+                                        at::Tensor(), /*relu=*/false, /*float_out=*/true)
                               .view(shape);
     return Xent(xw, theta.GetTensor("bias_0"), class_ids, class_weights, paddings, {});
   }

@@ -49,6 +49,9 @@ class SimpleFullSoftmax : public BaseLayer {
   NestedMap XentFromLogits(const at::Tensor& logits, const at::Tensor& class_ids,
                            const at::Tensor& class_weights = {}, const at::Tensor& paddings = {},
                            const at::Tensor& class_probabilities = {}) const;
+  // The inference plan's form of weight_0 (glossa/kernels/compute_plan.h); not for a block of
+  // classes.
+  void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
   // The cross-entropy of logits (+ bias, when defined: only on the fused kernel's path).

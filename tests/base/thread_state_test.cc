@@ -13,10 +13,6 @@
 
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
-#include "glossa/kernels/batch_invariant.h"
-#include "glossa/kernels/cpu_features.h"
-#include "glossa/kernels/decoder_step.h"
-#include "glossa/kernels/int8_gemm.h"
 #include "glossa/layers/base_layer.h"
 #include "glossa/layers/linear.h"
 #include "glossa/layers/moe.h"
@@ -37,7 +33,6 @@ struct Seen {
   bool suppressed = false;
   AuxLossContext* aux = nullptr;
   Distributed *dist = nullptr, *batch_group = nullptr;
-  bool invariant = false, int8 = false, unfused = false;
 };
 
 // Reads every slot on this thread (building a layer for the variable scopes; recording a summary
@@ -67,12 +62,6 @@ Seen Look(SummaryContext* own) {
   s.aux = AuxLossContext::Current();
   s.dist = CurrentDistributed();
   s.batch_group = CurrentBatchGroup();
-  {
-    at::NoGradGuard no_grad;  // the kernel scopes apply without autograd only
-    s.invariant = BatchInvariantActive();
-    s.int8 = Int8Active();
-    s.unfused = !KernelsForcedToReference() && !FusedDecoderStepApplies();
-  }
   return s;
 }
 
@@ -87,11 +76,12 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   // Every slot, in registration order is not promised: compare as sets.
   std::vector<std::string> names = ThreadState::SlotNames();
   std::sort(names.begin(), names.end());
+  // No slot selects arithmetic: what a loaded model computes is its inference plan
+  // (glossa/kernels/compute_plan.h), not a scope on the thread.
   const std::vector<std::string> checked = {
-      "aux_losses",   "batch_group",          "batch_invariant",     "batch_shard",
-      "distributed",          "eval_mode",           "global_step",
-      "int8",         "overwrite_global_step", "step_seed",          "step_seed_increments",
-      "summaries",    "summaries_suppressed", "summary_name_scopes", "unfused_decoder_step",
+      "aux_losses",    "batch_group",           "batch_shard",          "distributed",
+      "eval_mode",     "global_step",           "overwrite_global_step", "step_seed",
+      "step_seed_increments", "summaries",      "summaries_suppressed", "summary_name_scopes",
       "variable_stubs"};
   ASSERT_EQ(names, checked) << "a ThreadState slot without a check in this test (or a check of a "
                                "slot that is gone): add it to Look() and to the expectations";
@@ -116,9 +106,6 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   GlobalStepContext step(7);
   OverWriteGlobalStepContext overwrite(9);
   BatchShardScope shard(1, 2);
-  BatchInvariantScope invariant;
-  Int8Scope int8;
-  UnfusedDecoderStepScope unfused;
 
   const Seen here = Look(nullptr);
   const Seen there = LookOnThread(ThreadState::Capture(), &summaries);
@@ -137,10 +124,6 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   EXPECT_EQ(there.aux, &aux);
   EXPECT_EQ(there.dist, &dist);
   EXPECT_EQ(there.batch_group, &group);
-  // (GLOSSA_KERNELS=reference turns the batch-invariant kernels off whatever the scope says.)
-  EXPECT_EQ(there.invariant, !KernelsForcedToReference());
-  EXPECT_TRUE(there.int8);
-  EXPECT_EQ(there.unfused, !KernelsForcedToReference());
   {
     SummarySuppressScope quiet;
     EXPECT_TRUE(LookOnThread(ThreadState::Capture(), &summaries).suppressed);
@@ -163,9 +146,6 @@ TEST(ThreadState, EveryRegisteredContextCrossesToACapturedThread) {
   EXPECT_EQ(fresh.aux, nullptr);
   EXPECT_EQ(fresh.dist, nullptr);
   EXPECT_EQ(fresh.batch_group, nullptr);
-  EXPECT_FALSE(fresh.invariant);
-  EXPECT_FALSE(fresh.int8);
-  EXPECT_FALSE(fresh.unfused);
 
   // Reset: one slot at its default, the others carried; an unknown slot is named.
   const Seen reset = LookOnThread(ThreadState::Capture().Reset("summaries"), &summaries);

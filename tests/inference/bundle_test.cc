@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include "glossa/base/file.h"
-#include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/parallel.h"
 #include "glossa/base/strings.h"
@@ -411,14 +410,13 @@ TEST(Predictor, ScoresAsTheEvalModelDoes) {
 }
 
 // `generate` decodes all its prompts together (one stack step for every row), and each row's
-// continuation is what it is alone: each draws with its own generator, and inside a
-// BatchInvariantScope the logits have the same bits.
+// continuation is what it is alone: each draws with its own generator, and under a batch-invariant
+// plan the logits have the same bits.
 TEST(Predictor, GenerateDecodesPromptsTogetherAsEachAlone) {
   if (KernelsForcedToReference()) {
     GTEST_SKIP() << "GLOSSA_KERNELS=reference: ATen's kernels are not batch-invariant";
   }
-  Predictor predictor(ExportedBundle());
-  BatchInvariantScope invariant;
+  Predictor predictor(ExportedBundle(), {.batch_invariant = true});
   const std::vector<std::string> prompts = {"Elizabeth", "It is a truth universally", "Mr."};
   for (double temperature : {0.0, 1.0}) {
     auto run = [&](const std::vector<std::string>& p) {
@@ -448,8 +446,7 @@ TEST(Predictor, ScoresAreTheSameBitsAloneOrInAnyBatch) {
     GTEST_SKIP() << "GLOSSA_KERNELS=reference: ATen's kernels are not batch-invariant (OpenBLAS "
                     "picks its kernels by the whole matrix's shape); the native ones are";
   }
-  Predictor predictor(ExportedBundle());
-  BatchInvariantScope invariant;
+  Predictor predictor(ExportedBundle(), {.batch_invariant = true});
   const int threads = KernelThreads();
   const std::vector<std::string> pool = {
       kTexts[0], "a", kTexts[2], "Mr. Darcy said nothing at all, and Elizabeth said less",

@@ -21,7 +21,6 @@
 
 #include "glossa/inference/json_io.h"
 #include "glossa/inference/predictor.h"
-#include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "tests/inference/test_bundle.h"
 #include "tests/test_util.h"
@@ -101,7 +100,7 @@ double Metric(const std::string& text, const std::string& sample) {
 }
 
 TEST(Serve, AnswersAsThePredictorDoes) {
-  Predictor predictor(ExportedBundle());
+  Predictor predictor(ExportedBundle(), {.batch_invariant = true});
   InferenceServer server(&predictor, {});
   const int port = server.Start();
   ASSERT_GT(port, 0);
@@ -113,13 +112,9 @@ TEST(Serve, AnswersAsThePredictorDoes) {
 
   const Answer a = Post(port, "/v1/subgraphs/default:run", ScoreRequest(kTexts).dump());
   ASSERT_EQ(a.status, 200) << a.body;
-  // The server's runs are batch-invariant (ServeOptions::batch_invariant): the Predictor with the
-  // same kernels gives the same bits.
-  InferenceMap want;
-  {
-    BatchInvariantScope invariant;
-    want = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
-  }
+  // The server runs the Predictor's plan (batch-invariant here, as glossa serve makes it): the
+  // Predictor called directly gives the same bits.
+  const InferenceMap want = predictor.Run("default", {{"text", InferenceValue::Strings(kTexts)}});
   EXPECT_EQ(a.body["fetches"], json::parse(FetchesToJson(want).dump()));
   for (size_t i = 0; i < kTexts.size(); ++i) {  // the float32 values themselves
     EXPECT_EQ(a.body["fetches"]["total_log_prob"][i].get<double>(),
@@ -365,10 +360,10 @@ void ExpectSameTokensAndNearScores(const json& got, const json& want, int n) {
               want["fetches"]["total_log_prob"][0].get<double>(), 1e-4);
 }
 
-// Batch-invariant answers (the default): one request alone, and merged into batches of 2 to 16
+// Batch-invariant answers (glossa serve's default plan): one request alone, and merged into batches of 2 to 16
 // with texts of other token lengths in its length bucket, gets the same bytes.
 TEST(Serve, ARequestGetsTheSameBytesAloneOrMergedIntoAnyBatch) {
-  Predictor predictor(ExportedBundle());
+  Predictor predictor(ExportedBundle(), {.batch_invariant = true});
   ServeOptions o;
   o.max_batch_size = 16;
   InferenceServer server(&predictor, o);

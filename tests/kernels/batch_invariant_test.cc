@@ -81,30 +81,12 @@ TEST(InvariantAttention, MatchesAtenAndAPaddedBatchGivesARowItsBits) {
   }
 }
 
-TEST(BatchInvariantScope, RoutesAffineAndTheAttentionCoreOnlyWithoutAutograd) {
+// Short inputs without autograd take the row kernel where it measured faster than BLAS
+// (RowKernelsFor; each way pinned here, then measured); longer ones, ATen's GEMM. (A
+// batch-invariant plan takes it always: ComputePlan tests.)
+TEST(RowKernels, TakenForShortInputsWhereTheyMeasuredFaster) {
   at::manual_seed(3);
   const at::Tensor x = at::randn({9, 16}), w = at::randn({16, 8}), b = at::randn({8});
-  EXPECT_FALSE(BatchInvariantActive());
-  {
-    BatchInvariantScope scope;
-    {
-      at::NoGradGuard no_grad;
-      EXPECT_EQ(BatchInvariantActive(), !KernelsForcedToReference());
-      if (!KernelsForcedToReference()) {
-        EXPECT_TRUE(SameBits(Affine(x, w, b, true), InvariantAffine(x, w, b, true)));
-        const at::Tensor q = at::randn({2, 5, 2, 4}), k = at::randn({2, 7, 2, 4});
-        EXPECT_TRUE(SameBits(AttentionCore(q, k, k, at::Tensor(), false).first,
-                             InvariantAttention(q, k, k, at::Tensor()).first));
-      }
-    }
-    // With autograd on (training), Affine is ATen's, differentiable.
-    const at::Tensor wg = w.clone().requires_grad_(true);
-    EXPECT_FALSE(BatchInvariantActive());
-    EXPECT_TRUE(Affine(x, wg, b).requires_grad());
-  }
-  EXPECT_FALSE(BatchInvariantActive());
-  // Outside a scope, short inputs without autograd take the row kernel where it measured faster
-  // than BLAS (RowKernelsFor; each way pinned here, then measured); longer ones, ATen's GEMM.
   at::NoGradGuard no_grad;
   const KernelMode saved = GetKernelMode(KernelChoice::kRowKernel);
   SetKernelMode(KernelChoice::kRowKernel, KernelMode::kNative);

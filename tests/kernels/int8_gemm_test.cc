@@ -95,47 +95,5 @@ TEST(Int8Gemm, RowsOfZerosGiveTheBiasAndBadShapesAreRefused) {
   EXPECT_THROW(Int8Affine(inf, *q, b), InvalidArgumentError);
 }
 
-// Affine takes the int8 path inside an Int8Scope without autograd only; the cache keeps one
-// quantized weight per view and drops it with the storage.
-TEST(Int8Gemm, AffineTakesItInsideTheScopeAndTheCacheFollowsTheStorage) {
-  at::manual_seed(2);
-  const at::Tensor x = at::randn({9, 16}), b = at::randn({24});
-  at::Tensor w = at::randn({16, 24});
-  const at::Tensor fp32 = Affine(x, w, b);
-  int64_t live = 0;
-  {
-    Int8Scope scope;
-    {
-      at::NoGradGuard no_grad;
-      EXPECT_TRUE(Int8Active());
-      const at::Tensor y = Affine(x, w, b, /*relu=*/true);
-      EXPECT_TRUE(SameBits(y, Int8Affine(x, *QuantizeInt8(w), b, true)));
-      EXPECT_FALSE(SameBits(y, at::relu(fp32)));
-      const int64_t cached = Int8CacheSize();
-      EXPECT_GE(cached, 1);
-      Affine(x, w, b);
-      EXPECT_EQ(Int8CacheSize(), cached);  // the same view: cached
-      // A transposed view of another storage is its own weight.
-      const at::Tensor wt = at::randn({24, 16});
-      EXPECT_TRUE(SameBits(Affine(x, wt.t(), b), Int8Affine(x, *QuantizeInt8(wt.t()), b)));
-      EXPECT_EQ(Int8CacheSize(), cached + 1);
-      // Written in place: quantized again.
-      w.mul_(2);
-      EXPECT_TRUE(SameBits(Affine(x, w, b), Int8Affine(x, *QuantizeInt8(w), b)));
-      live = Int8CacheSize();  // w twice, wt
-    }
-    EXPECT_FALSE(Int8Active());  // autograd on: the float path
-    EXPECT_LT((Affine(x, w, b) - at::addmm(b, x, w)).abs().max().item<double>(), 1e-5);
-  }
-  EXPECT_FALSE(Int8Active());
-  w = at::Tensor();
-  // Freed storages (w's two versions, wt) leave the cache on the next insertion.
-  Int8Scope scope;
-  at::NoGradGuard no_grad;
-  const at::Tensor w2 = at::randn({16, 24});
-  Affine(x, w2, b);
-  EXPECT_LE(Int8CacheSize(), live - 2);
-}
-
 }  // namespace
 }  // namespace glossa

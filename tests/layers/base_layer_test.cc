@@ -8,6 +8,13 @@
 #include <vector>
 
 #include "glossa/core/step_seed.h"
+#include "glossa/kernels/attention_core.h"
+#include "glossa/kernels/compute_plan.h"
+#include "glossa/kernels/cpu_features.h"
+#include "glossa/kernels/gemm.h"
+#include "glossa/kernels/int8_gemm.h"
+#include "glossa/layers/attention.h"
+#include "glossa/layers/linear.h"
 #include "glossa/layers/process_seed.h"
 #include "tests/test_util.h"
 
@@ -371,6 +378,73 @@ TEST(BaseLayer, AccumulatorsRegisterGetSetResetAndCountDisables) {
   NestedMap wrong;
   wrong.Set("x", at::zeros({}));
   EXPECT_ERROR_CONTAINS(layer->SetAccumulatorValues(wrong), InvalidArgumentError, "do not match");
+}
+
+// The inference plan made over a layer tree (PlanInference): each layer prepares what its FProp
+// reads, keyed by its variables' full names, and FProp reads it where the plan applies
+// (autograd off) and only there.
+TEST(ComputePlan, LayersPrepareTheirWeightsAndFPropReadsThem) {
+  at::manual_seed(7);
+  auto proj = Make<ProjectionLayer>(ProjectionLayer::Params(),
+                                    "input_dim : 16\noutput_dim : 12\nhas_bias : True");
+  const at::Tensor x = at::randn({3, 5, 16});
+  const NestedMap theta = proj->theta();
+  const at::Tensor &w = theta.GetTensor("w"), &b = theta.GetTensor("b");
+  const at::Tensor fp32 = proj->FProp(theta, x);
+  auto plan = PlanInference(*proj, {.precision = Precision::kInt8});
+  EXPECT_EQ(plan->keys(), std::vector<std::string>{"layer/w"});
+  proj->SetComputePlan(plan);
+  {
+    at::NoGradGuard no_grad;
+    ASSERT_NE(proj->compute_plan(), nullptr);
+    const at::Tensor y = proj->FProp(theta, x);
+    const at::Tensor want = Int8Affine(x.reshape({15, 16}), *QuantizeInt8(w), b, /*relu=*/true);
+    EXPECT_TRUE(SameBits(y.reshape({15, 12}), want));
+    EXPECT_FALSE(SameBits(y, fp32));
+  }
+  // Autograd on (training): the plan does not apply.
+  EXPECT_EQ(proj->compute_plan(), nullptr);
+  EXPECT_TRUE(SameBits(proj->FProp(theta, x), fp32));
+  // Weights written after the plan was made: FProp refuses the stale plan, naming the weight.
+  {
+    at::NoGradGuard no_grad;
+    theta.GetTensor("w").mul_(1.5);
+    EXPECT_ERROR_CONTAINS(proj->FProp(theta, x), InternalError, "weight 'layer/w'");
+    proj->SetComputePlan(nullptr);
+    EXPECT_LT((proj->FProp(theta, x) - at::relu(at::matmul(x, w) + b)).abs().max().item<double>(),
+              1e-5);
+  }
+}
+
+// Self-attention under a plan: Q, K and V as one matrix prepared at load (the same bits as the
+// matrix concatenated per call), and a batch-invariant plan's rows are the bits each row gets
+// alone (the projections and the attention core take the invariant kernels).
+TEST(ComputePlan, AttentionFusesQkvAtLoadAndRunsBatchInvariant) {
+  at::manual_seed(8);
+  auto atten = Make<MultiHeadedAttention>(MultiHeadedAttention::Params(),
+                                          "input_dim : 16\nnum_heads : 2");
+  const NestedMap theta = atten->theta();
+  at::Tensor x = at::randn({3, 7, 16});
+  at::Tensor paddings = at::zeros({3, 7});
+  paddings[0].narrow(0, 4, 3).fill_(1.0);
+  at::NoGradGuard no_grad;
+  const at::Tensor fp32 = atten->FProp(theta, x, x, x, paddings).first;
+  auto plan = PlanInference(*atten, {});
+  const std::vector<std::string> keys = plan->keys();
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "layer/qkv"), keys.end());
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "layer/post/w"), keys.end());
+  atten->SetComputePlan(plan);
+  EXPECT_TRUE(SameBits(atten->FProp(theta, x, x, x, paddings).first, fp32));
+  atten->SetComputePlan(PlanInference(*atten, {.batch_invariant = true}));
+  if (KernelsForcedToReference()) return;  // ATen's kernels are not batch-invariant
+  const at::Tensor batch = atten->FProp(theta, x, x, x, paddings).first;
+  EXPECT_LT((batch - fp32).abs().max().item<double>(), 1e-5);
+  for (int64_t r : {0, 2}) {
+    const at::Tensor xr = x.narrow(0, r, 1).narrow(1, 0, r == 0 ? 4 : 7).contiguous();
+    const at::Tensor alone =
+        atten->FProp(theta, xr, xr, xr, at::zeros({1, xr.size(1)})).first;
+    EXPECT_TRUE(SameBits(alone[0], batch[r].narrow(0, 0, xr.size(1)))) << "row " << r;
+  }
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/decoder_step.h"
-#include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/layers/transformer_stack.h"
 #include "tests/test_util.h"
 
@@ -40,6 +40,11 @@ Stepped Step(const TransformerStack& dec, const at::Tensor& y, const at::Tensor&
   return r;
 }
 
+// The plan a Predictor would make at load for `policy`, set on dec.
+void Plan(TransformerStack& dec, ComputePolicy policy) {
+  dec.SetComputePlan(PlanInference(dec, policy));
+}
+
 std::unique_ptr<TransformerStack> Decoder(const std::string& extra) {
   return Make<TransformerStack>(
       TransformerDecoder::Params(),
@@ -60,11 +65,9 @@ TEST(FusedDecoderStep, AgreesWithTheUnfusedStepsAndFProp) {
   } else {
     EXPECT_EQ(fused.fused_calls, 2 * 5) << "one DecoderLayerStep per layer and step";
   }
-  Stepped unfused;
-  {
-    UnfusedDecoderStepScope off;
-    unfused = Step(*dec, y, enc, enc_paddings);
-  }
+  Plan(*dec, {.fused_decoder_step = false});
+  const Stepped unfused = Step(*dec, y, enc, enc_paddings);
+  dec->SetComputePlan(nullptr);
   EXPECT_EQ(unfused.fused_calls, 0);
   const at::Tensor full =
       dec->FProp(dec->theta(), y.to(at::kDouble).to(at::kFloat), {}, enc, enc_paddings);
@@ -104,25 +107,19 @@ TEST(FusedDecoderStep, OtherConfigurationsAndModesTakeTheUnfusedSteps) {
   EXPECT_EQ(Step(*dec, y, enc, enc_paddings).fused_calls, 0) << "autograd on: training";
 }
 
-// int8 inference (Int8Scope): the fused step's projections run in int8 on the weights FProp's
-// Affine quantizes (the same cache entries), so it agrees with the unfused int8 steps.
+// An int8 plan: the fused step's projections run in int8 on the weights the plan quantized at
+// load, the ones the unfused steps' FProp reads, so it agrees with the unfused int8 steps.
 TEST(FusedDecoderStep, Int8InferenceRunsFusedWithTheSameQuantizedWeights) {
   at::manual_seed(5);
   auto dec = Decoder("");
   const at::Tensor y = at::randn({3, 4, 32}), enc = at::randn({3, 5, 32});
   const at::Tensor enc_paddings = at::zeros({3, 5});
   at::NoGradGuard no_grad;
-  Stepped fused, unfused;
-  int64_t after_fused = 0;
-  {
-    Int8Scope int8;
-    fused = Step(*dec, y, enc, enc_paddings);
-    after_fused = Int8CacheSize();
-    UnfusedDecoderStepScope off;
-    unfused = Step(*dec, y, enc, enc_paddings);
-    // The unfused steps quantized nothing new: the fused ones used the same cache entries.
-    EXPECT_EQ(Int8CacheSize(), after_fused);
-  }
+  Plan(*dec, {.precision = Precision::kInt8});
+  const Stepped fused = Step(*dec, y, enc, enc_paddings);
+  Plan(*dec, {.precision = Precision::kInt8, .fused_decoder_step = false});
+  const Stepped unfused = Step(*dec, y, enc, enc_paddings);
+  dec->SetComputePlan(nullptr);
   EXPECT_EQ(fused.fused_calls, KernelsForcedToReference() ? 0 : 2 * 4);
   const Stepped fp32 = Step(*dec, y, enc, enc_paddings);
   for (int64_t t = 0; t < 4; ++t) {

@@ -18,6 +18,10 @@
    glossa/tasks/ read no ambient context (no `Current...()`, `IsEvalMode()`, step or seed getter,
    kernel-mode probe): a layer's build inputs are its Params and its BuildContext
    (glossa/layers/mesh.h), which BaseLayer copies from its parent.
+5. No thread-local scope selects arithmetic: glossa/kernels/ registers no ThreadState slot (what
+   a loaded model computes is its inference plan, glossa/kernels/compute_plan.h, or a measured
+   kernel choice), and nothing under glossa/ keys a cache by tensor storage (prepared weights are
+   keyed by variable name).
 
 Usage: check_thread_state.py <source root> [--self-test]; exits 1 listing each offence as
 file:line: what.
@@ -94,8 +98,24 @@ def check_file(rel, text, header_text=""):
 
 
 CTOR = re.compile(r"^(\w+)::\1\([^;{]*?\)\s*(?::[^{;]*)?\{", re.M)
-AMBIENT = re.compile(r"\b(?:Current\w*|IsEvalMode|GetGlobalStep|GetStepSeed|GetIncStepSeed|"
-                     r"Int8Active|BatchInvariantActive|UnfusedDecoderStep\w*)\s*\(")
+AMBIENT = re.compile(r"\b(?:Current\w*|IsEvalMode|GetGlobalStep|GetStepSeed|GetIncStepSeed)\s*\(")
+STORAGE_KEY = re.compile(r"\b(?:unsafeGetStorageImpl|getWeakStorageImpl)\b|"
+                         r"weak_intrusive_ptr<\s*c10::StorageImpl")
+
+
+def check_arithmetic_modes(rel, text):
+    """Rule 5: no kernel mode in a thread slot, no cache keyed by tensor storage."""
+    errors = []
+    for i, line in enumerate(text.split("\n")):
+        code = code_part(line)
+        if rel.startswith("glossa/kernels/") and SLOT.search(code):
+            errors.append(f"{rel}:{i + 1}: a ThreadState slot in the kernels selects arithmetic by "
+                          f"thread: put the choice in the inference plan "
+                          f"(glossa/kernels/compute_plan.h)")
+        if STORAGE_KEY.search(code):
+            errors.append(f"{rel}:{i + 1}: a cache keyed by tensor storage: key prepared weights "
+                          f"by variable name (ComputePlan)")
+    return errors
 BUILD_DIRS = ("glossa/layers/", "glossa/tasks/")
 
 
@@ -133,7 +153,7 @@ def check_tree(root):
                 header.exists() else ""
             text = path.read_text(encoding="utf-8")
             errs, slots = check_file(rel, text, header_text)
-            errors += errs + check_constructors(rel, text)
+            errors += errs + check_constructors(rel, text) + check_arithmetic_modes(rel, text)
             for slot in slots:
                 if slot in seen and seen[slot] != rel:
                     errors.append(f'{rel}: slot "{slot}" is registered in {seen[slot]} too')
@@ -193,6 +213,15 @@ def self_test():
         src = built.replace("build_context().axis(\"model\")", read)
         if not check_constructors("glossa/layers/bad.cc", src):
             failures.append(f"not caught: a constructor reading {read}")
+    slot = 'thread_local int d = 0;  // ThreadState: "d"\nGLOSSA_THREAD_STATE_SLOT("d", d);\n'
+    if not check_arithmetic_modes("glossa/kernels/bad.cc", slot):
+        failures.append("not caught: a ThreadState slot in the kernels")
+    if check_arithmetic_modes("glossa/runtime/ok.cc", slot):
+        failures.append("a ThreadState slot outside the kernels flagged")
+    for keyed in ("CacheKey key{w.storage().unsafeGetStorageImpl(), 0};",
+                  "c10::weak_intrusive_ptr<c10::StorageImpl> storage;"):
+        if not check_arithmetic_modes("glossa/layers/bad.cc", keyed):
+            failures.append(f"not caught: a storage-keyed cache ({keyed})")
     return failures
 
 

@@ -53,6 +53,15 @@ def test_predictor_equals_glossa_predict(bundle):
         pred.run("default", text=["Emma \ud800"])
     gen = pred.run("generate", prompt=["It is a truth"], max_new_tokens=4)
     assert isinstance(gen["text"], list) and isinstance(gen["text"][0], str)
+    # The plan made at load: int8 on request, close to float32 and not the same.
+    assert pred.compute == "float32, fused decoder step"
+    int8 = glossa.Predictor(path, precision="int8", batch_invariant=True)
+    assert int8.compute == "int8, batch-invariant, fused decoder step"
+    lp8 = int8.run("default", text=TEXTS)["total_log_prob"]
+    assert not torch.equal(lp8, out["total_log_prob"])
+    torch.testing.assert_close(lp8, out["total_log_prob"], rtol=0.05, atol=0.5)
+    with pytest.raises(ValueError, match="precision is 'int4'; it must be float32 or int8"):
+        glossa.Predictor(path, precision="int4")
     # Bad feeds: the Predictor's own checks, as Python exceptions naming the feed.
     with pytest.raises(ValueError, match="unknown feed 'txt'"):
         pred.run("default", txt=TEXTS)

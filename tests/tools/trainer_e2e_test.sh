@@ -158,6 +158,18 @@ for x, y in zip(a, b):
 one_line_error "one_long.txt:2: feed 'text' is 5000 tokens, more than max_input_tokens 4096" predict --bundle="$tmp/bundle" --input="$tmp/one_long.txt" --batch_size=3 --sort_window=3
 printf '{"prompt": "Elizabeth", "max_new_tokens": -5}\n{"prompt": "Mr Darcy", "max_new_tokens": 3}\n{"prompt": "Jane", "max_new_tokens": -5}\n' > "$tmp/mixed_options.jsonl"
 one_line_error "mixed_options.jsonl \(the batch of lines 1, 3\): .*max_new_tokens" predict --bundle="$tmp/bundle" --subgraph=generate --input="$tmp/mixed_options.jsonl" --sort_window=3
+# The plan made at load: --precision=int8 quantizes a float bundle's projections when it loads
+# (said in the first lines); its scores are int8's, close to float32's and not the same.
+check "predict --precision=int8 runs an int8 plan made at load" bash -c "'$glossa' predict --bundle='$tmp/bundle' --input='$tmp/texts.txt' --precision=int8 > '$tmp/scores_int8.jsonl' 2> '$tmp/int8.log' && grep -q 'compute: int8, fused decoder step (.* weights prepared at load)' '$tmp/int8.log' && /usr/bin/python3 -c '
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 3, (len(a), len(b))
+assert any(x[\"total_log_prob\"] != y[\"total_log_prob\"] for x, y in zip(a, b)), \"int8 gave float32 scores\"
+for x, y in zip(a, b):
+    assert x[\"pieces\"] == y[\"pieces\"] and abs(x[\"total_log_prob\"] - y[\"total_log_prob\"]) < 0.5, (x, y)
+' '$tmp/scores.jsonl' '$tmp/scores_int8.jsonl'"
+one_line_error "--precision: int4 not in" predict --bundle="$tmp/bundle" --input="$tmp/texts.txt" --precision=int4
 # The TorchScript network, run by stock PyTorch, gives predict's log-probs (bit for bit with
 # OpenBLAS's SkylakeX kernels, within float32 rounding with others: check_torchscript.py).
 # (GLOSSA_KEEP_BLAS_KERNELS: the OpenBLAS kernels stock PyTorch uses, for a bit-for-bit comparison.)
@@ -199,6 +211,7 @@ if wait_until "the port file" 60 test -s "$tmp/port"; then
   url="http://127.0.0.1:$(cat "$tmp/port")"
   check "serve: subgraphs" bash -c "curl -sf '$url/v1/subgraphs' | grep -q '\"generate\"'"
   check "serve: healthz" bash -c "curl -sf '$url/healthz' | grep -q '\"status\":\"ok\"'"
+  check "serve: says its plan" grep -q "compute: float32, batch-invariant, fused decoder step" "$tmp/serve.log"
   score=$(curl -s -X POST "$url/v1/subgraphs/default:run" -d '{"feeds": {"text": ["It is a truth universally acknowledged"]}}')
   predicted=$(head -1 "$tmp/scores.jsonl" | sed 's/.*"total_log_prob":\([-0-9.e]*\).*/\1/')
   # Within float32 rounding, not bit for bit: serve runs the batch-invariant kernels, predict

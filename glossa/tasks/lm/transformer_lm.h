@@ -64,7 +64,7 @@ class TransformerLmTask : public BaseTask {
   // Samples continuations of prompts of any lengths (each starting with <s>) together, one step of
   // the stack for all of them: returns each prompt's new tokens (up to max_new_tokens, the last
   // </s> when drawn). Each row draws with its own generator seeded with `seed`, so its
-  // continuation is what it would be alone (bit for bit inside a BatchInvariantScope).
+  // continuation is what it would be alone (bit for bit under a batch-invariant plan).
   std::vector<std::vector<int64_t>> SampleTogether(const NestedMap& theta,
                                                    const std::vector<std::vector<int64_t>>& prompts,
                                                    int64_t max_new_tokens, double temperature,

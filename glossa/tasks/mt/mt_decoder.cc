@@ -2,7 +2,7 @@
 // incremental steps, beam search, greedy and sampling.
 #include "glossa/tasks/mt/mt_decoder.h"
 #include "glossa/kernels/gemm.h"
-#include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/compute_plan.h"
 
 #include <ATen/ATen.h>
 
@@ -271,14 +271,21 @@ NestedMap TransformerDecoder::PrecomputeSource(const NestedMap& theta,
   out.Put("aux", stack_->PrecomputeAux(stack_.Theta(theta), tiled));
   out.Put("aux_paddings", k == 1 ? paddings : paddings.repeat({k, 1}));
   out.Put("positions", position_emb_->FProp(position_emb_.Theta(theta), target_seq_len_));
-  if (shared_emb_) {
-    // The tied softmax weight transposed once ([D, V], contiguous): each step's logits GEMM then
-    // reads it in the layout the BLAS packs fastest, not the embedding's [V, D] transposed.
-    // Under int8 the embedding's own transposed view: its quantized form is cached with it.
+  if (shared_emb_ && PlannedWeight("softmax_weight", {token_emb_.Theta(theta).GetTensor(
+                                                         "emb_var")}) == nullptr) {
+    // The tied softmax weight transposed once per decode ([D, V], contiguous): each step's logits
+    // GEMM then reads it in the layout the BLAS packs fastest, not the embedding's [V, D]
+    // transposed. (An inference plan transposed it once at load: PrepareWeights.)
     const at::Tensor emb = token_emb_.Theta(theta).GetTensor("emb_var").to(fprop_dtype());
-    out.Put("softmax_weight", Int8Active() ? emb.t() : emb.t().contiguous());
+    out.Put("softmax_weight", emb.t().contiguous());
   }
   return out;
+}
+
+void TransformerDecoder::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
+  if (!shared_emb_) return;  // the softmax layer prepares its own
+  const at::Tensor& emb = token_emb_.Theta(theta).GetTensor("emb_var");  // [V, D]
+  plan.Prepare(PlanKey("softmax_weight"), emb.t(), {emb});
 }
 
 NestedMap TransformerDecoder::InitDecodeStates(int64_t num_hyps) const {
@@ -303,8 +310,12 @@ std::pair<at::Tensor, NestedMap> TransformerDecoder::ExtendStep(const NestedMap&
   context.Put("aux_paddings", source.GetTensor("aux_paddings"));
   const StepLayer& dec = *stack_;
   auto [y, new_states] = dec.ExtendStep(stack_.Theta(theta), x, states, context);
+  const PreparedWeight* planned =
+      shared_emb_ ? PlannedWeight("softmax_weight", {token_emb_.Theta(theta).GetTensor("emb_var")})
+                  : nullptr;
   at::Tensor logits =
-      source.contains("softmax_weight")
+      planned != nullptr ? compute_plan()->Affine(*planned, y, theta.GetTensor("softmax_bias"))
+      : source.contains("softmax_weight")
           ? Affine(y, source.GetTensor("softmax_weight").to(y.scalar_type()),
                    theta.GetTensor("softmax_bias").to(y.scalar_type()))
           : Project(theta, y);

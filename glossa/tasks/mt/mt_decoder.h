@@ -54,6 +54,9 @@ class TransformerDecoder : public BaseLayer {
   // Empty per-layer key/value caches of N hypotheses (MultiHeadedAttention::InitStates: written in
   // place, reordered by their row tables).
   NestedMap InitDecodeStates(int64_t num_hyps) const;
+  // The inference plan's tied softmax weight (glossa/kernels/compute_plan.h): the embedding
+  // transposed once, [D, V], under "softmax_weight" (shared_emb only).
+  void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
   // One step: the previous token of each hypothesis ids [N] at position `step` ->
   // (log-probs [N, V] in float32, the caches with this step's keys and values).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const NestedMap& source,

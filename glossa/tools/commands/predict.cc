@@ -1,6 +1,7 @@
 // `glossa predict`: a bundle's subgraph over lines of stdin or --input, JSON lines of fetches to
 // stdout or --output (glossa/inference/predict_lines.h).
 #include <CLI/CLI.hpp>
+#include <glog/logging.h>
 
 #include <sys/stat.h>
 
@@ -67,6 +68,13 @@ class PredictCommand : public Command {
     AddIntFlag(c, "--max_line_bytes", o_.max_line_bytes, 1, int64_t{1} << 30,
                "A longer input line is an error naming it (default 1 MiB).");
     AddKernelFlags(c, kernels_);
+    c->add_option("--precision", precision_,
+                  "float32 or int8 (weights quantized per output channel at load); default: the "
+                  "bundle's (int8 when exported with --quantize=int8).")
+        ->check(CLI::IsMember({"float32", "int8"}));
+    c->add_flag("--batch_invariant", batch_invariant_,
+                "Batch-invariant kernels: a line's answer has the same bits whatever lines share "
+                "its batch (what glossa serve runs by default).");
     AddIntFlag(c, "--max_new_tokens", max_new_tokens_, 0, 1 << 20,
                "A line asking a generation for more new tokens is an error (default 512).");
     return c;
@@ -82,7 +90,11 @@ class PredictCommand : public Command {
     PredictorOptions po;
     po.subgraphs = {o_.subgraph};
     po.max_new_tokens = max_new_tokens_;
+    po.precision = precision_;
+    po.batch_invariant = batch_invariant_;
     const Predictor predictor(bundle_, po);
+    LOG(INFO) << "compute: " << predictor.policy().ToString() << " ("
+              << predictor.prepared_weights() << " weights prepared at load)";
     std::ifstream in_file;
     if (!input_.empty()) {
       CheckRegularFile(input_, "--input");
@@ -115,6 +127,8 @@ class PredictCommand : public Command {
   std::string bundle_, input_, output_;
   PredictLinesOptions o_;
   int64_t max_new_tokens_ = 512;
+  std::string precision_;
+  bool batch_invariant_ = false;
   KernelFlags kernels_;
 };
 GLOSSA_REGISTER_COMMAND(PredictCommand, 100);

@@ -32,6 +32,7 @@ struct ServeFlags {
   double header_timeout_secs = 10, body_timeout_secs = 60, request_timeout_secs = 60;
   bool no_batching = false;
   bool batch_invariant = true;
+  std::string precision;
   KernelFlags kernels;
 };
 
@@ -52,6 +53,8 @@ int Serve(ServeFlags& f) {
   po.max_input_tokens = f.max_input_tokens;
   po.max_new_tokens = f.max_new_tokens;
   po.max_batch_size = f.max_batch_size;  // a request of more examples is 400 (docs/inference.md)
+  po.batch_invariant = f.batch_invariant;
+  po.precision = f.precision;
   Predictor predictor(f.bundle, po);
   ServeOptions& o = f.options;
   o.connection_limits = {.max_connections = f.max_connections,
@@ -60,7 +63,6 @@ int Serve(ServeFlags& f) {
                          .body_timeout_secs = f.body_timeout_secs};
   o.port = static_cast<int>(f.port);
   o.enable_batching = !f.no_batching;
-  o.batch_invariant = f.batch_invariant;
   o.max_batch_size = f.max_batch_size;
   o.batch_timeout_micros = f.batch_timeout_micros;
   o.max_enqueued_requests = f.max_enqueued;
@@ -71,6 +73,8 @@ int Serve(ServeFlags& f) {
   const int port = server.Start();
   std::cout << "serving " << f.bundle << " (global step " << predictor.global_step()
             << ") on http://" << o.host << ":" << port << std::endl;
+  std::cout << "compute: " << predictor.policy().ToString() << " (" << predictor.prepared_weights()
+            << " weights prepared at load)" << std::endl;
   if (!f.port_file.empty()) {  // written whole, then renamed: a reader never sees half of it
     const std::string tmp = f.port_file + ".tmp";
     {
@@ -118,6 +122,10 @@ class ServeCommand : public Command {
     c->add_flag("--batch_invariant,!--no_batch_invariant", f.batch_invariant,
                 "Batch-invariant kernels (default on): a request's answer has the same bits "
                 "alone or in any batch, at any thread count.");
+    c->add_option("--precision", f.precision,
+                  "float32 or int8 (weights quantized per output channel at load); default: the "
+                  "bundle's (int8 when exported with --quantize=int8).")
+        ->check(CLI::IsMember({"float32", "int8"}));
     DefineLimits(c);
     return c;
   }

@@ -1,0 +1,114 @@
+#include "glossa/kernels/compute_plan.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/kernels/batch_invariant.h"
+#include "glossa/kernels/cpu_features.h"
+#include "glossa/kernels/gemm.h"
+#include "glossa/kernels/int8_gemm.h"
+
+namespace glossa {
+
+std::string ComputePolicy::ToString() const {
+  return StrCat(PrecisionName(precision), batch_invariant ? ", batch-invariant" : "",
+                fused_decoder_step ? ", fused decoder step" : ", unfused decoder step");
+}
+
+const char* PrecisionName(Precision p) { return p == Precision::kInt8 ? "int8" : "float32"; }
+
+Precision ParsePrecision(const std::string& text, const std::string& what) {
+  if (text == "float32" || text.empty() || text == "none") return Precision::kFloat32;
+  if (text == "int8") return Precision::kInt8;
+  throw InvalidArgumentError(StrCat(what, " is '", text, "'; it must be float32 or int8"));
+}
+
+bool ComputePlan::AppliesNow() { return !c10::GradMode::is_enabled(); }
+
+bool ComputePlan::BatchInvariantNow() const {
+  return policy_.batch_invariant && AppliesNow() && !KernelsForcedToReference();
+}
+
+namespace {
+
+PreparedWeight::Source SourceOf(const at::Tensor& t) {
+  PreparedWeight::Source s;
+  s.data = t.data_ptr();
+  s.sizes = t.sizes().vec();
+  s.strides = t.strides().vec();
+  s.version = t.is_inference() ? 0 : t._version();
+  return s;
+}
+
+}  // namespace
+
+void ComputePlan::Prepare(const std::string& key, const at::Tensor& w,
+                          std::initializer_list<at::Tensor> sources) {
+  if (weights_.count(key)) {
+    throw InternalError(StrCat("compute plan: weight '", key, "' is prepared twice"));
+  }
+  if (w.dim() != 2 || !w.device().is_cpu() || !w.is_floating_point()) {
+    throw InvalidArgumentError(StrCat("compute plan: weight '", key, "' must be a 2-D floating CPU "
+                                      "matrix [K, N], got ", w.sizes(), " ", w.scalar_type()));
+  }
+  PreparedWeight p;
+  p.key = key;
+  at::NoGradGuard no_grad;
+  // Shared with the variable where it is already [K, N] contiguous (Find's check catches a write
+  // to it); a transposed or fused form is made here, once.
+  p.w = w.detach().contiguous();
+  if (policy_.precision == Precision::kInt8) p.int8 = QuantizeInt8(p.w);
+  for (const at::Tensor& s : sources) p.sources.push_back(SourceOf(s));
+  weights_.emplace(key, std::move(p));
+}
+
+const PreparedWeight* ComputePlan::Find(const std::string& key,
+                                        std::initializer_list<at::Tensor> sources) const {
+  auto it = weights_.find(key);
+  if (it == weights_.end()) return nullptr;
+  const PreparedWeight& p = it->second;
+  bool same = sources.size() == p.sources.size();
+  size_t i = 0;
+  for (const at::Tensor& s : sources) {
+    if (!same) break;
+    const PreparedWeight::Source now = SourceOf(s);
+    const PreparedWeight::Source& then = p.sources[i++];
+    same = now.data == then.data && now.sizes == then.sizes && now.strides == then.strides &&
+           now.version == then.version;
+  }
+  if (!same) {
+    throw InternalError(StrCat("compute plan: weight '", key, "' was prepared from other values "
+                               "than theta holds now (the weights changed, or FProp ran on "
+                               "another theta, after the plan was made): make the plan again"));
+  }
+  return &p;
+}
+
+at::Tensor ComputePlan::Affine(const PreparedWeight& w, const at::Tensor& x, const at::Tensor& b,
+                               bool relu, bool float_out) const {
+  if (x.dim() != 2 || x.size(1) != w.w.size(0)) {
+    throw InvalidArgumentError(StrCat("compute plan: weight '", w.key, "' is ", w.w.sizes(),
+                                      "; inputs must be [M, ", w.w.size(0), "], got ", x.sizes()));
+  }
+  const bool float_or_bf16 = x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16;
+  if (w.int8 != nullptr && float_or_bf16 && x.device().is_cpu()) {
+    const at::Tensor bias = b.defined() && b.numel() > 0 ? Widen(b) : at::Tensor();
+    at::Tensor y = Int8Affine(Widen(x), *w.int8, bias, relu);
+    return float_out || x.scalar_type() == at::kFloat ? y : Narrow(y, x.scalar_type());
+  }
+  if (BatchInvariantNow() && x.scalar_type() == at::kFloat && w.w.scalar_type() == at::kFloat &&
+      (!b.defined() || b.scalar_type() == at::kFloat)) {
+    return InvariantAffine(x, w.w, b.defined() && b.numel() > 0 ? b : at::Tensor(), relu);
+  }
+  return glossa::Affine(x, w.w, b, relu, float_out);
+}
+
+std::vector<std::string> ComputePlan::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : weights_) out.push_back(k);
+  return out;
+}
+
+}  // namespace glossa

@@ -1,0 +1,103 @@
+// The inference plan: what arithmetic a loaded model runs, decided once when it loads, with its
+// weights prepared for it then (CTranslate2 chooses its compute type at load and converts the
+// weights for it; nothing on the hot path asks a global what mode it is in).
+//
+//   ComputePolicy policy;  policy.precision = Precision::kInt8;  policy.batch_invariant = true;
+//   auto plan = PlanInference(*model, policy);  // glossa/layers/base_layer.h: every layer
+//   model->SetComputePlan(plan);                // prepares its weights; FProp then reads them
+//
+// A ComputePolicy says:
+//  - precision: float32 (the model's own weights; a bf16 model stays bf16), or int8: every
+//    projection a layer prepared runs Int8Affine (glossa/kernels/int8_gemm.h) on its weight
+//    quantized per output channel at load;
+//  - batch_invariant: the projections and the attention core take the batch-invariant kernels
+//    (glossa/kernels/batch_invariant.h): a request's bits do not depend on what shares its batch;
+//  - fused_decoder_step: incremental decoding runs the fused step (glossa/kernels/decoder_step.h)
+//    where it applies, or the layers' unfused composition (its reference).
+//
+// The prepared weights are keyed by name: a layer's variable's full name ("lm/stack/.../w"),
+// with a suffix for a form derived from several variables ("…/atten:qkv", Q, K and V in one
+// matrix). Each is kept in the layout Affine reads, [K, N] contiguous (a transposed output
+// projection transposed once), with its int8 form under int8. A prepared weight remembers the
+// tensors it was made from; reading it for other values (theta changed, or another theta) is an
+// InternalError naming it, never a silent use of stale weights. The plan applies without
+// autograd only: training ignores it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace glossa {
+
+struct Int8Weight;  // glossa/kernels/int8_gemm.h
+
+enum class Precision { kFloat32, kInt8 };
+
+struct ComputePolicy {
+  Precision precision = Precision::kFloat32;
+  bool batch_invariant = false;
+  bool fused_decoder_step = true;
+  // "float32, batch-invariant, fused decoder step": what a run prints in its first lines.
+  std::string ToString() const;
+};
+
+// "float32" or "int8" (the manifest's quantize, --compute); InvalidArgument naming `what` else.
+Precision ParsePrecision(const std::string& text, const std::string& what);
+const char* PrecisionName(Precision p);
+
+// A weight prepared for the policy: w [K, N] as Affine reads it (contiguous), and under int8 its
+// quantized form.
+struct PreparedWeight {
+  std::string key;
+  at::Tensor w;
+  std::shared_ptr<const Int8Weight> int8;
+  // What it was made from: each source's data, shape, strides and version at preparation.
+  struct Source {
+    const void* data = nullptr;
+    std::vector<int64_t> sizes, strides;
+    uint32_t version = 0;
+  };
+  std::vector<Source> sources;
+};
+
+class ComputePlan {
+ public:
+  explicit ComputePlan(ComputePolicy policy) : policy_(policy) {}
+
+  const ComputePolicy& policy() const { return policy_; }
+  // Whether the attention core and the row kernels run batch-invariant now: the policy says so,
+  // autograd is off and GLOSSA_KERNELS is not reference (ATen's kernels are not invariant).
+  bool BatchInvariantNow() const;
+  // Whether the plan applies now (autograd off).
+  static bool AppliesNow();
+
+  // Prepares `w` [K, N] (any strides; float32 or bf16) under `key`, made from `sources` (the
+  // variables it reads: w itself, or the ones it fuses). InternalError when `key` is taken.
+  void Prepare(const std::string& key, const at::Tensor& w,
+               std::initializer_list<at::Tensor> sources);
+  // The weight prepared under `key`, checked against `sources` (the tensors theta holds for them
+  // now): null when none was prepared under `key`; InternalError naming it when they differ from
+  // what it was made from.
+  const PreparedWeight* Find(const std::string& key,
+                             std::initializer_list<at::Tensor> sources) const;
+  // x [M, K] · w (+ b) as the policy says: Int8Affine on the int8 form, InvariantAffine when
+  // batch-invariant, else Affine on the prepared matrix. x float32 or bf16 (under int8 a bf16 x
+  // is widened exactly and the result rounded back unless float_out, as Affine's bf16 does).
+  at::Tensor Affine(const PreparedWeight& w, const at::Tensor& x, const at::Tensor& b,
+                    bool relu = false, bool float_out = false) const;
+
+  std::vector<std::string> keys() const;
+  size_t size() const { return weights_.size(); }
+
+ private:
+  ComputePolicy policy_;
+  std::map<std::string, PreparedWeight> weights_;
+};
+
+}  // namespace glossa
