@@ -13,7 +13,11 @@
 namespace glossa {
 
 std::string ComputePolicy::ToString() const {
-  return StrCat(PrecisionName(precision), batch_invariant ? ", batch-invariant" : "",
+  // GLOSSA_KERNELS=reference runs ATen's kernels, which are not batch-invariant: said, not hidden.
+  const char* invariant = !batch_invariant            ? ""
+                          : KernelsForcedToReference() ? ", batch-invariant (off: GLOSSA_KERNELS=reference)"
+                                                       : ", batch-invariant";
+  return StrCat(PrecisionName(precision), invariant,
                 fused_decoder_step ? ", fused decoder step" : ", unfused decoder step");
 }
 
