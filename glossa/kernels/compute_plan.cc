@@ -75,12 +75,12 @@ const PreparedWeight* ComputePlan::Find(const std::string& key,
   const PreparedWeight& p = it->second;
   bool same = sources.size() == p.sources.size();
   size_t i = 0;
-  for (const at::Tensor& s : sources) {
+  for (const at::Tensor& s : sources) {  // on every call: compared in place, nothing allocated
     if (!same) break;
-    const PreparedWeight::Source now = SourceOf(s);
     const PreparedWeight::Source& then = p.sources[i++];
-    same = now.data == then.data && now.sizes == then.sizes && now.strides == then.strides &&
-           now.version == then.version;
+    same = s.data_ptr() == then.data && s.sizes() == at::IntArrayRef(then.sizes) &&
+           s.strides() == at::IntArrayRef(then.strides) &&
+           (s.is_inference() ? 0 : s._version()) == then.version;
   }
   if (!same) {
     throw InternalError(StrCat("compute plan: weight '", key, "' was prepared from other values "
