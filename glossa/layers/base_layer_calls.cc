@@ -45,14 +45,16 @@ const ComputePlan* BaseLayer::compute_plan() const {
 void BaseLayer::PrepareWeights(const NestedMap& /*theta*/, ComputePlan& /*plan*/) const {}
 
 void BaseLayer::PrepareWeightsTree(ComputePlan& plan) const {
-  if (!var_infos_.empty() && fprop_dtype_ != dtype_) {
-    // theta() casts the variables on every call: no prepared weight could be checked against it.
+  if (fprop_dtype_ == dtype_) {
+    PrepareWeights(theta(), plan);
+  } else if (!var_infos_.empty() && plan.policy().precision == Precision::kInt8) {
+    // theta() casts the variables on every call: no prepared weight could be checked against it,
+    // and int8 would silently not apply here.
     throw FailedPreconditionError(StrCat(
         "layer '", path_, "' computes in ", c10::toString(fprop_dtype_), " on ",
-        c10::toString(dtype_), " variables: an inference plan needs fprop_dtype equal to dtype "
-        "(a bundle's export sets it: FloatActivations)"));
-  }
-  PrepareWeights(theta(), plan);
+        c10::toString(dtype_), " variables: int8 needs float32 activations (export the bundle "
+        "with --quantize=int8, which sets them)"));
+  }  // else its FProp casts theta on every call, as without a plan
   ForEachChild([&](BaseLayer& c) { c.PrepareWeightsTree(plan); });
 }
 

@@ -52,7 +52,10 @@ TEST(ComputePlan, RunsThePreparedWeightAsThePolicySays) {
     EXPECT_TRUE(SameBits(inv.Affine(*inv.Find("a/wt", {wt}), x.narrow(0, 4, 1), b), yi[4]
                                                                                     .unsqueeze(0)));
   }
-  EXPECT_EQ(inv.policy().ToString(), "float32, batch-invariant, fused decoder step");
+  EXPECT_EQ(inv.policy().ToString(),
+            KernelsForcedToReference()
+                ? "float32, batch-invariant (off: GLOSSA_KERNELS=reference), fused decoder step"
+                : "float32, batch-invariant, fused decoder step");
   EXPECT_EQ(int8.policy().ToString(), "int8, fused decoder step");
 }
 

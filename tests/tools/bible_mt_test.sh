@@ -94,6 +94,9 @@ PARAMS
   check "export" bash -c "'$glossa' export ${flags[*]@Q} --out='$tmp/bundle' > '$tmp/export.log' 2>&1"
   printf 'In the beginning God created the heaven and the earth.\nAnd God said, Let there be light.\n' > "$tmp/src.txt"
   check "predict translates text lines with the beam" bash -c "'$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/src.txt' > '$tmp/tr.jsonl' 2>'$tmp/predict.log' && test \$(wc -l < '$tmp/tr.jsonl') -eq 2 && grep -q '\"translation\":' '$tmp/tr.jsonl' && grep -q '\"scores\":\\[-[0-9]' '$tmp/tr.jsonl'"
+  # The plan made at load: this bundle computes in bfloat16, so int8 is refused naming the layer
+  # (its export with --quantize=int8 would set float32 activations), never silently not applied.
+  check "predict --precision=int8 on a bf16 bundle is refused" bash -c "! '$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/src.txt' --precision=int8 > /dev/null 2> '$tmp/int8.log' && grep -q 'int8 needs float32 activations' '$tmp/int8.log'"
   echo '{"source": "In the beginning", "num_hyps": 99}' > "$tmp/bad.jsonl"
   # Only the hypotheses the search found: no empty ones, no score of 0 ranked above real ones, and
   # as many scores as hyps (a 30-step model ends few hypotheses of a wide beam).
