@@ -46,6 +46,13 @@ PreparedWeight::Source SourceOf(const at::Tensor& t) {
   return s;
 }
 
+// Whether `t` is still what `then` recorded: compared in place on every call, nothing allocated.
+bool SameSource(const at::Tensor& t, const PreparedWeight::Source& then) {
+  return t.data_ptr() == then.data && t.sizes() == at::IntArrayRef(then.sizes) &&
+         t.strides() == at::IntArrayRef(then.strides) &&
+         (t.is_inference() ? 0 : t._version()) == then.version;
+}
+
 }  // namespace
 
 void ComputePlan::Prepare(const std::string& key, const at::Tensor& w,
@@ -75,12 +82,9 @@ const PreparedWeight* ComputePlan::Find(const std::string& key,
   const PreparedWeight& p = it->second;
   bool same = sources.size() == p.sources.size();
   size_t i = 0;
-  for (const at::Tensor& s : sources) {  // on every call: compared in place, nothing allocated
+  for (const at::Tensor& s : sources) {
     if (!same) break;
-    const PreparedWeight::Source& then = p.sources[i++];
-    same = s.data_ptr() == then.data && s.sizes() == at::IntArrayRef(then.sizes) &&
-           s.strides() == at::IntArrayRef(then.strides) &&
-           (s.is_inference() ? 0 : s._version()) == then.version;
+    same = SameSource(s, p.sources[i++]);
   }
   if (!same) {
     throw InternalError(StrCat("compute plan: weight '", key, "' was prepared from other values "

@@ -69,8 +69,9 @@ const PreparedWeight* BaseLayer::PlannedWeight(const std::string& name,
 at::Tensor BaseLayer::PlannedAffine(const std::string& name, const at::Tensor& source,
                                     const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                     bool relu, bool float_out) const {
-  if (const PreparedWeight* p = PlannedWeight(name, {source})) {
-    return compute_plan()->Affine(*p, x, b, relu, float_out);
+  const ComputePlan* plan = compute_plan();
+  if (const PreparedWeight* p = plan != nullptr ? plan->Find(PlanKey(name), {source}) : nullptr) {
+    return plan->Affine(*p, x, b, relu, float_out);
   }
   return Affine(x, w, b, relu, float_out);
 }
