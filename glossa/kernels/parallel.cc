@@ -7,9 +7,11 @@
 #include <ATen/Parallel.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -24,6 +26,9 @@ int openblas_get_num_threads(void) __attribute__((weak));
 
 namespace glossa {
 namespace {
+
+// How long a worker spins (yielding) for the next loop before it sleeps.
+constexpr int64_t kSpinMicros = 200;
 
 // Glossa's kernel threads: workers with one job slot each, statically assigned a chunk per loop.
 class KernelPool {
@@ -91,7 +96,9 @@ class KernelPool {
         w->f = &f;
         w->lo = begin + c * per;
         w->hi = std::min(end, begin + (c + 1) * per);
+        w->posted = true;
         ++w->generation;
+        w->generation_seen.store(w->generation, std::memory_order_release);
       }
       w->cv.notify_one();
     }
@@ -99,8 +106,32 @@ class KernelPool {
     std::exception_ptr mine;
     try {
       f(begin, std::min(end, begin + per));
+      // A worker that has not started its chunk yet (waking one takes 10-30 µs, longer than a
+      // small loop's chunk) gives it up to the caller, which runs it now rather than wait: the
+      // chunks, and so every index's arithmetic, are the same whoever runs them.
+      for (int64_t c = 1; c < chunks; ++c) {
+        Worker* w = workers_[c - 1].get();
+        bool take = false;
+        {
+          std::lock_guard<std::mutex> lock(w->mu);
+          take = w->posted;
+          w->posted = false;
+        }
+        if (!take) continue;
+        outstanding_.fetch_sub(1, std::memory_order_acq_rel);  // (the caller's now, even if it throws)
+        f(begin + c * per, std::min(end, begin + (c + 1) * per));
+      }
     } catch (...) {
       mine = std::current_exception();
+      // The chunks not started are not run: withdrawn, so the wait below does not wait for them.
+      for (int64_t c = 1; c < chunks; ++c) {
+        Worker* w = workers_[c - 1].get();
+        std::lock_guard<std::mutex> lock(w->mu);
+        if (w->posted) {
+          w->posted = false;
+          outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+        }
+      }
     }
     in_loop_ = false;
     // The workers' chunks take about as long as ours: spin briefly, then sleep.
@@ -125,6 +156,9 @@ class KernelPool {
     std::mutex mu;
     std::condition_variable cv;
     uint64_t generation = 0;
+    std::atomic<uint64_t> generation_seen{0};  // generation, readable without the lock
+    // A chunk posted and not yet started (by this worker, or taken back by the caller).
+    bool posted = false;
     const std::function<void(int64_t, int64_t)>* f = nullptr;
     int64_t lo = 0, hi = 0;
   };
@@ -143,10 +177,29 @@ class KernelPool {
     while (true) {
       const std::function<void(int64_t, int64_t)>* f;
       int64_t lo, hi;
+      // Spin a while before sleeping: loops come in quick succession (a scoring pass runs one
+      // every few µs), and on a VM a core left idle halts, so the next loop's wake-up waits for
+      // the hypervisor to run it again (tens of µs; OpenBLAS's threads, which spin and yield for
+      // a long time after each GEMM, hid this whenever a GEMM had run just before). Yielding
+      // each round leaves the core to any thread that has work.
+      {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+        for (int i = 0; w->generation_seen.load(std::memory_order_acquire) == seen; ++i) {
+#if defined(__x86_64__)
+          __builtin_ia32_pause();
+#endif
+          if ((i & 63) == 63) {
+            if (std::chrono::steady_clock::now() > until) break;
+            sched_yield();
+          }
+        }
+      }
       {
         std::unique_lock<std::mutex> lock(w->mu);
         w->cv.wait(lock, [&] { return w->generation != seen; });
         seen = w->generation;
+        if (!w->posted) continue;  // the caller ran it (f may be gone already)
+        w->posted = false;
         f = w->f;
         lo = w->lo;
         hi = w->hi;

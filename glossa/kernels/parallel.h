@@ -17,8 +17,12 @@ namespace glossa {
 // cross-entropy's forward, Adam): f(lo, hi) over [begin, end) in chunks of at least `grain`.
 // Where ATen has several intra-op threads (the bf16 layout) they run on them (at::parallel_for).
 // In the fp32 layout ATen has one thread and they run on Glossa's kernel threads instead: the
-// caller plus sleeping workers, woken per loop and blocked (never spinning) between loops, so
-// they leave the cores to OpenBLAS's GEMM threads. OpenBLAS is held to one thread while such a
+// caller plus workers, woken per loop; between loops a worker spins for up to 200 µs, yielding
+// its core to any thread with work (OpenBLAS's GEMM threads), then sleeps. (On a VM an idle core
+// halts, and waking a worker there took tens of µs: batch-1 scoring ran 0.75× as fast whenever
+// no OpenBLAS thread happened to be spinning on the other core.) The chunks are fixed by the
+// range, the grain and the thread count; a chunk no worker has started by the time the caller
+// is done with its own is run by the caller, so a late wake-up never makes the caller wait. OpenBLAS is held to one thread while such a
 // loop runs (GEMMs inside it, such as the attention core's per-head ones, run one per thread).
 // Each index's result must not depend on how the range is split: results are then the same for
 // any number of threads. Nested calls, and calls while another thread's loop runs, run inline.
