@@ -16,6 +16,8 @@
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/kernel_choice.h"
+#include "glossa/kernels/kernel_probe.h"
+#include "glossa/kernels/packed_affine.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
 #include "glossa/kernels/simd_math.h"
@@ -335,6 +337,7 @@ __attribute__((target("avx512f"))) void AttendHead512(const AttentionArgs& a, in
 
 }  // namespace
 
+
 bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed) {
   if (rows > kRowKernelMaxRows || rows < 1 || k < 1 || n < 1 || at::GradMode::is_enabled() ||
       KernelsForcedToReference()) {
@@ -351,23 +354,17 @@ bool RowKernelsFor(int64_t rows, int64_t k, int64_t n, bool transposed) {
   const auto key = std::make_tuple(bucket, k, n, transposed, GetKernelMode(KernelChoice::kRowKernel));
   if (const auto it = seen.find(key); it != seen.end()) return it->second;
   const std::string shape = StrCat(bucket, "x", k, "x", n, transposed ? " wT" : "");
+  ProbeOperands ops;  // freed after the probe
   const bool row = ChooseNative(KernelChoice::kRowKernel, "fp32_row_affine", shape, [&](bool row_kernel) {
-    // Deterministic operands (freed after the probe), and enough repetitions that a call is not
-    // timer noise.
-    std::vector<float> buf(static_cast<size_t>(bucket * k + k * n + n + bucket * n));
-    for (size_t i = 0; i < buf.size(); ++i) buf[i] = 0.05f * std::sin(0.37f * static_cast<float>(i));
-    const float *x = buf.data(), *w = x + bucket * k, *b = w + k * n;
-    float* y = const_cast<float*>(b) + n;
-    const int64_t reps = std::max<int64_t>(1, (int64_t{1} << 22) / (bucket * k * n));
-    for (int64_t r = 0; r < reps; ++r) {
+    ops.Make(bucket, k, n, /*pack=*/false);
+    for (int64_t r = 0, reps = ops.Reps(); r < reps; ++r) {
+      const float* w = ops.w.data() + ops.Next() * k * n;
       if (row_kernel) {
-        (transposed ? AffineTransposedRaw : AffineRaw)(x, w, b, y, bucket, k, n, false,
+        (transposed ? AffineTransposedRaw : AffineRaw)(ops.x.data(), w, ops.b.data(),
+                                                       ops.y.data(), bucket, k, n, false,
                                                        CpuHasAvx512F());
-        continue;
-      }
-      RowMajorSgemm(false, transposed, bucket, n, k, x, k, w, transposed ? k : n, 0.0f, y, n);
-      for (int64_t i = 0; i < bucket; ++i) {
-        for (int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
+      } else {
+        ops.Blas(w, transposed);
       }
     }
   });

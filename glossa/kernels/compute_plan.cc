@@ -9,6 +9,7 @@
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/packed_affine.h"
 
 namespace glossa {
 
@@ -70,7 +71,11 @@ void ComputePlan::Prepare(const std::string& key, const at::Tensor& w,
   // Shared with the variable where it is already [K, N] contiguous (Find's check catches a write
   // to it); a transposed or fused form is made here, once.
   p.w = w.detach().contiguous();
-  if (policy_.precision == Precision::kInt8) p.int8 = QuantizeInt8(p.w);
+  if (policy_.precision == Precision::kInt8) {
+    p.int8 = QuantizeInt8(p.w);
+  } else if (p.w.scalar_type() == at::kFloat) {
+    p.panels = PackPanels(p.w);
+  }
   for (const at::Tensor& s : sources) p.sources.push_back(SourceOf(s));
   weights_.emplace(key, std::move(p));
 }
@@ -106,9 +111,20 @@ at::Tensor ComputePlan::Affine(const PreparedWeight& w, const at::Tensor& x, con
     at::Tensor y = Int8Affine(Widen(x), *w.int8, bias, relu);
     return float_out || x.scalar_type() == at::kFloat ? y : Narrow(y, x.scalar_type());
   }
-  if (BatchInvariantNow() && x.scalar_type() == at::kFloat && w.w.scalar_type() == at::kFloat &&
+  if (x.scalar_type() == at::kFloat && w.w.scalar_type() == at::kFloat && x.device().is_cpu() &&
       (!b.defined() || b.scalar_type() == at::kFloat)) {
-    return InvariantAffine(x, w.w, b.defined() && b.numel() > 0 ? b : at::Tensor(), relu);
+    const int64_t n = w.w.size(1);
+    const at::Tensor bias = b.defined() && b.numel() > 0 ? b : at::Tensor();
+    if (w.panels.defined() &&
+        (BatchInvariantNow() || PackedKernelsFor(x.size(0), x.size(1), n))) {
+      return PackedAffine(x, w.panels, n, bias, relu);
+    }
+    if (BatchInvariantNow()) return InvariantAffine(x, w.w, bias, relu);
+    if (w.panels.defined() && x.size(0) > 0 && HasSgemm()) {
+      // The panels measured slower than BLAS here: so would the row kernel on the same weight.
+      at::Tensor y = bias.defined() ? at::addmm(bias, x, w.w) : at::mm(x, w.w);
+      return relu ? y.relu_() : y;
+    }
   }
   return glossa::Affine(x, w.w, b, relu, float_out);
 }

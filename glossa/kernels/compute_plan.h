@@ -18,7 +18,10 @@
 // The prepared weights are keyed by name: a layer's variable's full name ("lm/stack/.../w"),
 // with a suffix for a form derived from several variables ("…/atten:qkv", Q, K and V in one
 // matrix). Each is kept in the layout Affine reads, [K, N] contiguous (a transposed output
-// projection transposed once), with its int8 form under int8. A prepared weight remembers the
+// projection transposed once), with its int8 form under int8 and, for float32 weights under
+// float32, packed into the panels of PackedAffine (the plan's fp32 projections read those: always
+// when batch-invariant, with the same bits as InvariantAffine; else where they measured faster
+// than BLAS for the shape). A prepared weight remembers the
 // tensors it was made from; reading it for other values (theta changed, or another theta) is an
 // InternalError naming it, never a silent use of stale weights. The plan applies without
 // autograd only: training ignores it.
@@ -57,6 +60,9 @@ struct PreparedWeight {
   std::string key;
   at::Tensor w;
   std::shared_ptr<const Int8Weight> int8;
+  // Under float32 for a float32 weight: w packed into PackPanels' panels
+  // (glossa/kernels/packed_affine.h), which PackedAffine reads sequentially.
+  at::Tensor panels;
   // What it was made from: each source's data, shape, strides and version at preparation.
   struct Source {
     const void* data = nullptr;
@@ -86,8 +92,9 @@ class ComputePlan {
   // what it was made from.
   const PreparedWeight* Find(const std::string& key,
                              std::initializer_list<at::Tensor> sources) const;
-  // x [M, K] · w (+ b) as the policy says: Int8Affine on the int8 form, InvariantAffine when
-  // batch-invariant, else Affine on the prepared matrix. x float32 or bf16 (under int8 a bf16 x
+  // x [M, K] · w (+ b) as the policy says: Int8Affine on the int8 form; PackedAffine on the panels
+  // when batch-invariant or where PackedKernelsFor measured it faster than BLAS; else Affine on
+  // the prepared matrix. x float32 or bf16 (under int8 a bf16 x
   // is widened exactly and the result rounded back unless float_out, as Affine's bf16 does).
   at::Tensor Affine(const PreparedWeight& w, const at::Tensor& x, const at::Tensor& b,
                     bool relu = false, bool float_out = false) const;

@@ -14,6 +14,7 @@
 #include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/packed_affine.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/step_attention.h"
 
@@ -54,6 +55,12 @@ void LayerNormRows(const float* x, int64_t rows, int64_t d, const StepNormArgs& 
 void Project(const float* x, int64_t rows, const StepProjArgs& p, bool relu, float* y) {
   if (p.w8 != nullptr) {
     Int8AffineRaw(x, rows, *p.w8, p.b, relu, y);
+    return;
+  }
+  // The plan's packed panels: the same bits as InvariantAffineRaw on the [in, out] matrix.
+  if (p.panels != nullptr && !KernelsForcedToReference() &&
+      (p.row_kernels || PackedKernelsFor(rows, p.in, p.out))) {
+    PackedAffineRaw(x, p.panels, p.b, y, rows, p.in, p.out, relu);
     return;
   }
   // GLOSSA_KERNELS=reference: the portable row kernel (a step's rows stay independent).

@@ -51,7 +51,10 @@ class ComputePlan;   // glossa/kernels/compute_plan.h
 
 // y = x·w (+ b): w [in, out] row-major, or with `transposed` w [out, in] and y = x·wᵀ. With w8
 // (an int8 plan: the quantized form of that weight, prepared at load), Int8AffineRaw instead;
-// with row_kernels (a batch-invariant plan), the row kernels always.
+// with row_kernels (a batch-invariant plan), the row kernels always. With panels (a float32 plan:
+// the weight as [in, out] packed at load, PackPanels in glossa/kernels/packed_affine.h, also for
+// a transposed w), PackedAffineRaw where the row kernels would run or PackedKernelsFor measured it
+// faster than BLAS.
 struct StepProjArgs {
   const float* w = nullptr;
   const float* b = nullptr;
@@ -59,6 +62,7 @@ struct StepProjArgs {
   bool transposed = false;
   const Int8Weight* w8 = nullptr;
   bool row_kernels = false;
+  const float* panels = nullptr;
 };
 
 struct StepSelfAttentionArgs {

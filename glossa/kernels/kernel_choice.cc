@@ -41,7 +41,8 @@ std::pair<const char*, const char*> PathNames(KernelChoice choice) {
       return {"aten (one GEMM at a time on OpenBLAS's threads)",
               "native (row parts, a single-threaded GEMM per kernel thread)"};
     case KernelChoice::kRowKernel:
-      return {"aten (BLAS sgemm)", "native (the row kernel, weights read in place)"};
+      return {"aten (BLAS sgemm)",
+              "native (Glossa's row kernel: on the weights in place, or on a plan's packed panels)"};
   }
   return {"aten", "native"};
 }
@@ -82,7 +83,9 @@ std::string MachineKey() {
     }
     return std::string("unknown cpu");
   }();
-  return StrCat(cpu, " | cores ", std::thread::hardware_concurrency(), " | aten threads ",
+  // "probe 3": the probes' operands are made outside their timed calls, and the row kernels'
+  // read cold weights (decisions cached by the first probes are measured again).
+  return StrCat(cpu, " | probe 3 | cores ", std::thread::hardware_concurrency(), " | aten threads ",
                 at::get_num_threads(), " | torch ", TORCH_VERSION, " | openblas ",
                 openblas_get_corename != nullptr ? openblas_get_corename() : "none");
 }

@@ -25,7 +25,10 @@ bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjA
   *out = StepProjArgs{wp, bp, is_output_projection_ ? nh : d, is_output_projection_ ? d : nh,
                       is_output_projection_, nullptr};
   // The plan's int8 form of the weight FProp reads, and its batch invariance.
-  if (const PreparedWeight* p = PlannedWeight("w", {w})) out->w8 = p->int8.get();
+  if (const PreparedWeight* p = PlannedWeight("w", {w})) {
+    out->w8 = p->int8.get();
+    if (p->panels.defined()) out->panels = p->panels.data_ptr<float>();  // [nh, d] for a post
+  }
   out->row_kernels = PlannedBatchInvariant();
   return true;
 }

@@ -154,7 +154,10 @@ bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, b
                       input_dim_, output_dim_, false, nullptr};
   if (out->w == nullptr || (has_bias_ && out->b == nullptr)) return false;
   // The plan's int8 form of the weight FProp reads, and its batch invariance.
-  if (const PreparedWeight* p = PlannedWeight("w", {w})) out->w8 = p->int8.get();
+  if (const PreparedWeight* p = PlannedWeight("w", {w})) {
+    out->w8 = p->int8.get();
+    if (p->panels.defined()) out->panels = p->panels.data_ptr<float>();
+  }
   out->row_kernels = PlannedBatchInvariant();
   return true;
 }

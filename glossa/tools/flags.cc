@@ -186,7 +186,8 @@ void AddKernelFlags(CLI::App* cmd, KernelFlags& f) {
   cmd->add_option("--row_kernels", f.row_kernels,
                   "How short fp32 inputs without autograd (decoding, scoring) are projected: "
                   "measure (time both per weight shape and power-of-two row count, keep the "
-                  "faster), aten (BLAS sgemm) or native (the row kernel, up to 256 rows).")
+                  "faster), aten (BLAS sgemm) or native (the row kernel, up to 256 rows; an "
+                  "inference plan's packed panels at any row count).")
       ->capture_default_str()
       ->check(modes);
 }

@@ -13,6 +13,7 @@
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/int8_gemm.h"
+#include "glossa/kernels/packed_affine.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -28,17 +29,25 @@ TEST(ComputePlan, RunsThePreparedWeightAsThePolicySays) {
   ComputePlan fp32({});
   fp32.Prepare("a/w", w, {w});
   fp32.Prepare("a/wt", wt.t(), {wt});
-  EXPECT_TRUE(SameBits(fp32.Affine(*fp32.Find("a/w", {w}), x, b), Affine(x, w, b)));
+  // float32: the weight packed into panels, read where they measured faster than BLAS (with
+  // InvariantAffine's bits), else Affine on the matrix.
+  const PreparedWeight& pw = *fp32.Find("a/w", {w});
+  EXPECT_TRUE(at::equal(pw.panels, PackPanels(w)));
+  EXPECT_TRUE(SameBits(fp32.Affine(pw, x, b), PackedKernelsFor(9, 16, 24)
+                                                  ? InvariantAffine(x, w, b, false)
+                                                  : Affine(x, w, b)));
   const PreparedWeight& t = *fp32.Find("a/wt", {wt});
   EXPECT_TRUE(t.w.is_contiguous());
   EXPECT_TRUE(at::equal(t.w, wt.t()));
   EXPECT_EQ(t.int8, nullptr);
+  EXPECT_TRUE(at::equal(t.panels, PackPanels(wt.t())));
   EXPECT_EQ(fp32.Find("a/none", {w}), nullptr);
 
   ComputePlan int8({.precision = Precision::kInt8});
   int8.Prepare("a/w", w, {w});
   const at::Tensor y8 = int8.Affine(*int8.Find("a/w", {w}), x, b, /*relu=*/true);
   EXPECT_TRUE(SameBits(y8, Int8Affine(x, *QuantizeInt8(w), b, true)));
+  EXPECT_FALSE(int8.Find("a/w", {w})->panels.defined());  // int8 reads its quantized form only
   EXPECT_FALSE(SameBits(y8, at::relu(Affine(x, w, b))));  // int8 ran, not float32
   EXPECT_LT((y8 - at::relu(at::addmm(b, x, w))).abs().max().item<double>(), 0.1);
 

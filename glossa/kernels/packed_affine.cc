@@ -1,0 +1,227 @@
+#include "glossa/kernels/packed_affine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
+#include "glossa/kernels/cpu_features.h"
+#include "glossa/kernels/gemm.h"
+#include "glossa/kernels/kernel_choice.h"
+#include "glossa/kernels/kernel_probe.h"
+#include "glossa/kernels/parallel.h"
+#if GLOSSA_X86_SIMD
+#include "glossa/kernels/simd_math.h"
+#endif
+
+namespace glossa {
+namespace {
+
+constexpr int64_t kRows = 8;  // rows of x per tile (24 of AVX-512's 32 registers accumulate)
+
+// acc + b, then relu: InvariantAffine's epilogue (glossa/kernels/batch_invariant.cc).
+inline float Finish(float acc, const float* b, int64_t j, bool relu) {
+  const float y = b != nullptr ? acc + b[j] : acc;
+  return relu ? (y > 0.0f ? y : 0.0f) : y;
+}
+
+// ---- The affine map on packed panels: InvariantAffine's arithmetic on weights laid out for it ----
+//
+// panels [P, K, kPanelCols]: panel p holds columns [p·48, p·48 + 48) of w, row k after row k − 1,
+// zero past N. A tile of 8 rows × 48 columns keeps 24 accumulators and reads its panel
+// sequentially. Each output is the same fma chain over increasing k from 0, then + b and relu, as
+// AffineRaw computes it, so the bits equal InvariantAffine's at any M, tile or thread.
+
+void PackedTilePortable(const float* x, const float* panel, const float* b, float* y, int64_t K,
+                        int64_t N, int64_t i0, int64_t rows, int64_t j0, int64_t cols, bool relu) {
+  constexpr int64_t P = kPanelCols;
+  float acc[kRows][P] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* wk = panel + k * P;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float xr = x[(i0 + r) * K + k];
+      for (int64_t c = 0; c < cols; ++c) acc[r][c] = std::fma(xr, wk[c], acc[r][c]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) y[(i0 + r) * N + j0 + c] = Finish(acc[r][c], b, j0 + c, relu);
+  }
+}
+
+#if GLOSSA_X86_SIMD
+template <int R>
+__attribute__((target("avx512f"))) void PackedTile512(const float* x, const float* panel,
+                                                      const float* b, float* y, int64_t K,
+                                                      int64_t N, int64_t i0, int64_t j0,
+                                                      int64_t cols, bool relu) {
+  static_assert(kPanelCols == 48, "three vectors of 16 columns");
+  __m512 a0[R], a1[R], a2[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = a2[r] = _mm512_setzero_ps();
+  const float* xr0 = x + i0 * K;
+  for (int64_t k = 0; k < K; ++k) {
+    const float* wk = panel + k * kPanelCols;
+    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16),
+                 w2 = _mm512_loadu_ps(wk + 32);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(xr0[r * K + k]);
+      a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+      a2[r] = _mm512_fmadd_ps(xv, w2, a2[r]);
+    }
+  }
+  const __mmask16 m[3] = {cols >= 16 ? __mmask16(0xFFFF) : simd_math::TailMask(cols),
+                          cols >= 32   ? __mmask16(0xFFFF)
+                          : cols > 16 ? simd_math::TailMask(cols - 16)
+                                      : __mmask16(0),
+                          cols >= 48   ? __mmask16(0xFFFF)
+                          : cols > 32 ? simd_math::TailMask(cols - 32)
+                                      : __mmask16(0)};
+  __m512 bv[3];
+  for (int v = 0; v < 3; ++v) {
+    bv[v] = b != nullptr ? _mm512_maskz_loadu_ps(m[v], b + j0 + 16 * v) : _mm512_setzero_ps();
+  }
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m512 yv[3] = {a0[r], a1[r], a2[r]};
+    float* yr = y + (i0 + r) * N + j0;
+    for (int v = 0; v < 3; ++v) {
+      if (b != nullptr) yv[v] = _mm512_add_ps(yv[v], bv[v]);  // as Finish: no + 0 without b
+      if (relu) yv[v] = _mm512_max_ps(yv[v], zero);
+      _mm512_mask_storeu_ps(yr + 16 * v, m[v], yv[v]);
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) void PackedTile512Rows(const float* x, const float* panel,
+                                                          const float* b, float* y, int64_t K,
+                                                          int64_t N, int64_t i0, int64_t rows,
+                                                          int64_t j0, int64_t cols, bool relu) {
+  switch (rows) {
+    case 8: PackedTile512<8>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 7: PackedTile512<7>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 6: PackedTile512<6>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 5: PackedTile512<5>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 4: PackedTile512<4>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 3: PackedTile512<3>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 2: PackedTile512<2>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    default: PackedTile512<1>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+  }
+}
+#endif
+
+void PackedAffineRawImpl(const float* xp, const float* panels, const float* bp, float* yp,
+                         int64_t M, int64_t K, int64_t N, bool relu, bool simd) {
+  (void)simd;
+  const int64_t row_blocks = (M + kRows - 1) / kRows, col_blocks = (N + kPanelCols - 1) / kPanelCols;
+  // Panel major: a panel (K × 48) stays in cache across its row blocks.
+  KernelParallelFor(0, row_blocks * col_blocks, ParallelGrain(K * kRows * kPanelCols),
+                    [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t cb = t / row_blocks, rb = t % row_blocks;
+      const int64_t i0 = rb * kRows, j0 = cb * kPanelCols;
+      const int64_t rows = std::min(kRows, M - i0), cols = std::min(kPanelCols, N - j0);
+      const float* panel = panels + cb * K * kPanelCols;
+#if GLOSSA_X86_SIMD
+      if (simd) {
+        PackedTile512Rows(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+        continue;
+      }
+#endif
+      PackedTilePortable(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor PackPanels(const at::Tensor& w_in) {
+  if (w_in.dim() != 2 || w_in.scalar_type() != at::kFloat || !w_in.device().is_cpu()) {
+    throw InvalidArgumentError(StrCat("PackPanels: w must be a float32 CPU matrix [K, N], got ",
+                                      w_in.sizes(), " ", w_in.scalar_type()));
+  }
+  const int64_t K = w_in.size(0), N = w_in.size(1), P = (N + kPanelCols - 1) / kPanelCols;
+  at::Tensor padded = at::zeros({K, P * kPanelCols}, w_in.options());
+  padded.narrow(1, 0, N).copy_(w_in);
+  // [K, P, 48] -> [P, K, 48]
+  return padded.view({K, P, kPanelCols}).permute({1, 0, 2}).contiguous();
+}
+
+namespace {
+
+void CheckPanels(const char* what, int64_t m, int64_t k, int64_t n, const at::Tensor& panels) {
+  if (panels.dim() != 3 || panels.scalar_type() != at::kFloat || !panels.is_contiguous() ||
+      panels.size(1) != k || panels.size(2) != kPanelCols ||
+      panels.size(0) != (n + kPanelCols - 1) / kPanelCols || m < 0) {
+    throw InvalidArgumentError(StrCat(what, ": panels must be PackPanels of a [", k, ", ", n,
+                                      "] float32 matrix, got ", panels.sizes()));
+  }
+}
+
+}  // namespace
+
+void PackedAffineRaw(const float* x, const float* panels, const float* b, float* y, int64_t m,
+                     int64_t k, int64_t n, bool relu, bool portable) {
+  if (m > 0 && n > 0) PackedAffineRawImpl(x, panels, b, y, m, k, n, relu, !portable && CpuHasAvx512F());
+}
+
+at::Tensor PackedAffine(const at::Tensor& x_in, const at::Tensor& panels, int64_t n,
+                        const at::Tensor& b_in, bool relu, bool portable) {
+  if (x_in.dim() != 2 || x_in.scalar_type() != at::kFloat ||
+      (b_in.defined() && (b_in.numel() != n || b_in.scalar_type() != at::kFloat))) {
+    throw InvalidArgumentError(StrCat("PackedAffine: x [M, K] float32 and b [", n,
+                                      "] float32, got ", x_in.sizes(), ", ",
+                                      b_in.defined() ? b_in.sizes() : at::IntArrayRef{}));
+  }
+  CheckPanels("PackedAffine", x_in.size(0), x_in.size(1), n, panels);
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor b = b_in.defined() ? b_in.contiguous() : at::Tensor();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  PackedAffineRaw(x.data_ptr<float>(), panels.data_ptr<float>(),
+                  b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0),
+                  x.size(1), n, relu, portable);
+  return y;
+}
+
+bool PackedKernelsFor(int64_t rows, int64_t k, int64_t n) {
+  if (rows < 1 || k < 1 || n < 1 || at::GradMode::is_enabled() || KernelsForcedToReference()) {
+    return false;
+  }
+  if (!HasSgemm()) return true;
+  // One decision per weight shape and power-of-two row count (up to kPackedMeasuredRows; longer
+  // inputs take the decision measured there), as RowKernelsFor's.
+  int64_t bucket = 1;
+  while (bucket < rows && bucket < kPackedMeasuredRows) bucket *= 2;
+  // per-thread cache: read without a lock (ChooseNative's decisions, per process, are the truth).
+  static thread_local std::map<std::tuple<int64_t, int64_t, int64_t, KernelMode>, bool> seen;
+  const auto key = std::make_tuple(bucket, k, n, GetKernelMode(KernelChoice::kRowKernel));
+  if (const auto it = seen.find(key); it != seen.end()) return it->second;
+  const std::string shape = StrCat(bucket, "x", k, "x", n);
+  ProbeOperands ops;  // freed after the probe
+  const bool packed = ChooseNative(KernelChoice::kRowKernel, "fp32_packed_affine", shape, [&](bool native) {
+    ops.Make(bucket, k, n, /*pack=*/true);
+    const int64_t panel_size = (n + kPanelCols - 1) / kPanelCols * k * kPanelCols;
+    for (int64_t r = 0, reps = ops.Reps(); r < reps; ++r) {
+      const int64_t c = ops.Next();
+      if (native) {
+        PackedAffineRawImpl(ops.x.data(), ops.panels.data() + c * panel_size, ops.b.data(),
+                            ops.y.data(), bucket, k, n, false, CpuHasAvx512F());
+      } else {
+        ops.Blas(ops.w.data() + c * k * n, false);
+      }
+    }
+  });
+  seen.emplace(key, packed);
+  return packed;
+}
+
+}  // namespace glossa
