@@ -31,8 +31,13 @@ namespace {
 constexpr int64_t kSpinMicros = 200;
 
 // Glossa's kernel threads: workers with one job slot each, statically assigned a chunk per loop.
+// They come in groups of threads - 1 (the caller is the group's other thread): a loop takes a
+// free group, so as many loops as there are groups run at once on workers of their own (glossa
+// serve's replicas), and a loop that finds every group busy runs inline.
 class KernelPool {
  public:
+  static constexpr int kMaxGroups = 256;
+
   static KernelPool& Get() {
     static std::once_flag once;
     std::call_once(once, [] {
@@ -45,17 +50,27 @@ class KernelPool {
     return *current_;
   }
 
-  void SetThreads(int threads) {
-    std::lock_guard<std::mutex> run(run_mu_);
-    threads_.store(std::max(1, threads));
-    while (static_cast<int>(workers_.size()) < threads_.load() - 1) {
-      workers_.push_back(std::make_unique<Worker>());
-      Worker* w = workers_.back().get();
-      w->thread = std::thread([this, w] { WorkerLoop(w); });
-      w->thread.detach();
+  void SetThreads(int threads, int groups) {
+    std::lock_guard<std::mutex> config(config_mu_);
+    threads = std::max(1, threads);
+    groups = std::clamp(groups, 1, kMaxGroups);
+    for (int g = 0; g < groups; ++g) {
+      if (groups_[g] == nullptr) groups_[g] = std::make_unique<Group>();
+      Group& group = *groups_[g];
+      std::lock_guard<std::mutex> run(group.run_mu);
+      while (static_cast<int>(group.workers.size()) < threads - 1) {
+        group.workers.push_back(std::make_unique<Worker>());
+        Worker* w = group.workers.back().get();
+        w->group = &group;
+        w->thread = std::thread([w] { WorkerLoop(w); });
+        w->thread.detach();
+      }
     }
+    threads_.store(threads);
+    groups_in_use_.store(groups, std::memory_order_release);
   }
   int threads() const { return threads_.load(); }
+  int groups() const { return groups_in_use_.load(); }
   // Whether this thread runs a chunk of a loop (the caller's or a worker's, or a whole loop that
   // ran inline).
   static bool InLoop() { return in_loop_; }
@@ -72,25 +87,78 @@ class KernelPool {
     f(begin, end);
   }
 
-  // Runs f over [begin, end) on the caller and up to threads() - 1 workers; false (nothing run)
-  // when the pool is busy with another thread's loop or there is a single chunk.
+  // Runs f over [begin, end) on the caller and up to threads() - 1 workers of a free group; false
+  // (nothing run) when every group is busy with another thread's loop or there is a single chunk.
   bool Run(int64_t begin, int64_t end, int64_t grain,
            const std::function<void(int64_t, int64_t)>& f) {
     if (in_loop_) return false;
     const int64_t n = end - begin;
     grain = std::max<int64_t>(grain, 1);
-    int64_t chunks = std::min<int64_t>(threads_.load(), (n + grain - 1) / grain);
-    const int64_t per = (n + chunks - 1) / std::max<int64_t>(chunks, 1);
-    chunks = (n + per - 1) / per;  // none empty (7 over 5 threads: 4 chunks of 2, 2, 2, 1)
-    if (chunks <= 1) return false;
-    std::unique_lock<std::mutex> run(run_mu_, std::try_to_lock);
-    if (!run.owns_lock()) return false;
-    const int blas = openblas_get_num_threads != nullptr ? openblas_get_num_threads() : 1;
-    if (blas > 1) openblas_set_num_threads(1);
-    error_ = nullptr;
-    outstanding_.store(static_cast<int>(chunks - 1));
+    if ((n + grain - 1) / grain <= 1) return false;
+    const int groups = groups_in_use_.load(std::memory_order_acquire);
+    for (int g = 0; g < groups; ++g) {
+      Group& group = *groups_[g];
+      std::unique_lock<std::mutex> run(group.run_mu, std::try_to_lock);
+      if (!run.owns_lock()) continue;
+      const int64_t workers = std::min<int64_t>(threads_.load() - 1, group.workers.size());
+      int64_t chunks = std::min<int64_t>(workers + 1, (n + grain - 1) / grain);
+      const int64_t per = (n + chunks - 1) / std::max<int64_t>(chunks, 1);
+      chunks = (n + per - 1) / per;  // none empty (7 over 5 threads: 4 chunks of 2, 2, 2, 1)
+      if (chunks <= 1) return false;
+      BlasHold hold;
+      RunOn(group, begin, end, per, chunks, f);
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  struct Group;
+  struct Worker {
+    Group* group = nullptr;
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t generation = 0;
+    std::atomic<uint64_t> generation_seen{0};  // generation, readable without the lock
+    // A chunk posted and not yet started (by this worker, or taken back by the caller).
+    bool posted = false;
+    const std::function<void(int64_t, int64_t)>* f = nullptr;
+    int64_t lo = 0, hi = 0;
+  };
+  struct Group {
+    std::mutex run_mu;  // one loop at a time
+    std::vector<std::unique_ptr<Worker>> workers;
+    std::atomic<int> outstanding{0};
+    std::mutex done_mu;
+    std::condition_variable done_cv;
+    std::exception_ptr error;
+  };
+
+  // OpenBLAS is held to one thread while any loop runs (its GEMMs inside a chunk run one per
+  // thread); the first loop to start saves its thread count and the last to end restores it, so
+  // loops of several groups at once never restore it under each other.
+  struct BlasHold {
+    BlasHold() {
+      std::lock_guard<std::mutex> lock(blas_mu_);
+      if (blas_holders_++ == 0) {
+        blas_saved_ = openblas_get_num_threads != nullptr ? openblas_get_num_threads() : 1;
+        if (blas_saved_ > 1) openblas_set_num_threads(1);
+      }
+    }
+    ~BlasHold() {
+      std::lock_guard<std::mutex> lock(blas_mu_);
+      if (--blas_holders_ == 0 && blas_saved_ > 1) openblas_set_num_threads(blas_saved_);
+    }
+  };
+
+  // The loop on `group` (its run_mu held): chunk 0 on the caller, chunks 1.. on its workers.
+  static void RunOn(Group& group, int64_t begin, int64_t end, int64_t per, int64_t chunks,
+                    const std::function<void(int64_t, int64_t)>& f) {
+    group.error = nullptr;
+    group.outstanding.store(static_cast<int>(chunks - 1));
     for (int64_t c = 1; c < chunks; ++c) {
-      Worker* w = workers_[c - 1].get();
+      Worker* w = group.workers[c - 1].get();
       {
         std::lock_guard<std::mutex> lock(w->mu);
         w->f = &f;
@@ -110,7 +178,7 @@ class KernelPool {
       // small loop's chunk) gives it up to the caller, which runs it now rather than wait: the
       // chunks, and so every index's arithmetic, are the same whoever runs them.
       for (int64_t c = 1; c < chunks; ++c) {
-        Worker* w = workers_[c - 1].get();
+        Worker* w = group.workers[c - 1].get();
         bool take = false;
         {
           std::lock_guard<std::mutex> lock(w->mu);
@@ -118,52 +186,38 @@ class KernelPool {
           w->posted = false;
         }
         if (!take) continue;
-        outstanding_.fetch_sub(1, std::memory_order_acq_rel);  // (the caller's now, even if it throws)
+        group.outstanding.fetch_sub(1, std::memory_order_acq_rel);  // (the caller's now, even if it throws)
         f(begin + c * per, std::min(end, begin + (c + 1) * per));
       }
     } catch (...) {
       mine = std::current_exception();
       // The chunks not started are not run: withdrawn, so the wait below does not wait for them.
       for (int64_t c = 1; c < chunks; ++c) {
-        Worker* w = workers_[c - 1].get();
+        Worker* w = group.workers[c - 1].get();
         std::lock_guard<std::mutex> lock(w->mu);
         if (w->posted) {
           w->posted = false;
-          outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+          group.outstanding.fetch_sub(1, std::memory_order_acq_rel);
         }
       }
     }
     in_loop_ = false;
     // The workers' chunks take about as long as ours: spin briefly, then sleep.
-    for (int i = 0; i < 4000 && outstanding_.load(std::memory_order_acquire) > 0; ++i) {
+    for (int i = 0; i < 4000 && group.outstanding.load(std::memory_order_acquire) > 0; ++i) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
     }
     {
-      std::unique_lock<std::mutex> lock(done_mu_);
-      done_cv_.wait(lock, [&] { return outstanding_.load(std::memory_order_acquire) == 0; });
+      std::unique_lock<std::mutex> lock(group.done_mu);
+      group.done_cv.wait(lock, [&] { return group.outstanding.load(std::memory_order_acquire) == 0; });
     }
-    if (blas > 1) openblas_set_num_threads(blas);
     if (mine) std::rethrow_exception(mine);
-    if (error_) std::rethrow_exception(error_);
-    return true;
+    if (group.error) std::rethrow_exception(group.error);
   }
 
- private:
-  struct Worker {
-    std::thread thread;
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t generation = 0;
-    std::atomic<uint64_t> generation_seen{0};  // generation, readable without the lock
-    // A chunk posted and not yet started (by this worker, or taken back by the caller).
-    bool posted = false;
-    const std::function<void(int64_t, int64_t)>* f = nullptr;
-    int64_t lo = 0, hi = 0;
-  };
-
-  void WorkerLoop(Worker* w) {
+  static void WorkerLoop(Worker* w) {
+    Group& group = *w->group;
     // The pool runs loops only while ATen has one thread (the fp32 layout), and a worker's ATen
     // ops must run as the caller's do. OpenMP's thread count is per thread, and ATen sets a
     // thread's own from its global count once, on the thread's first query: a worker first
@@ -213,24 +267,24 @@ class KernelPool {
       try {
         (*f)(lo, hi);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(done_mu_);
-        if (!error_) error_ = std::current_exception();
+        std::lock_guard<std::mutex> lock(group.done_mu);
+        if (!group.error) group.error = std::current_exception();
       }
       in_loop_ = false;
-      if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(done_mu_);
-        done_cv_.notify_one();
+      if (group.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(group.done_mu);
+        group.done_cv.notify_one();
       }
     }
   }
 
-  std::mutex run_mu_;  // one loop at a time
+  std::mutex config_mu_;  // SetThreads
   std::atomic<int> threads_{1};
-  std::vector<std::unique_ptr<Worker>> workers_;
-  std::atomic<int> outstanding_{0};
-  std::mutex done_mu_;
-  std::condition_variable done_cv_;
-  std::exception_ptr error_;
+  std::atomic<int> groups_in_use_{0};
+  std::unique_ptr<Group> groups_[kMaxGroups];  // created by SetThreads, never destroyed
+  static std::mutex blas_mu_;
+  static int blas_holders_;
+  static int blas_saved_;
   // per-thread (not carried): whether this thread runs a kernel loop's chunk now.
   static thread_local bool in_loop_;
   static KernelPool* current_;
@@ -238,6 +292,9 @@ class KernelPool {
 
 thread_local bool KernelPool::in_loop_ = false;  // per-thread (not carried)
 KernelPool* KernelPool::current_ = nullptr;
+std::mutex KernelPool::blas_mu_;
+int KernelPool::blas_holders_ = 0;
+int KernelPool::blas_saved_ = 1;
 
 }  // namespace
 
@@ -246,8 +303,9 @@ int64_t ParallelGrain(int64_t work_per_item) {
   return std::max<int64_t>(1, (kParallelMinWork + w - 1) / w);
 }
 
-void SetKernelThreads(int threads) { KernelPool::Get().SetThreads(threads); }
+void SetKernelThreads(int threads, int groups) { KernelPool::Get().SetThreads(threads, groups); }
 int KernelThreads() { return KernelPool::Get().threads(); }
+int KernelLoopGroups() { return KernelPool::Get().groups(); }
 
 void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
                        const std::function<void(int64_t, int64_t)>& f) {

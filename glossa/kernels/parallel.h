@@ -25,7 +25,8 @@ namespace glossa {
 // is done with its own is run by the caller, so a late wake-up never makes the caller wait. OpenBLAS is held to one thread while such a
 // loop runs (GEMMs inside it, such as the attention core's per-head ones, run one per thread).
 // Each index's result must not depend on how the range is split: results are then the same for
-// any number of threads. Nested calls, and calls while another thread's loop runs, run inline.
+// any number of threads. Nested calls, and calls while other threads' loops hold every group (SetKernelThreads), run
+// inline.
 // The workers do not carry the caller's ThreadState (glossa/base/thread_state.h: that would cost
 // a copy per loop): a loop body is arithmetic, and whatever depends on a context (eval mode, the
 // int8 or batch-invariant scopes, grad mode) is decided by the caller before the loop.
@@ -40,9 +41,14 @@ void KernelParallelFor(int64_t begin, int64_t end, int64_t grain,
 // to 2^22 units. The rule is per loop and does not depend on the core count.
 constexpr int64_t kParallelMinWork = int64_t{1} << 20;
 int64_t ParallelGrain(int64_t work_per_item);
-// The kernel threads, the caller included (1: loops run inline). ConfigureCpuRuntime sets them
-// to the fp32 layout's BLAS threads, and to 1 in the bf16 layout.
-void SetKernelThreads(int threads);
+// The kernel threads of a loop, the caller included (1: loops run inline). ConfigureCpuRuntime
+// sets them to the fp32 layout's BLAS threads, and to 1 in the bf16 layout. `groups`: how many
+// callers' loops run at once on workers of their own (glossa serve's replicas,
+// glossa/runtime/cpu_runtime.h: ServingLayout): the pool keeps groups x (threads - 1) workers, a
+// loop takes a free group's, and a loop that finds every group busy runs inline. OpenBLAS is held
+// to one thread while any loop runs.
+void SetKernelThreads(int threads, int groups = 1);
 int KernelThreads();
+int KernelLoopGroups();
 
 }  // namespace glossa

@@ -75,12 +75,7 @@ int BlasThreadTimeout() {
 }
 
 
-CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute,
-                                     CpuWorkload workload) {
-  mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  mallopt(M_TOP_PAD, 64 * 1024 * 1024);
-  InstallLargeBlockCache();  // the blocks above the mmap threshold (glossa/runtime/block_cache.h)
+int ProcessCores() {
   int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   // Data-parallel workers on one machine (LOCAL_WORLD_SIZE, set by torchrun and by glossa's
   // --nproc_per_node) share its cores.
@@ -88,6 +83,46 @@ CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute,
     const int n = std::atoi(local);
     if (n > 1) cores = std::max(1, cores / n);
   }
+  return cores;
+}
+
+std::string ServingLayout::ToString() const {
+  return StrCat(replicas, replicas == 1 ? " replica x " : " replicas x ", threads,
+                threads == 1 ? " thread" : " threads", " on ", cores,
+                cores == 1 ? " core" : " cores", " (weights shared)");
+}
+
+ServingLayout ChooseServingLayout(int cores, int replicas, int threads) {
+  if (replicas < 0 || threads < 0) {
+    throw InvalidArgumentError(StrCat("serving layout: replicas (", replicas, ") and threads (",
+                                      threads, ") must be 0 (chosen from the cores) or more"));
+  }
+  ServingLayout layout;
+  layout.cores = std::max(1, cores);
+  layout.replicas = replicas > 0 ? replicas : std::max(1, layout.cores / std::max(1, threads));
+  layout.threads = threads > 0 ? threads : std::max(1, layout.cores / layout.replicas);
+  return layout;
+}
+
+CpuRuntimeLayout ApplyServingLayout(const ServingLayout& layout, CpuRuntimeLayout runtime) {
+  const int t = std::max(1, layout.threads);
+  runtime.aten_threads = std::min(std::max(1, runtime.aten_threads), t);
+  at::set_num_threads(runtime.aten_threads);
+  if (runtime.blas_threads > 0 && openblas_set_num_threads != nullptr) {
+    runtime.blas_threads = std::min(runtime.blas_threads, t);
+    openblas_set_num_threads(runtime.blas_threads);
+  }
+  SetKernelThreads(std::min(KernelThreads(), t), layout.replicas);
+  return runtime;
+}
+
+CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute,
+                                     CpuWorkload workload) {
+  mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 * 1024 * 1024);
+  InstallLargeBlockCache();  // the blocks above the mmap threshold (glossa/runtime/block_cache.h)
+  const int cores = ProcessCores();
   CpuRuntimeLayout layout;
   if (intra_op_threads > 0) {
     layout.aten_threads = intra_op_threads;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "glossa/kernels/parallel.h"  // SetKernelThreads: the layout sets the kernel threads
 
@@ -33,6 +34,31 @@ struct CpuRuntimeLayout {
 enum class CpuWorkload { kTraining, kInference };
 CpuRuntimeLayout ConfigureCpuRuntime(int intra_op_threads, bool bf16_compute,
                                      CpuWorkload workload = CpuWorkload::kTraining);
+
+// The cores this process may use: the machine's, divided among LOCAL_WORLD_SIZE data-parallel
+// workers when several share it.
+int ProcessCores();
+
+// Serving's layout (glossa serve): `replicas` batches of a subgraph run at once, each on its own
+// batch thread over the one copy of the weights, with `threads` threads each (ATen's, OpenBLAS's
+// and a group of kernel threads: SetKernelThreads). Chosen from the cores:
+//  - replicas 0 (the default): one per core when threads is 0 too, else cores / threads. Short
+//    requests barely split over threads (a 12-word sentence's loops are below ParallelGrain's
+//    grain), so one replica per core scores the most under load and loses nothing alone;
+//  - threads 0 (the default): cores / replicas, at least 1.
+// Replicas x threads may exceed the cores only when both are given.
+struct ServingLayout {
+  int cores = 1;
+  int replicas = 1;
+  int threads = 1;
+  // "2 replicas x 1 thread on 2 cores (weights shared)"
+  std::string ToString() const;
+};
+// InvalidArgument when replicas or threads is negative.
+ServingLayout ChooseServingLayout(int cores, int replicas, int threads);
+// Holds ATen's, OpenBLAS's and the kernel threads to `layout.threads` each, with a group of kernel
+// threads per replica (call after ConfigureCpuRuntime). Returns the resulting layout.
+CpuRuntimeLayout ApplyServingLayout(const ServingLayout& layout, CpuRuntimeLayout runtime);
 
 // OpenBLAS's idle-thread spin, as log2 cycles (0: OpenBLAS's default, 2^28 cycles, or unknown). With kernel threads, the fp32 training
 // layout sets it to 8 unless OPENBLAS_THREAD_TIMEOUT says otherwise (cpu_runtime.cc: SetBlasSpin).

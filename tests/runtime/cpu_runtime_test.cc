@@ -227,6 +227,98 @@ TEST(CpuRuntime, KernelLoopsCoverEachIndexOnceAndPassErrorsOn) {
   }
 }
 
+// Serving's replicas: each of `groups` callers running a loop at once gets workers of its own.
+// Every caller's first chunk waits (for the event, with a deadline far past any wake-up) until
+// all callers are inside their loops and its own second chunk has started on another thread,
+// which only a worker of its own group can do while the caller is inside its chunk: with one
+// group for two callers, the second runs inline and its wait times out.
+TEST(CpuRuntime, KernelLoopGroupsRunSeveralCallersLoopsAtOnce) {
+  const int saved_aten = at::get_num_threads(), saved_kernel = KernelThreads();
+  at::set_num_threads(1);
+  for (int threads : {2, 3}) {
+    constexpr int kCallers = 2;
+    SetKernelThreads(threads, kCallers);
+    EXPECT_EQ(KernelLoopGroups(), kCallers);
+    std::atomic<int> inside{0}, timed_out{0};
+    std::mutex mu;
+    std::set<std::thread::id> ids;
+    std::vector<std::thread> callers;
+    for (int c = 0; c < kCallers; ++c) {
+      callers.emplace_back([&] {
+        const std::thread::id me = std::this_thread::get_id();
+        std::atomic<int> elsewhere{0};
+        KernelParallelFor(0, threads, 1, [&](int64_t lo, int64_t) {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            ids.insert(std::this_thread::get_id());
+          }
+          if (lo != 0) {
+            if (std::this_thread::get_id() != me) ++elsewhere;
+            return;
+          }
+          ++inside;
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while ((inside.load() < kCallers || elsewhere.load() == 0) &&
+                 std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::yield();
+          }
+          if (inside.load() < kCallers || elsewhere.load() == 0) ++timed_out;
+        });
+      });
+    }
+    for (auto& t : callers) t.join();
+    EXPECT_EQ(timed_out.load(), 0) << threads << " threads";
+    // The callers and at least one worker of each group; at most every group's workers.
+    EXPECT_GE(static_cast<int>(ids.size()), 2 * kCallers) << threads << " threads";
+    EXPECT_LE(static_cast<int>(ids.size()), kCallers * threads) << threads << " threads";
+  }
+  SetKernelThreads(saved_kernel);
+  EXPECT_EQ(KernelLoopGroups(), 1);
+  at::set_num_threads(saved_aten);
+}
+
+TEST(CpuRuntime, ServingLayoutIsChosenFromTheCores) {
+  struct Case {
+    int cores, replicas, threads;
+    int want_replicas, want_threads;
+  };
+  for (const Case& c : std::vector<Case>{{2, 0, 0, 2, 1},     // one replica per core
+                                         {16, 0, 0, 16, 1},
+                                         {1, 0, 0, 1, 1},
+                                         {16, 0, 4, 4, 4},    // threads given: cores / threads
+                                         {2, 0, 4, 1, 4},     // more threads than cores: 1 replica
+                                         {16, 4, 0, 4, 4},    // replicas given: cores / replicas
+                                         {2, 1, 0, 1, 2},     // one replica on every core
+                                         {2, 8, 0, 8, 1},     // more replicas than cores
+                                         {8, 3, 3, 3, 3},     // both given: as given
+                                         {0, 0, 0, 1, 1}}) {  // no cores known: one
+    const ServingLayout l = ChooseServingLayout(c.cores, c.replicas, c.threads);
+    EXPECT_EQ(l.replicas, c.want_replicas) << c.cores << " " << c.replicas << " " << c.threads;
+    EXPECT_EQ(l.threads, c.want_threads) << c.cores << " " << c.replicas << " " << c.threads;
+  }
+  EXPECT_EQ(ChooseServingLayout(2, 0, 0).ToString(), "2 replicas x 1 thread on 2 cores (weights shared)");
+  EXPECT_EQ(ChooseServingLayout(1, 1, 1).ToString(), "1 replica x 1 thread on 1 core (weights shared)");
+  EXPECT_THROW(ChooseServingLayout(2, -1, 0), InvalidArgumentError);
+  EXPECT_THROW(ChooseServingLayout(2, 0, -3), InvalidArgumentError);
+  // Applied: ATen, OpenBLAS and the kernel threads held to a replica's threads, a kernel group per
+  // replica.
+  const int saved = at::get_num_threads();
+  const CpuRuntimeLayout runtime = ConfigureCpuRuntime(0, false, CpuWorkload::kInference);
+  const CpuRuntimeLayout applied = ApplyServingLayout(ChooseServingLayout(ProcessCores(), 3, 1), runtime);
+  EXPECT_EQ(applied.aten_threads, 1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+  if (runtime.blas_threads > 0) {
+    EXPECT_EQ(applied.blas_threads, 1);
+  }
+  EXPECT_EQ(KernelThreads(), 1);
+  EXPECT_EQ(KernelLoopGroups(), 3);
+  SetKernelThreads(1);
+  at::set_num_threads(saved);
+  ConfigureCpuRuntime(0, false);
+  at::set_num_threads(saved);
+  SetKernelThreads(1);
+}
+
 // A forked child (the workers are not copied) runs its loops inline instead of waiting for them.
 TEST(CpuRuntime, AForkedChildRunsKernelLoopsWithoutTheWorkers) {
   KernelThreadsScope scope(2);

@@ -26,7 +26,7 @@ struct ServeFlags {
   std::vector<std::string> subgraphs;
   ServeOptions options;
   int64_t port = 0, max_batch_size = 32, batch_timeout_micros = 0, max_enqueued = 256;
-  int64_t batch_threads = 1, max_body_bytes = 4 << 20, intra_op_threads = 0;
+  int64_t batch_threads = 0, max_body_bytes = 4 << 20, intra_op_threads = 0;
   int64_t max_input_tokens = 4096, max_new_tokens = 512;
   int64_t max_connections = 512, max_connections_per_client = 128;
   double header_timeout_secs = 10, body_timeout_secs = 60, request_timeout_secs = 60;
@@ -46,7 +46,10 @@ int Serve(ServeFlags& f) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   CheckIntraOpThreads(f.intra_op_threads);
   ApplyKernelFlags(f.kernels);
-  ConfigureCpuRuntime(static_cast<int>(f.intra_op_threads), false, CpuWorkload::kInference);
+  // Replicas x threads from the cores (glossa/runtime/cpu_runtime.h), decided here, printed below.
+  const ServingLayout layout = ChooseServingLayout(ProcessCores(), static_cast<int>(f.batch_threads),
+                                                   static_cast<int>(f.intra_op_threads));
+  ApplyServingLayout(layout, ConfigureCpuRuntime(0, false, CpuWorkload::kInference));
   PredictorOptions po;
   po.subgraphs = f.subgraphs;
   po.checkpoint = f.checkpoint;
@@ -66,7 +69,7 @@ int Serve(ServeFlags& f) {
   o.max_batch_size = f.max_batch_size;
   o.batch_timeout_micros = f.batch_timeout_micros;
   o.max_enqueued_requests = f.max_enqueued;
-  o.num_batch_threads = static_cast<int>(f.batch_threads);
+  o.num_batch_threads = layout.replicas;
   o.max_body_bytes = static_cast<size_t>(f.max_body_bytes);
   o.request_timeout_secs = f.request_timeout_secs;
   InferenceServer server(&predictor, o);
@@ -75,6 +78,9 @@ int Serve(ServeFlags& f) {
             << ") on http://" << o.host << ":" << port << std::endl;
   std::cout << "compute: " << predictor.policy().ToString() << " (" << predictor.prepared_weights()
             << " weights prepared at load)" << std::endl;
+  std::cout << "layout: " << layout.ToString()
+            << (o.enable_batching ? "" : "; without batching each request runs on its connection's thread")
+            << std::endl;
   if (!f.port_file.empty()) {  // written whole, then renamed: a reader never sees half of it
     const std::string tmp = f.port_file + ".tmp";
     {
@@ -141,8 +147,9 @@ class ServeCommand : public Command {
                "How long the first request of a batch waits for others.");
     AddIntFlag(c, "--max_enqueued_requests", f.max_enqueued, 1, 1000000,
                "Requests that may wait for a batch; more are answered 503.");
-    AddIntFlag(c, "--num_batch_threads", f.batch_threads, 1, 256,
-               "Threads running batches, per subgraph.");
+    AddIntFlag(c, "--num_batch_threads", f.batch_threads, 0, 256,
+               "Replicas: batches of a subgraph run at once, each on its own thread over the one "
+               "copy of the weights (0: one per core, or cores / --intra_op_threads).");
     AddIntFlag(c, "--max_new_tokens", f.max_new_tokens, 0, 1 << 20,
                "A generation request asking for more new tokens is answered 400 (default 512).");
     AddIntFlag(c, "--max_connections", f.max_connections, 1, 1 << 16,
@@ -170,7 +177,8 @@ class ServeCommand : public Command {
     AddIntFlag(c, "--max_input_tokens", f.max_input_tokens, 1, int64_t{1} << 24,
                "Longer inputs are answered 400.");
     AddIntFlag(c, "--intra_op_threads", f.intra_op_threads, 0, 1024,
-               "Threads per op (0: the machine's cores).");
+               "Threads per replica: ATen's, OpenBLAS's and Glossa's kernel threads (0: cores / "
+               "replicas, at least 1).");
   }
 
   ServeFlags f_;
