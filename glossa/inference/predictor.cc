@@ -272,6 +272,45 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
   return out;
 }
 
+namespace {
+
+// A task's batch with the weights it runs on held, and each request's feeds checked first.
+class PredictorGeneration : public GenerationBatch {
+ public:
+  PredictorGeneration(const Predictor& predictor, std::string subgraph,
+                      std::shared_ptr<const void> weights, std::unique_ptr<GenerationBatch> batch)
+      : predictor_(predictor), subgraph_(std::move(subgraph)), weights_(std::move(weights)),
+        batch_(std::move(batch)) {}
+  int64_t Join(const InferenceMap& feeds) override {
+    predictor_.Validate(subgraph_, feeds);
+    return batch_->Join(feeds);
+  }
+  GenerationStep Step() override { return batch_->Step(); }
+  InferenceMap Finish(int64_t request) override { return batch_->Finish(request); }
+  int64_t rows() const override { return batch_->rows(); }
+  bool busy() const override { return batch_->busy(); }
+  int64_t steps() const override { return batch_->steps(); }
+
+ private:
+  const Predictor& predictor_;
+  const std::string subgraph_;
+  const std::shared_ptr<const void> weights_;
+  const std::unique_ptr<GenerationBatch> batch_;
+};
+
+}  // namespace
+
+std::unique_ptr<GenerationBatch> Predictor::StartGeneration(const std::string& subgraph,
+                                                            int64_t* global_step) const {
+  if (!specs_.count(subgraph)) Validate(subgraph, {});  // NotFound listing the subgraphs
+  const std::shared_ptr<const Loaded> loaded = Current();
+  if (global_step != nullptr) *global_step = loaded->global_step;
+  std::unique_ptr<GenerationBatch> batch =
+      loaded->model->task().StartGeneration(subgraph, bundle_.tokenizer.get());
+  if (batch == nullptr) return nullptr;
+  return std::make_unique<PredictorGeneration>(*this, subgraph, loaded, std::move(batch));
+}
+
 size_t Predictor::prepared_weights() const { return Current()->plan->size(); }
 
 int64_t Predictor::CountTokens(const std::string& text) const {

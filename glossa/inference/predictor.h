@@ -62,6 +62,12 @@ class Predictor {
   InferenceMap Run(const std::string& subgraph, const InferenceMap& feeds,
                    const std::vector<std::string>& fetch_keys = {}, bool validate_fetches = true,
                    int64_t* global_step = nullptr) const;
+  // Continuous batching (glossa/model/generation.h): a decoding batch of `subgraph` on the
+  // weights loaded now (kept while the batch lives, whatever Load does), whose Join checks each
+  // request's feeds as Run does. Null where the subgraph does not generate token by token;
+  // NotFound for an unknown subgraph. One thread at a time per batch.
+  std::unique_ptr<GenerationBatch> StartGeneration(const std::string& subgraph,
+                                                   int64_t* global_step = nullptr) const;
   // The checks Run makes before it runs anything (NotFound, InvalidArgument), alone.
   void Validate(const std::string& subgraph, const InferenceMap& feeds,
                 const std::vector<std::string>& fetch_keys = {},

@@ -119,7 +119,7 @@ void SelfAttention(const StepSelfAttentionArgs& a, int64_t rows, int64_t d, floa
   }
   ScaleQueries(q, rows * a.heads, a.dim, a.query_scale);
   StepAttentionArgs sa;
-  sa.q = q, sa.key = a.key_cache, sa.value = a.value_cache, sa.rows = a.rows;
+  sa.q = q, sa.key = a.key_cache, sa.value = a.value_cache, sa.rows = a.rows, sa.bias = a.bias;
   sa.rows_stride = a.rows_stride, sa.n = rows, sa.heads = a.heads, sa.dim = a.dim;
   sa.capacity = a.capacity, sa.length = a.step + 1, sa.out = ctx;
   StepAttentionRaw(sa);

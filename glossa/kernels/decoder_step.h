@@ -78,6 +78,9 @@ struct StepSelfAttentionArgs {
   const int64_t* rows = nullptr;
   int64_t rows_stride = 0;
   int64_t step = 0;
+  // [rows, step + 1] additive (the lowest float: a masked step, e.g. one before the row joined a
+  // running batch), or null.
+  const float* bias = nullptr;
 };
 
 struct StepCrossAttentionArgs {

@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "glossa/base/errors.h"
+#include "glossa/base/strings.h"
 #include "glossa/kernels/compute_plan.h"
 #include "glossa/kernels/int8_gemm.h"
 #include "glossa/layers/attention.h"
@@ -134,7 +136,8 @@ bool TransformerAttentionLayer::FusedCrossStep(const NestedMap& theta, const Nes
 
 bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor& inputs,
                                        const NestedMap& states, const NestedMap& aux,
-                                       const at::Tensor& aux_paddings, at::Tensor* out,
+                                       const at::Tensor& aux_paddings,
+                                       const at::Tensor& paddings, at::Tensor* out,
                                        NestedMap* new_states) const {
   const auto* ff = dynamic_cast<const TransformerFeedForwardLayer*>(fflayer_.get());
   if (!FusedDecoderStepApplies(compute_plan()) || ff == nullptr || inputs.dim() != 2 ||
@@ -168,6 +171,21 @@ bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor&
   if (!self_atten_->FusedSelfStep(self_atten_.Theta(theta), states, a.rows, &a.self, &caches,
                                   &keep)) {
     return false;
+  }
+  std::vector<float> self_bias;
+  if (paddings.defined()) {  // [rows, step + 1]: 1 masks a cached step
+    const at::Tensor p = paddings.to(at::kFloat).contiguous();
+    const int64_t l = a.self.step + 1;
+    if (p.dim() != 2 || p.size(0) != a.rows || p.size(1) != l) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep paddings must be [",
+                                        a.rows, ", ", l, "], got ", p.sizes()));
+    }
+    const float* pp = p.data_ptr<float>();
+    self_bias.resize(static_cast<size_t>(a.rows * l));
+    for (int64_t i = 0; i < a.rows * l; ++i) {
+      self_bias[static_cast<size_t>(i)] = pp[i] > 0.5f ? std::numeric_limits<float>::lowest() : 0.0f;
+    }
+    a.self.bias = self_bias.data();
   }
   *out = inputs.clone();
   DecoderLayerStep(a, out->data_ptr<float>());

@@ -193,14 +193,15 @@ NestedMap TransformerAttentionLayer::InitStates(int64_t batch_size, at::ScalarTy
 }
 
 std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(
-    const NestedMap& theta, const at::Tensor& query, const NestedMap& states) const {
+    const NestedMap& theta, const at::Tensor& query, const NestedMap& states,
+    const at::Tensor& paddings) const {
   if (!is_masked_) {
     throw FailedPreconditionError(
         StrCat("layer '", path(), "': ExtendStep needs causal self-attention (is_masked)"));
   }
   at::Tensor x = CastToFPropDtype(query);
   at::Tensor q = pre_layer_norm_ ? Norm(theta, x) : x;
-  auto [encoded, new_states] = atten_->ExtendStep(atten_.Theta(theta), q, states);
+  auto [encoded, new_states] = atten_->ExtendStep(atten_.Theta(theta), q, states, paddings);
   return {Residual(theta, x, encoded), new_states};
 }
 
@@ -305,8 +306,8 @@ std::pair<at::Tensor, at::Tensor> TransformerLayer::FProp(const NestedMap& theta
 
 std::pair<at::Tensor, NestedMap> TransformerAttentionLayer::ExtendStep(
     const NestedMap& theta, const at::Tensor& query, const NestedMap& states,
-    const NestedMap& /*context*/) const {
-  return ExtendStep(theta, query, states);
+    const NestedMap& context) const {
+  return ExtendStep(theta, query, states, OptionalInput(context, "paddings"));
 }
 
 NestedMap TransformerLayer::PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
@@ -327,7 +328,8 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStep(const NestedMap& t
   }
   return ExtendStepProjected(theta, inputs, states,
                              context.contains("aux") ? context.at("aux").AsMap() : NestedMap(),
-                             OptionalInput(context, "aux_paddings"));
+                             OptionalInput(context, "aux_paddings"),
+                             OptionalInput(context, "paddings"));
 }
 
 NestedMap TransformerLayer::InitStates(int64_t batch_size, at::ScalarType dtype) const {
@@ -351,14 +353,13 @@ NestedMap TransformerLayer::PrecomputeAux(const NestedMap& theta,
 
 std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
-    const NestedMap& aux, const at::Tensor& aux_paddings) const {
+    const NestedMap& aux, const at::Tensor& aux_paddings, const at::Tensor& paddings) const {
   at::Tensor fused;
   NestedMap fused_states;
-  if (FusedExtendStep(theta, inputs, states, aux, aux_paddings, &fused, &fused_states)) {
+  if (FusedExtendStep(theta, inputs, states, aux, aux_paddings, paddings, &fused, &fused_states)) {
     return {fused, fused_states};
   }
-  const StepLayer& self_atten = *self_atten_;
-  auto [x, new_states] = self_atten.ExtendStep(self_atten_.Theta(theta), inputs, states, {});
+  auto [x, new_states] = self_atten_->ExtendStep(self_atten_.Theta(theta), inputs, states, paddings);
   if (cross_atten_) {
     x = cross_atten_->FPropProjected(cross_atten_.Theta(theta), x.unsqueeze(1), aux, aux_paddings)
             .first.squeeze(1);

@@ -97,13 +97,15 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
                                                    const NestedMap& source,
                                                    const at::Tensor& paddings = {}) const;
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
-  // StepLayer: the step below (the context is not read).
+  // StepLayer: the step below, with context.paddings (optional).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
                                               const NestedMap& states,
                                               const NestedMap& context) const override;
-  // One step of masked self-attention: query [B, D] -> (output [B, D], new states).
+  // One step of masked self-attention: query [B, D] -> (output [B, D], new states). paddings
+  // [B, S+1] (optional): 1 masks a cached step (MultiHeadedAttention::ExtendStep).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
-                                              const NestedMap& states) const;
+                                              const NestedMap& states,
+                                              const at::Tensor& paddings = {}) const;
   // ONNX pieces of decoding (glossa/layers/onnx_graph.h), x [N, 1, D]: one causal self-attention
   // step whose earlier keys and values are graph values (cache [N, P, heads, dim] in, with this
   // step's appended out), cross-attention to source keys and values projected once, and that
@@ -182,7 +184,8 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
     return FProp(theta, x, paddings).first;
   }
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
-  // StepLayer: context {aux: PrecomputeAux(source), aux_paddings} (needed with has_aux_atten).
+  // StepLayer: context {aux: PrecomputeAux(source), aux_paddings} (needed with has_aux_atten), and
+  // paddings [B, S+1] (optional: 1 masks a cached step of the self-attention).
   NestedMap PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
                               const at::Tensor& source_paddings) const override;
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
@@ -200,14 +203,15 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
                                                        const at::Tensor& inputs,
                                                        const NestedMap& states,
                                                        const NestedMap& aux,
-                                                       const at::Tensor& aux_paddings) const;
+                                                       const at::Tensor& aux_paddings,
+                                                       const at::Tensor& paddings = {}) const;
 
  private:
   // ExtendStepProjected as one DecoderLayerStep (glossa/kernels/decoder_step.h) where it applies
   // (inference, a dense feed-forward block, float32 theta and states); false otherwise.
   bool FusedExtendStep(const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
-                       const NestedMap& aux, const at::Tensor& aux_paddings, at::Tensor* out,
-                       NestedMap* new_states) const;
+                       const NestedMap& aux, const at::Tensor& aux_paddings,
+                       const at::Tensor& paddings, at::Tensor* out, NestedMap* new_states) const;
   Child<TransformerAttentionLayer> self_atten_, cross_atten_;
   Child<BaseLayer> fflayer_;
   const Block* ff_block_ = nullptr;

@@ -330,7 +330,8 @@ std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStep(const NestedMap& t
                                                               const NestedMap& context) const {
   const NestedMap aux =
       context.contains("aux") ? context.at("aux").AsMap() : PrecomputeAux(theta, at::Tensor());
-  return ExtendStepProjected(theta, inputs, states, aux, OptionalInput(context, "aux_paddings"));
+  return ExtendStepProjected(theta, inputs, states, aux, OptionalInput(context, "aux_paddings"),
+                             OptionalInput(context, "paddings"));
 }
 
 NestedMap TransformerStack::PrecomputeAux(const NestedMap& theta,
@@ -348,7 +349,7 @@ NestedMap TransformerStack::PrecomputeAux(const NestedMap& theta,
 
 std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStepProjected(
     const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
-    const NestedMap& aux, const at::Tensor& aux_paddings) const {
+    const NestedMap& aux, const at::Tensor& aux_paddings, const at::Tensor& paddings) const {
   const auto& layer_aux = aux.at("x_layers").AsList();
   at::Tensor x = input_dropout_->FProp(input_dropout_.Theta(theta), CastToFPropDtype(inputs));
   const auto& layer_states = states.at("x_layers").AsList();
@@ -358,6 +359,7 @@ std::pair<at::Tensor, NestedMap> TransformerStack::ExtendStepProjected(
     NestedMap context;
     if (!layer_aux[i].AsMap().empty()) context.Put("aux", layer_aux[i].AsMap());
     if (aux_paddings.defined()) context.Put("aux_paddings", aux_paddings);
+    if (paddings.defined()) context.Put("paddings", paddings);
     const StepLayer& layer = *layers_[i];
     auto [y, s] = layer.ExtendStep(layers_[i].Theta(theta), x, layer_states[i].AsMap(), context);
     x = y;

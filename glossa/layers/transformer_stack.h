@@ -63,7 +63,8 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   }
   // Per-layer decoding caches.
   NestedMap InitStates(int64_t batch_size, at::ScalarType dtype) const override;
-  // StepLayer: context {aux: PrecomputeAux(source), aux_paddings}; without one, no source.
+  // StepLayer: context {aux: PrecomputeAux(source), aux_paddings}; without one, no source. And
+  // paddings [B, S+1] (optional), as ExtendStepProjected's.
   NestedMap PrecomputeContext(const NestedMap& theta, const at::Tensor& source,
                               const at::Tensor& source_paddings) const override;
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& inputs,
@@ -76,11 +77,14 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   // Every layer's projected cross-attention source ({x_layers: [...]}), computed once per
   // source, and the decoding step that uses it (what beam search and sampling call).
   NestedMap PrecomputeAux(const NestedMap& theta, const at::Tensor& aux_vecs) const;
+  // paddings [B, S+1] (optional): 1 masks a cached step in every layer's self-attention (a row
+  // that joined a running decoding batch after step 0 masks the steps before it).
   std::pair<at::Tensor, NestedMap> ExtendStepProjected(const NestedMap& theta,
                                                        const at::Tensor& inputs,
                                                        const NestedMap& states,
                                                        const NestedMap& aux,
-                                                       const at::Tensor& aux_paddings) const;
+                                                       const at::Tensor& aux_paddings,
+                                                       const at::Tensor& paddings = {}) const;
   // ONNX (glossa/layers/onnx_graph.h): every layer's cross-attention keys and values of source
   // [N, S, D] (two values per layer: k0, v0, k1, ...), and one decoding step of x [N, 1, D] with
   // each layer's cache (k, v per layer, [N, P, heads, dim]) in and the caches with this step out,

@@ -19,6 +19,7 @@
 
 #include "glossa/input/input_generator.h"
 #include "glossa/layers/base_layer.h"
+#include "glossa/model/generation.h"
 #include "glossa/model/inference_spec.h"
 #include "glossa/optim/learner.h"
 
@@ -103,6 +104,15 @@ class BaseTask : public BaseLayer {
   virtual std::map<std::string, InferenceSubgraphSpec> Inference() const { return {}; }
   virtual InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
                                     const BaseTokenizer* tokenizer) const;
+  // Continuous batching (glossa/model/generation.h): a decoding batch of `subgraph` on the
+  // current weights that requests join and leave at step boundaries; null (the default) where
+  // the subgraph does not generate token by token.
+  virtual std::unique_ptr<GenerationBatch> StartGeneration(const std::string& subgraph,
+                                                           const BaseTokenizer* tokenizer) const {
+    (void)subgraph;
+    (void)tokenizer;
+    return nullptr;
+  }
   // `glossa export --torchscript`: the tensor-in/tensor-out parts of the subgraphs (the network
   // from ids to log-probs; tokenizers stay outside) as TorchScript modules that stock PyTorch
   // loads with torch.jit.load, written under `dir` from the current weights. Returns the files

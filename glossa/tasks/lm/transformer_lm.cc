@@ -17,6 +17,7 @@
 #include "glossa/layers/moe.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer_stack.h"
+#include "glossa/tasks/lm/lm_generation.h"
 #include "glossa/model/pipeline_metrics.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
@@ -277,23 +278,6 @@ std::pair<at::Tensor, NestedMap> TransformerLmTask::ExtendStep(const NestedMap& 
   return {at::log_softmax(logits, -1), std::move(new_states)};
 }
 
-namespace {
-
-// The next token of each row of logits [n, V]: the argmax at temperature 0, else a draw from the
-// softmax of logits / temperature over the top_k (0: all).
-at::Tensor PickTokens(at::Tensor logits, double temperature, int64_t top_k, at::Generator& gen) {
-  if (temperature <= 0) return logits.argmax(-1);
-  // Shifted by the row maximum first: a tiny temperature then gives a one-hot distribution
-  // instead of inf - inf = NaN.
-  logits = (logits - std::get<0>(logits.max(-1, /*keepdim=*/true))) / temperature;
-  if (top_k > 0 && top_k < logits.size(-1)) {
-    at::Tensor kth = std::get<0>(logits.topk(top_k, -1)).select(-1, top_k - 1).unsqueeze(-1);
-    logits = logits.masked_fill(logits < kth, -INFINITY);
-  }
-  return at::multinomial(at::softmax(logits, -1), 1, /*replacement=*/false, gen).squeeze(1);
-}
-
-}  // namespace
 
 std::vector<std::vector<int64_t>> TransformerLmTask::SampleTogether(
     const NestedMap& theta, const std::vector<std::vector<int64_t>>& prompts,
@@ -445,28 +429,6 @@ std::vector<std::string> LabelPieces(const BaseTokenizer& tokenizer, const at::T
   return pieces;
 }
 
-// The ids of the 1-D `cont` before its first </s> (all of them if it has none).
-std::vector<int64_t> IdsBeforeEos(const BaseTokenizer& tokenizer, const at::Tensor& cont) {
-  std::vector<int64_t> new_ids;
-  for (int64_t i = 0; i < cont.size(0); ++i) {
-    const int64_t id = cont[i].item<int64_t>();
-    if (id == tokenizer.eos_id()) break;
-    new_ids.push_back(id);
-  }
-  return new_ids;
-}
-
-// The 1-D `rows` stacked into a [rows, width] int64 tensor, each right-padded with </s>.
-at::Tensor EosPaddedRows(const BaseTokenizer& tokenizer, const std::vector<at::Tensor>& rows,
-                         int64_t width) {
-  at::Tensor ids = at::full({static_cast<int64_t>(rows.size()), width}, tokenizer.eos_id(),
-                            at::kLong);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    ids[static_cast<int64_t>(i)].narrow(0, 0, rows[i].size(0)).copy_(rows[i]);
-  }
-  return ids;
-}
-
 }  // namespace
 
 InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const InferenceMap& feeds,
@@ -503,40 +465,22 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     return out;
   }
   if (subgraph == "generate") {
-    auto option = [&](const char* key, double fallback) {
-      auto it = feeds.find(key);
-      return it == feeds.end() ? fallback : it->second.tensor.to(at::kDouble).item<double>();
-    };
-    const int64_t max_new = static_cast<int64_t>(option("max_new_tokens", decode_max_new_tokens_));
-    const double temperature = option("temperature", decode_temperature_);
-    const int64_t top_k = static_cast<int64_t>(option("top_k", decode_top_k_));
-    const uint64_t seed = static_cast<uint64_t>(option("seed", 0));
-    std::vector<std::string> texts;
-    std::vector<at::Tensor> rows;
-    std::vector<int64_t> lengths;
-    int64_t width = 1;
+    const GenerateOptions o = ReadGenerateOptions(
+        feeds, {decode_max_new_tokens_, decode_temperature_, decode_top_k_, 0});
     // Every prompt of the batch decodes together (one step of the stack for all of them).
-    std::vector<std::vector<int64_t>> prompts;
-    for (const auto& prompt : feeds.at("prompt").strings) {
-      std::vector<int64_t> ids = {tokenizer->sos_id()};
-      for (int64_t id : tokenizer->StringToIds(prompt)) ids.push_back(id);
-      prompts.push_back(std::move(ids));
-    }
-    for (const auto& drawn : SampleTogether(theta, prompts, max_new, temperature, top_k, seed)) {
-      const at::Tensor cont = at::tensor(drawn, at::kLong);  // its draws, </s> last when drawn
-      const std::vector<int64_t> new_ids = IdsBeforeEos(*tokenizer, cont);
-      lengths.push_back(static_cast<int64_t>(new_ids.size()));
-      texts.push_back(tokenizer->IdsToString(new_ids));
-      rows.push_back(cont);
-      width = std::max<int64_t>(width, cont.size(0));
-    }
-    const at::Tensor ids = EosPaddedRows(*tokenizer, rows, width);
-    out["text"] = InferenceValue::Strings(std::move(texts));
-    out["ids"] = InferenceValue::Of(ids);
-    out["lengths"] = InferenceValue::Of(at::tensor(lengths, at::kLong));
-    return out;
+    return GenerateFetches(*tokenizer, SampleTogether(theta, PromptIds(*tokenizer, feeds.at("prompt").strings),
+                                                      o.max_new_tokens, o.temperature, o.top_k, o.seed));
   }
   return BaseTask::RunInference(subgraph, feeds, tokenizer);
+}
+
+std::unique_ptr<GenerationBatch> TransformerLmTask::StartGeneration(
+    const std::string& subgraph, const BaseTokenizer* tokenizer) const {
+  if (subgraph != "generate") return nullptr;
+  if (tokenizer == nullptr) {
+    throw FailedPreconditionError(StrCat("task '", path(), "': inference needs a tokenizer"));
+  }
+  return MakeLmGeneration(*this, *tokenizer);
 }
 
 NestedMap TransformerLmTask::Decode(const NestedMap& batch) {

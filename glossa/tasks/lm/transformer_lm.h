@@ -102,8 +102,13 @@ class TransformerLmTask : public BaseTask {
   std::vector<std::string> ExportOnnx(const std::string& dir) const override;
   InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
+  // "generate" as a batch that requests join and leave at step boundaries
+  // (glossa/tasks/lm/lm_generation.h); null for other subgraphs.
+  std::unique_ptr<GenerationBatch> StartGeneration(const std::string& subgraph,
+                                                   const BaseTokenizer* tokenizer) const override;
 
  private:
+  friend class LmGeneration;  // reads the children and decode_* (glossa/tasks/lm/lm_generation.cc)
   int64_t vocab_size_;
   double label_smoothing_, aux_loss_weight_;
   int64_t decode_prompt_length_, decode_max_new_tokens_, decode_top_k_;
