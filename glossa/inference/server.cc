@@ -25,6 +25,8 @@
 #include "glossa/base/thread_state.h"
 #include "glossa/inference/connection_guard.h"
 #include "glossa/inference/batch_queue.h"
+#include "glossa/inference/continuous_batching.h"
+#include "glossa/inference/event_stream.h"
 #include "glossa/inference/json_io.h"
 #include "glossa/inference/serve_metrics.h"
 #include "glossa/inference/predictor.h"
@@ -82,6 +84,8 @@ struct InferenceServer::Impl {
 
   ServeMetrics metrics;
   std::unique_ptr<BatchQueue> batches;  // with enable_batching
+  // With continuous_batching: the subgraphs that generate token by token.
+  std::map<std::string, std::unique_ptr<ContinuousBatcher>> generators;
 
   const std::map<std::string, InferenceSubgraphSpec> specs;
 
@@ -125,6 +129,13 @@ struct InferenceServer::Impl {
 
   // Runs the feeds: through the batch queue, answered by `start` + request_timeout_secs or
   // UnavailableError; or on this thread without batching.
+  Clock::time_point Deadline(Clock::time_point start) const {
+    return options.request_timeout_secs > 0
+               ? start + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(options.request_timeout_secs))
+               : Clock::time_point::max();
+  }
+
   std::pair<InferenceMap, int64_t> RunFeeds(const std::string& subgraph, InferenceMap feeds,
                                             Clock::time_point start) {
     std::pair<InferenceMap, int64_t> result;
@@ -132,11 +143,21 @@ struct InferenceServer::Impl {
       result.first = predictor->Run(subgraph, feeds, {}, true, &result.second);
       return result;
     }
-    const auto deadline =
-        options.request_timeout_secs > 0
-            ? start + std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(options.request_timeout_secs))
-            : Clock::time_point::max();
+    const auto deadline = Deadline(start);
+    if (auto g = generators.find(subgraph); g != generators.end()) {
+      // Joins the running batch; its tokens are not streamed here, only the answer.
+      std::shared_ptr<GenerationStream> stream = g->second->Enqueue(std::move(feeds), deadline);
+      GenerationEvent e;
+      do {
+        if (!stream->Next(&e, deadline)) {
+          throw UnavailableError(StrCat("no answer within request_timeout_secs = ",
+                                        options.request_timeout_secs,
+                                        " s (the server is overloaded): try again later"));
+        }
+      } while (e.kind == GenerationEvent::kJoined || e.kind == GenerationEvent::kToken);
+      if (e.kind == GenerationEvent::kError) std::rethrow_exception(e.error);
+      return {std::move(e.fetches), e.global_step};
+    }
     std::future<BatchQueue::Result> answer =
         batches->Enqueue(subgraph, std::move(feeds), deadline);
     if (options.request_timeout_secs > 0 &&
@@ -148,8 +169,9 @@ struct InferenceServer::Impl {
     return answer.get();
   }
 
+  // :run, or with `stream` :stream (server-sent events, glossa/inference/event_stream.h).
   void HandleRun(const httplib::Request& req, const std::string& request_body,
-                 httplib::Response& res) {
+                 httplib::Response& res, bool stream = false) {
     const auto start = Clock::now();
     ++in_flight;
     std::string subgraph = req.matches[1];
@@ -163,6 +185,27 @@ struct InferenceServer::Impl {
       InferenceMap feeds =
           FeedsFromJson(body["feeds"], spec->second, StrCat("subgraph '", subgraph, "'"));
       predictor->Validate(subgraph, feeds, fetch_keys);
+      if (stream) {
+        auto g = generators.find(subgraph);
+        if (g == generators.end()) {
+          throw FailedPreconditionError(StrCat(
+              "subgraph '", subgraph, "' cannot stream: ",
+              options.enable_batching && options.continuous_batching
+                  ? "it does not generate token by token"
+                  : "streaming needs continuous batching (off with --no_batching or "
+                    "--no_continuous_batching)"));
+        }
+        const auto wait = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+            options.request_timeout_secs > 0 ? options.request_timeout_secs : 86400.0 * 365));
+        AnswerWithEventStream(g->second->Enqueue(std::move(feeds), Deadline(start)), fetch_keys,
+                              wait, res, [this, label, start](bool) {
+                                metrics.CountRequest(
+                                    label, 200,
+                                    std::chrono::duration<double>(Clock::now() - start).count());
+                                --in_flight;
+                              });
+        return;  // counted when the stream ends
+      }
       const std::pair<InferenceMap, int64_t> result = RunFeeds(subgraph, std::move(feeds), start);
       // Convert all fetches (per-token rows are cut by "lengths"), then keep the asked ones.
       nlohmann::ordered_json all = FetchesToJson(result.first);
@@ -229,9 +272,15 @@ struct InferenceServer::Impl {
     }
   }
 
+  int64_t Queued() const {
+    int64_t n = batches ? batches->queued() : 0;
+    for (const auto& [name, g] : generators) n += g->queued();
+    return n;
+  }
+
   std::string Metrics() const {
     ServeMetrics::Gauges g;
-    g.queued = batches ? batches->queued() : 0;
+    g.queued = Queued();
     g.in_flight = in_flight.load();
     if (connections) {
       g.connections = connections->open();
@@ -264,7 +313,8 @@ struct InferenceServer::Impl {
       const bool known_post = post && (req.path == "/v1/admin/reload" ||
                                        (req.path.rfind("/v1/subgraphs/", 0) == 0 &&
                                         req.path.size() > 18 &&
-                                        req.path.compare(req.path.size() - 4, 4, ":run") == 0));
+                                        (req.path.compare(req.path.size() - 4, 4, ":run") == 0 ||
+                                         req.path.compare(req.path.size() - 7, 7, ":stream") == 0)));
       const uint64_t declared = req.has_header("Content-Length")
                                     ? std::strtoull(req.get_header_value("Content-Length").c_str(),
                                                     nullptr, 10)
@@ -336,6 +386,12 @@ struct InferenceServer::Impl {
                 std::string body;
                 if (ReadBody(req, res, reader, &body)) HandleRun(req, body, res);
               });
+    http.Post(R"(/v1/subgraphs/([^/]+):stream)",
+              [this](const httplib::Request& req, httplib::Response& res,
+                     const httplib::ContentReader& reader) {
+                std::string body;
+                if (ReadBody(req, res, reader, &body)) HandleRun(req, body, res, /*stream=*/true);
+              });
     http.Get("/v1/subgraphs",
              [this](const httplib::Request&, httplib::Response& res) { HandleSubgraphs(res); });
     http.Post("/v1/admin/reload", [this, self](const httplib::Request& req,
@@ -365,7 +421,7 @@ struct InferenceServer::Impl {
       if (res.status == 404) {
         code = "NOT_FOUND";
         message = StrCat("no endpoint ", req.method, " ", req.path,
-                         " (endpoints: GET /v1/subgraphs, POST /v1/subgraphs/NAME:run, "
+                         " (endpoints: GET /v1/subgraphs, POST /v1/subgraphs/NAME:run, POST /v1/subgraphs/NAME:stream, "
                          "POST /v1/admin/reload, GET /healthz, GET /metrics)");
       } else if (res.status == 413) {
         code = "RESOURCE_EXHAUSTED";
@@ -450,7 +506,19 @@ int InferenceServer::Start() {
     m.batches = std::make_unique<BatchQueue>(m.predictor, bo,
                                              [&m](int64_t n) { m.metrics.ObserveBatch(n); });
     std::vector<std::string> names;
-    for (const auto& [name, spec] : m.specs) names.push_back(name);
+    for (const auto& [name, spec] : m.specs) {
+      if (m.options.continuous_batching && m.predictor->StartGeneration(name) != nullptr) {
+        auto g = std::make_unique<ContinuousBatcher>(
+            m.predictor, name,
+            ContinuousBatcher::Options{.max_batch_rows = m.options.max_batch_size,
+                                       .max_enqueued_requests = m.options.max_enqueued_requests,
+                                       .num_threads = m.options.num_batch_threads});
+        g->Start();
+        m.generators[name] = std::move(g);
+      } else {
+        names.push_back(name);
+      }
+    }
     m.batches->Start(names);
   }
   m.listen_thread = StartThread(ThreadState::Fresh(), [&m] { m.http.listen_after_bind(); });
@@ -467,8 +535,10 @@ void InferenceServer::Stop() {
   m.stopping = true;
   m.http.stop();  // no new connections; the handlers in flight run to their end
   if (m.batches) m.batches->Drain();
+  for (auto& [name, g] : m.generators) g->Drain();
   if (m.listen_thread.joinable()) m.listen_thread.join();  // joins the HTTP worker threads
   if (m.batches) m.batches->Stop();
+  for (auto& [name, g] : m.generators) g->Stop();
   {
     std::lock_guard<std::mutex> lock(m.watch_mu);
     m.watch_stop = true;
@@ -508,14 +578,16 @@ int64_t InferenceServer::Reload(const std::string& checkpoint) {
 
 std::string InferenceServer::MetricsText() const { return impl_->Metrics(); }
 int64_t InferenceServer::in_flight() const { return impl_->in_flight.load(); }
-int64_t InferenceServer::queued() const { return impl_->batches ? impl_->batches->queued() : 0; }
+int64_t InferenceServer::queued() const { return impl_->Queued(); }
 
 void InferenceServer::PauseBatching() {
   if (impl_->batches) impl_->batches->Pause();
+  for (auto& [name, g] : impl_->generators) g->Pause();
 }
 
 void InferenceServer::ResumeBatching() {
   if (impl_->batches) impl_->batches->Resume();
+  for (auto& [name, g] : impl_->generators) g->Resume();
 }
 
 }  // namespace glossa

@@ -4,6 +4,8 @@
 //   GET  /v1/subgraphs               {"subgraphs": {NAME: {doc, feeds, fetches}}, "global_step": N}
 //   POST /v1/subgraphs/NAME:run      {"feeds": {...}, "fetch_keys": [...]?}
 //                                    -> {"fetches": {...}, "global_step": N}
+//   POST /v1/subgraphs/NAME:stream   the same body -> server-sent events: a token event per token
+//                                    drawn, then the :run answer (glossa/inference/event_stream.h)
 //   POST /v1/admin/reload            {"checkpoint": PATH} (or {} with a watched logdir: its latest)
 //   GET  /healthz                    {"status": "ok", "global_step": N}
 //   GET  /metrics                    Prometheus text: requests by subgraph and code, latency and
@@ -55,7 +57,12 @@ struct ServeOptions {
   int64_t batch_timeout_micros = 0;  // 0: run what is queued at once (under load, requests
                                      // queue while a batch runs and merge)
   int64_t max_enqueued_requests = 256;
-  int num_batch_threads = 1;
+  int num_batch_threads = 1;  // per subgraph: replicas (glossa/runtime/cpu_runtime.h)
+  // Continuous batching (glossa/inference/continuous_batching.h), with enable_batching: the
+  // subgraphs that generate token by token run a decoding batch per batch thread that requests
+  // join and leave at step boundaries (up to max_batch_size rows), and answer :stream with
+  // server-sent events. Off: they batch as the other subgraphs do.
+  bool continuous_batching = true;
   // A :run request not answered this many seconds after its body arrived is answered 503
   // (UNAVAILABLE) and its HTTP thread freed; one still waiting for a batch is then dropped
   // unrun. A batch already running finishes (its answer discarded). 0: no limit.

@@ -297,6 +297,8 @@ TEST(Serve, QueuedRequestsMergeIntoOneBatchPerOptions) {
   Predictor predictor(ExportedBundle());
   ServeOptions o;
   o.max_batch_size = 16;
+  o.continuous_batching = false;  // generations batch as scoring does (else they join a running
+                                  // decoding batch: continuous_batching_test.cc)
   InferenceServer server(&predictor, o);
   const int port = server.Start();
   server.PauseBatching();

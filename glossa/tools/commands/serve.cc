@@ -31,6 +31,7 @@ struct ServeFlags {
   int64_t max_connections = 512, max_connections_per_client = 128;
   double header_timeout_secs = 10, body_timeout_secs = 60, request_timeout_secs = 60;
   bool no_batching = false;
+  bool no_continuous_batching = false;
   bool batch_invariant = true;
   std::string precision;
   KernelFlags kernels;
@@ -66,6 +67,7 @@ int Serve(ServeFlags& f) {
                          .body_timeout_secs = f.body_timeout_secs};
   o.port = static_cast<int>(f.port);
   o.enable_batching = !f.no_batching;
+  o.continuous_batching = !f.no_continuous_batching;
   o.max_batch_size = f.max_batch_size;
   o.batch_timeout_micros = f.batch_timeout_micros;
   o.max_enqueued_requests = f.max_enqueued;
@@ -125,6 +127,9 @@ class ServeCommand : public Command {
         ->check(CLI::Range(0.01, 86400.0));
     c->add_flag("--no_batching", f.no_batching,
                 "Run each request alone on its connection's thread (no dynamic batching).");
+    c->add_flag("--no_continuous_batching", f.no_continuous_batching,
+                "Generation subgraphs batch as the others do, instead of a running decoding "
+                "batch that requests join at every step (and :stream is refused).");
     c->add_flag("--batch_invariant,!--no_batch_invariant", f.batch_invariant,
                 "Batch-invariant kernels (default on): a request's answer has the same bits "
                 "alone or in any batch, at any thread count.");
