@@ -221,6 +221,14 @@ if wait_until "the port file" 60 test -s "$tmp/port"; then
   served=$(sed -n 's/.*"total_log_prob":\[\([-0-9.e]*\)\].*/\1/p' <<<"$score")
   check "serve scores as predict does, within 1e-4 ($score vs $predicted)" awk -v a="$served" -v b="$predicted" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d <= 1e-4 && d >= -1e-4) }'
   code() { curl -s -o "$tmp/body" -w '%{http_code}' -X POST "$url$1" "${@:2}"; }
+  # Continuous batching: a generation streamed as server-sent events, ending with the :run answer.
+  curl -sN -X POST "$url/v1/subgraphs/generate:stream" \
+    -d '{"feeds": {"prompt": ["Elizabeth"], "max_new_tokens": 5, "seed": 3}}' > "$tmp/stream.txt"
+  run_answer=$(curl -s -X POST "$url/v1/subgraphs/generate:run" -d '{"feeds": {"prompt": ["Elizabeth"], "max_new_tokens": 5, "seed": 3}}')
+  check "serve: :stream opens with the step it joined at" bash -c "head -2 '$tmp/stream.txt' | tr '\n' ' ' | grep -qE '^event: joined data: \{\"step\":[0-9]+,\"queued_steps\":[0-9]+\}'"
+  check "serve: :stream sends a token event per token ($(grep -c '^event: token' "$tmp/stream.txt"))" test "$(grep -c '^event: token' "$tmp/stream.txt")" -ge 1 -a "$(grep -c '^event: token' "$tmp/stream.txt")" -le 5
+  check "serve: :stream ends with the :run answer" test "$(grep -A1 '^event: done' "$tmp/stream.txt" | sed -n 's/^data: //p')" = "$run_answer"
+  check "serve: scoring cannot stream" test "$(code /v1/subgraphs/default:stream -d '{"feeds": {"text": ["a"]}}')" = 400
   check "serve: malformed body is 400" test "$(code /v1/subgraphs/default:run -d '{"feeds": ')" = 400
   check "serve: 400 names the JSON error" grep -q 'not valid JSON' "$tmp/body"
   check "serve: unknown subgraph is 404" test "$(code /v1/subgraphs/translate:run -d '{}')" = 404

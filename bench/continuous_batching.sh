@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Continuous batching (issue 50, item 6): a short generation's first token while a 512-token one
+# runs, on `glossa serve` with one replica (--num_batch_threads=1: both requests share one batch
+# thread), with continuous batching and without it (--no_continuous_batching: the short one waits
+# for the long one's batch to end). The bundle is bench_predictor's (the tiny Austen LM).
+# Prints medians over `reps` runs (bench/continuous_batching.py says what each column is).
+#   bash bench/continuous_batching.sh [build_dir=build] [reps=5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+reps="${2:-5}"
+for b in bench_predictor glossa; do
+  [ -x "$build/bin/$b" ] || { echo "build first: cmake --build $build"; exit 1; }
+done
+work="${TMPDIR:-/tmp}/glossa_bench_predictor"
+[ -f "$work/bundle/MANIFEST.json" ] || "$build/bin/bench_predictor" --workdir="$work" --sentences=1 --runs=1 > /dev/null 2>&1
+med() { printf "%s\n" "$@" | sort -g | sed -n "$(( (${#@} + 1) / 2 ))p"; }
+printf "%-12s %16s %18s %13s %11s %8s\n" batching first_token_ms first_token_steps queued_steps long_steps step_ms
+for mode in continuous off; do
+  flags=(--num_batch_threads=1)
+  [ "$mode" = off ] && flags+=(--no_continuous_batching)
+  rm -f "$work/port_cb"
+  "$build/bin/glossa" serve --bundle="$work/bundle" --port=0 --port_file="$work/port_cb" "${flags[@]}" > "$work/serve_cb.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do [ -s "$work/port_cb" ] && break; sleep 0.1; done
+  port=$(cat "$work/port_cb")
+  ms=(); st=(); q=(); ls=(); sm=()
+  for _ in $(seq "$reps"); do
+    out=$(/usr/bin/python3 bench/continuous_batching.py --port="$port" --continuous=$([ "$mode" = off ] && echo 0 || echo 1))
+    read -r _ a _ b _ c _ d _ e <<<"$out"
+    ms+=("$a"); st+=("$b"); q+=("$c"); ls+=("$d"); sm+=("$e")
+  done
+  printf "%-12s %16s %18s %13s %11s %8s\n" "$mode" "$(med "${ms[@]}")" "$(med "${st[@]}")" "$(med "${q[@]}")" "$(med "${ls[@]}")" "$(med "${sm[@]}")"
+  kill -TERM "$pid"; wait "$pid"
+done
+echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
+echo "reproduce: bash bench/continuous_batching.sh $build $reps"
