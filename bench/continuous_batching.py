@@ -82,10 +82,12 @@ def main():
                 break
     sent = time.perf_counter()
     queued = -1
+    joined = -1
     if a.continuous:
         for name, data in events(a.port, "/v1/subgraphs/generate:stream", short_body):
             if name == "joined":
                 queued = data["queued_steps"]
+                joined = data["step"]
             if name == "token":
                 first = time.perf_counter() - sent
                 break
@@ -103,11 +105,16 @@ def main():
         n_steps = len(steps)
         per_step = ((long_steps[steps[-1]] - long_steps[steps[0]]) / max(1, steps[-1] - steps[0])
                     if n_steps > 1 else float("nan"))
+        # The step the short one joined at, as the long one's stream saw it.
+        join_step = (long_steps[joined] - long_steps[joined - 1]
+                     if joined in long_steps and joined - 1 in long_steps else float("nan"))
     else:
         n_steps = long_run["steps"]
         per_step = long_run["seconds"] / n_steps
-    print("first_token_ms %.2f first_token_steps %.1f queued_steps %d long_steps %d step_ms %.3f"
-          % (first * 1e3, first / per_step, queued, n_steps, per_step * 1e3))
+        join_step = float("nan")
+    print("first_token_ms %.2f first_token_steps %.1f queued_steps %d long_steps %d step_ms %.3f "
+          "join_step_ms %.3f" % (first * 1e3, first / per_step, queued, n_steps, per_step * 1e3,
+                                 join_step * 1e3))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ done
 work="${TMPDIR:-/tmp}/glossa_bench_predictor"
 [ -f "$work/bundle/MANIFEST.json" ] || "$build/bin/bench_predictor" --workdir="$work" --sentences=1 --runs=1 > /dev/null 2>&1
 med() { printf "%s\n" "$@" | sort -g | sed -n "$(( (${#@} + 1) / 2 ))p"; }
-printf "%-12s %16s %18s %13s %11s %8s\n" batching first_token_ms first_token_steps queued_steps long_steps step_ms
+printf "%-12s %16s %18s %13s %11s %8s %13s\n" batching first_token_ms first_token_steps queued_steps long_steps step_ms join_step_ms
 for mode in continuous off; do
   flags=(--num_batch_threads=1)
   [ "$mode" = off ] && flags+=(--no_continuous_batching)
@@ -24,13 +24,13 @@ for mode in continuous off; do
   pid=$!
   for _ in $(seq 1 600); do [ -s "$work/port_cb" ] && break; sleep 0.1; done
   port=$(cat "$work/port_cb")
-  ms=(); st=(); q=(); ls=(); sm=()
+  ms=(); st=(); q=(); ls=(); sm=(); js=()
   for _ in $(seq "$reps"); do
     out=$(/usr/bin/python3 bench/continuous_batching.py --port="$port" --continuous=$([ "$mode" = off ] && echo 0 || echo 1))
-    read -r _ a _ b _ c _ d _ e <<<"$out"
-    ms+=("$a"); st+=("$b"); q+=("$c"); ls+=("$d"); sm+=("$e")
+    read -r _ a _ b _ c _ d _ e _ f <<<"$out"
+    ms+=("$a"); st+=("$b"); q+=("$c"); ls+=("$d"); sm+=("$e"); js+=("$f")
   done
-  printf "%-12s %16s %18s %13s %11s %8s\n" "$mode" "$(med "${ms[@]}")" "$(med "${st[@]}")" "$(med "${q[@]}")" "$(med "${ls[@]}")" "$(med "${sm[@]}")"
+  printf "%-12s %16s %18s %13s %11s %8s %13s\n" "$mode" "$(med "${ms[@]}")" "$(med "${st[@]}")" "$(med "${q[@]}")" "$(med "${ls[@]}")" "$(med "${sm[@]}")" "$(med "${js[@]}")"
   kill -TERM "$pid"; wait "$pid"
 done
 echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"

@@ -154,4 +154,119 @@ NestedMap DropStateSteps(const NestedMap& states, int64_t drop) {
   });
 }
 
+NestedMap RunningStates::View() const {
+  NestedValue::List out;
+  for (const Layer& l : layers_) {
+    LayerState s;
+    s.key = l.key.narrow(0, 0, rows_);
+    s.value = l.value.narrow(0, 0, rows_);
+    s.rows = l.rows.narrow(0, 0, rows_);
+    s.length = at::full({rows_}, steps_, at::kLong);
+    out.push_back(Write(s));
+  }
+  NestedMap m;
+  m.Put("x_layers", std::move(out));
+  return m;
+}
+
+void RunningStates::Adopt(const NestedMap& after_step) {
+  const auto& layers = Layers(after_step);
+  if (layers.size() != layers_.size() || StateRows(after_step) != rows_) {
+    throw InvalidArgumentError(StrCat("decoding states: the step returned ", layers.size(),
+                                      " layers of ", StateRows(after_step), " rows, not ",
+                                      layers_.size(), " of ", rows_));
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerState s = Read(layers[i]);
+    Layer& l = layers_[i];
+    if (s.key.data_ptr() != l.key.data_ptr()) {  // the step grew the caches: its own tensors
+      l.key = s.key;
+      l.value = s.value;
+      l.rows = s.rows;
+    }
+  }
+  steps_ = StateSteps(after_step);
+}
+
+void RunningStates::Join(const NestedMap& joining, int64_t* shift_running,
+                         int64_t* shift_joining) {
+  const int64_t k = StateRows(joining), m = StateSteps(joining);
+  if (rows_ == 0 || m > steps_) {  // the running rows move too: rebuild
+    const NestedMap joined = rows_ == 0 ? joining : JoinStateRows(View(), joining, shift_running,
+                                                                  shift_joining);
+    if (rows_ == 0) *shift_running = 0, *shift_joining = 0;
+    layers_.clear();
+    for (const NestedValue& v : Layers(joined)) {
+      const LayerState s = Read(v);
+      layers_.push_back({s.key, s.value, s.rows});
+    }
+    rows_ = StateRows(joined);
+    steps_ = StateSteps(joined);
+    return;
+  }
+  *shift_running = 0;
+  *shift_joining = steps_ - m;
+  const auto& incoming = Layers(joining);
+  if (incoming.size() != layers_.size()) {
+    throw InvalidArgumentError(StrCat("decoding states: joining states of ", layers_.size(),
+                                      " and ", incoming.size(), " layers"));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    const LayerState s = Read(incoming[i]);
+    if (l.key.size(0) < rows_ + k) {  // room for twice the rows
+      const int64_t capacity = 2 * (rows_ + k);
+      auto grown = [&](const at::Tensor& t) {
+        std::vector<int64_t> shape = t.sizes().vec();
+        shape[0] = capacity;
+        at::Tensor g = at::zeros(shape, t.options());
+        g.narrow(0, 0, rows_).copy_(t.narrow(0, 0, rows_));
+        return g;
+      };
+      l.key = grown(l.key);
+      l.value = grown(l.value);
+      l.rows = IdentityRows(capacity, l.rows.size(1));
+    }
+    at::Tensor key = l.key.narrow(0, rows_, k), value = l.value.narrow(0, rows_, k);
+    key.zero_();
+    value.zero_();
+    if (m > 0) {
+      key.narrow(1, *shift_joining, m).copy_(s.key.narrow(1, 0, m));
+      value.narrow(1, *shift_joining, m).copy_(s.value.narrow(1, 0, m));
+    }
+    l.rows.narrow(0, rows_, k).copy_(IdentityRows(rows_ + k, l.rows.size(1)).narrow(0, rows_, k));
+  }
+  rows_ += k;
+}
+
+int64_t RunningStates::RemoveRow(int64_t i) {
+  if (i < 0 || i >= rows_) throw InvalidArgumentError(StrCat("decoding states: row ", i, " of ", rows_));
+  const int64_t last = rows_ - 1;
+  if (i != last) {
+    for (Layer& l : layers_) {
+      l.key.select(0, i).narrow(0, 0, steps_).copy_(l.key.select(0, last).narrow(0, 0, steps_));
+      l.value.select(0, i).narrow(0, 0, steps_).copy_(l.value.select(0, last).narrow(0, 0, steps_));
+    }
+  }
+  --rows_;
+  return i != last ? last : -1;
+}
+
+void RunningStates::DropSteps(int64_t steps) {
+  if (steps == 0) return;
+  const NestedMap dropped = DropStateSteps(View(), steps);
+  layers_.clear();
+  for (const NestedValue& v : Layers(dropped)) {
+    const LayerState s = Read(v);
+    layers_.push_back({s.key, s.value, s.rows});
+  }
+  steps_ -= steps;
+}
+
+void RunningStates::Clear() {
+  layers_.clear();
+  rows_ = 0;
+  steps_ = 0;
+}
+
 }  // namespace glossa

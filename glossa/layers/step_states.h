@@ -30,4 +30,38 @@ NestedMap JoinStateRows(const NestedMap& a, const NestedMap& b, int64_t* shift_a
 // s - steps.
 NestedMap DropStateSteps(const NestedMap& states, int64_t steps);
 
+// The states of a running batch kept in buffers with room for more rows and steps, so that a
+// step writes in place and a row joining or leaving copies that row only (the functions above
+// copy every row). View() is what ExtendStepProjected reads; Adopt() takes what it returned (its
+// own tensors when it had to grow the caches).
+//
+//   RunningStates s(stack->InitStates(0, at::kFloat));
+//   s.Join(prefilled, &shift_running, &shift_joining);
+//   auto [y, next] = stack->ExtendStepProjected(theta, x, s.View(), aux, {}, paddings);
+//   s.Adopt(next);
+//   s.RemoveRow(3);  // the last row moves into row 3
+class RunningStates {
+ public:
+  RunningStates() = default;
+  int64_t rows() const { return rows_; }
+  int64_t steps() const { return steps_; }
+  NestedMap View() const;
+  void Adopt(const NestedMap& after_step);
+  // Adds `joining`'s rows after the others, right-aligned as JoinStateRows does (only the joining
+  // rows are copied when they have no more steps than the running ones).
+  void Join(const NestedMap& joining, int64_t* shift_running, int64_t* shift_joining);
+  // Removes row i: the last row moves into its place. Returns the row that moved (or -1).
+  int64_t RemoveRow(int64_t i);
+  // DropStateSteps on every row.
+  void DropSteps(int64_t steps);
+  void Clear();
+
+ private:
+  struct Layer {
+    at::Tensor key, value, rows;  // [capacity rows, capacity steps, ...]
+  };
+  std::vector<Layer> layers_;
+  int64_t rows_ = 0, steps_ = 0;
+};
+
 }  // namespace glossa

@@ -85,5 +85,59 @@ TEST(StepStates, JoinKeepAndDropMoveEveryLayersColumns) {
   EXPECT_ERROR_CONTAINS(KeepStateRows(NestedMap(), {0}), InvalidArgumentError, "x_layers");
 }
 
+// The buffered form: joining copies the joining rows into spare room, removing moves the last
+// row into the hole, and the view is what the free functions give.
+TEST(StepStates, RunningStatesJoinInPlaceAndMoveTheLastRowIntoAHole) {
+  RunningStates r;
+  int64_t shift_r = -1, shift_j = -1;
+  r.Join(States(2, 5, 1), &shift_r, &shift_j);
+  EXPECT_EQ(shift_r, 0);
+  EXPECT_EQ(shift_j, 0);
+  EXPECT_EQ(r.rows(), 2);
+  EXPECT_EQ(r.steps(), 5);
+  r.Join(States(3, 2, 2), &shift_r, &shift_j);  // fewer steps: copied into room for more rows
+  EXPECT_EQ(shift_r, 0);
+  EXPECT_EQ(shift_j, 3);
+  EXPECT_EQ(r.rows(), 5);
+  const NestedMap want = JoinStateRows(States(2, 5, 1), States(3, 2, 2), &shift_r, &shift_j);
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(at::equal(Key(r.View(), l).narrow(1, 0, 5), Key(want, l).narrow(1, 0, 5))) << l;
+    EXPECT_TRUE(at::equal(Rows(r.View(), l).narrow(1, 0, 5), Rows(want, l).narrow(1, 0, 5))) << l;
+  }
+  r.Join(States(1, 1, 3), &shift_r, &shift_j);  // room enough now: no reallocation
+  const void* after = Key(r.View(), 0).data_ptr();
+  EXPECT_EQ(r.rows(), 6);
+  EXPECT_EQ(shift_j, 4);
+  EXPECT_EQ(Key(r.View(), 1)[5][4][0][0].item<float>(), 300 + 1);
+  EXPECT_EQ(after, Key(r.View(), 0).data_ptr());
+  // Remove row 1: row 5 moves into it; removing the last row moves nothing.
+  EXPECT_EQ(r.RemoveRow(1), 5);
+  EXPECT_EQ(r.rows(), 5);
+  EXPECT_EQ(Key(r.View(), 0)[1][4][0][0].item<float>(), 300);
+  EXPECT_EQ(Key(r.View(), 0)[1][0].abs().sum().item<float>(), 0);
+  EXPECT_EQ(r.RemoveRow(4), -1);
+  EXPECT_EQ(r.rows(), 4);
+  EXPECT_ERROR_CONTAINS(r.RemoveRow(4), InvalidArgumentError, "row 4 of 4");
+  // A joining batch with more steps than the running one moves the running rows instead.
+  r.Join(States(1, 7, 4), &shift_r, &shift_j);
+  EXPECT_EQ(shift_r, 2);
+  EXPECT_EQ(shift_j, 0);
+  EXPECT_EQ(r.steps(), 7);
+  EXPECT_EQ(Key(r.View(), 0)[0][2 + 4][0][0].item<float>(), 100 + 4);
+  r.DropSteps(2);
+  EXPECT_EQ(r.steps(), 5);
+  EXPECT_EQ(Key(r.View(), 0)[0][4][0][0].item<float>(), 100 + 4);
+  // A step that grew the caches hands back its own tensors, which are adopted.
+  EXPECT_ERROR_CONTAINS(r.Adopt(KeepStateRows(r.View(), {0, 1})), InvalidArgumentError,
+                        "2 layers of 2 rows, not 2 of 5");
+  NestedMap grown = KeepStateRows(r.View(), {0, 1, 2, 3, 4});
+  ASSERT_NE(Key(r.View(), 0).data_ptr(), Key(grown, 0).data_ptr());
+  r.Adopt(grown);
+  EXPECT_EQ(Key(r.View(), 0).data_ptr(), Key(grown, 0).data_ptr());
+  r.Clear();
+  EXPECT_EQ(r.rows(), 0);
+  EXPECT_EQ(r.steps(), 0);
+}
+
 }  // namespace
 }  // namespace glossa

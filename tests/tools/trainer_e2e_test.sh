@@ -278,9 +278,10 @@ fi
 # SIGTERM with 3 requests in flight: batches of 4 with a minute's timeout hold all three (no
 # fourth comes), so they stay in flight until the server stops (an event, not a race: with a
 # fourth the batch would run at once and the in-flight window could close between two polls).
+# Without continuous batching: with it, generations join a running batch at once and never wait.
 rm -f "$tmp/port"
 "$glossa" serve --bundle="$tmp/bundle" --port=0 --port_file="$tmp/port" --max_batch_size=4 \
-  --batch_timeout_micros=60000000 > "$tmp/serve2.log" 2>&1 &
+  --batch_timeout_micros=60000000 --no_continuous_batching > "$tmp/serve2.log" 2>&1 &
 serve_pid=$!
 if wait_until "the port file" 60 test -s "$tmp/port"; then
   url="http://127.0.0.1:$(cat "$tmp/port")"

@@ -88,7 +88,8 @@ InferenceMap GenerateFetches(const BaseTokenizer& tokenizer,
 // The running batch. Its rows' steps are right-aligned in the caches: row i's first step is
 // column start_i, the columns before it masked; its token at column c has position c - start_i.
 // A joining request's prompts are read in one Step: alone, right-aligned among themselves, then
-// joined to the running rows (step_states.h). Finished rows leave after each step, and the
+// joined to the running rows (step_states.h: RunningStates, which copies the joining rows only).
+// Finished rows leave after each step (the last row moving into each one's place), and the
 // columns no row reads any more are dropped once they are half the cache.
 class LmGeneration : public GenerationBatch {
  public:
@@ -215,33 +216,30 @@ class LmGeneration : public GenerationBatch {
       StackStep(tokens, positions, starts, c, &states);
     }
     int64_t shift_running = 0, shift_joining = 0;
-    if (rows_.empty()) {
-      states_ = std::move(states);
-    } else {
-      states_ = JoinStateRows(states_, states, &shift_running, &shift_joining);
-    }
+    running_.Join(states, &shift_running, &shift_joining);
     for (Row& r : rows_) r.start += shift_running;
     for (int64_t i = 0; i < k; ++i) {
       rows[i].start = starts[i] + shift_joining;
       rows[i].token = rows[i].prompt.back();
       rows_.push_back(std::move(rows[i]));
     }
-    steps_cached_ = StateSteps(states_);
   }
 
   void DrawAll(GenerationStep& out) {
     const int64_t n = static_cast<int64_t>(rows_.size());
     std::vector<int64_t> tokens(static_cast<size_t>(n)), positions(static_cast<size_t>(n)),
         starts(static_cast<size_t>(n));
+    const int64_t cached = running_.steps();
     for (int64_t i = 0; i < n; ++i) {
       tokens[i] = rows_[i].token;
-      positions[i] = steps_cached_ - rows_[i].start;
+      positions[i] = cached - rows_[i].start;
       starts[i] = rows_[i].start;
     }
-    const at::Tensor y = StackStep(tokens, positions, starts, steps_cached_, &states_);
-    ++steps_cached_;
+    NestedMap states = running_.View();
+    const at::Tensor y = StackStep(tokens, positions, starts, cached, &states);
+    running_.Adopt(states);
     const at::Tensor logits = task_.softmax_->Logits(task_.softmax_.Theta(theta_), y).to(at::kFloat);
-    std::vector<int64_t> keep;
+    std::vector<int64_t> leaving;
     for (int64_t i = 0; i < n; ++i) {
       Row& r = rows_[i];
       const int64_t next = PickTokens(logits.narrow(0, i, 1), r.options.temperature, r.options.top_k,
@@ -254,28 +252,25 @@ class LmGeneration : public GenerationBatch {
       if (next == tokenizer_.eos_id() ||
           static_cast<int64_t>(drawn.size()) >= r.options.max_new_tokens) {
         if (--req.rows_left == 0) out.finished.push_back(r.request);
-      } else {
-        keep.push_back(i);
+        leaving.push_back(i);
       }
     }
-    if (static_cast<int64_t>(keep.size()) < n) {
-      std::vector<Row> kept;
-      for (int64_t i : keep) kept.push_back(std::move(rows_[i]));
-      rows_ = std::move(kept);
-      if (rows_.empty()) {
-        states_ = NestedMap();
-        steps_cached_ = 0;
-        return;
-      }
-      states_ = KeepStateRows(states_, keep);
+    // The finished rows leave, the last: the last row moves into each one's place.
+    for (auto it = leaving.rbegin(); it != leaving.rend(); ++it) {
+      const int64_t moved = running_.RemoveRow(*it);
+      if (moved >= 0) rows_[*it] = std::move(rows_[moved]);
+      rows_.pop_back();
+    }
+    if (rows_.empty()) {
+      running_.Clear();
+      return;
     }
     // Drop the columns before every row's first once they are half the cache.
-    int64_t first = steps_cached_;
+    int64_t first = running_.steps();
     for (const Row& r : rows_) first = std::min(first, r.start);
-    if (first >= 64 && 2 * first >= steps_cached_) {
-      states_ = DropStateSteps(states_, first);
+    if (first >= 64 && 2 * first >= running_.steps()) {
+      running_.DropSteps(first);
       for (Row& r : rows_) r.start -= first;
-      steps_cached_ -= first;
     }
   }
 
@@ -288,8 +283,8 @@ class LmGeneration : public GenerationBatch {
   std::map<int64_t, Request> requests_;
   std::vector<Row> rows_, joining_;
   std::vector<int64_t> finished_now_;
-  NestedMap states_;
-  int64_t steps_cached_ = 0, steps_ = 0, next_request_ = 0;
+  RunningStates running_;
+  int64_t steps_ = 0, next_request_ = 0;
 };
 
 std::unique_ptr<GenerationBatch> MakeLmGeneration(const TransformerLmTask& task,

@@ -12,6 +12,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/inference/predictor.h"
+#include "glossa/kernels/cpu_features.h"
 #include "tests/inference/test_bundle.h"
 #include "tests/test_util.h"
 
@@ -27,7 +28,15 @@ InferenceMap Feeds(std::vector<std::string> prompts, int64_t max_new, double tem
           {"seed", InferenceValue::Of(at::scalar_tensor(seed, at::kLong))}};
 }
 
+// Equal bits alone or in a batch hold under the batch-invariant kernels; GLOSSA_KERNELS=reference
+// turns them off (ATen's GEMMs pick their kernels by the whole matrix's shape), and a draw may
+// then differ in the last bits and so in its token: only the answer's shape is compared.
 void ExpectSameAnswer(const InferenceMap& got, const InferenceMap& want, const std::string& what) {
+  if (KernelsForcedToReference()) {
+    EXPECT_EQ(got.at("text").strings.size(), want.at("text").strings.size()) << what;
+    EXPECT_EQ(got.at("ids").tensor.size(0), want.at("ids").tensor.size(0)) << what;
+    return;
+  }
   EXPECT_EQ(got.at("text").strings, want.at("text").strings) << what;
   EXPECT_TRUE(at::equal(got.at("ids").tensor, want.at("ids").tensor))
       << what << "\n" << got.at("ids").tensor << "\n" << want.at("ids").tensor;
@@ -85,7 +94,7 @@ TEST(LmGeneration, RequestsJoiningARunningBatchGetTheirAnswersAlone) {
   for (const auto& [id, got] : answers) {
     const InferenceMap want = predictor.Run("generate", plan[which[id]].feeds);
     ExpectSameAnswer(got, want, StrCat("request ", id, " (plan ", which[id], ")"));
-    const at::Tensor ids = want.at("ids").tensor;
+    const at::Tensor ids = got.at("ids").tensor;  // the streamed tokens are the answer's
     for (const auto& [row, tokens] : streamed[id]) {
       EXPECT_TRUE(at::equal(at::tensor(tokens, at::kLong), ids[row].narrow(0, 0, tokens.size())))
           << "request " << id << " row " << row;
