@@ -577,6 +577,12 @@ int64_t InferenceServer::Reload(const std::string& checkpoint) {
 }
 
 std::string InferenceServer::MetricsText() const { return impl_->Metrics(); }
+
+std::vector<std::string> InferenceServer::ContinuousSubgraphs() const {
+  std::vector<std::string> names;
+  for (const auto& [name, g] : impl_->generators) names.push_back(name);
+  return names;
+}
 int64_t InferenceServer::in_flight() const { return impl_->in_flight.load(); }
 int64_t InferenceServer::queued() const { return impl_->Queued(); }
 

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace glossa {
 
@@ -87,6 +88,8 @@ class InferenceServer {
   int64_t Reload(const std::string& checkpoint);
 
   std::string MetricsText() const;
+  // The subgraphs that run continuous batching (and stream), known once Start has run.
+  std::vector<std::string> ContinuousSubgraphs() const;
   int64_t in_flight() const;
   int64_t queued() const;
 

@@ -212,6 +212,7 @@ if wait_until "the port file" 60 test -s "$tmp/port"; then
   check "serve: subgraphs" bash -c "curl -sf '$url/v1/subgraphs' | grep -q '\"generate\"'"
   check "serve: healthz" bash -c "curl -sf '$url/healthz' | grep -q '\"status\":\"ok\"'"
   check "serve: says its plan" grep -q "compute: float32, batch-invariant, fused decoder step" "$tmp/serve.log"
+  check "serve: says which subgraphs batch continuously" grep -q "^continuous batching: generate (requests join a running decoding batch at every step" "$tmp/serve.log"
   check "serve: says its replicas, one per core by default" grep -qE "^layout: ([0-9]+) replicas? x 1 thread on \1 cores? \(weights shared\)$" "$tmp/serve.log"
   score=$(curl -s -X POST "$url/v1/subgraphs/default:run" -d '{"feeds": {"text": ["It is a truth universally acknowledged"]}}')
   predicted=$(head -1 "$tmp/scores.jsonl" | sed 's/.*"total_log_prob":\([-0-9.e]*\).*/\1/')

@@ -83,6 +83,12 @@ int Serve(ServeFlags& f) {
   std::cout << "layout: " << layout.ToString()
             << (o.enable_batching ? "" : "; without batching each request runs on its connection's thread")
             << std::endl;
+  const std::vector<std::string> continuous = server.ContinuousSubgraphs();
+  if (!continuous.empty()) {
+    std::cout << "continuous batching: " << Join(continuous, ", ")
+              << " (requests join a running decoding batch at every step; POST "
+                 "/v1/subgraphs/NAME:stream streams their tokens)" << std::endl;
+  }
   if (!f.port_file.empty()) {  // written whole, then renamed: a reader never sees half of it
     const std::string tmp = f.port_file + ".tmp";
     {
