@@ -3,7 +3,8 @@
 # runs, on `glossa serve` with one replica (--num_batch_threads=1: both requests share one batch
 # thread), with continuous batching and without it (--no_continuous_batching: the short one waits
 # for the long one's batch to end). The bundle is bench_predictor's (the tiny Austen LM).
-# Prints medians over `reps` runs (bench/continuous_batching.py says what each column is).
+# Then 16 concurrent generation clients (bench/generation_load.py) with the default layout.
+# Prints medians over `reps` runs (the two .py files say what each column is).
 #   bash bench/continuous_batching.sh [build_dir=build] [reps=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,25 @@ for mode in continuous off; do
     ms+=("$a"); st+=("$b"); q+=("$c"); ls+=("$d"); sm+=("$e"); js+=("$f")
   done
   printf "%-12s %16s %18s %13s %11s %8s %13s\n" "$mode" "$(med "${ms[@]}")" "$(med "${st[@]}")" "$(med "${q[@]}")" "$(med "${ls[@]}")" "$(med "${sm[@]}")" "$(med "${js[@]}")"
+  kill -TERM "$pid"; wait "$pid"
+done
+# Throughput: 16 concurrent clients generating (bench/generation_load.py), with the default
+# layout (one replica per core), continuous batching on and off.
+printf "\n%-12s %8s %10s %12s %9s %9s\n" batching clients req/s tokens/s p50_ms p99_ms
+for mode in continuous off; do
+  flags=()
+  [ "$mode" = off ] && flags+=(--no_continuous_batching)
+  rm -f "$work/port_cb"
+  "$build/bin/glossa" serve --bundle="$work/bundle" --port=0 --port_file="$work/port_cb" ${flags[@]+"${flags[@]}"} > "$work/serve_cb.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do [ -s "$work/port_cb" ] && break; sleep 0.1; done
+  port=$(cat "$work/port_cb")
+  rs=(); ts=(); p50=(); p99=()
+  for _ in $(seq "$reps"); do
+    read -r _ a _ b _ c _ d <<<"$(/usr/bin/python3 bench/generation_load.py --port="$port" --clients=16 --requests=8)"
+    rs+=("$a"); ts+=("$b"); p50+=("$c"); p99+=("$d")
+  done
+  printf "%-12s %8s %10s %12s %9s %9s\n" "$mode" 16 "$(med "${rs[@]}")" "$(med "${ts[@]}")" "$(med "${p50[@]}")" "$(med "${p99[@]}")"
   kill -TERM "$pid"; wait "$pid"
 done
 echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
