@@ -197,4 +197,36 @@ nlohmann::ordered_json SpecToJson(const InferenceSubgraphSpec& spec) {
   return out;
 }
 
+nlohmann::json ParseRunRequest(const std::string& request_body,
+                               std::vector<std::string>& fetch_keys) {
+  nlohmann::json body;
+  try {
+    body = nlohmann::json::parse(request_body);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
+  }
+  if (!body.is_object()) {
+    throw InvalidArgumentError(StrCat("the request body must be a JSON object, got ",
+                                      body.type_name()));
+  }
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (it.key() != "feeds" && it.key() != "fetch_keys") {
+      throw InvalidArgumentError(StrCat("unknown request field '", it.key(),
+                                        "' (fields: feeds, fetch_keys)"));
+    }
+  }
+  if (!body.contains("feeds")) throw InvalidArgumentError("the request has no \"feeds\"");
+  if (body.contains("fetch_keys")) {
+    const auto& k = body["fetch_keys"];
+    if (!k.is_array()) throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
+    for (const auto& e : k) {
+      if (!e.is_string()) {
+        throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
+      }
+      fetch_keys.push_back(e.get<std::string>());
+    }
+  }
+  return body;
+}
+
 }  // namespace glossa

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "glossa/model/inference_spec.h"
 
@@ -33,5 +34,11 @@ nlohmann::ordered_json FetchesToJson(const InferenceMap& fetches);
 nlohmann::ordered_json FetchRowToJson(const InferenceMap& fetches, int64_t i);
 
 nlohmann::ordered_json SpecToJson(const InferenceSubgraphSpec& spec);
+
+// A :run or :stream request's body: {"feeds": {...}, "fetch_keys": [...]?}, its fetch keys into
+// `fetch_keys`; InvalidArgument naming what is wrong (not JSON, not an object, an unknown field,
+// no feeds, fetch_keys not an array of strings).
+nlohmann::json ParseRunRequest(const std::string& request_body,
+                               std::vector<std::string>& fetch_keys);
 
 }  // namespace glossa

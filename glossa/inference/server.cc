@@ -70,6 +70,10 @@ struct InferenceServer::Impl {
   std::thread listen_thread, watch_thread;
   std::atomic<bool> started{false}, stopping{false}, stopped{false};
   std::atomic<int64_t> in_flight{0};
+  // :stream answers being written; Stop waits for them (cpp-httplib's stop cuts a chunked answer).
+  int64_t streams = 0;
+  std::mutex streams_mu;
+  std::condition_variable streams_cv;
   std::mutex stop_mu;
 
   // Connections (connection_guard.h).
@@ -94,38 +98,6 @@ struct InferenceServer::Impl {
 
   // --- HTTP ---------------------------------------------------------------------------------
 
-  // The request body: {"feeds": {...}, "fetch_keys": [...]?}, its fetch keys into `fetch_keys`.
-  static nlohmann::json ParseRunBody(const std::string& request_body,
-                                     std::vector<std::string>& fetch_keys) {
-    nlohmann::json body;
-    try {
-      body = nlohmann::json::parse(request_body);
-    } catch (const nlohmann::json::exception& e) {
-      throw InvalidArgumentError(StrCat("the request body is not valid JSON: ", e.what()));
-    }
-    if (!body.is_object()) {
-      throw InvalidArgumentError(StrCat("the request body must be a JSON object, got ",
-                                        body.type_name()));
-    }
-    for (auto it = body.begin(); it != body.end(); ++it) {
-      if (it.key() != "feeds" && it.key() != "fetch_keys") {
-        throw InvalidArgumentError(StrCat("unknown request field '", it.key(),
-                                          "' (fields: feeds, fetch_keys)"));
-      }
-    }
-    if (!body.contains("feeds")) throw InvalidArgumentError("the request has no \"feeds\"");
-    if (body.contains("fetch_keys")) {
-      const auto& k = body["fetch_keys"];
-      if (!k.is_array()) throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
-      for (const auto& e : k) {
-        if (!e.is_string()) {
-          throw InvalidArgumentError("\"fetch_keys\" must be an array of strings");
-        }
-        fetch_keys.push_back(e.get<std::string>());
-      }
-    }
-    return body;
-  }
 
   // Runs the feeds: through the batch queue, answered by `start` + request_timeout_secs or
   // UnavailableError; or on this thread without batching.
@@ -181,7 +153,7 @@ struct InferenceServer::Impl {
       auto spec = specs.find(subgraph);
       if (spec == specs.end()) predictor->Validate(subgraph, {});  // NotFound listing subgraphs
       std::vector<std::string> fetch_keys;
-      nlohmann::json body = ParseRunBody(request_body, fetch_keys);
+      nlohmann::json body = ParseRunRequest(request_body, fetch_keys);
       InferenceMap feeds =
           FeedsFromJson(body["feeds"], spec->second, StrCat("subgraph '", subgraph, "'"));
       predictor->Validate(subgraph, feeds, fetch_keys);
@@ -197,13 +169,18 @@ struct InferenceServer::Impl {
         }
         const auto wait = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
             options.request_timeout_secs > 0 ? options.request_timeout_secs : 86400.0 * 365));
-        AnswerWithEventStream(g->second->Enqueue(std::move(feeds), Deadline(start)), fetch_keys,
-                              wait, res, [this, label, start](bool) {
-                                metrics.CountRequest(
-                                    label, 200,
-                                    std::chrono::duration<double>(Clock::now() - start).count());
-                                --in_flight;
-                              });
+        auto events = g->second->Enqueue(std::move(feeds), Deadline(start));
+        {
+          std::lock_guard<std::mutex> lock(streams_mu);
+          ++streams;
+        }
+        AnswerWithEventStream(std::move(events), fetch_keys, wait, res, [this, label, start](bool) {
+          metrics.CountRequest(label, 200,
+                               std::chrono::duration<double>(Clock::now() - start).count());
+          --in_flight;
+          std::lock_guard<std::mutex> lock(streams_mu);
+          if (--streams == 0) streams_cv.notify_all();
+        });
         return;  // counted when the stream ends
       }
       const std::pair<InferenceMap, int64_t> result = RunFeeds(subgraph, std::move(feeds), start);
@@ -532,7 +509,18 @@ void InferenceServer::Stop() {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> stop_lock(m.stop_mu);
   if (!m.started || m.stopped) return;
-  m.stopping = true;
+  m.stopping = true;  // new requests are answered 503
+  {
+    // The streams in flight end first (their batches keep running), for request_timeout_secs
+    // at most: cpp-httplib's stop would cut them.
+    std::unique_lock<std::mutex> lock(m.streams_mu);
+    const auto done = [&] { return m.streams == 0; };
+    if (m.options.request_timeout_secs > 0) {
+      m.streams_cv.wait_for(lock, std::chrono::duration<double>(m.options.request_timeout_secs), done);
+    } else {
+      m.streams_cv.wait(lock, done);
+    }
+  }
   m.http.stop();  // no new connections; the handlers in flight run to their end
   if (m.batches) m.batches->Drain();
   for (auto& [name, g] : m.generators) g->Drain();

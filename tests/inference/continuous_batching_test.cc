@@ -226,6 +226,33 @@ TEST(ContinuousBatching, RunAnswersAloneAndWhatCannotStreamIsRefused) {
   plain.Stop();
 }
 
+// Stop() with a stream in flight lets it end with its answer (cpp-httplib's own stop would cut
+// it), then stops.
+TEST(ContinuousBatching, StopFinishesTheStreamsInFlight) {
+  PredictorOptions po;
+  po.batch_invariant = true;
+  Predictor predictor(ExportedBundle(), po);
+  InferenceServer server(&predictor, ServeOptions{});
+  const int port = server.Start();
+  std::atomic<int> tokens{0};
+  std::atomic<bool> done{false};
+  std::thread client([&] {
+    const auto [status, body] = PostStream(
+        port, "/v1/subgraphs/generate:stream", Generate(std::vector<std::string>(4, "She"), 300, 4),
+        [&](const Event& e) {
+          if (e.name == "token") ++tokens;
+          if (e.name == "done") done = true;
+        });
+    EXPECT_EQ(status, 200) << body;
+  });
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (tokens.load() == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  ASSERT_GT(tokens.load(), 0);
+  server.Stop();
+  client.join();
+  EXPECT_TRUE(done.load()) << "the stream was cut after " << tokens.load() << " tokens";
+}
+
 // A stream's events as text, and a request that waits past its deadline ends with UNAVAILABLE
 // without joining.
 TEST(ContinuousBatching, EventsAreServerSentEventLinesAndLateRequestsAreDropped) {
