@@ -91,7 +91,7 @@ def main():
             if name == "token":
                 first = time.perf_counter() - sent
                 break
-        # (the rest of the short stream is dropped; its rows run to their end)
+        # (the connection closes: the server drops the short one's rows at its next step)
     else:
         conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=600)
         conn.request("POST", "/v1/subgraphs/generate:run", json.dumps(short_body),

@@ -35,6 +35,9 @@ void GenerationStream::Push(GenerationEvent event) {
   cv_.notify_all();
 }
 
+void GenerationStream::Cancel() { cancelled_ = true; }
+bool GenerationStream::cancelled() const { return cancelled_.load(); }
+
 bool GenerationStream::ended() const {
   std::lock_guard<std::mutex> lock(mu_);
   return ended_;
@@ -168,6 +171,15 @@ void ContinuousBatcher::Loop() {
       } catch (...) {
         Fail(*w.stream, std::current_exception());
       }
+    }
+    // Requests whose clients went away leave before the step.
+    for (auto it = running.begin(); batch != nullptr && it != running.end();) {
+      if (!it->second->cancelled()) {
+        ++it;
+        continue;
+      }
+      batch->Cancel(it->first);
+      it = running.erase(it);
     }
     if (batch == nullptr || !batch->busy()) continue;
     try {

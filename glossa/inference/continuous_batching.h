@@ -55,12 +55,16 @@ class GenerationStream {
   void Push(GenerationEvent event);
   // Whether the request has ended (kDone or kError pushed).
   bool ended() const;
+  // Its client went away: the request leaves its batch before the next step.
+  void Cancel();
+  bool cancelled() const;
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<GenerationEvent> events_;
   bool ended_ = false;
+  std::atomic<bool> cancelled_{false};
 };
 
 class ContinuousBatcher {

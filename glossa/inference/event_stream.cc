@@ -89,11 +89,17 @@ void AnswerWithEventStream(std::shared_ptr<GenerationStream> stream,
               "no token within request_timeout_secs (the server is overloaded)"));
         }
         const std::string text = EventStreamText(e, fetch_keys);
-        if (!sink.write(text.data(), text.size())) return false;  // the client went away
+        if (!sink.write(text.data(), text.size())) {  // the client went away
+          stream->Cancel();
+          return false;
+        }
         if (e.kind == GenerationEvent::kDone || e.kind == GenerationEvent::kError) sink.done();
         return true;
       },
-      [on_end = std::move(on_end)](bool success) { on_end(success); });
+      [stream, on_end = std::move(on_end)](bool success) {
+        if (!success) stream->Cancel();  // (a no-op once it has ended)
+        on_end(success);
+      });
 }
 
 }  // namespace glossa

@@ -287,6 +287,7 @@ class PredictorGeneration : public GenerationBatch {
   }
   GenerationStep Step() override { return batch_->Step(); }
   InferenceMap Finish(int64_t request) override { return batch_->Finish(request); }
+  void Cancel(int64_t request) override { batch_->Cancel(request); }
   int64_t rows() const override { return batch_->rows(); }
   bool busy() const override { return batch_->busy(); }
   int64_t steps() const override { return batch_->steps(); }

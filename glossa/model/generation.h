@@ -45,6 +45,9 @@ class GenerationBatch {
   // One step: the requests joined since the last step read their prompts (all of a prompt in this
   // step), then every row draws its next token.
   virtual GenerationStep Step() = 0;
+  // Drops a request that has not finished (its client went away): its rows leave before the next
+  // step, and it is forgotten. NotFound for an unknown request.
+  virtual void Cancel(int64_t request) = 0;
   // The fetches of a finished request (as the subgraph's RunInference gives them); it is then
   // forgotten. NotFound for an unknown or unfinished request.
   virtual InferenceMap Finish(int64_t request) = 0;

@@ -253,6 +253,39 @@ TEST(ContinuousBatching, StopFinishesTheStreamsInFlight) {
   EXPECT_TRUE(done.load()) << "the stream was cut after " << tokens.load() << " tokens";
 }
 
+// A client that goes away mid-stream: its request leaves the batch at the next step. With room
+// for 4 rows, a second request of 4 rows can only join once the first one's have left, which it
+// does within a few steps, not after the first one's 512.
+TEST(ContinuousBatching, AStreamWhoseClientWentAwayLeavesTheBatch) {
+  PredictorOptions po;
+  po.batch_invariant = true;
+  Predictor predictor(ExportedBundle(), po);
+  ContinuousBatcher gen(&predictor, "generate", {.max_batch_rows = 4});
+  gen.Start();
+  auto four = [](int64_t max_new) {
+    return InferenceMap{{"prompt", InferenceValue::Strings(std::vector<std::string>(4, "She"))},
+                        {"max_new_tokens", InferenceValue::Of(at::scalar_tensor(max_new, at::kLong))},
+                        {"temperature", InferenceValue::Of(at::scalar_tensor(1.0, at::kFloat))}};
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  auto first = gen.Enqueue(four(512));
+  GenerationEvent e;
+  do {
+    ASSERT_TRUE(first->Next(&e, deadline));
+  } while (e.kind != GenerationEvent::kToken);
+  first->Cancel();
+  auto second = gen.Enqueue(four(3));
+  ASSERT_TRUE(second->Next(&e, deadline));
+  ASSERT_EQ(e.kind, GenerationEvent::kJoined);
+  EXPECT_LT(e.queued_steps, 20) << "the cancelled request's rows did not leave";
+  do {
+    ASSERT_TRUE(second->Next(&e, deadline));
+  } while (e.kind == GenerationEvent::kToken);
+  EXPECT_EQ(e.kind, GenerationEvent::kDone);
+  gen.Stop();
+  EXPECT_FALSE(first->ended());  // no answer for a request nobody waits for
+}
+
 // A stream's events as text, and a request that waits past its deadline ends with UNAVAILABLE
 // without joining.
 TEST(ContinuousBatching, EventsAreServerSentEventLinesAndLateRequestsAreDropped) {

@@ -146,6 +146,19 @@ class LmGeneration : public GenerationBatch {
     return out;
   }
 
+  void Cancel(int64_t request) override {
+    if (!requests_.erase(request)) throw NotFoundError(StrCat("generate: no request ", request));
+    std::erase_if(joining_, [&](const Row& r) { return r.request == request; });
+    std::erase(finished_now_, request);
+    for (int64_t i = static_cast<int64_t>(rows_.size()) - 1; i >= 0; --i) {
+      if (rows_[i].request != request) continue;
+      const int64_t moved = running_.RemoveRow(i);
+      if (moved >= 0) rows_[i] = std::move(rows_[moved]);
+      rows_.pop_back();
+    }
+    if (rows_.empty()) running_.Clear();
+  }
+
   int64_t rows() const override { return static_cast<int64_t>(rows_.size() + joining_.size()); }
   bool busy() const override { return rows() > 0 || !finished_now_.empty(); }
   int64_t steps() const override { return steps_; }

@@ -113,5 +113,37 @@ TEST(LmGeneration, RequestsJoiningARunningBatchGetTheirAnswersAlone) {
                    "after a refused join");
 }
 
+// A cancelled request's rows leave at once; the others' answers are unchanged.
+TEST(LmGeneration, ACancelledRequestLeavesAndTheOthersGoOn) {
+  PredictorOptions o;
+  o.batch_invariant = true;
+  Predictor predictor(ExportedBundle(), o);
+  std::unique_ptr<GenerationBatch> batch = predictor.StartGeneration("generate");
+  const InferenceMap a = Feeds({"Elizabeth", "She"}, 40, 1.0, 5);
+  const InferenceMap b = Feeds({"Mr. Darcy", "It is", "Her"}, 300, 1.0, 6);
+  const InferenceMap c = Feeds({"The"}, 30, 1.0, 7);
+  const int64_t ia = batch->Join(a), ib = batch->Join(b);
+  for (int i = 0; i < 5; ++i) batch->Step();
+  const int64_t ic = batch->Join(c);
+  batch->Step();
+  EXPECT_EQ(batch->rows(), 6);
+  batch->Cancel(ib);
+  EXPECT_EQ(batch->rows(), 3);
+  EXPECT_THROW(batch->Cancel(ib), NotFoundError);
+  std::map<int64_t, InferenceMap> answers;
+  while (batch->busy()) {
+    const GenerationStep s = batch->Step();
+    for (const GenerationToken& t : s.tokens) EXPECT_NE(t.request, ib);
+    for (int64_t id : s.finished) answers[id] = batch->Finish(id);
+  }
+  EXPECT_EQ(answers.count(ib), 0u);
+  ExpectSameAnswer(answers.at(ia), predictor.Run("generate", a), "a");
+  ExpectSameAnswer(answers.at(ic), predictor.Run("generate", c), "c");
+  // Cancelled before its first step: it never runs.
+  const int64_t id = batch->Join(c);
+  batch->Cancel(id);
+  EXPECT_FALSE(batch->busy());
+}
+
 }  // namespace
 }  // namespace glossa
