@@ -69,41 +69,6 @@ std::future<BatchQueue::Result> BatchQueue::Enqueue(const std::string& subgraph,
   return future;
 }
 
-void BatchQueue::Drain() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    draining_ = true;
-    paused_ = false;
-  }
-  cv_.notify_all();
-}
-
-void BatchQueue::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    paused_ = false;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-  threads_.clear();
-}
-
-void BatchQueue::Pause() {
-  std::lock_guard<std::mutex> lock(mu_);
-  paused_ = true;
-}
-
-void BatchQueue::Resume() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    paused_ = false;
-  }
-  cv_.notify_all();
-}
-
 int64_t BatchQueue::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queued_;

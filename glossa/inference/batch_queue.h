@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "glossa/inference/predictor.h"
+#include "glossa/inference/queue_threads.h"
 
 namespace glossa {
 
@@ -35,7 +36,7 @@ class UnavailableError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class BatchQueue {
+class BatchQueue : public QueueThreads {
  public:
   struct Options {
     int64_t max_batch_size = 8;
@@ -56,11 +57,7 @@ class BatchQueue {
   std::future<Result> Enqueue(
       const std::string& subgraph, InferenceMap feeds,
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
-  // Runs what is queued without waiting for more (and unpauses); Stop() then joins.
-  void Drain();
-  void Stop();
-  void Pause();
-  void Resume();
+  // Drain, Stop, Pause, Resume: QueueThreads's.
   int64_t queued() const;
 
  private:
@@ -73,12 +70,8 @@ class BatchQueue {
   Predictor* predictor_;
   const Options options_;
   const std::function<void(int64_t)> on_batch_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::map<std::string, std::deque<std::shared_ptr<Pending>>> queues_;
   int64_t queued_ = 0;
-  bool paused_ = false, stop_ = false, draining_ = false;
-  std::vector<std::thread> threads_;
 };
 
 }  // namespace glossa

@@ -82,44 +82,9 @@ std::shared_ptr<GenerationStream> ContinuousBatcher::Enqueue(InferenceMap feeds,
   return stream;
 }
 
-void ContinuousBatcher::Drain() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    draining_ = true;
-    paused_ = false;
-  }
-  cv_.notify_all();
-}
-
-void ContinuousBatcher::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    paused_ = false;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-  threads_.clear();
-}
-
 int64_t ContinuousBatcher::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(queue_.size());
-}
-
-void ContinuousBatcher::Pause() {
-  std::lock_guard<std::mutex> lock(mu_);
-  paused_ = true;
-}
-
-void ContinuousBatcher::Resume() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    paused_ = false;
-  }
-  cv_.notify_all();
 }
 
 // The oldest waiting requests whose rows fit beside `rows` (one at least into an empty batch,

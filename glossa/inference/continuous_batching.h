@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "glossa/inference/queue_threads.h"
 #include "glossa/model/generation.h"
 
 namespace glossa {
@@ -67,7 +68,7 @@ class GenerationStream {
   std::atomic<bool> cancelled_{false};
 };
 
-class ContinuousBatcher {
+class ContinuousBatcher : public QueueThreads {
  public:
   struct Options {
     int64_t max_batch_rows = 32;
@@ -84,13 +85,9 @@ class ContinuousBatcher {
   std::shared_ptr<GenerationStream> Enqueue(
       InferenceMap feeds,
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
-  // Stops taking requests; the threads finish what is queued and running, then return.
-  void Drain();
-  void Stop();
+  // Drain (stops taking requests; the threads finish what is queued and running, then return),
+  // Stop, Pause and Resume (for tests: the threads wait before their next step): QueueThreads's.
   int64_t queued() const;
-  // For tests: hold the threads before their next step until Resume.
-  void Pause();
-  void Resume();
 
  private:
   struct Waiting {
@@ -108,11 +105,7 @@ class ContinuousBatcher {
   Predictor* predictor_;
   const std::string subgraph_;
   const Options options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<Waiting> queue_;
-  bool stop_ = false, draining_ = false, paused_ = false;
-  std::vector<std::thread> threads_;
   std::atomic<int64_t> steps_run_{0};  // by every replica
 };
 

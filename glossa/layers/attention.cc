@@ -275,13 +275,20 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FPropProjected(
 NestedMap MultiHeadedAttention::InitStates(int64_t batch_size, at::ScalarType dtype) const {
   auto opts = at::TensorOptions().dtype(dtype);
   const int64_t c = kInitialCacheSteps;
+  return MakeStates(at::zeros({batch_size, c, num_heads_, dim_per_head_}, opts),
+                    at::zeros({batch_size, c, num_heads_, dim_per_head_}, opts),
+                    at::zeros({batch_size, c}, at::kLong), at::zeros({batch_size}, at::kLong));
+}
+
+NestedMap MultiHeadedAttention::MakeStates(const at::Tensor& key, const at::Tensor& value,
+                                           const at::Tensor& rows, const at::Tensor& length) {
   NestedMap kv;
-  kv.Put("key", at::zeros({batch_size, c, num_heads_, dim_per_head_}, opts));
-  kv.Put("value", at::zeros({batch_size, c, num_heads_, dim_per_head_}, opts));
+  kv.Put("key", key);
+  kv.Put("value", value);
   NestedMap states;
   states.Put("unordered", kv);
-  states.Put("rows", at::zeros({batch_size, c}, at::kLong));
-  states.Put("length", at::zeros({batch_size}, at::kLong));
+  states.Put("rows", rows);
+  states.Put("length", length);
   return states;
 }
 
@@ -340,14 +347,7 @@ MultiHeadedAttention::StepCaches MultiHeadedAttention::PrepareStep(
 }
 
 NestedMap MultiHeadedAttention::StatesAfterStep(const StepCaches& c) {
-  NestedMap new_kv;
-  new_kv.Put("key", c.key);
-  new_kv.Put("value", c.value);
-  NestedMap new_states;
-  new_states.Put("unordered", new_kv);
-  new_states.Put("rows", c.rows);
-  new_states.Put("length", c.length + 1);
-  return new_states;
+  return MakeStates(c.key, c.value, c.rows, c.length + 1);
 }
 
 std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(

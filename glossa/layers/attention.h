@@ -101,6 +101,10 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   };
   StepCaches PrepareStep(const NestedMap& cached_states, int64_t n, at::ScalarType dtype) const;
   static NestedMap StatesAfterStep(const StepCaches& c);
+  // The decoding states' layout ({unordered: {key, value}, rows, length}) of these tensors: what
+  // InitStates and a step give, and what glossa/layers/step_states.h rebuilds.
+  static NestedMap MakeStates(const at::Tensor& key, const at::Tensor& value,
+                              const at::Tensor& rows, const at::Tensor& length);
   // The inference plan's Q, K and V in one matrix [D, 3·N·H] (glossa/kernels/compute_plan.h),
   // under "qkv", for self-attention's one GEMM; the projections prepare their own weights.
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;

@@ -7,6 +7,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/layers/attention.h"
 
 namespace glossa {
 namespace {
@@ -26,14 +27,7 @@ LayerState Read(const NestedValue& v) {
 }
 
 NestedValue Write(const LayerState& s) {
-  NestedMap kv;
-  kv.Put("key", s.key);
-  kv.Put("value", s.value);
-  NestedMap m;
-  m.Put("unordered", kv);
-  m.Put("rows", s.rows);
-  m.Put("length", s.length);
-  return NestedValue(std::move(m));
+  return NestedValue(MultiHeadedAttention::MakeStates(s.key, s.value, s.rows, s.length));
 }
 
 const NestedValue::List& Layers(const NestedMap& states) {
