@@ -132,7 +132,11 @@ TEST(ContinuousBatching, AShortGenerationJoinsALongOnesBatchAndDrawsAtOnce) {
   while (long_tokens.load() < 8 && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::yield();
   }
-  ASSERT_GE(long_tokens.load(), 8);
+  if (long_tokens.load() < 8) {  // (the client thread is joined before the test returns)
+    server.Stop();
+    long_client.join();
+    FAIL() << "the long generation drew " << long_tokens.load() << " tokens in a minute";
+  }
   int64_t joined = -1, queued = -1, first = -1;
   json short_done;
   const auto [status, body] =
@@ -247,7 +251,7 @@ TEST(ContinuousBatching, StopFinishesTheStreamsInFlight) {
   });
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
   while (tokens.load() == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
-  ASSERT_GT(tokens.load(), 0);
+  EXPECT_GT(tokens.load(), 0);
   server.Stop();
   client.join();
   EXPECT_TRUE(done.load()) << "the stream was cut after " << tokens.load() << " tokens";
