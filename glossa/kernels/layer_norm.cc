@@ -20,14 +20,17 @@
 namespace glossa {
 namespace {
 
-// ---- Layer norm of bf16 rows in one pass each way ----
+// ---- Layer norm of bf16 or float32 rows in one pass each way ----
 //
 // For bf16 inputs the layer used to widen x to float32 (a pass and a copy), run ATen's float32
 // layer norm, and round its output to bf16 (another pass); and the backward the same in reverse.
-// These kernels read the bf16 rows, normalize in float32 (the same arithmetic: mean, biased
-// variance, rsqrt(var + eps), · scale + bias) and write bf16, on Glossa's loop threads; the
-// backward writes the bf16 input gradient and the float32 scale and bias gradients, summed over
-// fixed blocks of rows in order, so the same on any number of threads.
+// For float32 inputs ATen's layer norm ran on ATen's threads: one thread in the float32 training
+// layout (glossa/runtime/cpu_runtime.h), where BLAS has the cores. These kernels read the rows
+// (T = uint16_t for bf16, float), normalize in float32 (the same arithmetic: mean, biased
+// variance, rsqrt(var + eps), · scale + bias) and write T, on Glossa's kernel threads; the
+// backward writes the input gradient in T and the float32 scale and bias gradients, summed over
+// fixed blocks of rows in order, so the same on any number of threads. A row's arithmetic does
+// not depend on the other rows (batch-invariant).
 
 #if GLOSSA_X86_SIMD
 
@@ -35,11 +38,20 @@ using bf16_simd::FirstLanes;
 using bf16_simd::Load;
 using bf16_simd::Store;
 
+// The float32 counterparts of bf16_simd's Load and Store.
+__attribute__((target("avx512f"))) inline __m512 Load(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+__attribute__((target("avx512f"))) inline void Store(float* p, __m512 x, __mmask16 m) {
+  _mm512_mask_storeu_ps(p, m, x);
+}
+
+template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnForwardRows(
-    const uint16_t* x, const float* gamma, const float* beta, int64_t D, float eps, uint16_t* y,
+    const T* x, const float* gamma, const float* beta, int64_t D, float eps, T* y,
     float* mean_out, float* rstd_out, int64_t lo, int64_t hi) {
   for (int64_t r = lo; r < hi; ++r) {
-    const uint16_t* xr = x + r * D;
+    const T* xr = x + r * D;
     __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < D; c += 16) sum = _mm512_add_ps(sum, Load(xr + c, FirstLanes(D - c)));
     const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(D);
@@ -67,12 +79,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnForwardRows(
 
 // dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·γ; dγ += dy·x̂ and dβ += dy into this block's
 // row of the partial sums.
+template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnBackwardRows(
-    const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
-    const float* rstd, int64_t D, uint16_t* dx, float* dgamma, float* dbeta, int64_t lo,
+    const T* x, const T* dy, const float* gamma, const float* mean,
+    const float* rstd, int64_t D, T* dx, float* dgamma, float* dbeta, int64_t lo,
     int64_t hi) {
   for (int64_t r = lo; r < hi; ++r) {
-    const uint16_t *xr = x + r * D, *dyr = dy + r * D;
+    const T *xr = x + r * D, *dyr = dy + r * D;
     const __m512 vm = _mm512_set1_ps(mean[r]), vr = _mm512_set1_ps(rstd[r]);
     __m512 sg = _mm512_setzero_ps(), sgx = _mm512_setzero_ps();
     for (int64_t c = 0; c < D; c += 16) {
@@ -101,12 +114,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void LnBackwardRows(
 
 #else  // no x86 SIMD in this build: HasAvx512Bw() is false and these are never called
 
-void LnForwardRows(const uint16_t*, const float*, const float*, int64_t, float, uint16_t*, float*,
-                   float*, int64_t, int64_t) {
+template <typename T>
+void LnForwardRows(const T*, const float*, const float*, int64_t, float, T*, float*, float*,
+                   int64_t, int64_t) {
   NoSimdInThisBuild();
 }
-void LnBackwardRows(const uint16_t*, const uint16_t*, const float*, const float*, const float*,
-                    int64_t, uint16_t*, float*, float*, int64_t, int64_t) {
+template <typename T>
+void LnBackwardRows(const T*, const T*, const float*, const float*, const float*, int64_t, T*,
+                    float*, float*, int64_t, int64_t) {
   NoSimdInThisBuild();
 }
 
@@ -119,17 +134,29 @@ bool HasAvx512Bw() {
   return has;
 }
 
-class Bf16LayerNormFunction : public torch::autograd::Function<Bf16LayerNormFunction> {
+// The rows of x as T: bf16's bits, or float32.
+template <typename T>
+const T* Rows(const at::Tensor& x) {
+  return reinterpret_cast<const T*>(x.data_ptr());
+}
+template <typename T>
+T* Rows(at::Tensor& x) {
+  return reinterpret_cast<T*>(x.data_ptr());
+}
+
+template <typename T>
+class NativeLayerNormFunction : public torch::autograd::Function<NativeLayerNormFunction<T>> {
  public:
-  // x [M, D] bf16 contiguous; gamma, beta [D] float32 contiguous.
+  // x [M, D] bf16 (T = uint16_t) or float32 (T = float) contiguous; gamma, beta [D] float32
+  // contiguous.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& x, const at::Tensor& gamma,
                                                 const at::Tensor& beta, double eps) {
     const int64_t M = x.size(0), D = x.size(1);
     at::Tensor y = at::empty({M, D}, x.options());
     at::Tensor mean = at::empty({M}, gamma.options()), rstd = at::empty({M}, gamma.options());
-    const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-    uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+    const T* xp = Rows<T>(x);
+    T* yp = Rows<T>(y);
     const float *gp = gamma.data_ptr<float>(), *bp = beta.data_ptr<float>();
     float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
     KernelParallelFor(0, M, ParallelGrain(4 * D), [&](int64_t lo, int64_t hi) {
@@ -145,13 +172,13 @@ class Bf16LayerNormFunction : public torch::autograd::Function<Bf16LayerNormFunc
     if (!grads[0].defined()) return torch::autograd::variable_list(4);  // one per input
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &gamma = saved[1], &mean = saved[2], &rstd = saved[3];
-    const at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
+    const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
     const int64_t M = x.size(0), D = x.size(1), blocks = (M + kLnBlock - 1) / kLnBlock;
     at::Tensor dx = at::empty({M, D}, x.options());
     at::Tensor partial = at::zeros({2, blocks, D}, gamma.options());
-    const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-    const uint16_t* dyp = reinterpret_cast<const uint16_t*>(dy.data_ptr());
-    uint16_t* dxp = reinterpret_cast<uint16_t*>(dx.data_ptr());
+    const T* xp = Rows<T>(x);
+    const T* dyp = Rows<T>(dy);
+    T* dxp = Rows<T>(dx);
     float* pp = partial.data_ptr<float>();
     KernelParallelFor(0, blocks, ParallelGrain(8 * kLnBlock * D), [&](int64_t lo, int64_t hi) {
       for (int64_t blk = lo; blk < hi; ++blk) {
@@ -171,12 +198,14 @@ class Bf16LayerNormFunction : public torch::autograd::Function<Bf16LayerNormFunc
 at::Tensor LayerNormLastDim(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& bias,
                             double epsilon) {
   const int64_t d = x.size(-1);
-  if (x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && HasAvx512Bw() &&
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  if ((bf16 || x.scalar_type() == at::kFloat) && x.device().is_cpu() && HasAvx512Bw() &&
       x.numel() > 0) {
-    // One pass each way over the bf16 rows (Bf16LayerNormFunction above).
+    // One pass each way over the rows (NativeLayerNormFunction above).
     const at::Tensor x2 = x.contiguous().view({-1, d});
-    return Bf16LayerNormFunction::apply(x2, scale.to(at::kFloat).contiguous(),
-                                        bias.to(at::kFloat).contiguous(), epsilon)[0]
+    const at::Tensor s = scale.to(at::kFloat).contiguous(), b = bias.to(at::kFloat).contiguous();
+    return (bf16 ? NativeLayerNormFunction<uint16_t>::apply(x2, s, b, epsilon)
+                 : NativeLayerNormFunction<float>::apply(x2, s, b, epsilon))[0]
         .view(x.sizes());
   }
   return LayerNormLastDimReference(x, scale, bias, epsilon);

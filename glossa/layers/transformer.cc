@@ -9,6 +9,7 @@
 #include "glossa/layers/block.h"
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/flops.h"
+#include "glossa/kernels/residual_add.h"
 
 namespace glossa {
 namespace {
@@ -111,7 +112,8 @@ at::Tensor TransformerFeedForwardLayer::FProp(const NestedMap& theta, const at::
   h = relu_dropout_->FProp(relu_dropout_.Theta(theta), h);
   h = fc1_->FProp(fc1_.Theta(theta), h, paddings);
   h = residual_dropout_->FProp(residual_dropout_.Theta(theta), h);
-  at::Tensor out = at::add(x, h, residual_weight_);  // alpha: no mul when 1
+  // alpha: no mul when 1; then the sum on the kernel threads (kernels/residual_add.h).
+  at::Tensor out = residual_weight_ == 1.0 ? ResidualAdd(x, h) : at::add(x, h, residual_weight_);
   return pre_layer_norm_ ? out : ln_->FProp(ln_.Theta(theta), out);
 }
 
@@ -156,7 +158,7 @@ at::Tensor TransformerAttentionLayer::Norm(const NestedMap& theta, const at::Ten
 
 at::Tensor TransformerAttentionLayer::Residual(const NestedMap& theta, const at::Tensor& x,
                                                const at::Tensor& y) const {
-  at::Tensor out = x + residual_dropout_->FProp(residual_dropout_.Theta(theta), y);
+  at::Tensor out = ResidualAdd(x, residual_dropout_->FProp(residual_dropout_.Theta(theta), y));
   return pre_layer_norm_ ? out : Norm(theta, out);
 }
 
