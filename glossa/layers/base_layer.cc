@@ -500,36 +500,6 @@ const BaseLayer& BaseLayer::Root() const {
 void BaseLayer::SetEma(std::shared_ptr<const EmaSource> ema) { ema_ = std::move(ema); }
 const EmaSource* BaseLayer::ema() const { return Root().ema_.get(); }
 
-NestedMap BaseLayer::theta() const {
-  NestedMap out = CollectTree([](const BaseLayer& c) { return NestedValue(c.theta()); });
-  const EmaSource* ema_source = IsEvalMode() && !is_inference() ? ema() : nullptr;
-  const glossa::Params& vn = params_.GetParams("vn");
-  const bool add_vn = !IsEvalMode() && vn.GetBool("global_vn");
-  for (const auto& info : var_infos_) {
-    at::Tensor v = vars_.at(info.name);
-    if (ema_source != nullptr) {
-      if (auto avg = ema_source->Average(info.full_name)) v = *avg;
-    }
-    if (add_vn && info.trainable && v.is_floating_point()) {
-      if (vn.Get("scale").is_none()) {
-        throw InvalidArgumentError(StrCat("layer '", path_, "': vn.global_vn needs vn.scale"));
-      }
-      double scale = GetGlobalStep() >= vn.GetInt("start_step") ? vn.GetFloat("scale") : 0.0;
-      const std::optional<int64_t> seed = OptionalInt(vn, "seed");
-      at::Generator gen =
-          MakeSeededGenerator(GenerateStepSeedPair(OptionalInt(params_, "random_seed"), seed));
-      at::Tensor noise =
-          vn.GetBool("use_uniform_noise")
-              ? at::empty(v.sizes(), at::TensorOptions().dtype(at::kFloat)).uniform_(-0.5, 0.5, gen)
-              : at::normal(0.0, 1.0, v.sizes().vec(), gen, at::TensorOptions().dtype(at::kFloat));
-      v = v + noise.to(v.options()) * scale;
-    }
-    if (fprop_dtype_ != dtype_ && v.scalar_type() == dtype_) v = v.to(fprop_dtype_);
-    out.Put(info.name, v);
-  }
-  return out;
-}
-
 std::vector<std::pair<BaseLayer::VariableInfo, at::Tensor>> BaseLayer::AllVariables() const {
   std::vector<std::pair<VariableInfo, at::Tensor>> out;
   for (const auto& info : var_infos_) out.emplace_back(info, vars_.at(info.name));

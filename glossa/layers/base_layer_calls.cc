@@ -3,16 +3,25 @@
 // - the accumulators (Lingvo's): registered by a layer, collected and reset over its whole tree
 //   (SetAccumulatorValues, which walks the child tree, stays in base_layer.cc);
 // - the export formats' default: a class that writes no ONNX or TorchScript is refused by name;
-// - the inference plan (glossa/kernels/compute_plan.h): made over the tree, read by FProp.
+// - the inference plan (glossa/kernels/compute_plan.h): made over the tree, read by FProp;
+// - theta, what FProp reads: EMA averages in eval, variational noise in training, cast to each
+//   layer's fprop_dtype with every cast of the tree in one autograd node per target dtype
+//   (kernels/cast_together.h).
+#include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/registry.h"
+#include "glossa/core/step_seed.h"
+#include "glossa/kernels/cast_together.h"
 #include "glossa/kernels/compute_plan.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/layers/base_layer.h"
@@ -194,6 +203,84 @@ std::string BaseLayer::EmitOnnx(OnnxGraph&, const std::string&, const std::strin
 void BaseLayer::EmitTorchScript(TorchScriptWriter&, const std::string&, const std::string&,
                                 const std::string&) const {
   TorchScriptWriter::Unsupported(*this, "this layer class");
+}
+
+namespace {
+
+std::optional<int64_t> IntOrNone(const Params& p, const char* key) {
+  const ParamValue& v = p.Get(key);
+  if (v.is_none()) return std::nullopt;
+  return v.AsInt();
+}
+
+}  // namespace
+
+NestedMap BaseLayer::theta() const {
+  // Two walks of the tree (lambdas: a member function's access to every layer's members). The
+  // first finds the leaves, EMA and variational noise applied, and the dtype each is cast to.
+  struct Leaf {
+    at::Tensor value;
+    at::ScalarType cast_to;
+  };
+  std::vector<Leaf> found;
+  std::function<void(const BaseLayer&)> collect = [&](const BaseLayer& l) {
+    l.CollectTree([&](const BaseLayer& c) {
+      collect(c);
+      return NestedValue(NestedMap());
+    });
+    const EmaSource* ema_source = IsEvalMode() && !l.is_inference() ? l.ema() : nullptr;
+    const glossa::Params& vn = l.params_.GetParams("vn");
+    const bool add_vn = !IsEvalMode() && vn.GetBool("global_vn");
+    for (const auto& info : l.var_infos_) {
+      at::Tensor v = l.vars_.at(info.name);
+      if (ema_source != nullptr) {
+        if (auto avg = ema_source->Average(info.full_name)) v = *avg;
+      }
+      if (add_vn && info.trainable && v.is_floating_point()) {
+        if (vn.Get("scale").is_none()) {
+          throw InvalidArgumentError(StrCat("layer '", l.path_, "': vn.global_vn needs vn.scale"));
+        }
+        double scale = GetGlobalStep() >= vn.GetInt("start_step") ? vn.GetFloat("scale") : 0.0;
+        at::Generator gen = MakeSeededGenerator(
+            GenerateStepSeedPair(IntOrNone(l.params_, "random_seed"), IntOrNone(vn, "seed")));
+        at::Tensor noise = vn.GetBool("use_uniform_noise")
+                               ? at::empty(v.sizes(), at::TensorOptions().dtype(at::kFloat))
+                                     .uniform_(-0.5, 0.5, gen)
+                               : at::normal(0.0, 1.0, v.sizes().vec(), gen,
+                                            at::TensorOptions().dtype(at::kFloat));
+        v = v + noise.to(v.options()) * scale;
+      }
+      const bool cast = l.fprop_dtype_ != l.dtype_ && v.scalar_type() == l.dtype_;
+      found.push_back({std::move(v), cast ? l.fprop_dtype_ : at::ScalarType::Undefined});
+    }
+  };
+  collect(*this);
+  // The casts grouped by target dtype and by whether the leaf takes a gradient (CastTogether's
+  // inputs all do or none do); each group in one call.
+  std::vector<at::Tensor> leaves;
+  leaves.reserve(found.size());
+  std::map<std::pair<int, bool>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < found.size(); ++i) {
+    leaves.push_back(found[i].value);
+    if (found[i].cast_to != at::ScalarType::Undefined) {
+      groups[{static_cast<int>(found[i].cast_to), found[i].value.requires_grad()}].push_back(i);
+    }
+  }
+  for (const auto& [key, members] : groups) {
+    std::vector<at::Tensor> xs;
+    xs.reserve(members.size());
+    for (size_t i : members) xs.push_back(found[i].value);
+    std::vector<at::Tensor> cast = CastTogether(xs, static_cast<at::ScalarType>(key.first));
+    for (size_t j = 0; j < members.size(); ++j) leaves[members[j]] = std::move(cast[j]);
+  }
+  // The second walk, in the same order, builds the map.
+  size_t next = 0;
+  std::function<NestedMap(const BaseLayer&)> build = [&](const BaseLayer& l) {
+    NestedMap out = l.CollectTree([&](const BaseLayer& c) { return NestedValue(build(c)); });
+    for (const auto& info : l.var_infos_) out.Put(info.name, leaves.at(next++));
+    return out;
+  };
+  return build(*this);
 }
 
 }  // namespace glossa
