@@ -333,7 +333,9 @@ TEST(ContinuousBatching, EventsAreServerSentEventLinesAndLateRequestsAreDropped)
   EXPECT_EQ(kinds.front(), GenerationEvent::kJoined);
   EXPECT_EQ(kinds.back(), GenerationEvent::kDone);
   EXPECT_LE(kinds.size(), 4u);  // joined, at most 2 tokens, done
+  // Draining (SIGTERM's first step) already refuses new requests, and so does a stopped batcher.
   gen.Drain();
+  EXPECT_THROW(gen.Enqueue({{"prompt", InferenceValue::Strings({"a"})}}), UnavailableError);
   gen.Stop();
   EXPECT_THROW(gen.Enqueue({{"prompt", InferenceValue::Strings({"a"})}}), UnavailableError);
 }
