@@ -2,8 +2,9 @@
 // --task=mt of the encoder-decoder mt::TransformerModel (glossa/tasks/mt/mt.h: source and target of
 // --seq tokens, num_layers each side, tokens/s counting target tokens), on random tokens:
 // tokens/s, median over runs, in fp32 or with bf16 compute (fprop_dtype bfloat16); or, with
-// --gemm, the GEMM rate (2048² matmul) this machine reaches in fp32, or with --dtype=bf16 in bf16
-// (each in its thread layout; bf16 also through Glossa's Affine, kernels/gemm.h). Run by train_throughput.sh beside the same model in PyTorch
+// --gemm, the GEMM rate (2048² matmul, or --gemm_shape=MxKxN) this machine reaches in fp32, or
+// with --dtype=bf16 in bf16 (each in its thread layout; bf16 also through Glossa's Affine,
+// kernels/gemm.h). Run by train_throughput.sh beside the same model in PyTorch
 // (train_throughput.py).
 //   bench_train_throughput --model_dim=512 --num_layers=6 --seq=256 --batch=8 --vocab=8000
 //   --dtype=fp32
@@ -12,11 +13,15 @@
 // batch with gradients averaged by DataParallelGradientSync (--bucket_mb, --overlap); rank 0
 // prints the global tokens/s and the allreduce's bytes and exposed time per step. With
 // --count_ops: one step's op counts (dispatcher calls, outermost calls by name, autograd nodes)
-// instead of timings.
+// instead of timings. With --profile_ops: where `steps` steps' time goes (inclusive times by op
+// and autograd node, and the page faults per step); GLOSSA_PROFILE_SHAPES=<op> adds a line per
+// call of that op (its inputs' sizes and strides, its time and its page faults).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -48,6 +53,12 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+long MinorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,6 +78,7 @@ int main(int argc, char** argv) {
                               {"dtype", "fp32"},
                               {"threads", "0"},
                               {"gemm", "0"},
+                              {"gemm_shape", "2048x2048x2048"},
                               {"bf16_kernels", "measure"},
                               {"gemm_split", "measure"},
                               {"task", "lm"},
@@ -82,7 +94,15 @@ int main(int argc, char** argv) {
   if (f["gemm"] == "1") {
     // The GEMM peak of the dtype's thread layout: fp32 (OpenBLAS) or bf16 (oneDNN).
     const bool bf16 = f["dtype"] == "bf16";
-    at::Tensor a = at::randn({2048, 2048}), b = at::randn({2048, 2048});
+    int64_t gm = 0, gk = 0, gn = 0;
+    if (std::sscanf(f["gemm_shape"].c_str(), "%ldx%ldx%ld", &gm, &gk, &gn) != 3 || gm <= 0 ||
+        gk <= 0 || gn <= 0) {
+      std::fprintf(stderr, "--gemm_shape must be MxKxN with positive sizes, got '%s'\n",
+                   f["gemm_shape"].c_str());
+      return 2;
+    }
+    const double flops = 2.0 * gm * gk * gn;
+    at::Tensor a = at::randn({gm, gk}), b = at::randn({gk, gn});
     if (bf16) {
       a = a.to(at::kBFloat16);
       b = b.to(at::kBFloat16);
@@ -92,7 +112,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < std::max(runs, 5); ++r) {
       const double t0 = Now();
       for (int i = 0; i < 5; ++i) at::mm(a, b);
-      rates.push_back(5 * 2.0 * 2048.0 * 2048.0 * 2048.0 / (Now() - t0) / 1e9);
+      rates.push_back(5 * flops / (Now() - t0) / 1e9);
     }
     std::printf("gemm_%s_gflops %.1f\n", bf16 ? "bf16" : "fp32", Median(rates));
     if (bf16) {
@@ -104,7 +124,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < std::max(runs, 5); ++r) {
         const double t0 = Now();
         for (int i = 0; i < 5; ++i) Bf16AffineNative(a, b, at::Tensor());
-        own.push_back(5 * 2.0 * 2048.0 * 2048.0 * 2048.0 / (Now() - t0) / 1e9);
+        own.push_back(5 * flops / (Now() - t0) / 1e9);
       }
       std::printf("gemm_bf16_glossa_gflops %.1f via native_float32_sgemm\n", Median(own));
     }
@@ -195,6 +215,8 @@ int main(int argc, char** argv) {
     struct Entry {
       double t0;
       bool timed;
+      bool shapes = false;  // GLOSSA_PROFILE_SHAPES's op: its time ends the line
+      long faults = 0;      // and its minor page faults (the process's)
     };
     static thread_local std::vector<Entry> stack;
     static std::map<std::string, std::pair<double, int64_t>> spent;
@@ -210,20 +232,28 @@ int main(int argc, char** argv) {
               static const bool all = std::getenv("GLOSSA_PROFILE_ALL") != nullptr;
               timed = timed || all;
               stack.push_back({Now(), timed});
-              // GLOSSA_PROFILE_SHAPES=<op name>: each call's input shapes, and its caller.
+              // GLOSSA_PROFILE_SHAPES=<op name>: each call's input sizes and strides, and its time.
               static const char* shapes_of = std::getenv("GLOSSA_PROFILE_SHAPES");
               if (shapes_of != nullptr && fn.name() == std::string(shapes_of)) {
                 std::string line;
                 for (const auto& v : fn.inputs()) {
-                  if (v.isTensor()) line += " " + std::to_string(v.toTensor().numel());
+                  if (!v.isTensor() || !v.toTensor().defined()) continue;
+                  const at::Tensor& t = v.toTensor();
+                  line += " " + c10::str(t.sizes()) + "/" + c10::str(t.strides());
                 }
-                std::printf("  %s inputs (numel):%s\n", shapes_of, line.c_str());
+                std::printf("  %s inputs (sizes/strides):%s", shapes_of, line.c_str());
+                stack.back().shapes = true;
+                stack.back().faults = MinorFaults();
               }
               return nullptr;
             },
             [](const at::RecordFunction& fn, at::ObserverContext*) {
               const Entry e = stack.back();
               stack.pop_back();
+              if (e.shapes) {
+                std::printf(" %.3f ms, %ld page faults\n", 1e3 * (Now() - e.t0),
+                            MinorFaults() - e.faults);
+              }
               if (e.timed) {
                 auto& s = spent[(fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? "bwd:" : "") +
                                 std::string(fn.name())];
@@ -234,8 +264,10 @@ int main(int argc, char** argv) {
             .needsInputs(std::getenv("GLOSSA_PROFILE_SHAPES") != nullptr)
             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     const double t0 = Now();
+    const long faults0 = MinorFaults();
     for (int s = 0; s < steps; ++s) train_step();
     const double total = Now() - t0;
+    const double faults = static_cast<double>(MinorFaults() - faults0) / steps;
     at::removeCallback(handle);
     std::vector<std::pair<double, std::string>> top;
     double covered = 0;
@@ -244,8 +276,8 @@ int main(int argc, char** argv) {
       covered += v.first;
     }
     std::sort(top.rbegin(), top.rend());
-    std::printf("ms_per_step %.2f timed_ms_per_step %.2f\n", 1e3 * total / steps,
-                1e3 * covered / steps);
+    std::printf("ms_per_step %.2f timed_ms_per_step %.2f page_faults_per_step %.0f\n",
+                1e3 * total / steps, 1e3 * covered / steps, faults);
     for (size_t i = 0; i < std::min<size_t>(top.size(), 40); ++i) {
       std::printf("  %8.3f ms %6.1f/step %s\n", 1e3 * top[i].first / steps,
                   static_cast<double>(spent[top[i].second].second) / steps,
