@@ -4,8 +4,9 @@
 // over --runs. Writes the source ids and the best hypotheses to <workdir> for the PyTorch eager
 // peer (bench/beam_search.py), which runs the same model and search and compares its outputs.
 //   bench_beam_search --logdir=runs/bible_tiny --workdir=/tmp/glossa_bench_beam --batch=1
-// --int8=1 runs the projections in int8 (what `glossa export --quantize=int8` bundles run) and
-// writes glossa_hyps_int8.jsonl. --fused=0 runs each decoder layer's step as the unfused
+// --precision=int8 (or --int8=1) runs the projections in int8, --precision=bf16 on the weights
+// rounded to bf16 (what `glossa export --quantize=int8` or `bf16` bundles run), and writes
+// glossa_hyps_int8.jsonl or glossa_hyps_bf16.jsonl. --fused=0 runs each decoder layer's step as the unfused
 // composition of the layers' ExtendStep instead of one DecoderLayerStep
 // (glossa/kernels/decoder_step.h), for the comparison in bench/README.md.
 #include <ATen/ATen.h>
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
                               {"beam", "4"},
                               {"runs", "3"},
                               {"int8", "0"},
+                              {"precision", "float32"},
                               {"fused", "1"},
                               {"row_kernels", "measure"}});
   // --row_kernels=measure|aten|native: how short inputs are projected (kernel_choice.h).
@@ -106,7 +108,8 @@ int main(int argc, char** argv) {
   // --quantize=int8 runs them; --fused=0: the unfused decoding step. The plan the Predictor would
   // make at load (glossa/kernels/compute_plan.h).
   ComputePolicy policy;
-  if (f["int8"] == "1") policy.precision = Precision::kInt8;
+  policy.precision = f["int8"] == "1" ? Precision::kInt8
+                                      : ParsePrecision(f["precision"], "--precision");
   policy.fused_decoder_step = f["fused"] != "0";
   model->SetComputePlan(PlanInference(*model, policy));
   at::NoGradGuard no_grad;
@@ -132,7 +135,10 @@ int main(int argc, char** argv) {
     }
   }
   {
-    std::ofstream out(JoinPath(f["workdir"], policy.precision == Precision::kInt8 ? "glossa_hyps_int8.jsonl" : "glossa_hyps.jsonl"));
+    const std::string name = policy.precision == Precision::kFloat32
+                                 ? "glossa_hyps.jsonl"
+                                 : StrCat("glossa_hyps_", PrecisionName(policy.precision), ".jsonl");
+    std::ofstream out(JoinPath(f["workdir"], name));
     for (const auto& h : hyps) out << nlohmann::json(h).dump() << "\n";
   }
   std::sort(sps.begin(), sps.end());

@@ -3,7 +3,8 @@
 // Run by predictor_throughput.sh beside the same network in PyTorch eager (predictor_throughput.py),
 // which reads the bundle's weights and the ids this program writes.
 //   bench_predictor --workdir=/tmp/glossa_bench_predictor --sentences=200 --batch=1 --runs=3
-// --int8=1 runs the same checkpoint exported with --quantize=int8 (<workdir>/bundle_int8).
+// --precision=int8 (or --int8=1) or bf16 runs the same checkpoint exported with
+// --quantize=int8 or bf16 (<workdir>/bundle_int8, bundle_bf16).
 // --count_ops=1 prints the ATen ops of one batch through the network alone instead of timings.
 // The first run trains lm.austen.TransformerLmTiny one step and exports <workdir>/bundle (with
 // --onnx: onnx/lm_score.onnx, which ONNX Runtime runs on the batches written to
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
                               {"threads", "0"},
                               {"batch_invariant", "0"},
                               {"int8", "0"},
+                              {"precision", "float32"},
                              {"count_ops", "0"},
                               {"row_kernels", "measure"}});
   const std::string work = f["workdir"];
@@ -56,15 +58,18 @@ int main(int argc, char** argv) {
   // --batch_invariant=1: the kernels glossa serve runs (a batch-invariant plan,
   // glossa/kernels/compute_plan.h).
   const bool invariant = f["batch_invariant"] == "1";
-  // --int8=1: the same checkpoint exported with --quantize=int8 (<workdir>/bundle_int8).
-  const bool int8 = f["int8"] == "1";
-  const std::string bundle = JoinPath(work, int8 ? "bundle_int8" : "bundle");
+  // --precision=int8|bf16 (--int8=1: int8): the same checkpoint exported with --quantize=int8 or
+  // bf16 (<workdir>/bundle_int8, bundle_bf16).
+  const std::string precision = f["int8"] == "1" ? "int8" : f["precision"];
+  const bool quantized = ParsePrecision(precision, "--precision") != Precision::kFloat32;
+  const std::string bundle = JoinPath(work, quantized ? "bundle_" + precision : "bundle");
   const Params dev = GetModelParams("lm.austen.TransformerLmTiny", "Dev",
                                     "random_seed : 1\ntask.random_seed : 1\n");
   const std::string logdir = JoinPath(work, "lm");
   if (!FileExists(JoinPath(work, "bundle/onnx/lm_score.onnx"))) {
     std::filesystem::remove_all(JoinPath(work, "bundle"));
     std::filesystem::remove_all(JoinPath(work, "bundle_int8"));
+    std::filesystem::remove_all(JoinPath(work, "bundle_bf16"));
     std::filesystem::remove_all(logdir);
     Executor(GetModelParams("lm.austen.TransformerLmTiny", "Train",
                             "random_seed : 1\ntask.random_seed : 1\ntask.train.max_steps : 1\n"
@@ -76,12 +81,12 @@ int main(int argc, char** argv) {
                   .out_dir = JoinPath(work, "bundle"),
                   .onnx = true});
   }
-  if (int8 && !FileExists(JoinPath(bundle, "MANIFEST.json"))) {
+  if (quantized && !FileExists(JoinPath(bundle, "MANIFEST.json"))) {
     std::filesystem::remove_all(bundle);
     ExportBundle({.model_params = dev,
                   .checkpoint = *Saver::LatestCheckpoint(JoinPath(logdir, "train")),
                   .out_dir = bundle,
-                  .quantize = "int8"});
+                  .quantize = precision});
   }
   // Sentences: the first non-empty lines of the Dev text.
   std::string pattern = dev.GetString("task.input.file_pattern");

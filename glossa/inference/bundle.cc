@@ -91,13 +91,14 @@ void CheckExportOptions(const ExportOptions& o) {
     throw InvalidArgumentError(
         StrCat("export: dtype must be float32 or bfloat16, got '", o.dtype, "'"));
   }
-  if (o.quantize != "none" && o.quantize != "int8") {
+  if (o.quantize != "none" && o.quantize != "int8" && o.quantize != "bf16") {
     throw InvalidArgumentError(
-        StrCat("export: quantize must be none or int8, got '", o.quantize, "'"));
+        StrCat("export: quantize must be none, int8 or bf16, got '", o.quantize, "'"));
   }
-  if (o.quantize == "int8" && o.dtype != "float32") {
-    throw InvalidArgumentError(StrCat("export: quantize int8 needs dtype float32 (it quantizes the "
-                                      "float32 weights), got '", o.dtype, "'"));
+  if (o.quantize != "none" && o.dtype != "float32") {
+    throw InvalidArgumentError(StrCat("export: quantize ", o.quantize, " needs dtype float32 (it "
+                                      "quantizes the float32 weights at load), got '", o.dtype,
+                                      "'"));
   }
   if (o.out_dir.empty()) throw InvalidArgumentError("export: the output directory is not set");
   if (FileExists(o.out_dir) && !ListDirectory(o.out_dir).empty()) {
@@ -312,7 +313,7 @@ int64_t ExportBundle(const ExportOptions& o) {
   if (!step) throw DataLossError(StrCat("export: checkpoint '", o.checkpoint, "' has no global_step"));
   std::map<std::string, at::Tensor> weights = ExportedWeights(*model, ema.get(), o);
   if (o.dtype == "bfloat16") p.Set("dtype", DType::kBFloat16);
-  if (o.quantize == "int8") FloatActivations(p);
+  if (o.quantize != "none") FloatActivations(p);  // int8 and bf16 weights take float32 inputs
   // Everything is written to a staging directory beside out_dir and renamed into place at the end:
   // an export that fails leaves nothing under out_dir (one that is killed, a "<out_dir>.partial-
   // <pid>" directory beside it).
@@ -420,10 +421,10 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
     throw DataLossError(StrCat("bundle manifest '", path, "': global_step is negative"));
   }
   // Absent in bundles from before int8 export: none.
-  if (m.contains("quantize") && (!m["quantize"].is_string() ||
-                                 (m["quantize"] != "none" && m["quantize"] != "int8"))) {
-    throw DataLossError(StrCat("bundle manifest '", path, "': quantize must be \"none\" or "
-                               "\"int8\", got ", m["quantize"].dump()));
+  const json quantize = m.contains("quantize") ? m["quantize"] : json("none");
+  if (!quantize.is_string() || (quantize != "none" && quantize != "int8" && quantize != "bf16")) {
+    throw DataLossError(StrCat("bundle manifest '", path, "': quantize must be \"none\", "
+                               "\"int8\" or \"bf16\", got ", quantize.dump()));
   }
   const json& files = field("files", &json::is_object);
   for (const char* required : {"model_params.pb", "weights.safetensors", "inference_graph.pbtxt"}) {

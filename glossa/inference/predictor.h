@@ -42,8 +42,8 @@ struct PredictorOptions {
   // hold a batch thread for minutes.
   int64_t max_new_tokens = 512;
   // The plan made at load (glossa/kernels/compute_plan.h). precision: "" takes the bundle's
-  // (its manifest's quantize: int8 or none), else "float32" or "int8" (a float bundle quantized at
-  // load). batch_invariant: a request's answer has the same bits alone or in any batch (what
+  // (its manifest's quantize: int8, bf16 or none), else "float32", "int8" or "bf16" (a float
+  // bundle quantized, or its weights rounded to bf16, at load). batch_invariant: a request's answer has the same bits alone or in any batch (what
   // glossa serve runs by default).
   std::string precision;
   bool batch_invariant = false;

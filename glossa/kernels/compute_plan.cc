@@ -22,12 +22,19 @@ std::string ComputePolicy::ToString() const {
                 fused_decoder_step ? ", fused decoder step" : ", unfused decoder step");
 }
 
-const char* PrecisionName(Precision p) { return p == Precision::kInt8 ? "int8" : "float32"; }
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kInt8: return "int8";
+    case Precision::kBf16: return "bf16";
+    default: return "float32";
+  }
+}
 
 Precision ParsePrecision(const std::string& text, const std::string& what) {
   if (text == "float32" || text.empty() || text == "none") return Precision::kFloat32;
   if (text == "int8") return Precision::kInt8;
-  throw InvalidArgumentError(StrCat(what, " is '", text, "'; it must be float32 or int8"));
+  if (text == "bf16") return Precision::kBf16;
+  throw InvalidArgumentError(StrCat(what, " is '", text, "'; it must be float32, bf16 or int8"));
 }
 
 bool ComputePlan::AppliesNow() { return !c10::GradMode::is_enabled(); }
@@ -73,6 +80,10 @@ void ComputePlan::Prepare(const std::string& key, const at::Tensor& w,
   p.w = w.detach().contiguous();
   if (policy_.precision == Precision::kInt8) {
     p.int8 = QuantizeInt8(p.w);
+  } else if (policy_.precision == Precision::kBf16 && p.w.scalar_type() == at::kFloat) {
+    p.panels_bf16 = PackPanelsBf16(p.w);
+    // Every path computes with the rounded weight, the reference (Affine) too.
+    p.w = p.w.to(at::kBFloat16).to(at::kFloat);
   } else if (p.w.scalar_type() == at::kFloat) {
     p.panels = PackPanels(p.w);
   }
@@ -115,6 +126,9 @@ at::Tensor ComputePlan::Affine(const PreparedWeight& w, const at::Tensor& x, con
       (!b.defined() || b.scalar_type() == at::kFloat)) {
     const int64_t n = w.w.size(1);
     const at::Tensor bias = b.defined() && b.numel() > 0 ? b : at::Tensor();
+    if (w.panels_bf16.defined() && !KernelsForcedToReference()) {
+      return PackedAffineBf16(x, w.panels_bf16, n, bias, relu);
+    }
     if (w.panels.defined() &&
         (BatchInvariantNow() || PackedKernelsFor(x.size(0), x.size(1), n))) {
       return PackedAffine(x, w.panels, n, bias, relu);

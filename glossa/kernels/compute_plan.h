@@ -9,7 +9,9 @@
 // A ComputePolicy says:
 //  - precision: float32 (the model's own weights; a bf16 model stays bf16), or int8: every
 //    projection a layer prepared runs Int8Affine (glossa/kernels/int8_gemm.h) on its weight
-//    quantized per output channel at load;
+//    quantized per output channel at load, or bf16: every projection a layer prepared runs on its
+//    weight rounded to bf16 at load (half the bytes a decoding step reads), float32 activations
+//    and sums (PackedAffineBf16, glossa/kernels/packed_affine.h);
 //  - batch_invariant: the projections and the attention core take the batch-invariant kernels
 //    (glossa/kernels/batch_invariant.h): a request's bits do not depend on what shares its batch;
 //  - fused_decoder_step: incremental decoding runs the fused step (glossa/kernels/decoder_step.h)
@@ -40,7 +42,7 @@ namespace glossa {
 
 struct Int8Weight;  // glossa/kernels/int8_gemm.h
 
-enum class Precision { kFloat32, kInt8 };
+enum class Precision { kFloat32, kInt8, kBf16 };
 
 struct ComputePolicy {
   Precision precision = Precision::kFloat32;
@@ -50,12 +52,14 @@ struct ComputePolicy {
   std::string ToString() const;
 };
 
-// "float32" or "int8" (the manifest's quantize, --compute); InvalidArgument naming `what` else.
+// "float32", "int8" or "bf16" (the manifest's quantize, --precision); InvalidArgument naming
+// `what` else.
 Precision ParsePrecision(const std::string& text, const std::string& what);
 const char* PrecisionName(Precision p);
 
-// A weight prepared for the policy: w [K, N] as Affine reads it (contiguous), and under int8 its
-// quantized form.
+// A weight prepared for the policy: w [K, N] as Affine reads it (contiguous), under int8 its
+// quantized form, and under bf16 w holds the bf16-rounded values in float32 (what every path
+// computes with) beside their panels.
 struct PreparedWeight {
   std::string key;
   at::Tensor w;
@@ -63,6 +67,9 @@ struct PreparedWeight {
   // Under float32 for a float32 weight: w packed into PackPanels' panels
   // (glossa/kernels/packed_affine.h), which PackedAffine reads sequentially.
   at::Tensor panels;
+  // Under bf16 for a float32 weight: w rounded to bf16 and packed by PackPanelsBf16, which
+  // PackedAffineBf16 reads at any row count (the plan decided: no measurement).
+  at::Tensor panels_bf16;
   // What it was made from: each source's data, shape, strides and version at preparation.
   struct Source {
     const void* data = nullptr;
@@ -92,9 +99,9 @@ class ComputePlan {
   // what it was made from.
   const PreparedWeight* Find(const std::string& key,
                              std::initializer_list<at::Tensor> sources) const;
-  // x [M, K] · w (+ b) as the policy says: Int8Affine on the int8 form; PackedAffine on the panels
-  // when batch-invariant or where PackedKernelsFor measured it faster than BLAS; else Affine on
-  // the prepared matrix. x float32 or bf16 (under int8 a bf16 x
+  // x [M, K] · w (+ b) as the policy says: Int8Affine on the int8 form; PackedAffineBf16 on the
+  // bf16 panels (x float32); PackedAffine on the panels when batch-invariant or where
+  // PackedKernelsFor measured it faster than BLAS; else Affine on the prepared matrix. x float32 or bf16 (under int8 a bf16 x
   // is widened exactly and the result rounded back unless float_out, as Affine's bf16 does).
   at::Tensor Affine(const PreparedWeight& w, const at::Tensor& x, const at::Tensor& b,
                     bool relu = false, bool float_out = false) const;

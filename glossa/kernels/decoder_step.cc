@@ -57,6 +57,11 @@ void Project(const float* x, int64_t rows, const StepProjArgs& p, bool relu, flo
     Int8AffineRaw(x, rows, *p.w8, p.b, relu, y);
     return;
   }
+  // A bf16 plan's weights: what the plan computes with at any row count.
+  if (p.panels_bf16 != nullptr && !KernelsForcedToReference()) {
+    PackedAffineBf16Raw(x, p.panels_bf16, p.b, y, rows, p.in, p.out, relu);
+    return;
+  }
   // The plan's packed panels: the same bits as InvariantAffineRaw on the [in, out] matrix.
   if (p.panels != nullptr && !KernelsForcedToReference() &&
       (p.row_kernels || PackedKernelsFor(rows, p.in, p.out))) {

@@ -54,7 +54,8 @@ class ComputePlan;   // glossa/kernels/compute_plan.h
 // with row_kernels (a batch-invariant plan), the row kernels always. With panels (a float32 plan:
 // the weight as [in, out] packed at load, PackPanels in glossa/kernels/packed_affine.h, also for
 // a transposed w), PackedAffineRaw where the row kernels would run or PackedKernelsFor measured it
-// faster than BLAS.
+// faster than BLAS. With panels_bf16 (a bf16 plan: the weight rounded to bf16 and packed by
+// PackPanelsBf16), PackedAffineBf16Raw always.
 struct StepProjArgs {
   const float* w = nullptr;
   const float* b = nullptr;
@@ -63,6 +64,7 @@ struct StepProjArgs {
   const Int8Weight* w8 = nullptr;
   bool row_kernels = false;
   const float* panels = nullptr;
+  const uint16_t* panels_bf16 = nullptr;
 };
 
 struct StepSelfAttentionArgs {

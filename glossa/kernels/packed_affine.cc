@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -142,6 +143,121 @@ void PackedAffineRawImpl(const float* xp, const float* panels, const float* bp, 
   });
 }
 
+// ---- The same on bf16 panels: [P, K, 32], each row interleaved (2i: column i, 2i + 1: 16 + i) ----
+
+inline float Bf16ToFloat(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+void PackedBf16TilePortable(const float* x, const uint16_t* panel, const float* b, float* y,
+                            int64_t K, int64_t N, int64_t i0, int64_t rows, int64_t j0,
+                            int64_t cols, bool relu) {
+  constexpr int64_t P = kBf16PanelCols;
+  float acc[kRows][P] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const uint16_t* wk = panel + k * P;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float xr = x[(i0 + r) * K + k];
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t at = c < 16 ? 2 * c : 2 * (c - 16) + 1;  // the interleaved position
+        acc[r][c] = std::fma(xr, Bf16ToFloat(wk[at]), acc[r][c]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) y[(i0 + r) * N + j0 + c] = Finish(acc[r][c], b, j0 + c, relu);
+  }
+}
+
+#if GLOSSA_X86_SIMD
+template <int R>
+__attribute__((target("avx512f"))) void PackedBf16Tile512(const float* x, const uint16_t* panel,
+                                                          const float* b, float* y, int64_t K,
+                                                          int64_t N, int64_t i0, int64_t j0,
+                                                          int64_t cols, bool relu) {
+  static_assert(kBf16PanelCols == 32, "two vectors of 16 columns");
+  __m512 a0[R], a1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  const float* xr0 = x + i0 * K;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k = 0; k < K; ++k) {
+    // 32 bf16: the low halves of the 32-bit lanes are columns 0-15, the high halves 16-31.
+    const __m512i wk = _mm512_loadu_si512(panel + k * kBf16PanelCols);
+    const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(wk, 16));
+    const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(wk, high));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(xr0[r * K + k]);
+      a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+    }
+  }
+  const __mmask16 m[2] = {cols >= 16 ? __mmask16(0xFFFF) : simd_math::TailMask(cols),
+                          cols >= 32   ? __mmask16(0xFFFF)
+                          : cols > 16 ? simd_math::TailMask(cols - 16)
+                                      : __mmask16(0)};
+  __m512 bv[2];
+  for (int v = 0; v < 2; ++v) {
+    bv[v] = b != nullptr ? _mm512_maskz_loadu_ps(m[v], b + j0 + 16 * v) : _mm512_setzero_ps();
+  }
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m512 yv[2] = {a0[r], a1[r]};
+    float* yr = y + (i0 + r) * N + j0;
+    for (int v = 0; v < 2; ++v) {
+      if (b != nullptr) yv[v] = _mm512_add_ps(yv[v], bv[v]);  // as Finish: no + 0 without b
+      if (relu) yv[v] = _mm512_max_ps(yv[v], zero);
+      _mm512_mask_storeu_ps(yr + 16 * v, m[v], yv[v]);
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) void PackedBf16Tile512Rows(const float* x,
+                                                              const uint16_t* panel,
+                                                              const float* b, float* y, int64_t K,
+                                                              int64_t N, int64_t i0, int64_t rows,
+                                                              int64_t j0, int64_t cols, bool relu) {
+  switch (rows) {
+    case 8: PackedBf16Tile512<8>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 7: PackedBf16Tile512<7>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 6: PackedBf16Tile512<6>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 5: PackedBf16Tile512<5>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 4: PackedBf16Tile512<4>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 3: PackedBf16Tile512<3>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    case 2: PackedBf16Tile512<2>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+    default: PackedBf16Tile512<1>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
+  }
+}
+#endif
+
+void PackedAffineBf16RawImpl(const float* xp, const uint16_t* panels, const float* bp, float* yp,
+                             int64_t M, int64_t K, int64_t N, bool relu, bool simd) {
+  (void)simd;
+  const int64_t row_blocks = (M + kRows - 1) / kRows,
+                col_blocks = (N + kBf16PanelCols - 1) / kBf16PanelCols;
+  KernelParallelFor(0, row_blocks * col_blocks, ParallelGrain(K * kRows * kBf16PanelCols),
+                    [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t cb = t / row_blocks, rb = t % row_blocks;
+      const int64_t i0 = rb * kRows, j0 = cb * kBf16PanelCols;
+      const int64_t rows = std::min(kRows, M - i0), cols = std::min(kBf16PanelCols, N - j0);
+      const uint16_t* panel = panels + cb * K * kBf16PanelCols;
+#if GLOSSA_X86_SIMD
+      if (simd) {
+        PackedBf16Tile512Rows(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+        continue;
+      }
+#endif
+      PackedBf16TilePortable(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+    }
+  });
+}
+
 }  // namespace
 
 at::Tensor PackPanels(const at::Tensor& w_in) {
@@ -189,6 +305,51 @@ at::Tensor PackedAffine(const at::Tensor& x_in, const at::Tensor& panels, int64_
   PackedAffineRaw(x.data_ptr<float>(), panels.data_ptr<float>(),
                   b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0),
                   x.size(1), n, relu, portable);
+  return y;
+}
+
+at::Tensor PackPanelsBf16(const at::Tensor& w_in) {
+  if (w_in.dim() != 2 || w_in.scalar_type() != at::kFloat || !w_in.device().is_cpu()) {
+    throw InvalidArgumentError(StrCat("PackPanelsBf16: w must be a float32 CPU matrix [K, N], "
+                                      "got ", w_in.sizes(), " ", w_in.scalar_type()));
+  }
+  const int64_t K = w_in.size(0), N = w_in.size(1),
+                P = (N + kBf16PanelCols - 1) / kBf16PanelCols;
+  at::Tensor padded = at::zeros({K, P * kBf16PanelCols}, w_in.options().dtype(at::kBFloat16));
+  padded.narrow(1, 0, N).copy_(w_in);  // rounded as .to(kBFloat16)
+  // [K, P, 2, 16] -> [P, K, 16, 2]: element 2i of a panel row is column i, 2i + 1 column 16 + i.
+  return padded.view({K, P, 2, 16}).permute({1, 0, 3, 2}).contiguous().view({P, K, kBf16PanelCols});
+}
+
+void PackedAffineBf16Raw(const float* x, const uint16_t* panels, const float* b, float* y,
+                         int64_t m, int64_t k, int64_t n, bool relu, bool portable) {
+  if (m > 0 && n > 0) {
+    PackedAffineBf16RawImpl(x, panels, b, y, m, k, n, relu, !portable && CpuHasAvx512F());
+  }
+}
+
+at::Tensor PackedAffineBf16(const at::Tensor& x_in, const at::Tensor& panels, int64_t n,
+                            const at::Tensor& b_in, bool relu, bool portable) {
+  if (x_in.dim() != 2 || x_in.scalar_type() != at::kFloat ||
+      (b_in.defined() && (b_in.numel() != n || b_in.scalar_type() != at::kFloat))) {
+    throw InvalidArgumentError(StrCat("PackedAffineBf16: x [M, K] float32 and b [", n,
+                                      "] float32, got ", x_in.sizes(), ", ",
+                                      b_in.defined() ? b_in.sizes() : at::IntArrayRef{}));
+  }
+  const int64_t k = x_in.size(1);
+  if (panels.dim() != 3 || panels.scalar_type() != at::kBFloat16 || !panels.is_contiguous() ||
+      panels.size(1) != k || panels.size(2) != kBf16PanelCols ||
+      panels.size(0) != (n + kBf16PanelCols - 1) / kBf16PanelCols) {
+    throw InvalidArgumentError(StrCat("PackedAffineBf16: panels must be PackPanelsBf16 of a [", k,
+                                      ", ", n, "] float32 matrix, got ", panels.sizes(), " ",
+                                      panels.scalar_type()));
+  }
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor b = b_in.defined() ? b_in.contiguous() : at::Tensor();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  PackedAffineBf16Raw(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(panels.data_ptr()),
+                      b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), x.size(0),
+                      k, n, relu, portable);
   return y;
 }
 

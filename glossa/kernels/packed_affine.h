@@ -27,6 +27,22 @@ at::Tensor PackedAffine(const at::Tensor& x, const at::Tensor& panels, int64_t n
                         const at::Tensor& b, bool relu, bool portable = false);
 void PackedAffineRaw(const float* x, const float* panels, const float* b, float* y, int64_t m,
                      int64_t k, int64_t n, bool relu, bool portable = false);
+// bf16 weights (a "bf16" inference plan, glossa/kernels/compute_plan.h): decoding reads every
+// weight once a step for a few rows, so its projections are bound by the weights' bytes, and
+// bf16 halves them. w [K, N] float32 is rounded to bf16 (as .to(kBFloat16): to nearest, ties to
+// even) into panels [ceil(N / 32), K, 32] of 32 columns, each row of a panel interleaved
+// (element 2i: column i, 2i + 1: column 16 + i) so that one 64-byte load widens into two vectors
+// of 16 columns with a shift and a mask. PackedAffineBf16 computes each output as InvariantAffine
+// does on the bf16-rounded matrix (the same fma chain over increasing k in float32, x float32),
+// so its bits equal PackedAffine's on PackPanels(w.to(bf16).to(float32)) at any M and thread
+// count, and on both paths (`portable`: no SIMD). Needs AVX-512F, not AVX-512 BF16: x stays
+// float32.
+constexpr int64_t kBf16PanelCols = 32;
+at::Tensor PackPanelsBf16(const at::Tensor& w);
+at::Tensor PackedAffineBf16(const at::Tensor& x, const at::Tensor& panels, int64_t n,
+                            const at::Tensor& b, bool relu, bool portable = false);
+void PackedAffineBf16Raw(const float* x, const uint16_t* panels, const float* b, float* y,
+                         int64_t m, int64_t k, int64_t n, bool relu, bool portable = false);
 // Whether a plan's float32 projection of x [rows, k] by a packed [k, n] weight takes PackedAffine
 // rather than BLAS sgemm when the plan is not batch-invariant (a batch-invariant one always
 // does): without autograd, measured per weight shape and power-of-two row count up to

@@ -56,13 +56,14 @@ void BaseLayer::PrepareWeights(const NestedMap& /*theta*/, ComputePlan& /*plan*/
 void BaseLayer::PrepareWeightsTree(ComputePlan& plan) const {
   if (fprop_dtype_ == dtype_) {
     PrepareWeights(theta(), plan);
-  } else if (!var_infos_.empty() && plan.policy().precision == Precision::kInt8) {
+  } else if (!var_infos_.empty() && plan.policy().precision != Precision::kFloat32) {
     // theta() casts the variables on every call: no prepared weight could be checked against it,
-    // and int8 would silently not apply here.
+    // and int8 or bf16 weights would silently not apply here.
+    const char* p = PrecisionName(plan.policy().precision);
     throw FailedPreconditionError(StrCat(
         "layer '", path_, "' computes in ", c10::toString(fprop_dtype_), " on ",
-        c10::toString(dtype_), " variables: int8 needs float32 activations (export the bundle "
-        "with --quantize=int8, which sets them)"));
+        c10::toString(dtype_), " variables: ", p, " needs float32 activations (export the bundle "
+        "with --quantize=", p, ", which sets them)"));
   }  // else its FProp casts theta on every call, as without a plan
   ForEachChild([&](BaseLayer& c) { c.PrepareWeightsTree(plan); });
 }

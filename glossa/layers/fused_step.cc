@@ -30,6 +30,9 @@ bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjA
   if (const PreparedWeight* p = PlannedWeight("w", {w})) {
     out->w8 = p->int8.get();
     if (p->panels.defined()) out->panels = p->panels.data_ptr<float>();  // [nh, d] for a post
+    if (p->panels_bf16.defined()) {
+      out->panels_bf16 = reinterpret_cast<const uint16_t*>(p->panels_bf16.data_ptr());
+    }
   }
   out->row_kernels = PlannedBatchInvariant();
   return true;

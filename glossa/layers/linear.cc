@@ -157,6 +157,9 @@ bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, b
   if (const PreparedWeight* p = PlannedWeight("w", {w})) {
     out->w8 = p->int8.get();
     if (p->panels.defined()) out->panels = p->panels.data_ptr<float>();
+    if (p->panels_bf16.defined()) {
+      out->panels_bf16 = reinterpret_cast<const uint16_t*>(p->panels_bf16.data_ptr());
+    }
   }
   out->row_kernels = PlannedBatchInvariant();
   return true;

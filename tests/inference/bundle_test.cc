@@ -118,7 +118,7 @@ TEST(Bundle, Int8ExportRunsTheProjectionsInInt8CloseToFloat) {
   }
   EXPECT_ERROR_CONTAINS(
       ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = Dir("q4"), .quantize = "int4"}),
-      InvalidArgumentError, "quantize must be none or int8, got 'int4'");
+      InvalidArgumentError, "quantize must be none, int8 or bf16, got 'int4'");
   EXPECT_ERROR_CONTAINS(ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = Dir("qbf"),
                                       .dtype = "bfloat16", .quantize = "int8"}),
                         InvalidArgumentError, "quantize int8 needs dtype float32");
@@ -128,6 +128,41 @@ TEST(Bundle, Int8ExportRunsTheProjectionsInInt8CloseToFloat) {
   m["quantize"] = "int4";
   AtomicWriteFile(manifest, m.dump());
   EXPECT_ERROR_CONTAINS(Predictor{out}, DataLossError, "quantize must be");
+}
+
+// --quantize=bf16: the manifest says so, and the Predictor's plan runs every projection on the
+// weights rounded to bf16 (what --precision=bf16 does for a float bundle at load), activations in
+// float32 whatever the model trained in.
+TEST(Bundle, Bf16ExportRunsTheProjectionsOnBf16Weights) {
+  Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  p.Set("task.fprop_dtype", DType::kBFloat16);
+  const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+  const std::string out = Dir("bf16w");
+  ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = out, .quantize = "bf16"});
+  Predictor bf16(out);
+  EXPECT_EQ(bf16.manifest().at("quantize"), "bf16");
+  EXPECT_TRUE(LoadBundle(out).model_params.Get("task.fprop_dtype").is_none());
+  PredictorOptions po;
+  po.precision = "bf16";
+  Predictor flag(ExportedBundle(), po);  // a float32 bundle, bf16 weights by the flag
+  Predictor fp32(ExportedBundle());
+  const auto run = [](Predictor& pr) {
+    return pr.Run("default", {{"text", InferenceValue::Strings(kTexts)}}).at("log_probs").tensor;
+  };
+  const at::Tensor a = run(fp32), b = run(bf16), c = run(flag);
+  ASSERT_EQ(a.sizes(), b.sizes());
+  EXPECT_FALSE(at::equal(a, b));  // the rounded weights ran
+  EXPECT_LT((a - b).abs().max().item<double>(), 0.05);
+  EXPECT_TRUE(at::equal(b, c));   // the same plan either way
+  EXPECT_ERROR_CONTAINS(ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = Dir("qbb"),
+                                      .dtype = "bfloat16", .quantize = "bf16"}),
+                        InvalidArgumentError, "quantize bf16 needs dtype float32");
+  // On a bundle whose layers compute in bf16 on float32 variables, bf16 weights are refused, not
+  // silently skipped.
+  const std::string b16 = Dir("bf16act");
+  ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = b16});
+  EXPECT_ERROR_CONTAINS(Predictor(b16, po), FailedPreconditionError,
+                        "bf16 needs float32 activations (export the bundle with --quantize=bf16");
 }
 
 // An edited manifest made consistent again, as an export would have written it (manifest_sha256

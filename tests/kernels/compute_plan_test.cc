@@ -51,6 +51,25 @@ TEST(ComputePlan, RunsThePreparedWeightAsThePolicySays) {
   EXPECT_FALSE(SameBits(y8, at::relu(Affine(x, w, b))));  // int8 ran, not float32
   EXPECT_LT((y8 - at::relu(at::addmm(b, x, w))).abs().max().item<double>(), 0.1);
 
+  // bf16: the weight rounded to bf16 once; every path computes with the rounded values (the
+  // reference too), the panels at any row count.
+  ComputePlan bf16({.precision = Precision::kBf16});
+  bf16.Prepare("a/wt", wt.t(), {wt});
+  const PreparedWeight& pb = *bf16.Find("a/wt", {wt});
+  const at::Tensor rounded = wt.t().to(at::kBFloat16).to(at::kFloat);
+  EXPECT_TRUE(at::equal(pb.w, rounded));
+  EXPECT_FALSE(pb.panels.defined());
+  EXPECT_EQ(pb.int8, nullptr);
+  EXPECT_TRUE(at::equal(pb.panels_bf16, PackPanelsBf16(wt.t().contiguous())));
+  const at::Tensor yb = bf16.Affine(pb, x, b, /*relu=*/true);
+  EXPECT_TRUE(SameBits(yb, KernelsForcedToReference()
+                               ? Affine(x, rounded, b, true)
+                               : PackedAffineBf16(x, pb.panels_bf16, 24, b, true)));
+  EXPECT_FALSE(SameBits(yb, at::relu(at::addmm(b, x, wt.t()))));  // not the float32 weights
+  EXPECT_LT((yb - at::relu(at::addmm(b, x, wt.t()))).abs().max().item<double>(), 0.1);
+  EXPECT_EQ(bf16.policy().ToString(), "bf16, fused decoder step");
+  EXPECT_EQ(ParsePrecision("bf16", "--precision"), Precision::kBf16);
+
   ComputePlan inv({.batch_invariant = true});
   inv.Prepare("a/wt", wt.t(), {wt});
   EXPECT_EQ(inv.BatchInvariantNow(), !KernelsForcedToReference());
@@ -109,7 +128,7 @@ TEST(ComputePlan, RefusesWeightsThatChangedSinceItWasMade) {
   EXPECT_EQ(ParsePrecision("int8", "--precision"), Precision::kInt8);
   EXPECT_EQ(ParsePrecision("none", "quantize"), Precision::kFloat32);
   EXPECT_ERROR_CONTAINS(ParsePrecision("int4", "--precision"), InvalidArgumentError,
-                        "--precision is 'int4'; it must be float32 or int8");
+                        "--precision is 'int4'; it must be float32, bf16 or int8");
 }
 
 }  // namespace

@@ -130,5 +130,44 @@ TEST(FusedDecoderStep, Int8InferenceRunsFusedWithTheSameQuantizedWeights) {
   }
 }
 
+// A bf16 plan: the fused step's projections read the weights rounded to bf16 at load, the ones
+// the unfused steps' FProp reads too. With every projection weight rounded to bf16 beforehand, a
+// batch-invariant float32 plan (PackedAffine on those values) gives the same bits.
+TEST(FusedDecoderStep, Bf16WeightsAreTheRoundedWeightsOnEveryPath) {
+  at::manual_seed(6);
+  auto dec = Decoder("");
+  const at::Tensor y = at::randn({3, 4, 32}), enc = at::randn({3, 5, 32});
+  const at::Tensor enc_paddings = at::zeros({3, 5});
+  at::NoGradGuard no_grad;
+  Plan(*dec, {.precision = Precision::kBf16, .batch_invariant = true});
+  const Stepped fused = Step(*dec, y, enc, enc_paddings);
+  Plan(*dec, {.precision = Precision::kBf16, .fused_decoder_step = false});
+  const Stepped unfused = Step(*dec, y, enc, enc_paddings);
+  dec->SetComputePlan(nullptr);
+  EXPECT_EQ(fused.fused_calls, KernelsForcedToReference() ? 0 : 2 * 4);
+  const Stepped fp32 = Step(*dec, y, enc, enc_paddings);
+  // The projection weights (every 2-D and 3-D variable named w) rounded to bf16 in place.
+  int rounded = 0;
+  for (const auto& [key, v] : dec->theta().FlattenItems()) {
+    const at::Tensor& t = v.AsTensor();
+    if (t.dim() >= 2 && (key == "w" || (key.size() > 2 && key.substr(key.size() - 2) == ".w"))) {
+      t.copy_(t.to(at::kBFloat16).to(at::kFloat));
+      ++rounded;
+    }
+  }
+  EXPECT_EQ(rounded, 2 * 10) << "a layer's q, k, v, post, cross q, k, v, post, fc0 and fc1";
+  Plan(*dec, {.batch_invariant = true});
+  const Stepped fp32_rounded = Step(*dec, y, enc, enc_paddings);
+  dec->SetComputePlan(nullptr);
+  for (int64_t t = 0; t < 4; ++t) {
+    if (!KernelsForcedToReference()) {
+      EXPECT_TRUE(SameBits(fused.outs[t], fp32_rounded.outs[t])) << "step " << t;
+    }
+    EXPECT_TRUE(at::allclose(fused.outs[t], unfused.outs[t], 1e-4, 1e-4)) << "step " << t;
+    EXPECT_FALSE(at::equal(fused.outs[t], fp32.outs[t])) << "step " << t;
+    EXPECT_TRUE(at::allclose(fused.outs[t], fp32.outs[t], 0.05, 0.05)) << "step " << t;
+  }
+}
+
 }  // namespace
 }  // namespace glossa

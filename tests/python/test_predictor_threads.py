@@ -60,7 +60,7 @@ def test_predictor_equals_glossa_predict(bundle):
     lp8 = int8.run("default", text=TEXTS)["total_log_prob"]
     assert not torch.equal(lp8, out["total_log_prob"])
     torch.testing.assert_close(lp8, out["total_log_prob"], rtol=0.05, atol=0.5)
-    with pytest.raises(ValueError, match="precision is 'int4'; it must be float32 or int8"):
+    with pytest.raises(ValueError, match="precision is 'int4'; it must be float32, bf16 or int8"):
         glossa.Predictor(path, precision="int4")
     # Bad feeds: the Predictor's own checks, as Python exceptions naming the feed.
     with pytest.raises(ValueError, match="unknown feed 'txt'"):

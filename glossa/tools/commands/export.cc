@@ -33,8 +33,9 @@ class ExportCommand : public Command {
     c->add_flag("--onnx", onnx_,
                 "Also write onnx/<network>.onnx (opset 17) for ONNX Runtime and other engines.");
     c->add_option("--quantize", quantize_,
-                  "none, or int8: the Predictor runs the projections in int8 (weights per output "
-                  "channel, activations per row at run time; float32 only).")
+                  "none, int8: the Predictor runs the projections in int8 (weights per output "
+                  "channel, activations per row at run time), or bf16: on the weights rounded "
+                  "to bf16 at load, activations and sums in float32 (float32 dtype only).")
         ->capture_default_str();
     return c;
   }

@@ -69,9 +69,10 @@ class PredictCommand : public Command {
                "A longer input line is an error naming it (default 1 MiB).");
     AddKernelFlags(c, kernels_);
     c->add_option("--precision", precision_,
-                  "float32 or int8 (weights quantized per output channel at load); default: the "
-                  "bundle's (int8 when exported with --quantize=int8).")
-        ->check(CLI::IsMember({"float32", "int8"}));
+                  "float32, int8 (weights quantized per output channel at load) or bf16 "
+                  "(weights rounded to bf16 at load, float32 activations); default: the "
+                  "bundle's (int8 or bf16 when exported with --quantize=int8 or bf16).")
+        ->check(CLI::IsMember({"float32", "int8", "bf16"}));
     c->add_flag("--batch_invariant", batch_invariant_,
                 "Batch-invariant kernels: a line's answer has the same bits whatever lines share "
                 "its batch (what glossa serve runs by default).");

@@ -140,9 +140,10 @@ class ServeCommand : public Command {
                 "Batch-invariant kernels (default on): a request's answer has the same bits "
                 "alone or in any batch, at any thread count.");
     c->add_option("--precision", f.precision,
-                  "float32 or int8 (weights quantized per output channel at load); default: the "
-                  "bundle's (int8 when exported with --quantize=int8).")
-        ->check(CLI::IsMember({"float32", "int8"}));
+                  "float32, int8 (weights quantized per output channel at load) or bf16 "
+                  "(weights rounded to bf16 at load, float32 activations); default: the "
+                  "bundle's (int8 or bf16 when exported with --quantize=int8 or bf16).")
+        ->check(CLI::IsMember({"float32", "int8", "bf16"}));
     DefineLimits(c);
     return c;
   }
