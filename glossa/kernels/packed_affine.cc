@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "glossa/base/errors.h"
@@ -57,15 +58,58 @@ void PackedTilePortable(const float* x, const float* panel, const float* b, floa
 }
 
 #if GLOSSA_X86_SIMD
+// A tile's end, shared by the float32 and bf16 panels: the R × 16V sums acc[v][r] (+ b, relu, as
+// Finish) stored into y's columns [j0, j0 + cols).
+template <int R, int V>
+__attribute__((target("avx512f"))) inline void StoreTile(__m512 (&acc)[V][R], const float* b,
+                                                         float* y, int64_t N, int64_t i0,
+                                                         int64_t j0, int64_t cols, bool relu) {
+  __mmask16 m[V];
+  __m512 bv[V];
+  for (int v = 0; v < V; ++v) {
+    const int64_t left = cols - 16 * v;
+    m[v] = left >= 16 ? __mmask16(0xFFFF) : left > 0 ? simd_math::TailMask(left) : __mmask16(0);
+    bv[v] = b != nullptr ? _mm512_maskz_loadu_ps(m[v], b + j0 + 16 * v) : _mm512_setzero_ps();
+  }
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* yr = y + (i0 + r) * N + j0;
+    for (int v = 0; v < V; ++v) {
+      __m512 yv = acc[v][r];
+      if (b != nullptr) yv = _mm512_add_ps(yv, bv[v]);  // as Finish: no + 0 without b
+      if (relu) yv = _mm512_max_ps(yv, zero);
+      _mm512_mask_storeu_ps(yr + 16 * v, m[v], yv);
+    }
+  }
+}
+
+// tile(std::integral_constant<int, R>{}) for R = rows, 1 to kRows: the tiles' row count as a
+// template argument, so that their accumulators stay in registers.
+template <typename Tile>
+void ForRows(int64_t rows, const Tile& tile) {
+  static_assert(kRows == 8, "one case per row count");
+  switch (rows) {
+    case 8: tile(std::integral_constant<int, 8>{}); break;
+    case 7: tile(std::integral_constant<int, 7>{}); break;
+    case 6: tile(std::integral_constant<int, 6>{}); break;
+    case 5: tile(std::integral_constant<int, 5>{}); break;
+    case 4: tile(std::integral_constant<int, 4>{}); break;
+    case 3: tile(std::integral_constant<int, 3>{}); break;
+    case 2: tile(std::integral_constant<int, 2>{}); break;
+    default: tile(std::integral_constant<int, 1>{}); break;
+  }
+}
+
 template <int R>
 __attribute__((target("avx512f"))) void PackedTile512(const float* x, const float* panel,
                                                       const float* b, float* y, int64_t K,
                                                       int64_t N, int64_t i0, int64_t j0,
                                                       int64_t cols, bool relu) {
   static_assert(kPanelCols == 48, "three vectors of 16 columns");
-  __m512 a0[R], a1[R], a2[R];
+  __m512 acc[3][R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = a2[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = acc[2][r] = _mm512_setzero_ps();
   const float* xr0 = x + i0 * K;
   for (int64_t k = 0; k < K; ++k) {
     const float* wk = panel + k * kPanelCols;
@@ -74,49 +118,12 @@ __attribute__((target("avx512f"))) void PackedTile512(const float* x, const floa
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(xr0[r * K + k]);
-      a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
-      a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
-      a2[r] = _mm512_fmadd_ps(xv, w2, a2[r]);
+      acc[0][r] = _mm512_fmadd_ps(xv, w0, acc[0][r]);
+      acc[1][r] = _mm512_fmadd_ps(xv, w1, acc[1][r]);
+      acc[2][r] = _mm512_fmadd_ps(xv, w2, acc[2][r]);
     }
   }
-  const __mmask16 m[3] = {cols >= 16 ? __mmask16(0xFFFF) : simd_math::TailMask(cols),
-                          cols >= 32   ? __mmask16(0xFFFF)
-                          : cols > 16 ? simd_math::TailMask(cols - 16)
-                                      : __mmask16(0),
-                          cols >= 48   ? __mmask16(0xFFFF)
-                          : cols > 32 ? simd_math::TailMask(cols - 32)
-                                      : __mmask16(0)};
-  __m512 bv[3];
-  for (int v = 0; v < 3; ++v) {
-    bv[v] = b != nullptr ? _mm512_maskz_loadu_ps(m[v], b + j0 + 16 * v) : _mm512_setzero_ps();
-  }
-  const __m512 zero = _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    __m512 yv[3] = {a0[r], a1[r], a2[r]};
-    float* yr = y + (i0 + r) * N + j0;
-    for (int v = 0; v < 3; ++v) {
-      if (b != nullptr) yv[v] = _mm512_add_ps(yv[v], bv[v]);  // as Finish: no + 0 without b
-      if (relu) yv[v] = _mm512_max_ps(yv[v], zero);
-      _mm512_mask_storeu_ps(yr + 16 * v, m[v], yv[v]);
-    }
-  }
-}
-
-__attribute__((target("avx512f"))) void PackedTile512Rows(const float* x, const float* panel,
-                                                          const float* b, float* y, int64_t K,
-                                                          int64_t N, int64_t i0, int64_t rows,
-                                                          int64_t j0, int64_t cols, bool relu) {
-  switch (rows) {
-    case 8: PackedTile512<8>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 7: PackedTile512<7>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 6: PackedTile512<6>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 5: PackedTile512<5>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 4: PackedTile512<4>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 3: PackedTile512<3>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 2: PackedTile512<2>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    default: PackedTile512<1>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-  }
+  StoreTile<R, 3>(acc, b, y, N, i0, j0, cols, relu);
 }
 #endif
 
@@ -134,7 +141,9 @@ void PackedAffineRawImpl(const float* xp, const float* panels, const float* bp, 
       const float* panel = panels + cb * K * kPanelCols;
 #if GLOSSA_X86_SIMD
       if (simd) {
-        PackedTile512Rows(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+        ForRows(rows, [&](auto r) {
+          PackedTile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
+        });
         continue;
       }
 #endif
@@ -179,9 +188,9 @@ __attribute__((target("avx512f"))) void PackedBf16Tile512(const float* x, const 
                                                           int64_t N, int64_t i0, int64_t j0,
                                                           int64_t cols, bool relu) {
   static_assert(kBf16PanelCols == 32, "two vectors of 16 columns");
-  __m512 a0[R], a1[R];
+  __m512 acc[2][R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
   const float* xr0 = x + i0 * K;
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t k = 0; k < K; ++k) {
@@ -192,46 +201,11 @@ __attribute__((target("avx512f"))) void PackedBf16Tile512(const float* x, const 
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(xr0[r * K + k]);
-      a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
-      a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+      acc[0][r] = _mm512_fmadd_ps(xv, w0, acc[0][r]);
+      acc[1][r] = _mm512_fmadd_ps(xv, w1, acc[1][r]);
     }
   }
-  const __mmask16 m[2] = {cols >= 16 ? __mmask16(0xFFFF) : simd_math::TailMask(cols),
-                          cols >= 32   ? __mmask16(0xFFFF)
-                          : cols > 16 ? simd_math::TailMask(cols - 16)
-                                      : __mmask16(0)};
-  __m512 bv[2];
-  for (int v = 0; v < 2; ++v) {
-    bv[v] = b != nullptr ? _mm512_maskz_loadu_ps(m[v], b + j0 + 16 * v) : _mm512_setzero_ps();
-  }
-  const __m512 zero = _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    __m512 yv[2] = {a0[r], a1[r]};
-    float* yr = y + (i0 + r) * N + j0;
-    for (int v = 0; v < 2; ++v) {
-      if (b != nullptr) yv[v] = _mm512_add_ps(yv[v], bv[v]);  // as Finish: no + 0 without b
-      if (relu) yv[v] = _mm512_max_ps(yv[v], zero);
-      _mm512_mask_storeu_ps(yr + 16 * v, m[v], yv[v]);
-    }
-  }
-}
-
-__attribute__((target("avx512f"))) void PackedBf16Tile512Rows(const float* x,
-                                                              const uint16_t* panel,
-                                                              const float* b, float* y, int64_t K,
-                                                              int64_t N, int64_t i0, int64_t rows,
-                                                              int64_t j0, int64_t cols, bool relu) {
-  switch (rows) {
-    case 8: PackedBf16Tile512<8>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 7: PackedBf16Tile512<7>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 6: PackedBf16Tile512<6>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 5: PackedBf16Tile512<5>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 4: PackedBf16Tile512<4>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 3: PackedBf16Tile512<3>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    case 2: PackedBf16Tile512<2>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-    default: PackedBf16Tile512<1>(x, panel, b, y, K, N, i0, j0, cols, relu); break;
-  }
+  StoreTile<R, 2>(acc, b, y, N, i0, j0, cols, relu);
 }
 #endif
 
@@ -249,7 +223,9 @@ void PackedAffineBf16RawImpl(const float* xp, const uint16_t* panels, const floa
       const uint16_t* panel = panels + cb * K * kBf16PanelCols;
 #if GLOSSA_X86_SIMD
       if (simd) {
-        PackedBf16Tile512Rows(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+        ForRows(rows, [&](auto r) {
+          PackedBf16Tile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
+        });
         continue;
       }
 #endif
