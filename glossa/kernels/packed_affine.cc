@@ -127,28 +127,37 @@ __attribute__((target("avx512f"))) void PackedTile512(const float* x, const floa
 }
 #endif
 
-void PackedAffineRawImpl(const float* xp, const float* panels, const float* bp, float* yp,
-                         int64_t M, int64_t K, int64_t N, bool relu, bool simd) {
-  (void)simd;
-  const int64_t row_blocks = (M + kRows - 1) / kRows, col_blocks = (N + kPanelCols - 1) / kPanelCols;
-  // Panel major: a panel (K × 48) stays in cache across its row blocks.
-  KernelParallelFor(0, row_blocks * col_blocks, ParallelGrain(K * kRows * kPanelCols),
+// tile(i0, rows, j0, cols, p) for every tile of 8 rows of y [M, N] by panel p's `panel_cols`
+// columns, on the kernel threads, panel major: a panel (K × panel_cols) stays in cache across its
+// row blocks.
+template <typename Tile>
+void ForEachTile(int64_t M, int64_t K, int64_t N, int64_t panel_cols, const Tile& tile) {
+  const int64_t row_blocks = (M + kRows - 1) / kRows, col_blocks = (N + panel_cols - 1) / panel_cols;
+  KernelParallelFor(0, row_blocks * col_blocks, ParallelGrain(K * kRows * panel_cols),
                     [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t cb = t / row_blocks, rb = t % row_blocks;
-      const int64_t i0 = rb * kRows, j0 = cb * kPanelCols;
-      const int64_t rows = std::min(kRows, M - i0), cols = std::min(kPanelCols, N - j0);
-      const float* panel = panels + cb * K * kPanelCols;
-#if GLOSSA_X86_SIMD
-      if (simd) {
-        ForRows(rows, [&](auto r) {
-          PackedTile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
-        });
-        continue;
-      }
-#endif
-      PackedTilePortable(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+      const int64_t i0 = rb * kRows, j0 = cb * panel_cols;
+      tile(i0, std::min(kRows, M - i0), j0, std::min(panel_cols, N - j0), cb);
     }
+  });
+}
+
+void PackedAffineRawImpl(const float* xp, const float* panels, const float* bp, float* yp,
+                         int64_t M, int64_t K, int64_t N, bool relu, bool simd) {
+  (void)simd;
+  ForEachTile(M, K, N, kPanelCols, [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                                       int64_t p) {
+    const float* panel = panels + p * K * kPanelCols;
+#if GLOSSA_X86_SIMD
+    if (simd) {
+      ForRows(rows, [&](auto r) {
+        PackedTile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
+      });
+      return;
+    }
+#endif
+    PackedTilePortable(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
   });
 }
 
@@ -212,25 +221,18 @@ __attribute__((target("avx512f"))) void PackedBf16Tile512(const float* x, const 
 void PackedAffineBf16RawImpl(const float* xp, const uint16_t* panels, const float* bp, float* yp,
                              int64_t M, int64_t K, int64_t N, bool relu, bool simd) {
   (void)simd;
-  const int64_t row_blocks = (M + kRows - 1) / kRows,
-                col_blocks = (N + kBf16PanelCols - 1) / kBf16PanelCols;
-  KernelParallelFor(0, row_blocks * col_blocks, ParallelGrain(K * kRows * kBf16PanelCols),
-                    [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t cb = t / row_blocks, rb = t % row_blocks;
-      const int64_t i0 = rb * kRows, j0 = cb * kBf16PanelCols;
-      const int64_t rows = std::min(kRows, M - i0), cols = std::min(kBf16PanelCols, N - j0);
-      const uint16_t* panel = panels + cb * K * kBf16PanelCols;
+  ForEachTile(M, K, N, kBf16PanelCols, [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                                           int64_t p) {
+    const uint16_t* panel = panels + p * K * kBf16PanelCols;
 #if GLOSSA_X86_SIMD
-      if (simd) {
-        ForRows(rows, [&](auto r) {
-          PackedBf16Tile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
-        });
-        continue;
-      }
-#endif
-      PackedBf16TilePortable(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
+    if (simd) {
+      ForRows(rows, [&](auto r) {
+        PackedBf16Tile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
+      });
+      return;
     }
+#endif
+    PackedBf16TilePortable(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
   });
 }
 
