@@ -101,44 +101,52 @@ void ForRows(int64_t rows, const Tile& tile) {
   }
 }
 
-template <int R>
+// A tile of R rows by a float32 panel of 16V columns (V = 3: PackPanels' 48; V = 2: a bf16 panel
+// widened once for many row blocks).
+template <int R, int V>
 __attribute__((target("avx512f"))) void PackedTile512(const float* x, const float* panel,
                                                       const float* b, float* y, int64_t K,
                                                       int64_t N, int64_t i0, int64_t j0,
                                                       int64_t cols, bool relu) {
-  static_assert(kPanelCols == 48, "three vectors of 16 columns");
-  __m512 acc[3][R];
+  __m512 acc[V][R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = acc[2][r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) acc[v][r] = _mm512_setzero_ps();
+  }
   const float* xr0 = x + i0 * K;
   for (int64_t k = 0; k < K; ++k) {
-    const float* wk = panel + k * kPanelCols;
-    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16),
-                 w2 = _mm512_loadu_ps(wk + 32);
+    const float* wk = panel + k * 16 * V;
+    __m512 w[V];
+    for (int v = 0; v < V; ++v) w[v] = _mm512_loadu_ps(wk + 16 * v);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(xr0[r * K + k]);
-      acc[0][r] = _mm512_fmadd_ps(xv, w0, acc[0][r]);
-      acc[1][r] = _mm512_fmadd_ps(xv, w1, acc[1][r]);
-      acc[2][r] = _mm512_fmadd_ps(xv, w2, acc[2][r]);
+      for (int v = 0; v < V; ++v) acc[v][r] = _mm512_fmadd_ps(xv, w[v], acc[v][r]);
     }
   }
-  StoreTile<R, 3>(acc, b, y, N, i0, j0, cols, relu);
+  StoreTile<R, V>(acc, b, y, N, i0, j0, cols, relu);
 }
 #endif
 
-// tile(i0, rows, j0, cols, p) for every tile of 8 rows of y [M, N] by panel p's `panel_cols`
-// columns, on the kernel threads, panel major: a panel (K × panel_cols) stays in cache across its
-// row blocks.
+// A chunk's own scratch: a bf16 panel widened to float32, and which panel it holds.
+struct TileScratch {
+  std::vector<float> panel;
+  int64_t index = -1;
+};
+
+// tile(i0, rows, j0, cols, p, scratch) for every tile of 8 rows of y [M, N] by panel p's
+// `panel_cols` columns, on the kernel threads, panel major: a panel (K × panel_cols) stays in
+// cache across its row blocks. `scratch` is the chunk's, kept across its tiles.
 template <typename Tile>
 void ForEachTile(int64_t M, int64_t K, int64_t N, int64_t panel_cols, const Tile& tile) {
   const int64_t row_blocks = (M + kRows - 1) / kRows, col_blocks = (N + panel_cols - 1) / panel_cols;
   KernelParallelFor(0, row_blocks * col_blocks, ParallelGrain(K * kRows * panel_cols),
                     [&](int64_t lo, int64_t hi) {
+    TileScratch scratch;
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t cb = t / row_blocks, rb = t % row_blocks;
       const int64_t i0 = rb * kRows, j0 = cb * panel_cols;
-      tile(i0, std::min(kRows, M - i0), j0, std::min(panel_cols, N - j0), cb);
+      tile(i0, std::min(kRows, M - i0), j0, std::min(panel_cols, N - j0), cb, scratch);
     }
   });
 }
@@ -146,13 +154,14 @@ void ForEachTile(int64_t M, int64_t K, int64_t N, int64_t panel_cols, const Tile
 void PackedAffineRawImpl(const float* xp, const float* panels, const float* bp, float* yp,
                          int64_t M, int64_t K, int64_t N, bool relu, bool simd) {
   (void)simd;
+  static_assert(kPanelCols == 48, "three vectors of 16 columns");
   ForEachTile(M, K, N, kPanelCols, [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-                                       int64_t p) {
+                                       int64_t p, TileScratch&) {
     const float* panel = panels + p * K * kPanelCols;
 #if GLOSSA_X86_SIMD
     if (simd) {
       ForRows(rows, [&](auto r) {
-        PackedTile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
+        PackedTile512<decltype(r)::value, 3>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
       });
       return;
     }
@@ -216,15 +225,41 @@ __attribute__((target("avx512f"))) void PackedBf16Tile512(const float* x, const 
   }
   StoreTile<R, 2>(acc, b, y, N, i0, j0, cols, relu);
 }
+
+// A bf16 panel [K, 32] (interleaved) widened exactly into float32 [K, 32] in column order.
+__attribute__((target("avx512f"))) void WidenPanel(const uint16_t* panel, int64_t K, float* out) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512i wk = _mm512_loadu_si512(panel + k * kBf16PanelCols);
+    _mm512_storeu_ps(out + k * kBf16PanelCols, _mm512_castsi512_ps(_mm512_slli_epi32(wk, 16)));
+    _mm512_storeu_ps(out + k * kBf16PanelCols + 16, _mm512_castsi512_ps(_mm512_and_si512(wk, high)));
+  }
+}
 #endif
 
 void PackedAffineBf16RawImpl(const float* xp, const uint16_t* panels, const float* bp, float* yp,
                              int64_t M, int64_t K, int64_t N, bool relu, bool simd) {
   (void)simd;
+  // Over one block of rows (decoding) each tile widens the weights it reads; over several, a
+  // chunk widens each panel once into its scratch and runs the float32 tile on it (the same
+  // bits: widening is exact and the sums are the same chains).
+  const bool widen_once = M > kRows;
   ForEachTile(M, K, N, kBf16PanelCols, [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-                                           int64_t p) {
+                                           int64_t p, TileScratch& scratch) {
     const uint16_t* panel = panels + p * K * kBf16PanelCols;
 #if GLOSSA_X86_SIMD
+    if (simd && widen_once) {
+      if (scratch.index != p) {
+        scratch.panel.resize(static_cast<size_t>(K * kBf16PanelCols));
+        WidenPanel(panel, K, scratch.panel.data());
+        scratch.index = p;
+      }
+      ForRows(rows, [&](auto r) {
+        PackedTile512<decltype(r)::value, 2>(xp, scratch.panel.data(), bp, yp, K, N, i0, j0, cols,
+                                             relu);
+      });
+      return;
+    }
     if (simd) {
       ForRows(rows, [&](auto r) {
         PackedBf16Tile512<decltype(r)::value>(xp, panel, bp, yp, K, N, i0, j0, cols, relu);
