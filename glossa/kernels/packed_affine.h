@@ -36,7 +36,8 @@ void PackedAffineRaw(const float* x, const float* panels, const float* b, float*
 // does on the bf16-rounded matrix (the same fma chain over increasing k in float32, x float32),
 // so its bits equal PackedAffine's on PackPanels(w.to(bf16).to(float32)) at any M and thread
 // count, and on both paths (`portable`: no SIMD). Needs AVX-512F, not AVX-512 BF16: x stays
-// float32.
+// float32. Over more than 8 rows each panel is widened once per chunk into float32 scratch (the
+// same bits) rather than in every tile.
 constexpr int64_t kBf16PanelCols = 32;
 at::Tensor PackPanelsBf16(const at::Tensor& w);
 at::Tensor PackedAffineBf16(const at::Tensor& x, const at::Tensor& panels, int64_t n,
