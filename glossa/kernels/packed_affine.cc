@@ -267,6 +267,7 @@ void PackedAffineBf16RawImpl(const float* xp, const uint16_t* panels, const floa
       return;
     }
 #endif
+    (void)scratch, (void)widen_once;  // the portable tile reads the bf16 panel itself
     PackedBf16TilePortable(xp, panel, bp, yp, K, N, i0, rows, j0, cols, relu);
   });
 }
