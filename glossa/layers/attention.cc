@@ -326,9 +326,12 @@ MultiHeadedAttention::StepCaches MultiHeadedAttention::PrepareStep(
   c.rows = cached_states.GetTensor("rows");
   c.key = kv.GetTensor("key");
   c.value = kv.GetTensor("value");
-  if (c.rows.size(0) != n || c.length.numel() != n || c.key.size(0) != n) {
+  // The caches may hold more slots than rows: a search that dropped finished sources (row i
+  // writes slot i; the row table says where every earlier step of row i is).
+  if (c.rows.size(0) != n || c.length.numel() != n || c.key.size(0) < n) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep states are for ",
-                                      c.key.size(0), " hypotheses, the query has ", n));
+                                      c.rows.size(0), " hypotheses (caches of ", c.key.size(0),
+                                      " slots), the query has ", n));
   }
   c.step = n > 0 ? c.length[0].item<int64_t>() : 0;
   // This step's key and value go into column `step` of the caches, in place: earlier states

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "glossa/base/errors.h"
@@ -15,14 +16,6 @@
 namespace glossa {
 
 namespace {
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr double kMinScore = -1e36;  // Lingvo's best score before any hypothesis has ended
-
-// NaN and -inf log-probs never make a candidate.
-bool IsCandidate(float log_prob) {
-  return !std::isnan(log_prob) && log_prob != -std::numeric_limits<float>::infinity();
-}
 
 // Removes `key` from `states` and returns its tensor (undefined when absent).
 at::Tensor TakeTensor(NestedMap* states, const std::string& key) {
@@ -90,6 +83,15 @@ glossa::Params BeamSearchHelper::Params() {
            "Terminated hypotheses keep each step's attention (Hypothesis.atten_vecs); False saves "
            "memory and needs coverage_penalty 0.");
   p.Define("num_hyps_to_return", 0, "Hypotheses returned per source (0: num_hyps_per_beam).");
+  p.Define("drop_finished_sources", true,
+           "With terminate_beams_independently, a finished source leaves the batch: the step "
+           "function then runs on the hypotheses of the sources still running only (hypothesis "
+           "j·B' + b' of the B' live sources, in source order) and the states are compacted "
+           "(GatherStates with per_source_index). The step function must then read every "
+           "per-hypothesis input from its states, as CTranslate2's and Marian's decoders do. "
+           "False: every source's hypotheses are computed until all sources are done. (The MT "
+           "and speech decoders' search joined with CTC prefix scores keeps every source: the "
+           "scorer reads its frames by hypothesis index.)");
   return p;
 }
 
@@ -115,6 +117,7 @@ BeamSearchHelper::BeamSearchHelper(const glossa::Params& p) : BaseLayer(p) {
   allow_empty_terminated_hyp_ = p.GetBool("allow_empty_terminated_hyp");
   atten_vecs_in_hypothesis_protos_ = p.GetBool("atten_vecs_in_hypothesis_protos");
   num_hyps_to_return_ = p.GetInt("num_hyps_to_return");
+  drop_finished_sources_ = p.GetBool("drop_finished_sources");
   auto fail = [&](const std::string& what) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': ", what));
   };
@@ -140,342 +143,6 @@ BeamSearchHelper::BeamSearchHelper(const glossa::Params& p) : BaseLayer(p) {
   }
 }
 
-// One step's inputs, checked and in the layout the step reads.
-struct BeamSearchHelper::StepInputs {
-  int64_t t = 0, num_beams = 0, num_hyps = 0, vocab = 0, source_len = 0;
-  bool first = false;            // step 0: only slot b of each source is extended
-  bool last = false;             // force_eos_in_last_step's last step
-  at::Tensor log_probs;          // [N, V] float32, contiguous
-  at::Tensor atten;              // [N, S] float32, contiguous
-  std::vector<bool> last_chunk;  // [N]
-  const float* Row(int64_t i) const { return log_probs.data_ptr<float>() + i * vocab; }
-};
-
-// The extension with which parent hyp.hyp_id ends at this step, and its terminal token.
-struct BeamSearchHelper::Terminal {
-  bool valid = false;
-  Hyp hyp;
-  int64_t symbol = -1;
-};
-
-BeamSearchState BeamSearchHelper::InitState(int64_t num_beams, int64_t max_steps,
-                                            int64_t source_len) const {
-  if (num_beams < 1 || max_steps < 1 || source_len < 0) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': InitState needs num_beams >= 1, ",
-                                      "max_steps >= 1 and source_len >= 0, got ", num_beams, ", ",
-                                      max_steps, ", ", source_len));
-  }
-  const int64_t n = num_hyps_per_beam_ * num_beams;
-  BeamSearchState s;
-  s.best_scores = at::full({num_beams}, kMinScore, at::kDouble);
-  s.cumulative_scores = at::zeros({n}, at::kDouble);
-  s.scores = at::zeros({max_steps, n}, at::kDouble);
-  s.hyps = at::zeros({max_steps, n}, at::kLong);
-  s.prev_hyps = at::zeros({max_steps, n}, at::kLong);
-  s.done_hyps.assign(max_steps, std::vector<Hypothesis>(n));
-  s.atten_probs = at::zeros({max_steps, n, source_len}, at::kFloat);
-  s.beam_done = at::zeros({num_beams}, at::kBool);
-  return s;
-}
-
-BeamSearchHelper::StepInputs BeamSearchHelper::CheckStepInputs(int64_t t,
-                                                               const at::Tensor& log_probs,
-                                                               const at::Tensor& atten_probs,
-                                                               const at::Tensor& is_last_chunk,
-                                                               const BeamSearchState& state) const {
-  auto fail = [&](const std::string& what) {
-    throw InvalidArgumentError(StrCat("layer '", path(), "': step ", t, ": ", what));
-  };
-  if (!state.best_scores.defined() || state.hyps.dim() != 2 || state.atten_probs.dim() != 3) {
-    fail("the state is not initialized (BeamSearchHelper::InitState)");
-  }
-  StepInputs in;
-  in.t = t;
-  in.num_beams = state.best_scores.size(0);
-  in.num_hyps = num_hyps_per_beam_ * in.num_beams;
-  in.source_len = state.atten_probs.size(2);
-  const int64_t steps = state.hyps.size(0);
-  if (state.cumulative_scores.size(0) != in.num_hyps || t < 0 || t >= steps) {
-    fail(StrCat("the state has ", state.cumulative_scores.size(0), " hypotheses and ", steps,
-                " steps; expected ", in.num_hyps, " and a step in [0, ", steps, ")"));
-  }
-  if (log_probs.dim() != 2 || log_probs.size(0) != in.num_hyps) {
-    fail(StrCat("expected log-probs [", in.num_hyps, ", V], got ", log_probs.sizes()));
-  }
-  in.log_probs = log_probs.to(at::kFloat).contiguous();
-  in.vocab = in.log_probs.size(1);
-  if (eos_id_ < 0 || eos_id_ >= in.vocab || eoc_id_ >= in.vocab) {
-    fail(StrCat("target_eos_id ", eos_id_, " or target_eoc_id ", eoc_id_,
-                " is outside the vocabulary of ", in.vocab));
-  }
-  if (atten_probs.defined()) {
-    if (atten_probs.dim() != 2 || atten_probs.size(0) != in.num_hyps ||
-        atten_probs.size(1) != in.source_len) {
-      fail(StrCat("expected atten_probs [", in.num_hyps, ", ", in.source_len, "], got ",
-                  atten_probs.sizes()));
-    }
-    in.atten = atten_probs.to(at::kFloat).contiguous();
-  } else {
-    in.atten = at::zeros({in.num_hyps, in.source_len}, at::kFloat);
-  }
-  in.last_chunk.assign(in.num_hyps, false);
-  if (is_last_chunk.defined()) {
-    if (is_last_chunk.numel() != in.num_hyps) {
-      fail(StrCat("expected is_last_chunk [", in.num_hyps, "], got ", is_last_chunk.sizes()));
-    }
-    const at::Tensor flags = is_last_chunk.reshape({-1}).to(at::kBool).contiguous();
-    for (int64_t i = 0; i < in.num_hyps; ++i) in.last_chunk[i] = flags.data_ptr<bool>()[i];
-  }
-  in.first = t == 0;
-  in.last = force_eos_in_last_step_ && t == steps - 1;
-  return in;
-}
-
-namespace {
-
-// The tokens of the path that ends at slot i of step t - 1 (rows t-1..0), `epsilon` removed.
-std::vector<int64_t> PrevLabels(const BeamSearchState& state, int64_t t, int64_t i,
-                                int64_t epsilon) {
-  const int64_t n = state.hyps.size(1);
-  const int64_t* hyps = state.hyps.data_ptr<int64_t>();
-  const int64_t* prev = state.prev_hyps.data_ptr<int64_t>();
-  std::vector<int64_t> out;
-  for (int64_t s = t - 1; s >= 0; --s) {
-    if (hyps[s * n + i] != epsilon) out.push_back(hyps[s * n + i]);
-    i = prev[s * n + i];
-  }
-  std::reverse(out.begin(), out.end());
-  return out;
-}
-
-// The empty slot of a source with fewer live extensions than slots: it can never end or win.
-Hyp DeadHyp(int64_t beam, int64_t eos_id) {
-  Hyp h;
-  h.beam_id = h.hyp_id = beam;
-  h.word_id = eos_id;
-  h.local_score = h.global_score = kNegInf;
-  return h;
-}
-
-}  // namespace
-
-// Lingvo's per-hypothesis TopK: the num_hyps_per_beam + 1 (+ 1 with an end-of-chunk token) best
-// extensions of parent i, sorted by HigherScore; at the forced last step </s> is always one of
-// them. Then force_eos_in_top_k / force_last_chunk_eoc_in_top_k.
-std::vector<Hyp> BeamSearchHelper::ParentExtensions(const StepInputs& in, int64_t i, double cum,
-                                                    std::vector<int64_t> prev_labels) const {
-  const float* row = in.Row(i);
-  const size_t m = static_cast<size_t>(num_hyps_per_beam_ + 1 + (eoc_id_ >= 0 ? 1 : 0));
-  auto better = [&](const Hyp& x, const Hyp& y) {
-    if (in.last && (x.word_id == eos_id_) != (y.word_id == eos_id_)) return x.word_id == eos_id_;
-    return HigherScore(x, y);
-  };
-  std::vector<Hyp> entries;
-  entries.reserve(m + 1);
-  Hyp c;
-  c.beam_id = i % in.num_beams;
-  c.hyp_id = i;
-  for (int64_t w = 0; w < in.vocab; ++w) {
-    if (!IsCandidate(row[w])) continue;
-    c.word_id = w;
-    c.local_score = row[w];
-    c.global_score = cum + row[w];
-    if (entries.size() == m && !better(c, entries.back())) continue;
-    entries.insert(std::upper_bound(entries.begin(), entries.end(), c, better), c);
-    if (entries.size() > m) entries.pop_back();
-  }
-  if (entries.empty()) {
-    if (in.last) return entries;
-    throw InvalidArgumentError(
-        StrCat("layer '", path(), "': step ", in.t, ": hypothesis ", i,
-               " has no finite log-prob (NaN or -inf everywhere): is the model producing NaNs?"));
-  }
-  std::sort(entries.begin(), entries.end(), HigherScore);
-  for (Hyp& e : entries) e.prev_labels = prev_labels;
-  ForceTerminals(in, i, cum, &entries);
-  return entries;
-}
-
-void BeamSearchHelper::ForceTerminals(const StepInputs& in, int64_t i, double cum,
-                                      std::vector<Hyp>* entries) const {
-  const float* row = in.Row(i);
-  auto has = [&](int64_t w) {
-    return std::any_of(entries->begin(), entries->end(),
-                       [w](const Hyp& h) { return h.word_id == w; });
-  };
-  auto extension = [&](int64_t w) {
-    Hyp h = entries->back();  // same source, parent and labels
-    h.word_id = w;
-    h.local_score = row[w];
-    h.global_score = cum + row[w];
-    return h;
-  };
-  if (force_eos_in_top_k_ && !has(eos_id_) && IsCandidate(row[eos_id_])) {
-    entries->back() = extension(eos_id_);
-  }
-  if (force_last_chunk_eoc_in_top_k_ && eoc_id_ >= 0 && in.last_chunk[i] && !has(eoc_id_) &&
-      IsCandidate(row[eoc_id_])) {
-    // In place of the second-to-last entry (the last may be a forced </s>).
-    const Hyp eoc = extension(eoc_id_);
-    if (entries->size() >= 2) {
-      (*entries)[entries->size() - 2] = eoc;
-    } else {
-      entries->insert(entries->begin(), eoc);
-    }
-  }
-}
-
-// Extends every live parent; a </s> (or last-chunk end-of-chunk) extension that passes the tests
-// ends its parent (the last one in score order wins: the lower score, as in Lingvo), the others
-// go to their source's HypTopK. Returns the new hypotheses [N] (slot j·B + b: the j-th of b).
-std::vector<Hyp> BeamSearchHelper::ExtendAndSelect(const StepInputs& in,
-                                                   const std::vector<bool>& skip,
-                                                   const BeamSearchState& state,
-                                                   std::vector<Terminal>* terminals) const {
-  const int64_t b_n = in.num_beams, n = in.num_hyps, k = num_hyps_per_beam_;
-  const double* cum = state.cumulative_scores.data_ptr<double>();
-  std::vector<HypTopK> merged(
-      b_n, HypTopK(k, merge_paths_ ? eoc_id_ : -1, merged_topk_buffer_size_factor_));
-  terminals->assign(n, Terminal{});
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = i % b_n;
-    if ((in.first && i >= b_n) || skip[b] || cum[i] == kNegInf) continue;
-    std::vector<Hyp> entries = ParentExtensions(
-        in, i, cum[i], eoc_id_ >= 0 ? PrevLabels(state, in.t, i, eoc_id_) : std::vector<int64_t>{});
-    if (entries.empty()) continue;
-    const double eos_threshold = entries.front().global_score - valid_eos_max_logit_delta_;
-    for (const Hyp& e : entries) {
-      const bool passes = e.global_score > eos_threshold && e.local_score > local_eos_threshold_;
-      if (e.word_id == eos_id_) {
-        if (in.last || passes) (*terminals)[i] = Terminal{true, e, eos_id_};
-      } else if (eoc_id_ >= 0 && in.last_chunk[i] && e.word_id == eoc_id_) {
-        if (passes && (allow_empty_terminated_hyp_ || !e.prev_labels.empty())) {
-          (*terminals)[i] = Terminal{true, e, eoc_id_};
-        }
-      } else {
-        merged[b].Add(e);
-      }
-    }
-  }
-  std::vector<Hyp> top_k(n);
-  for (int64_t b = 0; b < b_n; ++b) {
-    if (skip[b]) continue;
-    std::vector<Hyp> items = merged[b].Get();
-    std::sort(items.begin(), items.end(), HigherScore);
-    for (int64_t j = 0; j < k; ++j) {
-      top_k[j * b_n + b] = j < static_cast<int64_t>(items.size()) ? items[j] : DeadHyp(b, eos_id_);
-    }
-  }
-  return top_k;
-}
-
-// Lingvo's AssembleDoneHypProto: the parent's path through rows t-1..0, then the terminal token.
-Hypothesis BeamSearchHelper::AssembleDoneHyp(const Terminal& term, const StepInputs& in,
-                                             const BeamSearchState& state) const {
-  const int64_t t = in.t, n = in.num_hyps, s_len = in.source_len;
-  const int64_t* hyps = state.hyps.data_ptr<int64_t>();
-  const int64_t* prev = state.prev_hyps.data_ptr<int64_t>();
-  const double* scores = state.scores.data_ptr<double>();
-  const float* atten = state.atten_probs.data_ptr<float>();
-  std::vector<int64_t> path(t);
-  for (int64_t s = t - 1, slot = term.hyp.hyp_id; s >= 0; --s) {
-    path[s] = slot;
-    slot = prev[s * n + slot];
-  }
-  // Under merge_paths the hypothesis stands for several paths: each step gets the average.
-  const double average = term.hyp.global_score / static_cast<double>(t + 1);
-  Hypothesis h;
-  h.beam_id = term.hyp.beam_id;
-  for (int64_t s = 0; s < t; ++s) {
-    const int64_t at_s = s * n + path[s];
-    h.ids.push_back(hyps[at_s]);
-    h.scores.push_back(merge_paths_ ? average : scores[at_s]);
-    if (atten_vecs_in_hypothesis_protos_) {
-      h.atten_vecs.emplace_back(atten + at_s * s_len, atten + (at_s + 1) * s_len);
-    }
-  }
-  h.ids.push_back(term.symbol);
-  h.scores.push_back(merge_paths_ ? average : term.hyp.local_score);
-  if (atten_vecs_in_hypothesis_protos_) {
-    const float* row = in.atten.data_ptr<float>() + term.hyp.hyp_id * s_len;
-    h.atten_vecs.emplace_back(row, row + s_len);
-  }
-  return h;
-}
-
-void BeamSearchHelper::WriteStep(const StepInputs& in, const std::vector<bool>& skip,
-                                 const std::vector<Hyp>& top_k,
-                                 const std::vector<Terminal>& terminals,
-                                 BeamSearchState* state) const {
-  const int64_t t = in.t, n = in.num_hyps, s_len = in.source_len;
-  double* best = state->best_scores.data_ptr<double>();
-  double* cum = state->cumulative_scores.data_ptr<double>();
-  double* scores = state->scores.data_ptr<double>() + t * n;
-  int64_t* hyps = state->hyps.data_ptr<int64_t>() + t * n;
-  int64_t* prev = state->prev_hyps.data_ptr<int64_t>() + t * n;
-  float* atten = state->atten_probs.data_ptr<float>() + t * n * s_len;
-  const float* atten_in = in.atten.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = i % in.num_beams;
-    if (skip[b]) {
-      // A source terminate_beams_independently has finished: its slots stay where they are.
-      hyps[i] = eos_id_;
-      prev[i] = i;
-      scores[i] = 0;
-      std::fill(atten + i * s_len, atten + (i + 1) * s_len, 0.0f);
-      continue;
-    }
-    const Hyp& h = top_k[i];
-    scores[i] = h.local_score;
-    cum[i] = h.global_score;
-    hyps[i] = h.word_id;
-    prev[i] = h.hyp_id;
-    std::copy(atten_in + h.hyp_id * s_len, atten_in + (h.hyp_id + 1) * s_len, atten + i * s_len);
-    if (terminals[i].valid) {
-      best[b] = std::max(best[b], terminals[i].hyp.global_score);
-      state->done_hyps[t][i] = AssembleDoneHyp(terminals[i], in, *state);
-    }
-  }
-}
-
-// Lingvo's UpdateAllDone (op version 2): a source is done (and stays done) once every live
-// hypothesis is at least beam_size below its best terminated one, and, with ensure_full_beam,
-// num_hyps_per_beam hypotheses have terminated.
-void BeamSearchHelper::UpdateDone(int64_t t, BeamSearchState* state) const {
-  const int64_t b_n = state->best_scores.size(0), k = num_hyps_per_beam_;
-  const double* best = state->best_scores.data_ptr<double>();
-  const double* cum = state->cumulative_scores.data_ptr<double>();
-  bool* done = state->beam_done.data_ptr<bool>();
-  for (int64_t b = 0; b < b_n; ++b) {
-    if (done[b]) continue;
-    if (ensure_full_beam_) {
-      int64_t finished = 0;
-      for (int64_t s = 0; s <= t; ++s) {
-        for (int64_t j = 0; j < k; ++j)
-          finished += state->done_hyps[s][j * b_n + b].empty() ? 0 : 1;
-      }
-      if (finished < k) continue;
-    }
-    bool below = true;
-    for (int64_t j = 0; j < k; ++j) below = below && !(cum[j * b_n + b] > best[b] - beam_size_);
-    done[b] = below;
-  }
-  state->all_done = std::all_of(done, done + b_n, [](bool d) { return d; });
-}
-
-void BeamSearchHelper::Step(int64_t t, const at::Tensor& log_probs, const at::Tensor& atten_probs,
-                            const at::Tensor& is_last_chunk, BeamSearchState* state) const {
-  const StepInputs in = CheckStepInputs(t, log_probs, atten_probs, is_last_chunk, *state);
-  std::vector<bool> skip(in.num_beams, false);
-  if (terminate_beams_independently_) {
-    for (int64_t b = 0; b < in.num_beams; ++b) skip[b] = state->beam_done[b].item<bool>();
-  }
-  std::vector<Terminal> terminals;
-  const std::vector<Hyp> top_k = ExtendAndSelect(in, skip, *state, &terminals);
-  WriteStep(in, skip, top_k, terminals, state);
-  UpdateDone(t, state);
-  state->num_steps = std::max(state->num_steps, t + 1);
-}
 
 HypothesisGrid BeamSearchHelper::TopKTerminatedHyps(const BeamSearchState& state,
                                                     const at::Tensor& source_lengths) const {
@@ -485,15 +152,56 @@ HypothesisGrid BeamSearchHelper::TopKTerminatedHyps(const BeamSearchState& state
                                     target_seq_length_ratio_);
 }
 
-NestedMap GatherStates(const NestedMap& states, const at::Tensor& index) {
+NestedMap GatherStates(const NestedMap& states, const at::Tensor& index,
+                       const at::Tensor& per_source_index) {
   return states.TransformWithKey([&](const std::string& key, const NestedValue& v) -> NestedValue {
     if (!v.is_tensor()) return v;
     // Caches read through row tables (glossa/kernels/step_attention.h) stay where they are.
     const std::string path = "." + key + ".";
     if (path.find(".unordered.") != std::string::npos) return v;
+    if (path.find(".per_source.") != std::string::npos) {
+      return per_source_index.defined() ? v.AsTensor().index_select(0, per_source_index) : v;
+    }
     return v.AsTensor().index_select(0, index);
   });
 }
+
+namespace {
+
+// The next step's rows after step t: for each row r = j·B'' + q of the sources `next` (B'' of
+// them), the row of its parent among the rows the step ran on (`live`, B' sources), the row
+// of its source's copy there (j·B' + the source's place in `live`) and its token.
+struct NextRows {
+  at::Tensor parents, sources, ids;
+};
+NextRows Rows(const BeamSearchState& state, int64_t t, int64_t num_beams,
+              const std::vector<int64_t>& live, const std::vector<int64_t>& next) {
+  const int64_t n = state.hyps.size(1), k = n / num_beams;
+  const int64_t b_live = static_cast<int64_t>(live.size()), b_next = static_cast<int64_t>(next.size());
+  std::vector<int64_t> place(num_beams, -1);
+  for (int64_t q = 0; q < b_live; ++q) place[live[q]] = q;
+  const int64_t* prev = state.prev_hyps.data_ptr<int64_t>() + t * n;
+  const int64_t* hyps = state.hyps.data_ptr<int64_t>() + t * n;
+  NextRows out;
+  out.parents = at::empty({k * b_next}, at::kLong);
+  out.sources = at::empty({k * b_next}, at::kLong);
+  out.ids = at::empty({k * b_next}, at::kLong);
+  int64_t* parents = out.parents.data_ptr<int64_t>();
+  int64_t* sources = out.sources.data_ptr<int64_t>();
+  int64_t* ids = out.ids.data_ptr<int64_t>();
+  for (int64_t j = 0; j < k; ++j) {
+    for (int64_t q = 0; q < b_next; ++q) {
+      const int64_t b = next[q], h = j * num_beams + b, r = j * b_next + q;
+      const int64_t parent = prev[h];  // a hypothesis of source b: parent % B == b
+      parents[r] = (parent / num_beams) * b_live + place[b];
+      sources[r] = j * b_live + place[b];
+      ids[r] = hyps[h];
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 BeamSearchDecodeOutput BeamSearchHelper::BeamSearchDecode(int64_t num_beams, NestedMap states,
                                                           const DecodeStepFn& step,
@@ -502,7 +210,11 @@ BeamSearchDecodeOutput BeamSearchHelper::BeamSearchDecode(int64_t num_beams, Nes
     throw InvalidArgumentError(StrCat("layer '", path(), "': num_beams must be >= 1"));
   }
   const int64_t n = num_hyps_per_beam_ * num_beams;
+  const bool drop = terminate_beams_independently_ && drop_finished_sources_;
   at::Tensor ids = at::full({n}, sos_id_, at::kLong);
+  // The sources the step function runs on, in order: all of them until one finishes (drop).
+  std::vector<int64_t> live(num_beams);
+  std::iota(live.begin(), live.end(), 0);
   BeamSearchState state;
   for (int64_t t = 0; t < target_seq_len_; ++t) {
     auto [log_probs, new_states] = step(ids, t, states);
@@ -516,9 +228,26 @@ BeamSearchDecodeOutput BeamSearchHelper::BeamSearchDecode(int64_t num_beams, Nes
       state = InitState(num_beams, target_seq_len_,
                         atten.defined() && atten.dim() == 2 ? atten.size(1) : 0);
     }
-    Step(t, log_probs, atten, last_chunk, &state);
-    states = GatherStates(new_states, state.prev_hyps[t].clone());
-    ids = state.hyps[t].clone();
+    StepLive(t, log_probs, atten, last_chunk, &live, &state);
+    std::vector<int64_t> next = live;
+    if (drop) {
+      const bool* done = state.beam_done.data_ptr<bool>();
+      next.erase(std::remove_if(next.begin(), next.end(), [&](int64_t b) { return done[b]; }),
+                 next.end());
+    }
+    if (next.size() == live.size()) {
+      // Every source that ran stays: the parents of the rows, as Lingvo's search reorders.
+      const NextRows rows = Rows(state, t, num_beams, live, live);
+      states = GatherStates(new_states, rows.parents);
+      ids = rows.ids;
+    } else if (!next.empty()) {
+      const NextRows rows = Rows(state, t, num_beams, live, next);
+      states = GatherStates(new_states, rows.parents, rows.sources);
+      ids = rows.ids;
+      live = std::move(next);
+    } else {
+      states = std::move(new_states);
+    }
     if (state.all_done) break;
   }
   BeamSearchDecodeOutput out;

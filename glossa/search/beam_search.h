@@ -45,6 +45,9 @@ namespace glossa {
 
 // ids [N] int64 (the previous token of each hypothesis), step t, states -> (log-probs [N, V],
 // new states). Every tensor of the states has the hypotheses along dim 0; a search reorders them.
+// Under drop_finished_sources (with terminate_beams_independently) N shrinks as sources finish:
+// the step function then reads which source a row belongs to from its states (a "per_source"
+// entry, GatherStates), never from the row's index.
 using DecodeStepFn = std::function<std::pair<at::Tensor, NestedMap>(
     const at::Tensor& ids, int64_t step, const NestedMap& states)>;
 
@@ -89,8 +92,13 @@ class BeamSearchHelper : public BaseLayer {
  private:
   struct StepInputs;
   struct Terminal;
+  // live: the sources whose hypotheses the step ran on (log_probs [K·|live|, V]; null: all).
   StepInputs CheckStepInputs(int64_t t, const at::Tensor& log_probs, const at::Tensor& atten_probs,
-                             const at::Tensor& is_last_chunk, const BeamSearchState& state) const;
+                             const at::Tensor& is_last_chunk, const BeamSearchState& state,
+                             const std::vector<int64_t>* live) const;
+  void StepLive(int64_t t, const at::Tensor& log_probs, const at::Tensor& atten_probs,
+                const at::Tensor& is_last_chunk, const std::vector<int64_t>* live,
+                BeamSearchState* state) const;
   std::vector<Hyp> ParentExtensions(const StepInputs& in, int64_t i, double cum,
                                     std::vector<int64_t> prev_labels) const;
   void ForceTerminals(const StepInputs& in, int64_t i, double cum, std::vector<Hyp>* entries) const;
@@ -109,7 +117,7 @@ class BeamSearchHelper : public BaseLayer {
       local_eos_threshold_, target_seq_length_ratio_;
   bool force_eos_in_last_step_, force_eos_in_top_k_, force_last_chunk_eoc_in_top_k_,
       ensure_full_beam_, terminate_beams_independently_, merge_paths_, allow_empty_terminated_hyp_,
-      atten_vecs_in_hypothesis_protos_;
+      atten_vecs_in_hypothesis_protos_, drop_finished_sources_;
 };
 
 // Greedy (temperature 0) or sampling decoding of one hypothesis per source: at each step the
@@ -122,7 +130,11 @@ SearchResult SampleSearch(int64_t num_beams, NestedMap states, const DecodeStepF
 
 // Reorders every tensor of `states` along dim 0 by `index` [N] (int64), except those under a key
 // named "unordered": caches every hypothesis reads through its own row table, which is reordered
-// instead (MultiHeadedAttention's k/v caches, glossa/kernels/step_attention.h).
-NestedMap GatherStates(const NestedMap& states, const at::Tensor& index);
+// instead (MultiHeadedAttention's k/v caches, glossa/kernels/step_attention.h); and those under a
+// key named "per_source": rows that depend on the hypothesis' source only (an encoder's keys and
+// values tiled K times), which a search's reordering within each source leaves valid. They take
+// `per_source_index` when given (a search dropping finished sources), else stay.
+NestedMap GatherStates(const NestedMap& states, const at::Tensor& index,
+                       const at::Tensor& per_source_index = {});
 
 }  // namespace glossa

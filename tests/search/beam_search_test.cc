@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -21,22 +22,28 @@ namespace {
 
 using json = nlohmann::json;
 
-// A Markov "model": log-probs [B, T, V(prev), V]; hypothesis h reads source h % B. The states
+// A Markov "model": log-probs [B, T, V(prev), V]; hypothesis h reads source h % B, which its
+// states carry (per_source: a search that drops finished sources compacts them). The states
 // carry each hypothesis' history, which the search reorders (tests/tasks/mt/mt_test.cc checks the
-// reordering on a real decoder's caches).
+// reordering on a real decoder's caches). `rows` records how many rows each step ran on.
 struct MarkovModel {
   at::Tensor logp;  // [B, T, V, V] float32
+  std::shared_ptr<std::vector<int64_t>> rows = std::make_shared<std::vector<int64_t>>();
   int64_t num_beams() const { return logp.size(0); }
   DecodeStepFn Step() const {
     return [this](const at::Tensor& ids, int64_t t, const NestedMap& states) {
-      const int64_t n = ids.size(0), b = num_beams();
+      const int64_t n = ids.size(0);
+      rows->push_back(n);
       // Each hypothesis' history (reordered by the search with its states) has one entry per step.
       EXPECT_EQ(states.GetTensor("history").size(1), t);
-      at::Tensor src = at::arange(n, at::kLong).remainder(b);
+      EXPECT_EQ(states.GetTensor("history").size(0), n);
+      const at::Tensor src = states.GetTensor("per_source.source");
+      EXPECT_EQ(src.size(0), n);
       at::Tensor lp = logp.index({src, at::full({n}, t, at::kLong), ids});
       NestedMap next;
       next.Put("prev", ids.clone());
       next.Put("history", at::cat({states.GetTensor("history"), ids.unsqueeze(1)}, 1));
+      next.Put("per_source", states.GetItem("per_source"));
       return std::make_pair(lp, next);
     };
   }
@@ -44,6 +51,9 @@ struct MarkovModel {
     NestedMap s;
     s.Put("prev", at::zeros({n}, at::kLong));
     s.Put("history", at::zeros({n, 0}, at::kLong));
+    NestedMap per_source;
+    per_source.Put("source", at::arange(n, at::kLong).remainder(num_beams()));
+    s.Put("per_source", per_source);
     return s;
   }
 };
@@ -476,9 +486,11 @@ TEST(BeamSearch, TerminateBeamsIndependently) {
       {{1e-7, 1.0, 1e-7}, {1e-7, 1.0, 1e-7}, {1e-7, 1.0, 1e-7}, {1e-7, 1.0, 1e-7}},
       {{0.05, 0.05, 0.9}, {0.05, 0.05, 0.9}, {0.05, 0.05, 0.9}, {0.05, 0.05, 0.9}}};
   for (bool independent : {false, true}) {
+    // The table's rows are hypotheses by index: every source stays in the batch.
     auto beam = MakeBeam([&](Params& p) {
       p.Set("num_hyps_per_beam", 2).Set("target_seq_len", 4).Set("beam_size", 0.1);
       p.Set("valid_eos_max_logit_delta", 0.1).Set("terminate_beams_independently", independent);
+      p.Set("drop_finished_sources", false);
     });
     const BeamSearchDecodeOutput out = beam->BeamSearchDecode(2, NestedMap(), TableStep(table));
     EXPECT_EQ(HypIds(out, 0, 0), (std::vector<int64_t>{1, 1, 1, 2}));
@@ -497,6 +509,73 @@ TEST(BeamSearch, TerminateBeamsIndependently) {
       EXPECT_EQ(HypIds(out, 1, 1), (std::vector<int64_t>{1, 1, 1, 2}));
       EXPECT_NEAR(out.topk_scores[1][1].item<double>(), std::log(0.8 * 0.3 * 0.9), 1e-5);
     }
+  }
+}
+
+// drop_finished_sources: a source that finishes leaves the batch (the step function runs on
+// fewer rows from then on, its states compacted), and the search is the same one: the same
+// hypotheses, scores and per-step state as with every source kept to the end.
+TEST(BeamSearch, FinishedSourcesLeaveTheBatch) {
+  int64_t dropped_cases = 0;
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    const int64_t b = 5, k = 3, t_max = 9;
+    MarkovModel kept = RandomModel(b, t_max, 7, seed), dropped = kept;
+    dropped.rows = std::make_shared<std::vector<int64_t>>();
+    auto make = [&](bool drop) {
+      return MakeBeam([&](Params& p) {
+        p.Set("num_hyps_per_beam", k).Set("target_seq_len", t_max).Set("beam_size", 1.0);
+        p.Set("length_normalization", 0.6).Set("terminate_beams_independently", true);
+        p.Set("drop_finished_sources", drop);
+      });
+    };
+    const BeamSearchDecodeOutput a = make(false)->BeamSearchDecode(b, kept.Init(k * b), kept.Step());
+    const BeamSearchDecodeOutput d =
+        make(true)->BeamSearchDecode(b, dropped.Init(k * b), dropped.Step());
+    ASSERT_TRUE(at::equal(a.topk_ids, d.topk_ids)) << "seed " << seed;
+    ASSERT_TRUE(at::equal(a.topk_lens, d.topk_lens)) << "seed " << seed;
+    ASSERT_TRUE(at::equal(a.topk_scores, d.topk_scores)) << "seed " << seed;
+    const BeamSearchState &sa = a.search_state, &sd = d.search_state;
+    EXPECT_EQ(sa.num_steps, sd.num_steps);
+    EXPECT_TRUE(at::equal(sa.hyps, sd.hyps) && at::equal(sa.prev_hyps, sd.prev_hyps) &&
+                at::equal(sa.scores, sd.scores) && at::equal(sa.beam_done, sd.beam_done))
+        << "seed " << seed;
+    // Kept: every step ran on all K·B rows. Dropped: K rows fewer for each source done before.
+    for (int64_t n : *kept.rows) EXPECT_EQ(n, k * b);
+    ASSERT_EQ(dropped.rows->size(), kept.rows->size());
+    for (size_t t = 1; t < dropped.rows->size(); ++t) {
+      int64_t done_before = 0;
+      for (int64_t i = 0; i < b; ++i) {
+        // A source is done after step t - 1 if it has no live slot at step t (prev_hyps[t] = i).
+        bool stayed = true;
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t h = j * b + i;
+          stayed = stayed && sd.prev_hyps[t][h].item<int64_t>() == h &&
+                   sd.hyps[t][h].item<int64_t>() == 2 && sd.scores[t][h].item<double>() == 0;
+        }
+        done_before += stayed ? 1 : 0;
+      }
+      EXPECT_EQ((*dropped.rows)[t], k * (b - done_before)) << "seed " << seed << " step " << t;
+      if ((*dropped.rows)[t] < k * b) ++dropped_cases;
+    }
+  }
+  EXPECT_GT(dropped_cases, 5) << "the random models should finish some sources early";
+}
+
+// A step that returns fewer rows than the running sources have is refused.
+TEST(BeamSearch, StepRowsOtherThanTheLiveSourcesAreAnError) {
+  MarkovModel model = RandomModel(2, 4, 5, 3);
+  auto beam = MakeBeam([](Params& p) {
+    p.Set("num_hyps_per_beam", 2).Set("target_seq_len", 4).Set("terminate_beams_independently", true);
+  });
+  DecodeStepFn short_rows = [&](const at::Tensor& ids, int64_t t, const NestedMap& s) {
+    auto [lp, next] = model.Step()(ids, t, s);
+    return std::make_pair(lp.narrow(0, 0, 2), next);
+  };
+  try {
+    beam->Search(2, model.Init(4), short_rows);
+    FAIL() << "expected an error";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected log-probs [4, V]"), std::string::npos) << e.what();
   }
 }
 

@@ -72,6 +72,9 @@ glossa::Params TransformerModel::CommonParams(int64_t vocab_size, int64_t model_
   }
   p.Set("decoder.beam_search.num_hyps_per_beam", 4);
   p.Set("decoder.beam_search.length_normalization", 0.6);
+  // A finished sentence stops and leaves the decoding batch (drop_finished_sources), as in
+  // CTranslate2 and Marian: the batch's cost follows the sentences still running.
+  p.Set("decoder.beam_search.terminate_beams_independently", true);
   return p;
 }
 
@@ -137,6 +140,37 @@ BaseTask::LossOutput TransformerModel::ComputeLoss(const NestedMap& theta,
   return out;
 }
 
+namespace {
+
+// The source's per-hypothesis rows (each layer's cross-attention keys and values, the source
+// paddings: "per_source" in the search states, which a search dropping finished sources compacts
+// with the caches, GatherStates) and the rest of it (positions, the softmax weight: the same for
+// every row).
+std::pair<NestedMap, NestedMap> SplitSource(NestedMap source) {
+  NestedMap rows;
+  for (const char* key : {"aux", "aux_paddings"}) {
+    rows.Put(key, source.at(key));
+    source.erase(key);
+  }
+  return {std::move(source), std::move(rows)};
+}
+
+// The decoder's step on the source rows of its states and the shared rest.
+DecodeStepFn StepReadingSourceRows(const TransformerDecoder& dec, const NestedMap& dec_theta,
+                                   const NestedMap& shared) {
+  return [&dec, &dec_theta, shared](const at::Tensor& ids, int64_t step, const NestedMap& states) {
+    NestedMap source = shared, dec_states = states;
+    const NestedMap& rows = states.GetItem("per_source").AsMap();
+    for (const auto& [key, value] : rows) source.Put(key, value);
+    dec_states.erase("per_source");
+    auto [log_probs, next] = dec.ExtendStep(dec_theta, source, ids, step, dec_states);
+    next.Put("per_source", rows);
+    return std::make_pair(log_probs, std::move(next));
+  };
+}
+
+}  // namespace
+
 NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_theta,
                         const NestedMap& enc, int64_t b, const std::string& decoding,
                         int64_t num_hyps, const CtcPrefixScorer* ctc, const LmFusion* lm,
@@ -160,15 +194,13 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
         lm->weight));
   }
   if (lexicon) scorers.push_back(LexiconMask(*lexicon));
-  auto make_step = [&](const NestedMap& source) -> DecodeStepFn {
-    return FuseScorers(
-        [&dec, &dec_theta, source](const at::Tensor& ids, int64_t step, const NestedMap& states) {
-          return dec.ExtendStep(dec_theta, source, ids, step, states);
-        },
-        scorers);
+  auto make_step = [&](const NestedMap& shared) {
+    return FuseScorers(StepReadingSourceRows(dec, dec_theta, shared), scorers);
   };
-  auto init_states = [&](int64_t n) {
-    return FuseInitStates(dec.InitDecodeStates(n), scorers, n);
+  auto init_states = [&](int64_t n, const NestedMap& rows) {
+    NestedMap states = FuseInitStates(dec.InitDecodeStates(n), scorers, n);
+    states.Put("per_source", rows);
+    return states;
   };
   SearchResult r;
   if (decoding == "beam") {
@@ -176,21 +208,28 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
     // the same Params with that width.
     std::unique_ptr<BeamSearchHelper> other;
     const BeamSearchHelper* beam = &dec.beam_search();
-    if (num_hyps > 0 && num_hyps != beam->num_hyps_per_beam()) {
+    // The CTC join reads its frames by hypothesis index (h % B): with it every source stays in
+    // the batch to the end.
+    const bool keep_sources =
+        ctc != nullptr && dec.beam_search_params().GetBool("drop_finished_sources");
+    if ((num_hyps > 0 && num_hyps != beam->num_hyps_per_beam()) || keep_sources) {
       glossa::Params bp = dec.beam_search_params().Copy();
+      if (num_hyps <= 0) num_hyps = beam->num_hyps_per_beam();
       bp.Set("name", "beam_search").Set("num_hyps_per_beam", num_hyps);
+      if (keep_sources) bp.Set("drop_finished_sources", false);
       if (bp.GetInt("num_hyps_to_return") > num_hyps) bp.Set("num_hyps_to_return", num_hyps);
       other = InstantiateLayer<BeamSearchHelper>(bp);
       beam = other.get();
     }
     const int64_t n = beam->num_hyps_per_beam() * b;
-    const NestedMap source = dec.PrecomputeSource(dec_theta, enc, n);
-    r = beam->Search(b, init_states(n), make_step(source));
+    auto [shared, rows] = SplitSource(dec.PrecomputeSource(dec_theta, enc, n));
+    r = beam->Search(b, init_states(n, rows), make_step(shared));
   } else {
-    const NestedMap source = dec.PrecomputeSource(dec_theta, enc, b);
+    auto [shared, rows] = SplitSource(dec.PrecomputeSource(dec_theta, enc, b));
     const double temperature = decoding == "greedy" ? 0.0 : dec.sampling_temperature();
-    r = SampleSearch(b, init_states(b), make_step(source), dec.target_seq_len(), dec.sos_id(), dec.eos_id(), temperature,
-                     dec.sampling_top_k(), dec.sampling_seed());
+    r = SampleSearch(b, init_states(b, rows), make_step(shared), dec.target_seq_len(),
+                     dec.sos_id(), dec.eos_id(), temperature, dec.sampling_top_k(),
+                     dec.sampling_seed());
   }
   return NestedMap{{"topk_ids", r.topk_ids},
                    {"topk_lens", r.topk_lens},

@@ -8,12 +8,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
 #include "glossa/input/nmt_input.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/layers/transformer_stack.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/io/example.h"
@@ -362,6 +364,39 @@ TEST(TransformerModel, TrainedToCopyTheBeamAndGreedyCopy) {
                       .item<bool>());
     }
   }
+}
+
+// A finished sentence leaves the decoding batch (drop_finished_sources, on in CommonParams with
+// terminate_beams_independently): the same translations, scores and bits as keeping every
+// sentence to the end, under the batch-invariant plan (the fused decoder step: a row's bits do
+// not depend on the rows beside it), and the real decoder's caches, row tables and source rows
+// compacted on the way (the copy words are 2 to 6 letters: sentences end at different steps).
+TEST(TransformerModel, FinishedSentencesLeaveTheBatchWithTheSameTranslations) {
+  CopyModel& m = TrainedCopyModel();
+  NestedMap batch = CopyBatch(*m.tok, TestWords());
+  EXPECT_TRUE(CopyModelParams("beam").GetBool("decoder.beam_search.terminate_beams_independently"));
+  EXPECT_TRUE(CopyModelParams("beam").GetBool("decoder.beam_search.drop_finished_sources"));
+  std::map<bool, NestedMap> outs;
+  for (bool drop : {false, true}) {
+    Params p = CopyModelParams("beam");
+    p.Set("decoder.beam_search.drop_finished_sources", drop);
+    auto task = InstantiateLayer<mt::TransformerModel>(p);
+    {
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> to = task->vars().FlattenTensors();
+      std::vector<at::Tensor> from = m.model->vars().FlattenTensors();
+      ASSERT_EQ(to.size(), from.size());
+      for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    }
+    task->SetComputePlan(PlanInference(*task, {.batch_invariant = true}));
+    outs[drop] = task->Translate(task->theta(), batch.GetItem("src").AsMap(), 0);
+  }
+  for (const char* key : {"topk_ids", "topk_lens", "topk_scores"}) {
+    EXPECT_TRUE(at::equal(outs[false].GetTensor(key), outs[true].GetTensor(key))) << key;
+  }
+  // The lengths differ: some sentences finished while others ran.
+  const at::Tensor lens = outs[true].GetTensor("topk_lens").select(1, 0);
+  EXPECT_LT(lens.min().item<int64_t>() + 2, lens.max().item<int64_t>());
 }
 
 TEST(TransformerModel, TranslateSubgraphReturnsHypothesesAndScores) {
