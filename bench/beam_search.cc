@@ -9,6 +9,8 @@
 // glossa_hyps_int8.jsonl or glossa_hyps_bf16.jsonl. --fused=0 runs each decoder layer's step as the unfused
 // composition of the layers' ExtendStep instead of one DecoderLayerStep
 // (glossa/kernels/decoder_step.h), for the comparison in bench/README.md.
+// --drop_finished_sources=0 keeps every sentence of a batch in the decoding batch until the last
+// one finishes (beam_search.drop_finished_sources False), for the comparison in bench/README.md.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
                               {"int8", "0"},
                               {"precision", "float32"},
                               {"fused", "1"},
+                              {"drop_finished_sources", "1"},
                               {"row_kernels", "measure"}});
   // --row_kernels=measure|aten|native: how short inputs are projected (kernel_choice.h).
   SetKernelMode(KernelChoice::kRowKernel, ParseKernelMode(f["row_kernels"], "--row_kernels"));
@@ -60,7 +63,8 @@ int main(int argc, char** argv) {
   Params p = GetModelParams("mt.bible.TransformerEnEsTiny", "Test",
                             StrCat("task.fprop_dtype : float32\n"
                                    "task.decoder.beam_search.num_hyps_per_beam : ",
-                                   f["beam"]));
+                                   f["beam"], "\ntask.decoder.beam_search.drop_finished_sources : ",
+                                   f["drop_finished_sources"] == "0" ? "False" : "True"));
   auto model = InstantiateLayer<BaseModel>(p);
   const auto ckpt = Saver::LatestCheckpoint(JoinPath(f["logdir"], "train"));
   if (!ckpt) {

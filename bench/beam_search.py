@@ -6,8 +6,9 @@ cross-attention with the source keys and values projected once, softmax tied to 
 embedding), its weights read from the same checkpoint, and the same search (Lingvo's beam search:
 the top num_hyps+1 extensions of each hypothesis, </s> ending a hypothesis when within
 valid_eos_max_logit_delta of its best extension, the best num_hyps live extensions per source, the
-beam_size stopping window, ((5 + |Y|) / 5)^0.6 length normalization), written with batched tensor
-ops, cached keys and values, under torch.inference_mode, fp32. Reads the source ids Glossa
+beam_size stopping window, ((5 + |Y|) / 5)^0.6 length normalization; a source done stops and leaves
+the batch, as Glossa's terminate_beams_independently and drop_finished_sources), written with
+batched tensor ops, cached keys and values, under torch.inference_mode, fp32. Reads the source ids Glossa
 translated and reports sentences/s and target tokens/s (median over runs) and how many best
 hypotheses equal Glossa's. Run with Debian's python3-torch:
   /usr/bin/python3 bench/beam_search.py --ckpt=runs/bible_tiny/train/ckpt-00001200.safetensors \
@@ -135,19 +136,22 @@ def encode(ids, paddings):
 
 
 def beam_search(ids, paddings, K, T, alpha=0.6, beam_size=3.0, delta=5.0, thr=-100.0):
+    """Each source stops once done (terminate_beams_independently) and leaves the batch: the
+    rows of the live sources only are computed, hypothesis j * Bl + q of the Bl live sources."""
     B = ids.shape[0]
-    N = K * B
-    enc = encode(ids, paddings).repeat(K, 1, 1)  # hypothesis i reads source i % B
-    src_bias = torch.zeros(N, paddings.shape[1]).masked_fill(paddings.repeat(K, 1) > 0.5, NEG)[:, None, None, :]
+    live = torch.arange(B)  # the sources still running, in order
+    Bl = B
+    enc = encode(ids, paddings).repeat(K, 1, 1)  # hypothesis i reads source live[i % Bl]
+    src_bias = torch.zeros(K * B, paddings.shape[1]).masked_fill(paddings.repeat(K, 1) > 0.5, NEG)[:, None, None, :]
     cross = [c.project_kv(enc) for _, c, _ in dec_layers]
     caches = [None] * len(dec_layers)
-    cum = torch.zeros(N)
+    cum = torch.zeros(K * B)
     best = torch.full((B,), -1e36)
     done = torch.zeros(B, dtype=torch.bool)
-    tok = torch.full((N,), SOS, dtype=torch.long)
+    tok = torch.full((K * B,), SOS, dtype=torch.long)
+    # Per step, over all K * B hypotheses (h = j * B + b): the token and the parent.
     hist_tok, hist_par, finished = [], [], [[] for _ in range(B)]
     m = K + 1
-    beams = torch.arange(B)
     for t in range(T):
         x = (dec_emb[tok] * math.sqrt(d) + POS[t])[:, None, :]
         for li, (sa, ca, ff) in enumerate(dec_layers):
@@ -162,25 +166,39 @@ def beam_search(ids, paddings, K, T, alpha=0.6, beam_size=3.0, delta=5.0, thr=-1
         vals, idx = (cum[:, None] + lp).topk(m, -1)  # each hypothesis' best extensions
         if t == 0:
             vals[B:] = -math.inf  # step 0: only the first hypothesis of each source is expanded
+        full = torch.arange(K)[:, None] * B + live[None, :]  # [K, Bl]: row j * Bl + q's hypothesis
+        full = full.reshape(-1)
         is_eos = idx == EOS
         ends = is_eos & (vals > vals[:, :1] - delta) & (lp.gather(1, idx) > thr) & torch.isfinite(vals)
         for i, j in ends.nonzero().tolist():
-            b = i % B
+            b = int(live[i % Bl])
             raw = float(vals[i, j])
             best[b] = max(float(best[b]), raw)
-            finished[b].append((raw / ((5.0 + t + 1) / 5.0) ** alpha, t + 1, t, i))
-        live = vals.masked_fill(is_eos, -math.inf)
-        lv = live.view(K, B, m).permute(1, 0, 2).reshape(B, K * m)
-        li_ = idx.view(K, B, m).permute(1, 0, 2).reshape(B, K * m)
-        nv, pos = lv.topk(K, -1)  # [B, K]: the best live extensions of each source
-        parent = (pos // m) * B + beams[:, None]
+            finished[b].append((raw / ((5.0 + t + 1) / 5.0) ** alpha, t + 1, t, int(full[i])))
+        live_vals = vals.masked_fill(is_eos, -math.inf)
+        lv = live_vals.view(K, Bl, m).permute(1, 0, 2).reshape(Bl, K * m)
+        li_ = idx.view(K, Bl, m).permute(1, 0, 2).reshape(Bl, K * m)
+        nv, pos = lv.topk(K, -1)  # [Bl, K]: the best live extensions of each source
+        parent = (pos // m) * Bl + torch.arange(Bl)[:, None]
         cum, tok, par = nv.t().reshape(-1), li_.gather(1, pos).t().reshape(-1), parent.t().reshape(-1)
-        hist_tok.append(tok)
-        hist_par.append(par)
+        step_tok = torch.full((K * B,), EOS, dtype=torch.long)
+        step_par = torch.arange(K * B)
+        step_tok[full] = tok
+        step_par[full] = full[par]
+        hist_tok.append(step_tok)
+        hist_par.append(step_par)
         caches = [(k.index_select(0, par), v.index_select(0, par)) for k, v in caches]
-        done |= (cum.view(K, B) <= best - beam_size).all(0)
+        done[live] |= (cum.view(K, Bl) <= best[live] - beam_size).all(0)
         if bool(done.all()):
             break
+        keep = ~done[live]
+        if not bool(keep.all()):  # finished sources leave the batch
+            q = keep.nonzero().squeeze(1)
+            rows = (torch.arange(K)[:, None] * Bl + q[None, :]).reshape(-1)
+            caches = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in caches]
+            cross = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in cross]
+            src_bias, cum, tok = src_bias.index_select(0, rows), cum[rows], tok[rows]
+            live, Bl = live[q], len(q)
     out = []
     for b in range(B):
         if not finished[b]:

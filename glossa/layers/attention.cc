@@ -370,8 +370,9 @@ std::pair<at::Tensor, NestedMap> MultiHeadedAttention::ExtendStep(
   const int64_t step = c.step;
   {
     at::NoGradGuard no_grad;
-    c.key.select(1, step).copy_(proj(key_));
-    c.value.select(1, step).copy_(proj(value_));
+    // Row i writes slot i (the caches may hold more slots than rows: PrepareStep).
+    c.key.select(1, step).narrow(0, 0, n).copy_(proj(key_));
+    c.value.select(1, step).narrow(0, 0, n).copy_(proj(value_));
   }
   at::Tensor bias;
   if (paddings.defined()) {

@@ -376,27 +376,32 @@ TEST(TransformerModel, FinishedSentencesLeaveTheBatchWithTheSameTranslations) {
   NestedMap batch = CopyBatch(*m.tok, TestWords());
   EXPECT_TRUE(CopyModelParams("beam").GetBool("decoder.beam_search.terminate_beams_independently"));
   EXPECT_TRUE(CopyModelParams("beam").GetBool("decoder.beam_search.drop_finished_sources"));
-  std::map<bool, NestedMap> outs;
-  for (bool drop : {false, true}) {
+  auto translate = [&](bool drop, bool fused) {
     Params p = CopyModelParams("beam");
     p.Set("decoder.beam_search.drop_finished_sources", drop);
     auto task = InstantiateLayer<mt::TransformerModel>(p);
-    {
-      at::NoGradGuard no_grad;
-      std::vector<at::Tensor> to = task->vars().FlattenTensors();
-      std::vector<at::Tensor> from = m.model->vars().FlattenTensors();
-      ASSERT_EQ(to.size(), from.size());
-      for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> to = task->vars().FlattenTensors();
+    std::vector<at::Tensor> from = m.model->vars().FlattenTensors();
+    EXPECT_EQ(to.size(), from.size());
+    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    task->SetComputePlan(
+        PlanInference(*task, {.batch_invariant = true, .fused_decoder_step = fused}));
+    return task->Translate(task->theta(), batch.GetItem("src").AsMap(), 0);
+  };
+  // The fused decoder step, and each layer's own ExtendStep (the path of bf16 compute and of
+  // layers the fused step does not cover: it writes the caches itself).
+  for (bool fused : {true, false}) {
+    const NestedMap kept = translate(false, fused), dropped = translate(true, fused);
+    for (const char* key : {"topk_ids", "topk_lens", "topk_scores"}) {
+      EXPECT_TRUE(at::equal(kept.GetTensor(key), dropped.GetTensor(key)))
+          << key << (fused ? " (fused step)" : " (unfused steps)");
     }
-    task->SetComputePlan(PlanInference(*task, {.batch_invariant = true}));
-    outs[drop] = task->Translate(task->theta(), batch.GetItem("src").AsMap(), 0);
+    if (fused) continue;
+    // The sentences finish at different steps.
+    const at::Tensor lens = dropped.GetTensor("topk_lens").select(1, 0);
+    EXPECT_LT(lens.min().item<int64_t>() + 2, lens.max().item<int64_t>());
   }
-  for (const char* key : {"topk_ids", "topk_lens", "topk_scores"}) {
-    EXPECT_TRUE(at::equal(outs[false].GetTensor(key), outs[true].GetTensor(key))) << key;
-  }
-  // The lengths differ: some sentences finished while others ran.
-  const at::Tensor lens = outs[true].GetTensor("topk_lens").select(1, 0);
-  EXPECT_LT(lens.min().item<int64_t>() + 2, lens.max().item<int64_t>());
 }
 
 TEST(TransformerModel, TranslateSubgraphReturnsHypothesesAndScores) {
