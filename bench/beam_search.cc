@@ -11,6 +11,8 @@
 // (glossa/kernels/decoder_step.h), for the comparison in bench/README.md.
 // --drop_finished_sources=0 keeps every sentence of a batch in the decoding batch until the last
 // one finishes (beam_search.drop_finished_sources False), for the comparison in bench/README.md.
+// --shortlist=FILE decodes with a vocabulary shortlist (`glossa shortlist`; task.shortlist_file)
+// and writes glossa_hyps_shortlist.jsonl.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
                               {"precision", "float32"},
                               {"fused", "1"},
                               {"drop_finished_sources", "1"},
+                              {"shortlist", ""},
                               {"row_kernels", "measure"}});
   // --row_kernels=measure|aten|native: how short inputs are projected (kernel_choice.h).
   SetKernelMode(KernelChoice::kRowKernel, ParseKernelMode(f["row_kernels"], "--row_kernels"));
@@ -64,7 +67,8 @@ int main(int argc, char** argv) {
                             StrCat("task.fprop_dtype : float32\n"
                                    "task.decoder.beam_search.num_hyps_per_beam : ",
                                    f["beam"], "\ntask.decoder.beam_search.drop_finished_sources : ",
-                                   f["drop_finished_sources"] == "0" ? "False" : "True"));
+                                   f["drop_finished_sources"] == "0" ? "False" : "True",
+                                   "\ntask.shortlist_file : '", f["shortlist"], "'"));
   auto model = InstantiateLayer<BaseModel>(p);
   const auto ckpt = Saver::LatestCheckpoint(JoinPath(f["logdir"], "train"));
   if (!ckpt) {
@@ -139,9 +143,10 @@ int main(int argc, char** argv) {
     }
   }
   {
-    const std::string name = policy.precision == Precision::kFloat32
-                                 ? "glossa_hyps.jsonl"
-                                 : StrCat("glossa_hyps_", PrecisionName(policy.precision), ".jsonl");
+    std::string name = policy.precision == Precision::kFloat32
+                           ? "glossa_hyps"
+                           : StrCat("glossa_hyps_", PrecisionName(policy.precision));
+    name += f["shortlist"].empty() ? ".jsonl" : "_shortlist.jsonl";
     std::ofstream out(JoinPath(f["workdir"], name));
     for (const auto& h : hyps) out << nlohmann::json(h).dump() << "\n";
   }

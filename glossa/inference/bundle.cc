@@ -19,6 +19,7 @@
 #include "glossa/inference/inference_graph.pb.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/core/registry.h"
 #include "glossa/io/safetensors.h"
 #include "glossa/optim/ema.h"
 #include "glossa/checkpoint/checkpointer.h"
@@ -471,6 +472,26 @@ std::map<std::string, std::string> VerifyBundle(const std::string& dir) {
 
 namespace {
 
+// Completes Params a bundle was written with by the params its classes define today and it
+// lacks (a bundle exported before a param was added loads with that param's default), listing
+// each added key in `added`.
+void AddNewDefaults(Params& p, const std::string& prefix, std::vector<std::string>* added) {
+  if (p.Contains("cls") && p.Get("cls").kind() == ParamValue::Kind::kClass) {
+    const std::string& key = p.Get("cls").AsClass().key;
+    if (ClassRegistry::Contains(key) && ClassRegistry::Get(key).default_params) {
+      const Params defaults = ClassRegistry::Get(key).default_params();
+      for (const auto& e : defaults) {
+        if (p.Contains(e.name)) continue;
+        p.Define(e.name, e.value, e.doc);
+        added->push_back(prefix + e.name);
+      }
+    }
+  }
+  for (const std::string& name : p.Keys()) {
+    if (p.Get(name).is_params()) AddNewDefaults(p.GetParams(name), prefix + name + ".", added);
+  }
+}
+
 Params ParamsFromBundleFile(const std::string& dir, const char* name) {
   try {
     return Params::FromProtoBytes(ReadFileToString(JoinPath(dir, name)));
@@ -487,6 +508,12 @@ LoadedBundle LoadBundle(const std::string& dir) {
   b.manifest = VerifyBundle(dir);
   b.global_step = std::stoll(b.manifest.at("global_step"));
   b.model_params = ParamsFromBundleFile(dir, "model_params.pb");
+  AddNewDefaults(b.model_params, "", &b.defaulted_params);
+  if (!b.defaulted_params.empty()) {
+    std::fprintf(stderr, "glossa: bundle '%s' predates %zu param(s) of its classes; using their "
+                 "defaults: %s\n", dir.c_str(), b.defaulted_params.size(),
+                 Join(b.defaulted_params, ", ").c_str());
+  }
   proto::InferenceGraph graph;
   if (!google::protobuf::TextFormat::ParseFromString(
           ReadFileToString(JoinPath(dir, "inference_graph.pbtxt")), &graph)) {

@@ -82,6 +82,9 @@ struct LoadedBundle {
   // The exported subgraphs, from inference_graph.pbtxt.
   std::map<std::string, InferenceSubgraphSpec> subgraphs;
   int64_t global_step = 0;
+  // Params the bundle's classes define now and its model_params.pb lacks (a bundle exported by
+  // an earlier build): they take their defaults, and LoadBundle names them on stderr.
+  std::vector<std::string> defaulted_params;
 };
 LoadedBundle LoadBundle(const std::string& dir);
 

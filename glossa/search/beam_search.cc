@@ -85,9 +85,10 @@ glossa::Params BeamSearchHelper::Params() {
   p.Define("num_hyps_to_return", 0, "Hypotheses returned per source (0: num_hyps_per_beam).");
   p.Define("drop_finished_sources", true,
            "With terminate_beams_independently, a finished source leaves the batch: the step "
-           "function then runs on the hypotheses of the sources still running only (hypothesis "
-           "j·B' + b' of the B' live sources, in source order) and the states are compacted "
-           "(GatherStates with per_source_index). The step function must then read every "
+           "function then runs on the hypotheses of the sources still in the batch only "
+           "(hypothesis j·B' + b' of those B', in source order): finished sources leave once a "
+           "quarter of the batch's have finished, the states compacted (GatherStates with "
+           "per_source_index). The step function must then read every "
            "per-hypothesis input from its states, as CTranslate2's and Marian's decoders do. "
            "False: every source's hypotheses are computed until all sources are done. (The MT "
            "and speech decoders' search joined with CTC prefix scores keeps every source: the "
@@ -231,9 +232,15 @@ BeamSearchDecodeOutput BeamSearchHelper::BeamSearchDecode(int64_t num_beams, Nes
     StepLive(t, log_probs, atten, last_chunk, &live, &state);
     std::vector<int64_t> next = live;
     if (drop) {
+      // Sources leave once a quarter of those in the batch have finished: each compaction copies
+      // the states' rows, and this way the copies add up to about 4/3 of one batch's states
+      // (a geometric series) while at most a quarter of the rows computed are finished ones.
       const bool* done = state.beam_done.data_ptr<bool>();
-      next.erase(std::remove_if(next.begin(), next.end(), [&](int64_t b) { return done[b]; }),
-                 next.end());
+      const auto finished = std::count_if(live.begin(), live.end(), [&](int64_t b) { return done[b]; });
+      if (finished > 0 && 4 * finished >= static_cast<int64_t>(live.size())) {
+        next.erase(std::remove_if(next.begin(), next.end(), [&](int64_t b) { return done[b]; }),
+                   next.end());
+      }
     }
     if (next.size() == live.size()) {
       // Every source that ran stays: the parents of the rows, as Lingvo's search reorders.

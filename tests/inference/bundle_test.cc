@@ -262,6 +262,31 @@ TEST(Bundle, DamagedBundlesAreRefusedNamingTheFile) {
   EXPECT_NO_THROW(LoadBundle(d));
 }
 
+// A bundle exported before a param was added (its model_params.pb lacks it) loads with the
+// param's default and names it.
+TEST(Bundle, AnOlderBundleGetsTheDefaultsOfParamsAddedSince) {
+  const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
+  const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");
+  const std::string d = Dir("older");
+  ExportBundle({.model_params = p, .checkpoint = ckpt, .out_dir = d});
+  EXPECT_TRUE(LoadBundle(d).defaulted_params.empty());
+  Params old = Params::FromProtoBytes(ReadFileToString(d + "/model_params.pb"));
+  const ParamValue want = old.Get("task.softmax.fused_xent");
+  old.Delete("task.softmax.fused_xent");
+  old.Delete("task.skip_lp_regularization");
+  AtomicWriteFile(d + "/model_params.pb", old.ToProtoBytes());
+  auto m = nlohmann::json::parse(ReadFileToString(d + "/MANIFEST.json"));
+  m["files"]["model_params.pb"] = {{"bytes", FileSize(d + "/model_params.pb")},
+                                   {"sha256", Sha256File(d + "/model_params.pb")}};
+  RehashManifest(m, d + "/manifest.scratch");
+  AtomicWriteFile(d + "/MANIFEST.json", m.dump());
+  const LoadedBundle b = LoadBundle(d);
+  EXPECT_EQ(b.defaulted_params,
+            (std::vector<std::string>{"task.skip_lp_regularization",
+                                      "task.softmax.fused_xent"}));
+  EXPECT_EQ(b.model_params.Get("task.softmax.fused_xent"), want);
+}
+
 TEST(Bundle, NonFiniteWeightsAreRefusedByExportAndTheLoader) {
   const Params p = GetModelParams("lm.austen.TransformerLmTiny", "Dev", kSmall);
   const std::string ckpt = *Saver::LatestCheckpoint(TrainedLogdir() + "/train");

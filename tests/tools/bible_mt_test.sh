@@ -109,6 +109,12 @@ ok = (1 <= n <= 8 and r['hyps'].count(' ||| ') + 1 == n == len(r['scores']) == l
       and all(isinstance(x, float) and math.isfinite(x) and x != 0.0 for x in r['scores']))
 sys.exit(0 if ok else print(r) or 1)\""
   check "num_hyps out of range is an error naming it" bash -c "! '$glossa' predict --bundle='$tmp/bundle' --subgraph=translate --input='$tmp/bad.jsonl' > /dev/null 2> '$tmp/bad.log' && grep -q 'num_hyps' '$tmp/bad.log'"
+  # A vocabulary shortlist from the training text, bundled through task.shortlist_file.
+  check "glossa shortlist builds a shortlist: $(tail -1 "$tmp/sl.log" 2>/dev/null)" bash -c "'$glossa' shortlist --bundle='$tmp/bundle' --source='$tmp/bible_mt/train.en' --target='$tmp/bible_mt/train.es' --out='$tmp/shortlist.tsv' --per_source=20 --frequent=100 > '$tmp/sl.log' 2>&1 && grep -q '^shortlist: .* pairs, 100 frequent target pieces' '$tmp/sl.log' && head -1 '$tmp/shortlist.tsv' | grep -qx 'glossa_shortlist 1 8000 8000'"
+  { cat "$tmp/small.txt"; echo "task.shortlist_file : \"$tmp/shortlist.tsv\""; } > "$tmp/small_sl.txt"
+  check "export with task.shortlist_file bundles the shortlist: $(tail -1 "$tmp/export_sl.log" 2>/dev/null)" bash -c "'$glossa' export --model=mt.bible.TransformerEnEsTiny --logdir='$tmp/run' --model_params_file_override='$tmp/small_sl.txt' --allow_params_change --out='$tmp/bundle_sl' > '$tmp/export_sl.log' 2>&1 && cmp -s '$tmp/shortlist.tsv' '$tmp/bundle_sl/assets/shortlist.tsv'"
+  check "predict translates with the bundled shortlist" bash -c "'$glossa' predict --bundle='$tmp/bundle_sl' --subgraph=translate --input='$tmp/src.txt' > '$tmp/tr_sl.jsonl' 2>/dev/null && test \$(wc -l < '$tmp/tr_sl.jsonl') -eq 2 && grep -q '\"translation\":' '$tmp/tr_sl.jsonl'"
+  check "shortlist: files that do not align are an error naming them, and write nothing" bash -c "! '$glossa' shortlist --bundle='$tmp/bundle' --source='$tmp/src.txt' --target='$tmp/bible_mt/train.es' --out='$tmp/x.tsv' > /dev/null 2> '$tmp/sl_bad.log' && grep -q 'src.txt ends at line 2 but .*train.es goes on' '$tmp/sl_bad.log' && test ! -e '$tmp/x.tsv'"
   # Bad input: a missing corpus file fails the job, naming it.
   { cat "$tmp/small.txt"; echo "task.input.file_pattern : \"text:$tmp/missing.tsv\""; } > "$tmp/missing.txt"
   check "a missing input file is an error: $(tail -1 "$tmp/missing.log" 2>/dev/null)" bash -c "! '$glossa' train --model=mt.bible.TransformerEnEsTiny --logdir='$tmp/run2' --model_params_file_override='$tmp/missing.txt' > '$tmp/missing.log' 2>&1 && grep -q 'missing.tsv' '$tmp/missing.log'"

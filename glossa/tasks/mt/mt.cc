@@ -25,6 +25,7 @@
 #include "glossa/search/beam_search.h"
 #include "glossa/search/ctc_prefix_score.h"
 #include "glossa/search/lexicon.h"
+#include "glossa/input/shortlist.h"
 
 namespace glossa {
 namespace mt {
@@ -43,6 +44,10 @@ glossa::Params TransformerModel::Params() {
            "How decoded and reference strings are unsegmented before BLEU: '' (as the tokenizer "
            "detokenizes them: SentencePiece gives plain text), or 'spm', 'wpm', 'bpe' for a "
            "vocabulary-file tokenizer that returns pieces (Lingvo's BleuScorer).");
+  p.Define("shortlist_file", "",
+           "A vocabulary shortlist (`glossa shortlist`, glossa/input/shortlist.h): decoding "
+           "computes each batch's logits over its sources' candidate target pieces and the most "
+           "frequent ones only. '': the whole vocabulary.");
   return p;
 }
 
@@ -108,6 +113,20 @@ TransformerModel::TransformerModel(const glossa::Params& p) : BaseTask(p) {
   }
   CheckDim(*this, "decoder.model_dim", decoder_->params().GetInt("model_dim"), "encoder.model_dim",
            encoder_->model_dim());
+  if (const std::string file = p.GetString("shortlist_file"); !file.empty()) {
+    try {
+      shortlist_ = std::make_shared<const VocabShortlist>(VocabShortlist::Load(file));
+    } catch (const Error& e) {
+      ThrowError(e.code(), StrCat("task '", path(), "': shortlist_file: ", e.message()));
+    }
+    const int64_t src_v = p.GetInt("encoder.token_emb.vocab_size");
+    if (shortlist_->source_vocab() != src_v || shortlist_->target_vocab() != decoder_->vocab_size()) {
+      throw InvalidArgumentError(StrCat(
+          "task '", path(), "': shortlist_file '", file, "' is for vocabularies of ",
+          shortlist_->source_vocab(), " and ", shortlist_->target_vocab(), " pieces; the model's are ",
+          src_v, " and ", decoder_->vocab_size()));
+    }
+  }
   if (has_input()) {
     std::vector<std::pair<std::string, int64_t>> keys = {
         {"encoder.token_emb.vocab_size", p.GetInt("encoder.token_emb.vocab_size")},
@@ -174,7 +193,7 @@ DecodeStepFn StepReadingSourceRows(const TransformerDecoder& dec, const NestedMa
 NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_theta,
                         const NestedMap& enc, int64_t b, const std::string& decoding,
                         int64_t num_hyps, const CtcPrefixScorer* ctc, const LmFusion* lm,
-                        const LexiconConstraint* lexicon) {
+                        const LexiconConstraint* lexicon, const at::Tensor& shortlist_ids) {
   if (lm && lm->lm == nullptr) lm = nullptr;
   if (lm && lm->lm->vocab_size() != dec.vocab_size()) {
     throw InvalidArgumentError(StrCat("shallow fusion: the language model's vocabulary (",
@@ -194,7 +213,12 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
         lm->weight));
   }
   if (lexicon) scorers.push_back(LexiconMask(*lexicon));
-  auto make_step = [&](const NestedMap& shared) {
+  auto make_step = [&](NestedMap shared) {
+    if (shortlist_ids.defined()) {
+      for (const auto& [key, value] : dec.ShortlistSource(dec_theta, shortlist_ids)) {
+        shared.Put(key, value);
+      }
+    }
     return FuseScorers(StepReadingSourceRows(dec, dec_theta, shared), scorers);
   };
   auto init_states = [&](int64_t n, const NestedMap& rows) {
@@ -246,8 +270,13 @@ NestedMap TransformerModel::Translate(const NestedMap& theta, const NestedMap& s
   at::NoGradGuard no_grad;
   EvalModeScope eval;
   const NestedMap enc = encoder_->FProp(encoder_.Theta(theta), src);
+  at::Tensor shortlist_ids;
+  if (shortlist_) {
+    shortlist_ids = shortlist_->Candidates(src.GetTensor("ids"), OptionalInput(src, "paddings"),
+                                           {decoder_->eos_id()});
+  }
   return SearchDecoder(*decoder_, decoder_.Theta(theta), enc, src.GetTensor("ids").size(0),
-                       decoding_, num_hyps);
+                       decoding_, num_hyps, nullptr, nullptr, nullptr, shortlist_ids);
 }
 
 NestedMap TransformerModel::Decode(const NestedMap& batch) {

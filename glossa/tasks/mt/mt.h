@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,7 @@ class DropoutLayer;
 class BeamSearchHelper;
 class CtcPrefixScorer;
 class LexiconConstraint;
+class VocabShortlist;
 class TransformerLmTask;
 
 namespace mt {
@@ -42,7 +44,8 @@ class TransformerModel : public BaseTask {
  public:
   // + encoder (mt::TransformerEncoder), decoder (mt::TransformerDecoder), decoding ('beam',
   // 'greedy' or 'sample'), bleu_separator_type ('' for detokenizing tokenizers; 'wpm', 'bpe', 'spm'
-  // for pieces).
+  // for pieces), shortlist_file (a vocabulary shortlist, glossa/input/shortlist.h: decoding
+  // computes each batch's logits over its sources' candidates only).
   static glossa::Params Params();
   // Every sub-Params filled in for the given shape (Lingvo's SetupTransformerParams):
   // pre-layer-norm layers, final layer norms, input and residual dropout 0.1 (none on the
@@ -90,11 +93,15 @@ class TransformerModel : public BaseTask {
 
   const TransformerEncoder& encoder() const { return *encoder_; }
   const TransformerDecoder& decoder() const { return *decoder_; }
+  // shortlist_file travels with an exported bundle (assets/).
+  std::vector<std::string> AssetParams() const override { return {"shortlist_file"}; }
 
  private:
   Child<TransformerEncoder> encoder_;
   Child<TransformerDecoder> decoder_;
   std::string decoding_, bleu_separator_;
+  // The vocabulary shortlist of shortlist_file (null: the whole vocabulary).
+  std::shared_ptr<const VocabShortlist> shortlist_;
   // Corpus BLEU statistics of the current decode run.
   std::vector<std::string> bleu_refs_, bleu_hyps_;
 };
@@ -123,10 +130,13 @@ struct LmFusion {
   const NestedMap* theta = nullptr;
   double weight = 0.0;
 };
+// With `shortlist_ids` [S] (sorted target ids: VocabShortlist::Candidates), every step's logits
+// are computed over those ids only (TransformerDecoder::ShortlistSource).
 NestedMap SearchDecoder(const TransformerDecoder& decoder, const NestedMap& decoder_theta,
                         const NestedMap& encoder_outputs, int64_t batch, const std::string& decoding,
                         int64_t num_hyps, const CtcPrefixScorer* ctc = nullptr,
-                        const LmFusion* lm = nullptr, const LexiconConstraint* lexicon = nullptr);
+                        const LmFusion* lm = nullptr, const LexiconConstraint* lexicon = nullptr,
+                        const at::Tensor& shortlist_ids = {});
 
 }  // namespace mt
 }  // namespace glossa

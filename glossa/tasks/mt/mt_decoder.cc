@@ -282,6 +282,28 @@ NestedMap TransformerDecoder::PrecomputeSource(const NestedMap& theta,
   return out;
 }
 
+NestedMap TransformerDecoder::ShortlistSource(const NestedMap& theta,
+                                              const at::Tensor& ids) const {
+  if (ids.dim() != 1 || ids.numel() == 0 || ids.min().item<int64_t>() < 0 ||
+      ids.max().item<int64_t>() >= vocab_size_) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': a shortlist's ids must be [S] in [0, ",
+                                      vocab_size_, ")"));
+  }
+  NestedMap out;
+  out.Put("shortlist_ids", ids);
+  if (shared_emb_) {
+    const at::Tensor& emb = token_emb_.Theta(theta).GetTensor("emb_var");  // [V, D]
+    out.Put("shortlist_weight", emb.index_select(0, ids).t().contiguous().to(fprop_dtype()));
+    out.Put("shortlist_bias", theta.GetTensor("softmax_bias").index_select(0, ids));
+  } else {
+    const NestedMap& sm = softmax_.Theta(theta);  // weight_0 [D, V], bias_0 [V]
+    out.Put("shortlist_weight",
+            sm.GetTensor("weight_0").index_select(1, ids).contiguous().to(fprop_dtype()));
+    out.Put("shortlist_bias", sm.GetTensor("bias_0").index_select(0, ids));
+  }
+  return out;
+}
+
 void TransformerDecoder::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
   if (!shared_emb_) return;  // the softmax layer prepares its own
   const at::Tensor& emb = token_emb_.Theta(theta).GetTensor("emb_var");  // [V, D]
@@ -310,6 +332,17 @@ std::pair<at::Tensor, NestedMap> TransformerDecoder::ExtendStep(const NestedMap&
   context.Put("aux_paddings", source.GetTensor("aux_paddings"));
   const StepLayer& dec = *stack_;
   auto [y, new_states] = dec.ExtendStep(stack_.Theta(theta), x, states, context);
+  if (source.contains("shortlist_ids")) {
+    // A vocabulary shortlist: the logits and the log-softmax over its ids only; every other
+    // token is -inf (never extended).
+    const at::Tensor& ids_s = source.GetTensor("shortlist_ids");
+    const at::Tensor logits = Affine(y, source.GetTensor("shortlist_weight").to(y.scalar_type()),
+                                     source.GetTensor("shortlist_bias").to(y.scalar_type()));
+    at::Tensor log_probs = at::full({y.size(0), vocab_size_},
+                                    -std::numeric_limits<float>::infinity(), at::kFloat);
+    log_probs.index_copy_(1, ids_s, at::log_softmax(logits.to(at::kFloat), -1));
+    return {log_probs, std::move(new_states)};
+  }
   const PreparedWeight* planned =
       shared_emb_ ? PlannedWeight("softmax_weight", {token_emb_.Theta(theta).GetTensor("emb_var")})
                   : nullptr;

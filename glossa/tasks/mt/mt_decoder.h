@@ -51,6 +51,11 @@ class TransformerDecoder : public BaseLayer {
   // hypotheses within a beam leaves it valid.
   NestedMap PrecomputeSource(const NestedMap& theta, const NestedMap& encoder_outputs,
                              int64_t num_hyps) const;
+  // The softmax restricted to the target ids [S] of a vocabulary shortlist
+  // (glossa/input/shortlist.h), for a search's source: {shortlist_ids, shortlist_weight [D, S],
+  // shortlist_bias [S]}. ExtendStep with them computes the logits over those ids only and gives
+  // every other token -inf.
+  NestedMap ShortlistSource(const NestedMap& theta, const at::Tensor& ids) const;
   // Empty per-layer key/value caches of N hypotheses (MultiHeadedAttention::InitStates: written in
   // place, reordered by their row tables).
   NestedMap InitDecodeStates(int64_t num_hyps) const;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -402,6 +403,59 @@ TEST(TransformerModel, FinishedSentencesLeaveTheBatchWithTheSameTranslations) {
     const at::Tensor lens = dropped.GetTensor("topk_lens").select(1, 0);
     EXPECT_LT(lens.min().item<int64_t>() + 2, lens.max().item<int64_t>());
   }
+}
+
+// A vocabulary shortlist (task.shortlist_file): with every target piece listed the translations
+// are those of the whole vocabulary; with each letter's own piece only, every output token is one
+// of the batch's source pieces or </s>, and the copies come out as before.
+TEST(TransformerModel, TranslatesWithAVocabularyShortlist) {
+  CopyModel& m = TrainedCopyModel();
+  const std::vector<std::string> words = TestWords();
+  NestedMap batch = CopyBatch(*m.tok, words);
+  const std::string dir = testing::TempDir("mt_shortlist");
+  std::string all = "glossa_shortlist 1 76 76\nfrequent", own = "glossa_shortlist 1 76 76\nfrequent\n";
+  for (int64_t i = 0; i < 76; ++i) {
+    all += StrCat(" ", i);
+    own += StrCat(i, " ", i, "\n");
+  }
+  std::ofstream(dir + "/all.tsv") << all << "\n";
+  std::ofstream(dir + "/own.tsv") << own;
+  std::ofstream(dir + "/small.tsv") << "glossa_shortlist 1 10 76\nfrequent 1\n";
+  auto translate = [&](const std::string& file) {
+    Params p = CopyModelParams("beam");
+    p.Set("shortlist_file", file);
+    auto task = InstantiateLayer<mt::TransformerModel>(p);
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> to = task->vars().FlattenTensors();
+    std::vector<at::Tensor> from = m.model->vars().FlattenTensors();
+    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    return task->Translate(task->theta(), batch.GetItem("src").AsMap(), 0);
+  };
+  const NestedMap full = translate(""), listed = translate(dir + "/all.tsv"),
+                  own_only = translate(dir + "/own.tsv");
+  EXPECT_TRUE(at::equal(full.GetTensor("topk_ids"), listed.GetTensor("topk_ids")));
+  EXPECT_TRUE(at::allclose(full.GetTensor("topk_scores"), listed.GetTensor("topk_scores"), 0, 1e-4));
+  const at::Tensor src = batch.GetTensor("src.ids"), ids = own_only.GetTensor("topk_ids");
+  const at::Tensor lens = own_only.GetTensor("topk_lens");
+  std::set<int64_t> allowed = {m.model->decoder().eos_id()};
+  for (int64_t i = 0; i < src.numel(); ++i) {
+    if (batch.GetTensor("src.paddings").view({-1})[i].item<float>() < 0.5) {
+      allowed.insert(src.view({-1})[i].item<int64_t>());
+    }
+  }
+  for (int64_t b = 0; b < ids.size(0); ++b) {
+    for (int64_t k = 0; k < ids.size(1); ++k) {
+      for (int64_t t = 0; t < lens[b][k].item<int64_t>(); ++t) {
+        EXPECT_TRUE(allowed.count(ids[b][k][t].item<int64_t>())) << b << " " << k << " " << t;
+      }
+    }
+  }
+  EXPECT_GE(at::eq(full.GetTensor("topk_ids").select(1, 0), ids.select(1, 0)).all(1).sum().item<int64_t>(),
+            36)
+      << "the best copies stay copies";
+  EXPECT_ERROR_CONTAINS(translate(dir + "/small.tsv"), InvalidArgumentError,
+                        "shortlist_file '" + dir + "/small.tsv' is for vocabularies of 10 and 76");
+  EXPECT_ERROR_CONTAINS(translate(dir + "/missing.tsv"), NotFoundError, "shortlist_file");
 }
 
 TEST(TransformerModel, TranslateSubgraphReturnsHypothesesAndScores) {
