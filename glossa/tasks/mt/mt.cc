@@ -24,6 +24,7 @@
 #include "glossa/tasks/lm/transformer_lm.h"
 #include "glossa/search/beam_search.h"
 #include "glossa/search/ctc_prefix_score.h"
+#include "glossa/kernels/compute_plan.h"
 #include "glossa/search/lexicon.h"
 #include "glossa/input/shortlist.h"
 
@@ -174,15 +175,19 @@ std::pair<NestedMap, NestedMap> SplitSource(NestedMap source) {
   return {std::move(source), std::move(rows)};
 }
 
-// The decoder's step on the source rows of its states and the shared rest.
+// The decoder's step on the source rows of its states and the shared rest (with a shortlist's
+// projection prepared under the model's plan: shortlist_plan).
 DecodeStepFn StepReadingSourceRows(const TransformerDecoder& dec, const NestedMap& dec_theta,
-                                   const NestedMap& shared) {
-  return [&dec, &dec_theta, shared](const at::Tensor& ids, int64_t step, const NestedMap& states) {
+                                   const NestedMap& shared,
+                                   std::shared_ptr<const ComputePlan> shortlist_plan) {
+  return [&dec, &dec_theta, shared, shortlist_plan](const at::Tensor& ids, int64_t step,
+                                                    const NestedMap& states) {
     NestedMap source = shared, dec_states = states;
     const NestedMap& rows = states.GetItem("per_source").AsMap();
     for (const auto& [key, value] : rows) source.Put(key, value);
     dec_states.erase("per_source");
-    auto [log_probs, next] = dec.ExtendStep(dec_theta, source, ids, step, dec_states);
+    auto [log_probs, next] =
+        dec.ExtendStep(dec_theta, source, ids, step, dec_states, shortlist_plan.get());
     next.Put("per_source", rows);
     return std::make_pair(log_probs, std::move(next));
   };
@@ -214,12 +219,13 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
   }
   if (lexicon) scorers.push_back(LexiconMask(*lexicon));
   auto make_step = [&](NestedMap shared) {
+    std::shared_ptr<const ComputePlan> shortlist_plan;
     if (shortlist_ids.defined()) {
-      for (const auto& [key, value] : dec.ShortlistSource(dec_theta, shortlist_ids)) {
-        shared.Put(key, value);
-      }
+      const NestedMap shortlist = dec.ShortlistSource(dec_theta, shortlist_ids);
+      for (const auto& [key, value] : shortlist) shared.Put(key, value);
+      shortlist_plan = dec.PlanShortlist(shortlist);
     }
-    return FuseScorers(StepReadingSourceRows(dec, dec_theta, shared), scorers);
+    return FuseScorers(StepReadingSourceRows(dec, dec_theta, shared, shortlist_plan), scorers);
   };
   auto init_states = [&](int64_t n, const NestedMap& rows) {
     NestedMap states = FuseInitStates(dec.InitDecodeStates(n), scorers, n);

@@ -304,6 +304,15 @@ NestedMap TransformerDecoder::ShortlistSource(const NestedMap& theta,
   return out;
 }
 
+std::shared_ptr<const ComputePlan> TransformerDecoder::PlanShortlist(
+    const NestedMap& shortlist_source) const {
+  if (compute_plan() == nullptr || !ComputePlan::AppliesNow()) return nullptr;
+  auto plan = std::make_shared<ComputePlan>(compute_plan()->policy());
+  const at::Tensor& w = shortlist_source.GetTensor("shortlist_weight");
+  plan->Prepare("shortlist", w, {w});
+  return plan;
+}
+
 void TransformerDecoder::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
   if (!shared_emb_) return;  // the softmax layer prepares its own
   const at::Tensor& emb = token_emb_.Theta(theta).GetTensor("emb_var");  // [V, D]
@@ -318,7 +327,8 @@ std::pair<at::Tensor, NestedMap> TransformerDecoder::ExtendStep(const NestedMap&
                                                                 const NestedMap& source,
                                                                 const at::Tensor& ids,
                                                                 int64_t step,
-                                                                const NestedMap& states) const {
+                                                                const NestedMap& states,
+                                                                const ComputePlan* shortlist_plan) const {
   const at::Tensor& positions = source.GetTensor("positions");
   if (step < 0 || step >= positions.size(0)) {
     throw InvalidArgumentError(StrCat("layer '", path(), "': step ", step, " is outside [0, ",
@@ -336,8 +346,14 @@ std::pair<at::Tensor, NestedMap> TransformerDecoder::ExtendStep(const NestedMap&
     // A vocabulary shortlist: the logits and the log-softmax over its ids only; every other
     // token is -inf (never extended).
     const at::Tensor& ids_s = source.GetTensor("shortlist_ids");
-    const at::Tensor logits = Affine(y, source.GetTensor("shortlist_weight").to(y.scalar_type()),
-                                     source.GetTensor("shortlist_bias").to(y.scalar_type()));
+    const at::Tensor& w_s = source.GetTensor("shortlist_weight");
+    const at::Tensor& b_s = source.GetTensor("shortlist_bias");
+    const PreparedWeight* prepared =
+        shortlist_plan != nullptr ? shortlist_plan->Find("shortlist", {w_s}) : nullptr;
+    const at::Tensor logits =
+        prepared != nullptr
+            ? shortlist_plan->Affine(*prepared, y, b_s.to(y.scalar_type()))
+            : Affine(y, w_s.to(y.scalar_type()), b_s.to(y.scalar_type()));
     at::Tensor log_probs = at::full({y.size(0), vocab_size_},
                                     -std::numeric_limits<float>::infinity(), at::kFloat);
     log_probs.index_copy_(1, ids_s, at::log_softmax(logits.to(at::kFloat), -1));

@@ -2,6 +2,7 @@
 // decoding, built by glossa/tasks/mt/mt.h's TransformerModel; its ONNX export is in mt_onnx.cc.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,10 @@ class TransformerDecoder : public BaseLayer {
   // shortlist_bias [S]}. ExtendStep with them computes the logits over those ids only and gives
   // every other token -inf.
   NestedMap ShortlistSource(const NestedMap& theta, const at::Tensor& ids) const;
+  // The shortlist's projection (ShortlistSource's weight) prepared under this model's inference
+  // plan, as the plan prepares its own projections (packed panels, int8, bf16): null without a
+  // plan or where it does not apply (autograd on). ExtendStep's shortlist_plan.
+  std::shared_ptr<const ComputePlan> PlanShortlist(const NestedMap& shortlist_source) const;
   // Empty per-layer key/value caches of N hypotheses (MultiHeadedAttention::InitStates: written in
   // place, reordered by their row tables).
   NestedMap InitDecodeStates(int64_t num_hyps) const;
@@ -66,7 +71,8 @@ class TransformerDecoder : public BaseLayer {
   // (log-probs [N, V] in float32, the caches with this step's keys and values).
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const NestedMap& source,
                                               const at::Tensor& ids, int64_t step,
-                                              const NestedMap& states) const;
+                                              const NestedMap& states,
+                                              const ComputePlan* shortlist_plan = nullptr) const;
   // ONNX (glossa/tasks/mt/mt_onnx.cc): each layer's cross-attention keys and values of encoded
   // [B, S, D] (k0, v0, k1, ...), and the model of one ExtendStep written to `path`: ids [N]
   // int64, step [] int64, source_paddings [N, S], cache_k<i>/cache_v<i> [N, P, heads, dim] and

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -421,7 +422,7 @@ TEST(TransformerModel, TranslatesWithAVocabularyShortlist) {
   std::ofstream(dir + "/all.tsv") << all << "\n";
   std::ofstream(dir + "/own.tsv") << own;
   std::ofstream(dir + "/small.tsv") << "glossa_shortlist 1 10 76\nfrequent 1\n";
-  auto translate = [&](const std::string& file) {
+  auto translate = [&](const std::string& file, std::optional<ComputePolicy> policy = {}) {
     Params p = CopyModelParams("beam");
     p.Set("shortlist_file", file);
     auto task = InstantiateLayer<mt::TransformerModel>(p);
@@ -429,8 +430,20 @@ TEST(TransformerModel, TranslatesWithAVocabularyShortlist) {
     std::vector<at::Tensor> to = task->vars().FlattenTensors();
     std::vector<at::Tensor> from = m.model->vars().FlattenTensors();
     for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    if (policy) task->SetComputePlan(PlanInference(*task, *policy));
     return task->Translate(task->theta(), batch.GetItem("src").AsMap(), 0);
   };
+  // Under an inference plan the shortlist's projection is prepared as the plan's own (packed
+  // panels, int8 per output channel): with every piece listed, the same bits as the plan's
+  // projection over the whole vocabulary.
+  for (const ComputePolicy policy : {ComputePolicy{.batch_invariant = true},
+                                     ComputePolicy{.precision = Precision::kInt8}}) {
+    const NestedMap whole = translate("", policy), all_listed = translate(dir + "/all.tsv", policy);
+    for (const char* key : {"topk_ids", "topk_lens", "topk_scores"}) {
+      EXPECT_TRUE(at::equal(whole.GetTensor(key), all_listed.GetTensor(key)))
+          << key << " under " << policy.ToString();
+    }
+  }
   const NestedMap full = translate(""), listed = translate(dir + "/all.tsv"),
                   own_only = translate(dir + "/own.tsv");
   EXPECT_TRUE(at::equal(full.GetTensor("topk_ids"), listed.GetTensor("topk_ids")));
