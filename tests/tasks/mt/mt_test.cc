@@ -18,6 +18,7 @@
 #include "glossa/core/step_seed.h"
 #include "glossa/input/nmt_input.h"
 #include "glossa/kernels/compute_plan.h"
+#include "glossa/kernels/cpu_features.h"
 #include "glossa/layers/transformer_stack.h"
 #include "glossa/input/tokenizers.h"
 #include "glossa/io/example.h"
@@ -396,6 +397,11 @@ TEST(TransformerModel, FinishedSentencesLeaveTheBatchWithTheSameTranslations) {
   for (bool fused : {true, false}) {
     const NestedMap kept = translate(false, fused), dropped = translate(true, fused);
     for (const char* key : {"topk_ids", "topk_lens", "topk_scores"}) {
+      if (KernelsForcedToReference() && std::string(key) == "topk_scores") {
+        // ATen's reference kernels are not batch-invariant: fewer rows, other roundings.
+        EXPECT_TRUE(at::allclose(kept.GetTensor(key), dropped.GetTensor(key), 0, 1e-4));
+        continue;
+      }
       EXPECT_TRUE(at::equal(kept.GetTensor(key), dropped.GetTensor(key)))
           << key << (fused ? " (fused step)" : " (unfused steps)");
     }
