@@ -369,6 +369,17 @@ TEST(TransformerModel, TrainedToCopyTheBeamAndGreedyCopy) {
   }
 }
 
+// A task of Params p (the copy model's shapes) holding the trained copy model's weights.
+std::unique_ptr<mt::TransformerModel> WithCopyModelWeights(const Params& p) {
+  auto task = InstantiateLayer<mt::TransformerModel>(p);
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> to = task->vars().FlattenTensors();
+  std::vector<at::Tensor> from = TrainedCopyModel().model->vars().FlattenTensors();
+  EXPECT_EQ(to.size(), from.size());
+  for (size_t i = 0; i < to.size() && i < from.size(); ++i) to[i].copy_(from[i]);
+  return task;
+}
+
 // A finished sentence leaves the decoding batch (drop_finished_sources, on in CommonParams with
 // terminate_beams_independently): the same translations, scores and bits as keeping every
 // sentence to the end, under the batch-invariant plan (the fused decoder step: a row's bits do
@@ -382,12 +393,7 @@ TEST(TransformerModel, FinishedSentencesLeaveTheBatchWithTheSameTranslations) {
   auto translate = [&](bool drop, bool fused) {
     Params p = CopyModelParams("beam");
     p.Set("decoder.beam_search.drop_finished_sources", drop);
-    auto task = InstantiateLayer<mt::TransformerModel>(p);
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> to = task->vars().FlattenTensors();
-    std::vector<at::Tensor> from = m.model->vars().FlattenTensors();
-    EXPECT_EQ(to.size(), from.size());
-    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    auto task = WithCopyModelWeights(p);
     task->SetComputePlan(
         PlanInference(*task, {.batch_invariant = true, .fused_decoder_step = fused}));
     return task->Translate(task->theta(), batch.GetItem("src").AsMap(), 0);
@@ -431,11 +437,7 @@ TEST(TransformerModel, TranslatesWithAVocabularyShortlist) {
   auto translate = [&](const std::string& file, std::optional<ComputePolicy> policy = {}) {
     Params p = CopyModelParams("beam");
     p.Set("shortlist_file", file);
-    auto task = InstantiateLayer<mt::TransformerModel>(p);
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> to = task->vars().FlattenTensors();
-    std::vector<at::Tensor> from = m.model->vars().FlattenTensors();
-    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    auto task = WithCopyModelWeights(p);
     if (policy) task->SetComputePlan(PlanInference(*task, *policy));
     return task->Translate(task->theta(), batch.GetItem("src").AsMap(), 0);
   };
