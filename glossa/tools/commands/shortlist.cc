@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "glossa/base/errors.h"
@@ -29,6 +30,9 @@ int Shortlist(const std::string& bundle, const std::string& source, const std::s
               const std::string& out, int64_t per_source, int64_t frequent) {
   CheckRegularFile(source, "--source");
   CheckRegularFile(target, "--target");
+  if (std::filesystem::is_directory(out)) {
+    throw InvalidArgumentError(StrCat("--out '", out, "' is a directory; give the file to write"));
+  }
   LoadedBundle b = LoadBundle(bundle);
   if (b.tokenizer == nullptr) {
     throw InvalidArgumentError(StrCat("--bundle '", bundle, "': the bundle has no tokenizer"));
