@@ -240,8 +240,9 @@ NestedMap SearchDecoder(const TransformerDecoder& dec, const NestedMap& dec_thet
     const BeamSearchHelper* beam = &dec.beam_search();
     // The CTC join reads its frames by hypothesis index (h % B): with it every source stays in
     // the batch to the end.
-    const bool keep_sources =
-        ctc != nullptr && dec.beam_search_params().GetBool("drop_finished_sources");
+    const glossa::Params& params = dec.beam_search_params();
+    const bool keep_sources = ctc != nullptr && params.GetBool("drop_finished_sources") &&
+                              params.GetBool("terminate_beams_independently");
     if ((num_hyps > 0 && num_hyps != beam->num_hyps_per_beam()) || keep_sources) {
       glossa::Params bp = dec.beam_search_params().Copy();
       if (num_hyps <= 0) num_hyps = beam->num_hyps_per_beam();

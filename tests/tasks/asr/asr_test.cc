@@ -139,23 +139,28 @@ TEST(AsrModelTest, LossesGradientsAndTraining) {
     if (ctc_weight > 0 && ctc_weight < 1) {
       // Joint CTC/attention decoding of the same weights (decoding params do not change them):
       // both memorised transcripts come out whole, with </s>.
+      // With terminate_beams_independently too: the CTC join reads its frames by hypothesis
+      // index, so its search keeps every source in the batch (drop_finished_sources is set aside).
       Params jp = TinyAsr(ctc_weight);
-      jp.Set("joint_ctc_decoding_weight", 0.5);
-      auto joint = jp.Instantiate<asr::AsrModel>();
-      {
-        at::NoGradGuard no_grad;
-        for (const auto& [key, v] : task->vars().FlattenItems()) {
-          joint->vars().GetTensor(key).copy_(v.AsTensor());
+      for (bool independent : {false, true}) {
+        jp.Set("joint_ctc_decoding_weight", 0.5);
+        jp.Set("decoder.beam_search.terminate_beams_independently", independent);
+        auto joint = jp.Instantiate<asr::AsrModel>();
+        {
+          at::NoGradGuard no_grad;
+          for (const auto& [key, v] : task->vars().FlattenItems()) {
+            joint->vars().GetTensor(key).copy_(v.AsTensor());
+          }
         }
-      }
-      const NestedMap j = joint->Transcribe(joint->theta(), batch.GetItem("src").AsMap(), 0);
-      const at::Tensor labels = batch.GetTensor("tgt.labels");
-      for (int64_t i = 0; i < 2; ++i) {
-        const int64_t len = j.GetTensor("topk_lens")[i][0].item<int64_t>();
-        ASSERT_EQ(len, (1 - batch.GetTensor("tgt.paddings")[i]).sum().item<int64_t>()) << i;
-        EXPECT_TRUE(at::equal(j.GetTensor("topk_ids")[i][0].slice(0, 0, len),
-                              labels[i].slice(0, 0, len)))
-            << i << ": " << j.GetTensor("topk_ids")[i][0];
+        const NestedMap j = joint->Transcribe(joint->theta(), batch.GetItem("src").AsMap(), 0);
+        const at::Tensor labels = batch.GetTensor("tgt.labels");
+        for (int64_t i = 0; i < 2; ++i) {
+          const int64_t len = j.GetTensor("topk_lens")[i][0].item<int64_t>();
+          ASSERT_EQ(len, (1 - batch.GetTensor("tgt.paddings")[i]).sum().item<int64_t>()) << i;
+          EXPECT_TRUE(at::equal(j.GetTensor("topk_ids")[i][0].slice(0, 0, len),
+                                labels[i].slice(0, 0, len)))
+              << i << " (independent " << independent << "): " << j.GetTensor("topk_ids")[i][0];
+        }
       }
       jp.Set("ctc_weight", 0.0).Set("joint_ctc_decoding_weight", 0.5);
       EXPECT_ERROR_CONTAINS(jp.Instantiate<asr::AsrModel>(), InvalidArgumentError,
