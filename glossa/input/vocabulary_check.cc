@@ -7,15 +7,19 @@
 
 namespace glossa {
 
+int64_t TokenizerVocabSize(const BaseTokenizer& tok) {
+  // A SentencePiece model has its own size; other tokenizers are their Params.
+  const auto* spm = dynamic_cast<const SentencePieceTokenizer*>(&tok);
+  return spm != nullptr ? spm->vocab_size() : tok.params().GetInt("vocab_size");
+}
+
 void CheckVocabularyAgrees(const BaseInputGenerator& input,
                            const std::vector<std::pair<std::string, int64_t>>& task_keys,
                            const std::string& where) {
   const auto* seq = dynamic_cast<const BaseSequenceInputGenerator*>(&input);
   if (seq == nullptr) return;
   const BaseTokenizer& tok = seq->tokenizer();
-  const auto* spm = dynamic_cast<const SentencePieceTokenizer*>(&tok);
-  // A SentencePiece model has its own size; other tokenizers are their Params.
-  const int64_t n = spm != nullptr ? spm->vocab_size() : tok.params().GetInt("vocab_size");
+  const int64_t n = TokenizerVocabSize(tok);
   std::vector<std::pair<std::string, int64_t>> keys = {
       {"input.tokenizer.vocab_size", tok.params().GetInt("vocab_size")}};
   keys.insert(keys.end(), task_keys.begin(), task_keys.end());

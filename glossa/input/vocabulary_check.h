@@ -15,6 +15,10 @@
 namespace glossa {
 
 class BaseInputGenerator;
+class BaseTokenizer;
+
+// How many ids `tok` has: its SentencePiece model's size, or its Params vocab_size.
+int64_t TokenizerVocabSize(const BaseTokenizer& tok);
 
 // `input`'s tokenizer (a sequence input's; other inputs are not checked) has NumIds ids: its
 // SentencePiece model's size, or its Params vocab_size. input.tokenizer.vocab_size and each of

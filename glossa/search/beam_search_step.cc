@@ -105,8 +105,9 @@ BeamSearchHelper::StepInputs BeamSearchHelper::CheckStepInputs(
     // A source missing from the step is never read: it must be one the search skips.
     std::vector<bool> ran(in.num_beams, false);
     for (int64_t b : *live) ran[b] = true;
+    const bool* done = state.beam_done.data_ptr<bool>();
     for (int64_t b = 0; b < in.num_beams; ++b) {
-      if (!ran[b] && !(terminate_beams_independently_ && state.beam_done[b].item<bool>())) {
+      if (!ran[b] && !(terminate_beams_independently_ && done[b])) {
         fail(StrCat("source ", b, " left the step but is not finished"));
       }
     }

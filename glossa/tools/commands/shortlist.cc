@@ -12,6 +12,7 @@
 #include "glossa/inference/bundle.h"
 #include "glossa/input/shortlist.h"
 #include "glossa/input/tokenizers.h"
+#include "glossa/input/vocabulary_check.h"
 #include "glossa/input/shortlist.h"
 #include "glossa/tools/command.h"
 #include "glossa/tools/flags.h"
@@ -19,12 +20,6 @@
 namespace glossa {
 namespace cli {
 namespace {
-
-// A SentencePiece model has its own size; other tokenizers are their Params.
-int64_t TokenizerVocabSize(const BaseTokenizer& tok) {
-  const auto* spm = dynamic_cast<const SentencePieceTokenizer*>(&tok);
-  return spm != nullptr ? spm->vocab_size() : tok.params().GetInt("vocab_size");
-}
 
 int Shortlist(const std::string& bundle, const std::string& source, const std::string& target,
               const std::string& out, int64_t per_source, int64_t frequent) {
