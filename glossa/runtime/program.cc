@@ -282,6 +282,9 @@ TrainProgram::LoopResult TrainProgram::RunLoop(int64_t* global_step,
     if (dist != nullptr ? dist->AnyTrue(stop && stop()) : (stop && stop())) break;
     BaseTask& task = model_.SampleTask(*global_step);
     const auto& vars = task_vars.at(&task);
+    // The input sees the step its batch is for (a dataset may key its batches on it): not the
+    // step the last loop, or the last run in this process, ended on.
+    SetGlobalStep(*global_step);
     NestedMap batch;
     if (!TakeBatchOnEveryRank(task, dist, batch)) {
       result.input_exhausted = true;

@@ -272,6 +272,10 @@ TEST(Executor, SummaryStepsCarryVarNormWithinALoop) {
 TEST(Executor, ResumedRunsMatchUninterruptedRunsBitForBit) {
   const std::string a = LogDir("a"), b = LogDir("b"), c = LogDir("c");
   auto quiet = [](const std::string&) {};
+  // Whatever step an earlier run in this process ended on, the input of step s sees step s
+  // (StepLineDataset keys its batches on it): this test passed only after another run had left
+  // the process-wide step at 19, and failed when run alone.
+  SetGlobalStep(12345);
   Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = a, .log = quiet}).Run();
   Executor(GetModelParams("test.line.LineModel", "Train"), {.logdir = b, .log = quiet}).Run();
   // Interrupted at step 10, then resumed to 20.
