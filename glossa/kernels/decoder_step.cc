@@ -144,7 +144,7 @@ void CrossAttention(const StepCrossAttentionArgs& a, int64_t rows, int64_t d, fl
   ScaleQueries(q, rows * a.heads, a.dim, a.query_scale);
   StepAttentionArgs sa;
   sa.q = q, sa.key = a.key, sa.value = a.value, sa.bias = a.bias;
-  sa.n = rows, sa.heads = a.heads, sa.dim = a.dim;
+  sa.n = rows, sa.heads = a.heads, sa.dim = a.dim, sa.sources = a.sources;
   sa.capacity = a.source_length, sa.length = a.source_length, sa.out = ctx;
   StepAttentionRaw(sa);
   Project(ctx, rows, a.post, false, out);
@@ -201,6 +201,11 @@ void Check(const DecoderLayerStepArgs& a) {
         c.query_scale == nullptr) {
       throw InvalidArgumentError("DecoderLayerStep: cross-attention needs source keys and values "
                                  "of length > 0 and a query scale");
+    }
+    if (c.sources <= 0 || a.rows % c.sources != 0) {
+      throw InvalidArgumentError(StrCat("DecoderLayerStep: ", a.rows,
+                                        " rows do not read one of ", c.sources,
+                                        " sources each (rows must be a multiple)"));
     }
   }
   CheckNorm(a.ff.ln, "feed-forward layer norm");

@@ -90,10 +90,12 @@ struct StepCrossAttentionArgs {
   StepProjArgs query, post;
   const float* query_scale = nullptr;
   int64_t heads = 0, dim = 0;
-  const float* key = nullptr;    // [rows, source_length, heads, dim]
+  // One copy per source: row i reads source i % sources (a sentence's beams share its keys and
+  // values, CTranslate2's layout); sources == rows: a copy per row.
+  const float* key = nullptr;    // [sources, source_length, heads, dim]
   const float* value = nullptr;  // like key
-  const float* bias = nullptr;   // [rows, source_length] additive (the lowest float: padded)
-  int64_t source_length = 0;
+  const float* bias = nullptr;   // [sources, source_length] additive (the lowest float: padded)
+  int64_t sources = 0, source_length = 0;
 };
 
 struct StepFeedForwardArgs {

@@ -36,10 +36,21 @@ void Check(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
   }
 }
 
+// Hypothesis i's own slot when no row table names one: its source's (i % sources), or i.
+int64_t SourceSlot(const StepAttentionArgs& a, int64_t i) {
+  return a.sources > 0 ? i % a.sources : i;
+}
+
 const float* KeyRow(const StepAttentionArgs& a, const float* base, int64_t i, int64_t s,
                     int64_t n) {
-  const int64_t slot = a.rows != nullptr ? a.rows[i * a.rows_stride + s] : i;
+  const int64_t slot = a.rows != nullptr ? a.rows[i * a.rows_stride + s] : SourceSlot(a, i);
   return base + ((slot * a.capacity + s) * a.heads + n) * a.dim;
+}
+
+// Hypothesis i's row of the additive bias: its own with a row table, else its source's.
+const float* BiasRow(const StepAttentionArgs& a, int64_t i) {
+  if (a.bias == nullptr) return nullptr;
+  return a.bias + (a.rows != nullptr ? i : SourceSlot(a, i)) * a.length;
 }
 
 // Row (i, n), portable: the dot products as fma chains over the head dim, the softmax with the
@@ -48,12 +59,13 @@ void StepRowPortable(const StepAttentionArgs& a, int64_t i, int64_t n, std::vect
   const int64_t H = a.dim, L = a.length;
   p.resize(static_cast<size_t>(L));
   const float* qr = a.q + (i * a.heads + n) * H;
+  const float* bias = BiasRow(a, i);
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < L; ++s) {
     const float* kr = KeyRow(a, a.key, i, s, n);
     float acc = 0.0f;
     for (int64_t h = 0; h < H; ++h) acc = std::fma(qr[h], kr[h], acc);
-    if (a.bias != nullptr) acc += a.bias[i * L + s];
+    if (bias != nullptr) acc += bias[s];
     p[static_cast<size_t>(s)] = acc;
     m = std::max(m, acc);
   }
@@ -78,6 +90,7 @@ __attribute__((target("avx512f"))) void StepRow512(const StepAttentionArgs& a, i
   const int64_t H = a.dim, L = a.length;
   p.resize(static_cast<size_t>(L));
   const float* qr = a.q + (i * a.heads + n) * H;
+  const float* bias = BiasRow(a, i);
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < L; ++s) {
     const float* kr = KeyRow(a, a.key, i, s, n);
@@ -88,7 +101,7 @@ __attribute__((target("avx512f"))) void StepRow512(const StepAttentionArgs& a, i
                             acc);
     }
     float logit = _mm512_reduce_add_ps(acc);
-    if (a.bias != nullptr) logit += a.bias[i * L + s];
+    if (bias != nullptr) logit += bias[s];
     p[static_cast<size_t>(s)] = logit;
     m = std::max(m, logit);
   }

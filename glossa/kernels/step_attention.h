@@ -27,8 +27,10 @@ namespace glossa {
 at::Tensor StepAttention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
                          const at::Tensor& rows, int64_t length, const at::Tensor& bias);
 // The raw form, for fused kernels (glossa/kernels/decoder_step.h): every (hypothesis, head) row,
-// split over the kernel threads. Hypothesis i's step s is slot rows[i * rows_stride + s], or slot
-// i itself when rows is null (a source of `capacity` = `length` positions per hypothesis).
+// split over the kernel threads. Hypothesis i's step s is slot rows[i * rows_stride + s], or, when
+// rows is null, slot i % sources (a source of `capacity` = `length` positions read by every
+// hypothesis i ≡ its index mod `sources`: one copy of a sentence's keys and values for all its
+// beams; sources 0: slot i), whose row of `bias` it reads too.
 struct StepAttentionArgs {
   const float* q = nullptr;      // [n, heads, dim], scaled
   const float* key = nullptr;    // [slots, capacity, heads, dim]
@@ -36,6 +38,7 @@ struct StepAttentionArgs {
   const float* bias = nullptr;   // [n, length] or null
   const int64_t* rows = nullptr;
   int64_t rows_stride = 0;
+  int64_t sources = 0;           // without rows: hypothesis i reads slot i % sources (0: i)
   int64_t n = 0, heads = 0, dim = 0, capacity = 0, length = 0;
   float* out = nullptr;          // [n, heads, dim]
 };

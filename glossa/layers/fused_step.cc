@@ -121,16 +121,17 @@ bool TransformerAttentionLayer::FusedCrossStep(const NestedMap& theta, const Nes
                                     &out->post, &scale, keep)) {
     return false;
   }
-  const at::Tensor& k = aux.GetTensor("key");  // [rows, S, heads, dim]
+  const at::Tensor& k = aux.GetTensor("key");  // [sources, S, heads, dim]: row i reads i % sources
   const at::Tensor& v = aux.GetTensor("value");
   out->heads = atten_->num_heads();
   out->dim = atten_->dim_per_head();
-  if (k.dim() != 4 || k.sizes() != v.sizes() || k.size(0) != rows || k.size(2) != out->heads ||
-      k.size(3) != out->dim) {
+  if (k.dim() != 4 || k.sizes() != v.sizes() || k.size(0) == 0 || rows % k.size(0) != 0 ||
+      k.size(2) != out->heads || k.size(3) != out->dim) {
     return false;
   }
   out->key = FusedStepData(k);
   out->value = FusedStepData(v);
+  out->sources = k.size(0);
   out->source_length = k.size(1);
   out->query_scale = scale.data_ptr<float>();
   keep->tensors.push_back(scale);
@@ -160,10 +161,10 @@ bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor&
     const int64_t s = a.cross.source_length;
     if (aux_paddings.defined()) {
       const at::Tensor p = aux_paddings.to(at::kFloat).contiguous();
-      if (p.dim() != 2 || p.size(0) != a.rows || p.size(1) != s) return false;
+      if (p.dim() != 2 || p.size(0) != a.cross.sources || p.size(1) != s) return false;
       const float* pp = p.data_ptr<float>();
-      bias.resize(static_cast<size_t>(a.rows * s));
-      for (int64_t i = 0; i < a.rows * s; ++i) {
+      bias.resize(static_cast<size_t>(p.numel()));
+      for (int64_t i = 0; i < p.numel(); ++i) {
         bias[static_cast<size_t>(i)] = pp[i] > 0.5f ? std::numeric_limits<float>::lowest() : 0.0f;
       }
       a.cross.bias = bias.data();

@@ -363,8 +363,17 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
   }
   auto [x, new_states] = self_atten_->ExtendStep(self_atten_.Theta(theta), inputs, states, paddings);
   if (cross_atten_) {
-    x = cross_atten_->FPropProjected(cross_atten_.Theta(theta), x.unsqueeze(1), aux, aux_paddings)
-            .first.squeeze(1);
+    // One copy of each source's keys and values (B of them) for the N = K·B rows, row j·B + q
+    // reading source q: the K beams of a source are its K query rows ([B, K, D]).
+    const int64_t n = x.size(0), d = x.size(1), b = aux.GetTensor("key").size(0);
+    if (b == 0 || n % b != 0) {
+      throw InvalidArgumentError(StrCat("layer '", path(), "': ", n, " decoding rows do not read ",
+                                        b, " sources (rows must be a multiple)"));
+    }
+    const at::Tensor q = x.view({n / b, b, d}).transpose(0, 1).contiguous();
+    x = cross_atten_->FPropProjected(cross_atten_.Theta(theta), q, aux, aux_paddings)
+            .first.transpose(0, 1)
+            .reshape({n, d});
   }
   x = ff_block_->StepBlock(fflayer_.Theta(theta), x.unsqueeze(1));
   return {x.squeeze(1), new_states};

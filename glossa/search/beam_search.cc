@@ -88,8 +88,9 @@ glossa::Params BeamSearchHelper::Params() {
            "function then runs on the hypotheses of the sources still in the batch only "
            "(hypothesis j·B' + b' of those B', in source order): finished sources leave once a "
            "quarter of the batch's have finished, the states compacted (GatherStates with "
-           "per_source_index). The step function must then read every "
-           "per-hypothesis input from its states, as CTranslate2's and Marian's decoders do. "
+           "source_index). The step function must then read every per-source input from "
+           "its states (one row per source, read by row j·B' + q), as CTranslate2's and Marian's "
+           "decoders do. "
            "False: every source's hypotheses are computed until all sources are done. (The MT "
            "and speech decoders' search joined with CTC prefix scores keeps every source: the "
            "scorer reads its frames by hypothesis index.)");
@@ -154,14 +155,14 @@ HypothesisGrid BeamSearchHelper::TopKTerminatedHyps(const BeamSearchState& state
 }
 
 NestedMap GatherStates(const NestedMap& states, const at::Tensor& index,
-                       const at::Tensor& per_source_index) {
+                       const at::Tensor& source_index) {
   return states.TransformWithKey([&](const std::string& key, const NestedValue& v) -> NestedValue {
     if (!v.is_tensor()) return v;
     // Caches read through row tables (glossa/kernels/step_attention.h) stay where they are.
     const std::string path = "." + key + ".";
     if (path.find(".unordered.") != std::string::npos) return v;
     if (path.find(".per_source.") != std::string::npos) {
-      return per_source_index.defined() ? v.AsTensor().index_select(0, per_source_index) : v;
+      return source_index.defined() ? v.AsTensor().index_select(0, source_index) : v;
     }
     return v.AsTensor().index_select(0, index);
   });
@@ -170,8 +171,8 @@ NestedMap GatherStates(const NestedMap& states, const at::Tensor& index,
 namespace {
 
 // The next step's rows after step t: for each row r = j·B'' + q of the sources `next` (B'' of
-// them), the row of its parent among the rows the step ran on (`live`, B' sources), the row
-// of its source's copy there (j·B' + the source's place in `live`) and its token.
+// them), the row of its parent among the rows the step ran on (`live`, B' sources) and its token;
+// and for each source q of `next`, its place in `live` (the row of its per_source copy).
 struct NextRows {
   at::Tensor parents, sources, ids;
 };
@@ -185,7 +186,7 @@ NextRows Rows(const BeamSearchState& state, int64_t t, int64_t num_beams,
   const int64_t* hyps = state.hyps.data_ptr<int64_t>() + t * n;
   NextRows out;
   out.parents = at::empty({k * b_next}, at::kLong);
-  out.sources = at::empty({k * b_next}, at::kLong);
+  out.sources = at::empty({b_next}, at::kLong);
   out.ids = at::empty({k * b_next}, at::kLong);
   int64_t* parents = out.parents.data_ptr<int64_t>();
   int64_t* sources = out.sources.data_ptr<int64_t>();
@@ -195,7 +196,7 @@ NextRows Rows(const BeamSearchState& state, int64_t t, int64_t num_beams,
       const int64_t b = next[q], h = j * num_beams + b, r = j * b_next + q;
       const int64_t parent = prev[h];  // a hypothesis of source b: parent % B == b
       parents[r] = (parent / num_beams) * b_live + place[b];
-      sources[r] = j * b_live + place[b];
+      if (j == 0) sources[q] = place[b];
       ids[r] = hyps[h];
     }
   }

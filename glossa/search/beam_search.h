@@ -46,8 +46,8 @@ namespace glossa {
 // ids [N] int64 (the previous token of each hypothesis), step t, states -> (log-probs [N, V],
 // new states). Every tensor of the states has the hypotheses along dim 0; a search reorders them.
 // Under drop_finished_sources (with terminate_beams_independently) N shrinks as sources finish:
-// the step function then reads which source a row belongs to from its states (a "per_source"
-// entry, GatherStates), never from the row's index.
+// the step function then reads its sources from its states (a "per_source" entry, GatherStates:
+// one row per source still running, row j·B' + q reading source q), never from a fixed batch.
 using DecodeStepFn = std::function<std::pair<at::Tensor, NestedMap>(
     const at::Tensor& ids, int64_t step, const NestedMap& states)>;
 
@@ -131,10 +131,11 @@ SearchResult SampleSearch(int64_t num_beams, NestedMap states, const DecodeStepF
 // Reorders every tensor of `states` along dim 0 by `index` [N] (int64), except those under a key
 // named "unordered": caches every hypothesis reads through its own row table, which is reordered
 // instead (MultiHeadedAttention's k/v caches, glossa/kernels/step_attention.h); and those under a
-// key named "per_source": rows that depend on the hypothesis' source only (an encoder's keys and
-// values tiled K times), which a search's reordering within each source leaves valid. They take
-// `per_source_index` when given (a search dropping finished sources), else stay.
+// key named "per_source": one row per source (an encoder's keys and values, one copy that each
+// hypothesis h of the N = K·B reads as row h % B), which a search's reordering within each source
+// leaves valid. They take `source_index` [B''] (the sources that stay, as rows of the B) when
+// given (a search dropping finished sources), else stay.
 NestedMap GatherStates(const NestedMap& states, const at::Tensor& index,
-                       const at::Tensor& per_source_index = {});
+                       const at::Tensor& source_index = {});
 
 }  // namespace glossa

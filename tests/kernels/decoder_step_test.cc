@@ -21,6 +21,7 @@ at::Tensor D(const at::Tensor& t) { return t.to(at::kDouble); }
 // Random float32 weights of one layer, kept alive while the arguments point into them.
 struct Layer {
   int64_t d, heads, dim, hidden, rows, cap, src;
+  int64_t sources = 0;  // the cross-attention's sources: row i reads i % sources (0: rows)
   bool cross, relu, direct_scale;
   float residual_weight;
   std::vector<at::Tensor> t;  // ln scale/bias x3, self q/k/v/post w/b, cross q/post w/b, ff
@@ -30,6 +31,7 @@ struct Layer {
   at::Tensor& T(size_t i) { return t[i]; }
   void Init() {
     const int64_t nh = heads * dim;
+    if (sources == 0) sources = rows;
     auto r = [](std::vector<int64_t> s) { return at::randn(s) * 0.3; };
     for (int i = 0; i < 3; ++i) {
       t.push_back(r({d}));
@@ -52,10 +54,10 @@ struct Layer {
     key_cache = at::zeros({rows, cap, heads, dim});
     value_cache = at::zeros({rows, cap, heads, dim});
     rows_table = at::zeros({rows, cap}, at::kLong);
-    src_k = r({rows, src, heads, dim});
-    src_v = r({rows, src, heads, dim});
-    src_bias = at::zeros({rows, src});
-    for (int64_t i = 0; i < rows; ++i) {  // row i sees its first src - i % 3 positions
+    src_k = r({sources, src, heads, dim});
+    src_v = r({sources, src, heads, dim});
+    src_bias = at::zeros({sources, src});
+    for (int64_t i = 0; i < sources; ++i) {  // source i shows its first src - i % 3 positions
       for (int64_t s = src - i % 3; s < src; ++s) src_bias[i][s] = std::numeric_limits<float>::lowest();
     }
     qscale = at::rand({dim}) + 0.1;
@@ -89,6 +91,7 @@ struct Layer {
     a.cross.heads = heads, a.cross.dim = dim;
     a.cross.key = src_k.data_ptr<float>(), a.cross.value = src_v.data_ptr<float>();
     a.cross.bias = src_bias.data_ptr<float>(), a.cross.source_length = src;
+    a.cross.sources = sources;
     a.ff.ln = Norm(2);
     a.ff.fc0 = Proj(18, d, hidden, false), a.ff.fc1 = Proj(20, hidden, d, false);
     a.ff.relu = relu, a.ff.residual_weight = residual_weight;
@@ -118,8 +121,11 @@ at::Tensor ReferenceStep(Layer& L, const at::Tensor& x_in, at::Tensor& kc, at::T
   if (L.cross) {
     h = ln(x, 1);
     const at::Tensor q2 = proj(h, 14, false).view({n, L.heads, L.dim}) * D(L.qscale2);
-    const at::Tensor self_rows = at::arange(n, at::kLong).unsqueeze(1).expand({n, L.src}).contiguous();
-    at::Tensor c2 = StepAttentionReference(q2, D(L.src_k), D(L.src_v), self_rows, L.src, D(L.src_bias));
+    // Row i reads source i % sources: its keys, values and bias row.
+    const at::Tensor source = at::arange(n, at::kLong).remainder(L.sources);
+    const at::Tensor source_rows = source.unsqueeze(1).expand({n, L.src}).contiguous();
+    at::Tensor c2 = StepAttentionReference(q2, D(L.src_k), D(L.src_v), source_rows, L.src,
+                                           D(L.src_bias).index_select(0, source));
     x = x + proj(c2.reshape({n, nh}), 16, true);
   }
   h = ln(x, 2);
@@ -166,6 +172,13 @@ TEST(DecoderLayerStep, MatchesTheFloat64CompositionOverReorderedSteps) {
   odd.relu = false, odd.direct_scale = true, odd.residual_weight = 0.5f;
   RunSteps(odd);
   RunSteps(Make(32, 2, 16, 70, true));
+  // One copy of a source's keys and values for its beams: 3 and 7 rows per source.
+  Layer shared = Make(32, 2, 16, 6, true);
+  shared.sources = 2;
+  RunSteps(shared);
+  shared = Make(40, 2, 20, 70, true);
+  shared.sources = 10;
+  RunSteps(shared);
 }
 
 // With the row kernels (what a batch-invariant plan fills in) a hypothesis's output does not
@@ -184,7 +197,7 @@ TEST(DecoderLayerStep, RowsAreBatchInvariant) {
   DecoderLayerStep(all.Args(0), batch.data_ptr<float>());
   for (int64_t r : {0, 4}) {
     Layer one = all;
-    one.rows = 1;
+    one.rows = 1, one.sources = 1;
     one.key_cache = at::zeros({1, one.cap, one.heads, one.dim});
     one.value_cache = at::zeros({1, one.cap, one.heads, one.dim});
     one.rows_table = at::zeros({1, one.cap}, at::kLong);
@@ -210,6 +223,12 @@ TEST(DecoderLayerStep, RefusesArgumentsThatDoNotAgree) {
   EXPECT_THROW(DecoderLayerStep(bad, x.data_ptr<float>()), InvalidArgumentError);
   bad = L.Args(0);
   bad.cross.key = nullptr;
+  EXPECT_THROW(DecoderLayerStep(bad, x.data_ptr<float>()), InvalidArgumentError);
+  bad = L.Args(0);
+  bad.cross.sources = 0;
+  EXPECT_THROW(DecoderLayerStep(bad, x.data_ptr<float>()), InvalidArgumentError);
+  bad = L.Args(0);
+  bad.cross.sources = 4;  // 2 rows do not read one of 4 sources each
   EXPECT_THROW(DecoderLayerStep(bad, x.data_ptr<float>()), InvalidArgumentError);
   bad = L.Args(0);
   bad.self.slots = 1;  // fewer slots than rows

@@ -22,8 +22,9 @@ namespace {
 
 using json = nlohmann::json;
 
-// A Markov "model": log-probs [B, T, V(prev), V]; hypothesis h reads source h % B, which its
-// states carry (per_source: a search that drops finished sources compacts them). The states
+// A Markov "model": log-probs [B, T, V(prev), V]; row r of the B' sources still running reads
+// source per_source.source[r % B'] (one entry per source: a search that drops finished sources
+// compacts them). The states
 // carry each hypothesis' history, which the search reorders (tests/tasks/mt/mt_test.cc checks the
 // reordering on a real decoder's caches). `rows` records how many rows each step ran on.
 struct MarkovModel {
@@ -37,8 +38,9 @@ struct MarkovModel {
       // Each hypothesis' history (reordered by the search with its states) has one entry per step.
       EXPECT_EQ(states.GetTensor("history").size(1), t);
       EXPECT_EQ(states.GetTensor("history").size(0), n);
-      const at::Tensor src = states.GetTensor("per_source.source");
-      EXPECT_EQ(src.size(0), n);
+      const at::Tensor sources = states.GetTensor("per_source.source");  // [B']
+      EXPECT_EQ(n % sources.size(0), 0);
+      const at::Tensor src = sources.repeat({n / sources.size(0)});
       at::Tensor lp = logp.index({src, at::full({n}, t, at::kLong), ids});
       NestedMap next;
       next.Put("prev", ids.clone());
@@ -52,7 +54,7 @@ struct MarkovModel {
     s.Put("prev", at::zeros({n}, at::kLong));
     s.Put("history", at::zeros({n, 0}, at::kLong));
     NestedMap per_source;
-    per_source.Put("source", at::arange(n, at::kLong).remainder(num_beams()));
+    per_source.Put("source", at::arange(std::min(n, num_beams()), at::kLong));
     s.Put("per_source", per_source);
     return s;
   }

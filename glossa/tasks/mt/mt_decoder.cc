@@ -263,13 +263,11 @@ NestedMap TransformerDecoder::PrecomputeSource(const NestedMap& theta,
     throw InvalidArgumentError(StrCat("layer '", path(), "': ", num_hyps,
                                       " hypotheses are not a multiple of the batch ", b));
   }
-  const int64_t k = num_hyps / b;
-  // Hypothesis h = i · B + b reads source b: tile the whole batch k times.
-  const at::Tensor tiled = k == 1 ? encoded : encoded.repeat({k, 1, 1});
-  const at::Tensor paddings = encoder_outputs.GetTensor("paddings").to(at::kFloat);
+  // Hypothesis h = i · B + b reads source b: one copy of each source's keys and values, which
+  // its num_hyps / B hypotheses read as query rows (CTranslate2's layout), not a tiled copy each.
   NestedMap out;
-  out.Put("aux", stack_->PrecomputeAux(stack_.Theta(theta), tiled));
-  out.Put("aux_paddings", k == 1 ? paddings : paddings.repeat({k, 1}));
+  out.Put("aux", stack_->PrecomputeAux(stack_.Theta(theta), encoded));
+  out.Put("aux_paddings", encoder_outputs.GetTensor("paddings").to(at::kFloat));
   out.Put("positions", position_emb_->FProp(position_emb_.Theta(theta), target_seq_len_));
   if (shared_emb_ && PlannedWeight("softmax_weight", {token_emb_.Theta(theta).GetTensor(
                                                          "emb_var")}) == nullptr) {

@@ -47,9 +47,10 @@ class TransformerDecoder : public BaseLayer {
   // ---- Incremental decoding (Lingvo's ExtendStep with prefix_states) ----
   // What every step of decoding `num_hyps` hypotheses of the sources in encoder_outputs
   // ({encoded [B, S, D], paddings}) reads and never changes, computed once: each layer's
-  // cross-attention keys and values, the source paddings and the position embeddings.
-  // Hypothesis h reads source h % B (Lingvo's layout: h = hyp_index · B + beam), so reordering
-  // hypotheses within a beam leaves it valid.
+  // cross-attention keys and values ([B, S, heads, dim]: one copy per source), the source
+  // paddings [B, S] and the position embeddings. Hypothesis h reads source h % B (Lingvo's layout:
+  // h = hyp_index · B + beam), so reordering hypotheses within a beam leaves it valid; the K
+  // hypotheses of a source are K query rows against its one copy.
   NestedMap PrecomputeSource(const NestedMap& theta, const NestedMap& encoder_outputs,
                              int64_t num_hyps) const;
   // The softmax restricted to the target ids [S] of a vocabulary shortlist
