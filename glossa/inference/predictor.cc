@@ -314,6 +314,8 @@ std::unique_ptr<GenerationBatch> Predictor::StartGeneration(const std::string& s
 
 size_t Predictor::prepared_weights() const { return Current()->plan->size(); }
 
+std::vector<std::string> Predictor::plan_notes() const { return Current()->plan->notes(); }
+
 int64_t Predictor::CountTokens(const std::string& text) const {
   if (bundle_.tokenizer == nullptr) return static_cast<int64_t>(text.size());
   return static_cast<int64_t>(bundle_.tokenizer->StringToIds(text).size());

@@ -85,6 +85,9 @@ class Predictor {
   // weights it prepared.
   const ComputePolicy& policy() const { return policy_; }
   size_t prepared_weights() const;
+  // What the plan could not do as its policy asks, said once at load (ComputePlan::notes): e.g.
+  // why decoder layers' steps do not take the fused decoder step.
+  std::vector<std::string> plan_notes() const;
 
  private:
   // A numeric feed outside its spec's [min, max] (or max_new_tokens), or a non-finite float.

@@ -143,6 +143,24 @@ at::Tensor ComputePlan::Affine(const PreparedWeight& w, const at::Tensor& x, con
   return glossa::Affine(x, w.w, b, relu, float_out);
 }
 
+void ComputePlan::AddNote(const std::string& topic, const std::string& note) {
+  for (Note& n : notes_) {
+    if (n.topic == topic) {
+      ++n.more;
+      return;
+    }
+  }
+  notes_.push_back({topic, note, 0});
+}
+
+std::vector<std::string> ComputePlan::notes() const {
+  std::vector<std::string> out;
+  for (const Note& n : notes_) {
+    out.push_back(n.more == 0 ? n.text : StrCat(n.text, " (and ", n.more, " more)"));
+  }
+  return out;
+}
+
 std::vector<std::string> ComputePlan::keys() const {
   std::vector<std::string> out;
   for (const auto& [k, v] : weights_) out.push_back(k);

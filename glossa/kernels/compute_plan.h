@@ -109,9 +109,22 @@ class ComputePlan {
   std::vector<std::string> keys() const;
   size_t size() const { return weights_.size(); }
 
+  // What the plan could not do as its policy asks, said once when it is made (the Predictor
+  // prints them at load). A note of a `topic` already noted is counted, not repeated: six
+  // decoder layers declining the fused step for one reason make one line.
+  //   plan.AddNote("fused decoder step: post layer norm", "... layer 'dec/x_layers_0': ...");
+  //   plan.notes();  // {"... layer 'dec/x_layers_0': ... (and 5 more)"}
+  void AddNote(const std::string& topic, const std::string& note);
+  std::vector<std::string> notes() const;
+
  private:
+  struct Note {
+    std::string topic, text;
+    int64_t more = 0;
+  };
   ComputePolicy policy_;
   std::map<std::string, PreparedWeight> weights_;
+  std::vector<Note> notes_;
 };
 
 }  // namespace glossa

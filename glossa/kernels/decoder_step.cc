@@ -224,8 +224,16 @@ const float* FusedStepData(const at::Tensor& t) {
 }
 
 bool FusedDecoderStepApplies(const ComputePlan* plan) {
-  return (plan == nullptr || plan->policy().fused_decoder_step) && !at::GradMode::is_enabled() &&
-         !KernelsForcedToReference();
+  return FusedDecoderStepDeclined(plan).empty();
+}
+
+std::string FusedDecoderStepDeclined(const ComputePlan* plan) {
+  if (plan != nullptr && !plan->policy().fused_decoder_step) {
+    return "the plan's policy turns the fused decoder step off";
+  }
+  if (at::GradMode::is_enabled()) return "autograd is on (the fused step has no backward)";
+  if (KernelsForcedToReference()) return "GLOSSA_KERNELS=reference runs ATen's kernels";
+  return "";
 }
 
 int64_t FusedDecoderLayerSteps() { return fused_layer_steps; }

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace glossa {
@@ -113,9 +114,11 @@ struct DecoderLayerStepArgs {
   StepFeedForwardArgs ff;
 };
 
-// What the arguments point into, held by the caller for the step (int8 weights live in the plan).
+// What the arguments point into, held by the caller for the step (int8 weights live in the plan),
+// and, when a layer cannot fill its part, why (the first reason met: "layer '...': ...").
 struct FusedStepKeep {
   std::vector<at::Tensor> tensors;
+  std::string declined;
 };
 
 // t's data when the fused step can read it in place (a float32 contiguous CPU tensor), else null.
@@ -125,6 +128,8 @@ const float* FusedStepData(const at::Tensor& t);
 // GLOSSA_KERNELS=reference, and unless the model's plan (null: none) turns it off
 // (ComputePolicy::fused_decoder_step: tests and bench_beam_search --fused=0 compare the two).
 bool FusedDecoderStepApplies(const ComputePlan* plan);
+// Why not, when it does not apply ("" when it does).
+std::string FusedDecoderStepDeclined(const ComputePlan* plan);
 // How many DecoderLayerStep calls this thread has made (tests check which path ran).
 int64_t FusedDecoderLayerSteps();
 

@@ -145,26 +145,6 @@ glossa::Params FCLayer::Params() {
   return p;
 }
 
-bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
-                                    FusedStepKeep* /*keep*/) const {
-  if ((activation_ != "RELU" && activation_ != "NONE") || axis_ != nullptr) return false;
-  *relu = activation_ == "RELU";
-  const at::Tensor& w = theta.GetTensor("w");
-  *out = StepProjArgs{FusedStepData(w), has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr,
-                      input_dim_, output_dim_, false, nullptr};
-  if (out->w == nullptr || (has_bias_ && out->b == nullptr)) return false;
-  // The plan's int8 form of the weight FProp reads, and its batch invariance.
-  if (const PreparedWeight* p = PlannedWeight("w", {w})) {
-    out->w8 = p->int8.get();
-    if (p->panels.defined()) out->panels = p->panels.data_ptr<float>();
-    if (p->panels_bf16.defined()) {
-      out->panels_bf16 = reinterpret_cast<const uint16_t*>(p->panels_bf16.data_ptr());
-    }
-  }
-  out->row_kernels = PlannedBatchInvariant();
-  return true;
-}
-
 void ProjectionLayer::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {
   if (axis_ != nullptr) return;  // a shard: the plan covers a model in one process
   const at::Tensor& w = theta.GetTensor("w");

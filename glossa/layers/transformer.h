@@ -129,10 +129,18 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
                      FusedStepKeep* keep) const;
   bool FusedCrossStep(const NestedMap& theta, const NestedMap& aux, int64_t rows,
                       StepCrossAttentionArgs* out, FusedStepKeep* keep) const;
+  // Their parts that depend on the weights and the configuration only (what a plan checks once at
+  // load); keep->declined says why where they cannot.
+  bool FusedSelfStepWeights(const NestedMap& theta, StepSelfAttentionArgs* out,
+                            FusedStepKeep* keep) const;
+  bool is_masked() const { return is_masked_; }
+  bool FusedCrossStepWeights(const NestedMap& theta, StepCrossAttentionArgs* out,
+                             FusedStepKeep* keep) const;
 
  private:
-  // Whether the fused step can express this block (see FusedSelfStep).
-  bool FusedStepPossible() const;
+  // The block's layer norm for the fused step, where it can express this block (pre layer norm,
+  // no residual dropout); keep->declined says why not.
+  bool FusedStepNorm(const NestedMap& theta, StepNormArgs* ln, FusedStepKeep* keep) const;
   at::Tensor Norm(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor Residual(const NestedMap& theta, const at::Tensor& x, const at::Tensor& y) const;
   bool pre_layer_norm_, is_masked_;
@@ -199,6 +207,12 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
   // The cross-attention's keys and values of aux_vecs, computed once for every decoding step
   // (empty without has_aux_atten), and the step that uses them.
   NestedMap PrecomputeAux(const NestedMap& theta, const at::Tensor& aux_vecs) const;
+  // Why this layer's decoding steps cannot run as one fused step under `plan` (null: none), from
+  // its classes, Params and weights: "layer '<path>': <reason>", or "" when they can.
+  std::string FusedStepDeclined(const NestedMap& theta, const ComputePlan* plan) const;
+  // A plan made for decoding (its policy asks for the fused step) notes once why a causal
+  // layer's steps cannot take it (ComputePlan::notes, printed when a bundle loads).
+  void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
   std::pair<at::Tensor, NestedMap> ExtendStepProjected(const NestedMap& theta,
                                                        const at::Tensor& inputs,
                                                        const NestedMap& states,
@@ -208,10 +222,16 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
 
  private:
   // ExtendStepProjected as one DecoderLayerStep (glossa/kernels/decoder_step.h) where it applies
-  // (inference, a dense feed-forward block, float32 theta and states); false otherwise.
+  // (inference, a dense feed-forward block, float32 theta and states); false otherwise, with
+  // keep.declined saying why.
   bool FusedExtendStep(const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
                        const NestedMap& aux, const at::Tensor& aux_paddings,
-                       const at::Tensor& paddings, at::Tensor* out, NestedMap* new_states) const;
+                       const at::Tensor& paddings, at::Tensor* out, NestedMap* new_states,
+                       FusedStepKeep& keep) const;
+  // Whether `plan` (null: none) and the mode (autograd, GLOSSA_KERNELS) allow the fused step, and
+  // whether this layer's classes and dtype do; keep says why not.
+  bool FusedStepMode(const ComputePlan* plan, FusedStepKeep* keep) const;
+  bool FusedStepLayer(FusedStepKeep* keep) const;
   Child<TransformerAttentionLayer> self_atten_, cross_atten_;
   Child<BaseLayer> fflayer_;
   const Block* ff_block_ = nullptr;

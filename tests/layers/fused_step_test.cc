@@ -107,6 +107,61 @@ TEST(FusedDecoderStep, OtherConfigurationsAndModesTakeTheUnfusedSteps) {
   EXPECT_EQ(Step(*dec, y, enc, enc_paddings).fused_calls, 0) << "autograd on: training";
 }
 
+// A plan made for decoding says once, at load, why its decoder layers cannot take the fused step:
+// the reason and the first layer that gave it, one line for the layers that share it; a stack
+// the kernel can express, a plan that turned the step off, and an encoder (which never steps)
+// say nothing.
+TEST(FusedDecoderStep, APlanSaysOnceWhyItsLayersDeclineTheFusedStep) {
+  struct Case {
+    const char* extra;
+    const char* layer;  // the sub-layer that declines
+    const char* why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"transformer_layer_params_tpl.tr_atten_tpl.pre_layer_norm : False",
+            ".x_layers_0.cross_atten'", "post layer norm (pre_layer_norm False)"},
+           {"transformer_layer_params_tpl.tr_fflayer_tpl.activation : 'SIGMOID'",
+            ".x_layers_0.fflayer.fc0'", "activation SIGMOID"},
+           {"transformer_layer_params_tpl.tr_fflayer_tpl.residual_dropout_prob : 0.1",
+            ".x_layers_0.fflayer'", "a dropout that is not the identity"}}) {
+    auto dec = Decoder(c.extra);
+    const auto plan = PlanInference(*dec, {});
+    ASSERT_EQ(plan->notes().size(), 1u) << c.extra;
+    const std::string note = plan->notes()[0];
+    EXPECT_EQ(note.rfind("fused decoder step declined: layer '", 0), 0u) << note;
+    EXPECT_NE(note.find(c.layer), std::string::npos) << note;
+    EXPECT_NE(note.find(c.why), std::string::npos) << note;
+    EXPECT_NE(note.find("(and 1 more)"), std::string::npos) << "two layers, one line: " << note;
+  }
+  const std::vector<std::string> plain = PlanInference(*Decoder(""), {})->notes();
+  if (KernelsForcedToReference()) {  // the mode's reason, after the configuration's
+    ASSERT_EQ(plain.size(), 1u);
+    EXPECT_NE(plain[0].find("GLOSSA_KERNELS=reference"), std::string::npos) << plain[0];
+  } else {
+    EXPECT_TRUE(plain.empty()) << plain[0];
+  }
+  EXPECT_TRUE(PlanInference(*Decoder("transformer_layer_params_tpl.tr_atten_tpl.pre_layer_norm : "
+                                     "False"),
+                            {.fused_decoder_step = false})
+                  ->notes()
+                  .empty());
+  auto enc = Make<TransformerStack>(TransformerStack::Params(),
+                                    "num_layers : 2\nmdl_dim : 32\nnum_atten_heads : 2\n"
+                                    "hidden_dim : 48\n");
+  EXPECT_TRUE(PlanInference(*enc, {})->notes().empty()) << "an encoder never steps";
+  // The layer's own check: the configuration's reason first, then the mode's (autograd on).
+  auto post = Decoder("transformer_layer_params_tpl.tr_atten_tpl.pre_layer_norm : False");
+  auto plain_dec = Decoder("");
+  const auto& post_layer = dynamic_cast<const TransformerLayer&>(post->GetDescendant("x_layers[1]"));
+  const auto& layer = dynamic_cast<const TransformerLayer&>(plain_dec->GetDescendant("x_layers[1]"));
+  std::string why = post_layer.FusedStepDeclined(post_layer.theta(), nullptr);
+  EXPECT_NE(why.find(".x_layers_1.cross_atten': post layer norm"), std::string::npos) << why;
+  why = layer.FusedStepDeclined(layer.theta(), nullptr);
+  EXPECT_NE(why.find(".x_layers_1': autograd is on"), std::string::npos) << why;
+  at::NoGradGuard no_grad;
+  EXPECT_EQ(layer.FusedStepDeclined(layer.theta(), nullptr).empty(), !KernelsForcedToReference());
+}
+
 // An int8 plan: the fused step's projections run in int8 on the weights the plan quantized at
 // load, the ones the unfused steps' FProp reads, so it agrees with the unfused int8 steps.
 TEST(FusedDecoderStep, Int8InferenceRunsFusedWithTheSameQuantizedWeights) {

@@ -96,6 +96,7 @@ class PredictCommand : public Command {
     const Predictor predictor(bundle_, po);
     LOG(INFO) << "compute: " << predictor.policy().ToString() << " ("
               << predictor.prepared_weights() << " weights prepared at load)";
+    for (const std::string& note : predictor.plan_notes()) LOG(WARNING) << "compute: " << note;
     std::ifstream in_file;
     if (!input_.empty()) {
       CheckRegularFile(input_, "--input");

@@ -80,6 +80,7 @@ int Serve(ServeFlags& f) {
             << ") on http://" << o.host << ":" << port << std::endl;
   std::cout << "compute: " << predictor.policy().ToString() << " (" << predictor.prepared_weights()
             << " weights prepared at load)" << std::endl;
+  for (const std::string& note : predictor.plan_notes()) std::cout << "compute: " << note << std::endl;
   std::cout << "layout: " << layout.ToString()
             << (o.enable_batching ? "" : "; without batching each request runs on its connection's thread")
             << std::endl;
