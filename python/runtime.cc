@@ -371,6 +371,10 @@ Thread-safe: run() releases the GIL, and several threads may call it at once.)do
           "compute",
           [](const glossa::Predictor& p) { return p.policy().ToString(); },
           "What the plan made at load runs: 'int8, batch-invariant, fused decoder step'.")
+      .def_property_readonly(
+          "plan_notes", [](const glossa::Predictor& p) { return p.plan_notes(); },
+          "What the plan could not do as its policy asks, one line per reason (e.g. why decoder "
+          "layers decline the fused decoder step); empty when it does all of it.")
       .def(
           "run",
           [](const glossa::Predictor& p, const std::string& subgraph,

@@ -55,6 +55,9 @@ def test_predictor_equals_glossa_predict(bundle):
     assert isinstance(gen["text"], list) and isinstance(gen["text"][0], str)
     # The plan made at load: int8 on request, close to float32 and not the same.
     assert pred.compute == "float32, fused decoder step"
+    # Every decoder layer takes the fused step: the plan has nothing to say (it would say why not).
+    if os.environ.get("GLOSSA_KERNELS") != "reference":
+        assert pred.plan_notes == []
     int8 = glossa.Predictor(path, precision="int8", batch_invariant=True)
     assert int8.compute == "int8, batch-invariant, fused decoder step"
     lp8 = int8.run("default", text=TEXTS)["total_log_prob"]
