@@ -33,6 +33,18 @@ std::string DtypeOf(const at::Tensor& t) {
                 t.device().is_cpu() ? "" : ", not on the CPU");
 }
 
+// An attention's projections for the fused step (key and value null: a cross-attention's) and
+// its query scale, kept alive in *keep.
+bool ProjectionsAndScale(const MultiHeadedAttention& atten, const NestedMap& theta,
+                         StepProjArgs* query, StepProjArgs* key, StepProjArgs* value,
+                         StepProjArgs* post, const float** query_scale, FusedStepKeep* keep) {
+  at::Tensor scale;
+  if (!atten.FusedStepProjections(theta, query, key, value, post, &scale, keep)) return false;
+  *query_scale = scale.data_ptr<float>();
+  keep->tensors.push_back(scale);
+  return true;
+}
+
 }  // namespace
 
 bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out,
@@ -157,14 +169,11 @@ bool TransformerAttentionLayer::FusedSelfStepWeights(const NestedMap& theta,
                                                      StepSelfAttentionArgs* out,
                                                      FusedStepKeep* keep) const {
   if (!is_masked_) return Decline(keep, *this, "self-attention that is not causal (is_masked False)");
-  at::Tensor scale;
   if (!FusedStepNorm(theta, &out->ln, keep) ||
-      !atten_->FusedStepProjections(atten_.Theta(theta), &out->query, &out->key, &out->value,
-                                    &out->post, &scale, keep)) {
+      !ProjectionsAndScale(*atten_, atten_.Theta(theta), &out->query, &out->key, &out->value,
+                           &out->post, &out->query_scale, keep)) {
     return false;
   }
-  out->query_scale = scale.data_ptr<float>();
-  keep->tensors.push_back(scale);
   out->heads = atten_->num_heads();
   out->dim = atten_->dim_per_head();
   return true;
@@ -199,15 +208,12 @@ bool TransformerAttentionLayer::FusedSelfStep(const NestedMap& theta, const Nest
 bool TransformerAttentionLayer::FusedCrossStepWeights(const NestedMap& theta,
                                                       StepCrossAttentionArgs* out,
                                                       FusedStepKeep* keep) const {
-  at::Tensor scale;
   // The source's keys and values were projected once (ProjectSource): no key/value here.
   if (!FusedStepNorm(theta, &out->ln, keep) ||
-      !atten_->FusedStepProjections(atten_.Theta(theta), &out->query, nullptr, nullptr,
-                                    &out->post, &scale, keep)) {
+      !ProjectionsAndScale(*atten_, atten_.Theta(theta), &out->query, nullptr, nullptr,
+                           &out->post, &out->query_scale, keep)) {
     return false;
   }
-  out->query_scale = scale.data_ptr<float>();
-  keep->tensors.push_back(scale);
   out->heads = atten_->num_heads();
   out->dim = atten_->dim_per_head();
   return true;
