@@ -2,8 +2,9 @@
 // caches, optional cross-attention to a source projected once, the feed-forward block) for every
 // hypothesis of a decoding batch in one call, on float32 buffers, with no tensor allocated and no
 // ATen op dispatched: what incremental decoding (beam search, sampling, generate) runs per layer
-// and step once it is in inference (TransformerLayer::ExtendStepProjected takes it; the layers
-// fill these arguments from their theta).
+// and step once it is in inference (TransformerLayer::ExtendStepProjected takes it;
+// FusedStepBuilder in glossa/layers/fused_step.cc fills these arguments from the layers' typed
+// children and theta).
 //
 // A step of 4 hypotheses is a chain of ~40 small dependent ops per layer; as separate ATen calls
 // its time went to dispatch, allocation and copies (a transposed output-projection weight made
@@ -25,7 +26,7 @@
 // and every configuration these arguments cannot express run); the bits differ from it in the
 // summation orders only (tests/kernels/decoder_step_test.cc).
 //
-//   DecoderLayerStepArgs a;  // filled by TransformerLayer from its children
+//   DecoderLayerStepArgs a;  // filled by FusedStepBuilder from a TransformerLayer's children
 //   DecoderLayerStep(a, x);  // x [rows, model_dim], updated in place
 #pragma once
 

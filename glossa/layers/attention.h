@@ -15,7 +15,6 @@
 #include "glossa/layers/base_layer.h"
 #include "glossa/layers/step_layer.h"
 #include "glossa/layers/dropout.h"
-#include "glossa/kernels/decoder_step.h"
 
 namespace glossa {
 
@@ -86,13 +85,6 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   int64_t num_heads() const { return num_heads_; }
   int64_t dim_per_head() const { return dim_per_head_; }
 
-  // The fused decoding step's part of this attention (glossa/kernels/decoder_step.h): the
-  // projections (float32 weights read in place; key and value may be null: a cross-attention
-  // step reads the source projected once) and the query scale [dim] it computes into
-  // *query_scale. False where these arguments cannot express it (other projection layers).
-  bool FusedStepProjections(const NestedMap& theta, StepProjArgs* query, StepProjArgs* key,
-                            StepProjArgs* value, StepProjArgs* post, at::Tensor* query_scale,
-                            FusedStepKeep* keep) const;
   // The caches of a step of n hypotheses (validated, grown to hold column `step`, the row table's
   // column `step` set to each row's own slot) and the states after it.
   struct StepCaches {
@@ -110,6 +102,7 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
+  friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   // InvalidArgument naming the shapes unless both are undefined or integer [b, t] and [b, s].
   void CheckSegmentIds(const at::Tensor& query_segments, const at::Tensor& key_segments,
                        int64_t b, int64_t t, int64_t s) const;

@@ -6,7 +6,6 @@
 //   at::Tensor q = proj->FProp(proj->theta(), x);   // [B, T, 16] -> [B, T, 4, 4]
 #pragma once
 
-#include "glossa/kernels/decoder_step.h"
 #include "glossa/layers/base_layer.h"
 
 namespace glossa {
@@ -22,14 +21,12 @@ class MultiHeadedProjectionLayer : public BaseLayer {
   static glossa::Params Params();
   explicit MultiHeadedProjectionLayer(const glossa::Params& p);
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
-  // This projection as the fused decoding step reads it (the output projection transposed);
-  // false unless its theta is float32 and contiguous.
-  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, FusedStepKeep* keep) const;
   // The inference plan's form of w (glossa/kernels/compute_plan.h), [K, N] as FProp multiplies
   // it: [D, N·H], or an output projection's [N·H, D] transposed once. Not for a block of heads.
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
+  friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   bool is_output_projection_, use_bias_;
   MeshAxis* axis_ = nullptr;  // the heads are split over it (weight_split_dims_mapping)
 };

@@ -1,6 +1,8 @@
-// The layers' side of the fused decoding step (glossa/kernels/decoder_step.h): each block fills
-// its part of DecoderLayerStepArgs from its theta, or says it cannot, and TransformerLayer runs
-// the step as one DecoderLayerStep where every part can.
+// The layers' side of the fused decoding step (glossa/kernels/decoder_step.h): FusedStepBuilder,
+// a friend of each block the step reads, fills the block's part of DecoderLayerStepArgs from its
+// typed children and theta, or says why it cannot, and TransformerLayer runs the step as one
+// DecoderLayerStep where every part can. The kernel's argument structs appear here and in the
+// kernel only: no layer header names them.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/kernels/compute_plan.h"
+#include "glossa/kernels/decoder_step.h"
 #include "glossa/kernels/int8_gemm.h"
 #include "glossa/layers/attention.h"
 #include "glossa/layers/linear.h"
@@ -33,168 +36,214 @@ std::string DtypeOf(const at::Tensor& t) {
                 t.device().is_cpu() ? "" : ", not on the CPU");
 }
 
-// An attention's projections for the fused step (key and value null: a cross-attention's) and
-// its query scale, kept alive in *keep.
-bool ProjectionsAndScale(const MultiHeadedAttention& atten, const NestedMap& theta,
-                         StepProjArgs* query, StepProjArgs* key, StepProjArgs* value,
-                         StepProjArgs* post, const float** query_scale, FusedStepKeep* keep) {
-  at::Tensor scale;
-  if (!atten.FusedStepProjections(theta, query, key, value, post, &scale, keep)) return false;
-  *query_scale = scale.data_ptr<float>();
-  keep->tensors.push_back(scale);
-  return true;
-}
-
-}  // namespace
-
-bool MultiHeadedProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out,
-                                               FusedStepKeep* keep) const {
-  if (axis_ != nullptr) {  // a block of heads: the step runs whole layers in one process
-    return Decline(keep, *this, "a block of heads on a model axis (the fused step runs whole layers)");
-  }
-  const at::Tensor& w = theta.GetTensor("w");  // [D, N, H]
-  const float* wp = FusedStepData(w);
-  const float* bp = use_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr;
-  if (wp == nullptr || (use_bias_ && bp == nullptr)) {
-    return Decline(keep, *this, StrCat("its weights are not float32 contiguous CPU tensors (w: ",
-                                       DtypeOf(w), ")"));
-  }
-  const int64_t d = w.size(0), nh = w.size(1) * w.size(2);
-  *out = StepProjArgs{wp, bp, is_output_projection_ ? nh : d, is_output_projection_ ? d : nh,
-                      is_output_projection_, nullptr};
-  // The plan's int8 form of the weight FProp reads, and its batch invariance.
-  if (const PreparedWeight* p = PlannedWeight("w", {w})) {
+// The plan's prepared forms of a projection's weight (int8, packed panels), and its batch
+// invariance.
+void AddPlanned(const PreparedWeight* p, bool batch_invariant, StepProjArgs* out) {
+  if (p != nullptr) {
     out->w8 = p->int8.get();
     if (p->panels.defined()) out->panels = p->panels.data_ptr<float>();  // [nh, d] for a post
     if (p->panels_bf16.defined()) {
       out->panels_bf16 = reinterpret_cast<const uint16_t*>(p->panels_bf16.data_ptr());
     }
   }
-  out->row_kernels = PlannedBatchInvariant();
+  out->row_kernels = batch_invariant;
+}
+
+}  // namespace
+
+// Each function fills one block's part of the step's arguments from that block's theta (the
+// block's own, children under their names), or returns false with keep->declined saying why (the
+// first reason met); keep->tensors holds what the arguments point into.
+class FusedStepBuilder {
+ public:
+  // A projection (the output projection transposed); float32 contiguous weights only.
+  static bool Projection(const MultiHeadedProjectionLayer& l, const NestedMap& theta,
+                         StepProjArgs* out, FusedStepKeep* keep);
+  // With *relu for a RELU activation; other activations decline.
+  static bool Projection(const ProjectionLayer& l, const NestedMap& theta, StepProjArgs* out,
+                         bool* relu, FusedStepKeep* keep);
+  static bool Norm(const LayerNorm& l, const NestedMap& theta, StepNormArgs* out);
+  // An attention's projections (key and value null: a cross-attention step reads the source
+  // projected once) and the query scale [dim], kept alive in *keep.
+  static bool Projections(const MultiHeadedAttention& l, const NestedMap& theta,
+                          StepProjArgs* query, StepProjArgs* key, StepProjArgs* value,
+                          StepProjArgs* post, const float** query_scale, FusedStepKeep* keep);
+  static bool FeedForward(const TransformerFeedForwardLayer& l, const NestedMap& theta,
+                          StepFeedForwardArgs* out, FusedStepKeep* keep);
+  // The block's layer norm where the step can express the block (pre layer norm, no residual
+  // dropout).
+  static bool BlockNorm(const TransformerAttentionLayer& l, const NestedMap& theta,
+                        StepNormArgs* ln, FusedStepKeep* keep);
+  // The attention steps' parts that depend on the weights and the configuration only (what a
+  // plan checks once at load).
+  static bool SelfWeights(const TransformerAttentionLayer& l, const NestedMap& theta,
+                          StepSelfAttentionArgs* out, FusedStepKeep* keep);
+  static bool CrossWeights(const TransformerAttentionLayer& l, const NestedMap& theta,
+                           StepCrossAttentionArgs* out, FusedStepKeep* keep);
+  // The causal self-attention step: reads `states` and prepares its caches for the step
+  // (*caches: the states after it are MultiHeadedAttention::StatesAfterStep(*caches)).
+  static bool SelfStep(const TransformerAttentionLayer& l, const NestedMap& theta,
+                       const NestedMap& states, int64_t rows, StepSelfAttentionArgs* out,
+                       MultiHeadedAttention::StepCaches* caches, FusedStepKeep* keep);
+  // The cross-attention step: reads `aux` (ProjectSource of the source); the bias is the
+  // caller's.
+  static bool CrossStep(const TransformerAttentionLayer& l, const NestedMap& theta,
+                        const NestedMap& aux, int64_t rows, StepCrossAttentionArgs* out,
+                        FusedStepKeep* keep);
+  // Whether `plan` (null: none) and the mode (autograd, GLOSSA_KERNELS) allow the fused step, and
+  // whether the layer's classes and dtype do.
+  static bool Mode(const TransformerLayer& l, const ComputePlan* plan, FusedStepKeep* keep);
+  static bool Layer(const TransformerLayer& l, FusedStepKeep* keep);
+  static bool ExtendStep(const TransformerLayer& l, const NestedMap& theta,
+                         const at::Tensor& inputs, const NestedMap& states, const NestedMap& aux,
+                         const at::Tensor& aux_paddings, const at::Tensor& paddings,
+                         at::Tensor* out, NestedMap* new_states, FusedStepKeep& keep);
+  static std::string Declined(const TransformerLayer& l, const NestedMap& theta,
+                              const ComputePlan* plan);
+};
+
+bool FusedStepBuilder::Projection(const MultiHeadedProjectionLayer& l, const NestedMap& theta,
+                                  StepProjArgs* out, FusedStepKeep* keep) {
+  if (l.axis_ != nullptr) {  // a block of heads: the step runs whole layers in one process
+    return Decline(keep, l, "a block of heads on a model axis (the fused step runs whole layers)");
+  }
+  const at::Tensor& w = theta.GetTensor("w");  // [D, N, H]
+  const float* wp = FusedStepData(w);
+  const float* bp = l.use_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr;
+  if (wp == nullptr || (l.use_bias_ && bp == nullptr)) {
+    return Decline(keep, l, StrCat("its weights are not float32 contiguous CPU tensors (w: ",
+                                   DtypeOf(w), ")"));
+  }
+  const bool post = l.is_output_projection_;
+  const int64_t d = w.size(0), nh = w.size(1) * w.size(2);
+  *out = StepProjArgs{wp, bp, post ? nh : d, post ? d : nh, post, nullptr};
+  AddPlanned(l.PlannedWeight("w", {w}), l.PlannedBatchInvariant(), out);
   return true;
 }
 
-bool ProjectionLayer::FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
-                                    FusedStepKeep* keep) const {
-  if (activation_ != "RELU" && activation_ != "NONE") {
-    return Decline(keep, *this, StrCat("activation ", activation_,
-                                       " (the fused step applies RELU or none)"));
+bool FusedStepBuilder::Projection(const ProjectionLayer& l, const NestedMap& theta,
+                                  StepProjArgs* out, bool* relu, FusedStepKeep* keep) {
+  if (l.activation_ != "RELU" && l.activation_ != "NONE") {
+    return Decline(keep, l, StrCat("activation ", l.activation_,
+                                   " (the fused step applies RELU or none)"));
   }
-  if (axis_ != nullptr) {
-    return Decline(keep, *this, "a shard on a model axis (the fused step runs whole layers)");
+  if (l.axis_ != nullptr) {
+    return Decline(keep, l, "a shard on a model axis (the fused step runs whole layers)");
   }
-  *relu = activation_ == "RELU";
+  *relu = l.activation_ == "RELU";
   const at::Tensor& w = theta.GetTensor("w");
-  *out = StepProjArgs{FusedStepData(w), has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr,
-                      input_dim_, output_dim_, false, nullptr};
-  if (out->w == nullptr || (has_bias_ && out->b == nullptr)) {
-    return Decline(keep, *this, StrCat("its weights are not float32 contiguous CPU tensors (w: ",
-                                       DtypeOf(w), ")"));
+  *out = StepProjArgs{FusedStepData(w),
+                      l.has_bias_ ? FusedStepData(theta.GetTensor("b")) : nullptr, l.input_dim_,
+                      l.output_dim_, false, nullptr};
+  if (out->w == nullptr || (l.has_bias_ && out->b == nullptr)) {
+    return Decline(keep, l, StrCat("its weights are not float32 contiguous CPU tensors (w: ",
+                                   DtypeOf(w), ")"));
   }
-  // The plan's int8 form of the weight FProp reads, and its batch invariance.
-  if (const PreparedWeight* p = PlannedWeight("w", {w})) {
-    out->w8 = p->int8.get();
-    if (p->panels.defined()) out->panels = p->panels.data_ptr<float>();
-    if (p->panels_bf16.defined()) {
-      out->panels_bf16 = reinterpret_cast<const uint16_t*>(p->panels_bf16.data_ptr());
-    }
-  }
-  out->row_kernels = PlannedBatchInvariant();
+  AddPlanned(l.PlannedWeight("w", {w}), l.PlannedBatchInvariant(), out);
   return true;
 }
 
-bool MultiHeadedAttention::FusedStepProjections(const NestedMap& theta, StepProjArgs* query,
-                                                StepProjArgs* key, StepProjArgs* value,
-                                                StepProjArgs* post, at::Tensor* query_scale,
-                                                FusedStepKeep* keep) const {
-  if (!fuse_qkv_) {
-    return Decline(keep, *this, "its query, key and value are not all MultiHeadedProjectionLayers");
+bool FusedStepBuilder::Projections(const MultiHeadedAttention& l, const NestedMap& theta,
+                                   StepProjArgs* query, StepProjArgs* key, StepProjArgs* value,
+                                   StepProjArgs* post, const float** query_scale,
+                                   FusedStepKeep* keep) {
+  if (!l.fuse_qkv_) {
+    return Decline(keep, l, "its query, key and value are not all MultiHeadedProjectionLayers");
   }
-  if (!query_->FusedStepArgs(query_.Theta(theta), query, keep) ||
-      (key != nullptr && !key_->FusedStepArgs(key_.Theta(theta), key, keep)) ||
-      (value != nullptr && !value_->FusedStepArgs(value_.Theta(theta), value, keep)) ||
-      !post_->FusedStepArgs(post_.Theta(theta), post, keep)) {
+  if (!Projection(*l.query_, l.query_.Theta(theta), query, keep) ||
+      (key != nullptr && !Projection(*l.key_, l.key_.Theta(theta), key, keep)) ||
+      (value != nullptr && !Projection(*l.value_, l.value_.Theta(theta), value, keep)) ||
+      !Projection(*l.post_, l.post_.Theta(theta), post, keep)) {
     return false;
   }
   // The reference multiplies q by this vector (PerDimScaleLayer) or by the float 1/sqrt(dim).
-  *query_scale = per_dim_scale_
-                     ? ScaleQuery(theta, at::ones({dim_per_head_}, at::kFloat)).contiguous()
-                     : at::full({dim_per_head_}, 1.0 / std::sqrt(static_cast<double>(dim_per_head_)),
-                                at::kFloat);
-  if (FusedStepData(*query_scale) == nullptr) {
-    return Decline(keep, *this, StrCat("its query scale is ", DtypeOf(*query_scale)));
+  const int64_t dim = l.dim_per_head_;
+  const at::Tensor scale =
+      l.per_dim_scale_
+          ? l.ScaleQuery(theta, at::ones({dim}, at::kFloat)).contiguous()
+          : at::full({dim}, 1.0 / std::sqrt(static_cast<double>(dim)), at::kFloat);
+  if (FusedStepData(scale) == nullptr) {
+    return Decline(keep, l, StrCat("its query scale is ", DtypeOf(scale)));
   }
+  *query_scale = scale.data_ptr<float>();
+  keep->tensors.push_back(scale);
   return true;
 }
 
-bool TransformerFeedForwardLayer::FusedStepArgs(const NestedMap& theta, StepFeedForwardArgs* out,
-                                                FusedStepKeep* keep) const {
-  if (!pre_layer_norm_) {
-    return Decline(keep, *this, "post layer norm (pre_layer_norm False): the fused step normalizes "
-                                "before the block");
+bool FusedStepBuilder::Norm(const LayerNorm& l, const NestedMap& theta, StepNormArgs* out) {
+  out->scale = FusedStepData(theta.GetTensor("scale"));
+  out->bias = FusedStepData(theta.GetTensor("bias"));
+  out->scale_offset = l.direct_scale_ ? 0.0f : 1.0f;
+  out->epsilon = static_cast<float>(l.epsilon_);
+  return out->scale != nullptr && out->bias != nullptr;
+}
+
+bool FusedStepBuilder::FeedForward(const TransformerFeedForwardLayer& l, const NestedMap& theta,
+                                   StepFeedForwardArgs* out, FusedStepKeep* keep) {
+  if (!l.pre_layer_norm_) {
+    return Decline(keep, l, "post layer norm (pre_layer_norm False): the fused step normalizes "
+                            "before the block");
   }
-  if (!relu_dropout_->IsIdentity() || !residual_dropout_->IsIdentity()) {
-    return Decline(keep, *this, "a dropout that is not the identity");
+  if (!l.relu_dropout_->IsIdentity() || !l.residual_dropout_->IsIdentity()) {
+    return Decline(keep, l, "a dropout that is not the identity");
   }
   bool relu0 = false, relu1 = false;
-  if (!ln_->FusedStepArgs(ln_.Theta(theta), &out->ln)) {
-    return Decline(keep, *ln_, "its scale and bias are not float32 contiguous CPU tensors");
+  if (!Norm(*l.ln_, l.ln_.Theta(theta), &out->ln)) {
+    return Decline(keep, *l.ln_, "its scale and bias are not float32 contiguous CPU tensors");
   }
-  if (!fc0_->FusedStepArgs(fc0_.Theta(theta), &out->fc0, &relu0, keep) ||
-      !fc1_->FusedStepArgs(fc1_.Theta(theta), &out->fc1, &relu1, keep)) {
+  if (!Projection(*l.fc0_, l.fc0_.Theta(theta), &out->fc0, &relu0, keep) ||
+      !Projection(*l.fc1_, l.fc1_.Theta(theta), &out->fc1, &relu1, keep)) {
     return false;
   }
-  if (relu1) return Decline(keep, *fc1_, "an activation on the block's output projection");
+  if (relu1) return Decline(keep, *l.fc1_, "an activation on the block's output projection");
   out->relu = relu0;
-  out->residual_weight = static_cast<float>(residual_weight_);
+  out->residual_weight = static_cast<float>(l.residual_weight_);
   return true;
 }
 
-bool TransformerAttentionLayer::FusedStepNorm(const NestedMap& theta, StepNormArgs* ln,
-                                              FusedStepKeep* keep) const {
-  if (!pre_layer_norm_) {
-    return Decline(keep, *this, "post layer norm (pre_layer_norm False): the fused step normalizes "
-                                "before the block");
+bool FusedStepBuilder::BlockNorm(const TransformerAttentionLayer& l, const NestedMap& theta,
+                                 StepNormArgs* ln, FusedStepKeep* keep) {
+  if (!l.pre_layer_norm_) {
+    return Decline(keep, l, "post layer norm (pre_layer_norm False): the fused step normalizes "
+                            "before the block");
   }
-  if (!residual_dropout_->IsIdentity()) {
-    return Decline(keep, *this, "a residual dropout that is not the identity");
+  if (!l.residual_dropout_->IsIdentity()) {
+    return Decline(keep, l, "a residual dropout that is not the identity");
   }
-  if (!ln_->FusedStepArgs(ln_.Theta(theta), ln)) {
-    return Decline(keep, *ln_, "its scale and bias are not float32 contiguous CPU tensors");
+  if (!Norm(*l.ln_, l.ln_.Theta(theta), ln)) {
+    return Decline(keep, *l.ln_, "its scale and bias are not float32 contiguous CPU tensors");
   }
   return true;
 }
 
-bool TransformerAttentionLayer::FusedSelfStepWeights(const NestedMap& theta,
-                                                     StepSelfAttentionArgs* out,
-                                                     FusedStepKeep* keep) const {
-  if (!is_masked_) return Decline(keep, *this, "self-attention that is not causal (is_masked False)");
-  if (!FusedStepNorm(theta, &out->ln, keep) ||
-      !ProjectionsAndScale(*atten_, atten_.Theta(theta), &out->query, &out->key, &out->value,
-                           &out->post, &out->query_scale, keep)) {
+bool FusedStepBuilder::SelfWeights(const TransformerAttentionLayer& l, const NestedMap& theta,
+                                   StepSelfAttentionArgs* out, FusedStepKeep* keep) {
+  if (!l.is_masked_) return Decline(keep, l, "self-attention that is not causal (is_masked False)");
+  if (!BlockNorm(l, theta, &out->ln, keep) ||
+      !Projections(*l.atten_, l.atten_.Theta(theta), &out->query, &out->key, &out->value,
+                   &out->post, &out->query_scale, keep)) {
     return false;
   }
-  out->heads = atten_->num_heads();
-  out->dim = atten_->dim_per_head();
+  out->heads = l.atten_->num_heads();
+  out->dim = l.atten_->dim_per_head();
   return true;
 }
 
-bool TransformerAttentionLayer::FusedSelfStep(const NestedMap& theta, const NestedMap& states,
-                                              int64_t rows, StepSelfAttentionArgs* out,
-                                              MultiHeadedAttention::StepCaches* caches,
-                                              FusedStepKeep* keep) const {
-  if (!FusedSelfStepWeights(theta, out, keep)) return false;
+bool FusedStepBuilder::SelfStep(const TransformerAttentionLayer& l, const NestedMap& theta,
+                                const NestedMap& states, int64_t rows, StepSelfAttentionArgs* out,
+                                MultiHeadedAttention::StepCaches* caches, FusedStepKeep* keep) {
+  if (!SelfWeights(l, theta, out, keep)) return false;
   // The caches must already be float32 and contiguous: PrepareStep would otherwise convert them.
   if (!states.contains("unordered") || !states.contains("rows")) {
-    return Decline(keep, *this, "its decoding states have no row-table caches");
+    return Decline(keep, l, "its decoding states have no row-table caches");
   }
   const NestedMap& kv = states.GetItem("unordered").AsMap();
   if (FusedStepData(kv.GetTensor("key")) == nullptr ||
       FusedStepData(kv.GetTensor("value")) == nullptr || !states.GetTensor("rows").is_contiguous()) {
-    return Decline(keep, *this, StrCat("its key cache is ", DtypeOf(kv.GetTensor("key")),
-                                       " (the fused step reads float32 caches in place)"));
+    return Decline(keep, l, StrCat("its key cache is ", DtypeOf(kv.GetTensor("key")),
+                                   " (the fused step reads float32 caches in place)"));
   }
-  *caches = atten_->PrepareStep(states, rows, at::kFloat);
+  *caches = l.atten_->PrepareStep(states, rows, at::kFloat);
   out->key_cache = caches->key.data_ptr<float>();
   out->value_cache = caches->value.data_ptr<float>();
   out->slots = caches->key.size(0);
@@ -205,96 +254,101 @@ bool TransformerAttentionLayer::FusedSelfStep(const NestedMap& theta, const Nest
   return true;
 }
 
-bool TransformerAttentionLayer::FusedCrossStepWeights(const NestedMap& theta,
-                                                      StepCrossAttentionArgs* out,
-                                                      FusedStepKeep* keep) const {
+bool FusedStepBuilder::CrossWeights(const TransformerAttentionLayer& l, const NestedMap& theta,
+                                    StepCrossAttentionArgs* out, FusedStepKeep* keep) {
   // The source's keys and values were projected once (ProjectSource): no key/value here.
-  if (!FusedStepNorm(theta, &out->ln, keep) ||
-      !ProjectionsAndScale(*atten_, atten_.Theta(theta), &out->query, nullptr, nullptr,
-                           &out->post, &out->query_scale, keep)) {
+  if (!BlockNorm(l, theta, &out->ln, keep) ||
+      !Projections(*l.atten_, l.atten_.Theta(theta), &out->query, nullptr, nullptr, &out->post,
+                   &out->query_scale, keep)) {
     return false;
   }
-  out->heads = atten_->num_heads();
-  out->dim = atten_->dim_per_head();
+  out->heads = l.atten_->num_heads();
+  out->dim = l.atten_->dim_per_head();
   return true;
 }
 
-bool TransformerAttentionLayer::FusedCrossStep(const NestedMap& theta, const NestedMap& aux,
-                                               int64_t rows, StepCrossAttentionArgs* out,
-                                               FusedStepKeep* keep) const {
-  if (!FusedCrossStepWeights(theta, out, keep)) return false;
+bool FusedStepBuilder::CrossStep(const TransformerAttentionLayer& l, const NestedMap& theta,
+                                 const NestedMap& aux, int64_t rows, StepCrossAttentionArgs* out,
+                                 FusedStepKeep* keep) {
+  if (!CrossWeights(l, theta, out, keep)) return false;
   const at::Tensor& k = aux.GetTensor("key");  // [sources, S, heads, dim]: row i reads i % sources
   const at::Tensor& v = aux.GetTensor("value");
   if (k.dim() != 4 || k.sizes() != v.sizes() || k.size(0) == 0 || rows % k.size(0) != 0 ||
       k.size(2) != out->heads || k.size(3) != out->dim) {
-    return Decline(keep, *this, StrCat("source keys ", k.sizes(), " and values ", v.sizes(),
-                                       " are not [sources, S, ", out->heads, ", ", out->dim,
-                                       "] for ", rows, " rows"));
+    return Decline(keep, l, StrCat("source keys ", k.sizes(), " and values ", v.sizes(),
+                                   " are not [sources, S, ", out->heads, ", ", out->dim, "] for ",
+                                   rows, " rows"));
   }
   out->key = FusedStepData(k);
   out->value = FusedStepData(v);
   out->sources = k.size(0);
   out->source_length = k.size(1);
   if (out->key == nullptr || out->value == nullptr) {
-    return Decline(keep, *this, StrCat("its source keys are ", DtypeOf(k)));
+    return Decline(keep, l, StrCat("its source keys are ", DtypeOf(k)));
   }
   return true;
 }
 
-bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor& inputs,
-                                       const NestedMap& states, const NestedMap& aux,
-                                       const at::Tensor& aux_paddings,
-                                       const at::Tensor& paddings, at::Tensor* out,
-                                       NestedMap* new_states, FusedStepKeep& keep) const {
-  if (!FusedStepMode(compute_plan(), &keep) || !FusedStepLayer(&keep)) return false;
-  if (inputs.dim() != 2 || FusedStepData(inputs) == nullptr) {
-    return Decline(&keep, *this, StrCat("the step's inputs are ", inputs.sizes(), " ",
-                                        DtypeOf(inputs), ", not [rows, D] float32 contiguous"));
+namespace {
+
+// [rows, n] paddings (1: masked) as the step's additive bias (the lowest float where masked).
+std::vector<float> PaddingBias(const at::Tensor& paddings) {
+  const at::Tensor p = paddings.to(at::kFloat).contiguous();
+  const float* pp = p.data_ptr<float>();
+  std::vector<float> bias(static_cast<size_t>(p.numel()));
+  for (size_t i = 0; i < bias.size(); ++i) {
+    bias[i] = pp[i] > 0.5f ? std::numeric_limits<float>::lowest() : 0.0f;
   }
-  const auto& ff = dynamic_cast<const TransformerFeedForwardLayer&>(*fflayer_);
+  return bias;
+}
+
+}  // namespace
+
+bool FusedStepBuilder::ExtendStep(const TransformerLayer& l, const NestedMap& theta,
+                                  const at::Tensor& inputs, const NestedMap& states,
+                                  const NestedMap& aux, const at::Tensor& aux_paddings,
+                                  const at::Tensor& paddings, at::Tensor* out,
+                                  NestedMap* new_states, FusedStepKeep& keep) {
+  if (!Mode(l, l.compute_plan(), &keep) || !Layer(l, &keep)) return false;
+  if (inputs.dim() != 2 || FusedStepData(inputs) == nullptr) {
+    return Decline(&keep, l, StrCat("the step's inputs are ", inputs.sizes(), " ", DtypeOf(inputs),
+                                    ", not [rows, D] float32 contiguous"));
+  }
+  const auto& ff = dynamic_cast<const TransformerFeedForwardLayer&>(*l.fflayer_);
   DecoderLayerStepArgs a;
   a.rows = inputs.size(0);
   a.model_dim = inputs.size(1);
-  if (!ff.FusedStepArgs(fflayer_.Theta(theta), &a.ff, &keep)) return false;
+  if (!FeedForward(ff, l.fflayer_.Theta(theta), &a.ff, &keep)) return false;
   std::vector<float> bias;
-  if (cross_atten_) {
-    if (!cross_atten_->FusedCrossStep(cross_atten_.Theta(theta), aux, a.rows, &a.cross, &keep)) {
+  if (l.cross_atten_) {
+    if (!CrossStep(*l.cross_atten_, l.cross_atten_.Theta(theta), aux, a.rows, &a.cross, &keep)) {
       return false;
     }
-    const int64_t s = a.cross.source_length;
     if (aux_paddings.defined()) {
-      const at::Tensor p = aux_paddings.to(at::kFloat).contiguous();
-      if (p.dim() != 2 || p.size(0) != a.cross.sources || p.size(1) != s) {
-        return Decline(&keep, *this, StrCat("source paddings ", p.sizes(), " are not [",
-                                            a.cross.sources, ", ", s, "]"));
+      const int64_t s = a.cross.source_length;
+      if (aux_paddings.dim() != 2 || aux_paddings.size(0) != a.cross.sources ||
+          aux_paddings.size(1) != s) {
+        return Decline(&keep, l, StrCat("source paddings ", aux_paddings.sizes(), " are not [",
+                                        a.cross.sources, ", ", s, "]"));
       }
-      const float* pp = p.data_ptr<float>();
-      bias.resize(static_cast<size_t>(p.numel()));
-      for (int64_t i = 0; i < p.numel(); ++i) {
-        bias[static_cast<size_t>(i)] = pp[i] > 0.5f ? std::numeric_limits<float>::lowest() : 0.0f;
-      }
+      bias = PaddingBias(aux_paddings);
       a.cross.bias = bias.data();
     }
     a.has_cross = true;
   }
   MultiHeadedAttention::StepCaches caches;
-  if (!self_atten_->FusedSelfStep(self_atten_.Theta(theta), states, a.rows, &a.self, &caches,
-                                  &keep)) {
+  if (!SelfStep(*l.self_atten_, l.self_atten_.Theta(theta), states, a.rows, &a.self, &caches,
+                &keep)) {
     return false;
   }
   std::vector<float> self_bias;
   if (paddings.defined()) {  // [rows, step + 1]: 1 masks a cached step
-    const at::Tensor p = paddings.to(at::kFloat).contiguous();
-    const int64_t l = a.self.step + 1;
-    if (p.dim() != 2 || p.size(0) != a.rows || p.size(1) != l) {
-      throw InvalidArgumentError(StrCat("layer '", path(), "': ExtendStep paddings must be [",
-                                        a.rows, ", ", l, "], got ", p.sizes()));
+    const int64_t n = a.self.step + 1;
+    if (paddings.dim() != 2 || paddings.size(0) != a.rows || paddings.size(1) != n) {
+      throw InvalidArgumentError(StrCat("layer '", l.path(), "': ExtendStep paddings must be [",
+                                        a.rows, ", ", n, "], got ", paddings.sizes()));
     }
-    const float* pp = p.data_ptr<float>();
-    self_bias.resize(static_cast<size_t>(a.rows * l));
-    for (int64_t i = 0; i < a.rows * l; ++i) {
-      self_bias[static_cast<size_t>(i)] = pp[i] > 0.5f ? std::numeric_limits<float>::lowest() : 0.0f;
-    }
+    self_bias = PaddingBias(paddings);
     a.self.bias = self_bias.data();
   }
   *out = inputs.clone();
@@ -303,37 +357,53 @@ bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor&
   return true;
 }
 
-bool TransformerLayer::FusedStepMode(const ComputePlan* plan, FusedStepKeep* keep) const {
+bool FusedStepBuilder::Mode(const TransformerLayer& l, const ComputePlan* plan,
+                            FusedStepKeep* keep) {
   const std::string why = FusedDecoderStepDeclined(plan);
-  return why.empty() || Decline(keep, *this, why);
+  return why.empty() || Decline(keep, l, why);
 }
 
-bool TransformerLayer::FusedStepLayer(FusedStepKeep* keep) const {
-  if (dynamic_cast<const TransformerFeedForwardLayer*>(fflayer_.get()) == nullptr) {
-    return Decline(keep, *fflayer_, "a feed-forward block other than TransformerFeedForwardLayer");
+bool FusedStepBuilder::Layer(const TransformerLayer& l, FusedStepKeep* keep) {
+  if (dynamic_cast<const TransformerFeedForwardLayer*>(l.fflayer_.get()) == nullptr) {
+    return Decline(keep, *l.fflayer_, "a feed-forward block other than TransformerFeedForwardLayer");
   }
-  if (fprop_dtype() != at::kFloat) {
-    return Decline(keep, *this, StrCat("it computes in ", c10::toString(fprop_dtype()),
-                                       " (the fused step computes in float32)"));
+  if (l.fprop_dtype() != at::kFloat) {
+    return Decline(keep, l, StrCat("it computes in ", c10::toString(l.fprop_dtype()),
+                                   " (the fused step computes in float32)"));
   }
   return true;
 }
 
-std::string TransformerLayer::FusedStepDeclined(const NestedMap& theta,
-                                                const ComputePlan* plan) const {
+std::string FusedStepBuilder::Declined(const TransformerLayer& l, const NestedMap& theta,
+                                       const ComputePlan* plan) {
   FusedStepKeep keep;
   DecoderLayerStepArgs a;
   // The configuration's reasons first (they hold for every run), then the mode's.
-  if (FusedStepLayer(&keep) &&
-      dynamic_cast<const TransformerFeedForwardLayer&>(*fflayer_)
-          .FusedStepArgs(fflayer_.Theta(theta), &a.ff, &keep) &&
-      (!cross_atten_ ||
-       cross_atten_->FusedCrossStepWeights(cross_atten_.Theta(theta), &a.cross, &keep)) &&
-      self_atten_->FusedSelfStepWeights(self_atten_.Theta(theta), &a.self, &keep) &&
-      FusedStepMode(plan, &keep)) {
+  if (Layer(l, &keep) &&
+      FeedForward(dynamic_cast<const TransformerFeedForwardLayer&>(*l.fflayer_),
+                  l.fflayer_.Theta(theta), &a.ff, &keep) &&
+      (!l.cross_atten_ ||
+       CrossWeights(*l.cross_atten_, l.cross_atten_.Theta(theta), &a.cross, &keep)) &&
+      SelfWeights(*l.self_atten_, l.self_atten_.Theta(theta), &a.self, &keep) &&
+      Mode(l, plan, &keep)) {
     return "";
   }
   return keep.declined;
+}
+
+bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor& inputs,
+                                       const NestedMap& states, const NestedMap& aux,
+                                       const at::Tensor& aux_paddings,
+                                       const at::Tensor& paddings, at::Tensor* out,
+                                       NestedMap* new_states) const {
+  FusedStepKeep keep;  // what the arguments point into, for the step
+  return FusedStepBuilder::ExtendStep(*this, theta, inputs, states, aux, aux_paddings, paddings,
+                                      out, new_states, keep);
+}
+
+std::string TransformerLayer::FusedStepDeclined(const NestedMap& theta,
+                                                const ComputePlan* plan) const {
+  return FusedStepBuilder::Declined(*this, theta, plan);
 }
 
 void TransformerLayer::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {

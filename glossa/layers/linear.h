@@ -6,7 +6,6 @@
 //   at::Tensor y = fc->FProp(fc->theta(), x);          // x [..., 8] -> y [..., 4]
 #pragma once
 
-#include "glossa/kernels/decoder_step.h"
 #include "glossa/layers/base_layer.h"
 
 namespace glossa {
@@ -33,15 +32,11 @@ class ProjectionLayer : public BaseLayer, public Block {
   // As a block, [B, T] paddings apply to [B, T, D] inputs; others are ignored.
   at::Tensor FPropBlock(const NestedMap& theta, const at::Tensor& x,
                         const at::Tensor& paddings) const override;
-  // This projection as the fused decoding step reads it (glossa/kernels/decoder_step.h), with
-  // *relu for a RELU activation; false for other activations or a theta not float32 and
-  // contiguous.
-  bool FusedStepArgs(const NestedMap& theta, StepProjArgs* out, bool* relu,
-                     FusedStepKeep* keep) const;
   // The inference plan's form of w (glossa/kernels/compute_plan.h): a whole w, under "w".
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
+  friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   int64_t input_dim_, output_dim_;  // this rank's (of a split w)
   std::string activation_;
   bool has_bias_;

@@ -200,14 +200,6 @@ void LayerNorm::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
                 TorchScriptWriter::Num(epsilon_), ")"));
 }
 
-bool LayerNorm::FusedStepArgs(const NestedMap& theta, StepNormArgs* out) const {
-  out->scale = FusedStepData(theta.GetTensor("scale"));
-  out->bias = FusedStepData(theta.GetTensor("bias"));
-  out->scale_offset = direct_scale_ ? 0.0f : 1.0f;
-  out->epsilon = static_cast<float>(epsilon_);
-  return out->scale != nullptr && out->bias != nullptr;
-}
-
 std::string LayerNorm::EmitOnnx(OnnxGraph& g, const std::string& in,
                                 const std::string& prefix) const {
   at::Tensor scale = GetVariable("scale");

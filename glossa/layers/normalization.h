@@ -4,7 +4,6 @@
 //   y = bn->FProp(bn->theta(), x, paddings);        // training: batch stats + moving averages
 #pragma once
 
-#include "glossa/kernels/decoder_step.h"
 #include "glossa/layers/base_layer.h"
 
 namespace glossa {
@@ -30,11 +29,9 @@ class LayerNorm : public BaseLayer, public Block {
                         const at::Tensor&) const override {
     return FProp(theta, x);
   }
-  // This norm as the fused decoding step reads it (glossa/kernels/decoder_step.h); false unless
-  // its theta is float32 and contiguous.
-  bool FusedStepArgs(const NestedMap& theta, StepNormArgs* out) const;
 
  private:
+  friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   int64_t input_dim_;
   double epsilon_;
   bool direct_scale_;

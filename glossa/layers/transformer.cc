@@ -358,9 +358,7 @@ std::pair<at::Tensor, NestedMap> TransformerLayer::ExtendStepProjected(
     const NestedMap& aux, const at::Tensor& aux_paddings, const at::Tensor& paddings) const {
   at::Tensor fused;
   NestedMap fused_states;
-  FusedStepKeep keep;
-  if (FusedExtendStep(theta, inputs, states, aux, aux_paddings, paddings, &fused, &fused_states,
-                      keep)) {
+  if (FusedExtendStep(theta, inputs, states, aux, aux_paddings, paddings, &fused, &fused_states)) {
     return {fused, fused_states};
   }
   auto [x, new_states] = self_atten_->ExtendStep(self_atten_.Theta(theta), inputs, states, paddings);

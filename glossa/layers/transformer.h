@@ -47,11 +47,9 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
                         const at::Tensor& paddings) const override {
     return FProp(theta, x, paddings);
   }
-  // This block as the fused decoding step runs it (glossa/kernels/decoder_step.h); false where
-  // it cannot (post layer norm, dropout active, another activation, theta not float32).
-  bool FusedStepArgs(const NestedMap& theta, StepFeedForwardArgs* out, FusedStepKeep* keep) const;
 
  private:
+  friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   bool pre_layer_norm_;
   double residual_weight_;
   Child<LayerNorm> ln_;
@@ -118,29 +116,10 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
                             const std::string& prefix) const;
   std::pair<std::string, std::string> EmitOnnxSource(OnnxGraph& g, const std::string& source,
                                                      const std::string& prefix) const;
-  // The fused decoding step's attention parts (glossa/kernels/decoder_step.h); false where they
-  // cannot express this block (post layer norm, residual dropout active, other projections).
-  // The causal self-attention step reads `states` and prepares its caches for the step (*caches:
-  // the states after it are MultiHeadedAttention::StatesAfterStep(*caches)); *keep holds what
-  // the arguments point into. The cross-attention step reads `aux` (ProjectSource of the source)
-  // and leaves the bias to the caller.
-  bool FusedSelfStep(const NestedMap& theta, const NestedMap& states, int64_t rows,
-                     StepSelfAttentionArgs* out, MultiHeadedAttention::StepCaches* caches,
-                     FusedStepKeep* keep) const;
-  bool FusedCrossStep(const NestedMap& theta, const NestedMap& aux, int64_t rows,
-                      StepCrossAttentionArgs* out, FusedStepKeep* keep) const;
-  // Their parts that depend on the weights and the configuration only (what a plan checks once at
-  // load); keep->declined says why where they cannot.
-  bool FusedSelfStepWeights(const NestedMap& theta, StepSelfAttentionArgs* out,
-                            FusedStepKeep* keep) const;
   bool is_masked() const { return is_masked_; }
-  bool FusedCrossStepWeights(const NestedMap& theta, StepCrossAttentionArgs* out,
-                             FusedStepKeep* keep) const;
 
  private:
-  // The block's layer norm for the fused step, where it can express this block (pre layer norm,
-  // no residual dropout); keep->declined says why not.
-  bool FusedStepNorm(const NestedMap& theta, StepNormArgs* ln, FusedStepKeep* keep) const;
+  friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   at::Tensor Norm(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor Residual(const NestedMap& theta, const at::Tensor& x, const at::Tensor& y) const;
   bool pre_layer_norm_, is_masked_;
@@ -221,17 +200,13 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
                                                        const at::Tensor& paddings = {}) const;
 
  private:
-  // ExtendStepProjected as one DecoderLayerStep (glossa/kernels/decoder_step.h) where it applies
-  // (inference, a dense feed-forward block, float32 theta and states); false otherwise, with
-  // keep.declined saying why.
+  friend class FusedStepBuilder;  // builds the fused step from the typed children below
+  // ExtendStepProjected as one fused decoding step (glossa/layers/fused_step.cc builds it from the
+  // children) where it applies (inference, a dense feed-forward block, float32 theta and states);
+  // false otherwise.
   bool FusedExtendStep(const NestedMap& theta, const at::Tensor& inputs, const NestedMap& states,
                        const NestedMap& aux, const at::Tensor& aux_paddings,
-                       const at::Tensor& paddings, at::Tensor* out, NestedMap* new_states,
-                       FusedStepKeep& keep) const;
-  // Whether `plan` (null: none) and the mode (autograd, GLOSSA_KERNELS) allow the fused step, and
-  // whether this layer's classes and dtype do; keep says why not.
-  bool FusedStepMode(const ComputePlan* plan, FusedStepKeep* keep) const;
-  bool FusedStepLayer(FusedStepKeep* keep) const;
+                       const at::Tensor& paddings, at::Tensor* out, NestedMap* new_states) const;
   Child<TransformerAttentionLayer> self_atten_, cross_atten_;
   Child<BaseLayer> fflayer_;
   const Block* ff_block_ = nullptr;

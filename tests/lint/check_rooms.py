@@ -20,6 +20,9 @@
 7. Headers and sources pair: what a header declares (its classes' members, its free functions)
    is defined in the .cc of its name and at most one more file; a header implemented elsewhere
    names its own .cc among them. A concept that needs a third file gets a header of its own.
+8. Layer headers (glossa/layers/*.h) include no glossa/kernels/ header: a kernel's argument
+   structs and switches stay in the .cc files that fill them (glossa/layers/fused_step.cc for the
+   fused decoding step), so a layer's interface is its Params, theta and FProp (issue 50).
 
 Prints each breach as file:line: message and exits 1 if there is any.
 """
@@ -183,6 +186,10 @@ def check(repo):
             m = re.match(r'\s*#\s*include\s+"glossa/([a-z_]+)/', l)
             if m:
                 used.add((room, m.group(1)))
+            if m and m.group(1) == "kernels" and rel.startswith("glossa/layers/") and \
+                    rel.endswith(".h"):
+                errors.append(f"{rel}:{no}: a layer header includes glossa/kernels/: keep the "
+                              f"kernel's structs in the .cc that fills them")
             if m and m.group(1) not in allowed:
                 errors.append(f"{rel}:{no}: room '{room}' includes glossa/{m.group(1)}/, which "
                               f"its row of docs/architecture.md does not allow")
@@ -436,6 +443,10 @@ INJECTIONS = [
                 f'}}  // namespace glossa\n')
         for stem, fn in (("paired", "A"), ("paired_more", "B"), ("paired_too", "C"))],
      "glossa/base/paired.h:1: implemented across 3 files"),
+    ("kernel_structs_in_a_layer_header",
+     lambda d: _prepend(os.path.join(d, "glossa/layers/linear.h"),
+                        '#include "glossa/kernels/decoder_step.h"\n'),
+     "a layer header includes glossa/kernels/"),
     ("unguarded_intrinsics", lambda d: _prepend(os.path.join(d, "glossa/kernels/parallel.cc"),
                                                 "#include <immintrin.h>\n"),
      "outside #if GLOSSA_X86_SIMD"),
