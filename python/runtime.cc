@@ -374,7 +374,8 @@ Thread-safe: run() releases the GIL, and several threads may call it at once.)do
       .def_property_readonly(
           "plan_notes", [](const glossa::Predictor& p) { return p.plan_notes(); },
           "What the plan could not do as its policy asks, one line per reason (e.g. why decoder "
-          "layers decline the fused decoder step); empty when it does all of it.")
+          "layers decline the fused decoder step, at load or at the first step that met it); empty "
+          "when it does all of it.")
       .def(
           "run",
           [](const glossa::Predictor& p, const std::string& subgraph,

@@ -85,8 +85,8 @@ class Predictor {
   // weights it prepared.
   const ComputePolicy& policy() const { return policy_; }
   size_t prepared_weights() const;
-  // What the plan could not do as its policy asks, said once at load (ComputePlan::notes): e.g.
-  // why decoder layers' steps do not take the fused decoder step.
+  // What the plan could not do as its policy asks (ComputePlan::notes): said once at load, e.g.
+  // why decoder layers' steps do not take the fused decoder step, then what steps met since.
   std::vector<std::string> plan_notes() const;
 
  private:

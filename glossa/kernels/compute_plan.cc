@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <glog/logging.h>
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
@@ -143,20 +144,42 @@ at::Tensor ComputePlan::Affine(const PreparedWeight& w, const at::Tensor& x, con
   return glossa::Affine(x, w.w, b, relu, float_out);
 }
 
-void ComputePlan::AddNote(const std::string& topic, const std::string& note) {
-  for (Note& n : notes_) {
+bool ComputePlan::Count(std::vector<Note>& notes, const std::string& topic) {
+  for (Note& n : notes) {
     if (n.topic == topic) {
       ++n.more;
-      return;
+      return true;
     }
   }
-  notes_.push_back({topic, note, 0});
+  return false;
+}
+
+void ComputePlan::AddNote(const std::string& topic, const std::string& note) {
+  std::lock_guard<std::mutex> lock(notes_mu_);
+  if (!Count(notes_, topic)) notes_.push_back({topic, note, 0});
+}
+
+void ComputePlan::NoteAtStep(const std::string& topic, const std::string& note) const {
+  {
+    std::lock_guard<std::mutex> lock(notes_mu_);
+    // A reason the plan already gave at load is not said again.
+    for (const Note& n : notes_) {
+      if (n.topic == topic) return;
+    }
+    if (Count(step_notes_, topic)) return;
+    step_notes_.push_back({topic, note, 0});
+  }
+  LOG(WARNING) << "compute: " << note;
 }
 
 std::vector<std::string> ComputePlan::notes() const {
+  std::lock_guard<std::mutex> lock(notes_mu_);
   std::vector<std::string> out;
-  for (const Note& n : notes_) {
-    out.push_back(n.more == 0 ? n.text : StrCat(n.text, " (and ", n.more, " more)"));
+  for (const std::vector<Note>* list :
+       std::initializer_list<const std::vector<Note>*>{&notes_, &step_notes_}) {
+    for (const Note& n : *list) {
+      out.push_back(n.more == 0 ? n.text : StrCat(n.text, " (and ", n.more, " more)"));
+    }
   }
   return out;
 }

@@ -35,6 +35,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,11 @@ class ComputePlan {
   //   plan.AddNote("fused decoder step: post layer norm", "... layer 'dec/x_layers_0': ...");
   //   plan.notes();  // {"... layer 'dec/x_layers_0': ... (and 5 more)"}
   void AddNote(const std::string& topic, const std::string& note);
+  // What only a step meets, which a plan cannot check at load (decoding states of another dtype,
+  // say): the first decode that meets a `topic` not noted yet notes it and says it then
+  // (LOG(WARNING) "compute: ..."); later ones count it. Thread-safe (decodes run concurrently).
+  void NoteAtStep(const std::string& topic, const std::string& note) const;
+  // The notes made at load, then the ones steps made.
   std::vector<std::string> notes() const;
 
  private:
@@ -122,9 +128,13 @@ class ComputePlan {
     std::string topic, text;
     int64_t more = 0;
   };
+  // Counts `topic` in `notes` if it is there; false if not.
+  static bool Count(std::vector<Note>& notes, const std::string& topic);
   ComputePolicy policy_;
   std::map<std::string, PreparedWeight> weights_;
+  mutable std::mutex notes_mu_;
   std::vector<Note> notes_;
+  mutable std::vector<Note> step_notes_;
 };
 
 }  // namespace glossa

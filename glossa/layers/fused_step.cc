@@ -291,6 +291,14 @@ bool FusedStepBuilder::CrossStep(const TransformerAttentionLayer& l, const Neste
 
 namespace {
 
+// A plan's note's topic for a reason "layer '<path>': <why>": one line per reason, whichever layers
+// give it (the same reason in every layer is the layers' configuration).
+std::string FusedStepTopic(const std::string& declined) {
+  const size_t reason = declined.find("': ");
+  return StrCat("fused decoder step declined: ",
+                reason == std::string::npos ? declined : declined.substr(reason + 3));
+}
+
 // [rows, n] paddings (1: masked) as the step's additive bias (the lowest float where masked).
 std::vector<float> PaddingBias(const at::Tensor& paddings) {
   const at::Tensor p = paddings.to(at::kFloat).contiguous();
@@ -397,8 +405,19 @@ bool TransformerLayer::FusedExtendStep(const NestedMap& theta, const at::Tensor&
                                        const at::Tensor& paddings, at::Tensor* out,
                                        NestedMap* new_states) const {
   FusedStepKeep keep;  // what the arguments point into, for the step
-  return FusedStepBuilder::ExtendStep(*this, theta, inputs, states, aux, aux_paddings, paddings,
-                                      out, new_states, keep);
+  if (FusedStepBuilder::ExtendStep(*this, theta, inputs, states, aux, aux_paddings, paddings, out,
+                                   new_states, keep)) {
+    return true;
+  }
+  // A plan made for the fused step said at load what its weights and configuration decline; what
+  // only a step meets (its states' or inputs' dtype and shape) the first step meeting it says.
+  const ComputePlan* plan = compute_plan();
+  if (plan != nullptr && plan->policy().fused_decoder_step && FusedDecoderStepApplies(plan) &&
+      !keep.declined.empty()) {
+    plan->NoteAtStep(FusedStepTopic(keep.declined),
+                     StrCat("fused decoder step declined at a step: ", keep.declined));
+  }
+  return false;
 }
 
 std::string TransformerLayer::FusedStepDeclined(const NestedMap& theta,
@@ -412,11 +431,7 @@ void TransformerLayer::PrepareWeights(const NestedMap& theta, ComputePlan& plan)
   at::NoGradGuard no_grad;  // as the plan's steps run
   const std::string why = FusedStepDeclined(theta, &plan);
   if (why.empty()) return;
-  // One line per reason: the same reason in every layer is the layers' configuration.
-  const size_t reason = why.find("': ");
-  plan.AddNote(StrCat("fused decoder step declined: ",
-                      reason == std::string::npos ? why : why.substr(reason + 3)),
-               StrCat("fused decoder step declined: ", why));
+  plan.AddNote(FusedStepTopic(why), StrCat("fused decoder step declined: ", why));
 }
 
 }  // namespace glossa

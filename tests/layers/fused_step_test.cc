@@ -162,6 +162,47 @@ TEST(FusedDecoderStep, APlanSaysOnceWhyItsLayersDeclineTheFusedStep) {
   EXPECT_EQ(layer.FusedStepDeclined(layer.theta(), nullptr).empty(), !KernelsForcedToReference());
 }
 
+// What a plan cannot see at load, a step says once: decoding states of another dtype (bf16 caches
+// here) decline the fused step in each layer, and the plan gets one note for them (logged when
+// first met), the second layer counted. The unfused step leaves float32 caches, so the later
+// steps are fused.
+TEST(FusedDecoderStep, AStepSaysOnceWhatOnlyStepsMeet) {
+  at::manual_seed(6);
+  auto dec = Decoder("");
+  const at::Tensor y = at::randn({2, 3, 32}), enc = at::randn({2, 4, 32});
+  const at::Tensor enc_paddings = at::zeros({2, 4});
+  at::NoGradGuard no_grad;
+  Plan(*dec, {});
+  const size_t at_load = dec->compute_plan()->notes().size();
+  EXPECT_EQ(at_load, KernelsForcedToReference() ? 1u : 0u);
+  const NestedMap theta = dec->theta();
+  const NestedMap aux = dec->PrecomputeAux(theta, enc);
+  NestedMap states = dec->InitStates(2, at::kBFloat16);
+  const int64_t before = FusedDecoderLayerSteps();
+  for (int64_t t = 0; t < 3; ++t) {
+    states = dec->ExtendStepProjected(theta, y.select(1, t).contiguous(), states, aux,
+                                      enc_paddings)
+                 .second;
+  }
+  const std::vector<std::string> notes = dec->compute_plan()->notes();
+  if (KernelsForcedToReference()) {  // the step never applies: nothing more to say
+    EXPECT_EQ(FusedDecoderLayerSteps(), before);
+    EXPECT_EQ(notes.size(), at_load);
+    return;
+  }
+  EXPECT_EQ(FusedDecoderLayerSteps() - before, 2 * 2) << "the first step's bf16 caches: unfused";
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].rfind("fused decoder step declined at a step: layer '", 0), 0u) << notes[0];
+  EXPECT_NE(notes[0].find(".x_layers_0.self_atten': its key cache is BFloat16"), std::string::npos)
+      << notes[0];
+  EXPECT_NE(notes[0].find("(and 1 more)"), std::string::npos) << "the second layer: " << notes[0];
+  // A plan that turned the step off says nothing at its steps.
+  Plan(*dec, {.fused_decoder_step = false});
+  states = dec->InitStates(2, at::kBFloat16);
+  dec->ExtendStepProjected(theta, y.select(1, 0).contiguous(), states, aux, enc_paddings);
+  EXPECT_TRUE(dec->compute_plan()->notes().empty());
+}
+
 // An int8 plan: the fused step's projections run in int8 on the weights the plan quantized at
 // load, the ones the unfused steps' FProp reads, so it agrees with the unfused int8 steps.
 TEST(FusedDecoderStep, Int8InferenceRunsFusedWithTheSameQuantizedWeights) {
