@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -29,10 +32,31 @@ inline std::string ReadSourceFile(const std::string& relative) {
   return ss.str();
 }
 
-// A fresh, empty directory for this test process: <tmp>/glossa_test_<pid>/<name>.
+// This test process's own directory, <tmp>/glossa_tests_XXXXXX, made by mkdtemp: never one that
+// an earlier process left behind (pids repeat: a directory named by the pid could hold another
+// run's files), and removed when the process exits (not by its forked children).
+inline const std::filesystem::path& TestRoot() {
+  static const pid_t owner = ::getpid();
+  static const std::filesystem::path root = [] {
+    std::string dir = (std::filesystem::temp_directory_path() / "glossa_tests_XXXXXX").string();
+    if (::mkdtemp(dir.data()) == nullptr) {
+      throw std::runtime_error("mkdtemp " + dir + ": " + std::strerror(errno));
+    }
+    return std::filesystem::path(dir);
+  }();
+  // Registered once root is made, so that it runs before root is destroyed.
+  static const bool removed_at_exit = std::atexit([] {
+    if (::getpid() != owner) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(root, ignored);
+  }) == 0;
+  (void)removed_at_exit;
+  return root;
+}
+
+// A fresh, empty directory for this test process: <TestRoot()>/<name>.
 inline std::string TempDir(const std::string& name) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("glossa_test_" + std::to_string(::getpid())) / name;
+  const std::filesystem::path dir = TestRoot() / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

@@ -15,7 +15,7 @@ namespace {
 
 std::string TempDir(const std::string& name) {
   const auto dir =
-      std::filesystem::temp_directory_path() / ("glossa_file_" + std::to_string(::getpid())) / name;
+      ::glossa::testing::TestRoot() / "file" / name;
   std::filesystem::remove_all(dir);
   CreateDirectories(dir.string());
   return dir.string();

@@ -18,7 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_ckpter_" + std::to_string(::getpid())) / name;
+  fs::path dir = ::glossa::testing::TestRoot() / "ckpter" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

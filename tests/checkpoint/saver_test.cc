@@ -26,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string NewDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_saver_" + std::to_string(::getpid())) / name;
+  fs::path dir = ::glossa::testing::TestRoot() / "saver" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

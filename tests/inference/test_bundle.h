@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "glossa/inference/bundle.h"
+#include "tests/test_util.h"
 #include "glossa/model/model_registry.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/checkpoint/saver.h"
@@ -17,7 +18,7 @@ namespace glossa {
 namespace fs = std::filesystem;
 
 inline std::string Dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_bundle_" + std::to_string(::getpid())) / name;
+  fs::path dir = ::glossa::testing::TestRoot() / "bundle" / name;
   fs::remove_all(dir);
   return dir.string();
 }

@@ -17,7 +17,7 @@ namespace {
 
 std::string Dir() {
   static int n = 0;
-  const std::string d = StrCat(::testing::TempDir(), "/glossa_asr_input_", getpid(), "_", n++);
+  const std::string d = StrCat(::glossa::testing::TestRoot().string(), "/asr_input_", n++);
   std::filesystem::create_directories(d);
   return d;
 }

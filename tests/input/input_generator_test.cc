@@ -19,7 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path Dir() {
-  fs::path dir = fs::temp_directory_path() / ("glossa_inputgen_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "inputgen";
   fs::create_directories(dir);
   return dir;
 }

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 // A file of records "<key>" (integers); the processor makes {x: [key] ones, paddings} with bucket
 // key = the record's integer.
 std::shared_ptr<RecordYielder> Yielder(const std::vector<int>& keys, const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_batcher_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "batcher";
   fs::create_directories(dir);
   const std::string path = (dir / name).string();
   {

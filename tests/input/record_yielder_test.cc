@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 // Writes `num_files` tfrecord files "<prefix>-0000i-of-0000N" with records "<tag><file>:<i>".
 std::string MakeShards(const std::string& name, int num_files, int per_file,
                        const std::string& tag = "r") {
-  fs::path dir = fs::temp_directory_path() / ("glossa_yielder_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "yielder";
   fs::create_directories(dir);
   const std::string base = (dir / name).string();
   for (int f = 0; f < num_files; ++f) {
@@ -177,7 +177,7 @@ TEST(RecordYielder, CorruptFilesAreDataLossOrSkipped) {
 }
 
 TEST(RecordYielder, ReadsTextFiles) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_yielder_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "yielder";
   fs::create_directories(dir);
   std::ofstream(dir / "lines.txt") << "a\nb\nc\n";
   YielderOptions o;
@@ -190,7 +190,7 @@ TEST(RecordYielder, ReadsTextFiles) {
 }
 
 TEST(RecordYielder, AFullPassWithNoRecordsIsAnErrorNotAHang) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_yielder_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "yielder";
   fs::create_directories(dir);
   std::ofstream(dir / "empty.txt").close();
   YielderOptions o;

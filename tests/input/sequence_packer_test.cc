@@ -135,7 +135,7 @@ TEST(SequencePacker, RefusesWhatCannotBePacked) {
 // (its tokens, as a segment of its own), rows never exceed target_max_length, and lines too long
 // for a row are truncated as unpacked ones are.
 TEST(SequencePacker, TextLmInputPacksEveryLineOnce) {
-  const fs::path dir = fs::temp_directory_path() / ("glossa_packer_" + std::to_string(::getpid()));
+  const fs::path dir = ::glossa::testing::TestRoot() / "packer";
   fs::create_directories(dir);
   const std::string file = (dir / "lines.txt").string();
   int64_t want_tokens = 0, want_lines = 0;

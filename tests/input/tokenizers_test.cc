@@ -54,7 +54,7 @@ TEST(BaseTokenizer, StringsToIdsFollowsLingvosLayout) {
 }
 
 TEST(VocabFileTokenizer, ReadsLingvoVocabFiles) {
-  const fs::path dir = fs::temp_directory_path() / ("glossa_tok_" + std::to_string(::getpid()));
+  const fs::path dir = ::glossa::testing::TestRoot() / "tok";
   fs::create_directories(dir);
   std::ofstream(dir / "v.txt") << "<unk>\t0\n<s>\t0\n</s>\t0\nhello\t-1\nworld\t-2\n";
   auto tok = MakeTokenizer<VocabFileTokenizer>(
@@ -123,7 +123,7 @@ TEST(SentencePieceTokenizer, LongInputsTokenizeInLinearTimeAndAsInOneCall) {
 }
 
 TEST(SentencePieceTokenizer, TrainsAModelFromText) {
-  const fs::path dir = fs::temp_directory_path() / ("glossa_spm_" + std::to_string(::getpid()));
+  const fs::path dir = ::glossa::testing::TestRoot() / "spm";
   fs::create_directories(dir);
   {
     std::ofstream out(dir / "corpus.txt");

@@ -85,7 +85,7 @@ Decoded Decode(const std::string& bytes) {
 }
 
 std::string LogDir() {
-  fs::path dir = fs::temp_directory_path() / ("glossa_events_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "events";
   return dir.string();
 }
 

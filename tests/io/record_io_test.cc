@@ -19,7 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string TempDir() {
-  fs::path dir = fs::temp_directory_path() / ("glossa_io_test_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "io_test";
   fs::create_directories(dir);
   return dir.string();
 }

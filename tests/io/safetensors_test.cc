@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Dir() {
-  fs::path dir = fs::temp_directory_path() / ("glossa_st_" + std::to_string(::getpid()));
+  fs::path dir = ::glossa::testing::TestRoot() / "st";
   fs::create_directories(dir);
   return dir.string();
 }

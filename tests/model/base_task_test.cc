@@ -166,8 +166,7 @@ TEST(ModelRegistry, GetModelParamsAppliesDatasetsAndOverrides) {
   auto model = InstantiateLayer<SingleTaskModel>(p.Set("task.dtype", DType::kFloat64));
   EXPECT_EQ(model->task().input().GetPreprocessedInputBatch().GetTensor("value").item<int64_t>(),
             0);
-  const std::string file = (std::filesystem::temp_directory_path() /
-                            ("glossa_override_" + std::to_string(::getpid()) + ".txt"))
+  const std::string file = (::glossa::testing::TestRoot() / "override.txt")
                                .string();
   std::ofstream(file) << "# an override file\ntask.train.max_steps : 9\n";
   EXPECT_EQ(GetModelParams("test.regression.RegressionModel", "Train", "", file)

@@ -13,8 +13,7 @@ namespace glossa {
 namespace {
 
 std::string HistoryFile(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("glossa_history_" + std::to_string(::getpid()));
+  const auto dir = ::glossa::testing::TestRoot() / "history";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / name).string();
   RemoveFileIfExists(path);

@@ -174,7 +174,7 @@ class TwoLineModel : public ModelParamsBase {
 GLOSSA_REGISTER_MODEL(TwoLineModel, "test.line.TwoLineModel");
 
 std::string LogDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_exec_" + std::to_string(::getpid())) / name;
+  fs::path dir = ::glossa::testing::TestRoot() / "exec" / name;
   fs::remove_all(dir);
   return dir.string();
 }

@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string LogDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("glossa_sched_" + std::to_string(::getpid())) / name;
+  fs::path dir = ::glossa::testing::TestRoot() / "sched" / name;
   fs::remove_all(dir);
   return dir.string();
 }

@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 
 std::string LogDir(const std::string& name) {
   fs::path dir =
-      fs::temp_directory_path() / ("glossa_summaries_" + std::to_string(::getpid())) / name;
+      ::glossa::testing::TestRoot() / "summaries" / name;
   fs::remove_all(dir);
   return dir.string();
 }

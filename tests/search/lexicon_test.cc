@@ -24,7 +24,7 @@ namespace glossa {
 namespace {
 
 std::string TempDir() {
-  const std::string dir = ::testing::TempDir() + "/glossa_lexicon_" + std::to_string(getpid());
+  const std::string dir = (::glossa::testing::TestRoot() / "lexicon").string();
   std::filesystem::create_directories(dir);
   return dir;
 }

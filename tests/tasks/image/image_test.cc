@@ -52,7 +52,7 @@ std::string Gzip(const std::string& data) {
 
 std::string TempDir() {
   static int n = 0;
-  const std::string dir = StrCat(::testing::TempDir(), "/glossa_image_", getpid(), "_", n++);
+  const std::string dir = StrCat(::glossa::testing::TestRoot().string(), "/image_", n++);
   std::filesystem::create_directories(dir);
   return dir;
 }
