@@ -2,12 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <glog/logging.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -60,16 +63,37 @@ struct EventWriter::Impl {
   bool closed = false;
 };
 
+namespace {
+
+// Writers started in one second share `base`: the first takes it, the others base.<pid>,
+// base.<pid>.1, ... Each name is created exclusively (O_EXCL), so that neither two writers of one
+// process nor two processes (a second job on one logdir) ever open, and truncate, one file.
+std::string ClaimEventFileName(const std::string& base) {
+  for (int64_t i = 0;; ++i) {
+    const std::string path = i == 0   ? base
+                             : i == 1 ? StrCat(base, ".", ::getpid())
+                                      : StrCat(base, ".", ::getpid(), ".", i - 1);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      return path;
+    }
+    if (errno != EEXIST) {
+      throw NotFoundError(StrCat("cannot create '", path, "': ", std::strerror(errno)));
+    }
+  }
+}
+
+}  // namespace
+
 EventWriter::EventWriter(const std::string& logdir, double flush_secs,
                          std::function<double()> clock)
     : impl_(std::make_unique<Impl>()) {
   CreateDirectories(logdir);
   impl_->clock = clock ? std::move(clock) : Now;
   const double now = impl_->clock();
-  path_ =
-      JoinPath(logdir, StrCat("events.out.tfevents.", static_cast<int64_t>(now), ".", Hostname()));
-  // Two writers in one second would share a name; add the pid to keep them apart.
-  if (FileExists(path_)) path_ += StrCat(".", ::getpid());
+  path_ = ClaimEventFileName(
+      JoinPath(logdir, StrCat("events.out.tfevents.", static_cast<int64_t>(now), ".", Hostname())));
   impl_->writer = std::make_unique<TFRecordWriter>(path_);
   metrics_path_ = JoinPath(logdir, "metrics.jsonl");
   // A run killed mid-line left a torn last line: drop it rather than append onto it.

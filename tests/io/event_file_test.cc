@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <memory>
+#include <vector>
 
 #include "glossa/base/file.h"
 #include "glossa/io/record_io.h"
@@ -147,6 +150,30 @@ TEST(EventFiles, WrittenEventsReadBackExactlyByBothReaders) {
     ++lines;
   }
   EXPECT_EQ(lines, 10);
+}
+
+// Writers started in the same second in one logdir each get a file of their own: the third no
+// longer took the second's name (base.<pid>) and truncated it.
+TEST(EventFiles, WritersStartedInOneSecondKeepTheirOwnFiles) {
+  const std::string dir = ::glossa::testing::TempDir("events_same_second");
+  std::vector<std::string> paths;
+  {
+    std::vector<std::unique_ptr<EventWriter>> writers;
+    for (int i = 0; i < 4; ++i) {
+      writers.push_back(std::make_unique<EventWriter>(dir, 60.0, [] { return 1700000000.0; }));
+      writers.back()->WriteScalar("writer", i, 7);
+      paths.push_back(writers.back()->path());
+    }
+  }  // each writer flushes and closes here
+  EXPECT_EQ(std::set<std::string>(paths.begin(), paths.end()).size(), 4u);
+  EXPECT_EQ(paths[1], paths[0] + "." + std::to_string(::getpid()));
+  EXPECT_EQ(paths[3], paths[1] + ".2");
+  for (int i = 0; i < 4; ++i) {
+    const auto events = ReadEvents(paths[i]);
+    ASSERT_EQ(events.size(), 2u) << paths[i];  // the file version, then its one scalar
+    EXPECT_EQ(events[1].tag, "writer");
+    EXPECT_EQ(events[1].value, i) << paths[i];
+  }
 }
 
 TEST(EventFiles, ReadsTheTensorFlowWrittenFile) {
