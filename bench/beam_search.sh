@@ -36,5 +36,6 @@ for batch in 1 32; do
   awk -v b=$batch -v g="$(med "${gs[@]}")" -v t="$(med "${gt[@]}")" -v p="$(med "${ps[@]}")" -v q="$(med "${qs[@]}")" -v a="$agree" 'BEGIN {
     printf "%-6s %12.2f %12.1f %12.2f %7.2f %16.2f %7.2f %s\n", b, g, t, p, g / p, q, g / q, a }'
 done
+echo "CPU: $(bash bench/cpu.sh)"
 echo "checkpoint: $ckpt; OpenBLAS kernels: glossa $core"
 echo "reproduce: bash bench/beam_search.sh $logdir $runs $build $reps $sentences"

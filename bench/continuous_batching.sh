@@ -53,5 +53,5 @@ for mode in continuous off; do
   printf "%-12s %8s %10s %12s %9s %9s\n" "$mode" 16 "$(med "${rs[@]}")" "$(med "${ts[@]}")" "$(med "${p50[@]}")" "$(med "${p99[@]}")"
   kill -TERM "$pid"; wait "$pid"
 done
-echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
+echo "CPU: $(bash bench/cpu.sh)"
 echo "reproduce: bash bench/continuous_batching.sh $build $reps"

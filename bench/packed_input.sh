@@ -63,7 +63,7 @@ else
   echo "(mt.bible.TransformerEnEsTiny left out: no corpus in \$GLOSSA_DATA_DIR/bible_mt;" \
        "bash scripts/prepare_bible_mt.sh DIR/bible_mt and set GLOSSA_DATA_DIR=DIR)"
 fi
-echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $steps steps a run, $reps reps"
+echo "CPU: $(bash bench/cpu.sh); $steps steps a run, $reps reps"
 # full: input_nonpad_fraction, the share of the batches' cells holding a token (bucketed, packed),
 # averaged over every step after the first loop; bound: their ratio, what packing could gain if
 # the work were proportional to the cells.

@@ -47,5 +47,6 @@ for batch in 1 8; do
   awk -v b=$batch -v g="$(med "${gs[@]}")" -v n="$(med "${ns[@]}")" -v p="$(med "${ps[@]}")" -v q="$(med "${pn[@]}")" -v s="$(med "${qs[@]}")" -v o="$(med "${os[@]}")" 'BEGIN {
     printf "%-6s %13.1f %13.1f %7.2f %16.1f %7.2f %15.1f %15.1f %7.2f %12.1f %7.2f\n", b, g, p, g / p, s, g / s, n, q, n / q, o, n / o }'
 done
+echo "CPU: $(bash bench/cpu.sh)"
 echo "OpenBLAS kernels: glossa $core, stock PyTorch $(/usr/bin/python3 -c 'import ctypes; l = ctypes.CDLL("libopenblas.so.0"); l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())')"
 echo "reproduce: bash bench/predictor_throughput.sh $runs $build $reps $sentences"

@@ -32,6 +32,7 @@ peak_glossa=$(awk '/gemm_bf16_glossa_gflops/ {print $2}' <<<"$bf16_out")
 glossa_via=$(awk '/gemm_bf16_glossa_gflops/ {print $4}' <<<"$bf16_out")
 # The bf16 rows' own peak: the faster of the two bf16 GEMMs this machine offers.
 peak_bf16=$(awk -v a="$peak_onednn" -v b="$peak_glossa" 'BEGIN { print (b > a ? b : a) }')
+echo "CPU: $(bash bench/cpu.sh)"
 echo "GEMM peaks (2048^2 matmul, $cores cores): fp32 $peak GFLOP/s (OpenBLAS); bf16 $peak_onednn GFLOP/s (ATen/oneDNN, what PyTorch runs), $peak_glossa GFLOP/s (Glossa's bf16 projections, $glossa_via); %ownpeak of bf16 rows divides by the larger"
 tiny="--model_dim=128 --num_layers=2 --num_heads=4 --hidden_dim=512 --vocab=2000 --seq=128 --batch=16 --steps=20"
 big="--model_dim=512 --num_layers=6 --num_heads=8 --hidden_dim=2048 --vocab=8000 --seq=256 --batch=8 --steps=3"

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "glossa/base/errors.h"
@@ -70,18 +72,48 @@ std::string DefaultCachePath() {
   return "";
 }
 
-// What a cached decision holds for: this CPU model, its cores, ATen's threads now, and the
-// versions of libtorch (its oneDNN) and OpenBLAS's kernel set.
+// The CPU as /proc/cpuinfo's first processor describes it: its name, and its vendor, family,
+// model and stepping, and a digest of its flags. The name alone does not tell CPUs apart: VMs of
+// two generations (Zen 4 and Zen 5) both say "AMD EPYC", and a decision measured on one was taken
+// on the other.
+}  // namespace
+
+std::string CpuIdentity(const std::string& cpuinfo) {
+  std::string name = "unknown cpu", vendor, family, model, stepping, flags;
+  for (const auto& line : Split(cpuinfo, '\n')) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) {
+      if (!name.empty() && !flags.empty()) break;  // the end of the first processor's block
+      continue;
+    }
+    const std::string k(Strip(line.substr(0, colon)));
+    const std::string v(Strip(line.substr(colon + 1)));
+    if (k == "model name" && name == "unknown cpu") name = v;
+    else if (k == "vendor_id" && vendor.empty()) vendor = v;
+    else if (k == "cpu family" && family.empty()) family = v;
+    else if (k == "model" && model.empty()) model = v;
+    else if (k == "stepping" && stepping.empty()) stepping = v;
+    else if (k == "flags" && flags.empty()) flags = v;
+  }
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the flags, which name the vector units
+  for (const unsigned char c : flags) h = (h ^ c) * 1099511628211ull;
+  char digest[17];
+  std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(h));
+  return StrCat(name, " (", vendor.empty() ? "?" : vendor, " family ", family.empty() ? "?" : family,
+                " model ", model.empty() ? "?" : model, " stepping ",
+                stepping.empty() ? "?" : stepping, ", flags ", std::string(digest, 8), ")");
+}
+
+namespace {
+
+// What a cached decision holds for: this CPU (CpuIdentity), its cores, ATen's threads now, and
+// the versions of libtorch (its oneDNN) and OpenBLAS's kernel set.
 std::string MachineKey() {
   static const std::string cpu = [] {
     std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-        return std::string(Strip(line.substr(line.find(':') + 1)));
-      }
-    }
-    return std::string("unknown cpu");
+    std::stringstream text;
+    text << in.rdbuf();
+    return CpuIdentity(text.str());
   }();
   // "probe 3": the probes' operands are made outside their timed calls, and the row kernels'
   // read cold weights (decisions cached by the first probes are measured again).

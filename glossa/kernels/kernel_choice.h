@@ -65,12 +65,17 @@ struct KernelDecision {
 bool ChooseNative(KernelChoice choice, const std::string& op, const std::string& shape,
                   const std::function<void(bool native)>& run);
 
+// The CPU that /proc/cpuinfo's text `cpuinfo` describes (its first processor): "<model name>
+// (<vendor> family F model M stepping S, flags <digest of the flags>)". The model name alone does
+// not tell CPUs apart (VMs of Zen 4 and Zen 5 both say "AMD EPYC").
+std::string CpuIdentity(const std::string& cpuinfo);
+
 // Measured decisions are shared by the runs of one machine through a cache file (a line per
-// CPU model, core count, ATen thread count, libtorch and OpenBLAS kernel set, op and shape),
+// CPU (CpuIdentity), core count, ATen thread count, libtorch and OpenBLAS kernel set, op and shape),
 // locked while it is read and a missing decision measured, so that runs started together agree,
 // and a resumed run keeps its kernels. The default: $GLOSSA_KERNEL_CHOICE_CACHE ("none": no
 // cache), else $XDG_CACHE_HOME/glossa/kernel_choices.tsv, else ~/.cache/glossa/; "" here: none.
-// Delete the file to measure again (after a change of machine that keeps the CPU's name).
+// Delete the file to measure again.
 void SetKernelChoiceCache(const std::string& path);
 
 // Every decision this process made, in the order made.

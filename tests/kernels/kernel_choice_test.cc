@@ -66,7 +66,29 @@ TEST(KernelChoice, AMeasuredDecisionIsWrittenToTheCacheFile) {
   const std::string text = ReadFileToString(cache);
   EXPECT_NE(text.find(" | cache_op x1\tnative\t"), std::string::npos) << text;
   EXPECT_NE(text.find(" | aten threads "), std::string::npos) << text;
+  EXPECT_NE(text.find(" family "), std::string::npos) << text;  // the CPU, not only its name
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+}
+
+// The cache's key tells two CPUs of one model name apart: VMs of Zen 4 and Zen 5 both say
+// "AMD EPYC", and a decision measured on one was taken on the other.
+TEST(KernelChoice, TheMachineKeyTellsCpusOfOneNameApart) {
+  const std::string zen4 =
+      "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+      "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
+      "processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n";
+  const std::string zen5 =
+      "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+      "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx2 avx512f avx512_bf16\n";
+  const std::string zen4_fewer_flags =
+      "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+      "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx2 avx512f\n";
+  const std::string a = CpuIdentity(zen4);
+  EXPECT_EQ(a.rfind("AMD EPYC (AuthenticAMD family 25 model 17 stepping 1, flags ", 0), 0u) << a;
+  EXPECT_NE(a, CpuIdentity(zen5));
+  EXPECT_NE(a, CpuIdentity(zen4_fewer_flags));
+  EXPECT_EQ(a, CpuIdentity(zen4));  // the second processor's block is not read
+  EXPECT_EQ(CpuIdentity("").rfind("unknown cpu (? family ?", 0), 0u) << CpuIdentity("");
 }
 
 TEST(KernelChoice, APinnedModeDecidesWithoutMeasuring) {
