@@ -1,5 +1,3 @@
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 #include "glossa/layers/attention.h"
 #include "glossa/layers/attention_mask.h"
 
@@ -408,91 +406,6 @@ NestedMap MultiHeadedAttention::FPropMapImpl(const NestedMap& theta, const Neste
   out.Put("context", context);
   out.Put("probs", probs);
   return out;
-}
-
-// ---- TorchScript export ----
-
-// Self-attention of `in` (q, k and v all from it) under the task's `bias`, through the output
-// projection: `out` [b, t, D].
-void MultiHeadedAttention::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                           const std::string& out,
-                                           const std::string& prefix) const {
-  for (const char* proj : {"query", "key", "value"}) {
-    const auto& pl = GetChild(proj);
-    const at::Tensor wt = pl.GetVariable("w");  // [D, N, H]
-    if (!pl.params().GetBool("use_bias")) TorchScriptWriter::Unsupported(pl, "a projection without bias");
-    const std::string wn = w.Param(StrCat(prefix, proj, "_w"), wt.reshape({wt.size(0), -1}));
-    const std::string bn = w.Param(StrCat(prefix, proj, "_b"), pl.GetVariable("b").reshape({-1}));
-    w.Line(StrCat(std::string(1, proj[0]), " = torch.addmm(", bn, ", ", in, ".reshape(-1, [",
-                  wt.size(0), "][0]), ", wn, ").view(b, t, ", wt.size(1), ", ", wt.size(2), ")"));
-  }
-  if (per_dim_scale_) {
-    const BaseLayer& pds = GetChild("per_dim_scale");
-    const int64_t dim = pds.params().GetInt("dim");
-    const at::Tensor scale = at::softplus(pds.GetVariable("per_dim_scale")) *
-                             (1.442695041 / std::sqrt(static_cast<double>(dim)));
-    w.Line(StrCat("q = q * ", w.Param(prefix + "q_scale", scale)));
-  } else {
-    w.Line(StrCat("q = q * ",
-                  TorchScriptWriter::Num(1.0 / std::sqrt(static_cast<double>(dim_per_head_)))));
-  }
-  w.Line("logits = torch.einsum('btnh,bsnh->bnts', [q, k]) + bias");
-  w.Line("probs = torch.softmax(logits, -1)");
-  w.Line("ctx = torch.einsum('bnts,bsnh->btnh', [probs, v])");
-  const at::Tensor pw = GetChild("post").GetVariable("w");  // [D, N, H]
-  // [D, N·H], used transposed as the layer does (the same GEMM, the same rounding).
-  const std::string wn =
-      w.Param(prefix + "post_w", pw.reshape({pw.size(0), pw.size(1) * pw.size(2)})) + ".t()";
-  const std::string bn = w.Param(prefix + "post_b", GetChild("post").GetVariable("b"));
-  w.Line(StrCat(out, " = torch.addmm(", bn, ", ctx.reshape(-1, ", pw.size(1) * pw.size(2), "), ",
-                wn, ").view(b, t, ", pw.size(0), ")"));
-}
-
-std::string MultiHeadedAttention::EmitOnnxProjection(OnnxGraph& g, const std::string& x,
-                                                     const std::string& which,
-                                                     const std::string& prefix) const {
-  const auto& pl = GetChild(which);
-  if (!pl.params().GetBool("use_bias")) OnnxGraph::Unsupported(pl, "a projection without bias");
-  const at::Tensor wt = pl.GetVariable("w");  // [D, N, H]
-  const std::string y =
-      g.Affine(x, g.Weight(StrCat(prefix, which, "_w"), wt.reshape({wt.size(0), -1})),
-               g.Weight(StrCat(prefix, which, "_b"), pl.GetVariable("b").reshape({-1})));
-  return g.Op("Reshape", {y, g.ConstInts({0, 0, num_heads_, dim_per_head_})});
-}
-
-std::string MultiHeadedAttention::EmitOnnxCore(OnnxGraph& g, const std::string& q,
-                                               const std::string& k, const std::string& v,
-                                               const std::string& bias,
-                                               const std::string& prefix) const {
-  std::string scale;
-  if (per_dim_scale_) {
-    const BaseLayer& pds = GetChild("per_dim_scale");
-    const int64_t dim = pds.params().GetInt("dim");
-    scale = g.Weight(prefix + "q_scale", at::softplus(pds.GetVariable("per_dim_scale")) *
-                                             (1.442695041 / std::sqrt(static_cast<double>(dim))));
-  } else {
-    scale = g.ConstScalar(static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim_per_head_))));
-  }
-  const std::string qs = g.Op("Transpose", {g.Op("Mul", {q, scale})},
-                              {OnnxAttr::Ints("perm", {0, 2, 1, 3})});    // [B, N, T, H]
-  const std::string kt = g.Op("Transpose", {k}, {OnnxAttr::Ints("perm", {0, 2, 3, 1})});
-  const std::string vt = g.Op("Transpose", {v}, {OnnxAttr::Ints("perm", {0, 2, 1, 3})});
-  const std::string logits = g.Op("Add", {g.Op("MatMul", {qs, kt}), bias});  // [B, N, T, S]
-  const std::string probs = g.Op("Softmax", {logits}, {OnnxAttr::Int("axis", -1)});
-  const std::string ctx = g.Op("Transpose", {g.Op("MatMul", {probs, vt})},
-                               {OnnxAttr::Ints("perm", {0, 2, 1, 3})});  // [B, T, N, H]
-  const at::Tensor pw = GetChild("post").GetVariable("w");  // [D, N, H]
-  const std::string flat = g.Op("Reshape", {ctx, g.ConstInts({0, 0, pw.size(1) * pw.size(2)})});
-  return g.Affine(flat,
-                  g.Weight(prefix + "post_w", pw.reshape({pw.size(0), -1}).t().contiguous()),
-                  g.Weight(prefix + "post_b", GetChild("post").GetVariable("b")));
-}
-
-std::string MultiHeadedAttention::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                           const std::string& prefix) const {
-  return EmitOnnxCore(g, EmitOnnxProjection(g, in, "query", prefix),
-                      EmitOnnxProjection(g, in, "key", prefix),
-                      EmitOnnxProjection(g, in, "value", prefix), g.Get("atten_bias"), prefix);
 }
 
 }  // namespace glossa

@@ -20,20 +20,6 @@ namespace glossa {
 
 class MultiHeadedAttention : public BaseLayer, public StepLayer {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
-  // Self-attention of `in` with the additive bias g.Get("atten_bias") is EmitOnnx; the pieces:
-  // the projection of x [B, T, D] by "query", "key" or "value" to [B, T, N, H], and the core
-  // (scaled queries, softmax over keys with `bias` added, the output projection) -> [B, T, D].
-  std::string EmitOnnxProjection(OnnxGraph& g, const std::string& x, const std::string& which,
-                                 const std::string& prefix) const;
-  std::string EmitOnnxCore(OnnxGraph& g, const std::string& q, const std::string& k,
-                           const std::string& v, const std::string& bias,
-                           const std::string& prefix) const;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, key, value, paddings=None,
   // causal=None, segment_ids=None, source_segment_ids=None) -> (context, probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -102,6 +88,8 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   // InvalidArgument naming the shapes unless both are undefined or integer [b, t] and [b, s].
   void CheckSegmentIds(const at::Tensor& query_segments, const at::Tensor& key_segments,

@@ -26,6 +26,8 @@ class MultiHeadedProjectionLayer : public BaseLayer {
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   bool is_output_projection_, use_bias_;
   MeshAxis* axis_ = nullptr;  // the heads are split over it (weight_split_dims_mapping)

@@ -46,8 +46,6 @@
 
 namespace glossa {
 
-class TorchScriptWriter;  // glossa/layers/torchscript.h
-class OnnxGraph;          // glossa/layers/onnx_graph.h
 class ComputePlan;        // glossa/kernels/compute_plan.h
 struct ComputePolicy;
 struct PreparedWeight;
@@ -175,19 +173,6 @@ class BaseLayer {
   NestedMap FPropMap(const NestedMap& theta, const NestedMap& inputs) const;
   // "FProp(theta, inputs, paddings=None) -> outputs  [ProjectionLayer]"; "" without a call.
   std::string FPropMapSignatureText() const;
-
-  // ---- TorchScript ----
-  // Writes this layer's forward as TorchScript (glossa/layers/torchscript.h): reads the variable
-  // `in`, assigns `out`, registers its weights with the name prefix `prefix`, using the same ATen
-  // calls as FProp. Default: UnimplementedError naming the layer (the export does not cover it).
-  virtual void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                               const std::string& prefix) const;
-  // ---- ONNX ----
-  // Appends this layer's forward to an ONNX graph (glossa/layers/onnx_graph.h): reads the value
-  // `in`, returns the value it computes, adds its weights as initializers named with `prefix`.
-  // Default: UnimplementedError naming the layer (the export does not cover it).
-  virtual std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                               const std::string& prefix) const;
 
   // ---- Variables ----
   struct VariableInfo {

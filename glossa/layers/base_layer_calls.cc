@@ -25,8 +25,6 @@
 #include "glossa/kernels/compute_plan.h"
 #include "glossa/kernels/gemm.h"
 #include "glossa/layers/base_layer.h"
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 
 namespace glossa {
 namespace {
@@ -193,17 +191,6 @@ void BaseLayer::DisableAccumulators() {
 void BaseLayer::EnableAccumulators() {
   for (auto& [name, acc] : accumulators_) acc->Enable();
   ForEachChild([](BaseLayer& c) { c.EnableAccumulators(); });
-}
-
-// ---- Export formats ----
-
-std::string BaseLayer::EmitOnnx(OnnxGraph&, const std::string&, const std::string&) const {
-  OnnxGraph::Unsupported(*this, "this layer class");
-}
-
-void BaseLayer::EmitTorchScript(TorchScriptWriter&, const std::string&, const std::string&,
-                                const std::string&) const {
-  TorchScriptWriter::Unsupported(*this, "this layer class");
 }
 
 namespace {

@@ -1,5 +1,3 @@
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 #include "glossa/layers/embedding.h"
 
 #include <ATen/ATen.h>
@@ -157,58 +155,6 @@ NestedMap PositionalEmbeddingLayer::FPropMapImpl(const NestedMap& theta, const N
     out.Put("outputs", FPropWithPosition(theta, x.AsTensor()));
   }
   return out;
-}
-
-// ---- TorchScript export ----
-
-// `in`: the ids; the embeddings, times √d where the layer scales so.
-void EmbeddingLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                     const std::string& out, const std::string& prefix) const {
-  w.Line(StrCat(out, " = torch.embedding(", w.Param(prefix + "emb_var", GetVariable("emb_var")),
-                ", ", in, ".long())"));
-  if (scale_sqrt_depth_) {
-    w.Line(StrCat(out, " = ", out, " * ",
-                  TorchScriptWriter::Num(std::sqrt(static_cast<double>(embedding_dim_)))));
-  }
-}
-
-// `in`: the sequence length; `out`: the sinusoidal signal [T, D] in float64, as FProp computes it.
-void PositionalEmbeddingLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                               const std::string& out,
-                                               const std::string& /*prefix*/) const {
-  const int64_t num_timescales = embedding_dim_ / 2;
-  const double min_ts = params().GetFloat("min_timescale");
-  const double max_ts = params().GetFloat("max_timescale");
-  const double inc =
-      std::log(max_ts / min_ts) / std::max<double>(static_cast<double>(num_timescales) - 1, 1);
-  w.Line(StrCat("inv = ", TorchScriptWriter::Num(min_ts), " * torch.exp(torch.arange(",
-                num_timescales, ").double() * ", TorchScriptWriter::Num(-inc), ")"));
-  w.Line(StrCat("scaled = torch.arange(", in, ").float().double().unsqueeze(-1) * inv"));
-  w.Line(StrCat(out, " = torch.cat([torch.sin(scaled), torch.cos(scaled)], -1)"));
-  if (embedding_dim_ % 2 == 1) w.Line(StrCat(out, " = torch.constant_pad_nd(", out, ", [0, 1])"));
-}
-
-std::string EmbeddingLayer::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                     const std::string& prefix) const {
-  std::string x = g.Op("Gather", {g.Weight(prefix + "emb_var", GetVariable("emb_var")), in},
-                       {OnnxAttr::Int("axis", 0)});
-  if (scale_sqrt_depth_) {
-    x = g.Op("Mul",
-             {x, g.ConstScalar(static_cast<float>(std::sqrt(static_cast<double>(embedding_dim_))))});
-  }
-  return x;
-}
-
-// `in` is the length T (an int64 scalar). The signal of positions 0..kOnnxMaxPositions-1 is a
-// constant table computed by FPropWithPosition (float64 sines, then float32: the same bits), of
-// which the graph takes the first T rows; longer sequences fail in the runtime's Add.
-std::string PositionalEmbeddingLayer::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                               const std::string& prefix) const {
-  const at::Tensor table =
-      FPropWithPosition(NestedMap(), at::arange(kOnnxMaxPositions, at::kFloat)).to(at::kFloat);
-  const std::string t = g.Op("Unsqueeze", {in, g.ConstInts({0})});
-  return g.Op("Slice", {g.Weight(prefix + "position_table", table), g.ConstInts({0}), t,
-                        g.ConstInts({0})});
 }
 
 }  // namespace glossa

@@ -11,12 +11,6 @@ namespace glossa {
 
 class EmbeddingLayer : public BaseLayer {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, ids) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -32,6 +26,8 @@ class EmbeddingLayer : public BaseLayer {
   }
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   int64_t vocab_size_, embedding_dim_;
   bool scale_sqrt_depth_;
   MeshAxis* axis_ = nullptr;  // the vocabulary is split over it (weight_split_dims_mapping)
@@ -39,14 +35,8 @@ class EmbeddingLayer : public BaseLayer {
 
 class PositionalEmbeddingLayer : public BaseLayer {
  public:
-  // The ONNX export's table of positions (EmitOnnx): sequences up to this length.
+  // The ONNX export's table of positions (glossa/layers/onnx_export.cc): sequences up to this length.
   static constexpr int64_t kOnnxMaxPositions = 2048;
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, seq_length_or_position) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -59,6 +49,8 @@ class PositionalEmbeddingLayer : public BaseLayer {
   at::Tensor FPropWithPosition(const NestedMap& theta, const at::Tensor& position) const;
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   int64_t embedding_dim_;
   double min_timescale_, max_timescale_;
 };

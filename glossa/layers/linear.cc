@@ -1,5 +1,3 @@
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 #include "glossa/layers/linear.h"
 
 #include <ATen/ATen.h>
@@ -169,39 +167,6 @@ NestedMap ProjectionLayer::FPropMapImpl(const NestedMap& theta, const NestedMap&
   NestedMap out;
   out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings")));
   return out;
-}
-
-// ---- TorchScript export ----
-
-// x·w + b over the flattened batch, then the activation (RELU or NONE).
-void ProjectionLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                      const std::string& out, const std::string& prefix) const {
-  if (!has_bias_) TorchScriptWriter::Unsupported(*this, "a projection without bias");
-  const at::Tensor wt = GetVariable("w");
-  const std::string wn = w.Param(prefix + "_w", wt);
-  const std::string bn = w.Param(prefix + "_b", GetVariable("b"));
-  w.Line(StrCat(out, " = torch.addmm(", bn, ", ", in, ".reshape(-1, [", wt.size(0), "][0]), ", wn,
-                ").view(b, t, ", wt.size(1), ")"));
-  const std::string act = params().GetString("activation");
-  if (act == "RELU") {
-    w.Line(StrCat(out, " = torch.relu(", out, ")"));
-  } else if (act != "NONE") {
-    TorchScriptWriter::Unsupported(*this, StrCat("activation ", act));
-  }
-}
-
-std::string ProjectionLayer::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                      const std::string& prefix) const {
-  if (!has_bias_) OnnxGraph::Unsupported(*this, "a projection without bias");
-  std::string y = g.Affine(in, g.Weight(prefix + "_w", GetVariable("w")),
-                           g.Weight(prefix + "_b", GetVariable("b")));
-  const std::string act = params().GetString("activation");
-  if (act == "RELU") {
-    y = g.Op("Relu", {y});
-  } else if (act != "NONE") {
-    OnnxGraph::Unsupported(*this, StrCat("activation ", act));
-  }
-  return y;
 }
 
 }  // namespace glossa

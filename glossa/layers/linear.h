@@ -12,12 +12,6 @@ namespace glossa {
 
 class ProjectionLayer : public BaseLayer, public Block {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -36,6 +30,8 @@ class ProjectionLayer : public BaseLayer, public Block {
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   int64_t input_dim_, output_dim_;  // this rank's (of a split w)
   std::string activation_;

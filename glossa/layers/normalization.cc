@@ -1,5 +1,3 @@
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 #include "glossa/layers/normalization.h"
 
 #include <ATen/ATen.h>
@@ -185,28 +183,6 @@ NestedMap BatchNormLayer::FPropMapImpl(const NestedMap& theta, const NestedMap& 
   NestedMap out;
   out.Put("outputs", FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "paddings")));
   return out;
-}
-
-// ---- TorchScript export ----
-
-// The effective weight: Lingvo's (1 + scale) unless direct_scale, computed with the op FProp uses.
-void LayerNorm::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                const std::string& out, const std::string& prefix) const {
-  at::Tensor scale = GetVariable("scale");
-  if (!direct_scale_) scale = scale + 1;
-  const std::string ws = w.Param(prefix + "_scale", scale);
-  const std::string bs = w.Param(prefix + "_bias", GetVariable("bias"));
-  w.Line(StrCat(out, " = torch.layer_norm(", in, ", [", scale.size(0), "], ", ws, ", ", bs, ", ",
-                TorchScriptWriter::Num(epsilon_), ")"));
-}
-
-std::string LayerNorm::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                const std::string& prefix) const {
-  at::Tensor scale = GetVariable("scale");
-  if (!direct_scale_) scale = scale + 1;
-  return g.Op("LayerNormalization",
-              {in, g.Weight(prefix + "_scale", scale), g.Weight(prefix + "_bias", GetVariable("bias"))},
-              {OnnxAttr::Int("axis", -1), OnnxAttr::Float("epsilon", static_cast<float>(epsilon_))});
 }
 
 }  // namespace glossa

@@ -1,13 +1,13 @@
-// ONNX from the layers' own definitions, as TorchScript is (glossa/layers/torchscript.h): each
-// layer that can be exported appends its nodes to an ONNX graph (BaseLayer::EmitOnnx) with its
-// weights as initializers, and a task strings the pieces into a model (`glossa export --onnx`:
-// the LM's scoring network, the MT encoder and the MT decoder's step). The model is built on
-// Debian's libonnx (its protobuf schema), checked with onnx::checker and onnx's strict shape
-// inference, opset 17.
+// ONNX from the layers' own definitions, as TorchScript is (glossa/layers/torchscript.h): the
+// export room (glossa/layers/onnx_export.h) appends each exportable layer's nodes, by its class,
+// to an ONNX graph with its weights as initializers, and a task strings the pieces into a model
+// (`glossa export --onnx`: the LM's scoring network, the MT encoder and the MT decoder's step).
+// The model is built on Debian's libonnx (its protobuf schema), checked with onnx::checker and
+// onnx's strict shape inference, opset 17.
 //
 //   OnnxGraph g("lm_score");
 //   const std::string ids = g.Input("ids", at::kLong, {"B", "T"});
-//   std::string x = emb.EmitOnnx(g, ids, "emb");      // every layer in turn
+//   std::string x = EmitOnnx(emb, g, ids, "emb");      // every layer in turn
 //   g.Output(x, "log_probs", at::kFloat, {"B", "T"});
 //   g.Save(dir + "/lm_score.onnx");
 //

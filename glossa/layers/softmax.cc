@@ -1,6 +1,4 @@
 #include "glossa/layers/flops.h"
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 #include "glossa/layers/softmax.h"
 
 #include <ATen/ATen.h>
@@ -319,28 +317,6 @@ BaseLayer::FPropMapSignature SimpleFullSoftmax::FPropMapSpec() const {
 NestedMap SimpleFullSoftmax::FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const {
   return FProp(theta, inputs.GetTensor("inputs"), OptionalInput(inputs, "class_ids"), OptionalInput(inputs, "class_weights"),
                OptionalInput(inputs, "paddings"), OptionalInput(inputs, "class_probabilities"));
-}
-
-// ---- TorchScript export ----
-
-// The logits x·w + b (the task applies its log-softmax).
-void SimpleFullSoftmax::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                        const std::string& out, const std::string& prefix) const {
-  if (!params().Get("logits_abs_max").is_none()) {
-    TorchScriptWriter::Unsupported(*this, "logits_abs_max");
-  }
-  const at::Tensor wt = GetVariable("weight_0");
-  const std::string bn = w.Param(prefix + "softmax_b", GetVariable("bias_0"));
-  const std::string wn = w.Param(prefix + "softmax_w", wt);
-  w.Line(StrCat(out, " = torch.addmm(", bn, ", ", in, ".reshape(-1, [", wt.size(0), "][0]), ", wn,
-                ").view(b, t, ", wt.size(1), ")"));
-}
-
-std::string SimpleFullSoftmax::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                        const std::string& prefix) const {
-  if (!params().Get("logits_abs_max").is_none()) OnnxGraph::Unsupported(*this, "logits_abs_max");
-  return g.Affine(in, g.Weight(prefix + "softmax_w", GetVariable("weight_0")),
-                  g.Weight(prefix + "softmax_b", GetVariable("bias_0")));
 }
 
 }  // namespace glossa

@@ -14,12 +14,6 @@ namespace glossa {
 
 class SimpleFullSoftmax : public BaseLayer {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, class_ids=None, class_weights=None, paddings=None, class_probabilities=None) -> dict (logits, per_example_xent, ...).
   FPropMapSignature FPropMapSpec() const override;
   NestedMap FPropMapImpl(const NestedMap& theta, const NestedMap& inputs) const override;
@@ -54,6 +48,8 @@ class SimpleFullSoftmax : public BaseLayer {
   void PrepareWeights(const NestedMap& theta, ComputePlan& plan) const override;
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   // The cross-entropy of logits (+ bias, when defined: only on the fused kernel's path).
   NestedMap Xent(const at::Tensor& logits, const at::Tensor& bias, const at::Tensor& class_ids,
                  const at::Tensor& class_weights, const at::Tensor& paddings,

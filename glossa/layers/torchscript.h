@@ -1,11 +1,12 @@
-// TorchScript from the layers' own definitions: each layer that can be exported writes its piece
-// of a TorchScript forward (BaseLayer::EmitTorchScript), with the same ATen calls its FProp makes,
-// and registers its weights; a task strings the pieces together into a module (the Transformer
-// LM's `glossa export --torchscript`, glossa/tasks/lm/transformer_lm_torchscript.cc).
+// TorchScript from the layers' own definitions: the export room (glossa/layers/torchscript_export.h)
+// writes each exportable layer's piece of a TorchScript forward, by its class, with the same ATen
+// calls its FProp makes, and registers its weights; a task strings the pieces together into a
+// module (the Transformer LM's `glossa export --torchscript`, glossa/tasks/lm/
+// transformer_lm_outputs.cc).
 //
 //   TorchScriptWriter w;
 //   w.Line("x = torch.embedding(" + w.Param("emb_var", emb) + ", ids.long())");
-//   stack.EmitTorchScript(w, "x", "x");   // every layer in turn
+//   EmitTorchScript(stack, w, "x", "x", "");   // every layer in turn
 //   // w.code() is the forward's body; w.params() the weights to register on the module.
 //
 // Names the pieces may read, set up by the task: b, t (batch and length), bias (the attention

@@ -1,5 +1,3 @@
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 #include "glossa/layers/transformer.h"
 
 #include <ATen/ATen.h>
@@ -435,102 +433,6 @@ NestedMap TransformerLayer::FPropMapImpl(const NestedMap& theta, const NestedMap
   out.Put("outputs", y);
   out.Put("atten_probs", p);
   return out;
-}
-
-// ---- TorchScript export ----
-
-// Pre-layer-norm causal self-attention with its residual: out = in + atten(ln(in)).
-void TransformerAttentionLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                                const std::string& out,
-                                                const std::string& prefix) const {
-  if (!pre_layer_norm_) TorchScriptWriter::Unsupported(*this, "post-layer-norm attention");
-  if (!is_masked_) TorchScriptWriter::Unsupported(*this, "non-causal self-attention");
-  ln_->EmitTorchScript(w, in, "h", prefix + "atten_ln");
-  atten_->EmitTorchScript(w, "h", "a", prefix);
-  w.Line(StrCat(out, " = ", in, " + a"));
-}
-
-// Pre-layer-norm feed-forward with its residual, padded rows zeroed after each FC layer.
-void TransformerFeedForwardLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                                  const std::string& out,
-                                                  const std::string& prefix) const {
-  if (!pre_layer_norm_) TorchScriptWriter::Unsupported(*this, "post-layer-norm feed-forward");
-  ln_->EmitTorchScript(w, in, "h", prefix + "ff_ln");
-  fc0_->EmitTorchScript(w, "h", "h", prefix + "fc0");
-  w.Line("if any_pad:\n        h = h * (1 - pad)");
-  fc1_->EmitTorchScript(w, "h", "h", prefix + "fc1");
-  w.Line("if any_pad:\n        h = h * (1 - pad)");
-  w.Line(StrCat(out, " = torch.add(", in, ", h, alpha=", TorchScriptWriter::Num(residual_weight_),
-                ")"));
-}
-
-// Self-attention, then the feed-forward block (no cross-attention).
-void TransformerLayer::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                       const std::string& out, const std::string& prefix) const {
-  if (cross_atten_) TorchScriptWriter::Unsupported(*this, "cross-attention");
-  GetChild("self_atten").EmitTorchScript(w, in, out, prefix);
-  GetChild("fflayer").EmitTorchScript(w, out, out, prefix);
-}
-
-std::string TransformerAttentionLayer::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                                const std::string& prefix) const {
-  if (!pre_layer_norm_) OnnxGraph::Unsupported(*this, "post-layer-norm attention");
-  g.Set("atten_bias", g.Get(is_masked_ ? "causal_bias" : "self_bias"));
-  const std::string h = ln_->EmitOnnx(g, in, prefix + "atten_ln");
-  return g.Op("Add", {in, atten_->EmitOnnx(g, h, prefix)});
-}
-
-std::string TransformerFeedForwardLayer::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                                  const std::string& prefix) const {
-  if (!pre_layer_norm_) OnnxGraph::Unsupported(*this, "post-layer-norm feed-forward");
-  const std::string nonpad = g.Get("nonpad");
-  std::string h = ln_->EmitOnnx(g, in, prefix + "ff_ln");
-  h = g.Op("Mul", {fc0_->EmitOnnx(g, h, prefix + "fc0"), nonpad});
-  h = g.Op("Mul", {fc1_->EmitOnnx(g, h, prefix + "fc1"), nonpad});
-  if (residual_weight_ != 1.0) {
-    h = g.Op("Mul", {h, g.ConstScalar(static_cast<float>(residual_weight_))});
-  }
-  return g.Op("Add", {in, h});
-}
-
-std::string TransformerLayer::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                       const std::string& prefix) const {
-  if (cross_atten_) OnnxGraph::Unsupported(*this, "cross-attention outside the decoder step");
-  const std::string x = GetChild("self_atten").EmitOnnx(g, in, prefix);
-  return GetChild("fflayer").EmitOnnx(g, x, prefix);
-}
-
-std::string TransformerAttentionLayer::EmitOnnxStep(OnnxGraph& g, const std::string& x,
-                                                    const std::string& cache_k,
-                                                    const std::string& cache_v,
-                                                    const std::string& prefix, std::string* new_k,
-                                                    std::string* new_v) const {
-  if (!pre_layer_norm_) OnnxGraph::Unsupported(*this, "post-layer-norm attention");
-  if (!is_masked_) OnnxGraph::Unsupported(*this, "a decoding step of non-causal self-attention");
-  const std::string h = ln_->EmitOnnx(g, x, prefix + "atten_ln");
-  const std::vector<OnnxAttr> axis1 = {OnnxAttr::Int("axis", 1)};
-  *new_k = g.Op("Concat", {cache_k, atten_->EmitOnnxProjection(g, h, "key", prefix)}, axis1);
-  *new_v = g.Op("Concat", {cache_v, atten_->EmitOnnxProjection(g, h, "value", prefix)}, axis1);
-  // Every earlier step is visible: no bias.
-  return g.Op("Add", {x, atten_->EmitOnnxCore(g, atten_->EmitOnnxProjection(g, h, "query", prefix),
-                                              *new_k, *new_v, g.ConstScalar(0.0f), prefix)});
-}
-
-std::string TransformerAttentionLayer::EmitOnnxCross(OnnxGraph& g, const std::string& x,
-                                                     const std::string& source_k,
-                                                     const std::string& source_v,
-                                                     const std::string& bias,
-                                                     const std::string& prefix) const {
-  if (!pre_layer_norm_) OnnxGraph::Unsupported(*this, "post-layer-norm attention");
-  const std::string h = ln_->EmitOnnx(g, x, prefix + "atten_ln");
-  return g.Op("Add", {x, atten_->EmitOnnxCore(g, atten_->EmitOnnxProjection(g, h, "query", prefix),
-                                              source_k, source_v, bias, prefix)});
-}
-
-std::pair<std::string, std::string> TransformerAttentionLayer::EmitOnnxSource(
-    OnnxGraph& g, const std::string& source, const std::string& prefix) const {
-  return {atten_->EmitOnnxProjection(g, source, "key", prefix),
-          atten_->EmitOnnxProjection(g, source, "value", prefix)};
 }
 
 }  // namespace glossa

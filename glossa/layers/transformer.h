@@ -30,12 +30,6 @@ namespace glossa {
 // norm(x + ...) without norm inside (post-norm).
 class TransformerFeedForwardLayer : public BaseLayer, public Block {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // + input_dim, hidden_dim, activation ('RELU'), residual_dropout_prob, relu_dropout_prob,
   // pre_layer_norm (True), residual_weight (1.0), ln_tpl (LayerNorm; input_dim set here).
   static glossa::Params Params();
@@ -49,6 +43,8 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
   }
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   bool pre_layer_norm_;
   double residual_weight_;
@@ -60,12 +56,6 @@ class TransformerFeedForwardLayer : public BaseLayer, public Block {
 // Self- or cross-attention with layer norm, residual dropout and the residual connection.
 class TransformerAttentionLayer : public BaseLayer, public Block, public StepLayer {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, query, source=None, paddings=None,
   // segment_ids=None, source_segment_ids=None) -> (outputs, probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -104,21 +94,11 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
   std::pair<at::Tensor, NestedMap> ExtendStep(const NestedMap& theta, const at::Tensor& query,
                                               const NestedMap& states,
                                               const at::Tensor& paddings = {}) const;
-  // ONNX pieces of decoding (glossa/layers/onnx_graph.h), x [N, 1, D]: one causal self-attention
-  // step whose earlier keys and values are graph values (cache [N, P, heads, dim] in, with this
-  // step's appended out), cross-attention to source keys and values projected once, and that
-  // projection of source [N, S, D] -> (keys, values) [N, S, heads, dim].
-  std::string EmitOnnxStep(OnnxGraph& g, const std::string& x, const std::string& cache_k,
-                           const std::string& cache_v, const std::string& prefix,
-                           std::string* new_k, std::string* new_v) const;
-  std::string EmitOnnxCross(OnnxGraph& g, const std::string& x, const std::string& source_k,
-                            const std::string& source_v, const std::string& bias,
-                            const std::string& prefix) const;
-  std::pair<std::string, std::string> EmitOnnxSource(OnnxGraph& g, const std::string& source,
-                                                     const std::string& prefix) const;
   bool is_masked() const { return is_masked_; }
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   friend class FusedStepBuilder;  // the fused decoding step (glossa/layers/fused_step.cc)
   at::Tensor Norm(const NestedMap& theta, const at::Tensor& x) const;
   at::Tensor Residual(const NestedMap& theta, const at::Tensor& x, const at::Tensor& y) const;
@@ -132,12 +112,6 @@ class TransformerAttentionLayer : public BaseLayer, public Block, public StepLay
 // TransformerLayer).
 class TransformerLayer : public BaseLayer, public Block, public StepLayer {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None,
   // aux_paddings=None, segment_ids=None, aux_segment_ids=None) -> (outputs, atten_probs).
   FPropMapSignature FPropMapSpec() const override;
@@ -200,6 +174,8 @@ class TransformerLayer : public BaseLayer, public Block, public StepLayer {
                                                        const at::Tensor& paddings = {}) const;
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   friend class FusedStepBuilder;  // builds the fused step from the typed children below
   // ExtendStepProjected as one fused decoding step (glossa/layers/fused_step.cc builds it from the
   // children) where it applies (inference, a dense feed-forward block, float32 theta and states);

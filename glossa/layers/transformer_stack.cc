@@ -9,8 +9,6 @@
 #include "glossa/layers/dropout.h"
 #include "glossa/layers/flops.h"
 #include "glossa/layers/gpipe.h"
-#include "glossa/layers/onnx_graph.h"
-#include "glossa/layers/torchscript.h"
 #include "glossa/layers/transformer_stack.h"
 
 namespace glossa {
@@ -402,74 +400,6 @@ NestedMap TransformerStack::FPropMapImpl(const NestedMap& theta, const NestedMap
                            OptionalInput(inputs, "segment_ids"),
                            OptionalInput(inputs, "aux_segment_ids")));
   return out;
-}
-
-// ---- TorchScript export ----
-
-// Every layer in turn (weights prefixed l<i>_), then the final layer norm.
-void TransformerStack::EmitTorchScript(TorchScriptWriter& w, const std::string& in,
-                                       const std::string& out, const std::string& prefix) const {
-  CheckWhole("TorchScript export");
-  std::string x = in;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->EmitTorchScript(w, x, out, StrCat(prefix, "l", i, "_"));
-    x = out;
-  }
-  if (final_ln_) final_ln_->EmitTorchScript(w, x, out, prefix + "final_ln");
-}
-
-std::string TransformerStack::EmitOnnx(OnnxGraph& g, const std::string& in,
-                                       const std::string& prefix) const {
-  CheckWhole("ONNX export");
-  std::string x = in;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    x = layers_[i]->EmitOnnx(g, x, StrCat(prefix, "l", i, "_"));
-  }
-  return final_ln_ ? final_ln_->EmitOnnx(g, x, prefix + "final_ln") : x;
-}
-
-std::vector<std::string> TransformerStack::EmitOnnxSource(OnnxGraph& g, const std::string& source,
-                                                        const std::string& prefix) const {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (!layers_[i]->HasChild("cross_atten")) {
-      OnnxGraph::Unsupported(*layers_[i], "a decoder layer without cross-attention");
-    }
-    const auto& cross = dynamic_cast<const TransformerAttentionLayer&>(
-        layers_[i]->GetChild("cross_atten"));
-    auto [k, v] = cross.EmitOnnxSource(g, source, StrCat(prefix, "l", i, "_cross_"));
-    out.push_back(k);
-    out.push_back(v);
-  }
-  return out;
-}
-
-std::string TransformerStack::EmitOnnxStep(OnnxGraph& g, const std::string& x,
-                                           const std::string& prefix,
-                                           const std::vector<std::string>& caches,
-                                           const std::vector<std::string>& sources,
-                                           std::vector<std::string>* new_caches) const {
-  // A step has no padded position: the feed-forward blocks' mask is 1.
-  const std::string nonpad = g.Has("nonpad") ? g.Get("nonpad") : "";
-  g.Set("nonpad", g.ConstScalar(1.0f));
-  std::string y = x;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const TransformerLayer& layer = *layers_[i];
-    const std::string p = StrCat(prefix, "l", i, "_");
-    std::string k, v;
-    y = dynamic_cast<const TransformerAttentionLayer&>(layer.GetChild("self_atten"))
-            .EmitOnnxStep(g, y, caches.at(2 * i), caches.at(2 * i + 1), p, &k, &v);
-    new_caches->push_back(k);
-    new_caches->push_back(v);
-    if (layer.HasChild("cross_atten")) {
-      y = dynamic_cast<const TransformerAttentionLayer&>(layer.GetChild("cross_atten"))
-              .EmitOnnxCross(g, y, sources.at(2 * i), sources.at(2 * i + 1),
-                             g.Get("source_bias"), p + "cross_");
-    }
-    y = layer.GetChild("fflayer").EmitOnnx(g, y, p);
-  }
-  if (!nonpad.empty()) g.Set("nonpad", nonpad);
-  return final_ln_ ? final_ln_->EmitOnnx(g, y, prefix + "final_ln") : y;
 }
 
 }  // namespace glossa

@@ -29,12 +29,6 @@ namespace glossa {
 struct PipelineCells;
 class TransformerStack : public BaseLayer, public Block, public StepLayer {
  public:
-  // TorchScript export (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
-  void EmitTorchScript(TorchScriptWriter& w, const std::string& in, const std::string& out,
-                       const std::string& prefix) const override;
-  // ONNX export (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h).
-  std::string EmitOnnx(OnnxGraph& g, const std::string& in,
-                       const std::string& prefix) const override;
   // The uniform call (BaseLayer::FPropMap): FProp(theta, inputs, paddings=None, aux_vecs=None,
   // aux_paddings=None, segment_ids=None, aux_segment_ids=None) -> Tensor.
   FPropMapSignature FPropMapSpec() const override;
@@ -85,16 +79,6 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
                                                        const NestedMap& aux,
                                                        const at::Tensor& aux_paddings,
                                                        const at::Tensor& paddings = {}) const;
-  // ONNX (glossa/layers/onnx_graph.h): every layer's cross-attention keys and values of source
-  // [N, S, D] (two values per layer: k0, v0, k1, ...), and one decoding step of x [N, 1, D] with
-  // each layer's cache (k, v per layer, [N, P, heads, dim]) in and the caches with this step out,
-  // the projected source as EmitOnnxSource gave it, g.Get("source_bias") masking the source.
-  std::vector<std::string> EmitOnnxSource(OnnxGraph& g, const std::string& source,
-                                          const std::string& prefix) const;
-  std::string EmitOnnxStep(OnnxGraph& g, const std::string& x, const std::string& prefix,
-                           const std::vector<std::string>& caches,
-                           const std::vector<std::string>& sources,
-                           std::vector<std::string>* new_caches) const;
   // Where the ends of a stack of Params `stack` built in `context` go (what a task that feeds and
   // reads the stack asks before building its layers around it).
   static PipelineEnds PlaceEnds(const glossa::Params& stack, const BuildContext& context);
@@ -105,6 +89,8 @@ class TransformerStack : public BaseLayer, public Block, public StepLayer {
   ~TransformerStack() override;
 
  private:
+  friend class OnnxExport;         // the ONNX export (glossa/layers/onnx_export.cc)
+  friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   // FailedPrecondition naming `what` on a pipe rank, which holds only its stage's layers.
   void CheckWhole(const char* what) const;
   int64_t model_dim_;

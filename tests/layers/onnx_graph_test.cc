@@ -8,6 +8,10 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/conv.h"
+#include "glossa/layers/linear.h"
+#include "glossa/layers/onnx_export.h"
+#include "glossa/layers/torchscript.h"
+#include "glossa/layers/torchscript_export.h"
 #include "glossa/layers/transformer_stack.h"
 #include "tests/inference/onnx_runtime.h"
 #include "tests/test_util.h"
@@ -23,7 +27,7 @@ std::string TempPath(const std::string& name) {
 }
 
 // A stack of pre-layer-norm Transformer layers (causal or not), its ONNX graph in ONNX Runtime
-// against its FProp, with padded positions: every layer's EmitOnnx (attention with per-dim scale,
+// against its FProp, with padded positions: every layer's emitter (attention with per-dim scale,
 // layer norm, ReLU feed-forward with its paddings, the final layer norm) at once.
 void CheckStack(bool causal, const std::string& text) {
   auto stack = Make<TransformerStack>(
@@ -44,7 +48,7 @@ void CheckStack(bool causal, const std::string& text) {
   OnnxGraph g("stack");
   const std::string in = g.Input("x", at::kFloat, {"B", "T", "8"});
   g.SetPaddings(g.Input("paddings", at::kFloat, {"B", "T"}));
-  g.Output(stack->EmitOnnx(g, in, "stack."), "y", at::kFloat, {"B", "T", "8"});
+  g.Output(EmitOnnx(*stack, g, in, "stack."), "y", at::kFloat, {"B", "T", "8"});
   const std::string path = TempPath(StrCat("stack", causal, ".onnx"));
   g.Save(path);
   const auto got = RunOnnxRuntime(path, {{"x", x}, {"paddings", paddings}}, path + ".json");
@@ -79,16 +83,51 @@ TEST(OnnxGraph, CheckerRefusesABrokenGraphAsAnExporterBug) {
   EXPECT_ERROR_CONTAINS(h.Get("self_bias"), InternalError, "'self_bias' was not set");
 }
 
-TEST(OnnxGraph, LayersWithoutAnExportAreUnimplementedNamingThem) {
+// A projection whose FProp differs from its base's: the export must not write its base's forward.
+class DoubledProjection : public ProjectionLayer {
+ public:
+  static glossa::Params Params() {
+    glossa::Params p = ProjectionLayer::Params();
+    p.Set("cls", ClsOf<DoubledProjection>());
+    return p;
+  }
+  explicit DoubledProjection(const glossa::Params& p) : ProjectionLayer(p) {}
+  at::Tensor FProp(const NestedMap& theta, const at::Tensor& x) const {
+    return 2 * ProjectionLayer::FProp(theta, x);
+  }
+};
+GLOSSA_REGISTER_CLASS(DoubledProjection, "glossa.testing.DoubledProjection");
+
+// The export rooms (glossa/layers/onnx_export.h, torchscript_export.h) go by a layer's exact
+// class: one without an emitter is refused naming its class, also when its base class has one.
+TEST(OnnxGraph, LayersWithoutAnExportAreUnimplementedNamingTheirClass) {
   auto conv = Make<Conv2DLayer>(Conv2DLayer::Params(),
                                 "filter_shape : [3, 3, 1, 2]\nfilter_stride : [1, 1]");
   OnnxGraph g("conv");
-  EXPECT_ERROR_CONTAINS(conv->EmitOnnx(g, g.Input("x", at::kFloat, {"1"}), "c"),
+  EXPECT_ERROR_CONTAINS(EmitOnnx(*conv, g, g.Input("x", at::kFloat, {"1"}), "c"),
                         UnimplementedError,
-                        "--onnx: layer 'layer': this layer class is not covered by the ONNX export");
+                        "--onnx: layer 'layer': its class glossa::Conv2DLayer is not covered by "
+                        "the ONNX export");
+  TorchScriptWriter w;
+  EXPECT_ERROR_CONTAINS(EmitTorchScript(*conv, w, "x", "y", "c"), UnimplementedError,
+                        "its class glossa::Conv2DLayer is not covered");
+
+  const std::string dims = "input_dim : 4\noutput_dim : 3\nhas_bias : True\nactivation : 'NONE'";
+  auto doubled = Make<DoubledProjection>(DoubledProjection::Params(), dims);
+  EXPECT_ERROR_CONTAINS(EmitOnnx(*doubled, g, "x", "d"), UnimplementedError,
+                        "its class glossa::(anonymous namespace)::DoubledProjection is not covered");
+  EXPECT_ERROR_CONTAINS(EmitTorchScript(*doubled, w, "x", "y", "d"), UnimplementedError,
+                        "DoubledProjection is not covered by the TorchScript export");
+  // Its base class exports.
+  auto plain = Make<ProjectionLayer>(ProjectionLayer::Params(), dims);
+  OnnxGraph h("projection");
+  EXPECT_FALSE(EmitOnnx(*plain, h, h.Input("x", at::kFloat, {"2", "4"}), "p").empty());
+  EmitTorchScript(*plain, w, "x", "y", "p");
+  EXPECT_NE(w.code().find("torch.addmm"), std::string::npos) << w.code();
+
   auto post = Make<TransformerAttentionLayer>(TransformerAttentionLayer::Params(),
                                               "input_dim : 4\nnum_heads : 2\npre_layer_norm : False");
-  EXPECT_ERROR_CONTAINS(post->EmitOnnx(g, "x", "p"), UnimplementedError,
+  EXPECT_ERROR_CONTAINS(EmitOnnx(*post, g, "x", "p"), UnimplementedError,
                         "post-layer-norm attention is not covered by the ONNX export");
 }
 

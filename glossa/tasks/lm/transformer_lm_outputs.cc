@@ -1,11 +1,11 @@
 // What the Transformer LM writes for people and for other runtimes, beside training:
 // - `glossa report`: the evaluation against the unigram baseline (unigram_baseline.h);
 // - `glossa export --onnx`: the scoring network of the "default" subgraph (ids, labels, paddings ->
-//   each label's log-prob and the sum) as an ONNX model, each layer adding its own nodes
-//   (BaseLayer::EmitOnnx, glossa/layers/onnx_graph.h) and the task the masks and the scoring;
+//   each label's log-prob and the sum) as an ONNX model, the export room adding each layer's
+//   nodes by its class (glossa/layers/onnx_export.h) and the task the masks and the scoring;
 // - `glossa export --torchscript`: the network from ids to log-probs as a TorchScript module that
-//   stock PyTorch loads with torch.jit.load, each layer writing its piece of the forward with the
-//   ATen calls of its FProp (BaseLayer::EmitTorchScript, glossa/layers/torchscript.h).
+//   stock PyTorch loads with torch.jit.load, each layer's piece of the forward written with the
+//   ATen calls of its FProp (glossa/layers/torchscript_export.h).
 // A layer or setting an export does not cover is Unimplemented naming it.
 #include "glossa/tasks/lm/transformer_lm.h"
 
@@ -28,9 +28,11 @@
 #include "glossa/input/vocabulary_check.h"
 #include "glossa/layers/embedding.h"
 #include "glossa/layers/moe.h"
+#include "glossa/layers/onnx_export.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/torchscript.h"
+#include "glossa/layers/torchscript_export.h"
 #include "glossa/layers/transformer_stack.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
@@ -99,11 +101,11 @@ std::vector<std::string> TransformerLmTask::ExportOnnx(const std::string& dir) c
   const std::string t = g.Op("Gather", {g.Op("Shape", {ids}), g.Const(at::scalar_tensor(1, at::kLong))});
   const std::string nonpad2 = g.SetPaddings(paddings);  // the attention biases, 1 - paddings
 
-  std::string x = emb_->EmitOnnx(g, ids, "emb.");
-  x = g.Op("Add", {x, position_emb_->EmitOnnx(g, t, "position_emb.")});
-  x = stack_->EmitOnnx(g, x, "stack.");
+  std::string x = EmitOnnx(*emb_, g, ids, "emb.");
+  x = g.Op("Add", {x, EmitOnnx(*position_emb_, g, t, "position_emb.")});
+  x = EmitOnnx(*stack_, g, x, "stack.");
   const std::string log_probs =
-      g.Op("LogSoftmax", {softmax_->EmitOnnx(g, x, "softmax.")}, {OnnxAttr::Int("axis", -1)});
+      g.Op("LogSoftmax", {EmitOnnx(*softmax_, g, x, "softmax.")}, {OnnxAttr::Int("axis", -1)});
   const std::string picked = g.Op(
       "GatherElements", {log_probs, g.Op("Unsqueeze", {labels, g.ConstInts({2})})},
       {OnnxAttr::Int("axis", 2)});
@@ -118,12 +120,12 @@ std::vector<std::string> TransformerLmTask::ExportOnnx(const std::string& dir) c
 }
 
 std::vector<std::string> TransformerLmTask::ExportTorchScript(const std::string& dir) const {
-  // The forward, written by the layers themselves (BaseLayer::EmitTorchScript): ids to log-probs.
+  // The forward, written by the export room for each layer's class: ids to log-probs.
   TorchScriptWriter w;
   w.Line("b = ids.size(0)");
   w.Line("t = ids.size(1)");
-  emb_->EmitTorchScript(w, "ids", "x", "");
-  position_emb_->EmitTorchScript(w, "t", "signal", "");
+  EmitTorchScript(*emb_, w, "ids", "x", "");
+  EmitTorchScript(*position_emb_, w, "t", "signal", "");
   w.Line("x = x + signal.float()");
   // The attention mask: padded keys and the future, as a bias of the float32 lowest value.
   w.Line("mask = (paddings > 0.5).view(b, 1, 1, t) | "
@@ -132,8 +134,8 @@ std::vector<std::string> TransformerLmTask::ExportTorchScript(const std::string&
                 TorchScriptWriter::Num(std::numeric_limits<float>::lowest()), ")"));
   w.Line("pad = paddings.float().unsqueeze(-1)");
   w.Line("any_pad = bool(torch.any(paddings != 0))");
-  stack_->EmitTorchScript(w, "x", "x", "");
-  softmax_->EmitTorchScript(w, "x", "logits", "");
+  EmitTorchScript(*stack_, w, "x", "x", "");
+  EmitTorchScript(*softmax_, w, "x", "logits", "");
   w.Line("return torch.log_softmax(logits, -1)");
 
   torch::jit::Module m("__torch__.glossa.TransformerLm");

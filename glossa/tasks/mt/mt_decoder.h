@@ -13,6 +13,7 @@
 namespace glossa {
 
 class EmbeddingLayer;
+class OnnxGraph;  // glossa/layers/onnx_graph.h
 class PositionalEmbeddingLayer;
 class TransformerStack;
 class SimpleFullSoftmax;

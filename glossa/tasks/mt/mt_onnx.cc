@@ -1,7 +1,7 @@
 // `glossa export --onnx` for machine translation: the encoder (with every decoder layer's
 // cross-attention keys and values, computed once per source) and one decoder step whose k/v
 // caches are explicit inputs and outputs, as ONNX models. Each layer adds its own nodes
-// (BaseLayer::EmitOnnx and the decoding pieces of glossa/layers/transformer.h); a layer or setting
+// (glossa/layers/onnx_export.h, by each layer's class, with the decoding pieces); a layer or setting
 // the export does not cover is Unimplemented naming it.
 #include <ATen/ATen.h>
 
@@ -10,6 +10,7 @@
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
 #include "glossa/layers/embedding.h"
+#include "glossa/layers/onnx_export.h"
 #include "glossa/layers/onnx_graph.h"
 #include "glossa/layers/softmax.h"
 #include "glossa/layers/transformer_stack.h"
@@ -25,14 +26,14 @@ std::string TransformerEncoder::EmitOnnxEncode(OnnxGraph& g, const std::string& 
   const std::string s =
       g.Op("Gather", {g.Op("Shape", {ids}), g.Const(at::scalar_tensor(1, at::kLong))});
   g.SetPaddings(paddings);
-  const std::string x = g.Op("Add", {token_emb_->EmitOnnx(g, ids, "enc.token_emb."),
-                                     position_emb_->EmitOnnx(g, s, "enc.position_emb.")});
-  return stack_->EmitOnnx(g, x, "enc.stack.");
+  const std::string x = g.Op("Add", {EmitOnnx(*token_emb_, g, ids, "enc.token_emb."),
+                                     EmitOnnx(*position_emb_, g, s, "enc.position_emb.")});
+  return EmitOnnx(*stack_, g, x, "enc.stack.");
 }
 
 std::vector<std::string> TransformerDecoder::EmitOnnxSource(OnnxGraph& g,
                                                             const std::string& encoded) const {
-  return stack_->EmitOnnxSource(g, encoded, "dec.stack.");
+  return EmitOnnxStackSource(*stack_, g, encoded, "dec.stack.");
 }
 
 void TransformerDecoder::WriteOnnxStep(const std::string& path) const {
@@ -60,20 +61,21 @@ void TransformerDecoder::WriteOnnxStep(const std::string& path) const {
   g.Set("source_bias", g.Op("Where", {pad_keys, g.ConstScalar(std::numeric_limits<float>::lowest()),
                                       g.ConstScalar(0.0f)}));
   // The token at position `step`: its embedding plus that row of the position table.
-  const std::string x = token_emb_->EmitOnnx(g, g.Op("Unsqueeze", {ids, g.ConstInts({1})}),
-                                             "dec.token_emb.");  // [N, 1, D]
-  const std::string positions = position_emb_->EmitOnnx(
-      g, g.Op("Add", {step, g.Const(at::scalar_tensor(1, at::kLong))}), "dec.position_emb.");
+  const std::string x = EmitOnnx(*token_emb_, g, g.Op("Unsqueeze", {ids, g.ConstInts({1})}),
+                                 "dec.token_emb.");  // [N, 1, D]
+  const std::string positions =
+      EmitOnnx(*position_emb_, g, g.Op("Add", {step, g.Const(at::scalar_tensor(1, at::kLong))}),
+               "dec.position_emb.");
   const std::string row = g.Op("Gather", {positions, step}, {OnnxAttr::Int("axis", 0)});
   std::vector<std::string> new_caches;
-  const std::string y = stack_->EmitOnnxStep(g, g.Op("Add", {x, row}), "dec.stack.", caches,
-                                             sources, &new_caches);
+  const std::string y = EmitOnnxStackStep(*stack_, g, g.Op("Add", {x, row}), "dec.stack.",
+                                          caches, sources, &new_caches);
   const std::string h = g.Op("Squeeze", {y, g.ConstInts({1})});  // [N, D]
   const std::string logits =
       shared_emb_
           ? g.Affine(h, g.Weight("dec.softmax_w", token_emb_->GetVariable("emb_var").t().contiguous()),
                      g.Weight("dec.softmax_bias", GetVariable("softmax_bias")))
-          : softmax_->EmitOnnx(g, h, "dec.softmax.");
+          : EmitOnnx(*softmax_, g, h, "dec.softmax.");
   g.Output(g.Op("LogSoftmax", {logits}, {OnnxAttr::Int("axis", -1)}), "log_probs", at::kFloat,
            {"N", std::to_string(vocab_size_)});
   for (int64_t i = 0; i < layers; ++i) {
