@@ -173,8 +173,9 @@ int main(int argc, char** argv) {
     at::NoGradGuard no_grad;
     EvalModeScope eval;
     const NestedMap theta = lm.theta();
-    bench::PrintOpCounts(
-        [&] { at::log_softmax(lm.Logits(theta, inputs[0].first, inputs[0].second), -1); }, "batch");
+    auto batch = [&] { at::log_softmax(lm.Logits(theta, inputs[0].first, inputs[0].second), -1); };
+    batch();  // the steady state: what a first call makes once (the position table) is not counted
+    bench::PrintOpCounts(batch, "batch");
     return 0;
   }
   std::vector<double> rates, net_rates;

@@ -124,7 +124,21 @@ at::Tensor PositionalEmbeddingLayer::FPropWithPosition(const NestedMap&,
 }
 
 at::Tensor PositionalEmbeddingLayer::FProp(const NestedMap& theta, int64_t seq_length) const {
-  return FPropWithPosition(theta, at::arange(seq_length, at::TensorOptions().dtype(at::kFloat)));
+  if (seq_length < 0) {
+    throw InvalidArgumentError(StrCat("layer '", path(), "': seq_length ", seq_length, " < 0"));
+  }
+  at::Tensor table;
+  {
+    std::lock_guard<std::mutex> lock(table_mu_);
+    if (!table_.defined() || table_.size(0) < seq_length ||
+        table_.scalar_type() != fprop_dtype()) {
+      int64_t n = table_.defined() && table_.scalar_type() == fprop_dtype() ? table_.size(0) : 64;
+      while (n < seq_length) n *= 2;
+      table_ = FPropWithPosition(theta, at::arange(n, at::TensorOptions().dtype(at::kFloat)));
+    }
+    table = table_;
+  }
+  return table.narrow(0, 0, seq_length);
 }
 
 GLOSSA_REGISTER_CLASS(EmbeddingLayer, "glossa.layers.EmbeddingLayer");

@@ -5,6 +5,8 @@
 //   at::Tensor pos = pe->FProp(pe->theta(), /*seq_length=*/T);   // [T, dim]
 #pragma once
 
+#include <mutex>
+
 #include "glossa/layers/base_layer.h"
 
 namespace glossa {
@@ -43,7 +45,9 @@ class PositionalEmbeddingLayer : public BaseLayer {
   // + min_timescale (1), max_timescale (10000), embedding_dim.
   static glossa::Params Params();
   explicit PositionalEmbeddingLayer(const glossa::Params& p);
-  // Embeddings of positions 0..seq_length-1: [seq_length, embedding_dim].
+  // Embeddings of positions 0..seq_length-1: [seq_length, embedding_dim]. Rows of a table the
+  // layer keeps (computed by FPropWithPosition for positions 0..n-1, n grown by doubling): the
+  // same bits, each row a function of its position alone, without the ten ops that compute them.
   at::Tensor FProp(const NestedMap& theta, int64_t seq_length) const;
   // Embeddings of explicit positions [B, T] (e.g. packed inputs): [B, T, embedding_dim].
   at::Tensor FPropWithPosition(const NestedMap& theta, const at::Tensor& position) const;
@@ -53,6 +57,9 @@ class PositionalEmbeddingLayer : public BaseLayer {
   friend class TorchScriptExport;  // the TorchScript export (glossa/layers/torchscript_export.cc)
   int64_t embedding_dim_;
   double min_timescale_, max_timescale_;
+  // FProp's table (in the fprop dtype): replaced, never changed in place, under table_mu_.
+  mutable std::mutex table_mu_;
+  mutable at::Tensor table_;
 };
 
 }  // namespace glossa

@@ -33,5 +33,24 @@ TEST(Embedding, RejectsOutOfRangeAndFloatIds) {
                         "ids must be integers");
 }
 
+// FProp(seq_length) reads rows of a table the layer keeps: they are the signal FPropWithPosition
+// computes for those positions, bit for bit, as the table grows, in each fprop dtype.
+TEST(PositionalEmbedding, TableRowsAreTheComputedSignalBitForBit) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    glossa::Params p = PositionalEmbeddingLayer::Params();
+    p.Set("fprop_dtype", dtype);
+    auto pos = Make<PositionalEmbeddingLayer>(p, "embedding_dim : 9");
+    for (const int64_t n : {0, 5, 64, 65, 300, 7, 130}) {
+      const at::Tensor got = pos->FProp(pos->theta(), n);
+      const at::Tensor want = pos->FPropWithPosition(pos->theta(), at::arange(n, at::kFloat));
+      ASSERT_EQ(got.sizes(), want.sizes()) << n;
+      EXPECT_EQ(got.scalar_type(), dtype == DType::kFloat32 ? at::kFloat : at::kBFloat16);
+      EXPECT_TRUE(at::equal(got, want)) << n;
+    }
+  }
+  auto pos = Make<PositionalEmbeddingLayer>(PositionalEmbeddingLayer::Params(), "embedding_dim : 4");
+  EXPECT_ERROR_CONTAINS(pos->FProp(pos->theta(), -1), InvalidArgumentError, "seq_length -1 < 0");
+}
+
 }  // namespace
 }  // namespace glossa
