@@ -72,12 +72,9 @@ std::string DefaultCachePath() {
   return "";
 }
 
-// The CPU as /proc/cpuinfo's first processor describes it: its name, and its vendor, family,
-// model and stepping, and a digest of its flags. The name alone does not tell CPUs apart: VMs of
-// two generations (Zen 4 and Zen 5) both say "AMD EPYC", and a decision measured on one was taken
-// on the other.
 }  // namespace
 
+// See kernel_choice.h; the flags digest is FNV-1a over the first processor's flags line.
 std::string CpuIdentity(const std::string& cpuinfo) {
   std::string name = "unknown cpu", vendor, family, model, stepping, flags;
   for (const auto& line : Split(cpuinfo, '\n')) {
