@@ -12,6 +12,7 @@
 
 #include "glossa/base/strings.h"
 #include "glossa/kernels/batch_invariant.h"
+#include "glossa/kernels/bf16_dot_attention.h"
 #include "glossa/kernels/bf16_softmax.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/gemm.h"
@@ -221,9 +222,10 @@ namespace {
 // writes the same layouts.
 
 // Whether the strided core can run attention on these operands.
-// float32 heads, or bf16 ones on CPUs without AMX (kernels/gemm.h): the core widens them to
-// float32, runs its sgemms on them, and rounds its outputs and gradients back to bf16. Not for
-// bf16 one-step decoding (T = 1), where the cached keys would be widened every step.
+// float32 heads, or bf16 ones where the measured choice says native: the core runs AVX-512 BF16
+// dot products on them (kernels/bf16_dot_attention.h), or widens them to float32, runs its
+// sgemms on them, and rounds its outputs and gradients back to bf16. Not for bf16 one-step
+// decoding (T = 1), where the cached keys would be repacked or widened every step.
 bool Bf16AttentionRunsNative(const at::Tensor& q, const at::Tensor& k, bool training);
 
 bool StridedCoreAppliesImpl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -342,6 +344,19 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                                                 const at::Tensor& v_in, const at::Tensor& bias,
                                                 bool causal) {
     const bool bf16 = q_in.scalar_type() == at::kBFloat16;
+    if (bf16 && Bf16DotAttentionApplies(q_in)) {  // AVX-512 BF16 products, no widened copies
+      const int64_t B = q_in.size(0), T = q_in.size(1), S = k_in.size(1);
+      const int64_t cb = CausalBlock(causal, T, S);
+      const std::vector<int64_t> starts = BlockKeyStarts(bias, B, T, S, cb);
+      Bf16DotAttention a = Bf16DotAttentionForward(q_in, k_in, v_in, bias, cb, starts);
+      ctx->save_for_backward({q_in, k_in, v_in, a.probs});
+      ctx->saved_data["dot"] = true;
+      ctx->saved_data["bf16"] = true;
+      ctx->saved_data["causal_block"] = cb;
+      ctx->saved_data["block_starts"] = starts;
+      ctx->set_materialize_grads(false);
+      return {a.out, a.probs_bf16};
+    }
     const at::Tensor q = bf16 ? Widen(q_in) : q_in, k = bf16 ? Widen(k_in) : k_in,
                      v = bf16 ? Widen(v_in) : v_in;
     const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
@@ -406,6 +421,13 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const int64_t blk = cb > 0 ? cb : T;
     const std::vector<int64_t> starts =
         cb > 0 ? ctx->saved_data["block_starts"].toIntVector() : std::vector<int64_t>();
+    if (ctx->saved_data.count("dot") > 0) {
+      const Bf16DotAttentionGrads d = Bf16DotAttentionBackward(
+          q, k, v, probs,
+          grads[0].defined() ? grads[0] : at::zeros({B, T, N, H}, q.options()), grads[1], cb,
+          starts);
+      return {d.dq, d.dk, d.dv, at::Tensor(), at::Tensor()};
+    }
     const auto first = BlockFirstKey(starts, T, blk);
     auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
     const at::Tensor g =

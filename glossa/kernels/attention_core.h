@@ -6,10 +6,12 @@
 //   auto [out, probs] = AttentionCore(q, k, v, bias, /*causal_blocks=*/false);
 //   // out [B, T, N, H], probs [B, N, T, S]
 //
-// The native core (float32 heads, or bf16 ones where Affine runs bf16 as float32 GEMMs; CPU
-// tensors; BLAS sgemm linked) runs one single-threaded sgemm per batch row and head on the kernel
-// threads, reading each head in place through its strides, and writes the output as [B, T, N, H]
-// directly; its softmax is one AVX-512 pass per row where the CPU has it. Its bias must be
+// The native core (float32 heads, or bf16 ones where the measured choice "bf16_attention" says
+// native; CPU tensors; BLAS sgemm linked) runs one single-threaded sgemm per batch row and head
+// on the kernel threads, reading each head in place through its strides, and writes the output
+// as [B, T, N, H] directly; its softmax is one AVX-512 pass per row where the CPU has it. bf16
+// heads of even size on a CPU with AVX-512 BF16 run its dot-product kernels instead
+// (kernels/bf16_dot_attention.h); others are widened to float32 for the sgemms. Its bias must be
 // float32. With causal_blocks (T = S ≥ 64, causal), query block j's products cover keys
 // [0, (j + 1)·c) only, and under a per-query bias [B, 1, T, S] (packed rows' segment masks) from
 // the first key any query of the block may see: a packed row's blocks skip the segments before

@@ -19,12 +19,14 @@ bool ReadMode() {
   return mode == "reference";
 }
 
-bool Probe(bool bw_vl) {
+bool Probe(bool bw_vl, bool bf16 = false) {
 #if GLOSSA_X86_SIMD
   if (!__builtin_cpu_supports("avx512f")) return false;
+  if (bf16 && !__builtin_cpu_supports("avx512bf16")) return false;
   return !bw_vl || (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"));
 #else
   (void)bw_vl;
+  (void)bf16;
   return false;
 #endif
 }
@@ -61,6 +63,11 @@ void NoSimdInThisBuild() {
 
 bool CpuHasAvx512BwVl() {
   static const bool has = !KernelsForcedToReference() && Probe(true);
+  return has;
+}
+
+bool CpuHasAvx512Bf16() {
+  static const bool has = !KernelsForcedToReference() && Probe(true, true);
   return has;
 }
 

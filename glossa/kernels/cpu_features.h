@@ -28,6 +28,7 @@ bool KernelsForcedToReference();
 // What the native kernels need; false when forced to reference, and on a non-x86 build.
 bool CpuHasAvx512F();      // AVX-512 Foundation
 bool CpuHasAvx512BwVl();   // AVX-512 F + BW + VL
+bool CpuHasAvx512Bf16();   // AVX-512 F + BW + VL + BF16 (vdpbf16ps: bf16 pair dot products)
 
 // What the CPU itself supports, whatever GLOSSA_KERNELS says (for choices outside Glossa's own
 // kernels, such as OpenBLAS's kernel set); all false on a non-x86 build.

@@ -22,6 +22,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
 #include "glossa/base/strings.h"
+#include "glossa/kernels/cpu_features.h"
 
 extern "C" char* openblas_get_corename() __attribute__((weak));
 
@@ -34,10 +35,14 @@ std::atomic<KernelMode>& Mode(KernelChoice choice) {
   return modes[static_cast<int>(choice)];
 }
 
-// The two paths of each choice, as a decision names them: {ATen's, Glossa's}.
-std::pair<const char*, const char*> PathNames(KernelChoice choice) {
+// The two paths of each choice for `op`, as a decision names them: {ATen's, Glossa's}.
+std::pair<const char*, const char*> PathNames(KernelChoice choice, const std::string& op) {
   switch (choice) {
     case KernelChoice::kBf16:
+      if (op == "bf16_attention" && CpuHasAvx512Bf16()) {  // kernels/bf16_dot_attention.h
+        return {"aten (oneDNN bf16)",
+                "native (AVX-512 BF16 dot products; float32 sgemm of widened bf16 for odd heads)"};
+      }
       return {"aten (oneDNN bf16)", "native (float32 sgemm of widened bf16)"};
     case KernelChoice::kGemmSplit:
       return {"aten (one GEMM at a time on OpenBLAS's threads)",
@@ -112,9 +117,10 @@ std::string MachineKey() {
     text << in.rdbuf();
     return CpuIdentity(text.str());
   }();
-  // "probe 3": the probes' operands are made outside their timed calls, and the row kernels'
-  // read cold weights (decisions cached by the first probes are measured again).
-  return StrCat(cpu, " | probe 3 | cores ", std::thread::hardware_concurrency(), " | aten threads ",
+  // "probe 4": the probes' operands are made outside their timed calls, the row kernels' read
+  // cold weights, and native bf16 attention runs AVX-512 BF16 dot products where the CPU has
+  // them (decisions cached by earlier probes, of other native paths, are measured again).
+  return StrCat(cpu, " | probe 4 | cores ", std::thread::hardware_concurrency(), " | aten threads ",
                 at::get_num_threads(), " | torch ", TORCH_VERSION, " | openblas ",
                 openblas_get_corename != nullptr ? openblas_get_corename() : "none");
 }
@@ -256,7 +262,7 @@ void SetKernelMode(KernelChoice choice, KernelMode mode) { Mode(choice).store(mo
 KernelMode GetKernelMode(KernelChoice choice) { return Mode(choice).load(); }
 
 std::string KernelDecision::Describe() const {
-  const auto [aten_path, native_path] = PathNames(choice);
+  const auto [aten_path, native_path] = PathNames(choice, op);
   const std::string path = native ? native_path : aten_path;
   if (!measured) return StrCat(op, " ", shape, ": ", path, ", as ", KernelChoiceFlag(choice), " says");
   char times[96];
