@@ -19,6 +19,7 @@
 #include "glossa/io/wav.h"
 #include "glossa/layers/asr_frontend.h"
 #include "glossa/layers/base_layer.h"
+#include "glossa/runtime/blas_kernels.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "bench/bench_util.h"
 

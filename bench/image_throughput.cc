@@ -18,6 +18,7 @@
 #include "glossa/tasks/image/image.h"
 #include "glossa/optim/learner.h"
 #include "glossa/runtime/cpu_runtime.h"
+#include "glossa/runtime/blas_kernels.h"
 #include "bench/bench_util.h"
 
 int main(int argc, char** argv) {

@@ -32,6 +32,7 @@
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/checkpoint/saver.h"
+#include "glossa/runtime/blas_kernels.h"
 #include "bench/bench_util.h"
 
 int main(int argc, char** argv) {

@@ -40,6 +40,7 @@
 #include "glossa/optim/learner.h"
 #include "glossa/optim/optimizer.h"
 #include "glossa/optim/schedule.h"
+#include "glossa/runtime/blas_kernels.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/distributed.h"
 #include "glossa/runtime/gradient_sync.h"

@@ -21,6 +21,7 @@
 #include "glossa/io/safetensors.h"
 #include "glossa/kernels/kernel_choice.h"
 #include "glossa/model/model_registry.h"
+#include "glossa/runtime/blas_kernels.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/runtime/executor.h"
 #include "glossa/runtime/trainer.h"
@@ -325,6 +326,24 @@ log: a callable taking each console line (default: stdout). intra_op_threads as 
 --intra_op_threads (0: the layout glossa picks; it sets torch's thread count). bf16_kernels,
 gemm_split, row_kernels: "measure" (the default: each kernel choice timed on this machine), "aten"
 or "native", as the CLI's flags of those names; for this call only.)doc");
+
+  // OpenBLAS's kernel set by measurement (glossa/runtime/blas_kernels.h), for glossa/__init__.py,
+  // which reads a cached decision itself and calls these only in the processes it starts.
+  m.def("_blas_core_name", [] { return std::string(glossa::BlasCoreName()); });
+  m.def("_blas_choice_key", [] { return glossa::BlasChoiceKey(); });
+  m.def("_run_blas_probe", [] { glossa::RunBlasProbe(); });
+  m.def(
+      "_choose_blas_kernels",
+      [](const std::vector<std::string>& probe_argv) {
+        std::string description;
+        std::string chosen;
+        {
+          py::gil_scoped_release release;
+          chosen = glossa::ChooseBlasKernels(probe_argv, &description);
+        }
+        return std::make_pair(chosen, description);
+      },
+      py::arg("probe_argv"));
 
   m.def(
       "load_checkpoint",

@@ -300,6 +300,83 @@ bool ChooseNative(KernelChoice choice, const std::string& op, const std::string&
   return all.by_key.emplace(key, d).first->second.native;
 }
 
+std::string KernelChoiceCachePath() {
+  Decisions& all = AllDecisions();
+  std::lock_guard<std::mutex> lock(all.mu);
+  if (!all.cache_set) {
+    all.cache = DefaultCachePath();
+    all.cache_set = true;
+  }
+  return all.cache;
+}
+
+std::string ChooseAmongCached(const std::string& key, const std::vector<std::string>& candidates,
+                              const std::function<double(const std::string&)>& seconds,
+                              std::string* description) {
+  if (candidates.empty()) throw InvalidArgumentError("ChooseAmongCached: no candidates for " + key);
+  const std::string cache = KernelChoiceCachePath();
+  int fd = -1;
+  if (!cache.empty()) {
+    try {
+      CreateDirectories(cache.substr(0, cache.rfind('/') + 1));
+      fd = ::open(cache.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    } catch (const Error&) {
+      fd = -1;
+    }
+    if (fd >= 0 && ::flock(fd, LOCK_EX) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  std::string choice, times;
+  if (fd >= 0) {  // the last line for this key, naming a candidate
+    std::string text;
+    char buf[65536];
+    ssize_t got;
+    while ((got = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(got));
+    for (const auto& line : Split(text, '\n')) {
+      const std::vector<std::string> f = Split(line, '\t');
+      if (f.size() == 3 && f[0] == key &&
+          std::find(candidates.begin(), candidates.end(), f[1]) != candidates.end()) {
+        choice = f[1];
+        times = f[2];
+      }
+    }
+  }
+  const bool cached = !choice.empty();
+  if (!cached) {
+    std::vector<double> t;
+    for (const auto& c : candidates) t.push_back(seconds(c));
+    size_t best = 0;
+    for (size_t i = 1; i < t.size(); ++i) {
+      if (t[i] < t[best]) best = i;
+    }
+    if (!(t[best] < kAtenMustWinBy * t[0])) best = 0;  // near ties keep what runs now
+    choice = candidates[best];
+    for (size_t i = 0; i < t.size(); ++i) {
+      times += StrCat(i > 0 ? "," : "", candidates[i], "=", t[i]);
+    }
+    if (fd >= 0) {
+      const std::string line = StrCat(key, "\t", choice, "\t", times, "\n");
+      (void)!::write(fd, line.data(), line.size());
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  if (description != nullptr) {
+    std::string ms;
+    for (const auto& item : Split(times, ',')) {
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos) continue;
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.3g", 1e3 * std::atof(item.c_str() + eq + 1));
+      ms += StrCat(ms.empty() ? "" : ", ", item.substr(0, eq), " ", buf, " ms");
+    }
+    *description = StrCat(choice, " (measured: ", ms, cached ? StrCat("; as cached in ", cache) : "",
+                          ")");
+  }
+  return choice;
+}
+
 std::vector<KernelDecision> KernelDecisions() {
   Decisions& all = AllDecisions();
   std::lock_guard<std::mutex> lock(all.mu);

@@ -81,4 +81,17 @@ void SetKernelChoiceCache(const std::string& path);
 // Every decision this process made, in the order made.
 std::vector<KernelDecision> KernelDecisions();
 
+// A choice among named candidates that a process cannot time in itself (OpenBLAS's kernel set,
+// fixed when the library loads: glossa/runtime/blas_kernels.h). `seconds(candidate)` times one
+// (say, in a child process; +inf when it could not), candidates[0] is what runs now and is kept
+// unless another takes under 0.9 of its time. The decision is kept in the cache file
+// (SetKernelChoiceCache) under `key` as "<key>\t<choice>\t<candidate>=<seconds>,...", the file
+// locked while it is read and a missing decision measured; `description` (if not null) gets
+// "<choice> (measured: <candidate> <ms> ms, ...)".
+std::string ChooseAmongCached(const std::string& key, const std::vector<std::string>& candidates,
+                              const std::function<double(const std::string&)>& seconds,
+                              std::string* description);
+// The cache file decisions are kept in now ("" none).
+std::string KernelChoiceCachePath();
+
 }  // namespace glossa

@@ -163,29 +163,4 @@ const char* BlasCoreName() {
   return openblas_get_corename != nullptr ? openblas_get_corename() : "";
 }
 
-void UseBestBlasKernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("GLOSSA_KEEP_BLAS_KERNELS")) {
-    return;
-  }
-  const std::string core = BlasCoreName();
-  // OpenBLAS's kernel sets without AVX2 GEMMs.
-  static const char* const kOld[] = {"Prescott", "Core2",    "Penryn",    "Dunnington", "Nehalem",
-                                     "Atom",     "Sandybridge", "Barcelona", "Bobcat",  "Katmai",
-                                     "Coppermine", "Northwood", "Banias",  "Opteron", "Opteron_SSE3"};
-  if (std::none_of(std::begin(kOld), std::end(kOld), [&](const char* c) { return core == c; })) {
-    return;
-  }
-  const X86Features cpu = ProbeX86Features();
-  const char* better = nullptr;
-  if (cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512dq) {
-    better = "SkylakeX";
-  } else if (cpu.avx2 && cpu.fma) {
-    better = "Haswell";
-  }
-  if (better == nullptr) return;
-  setenv("OPENBLAS_CORETYPE", better, 1);
-  execv("/proc/self/exe", argv);
-  unsetenv("OPENBLAS_CORETYPE");  // exec failed: go on with the kernels we have
-}
-
 }  // namespace glossa

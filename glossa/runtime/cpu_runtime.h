@@ -64,14 +64,6 @@ CpuRuntimeLayout ApplyServingLayout(const ServingLayout& layout, CpuRuntimeLayou
 // layout sets it to 8 unless OPENBLAS_THREAD_TIMEOUT says otherwise (cpu_runtime.cc: SetBlasSpin).
 int BlasThreadTimeout();
 
-// OpenBLAS picks its GEMM kernels from CPUID when it loads. In some VMs it settles on a pre-AVX2
-// kernel set (e.g. Prescott, SSE3) on a CPU with AVX2 or AVX-512, and fp32 GEMMs run 2-3x
-// slower. When that has happened and OPENBLAS_CORETYPE is not set, this re-executes the program
-// (/proc/self/exe, the same argv and PID) with OPENBLAS_CORETYPE naming the kernels the CPU and
-// OS support: SkylakeX with AVX-512, Haswell with AVX2 and FMA. Otherwise it returns. Call it
-// first thing in main (the glossa program and the benchmarks do); GLOSSA_KEEP_BLAS_KERNELS=1
-// turns it off.
-void UseBestBlasKernels(char** argv);
 // The kernel set OpenBLAS uses ("" when OpenBLAS is not loaded).
 const char* BlasCoreName();
 

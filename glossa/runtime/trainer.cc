@@ -1,5 +1,7 @@
 #include "glossa/runtime/trainer.h"
 
+#include <glog/logging.h>
+
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/dtype.h"
@@ -31,6 +33,7 @@ int64_t Train(const Params& model_params, TrainOptions options) {
     const ParamValue& fprop = p.Get(MainTaskPath(p) + ".fprop_dtype");
     ConfigureCpuRuntime(*options.intra_op_threads,
                         !fprop.is_none() && fprop.AsDType() == DType::kBFloat16);
+    if (*BlasCoreName() != '\0') LOG(INFO) << "OpenBLAS kernels: " << BlasCoreName();
   }
   Executor ex(p, std::move(options.executor));
   struct Registration {

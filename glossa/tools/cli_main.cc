@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "glossa/base/file.h"
+#include "glossa/runtime/blas_kernels.h"
 #include "glossa/runtime/cpu_runtime.h"
 #include "glossa/tools/cli.h"
 
@@ -62,7 +63,7 @@ std::string GlossaPythonDir() {
 int main(int argc, char** argv) {
   // First: a stop from here on is a clean stop (docs/training.md, "Stopping").
   glossa::InstallStopHandlersFor(std::vector<std::string>(argv, argv + argc));
-  glossa::UseBestBlasKernels(argv);  // may re-execute this program (glossa/runtime/cpu_runtime.h)
+  glossa::UseBestBlasKernels(argv);  // may re-execute this program (glossa/runtime/blas_kernels.h)
   const std::vector<std::string> args(argv, argv + argc);
   const std::string py_model = glossa::PythonModelFlag(args);
   if (!py_model.empty()) RunInPython(args, py_model);

@@ -24,14 +24,14 @@ import subprocess
 import sys
 import warnings
 
-# OpenBLAS kernels without AVX2 (the kernel sets it settles on in some VMs) run fp32 GEMMs 2-3x
-# slower, and give other bits than the glossa program, which re-executes itself with
-# OPENBLAS_CORETYPE naming the best kernels (glossa/runtime/cpu_runtime.h). The same here, while
-# OpenBLAS is not loaded yet: import glossa before torch.
-_OLD_BLAS_CORES = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
-                   "Barcelona", "Bobcat", "Katmai", "Coppermine", "Northwood", "Banias",
-                   "Opteron", "Opteron_SSE3"}
-_BLAS_PROBE = """
+# OpenBLAS's kernel set, as the glossa program chooses it (glossa/runtime/blas_kernels.h): the
+# sets this CPU supports are timed on fp32 GEMMs, each in a process started with OPENBLAS_CORETYPE
+# naming it, and the decision is cached per machine in the kernel-choice cache file. OpenBLAS
+# reads OPENBLAS_CORETYPE when it loads, so this runs before torch: import glossa first. A cached
+# decision is read here (no process started); a missing one is measured once by a process that
+# loads the extension (GLOSSA_BLAS_DECIDING) and probe processes of `import glossa`
+# (GLOSSA_BLAS_PROBE).
+_BLAS_CORE = """
 import ctypes
 try:
     f = ctypes.CDLL("libblas.so.3").openblas_get_corename
@@ -40,43 +40,118 @@ except (OSError, AttributeError):
 f.restype = ctypes.c_char_p
 print(f().decode())
 """
+_BLAS_DECIDE = """
+import sys
+import glossa._glossa as g
+chosen, description = g._choose_blas_kernels([sys.executable, "-c", "import glossa"])
+print(chosen)
+print("kernel choice: blas_kernels (OpenBLAS's kernel set): " + description, file=sys.stderr)
+"""
 
 
-def _best_blas_core():
+def _cpu_identity(cpuinfo):
+    """glossa::CpuIdentity (glossa/kernels/kernel_choice.h) of /proc/cpuinfo's text."""
+    name, vendor, family, model, stepping, flags = "unknown cpu", "", "", "", "", ""
+    for line in cpuinfo.split("\n"):
+        colon = line.find(":")
+        if colon < 0:
+            if flags:
+                break  # the end of the first processor's block
+            continue
+        k, v = line[:colon].strip(), line[colon + 1:].strip()
+        if k == "model name" and name == "unknown cpu":
+            name = v
+        elif k == "vendor_id" and not vendor:
+            vendor = v
+        elif k == "cpu family" and not family:
+            family = v
+        elif k == "model" and not model:
+            model = v
+        elif k == "stepping" and not stepping:
+            stepping = v
+        elif k == "flags" and not flags:
+            flags = v
+    h = 1469598103934665603
+    for c in flags.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return "%s (%s family %s model %s stepping %s, flags %s)" % (
+        name, vendor or "?", family or "?", model or "?", stepping or "?", ("%016x" % h)[:8])
+
+
+def _blas_choice_key(core):
+    """glossa::BlasChoiceKey() for OpenBLAS's own pick `core`."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((l.split(":")[1].split() for l in f if l.startswith("flags")), [])
+            cpu = _cpu_identity(f.read())
     except OSError:
-        return None
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags):
-        return "SkylakeX"
-    if {"avx2", "fma"} <= set(flags):
-        return "Haswell"
+        cpu = _cpu_identity("")
+    return "%s | blas probe 1 | cores %d | openblas %s | blas_kernels" % (cpu, os.cpu_count(), core)
+
+
+def _kernel_choice_cache():
+    """The kernel-choice cache file (glossa/kernels/kernel_choice.h), or None."""
+    env = os.environ.get("GLOSSA_KERNEL_CHOICE_CACHE")
+    if env is not None:
+        return None if env in ("", "none") else env
+    for base, sub in ((os.environ.get("XDG_CACHE_HOME"), "glossa"),
+                      (os.environ.get("HOME"), os.path.join(".cache", "glossa"))):
+        if base:
+            return os.path.join(base, sub, "kernel_choices.tsv")
     return None
 
 
+def _cached_blas_choice(key):
+    path = _kernel_choice_cache()
+    if path is None:
+        return None
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return None
+    chosen = None
+    for line in lines:
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[0] == key and fields[1].isalnum():
+            chosen = fields[1]
+    return chosen
+
+
 def _use_best_blas_kernels():
-    if os.environ.get("OPENBLAS_CORETYPE") or os.environ.get("GLOSSA_KEEP_BLAS_KERNELS"):
+    if os.environ.get("GLOSSA_BLAS_PROBE"):  # a probe process (see above): time, print, exit
+        import torch  # noqa: F401  (the extension needs libtorch loaded first)
+        from . import _glossa as g
+        g._run_blas_probe()
+        os._exit(0)
+    if (os.environ.get("GLOSSA_BLAS_DECIDING") or os.environ.get("OPENBLAS_CORETYPE")
+            or os.environ.get("GLOSSA_KEEP_BLAS_KERNELS")):
         return
     if "torch" in sys.modules:
         try:
-            import ctypes
             f = ctypes.CDLL("libblas.so.3").openblas_get_corename
             f.restype = ctypes.c_char_p
             core = f().decode()
         except (OSError, AttributeError):
             return
-        if core in _OLD_BLAS_CORES and _best_blas_core():
-            warnings.warn("OpenBLAS runs its %s kernels (no AVX2) because torch was imported "
-                          "before glossa: GEMMs run 2-3x slower than in the glossa program. "
-                          "Import glossa first, or set OPENBLAS_CORETYPE=%s."
-                          % (core, _best_blas_core()), RuntimeWarning, stacklevel=3)
+        # OpenBLAS was loaded by torch: too late to choose. Say so when the choice differs.
+        chosen = _cached_blas_choice(_blas_choice_key(core))
+        if chosen and chosen != core:
+            warnings.warn("OpenBLAS runs its %s kernels because torch was imported before glossa; "
+                          "the glossa program runs %s on this machine (measured). Import glossa "
+                          "first, or set OPENBLAS_CORETYPE=%s." % (core, chosen, chosen),
+                          RuntimeWarning, stacklevel=3)
         return
-    core = subprocess.run([sys.executable, "-c", _BLAS_PROBE], capture_output=True, text=True,
+    core = subprocess.run([sys.executable, "-c", _BLAS_CORE], capture_output=True, text=True,
                           env=dict(os.environ, OPENBLAS_NUM_THREADS="1")).stdout.strip()
-    best = _best_blas_core()
-    if core in _OLD_BLAS_CORES and best:
-        os.environ["OPENBLAS_CORETYPE"] = best
+    if not core:
+        return
+    chosen = _cached_blas_choice(_blas_choice_key(core))
+    if chosen is None:
+        decided = subprocess.run([sys.executable, "-c", _BLAS_DECIDE], stdout=subprocess.PIPE,
+                                 text=True, env=dict(os.environ, GLOSSA_BLAS_DECIDING="1"))
+        chosen = decided.stdout.strip() if decided.returncode == 0 else ""
+    if chosen and chosen != core:
+        os.environ["OPENBLAS_CORETYPE"] = chosen
 
 
 _use_best_blas_kernels()

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <map>
 #include <string>
 
 #include <unistd.h>
@@ -89,6 +91,37 @@ TEST(KernelChoice, TheMachineKeyTellsCpusOfOneNameApart) {
   EXPECT_NE(a, CpuIdentity(zen4_fewer_flags));
   EXPECT_EQ(a, CpuIdentity(zen4));  // the second processor's block is not read
   EXPECT_EQ(CpuIdentity("").rfind("unknown cpu (? family ?", 0), 0u) << CpuIdentity("");
+}
+
+// A choice among named candidates timed outside the process (OpenBLAS's kernel sets): the
+// fastest, unless what runs now (the first) is within 10%; cached, with lines of other keys,
+// candidates or shapes in the file ignored; a candidate that could not be timed (+inf) loses.
+TEST(KernelChoice, AChoiceAmongCandidatesKeepsTheFastestAndIsCached) {
+  const std::string dir = testing::TempDir("kernel_choice_among");
+  const std::string previous = KernelChoiceCachePath();
+  SetKernelChoiceCache(dir + "/k.tsv");
+  AtomicWriteFile(dir + "/k.tsv", "garbage\nkey1\tnot_a_candidate\tx=1\nkey1\ta\n");
+  int calls = 0;
+  std::map<std::string, double> t = {{"a", 0.010}, {"b", 0.002}, {"c", 0.005}};
+  auto seconds = [&](const std::string& c) {
+    ++calls;
+    return t.at(c);
+  };
+  std::string d;
+  EXPECT_EQ(ChooseAmongCached("key1", {"a", "b", "c"}, seconds, &d), "b");
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(d, "b (measured: a 10 ms, b 2 ms, c 5 ms)");
+  EXPECT_EQ(ChooseAmongCached("key1", {"a", "b", "c"}, seconds, &d), "b");
+  EXPECT_EQ(calls, 3) << "a cached decision was measured again";
+  EXPECT_EQ(d, "b (measured: a 10 ms, b 2 ms, c 5 ms; as cached in " + dir + "/k.tsv)");
+  t = {{"a", 0.010}, {"b", 0.0095}};  // a near tie keeps what runs now
+  EXPECT_EQ(ChooseAmongCached("key2", {"a", "b"}, seconds, nullptr), "a");
+  t = {{"a", std::numeric_limits<double>::infinity()}, {"b", 0.5}};
+  EXPECT_EQ(ChooseAmongCached("key3", {"a", "b"}, seconds, nullptr), "b");
+  t = {{"a", std::numeric_limits<double>::infinity()}, {"b", t["a"]}};
+  EXPECT_EQ(ChooseAmongCached("key4", {"a", "b"}, seconds, nullptr), "a");
+  EXPECT_THROW(ChooseAmongCached("key5", {}, seconds, nullptr), InvalidArgumentError);
+  SetKernelChoiceCache(previous);
 }
 
 TEST(KernelChoice, APinnedModeDecidesWithoutMeasuring) {

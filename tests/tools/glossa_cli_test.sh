@@ -19,6 +19,15 @@ expect_error() {  # expect_error <pattern> <args...>
 }
 
 expect_ok "Usage|help" --help
+# The probe UseBestBlasKernels times each OpenBLAS kernel set with (glossa/runtime/blas_kernels.h):
+# one line, a positive time, exit 0, and nothing else run.
+if probe=$(GLOSSA_BLAS_PROBE=1 OPENBLAS_CORETYPE=Haswell "$glossa" train --no_such_flag 2>/dev/null); then
+  if ! awk '$1 == "blas_probe_seconds" && $2 > 0 { ok = 1 } END { exit !(ok && NR == 1) }' <<<"$probe"; then
+    echo "FAIL: the BLAS probe printed: $probe"; fail=1
+  fi
+else
+  echo "FAIL: the BLAS probe exited non-zero: $probe"; fail=1
+fi
 expect_error "unregistered class no.such.Model" inspect_params no.such.Model
 echo "this line has no colon" > "$tmp/bad.txt"
 expect_error "A subcommand is required" 
