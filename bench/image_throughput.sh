@@ -15,13 +15,8 @@ bin="$build/bin/bench_image_throughput"
 [ -x "$bin" ] || { echo "build first: bash scripts/build.sh"; exit 1; }
 cores=$(nproc)
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
-# The same OpenBLAS kernels for both (the glossa program picks them this way when OpenBLAS
-# settles on pre-AVX2 kernels in a VM).
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=SkylakeX
-elif [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=Haswell
-fi
+# The same OpenBLAS kernels for both: the set Glossa's programs measured fastest here.
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$(bash bench/blas_core.sh "$build")}"
 printf "%-7s %16s %16s %7s %19s %7s\n" model glossa_images/s torch_images/s ratio torch_cl_images/s ratio
 for model in ${MODELS:-lenet5 resnet}; do
   steps=20

@@ -17,14 +17,9 @@ bin="$build/bin/bench_train_throughput"
 [ -x "$bin" ] || { echo "build first: bash scripts/build.sh"; exit 1; }
 cores=$(nproc)
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
-# The same OpenBLAS kernels for both (the glossa program picks them this way when OpenBLAS settles
-# on pre-AVX2 kernels in a VM; without this PyTorch ran the fp32 rows with Prescott kernels, 2.6×
-# slower, on 2026-12-01).
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=SkylakeX
-elif [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=Haswell
-fi
+# The same OpenBLAS kernels for both: the set Glossa's programs measured fastest here (without
+# this PyTorch ran the fp32 rows with Prescott kernels, 2.6× slower, on 2026-12-01).
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$(bash bench/blas_core.sh "$build")}"
 peak=$("$bin" --gemm --runs=5 2>/dev/null | awk '/gemm_fp32_gflops/ {print $2}')
 bf16_out=$("$bin" --gemm --dtype=bf16 --runs=5 2>/dev/null)
 peak_onednn=$(awk '/gemm_bf16_gflops/ {print $2}' <<<"$bf16_out")

@@ -9,7 +9,7 @@ set -u
 cd "$(dirname "$0")/.."
 other="${1:?usage: bench/train_throughput_paired.sh OTHER_BUILD_DIR}"
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=67108864
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$(grep -qw avx512f /proc/cpuinfo && echo SkylakeX || echo Haswell)}
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$(bash bench/blas_core.sh build)}"
 new=build/bin/bench_train_throughput; old="$other/bin/bench_train_throughput"
 [ -x "$new" ] && [ -x "$old" ] || { echo "build both first (see the top of this file)" >&2; exit 1; }
 tiny="--model_dim=128 --num_layers=2 --num_heads=4 --hidden_dim=512 --vocab=2000 --seq=128 --batch=16 --steps=20"
