@@ -10,9 +10,11 @@
 //     at::Tensor loss = (r.xent * weights).sum();   // backward through r.xent
 //   }
 //
-// Float32 logits (other dtypes are cast), vectorized with AVX-512: FusedSoftmaxXentApplies()
-// is false on CPUs without it, and callers keep the ATen composition there. Results equal the
-// ATen composition to float32 rounding (the exponential is a degree-6 polynomial, ~1 ulp).
+// Float32 or bf16 logits (bf16 read as they are, widened exactly, and their gradient given in
+// bf16, rounded once from float32; other dtypes are cast to float32), vectorized with AVX-512
+// (F, BW and VL): FusedSoftmaxXentApplies() is false on CPUs without it, and callers keep the
+// ATen composition there. Results equal the ATen composition to float32 rounding (the
+// exponential is a degree-6 polynomial, ~1 ulp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,12 +30,13 @@ struct SoftmaxXent {
   at::Tensor argmax;          // int64, the first maximal class; undefined unless asked for
 };
 
-// Whether this CPU runs the fused kernel (AVX-512F; false with GLOSSA_KERNELS=reference), and
+// Whether this CPU runs the fused kernel (AVX-512 F, BW and VL; false with
+// GLOSSA_KERNELS=reference), and
 // whether it runs for these logits (also on the CPU): callers keep the ATen composition otherwise.
 bool FusedSoftmaxXentSupported();
 bool FusedSoftmaxXentApplies(const at::Tensor& logits);
 
-// logits [..., C] (float32, or cast to it), labels [...] integers in [0, C) (else an error).
+// logits [..., C] (float32 or bf16, or cast to float32), labels [...] integers in [0, C) (else an error).
 // With `bias` [C], the logits are logits + bias, added in the kernel's passes (the caller's GEMM
 // then need not broadcast it into its output first), and the bias gets its gradient (the
 // column sums of the logits' gradient) from the same backward pass.

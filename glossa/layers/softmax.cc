@@ -217,11 +217,12 @@ NestedMap SimpleFullSoftmax::FProp(const NestedMap& theta, const at::Tensor& inp
     const at::Tensor x = CastToFPropDtype(inputs);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = num_classes_;
-    // In float32 (the kernel's dtype): bf16 products arrive rounded to bf16 as before, without
-    // a bf16 copy of all N·C logits and its widening (and the same in the backward).
+    // In x's dtype: the kernel reads bf16 logits as they are and gives their gradient in bf16
+    // (ATen's bf16 GEMM then needs no float32 copy of all N·C logits, nor its backward one of
+    // the gradient); float32 ones as float32.
     const at::Tensor& w = theta.GetTensor("weight_0");
     const at::Tensor xw = PlannedAffine("weight_0", w, x.reshape({-1, input_dim_}), w,
-                                        at::Tensor(), /*relu=*/false, /*float_out=*/true)
+                                        at::Tensor(), /*relu=*/false, /*float_out=*/false)
                               .view(shape);
     return Xent(xw, theta.GetTensor("bias_0"), class_ids, class_weights, paddings, {});
   }

@@ -43,7 +43,7 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, double atol, dou
 class FusedXentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!FusedSoftmaxXentSupported()) GTEST_SKIP() << "this CPU has no AVX-512F";
+    if (!FusedSoftmaxXentSupported()) GTEST_SKIP() << "this CPU has no AVX-512 F, BW and VL";
   }
 };
 
@@ -98,6 +98,36 @@ TEST_F(FusedXentTest, BiasIsAddedAndGetsItsGradient) {
   EXPECT_THROW(FusedSoftmaxXent(at::zeros({2, 5}), at::zeros({2}, at::kLong), 1, 0, false,
                                 at::zeros({4})),
                c10::Error);
+}
+
+// bf16 logits are read as they are: the outputs are bit for bit those of the float32 kernel on
+// the widened logits, the gradient that float32 gradient rounded to bf16 (what casting the logits
+// to float32 first and the gradient back gave), the bias gradient the same float32 sums.
+TEST_F(FusedXentTest, Bf16LogitsGiveTheWidenedLogitsResultsBitForBit) {
+  at::manual_seed(5);
+  for (int64_t classes : {7, 16, 37, 2000}) {
+    for (const bool with_bias : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "C=" << classes << (with_bias ? " bias" : ""));
+      const at::Tensor logits = (at::randn({4, 9, classes}) * 3).to(at::kBFloat16);
+      const at::Tensor bias = with_bias ? at::randn({classes}) : at::Tensor();
+      // The label sits in every 16-column chunk and its tail somewhere among the rows.
+      const at::Tensor labels = at::randint(0, classes, {4, 9}, at::kLong);
+      const at::Tensor upstream = at::rand({4, 9});
+      auto run = [&](bool bf16) {
+        at::Tensor x = (bf16 ? logits : logits.to(at::kFloat)).clone().requires_grad_(true);
+        at::Tensor b = with_bias ? bias.clone().requires_grad_(true) : at::Tensor();
+        SoftmaxXent r = FusedSoftmaxXent(x, labels, 0.9, 0.1 / classes, true, b);
+        (r.xent * upstream).sum().backward();
+        return std::vector<at::Tensor>{r.xent, r.label_log_prob, r.max_log_prob, r.argmax,
+                                       x.grad(), with_bias ? b.grad() : at::zeros({1})};
+      };
+      const auto got = run(true), want = run(false);
+      for (int i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "output " << i;
+      EXPECT_EQ(got[4].scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(at::equal(got[4], want[4].to(at::kBFloat16))) << "gradient";
+      EXPECT_TRUE(at::equal(got[5], want[5])) << "bias gradient";
+    }
+  }
 }
 
 TEST_F(FusedXentTest, ArgmaxIsTheFirstMaximalClassAndTiesAreCorrect) {
