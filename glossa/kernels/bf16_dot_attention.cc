@@ -171,38 +171,27 @@ void PairsAcrossRows(const uint16_t* x, int64_t row, int64_t R, int64_t H, uint3
   }
 }
 
-// dst[p][c] = (x[2p][c], x[2p + 1][c]) for c < C: pairs of consecutive rows of bf16 x (row
-// stride `row`), ⌈R/2⌉ of them (a missing row 2p + 1 gives 0); dst's row stride C.
-GLOSSA_BF16_DOT void PairsOfRows(const uint16_t* x, int64_t row, int64_t R, int64_t C,
-                                 uint32_t* dst) {
-  for (int64_t p = 0; 2 * p < R; ++p) {
-    const uint16_t* lo = x + 2 * p * row;
-    const uint16_t* hi = 2 * p + 1 < R ? lo + row : nullptr;
-    for (int64_t c = 0; c < C; c += 16) {
-      const __mmask16 m = bf16_simd::FirstLanes(C - c);
-      __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + c));
-      if (hi != nullptr) {
-        w = _mm512_or_si512(
-            w, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + c)), 16));
-      }
-      _mm512_mask_storeu_epi32(dst + p * C + c, m, w);
-    }
-  }
+// The bf16 bits of 16 values (the first lanes of m) in the low halves of 32-bit lanes: bf16
+// values as they are, float32 ones rounded (as c10::BFloat16 rounds).
+GLOSSA_BF16_DOT inline __m512i Bits16(const uint16_t* x, __mmask16 m) {
+  return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x));
+}
+GLOSSA_BF16_DOT inline __m512i Bits16(const float* x, __mmask16 m) {
+  return bf16_simd::RoundToBits(_mm512_maskz_loadu_ps(m, x));
 }
 
-// The same of float32 rows, each value rounded to bf16 (as c10::BFloat16 rounds).
-GLOSSA_BF16_DOT void RoundedPairsOfRows(const float* x, int64_t row, int64_t R, int64_t C,
-                                        uint32_t* dst) {
+// dst[p][c] = (x[2p][c], x[2p + 1][c]) for c < C: pairs of consecutive rows of x (bf16, or
+// float32 rounded to bf16; row stride `row`), ⌈R/2⌉ of them (a missing row 2p + 1 gives 0);
+// dst's row stride C.
+template <typename T>
+GLOSSA_BF16_DOT void PairsOfRows(const T* x, int64_t row, int64_t R, int64_t C, uint32_t* dst) {
   for (int64_t p = 0; 2 * p < R; ++p) {
-    const float* lo = x + 2 * p * row;
-    const float* hi = 2 * p + 1 < R ? lo + row : nullptr;
+    const T* lo = x + 2 * p * row;
+    const T* hi = 2 * p + 1 < R ? lo + row : nullptr;
     for (int64_t c = 0; c < C; c += 16) {
       const __mmask16 m = bf16_simd::FirstLanes(C - c);
-      __m512i w = bf16_simd::RoundToBits(_mm512_maskz_loadu_ps(m, lo + c));
-      if (hi != nullptr) {
-        w = _mm512_or_si512(
-            w, _mm512_slli_epi32(bf16_simd::RoundToBits(_mm512_maskz_loadu_ps(m, hi + c)), 16));
-      }
+      __m512i w = Bits16(lo + c, m);
+      if (hi != nullptr) w = _mm512_or_si512(w, _mm512_slli_epi32(Bits16(hi + c, m), 16));
       _mm512_mask_storeu_epi32(dst + p * C + c, m, w);
     }
   }
@@ -348,8 +337,8 @@ Bf16DotAttentionGrads Bf16DotAttentionBackward(const at::Tensor& q, const at::Te
       at::Tensor ds = at::from_blob(dp.data(), {1, 1, T, S}, at::kFloat);
       SoftmaxBackwardInPlace(ds, HeadRows(probs, b, n), causal_block, blocks.RowStarts(b));
       RoundRows(dp.data(), T, S, dsb.data());
-      RoundedPairsOfRows(dp.data(), S, T, S, xds.data());  // xds[p][s]: queries 2p and 2p + 1
-      RoundedPairsOfRows(probs.data_ptr<float>() + i * T * S, S, T, S, xp.data());
+      PairsOfRows(dp.data(), S, T, S, xds.data());  // xds[p][s]: queries 2p and 2p + 1
+      PairsOfRows(probs.data_ptr<float>() + i * T * S, S, T, S, xp.data());
       // dq = dS·k over each block's keys.
       for (int64_t t0 = 0; t0 < T; t0 += blocks.blk) {
         const int64_t t1 = std::min(T, t0 + blocks.blk);

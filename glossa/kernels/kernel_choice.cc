@@ -125,14 +125,37 @@ std::string MachineKey() {
                 openblas_get_corename != nullptr ? openblas_get_corename() : "none");
 }
 
-// The cached decision for `key` in the (locked) cache file, if any: "aten"/"native" and times.
-std::optional<KernelDecision> ReadCached(int fd, const std::string& key, KernelDecision d) {
+// The cache file opened for appending and locked (flock, released by close), or -1 when there is
+// none or it cannot be (the caller then measures without it).
+int OpenLocked(const std::string& cache) {
+  if (cache.empty()) return -1;
+  int fd = -1;
+  try {
+    CreateDirectories(cache.substr(0, cache.rfind('/') + 1));
+    fd = ::open(cache.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  } catch (const Error&) {
+    return -1;
+  }
+  if (fd >= 0 && ::flock(fd, LOCK_EX) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The whole (locked) cache file.
+std::string ReadAll(int fd) {
   std::string text;
   char buf[65536];
   ssize_t got;
   ::lseek(fd, 0, SEEK_SET);
   while ((got = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(got));
-  for (const auto& line : Split(text, '\n')) {
+  return text;
+}
+
+// The cached decision for `key` in the (locked) cache file, if any: "aten"/"native" and times.
+std::optional<KernelDecision> ReadCached(int fd, const std::string& key, KernelDecision d) {
+  for (const auto& line : Split(ReadAll(fd), '\n')) {
     const std::vector<std::string> f = Split(line, '\t');
     if (f.size() != 4 || f[0] != key || (f[1] != "aten" && f[1] != "native")) continue;
     d.native = f[1] == "native";
@@ -203,19 +226,8 @@ KernelDecision Measure(KernelChoice choice, const std::string& op, const std::st
 KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
                                const std::string& op, const std::string& shape,
                                const std::function<void(bool)>& run) {
-  int fd = -1;
-  if (!cache.empty()) {
-    try {
-      CreateDirectories(cache.substr(0, cache.rfind('/') + 1));
-      fd = ::open(cache.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    } catch (const Error&) {
-      fd = -1;
-    }
-  }
-  if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
-    if (fd >= 0) ::close(fd);
-    return Measure(choice, op, shape, run);
-  }
+  const int fd = OpenLocked(cache);
+  if (fd < 0) return Measure(choice, op, shape, run);
   const std::string key = StrCat(MachineKey(), " | ", op, " ", shape);
   std::optional<KernelDecision> d = ReadCached(fd, key, NewDecision(choice, op, shape));
   if (!d) {
@@ -315,26 +327,10 @@ std::string ChooseAmongCached(const std::string& key, const std::vector<std::str
                               std::string* description) {
   if (candidates.empty()) throw InvalidArgumentError("ChooseAmongCached: no candidates for " + key);
   const std::string cache = KernelChoiceCachePath();
-  int fd = -1;
-  if (!cache.empty()) {
-    try {
-      CreateDirectories(cache.substr(0, cache.rfind('/') + 1));
-      fd = ::open(cache.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    } catch (const Error&) {
-      fd = -1;
-    }
-    if (fd >= 0 && ::flock(fd, LOCK_EX) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
+  const int fd = OpenLocked(cache);
   std::string choice, times;
   if (fd >= 0) {  // the last line for this key, naming a candidate
-    std::string text;
-    char buf[65536];
-    ssize_t got;
-    while ((got = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(got));
-    for (const auto& line : Split(text, '\n')) {
+    for (const auto& line : Split(ReadAll(fd), '\n')) {
       const std::vector<std::string> f = Split(line, '\t');
       if (f.size() == 3 && f[0] == key &&
           std::find(candidates.begin(), candidates.end(), f[1]) != candidates.end()) {
