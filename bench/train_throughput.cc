@@ -16,6 +16,15 @@
 // instead of timings. With --profile_ops: where `steps` steps' time goes (inclusive times by op
 // and autograd node, and the page faults per step); GLOSSA_PROFILE_SHAPES=<op> adds a line per
 // call of that op (its inputs' sizes and strides, its time and its page faults).
+// With --peak_beside (train_throughput.sh sets it), each timed run is followed by a short
+// measurement of the row's own GEMM peak (2048² matmul in its dtype: OpenBLAS's fp32, or the
+// faster of oneDNN's bf16 and Glossa's native one), and the median over runs of the run's FLOP
+// rate over that peak is printed as own_peak_fraction: on a VM whose speed moves ~2x between
+// invocations a peak measured minutes apart is in another state than the run it divides.
+// With --gemm_model (the LM task): the step's GEMMs alone at the model's shapes (each projection
+// and the logits, forward x·w and backward dy·wᵀ and xᵀ·dy, batch·seq rows, on ATen's mm in the
+// dtype), their FLOP rate against the 2048² peak measured beside them: a bound on the step's
+// fraction of that peak, whatever else the step does.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -80,6 +89,8 @@ int main(int argc, char** argv) {
                               {"threads", "0"},
                               {"gemm", "0"},
                               {"gemm_shape", "2048x2048x2048"},
+                              {"peak_beside", "0"},
+                              {"gemm_model", "0"},
                               {"bf16_kernels", "measure"},
                               {"gemm_split", "measure"},
                               {"task", "lm"},
@@ -290,11 +301,69 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::vector<double> rates;
+  if (f["gemm_model"] == "1" && !mt) {
+    at::NoGradGuard no_grad;
+    const at::ScalarType dt = f["dtype"] == "bf16" ? at::kBFloat16 : at::kFloat;
+    const int64_t rows = batch * seq;
+    struct G {
+      int64_t k, n, count;
+    };
+    const G gemms[] = {{d, 3 * d, layers}, {d, d, layers}, {d, hidden, layers},
+                       {hidden, d, layers}, {d, vocab, 1}};
+    auto time_mm = [&](const at::Tensor& a, const at::Tensor& b) {
+      at::mm(a, b);
+      double best = 1e30;
+      for (int w = 0; w < 5; ++w) {
+        const double t0 = Now();
+        at::mm(a, b);
+        best = std::min(best, Now() - t0);
+      }
+      return best;
+    };
+    double seconds = 0, gflop = 0;
+    for (const G& g : gemms) {
+      const at::Tensor x = at::randn({rows, g.k}).to(dt), w = at::randn({g.k, g.n}).to(dt),
+                       dy = at::randn({rows, g.n}).to(dt);
+      const double t = time_mm(x, w) + time_mm(dy, w.t()) + time_mm(x.t(), dy);
+      seconds += g.count * t;
+      gflop += g.count * 3 * 2.0 * rows * g.k * g.n / 1e9;
+    }
+    const at::Tensor a = at::randn({2048, 2048}).to(dt), b = at::randn({2048, 2048}).to(dt);
+    const double peak = 2.0 * 2048 * 2048 * 2048 / time_mm(a, b) / 1e9;
+    std::printf("model_gemm_ms_per_step %.1f model_gemm_gflops %.1f gemm_2048_gflops %.1f "
+                "fraction %.3f\n",
+                1e3 * seconds, gflop / seconds, peak, gflop / seconds / peak);
+    return 0;
+  }
+  // The row's GEMM peak now (see --peak_beside): the fastest of 4 windows of 3 2048² matmuls.
+  const bool peak_beside = f["peak_beside"] == "1";
+  auto peak_now = [&] {
+    at::NoGradGuard no_grad;
+    const bool bf16 = f["dtype"] == "bf16";
+    at::Tensor a = at::randn({2048, 2048}), b = at::randn({2048, 2048});
+    if (bf16) {
+      a = a.to(at::kBFloat16);
+      b = b.to(at::kBFloat16);
+    }
+    double best = 0;
+    for (const bool native : {false, true}) {
+      if (native && !bf16) break;
+      auto call = [&] { return native ? Bf16AffineNative(a, b, at::Tensor()) : at::mm(a, b); };
+      call();
+      for (int w = 0; w < 4; ++w) {
+        const double t0 = Now();
+        for (int i = 0; i < 3; ++i) call();
+        best = std::max(best, 3 * 2.0 * 2048 * 2048 * 2048 / (Now() - t0) / 1e9);
+      }
+    }
+    return best;
+  };
+  std::vector<double> rates, peaks;
   for (int r = 0; r < runs; ++r) {
     const double t0 = Now();
     for (int s = 0; s < steps; ++s) train_step();
     rates.push_back(static_cast<double>(steps * batch * seq) / (Now() - t0));
+    if (peak_beside) peaks.push_back(peak_now());
   }
   // Training FLOPs per token: 6 x matmul parameters (attention projections, feed-forward, softmax)
   // + 12 x layers x seq x d for the attention scores and their use.
@@ -311,6 +380,11 @@ int main(int argc, char** argv) {
       "glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d "
       "blas_core %s\n",
       Median(rates), flops, layout.aten_threads, layout.blas_threads, BlasCoreName());
+  if (peak_beside) {
+    std::vector<double> fractions;
+    for (size_t r = 0; r < rates.size(); ++r) fractions.push_back(rates[r] * flops / 1e9 / peaks[r]);
+    std::printf("own_peak_gflops %.1f own_peak_fraction %.3f\n", Median(peaks), Median(fractions));
+  }
   bench::PrintKernelChoices();
   if (sync) {
     const auto st = sync->stats();

@@ -5,7 +5,8 @@
 # same thread layout (glossa/runtime/cpu_runtime.h: fp32 = 1 ATen thread + OpenBLAS on every core;
 # bf16 = ATen on every core + 1 OpenBLAS thread) and the same glibc allocator settings. Prints
 # tokens/s medians, their ratio, FLOPs per token and the fractions of the measured fp32 GEMM peak
-# and of the peak of the row's own dtype (bf16 rows: the bf16 GEMM peak).
+# and of the peak of the row's own dtype (bf16 rows: the bf16 GEMM peak), the latter measured right
+# after each of Glossa's timed runs (--peak_beside), in the machine state the run saw.
 #   bash bench/train_throughput.sh [runs=3] [build_dir=build] [reps=3]
 # Each framework is invoked `reps` times, alternating, each invocation timing `runs` runs.
 set -euo pipefail
@@ -28,7 +29,7 @@ glossa_via=$(awk '/gemm_bf16_glossa_gflops/ {print $4}' <<<"$bf16_out")
 # The bf16 rows' own peak: the faster of the two bf16 GEMMs this machine offers.
 peak_bf16=$(awk -v a="$peak_onednn" -v b="$peak_glossa" 'BEGIN { print (b > a ? b : a) }')
 echo "CPU: $(bash bench/cpu.sh)"
-echo "GEMM peaks (2048^2 matmul, $cores cores): fp32 $peak GFLOP/s (OpenBLAS); bf16 $peak_onednn GFLOP/s (ATen/oneDNN, what PyTorch runs), $peak_glossa GFLOP/s (Glossa's bf16 projections, $glossa_via); %ownpeak of bf16 rows divides by the larger"
+echo "GEMM peaks (2048^2 matmul, $cores cores): fp32 $peak GFLOP/s (OpenBLAS); bf16 $peak_onednn GFLOP/s (ATen/oneDNN, what PyTorch runs), $peak_glossa GFLOP/s (Glossa's bf16 projections, $glossa_via); %ownpeak: each run over the peak of its dtype (bf16: the larger) measured right after it"
 tiny="--model_dim=128 --num_layers=2 --num_heads=4 --hidden_dim=512 --vocab=2000 --seq=128 --batch=16 --steps=20"
 big="--model_dim=512 --num_layers=6 --num_heads=8 --hidden_dim=2048 --vocab=8000 --seq=256 --batch=8 --steps=3"
 # mt: the encoder-decoder of mt.bible.TransformerEnEsTiny (3 + 3 layers, model dim 256, vocab 8000,
@@ -41,10 +42,11 @@ for size in ${SIZES:-tiny 512 mt}; do
     if [ "$dtype" = fp32 ]; then t=1; blas=$cores; else t=$cores; blas=1; fi
     # Alternate the two frameworks (`reps` times each) so that drifts in this shared machine's
     # speed hit both alike; report the median of the per-invocation medians.
-    gs=(); ps=(); fl=0
+    gs=(); ps=(); fr=(); fl=0
     for _ in $(seq "$reps"); do
-      out=$("$bin" $shape --runs="$runs" --dtype=$dtype 2>/dev/null)
+      out=$("$bin" $shape --runs="$runs" --dtype=$dtype --peak_beside=1 2>/dev/null)
       g=$(grep glossa_tokens_per_sec <<<"$out")
+      fr+=("$(awk '/own_peak_fraction/ {print $4}' <<<"$out")")
       choices=$(sed -n 's/^kernel_choices //p' <<<"$out")
       gs+=("$(awk '{print $2}' <<<"$g")"); fl=$(awk '{print $4}' <<<"$g")
       p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
@@ -52,10 +54,12 @@ for size in ${SIZES:-tiny 512 mt}; do
     done
     gt=$(printf "%s\n" "${gs[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
     pt=$(printf "%s\n" "${ps[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
-    own=$peak; [ "$dtype" = bf16 ] && own=$peak_bf16
-    awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" -v own="$own" 'BEGIN {
+    # %ownpeak: the median over Glossa's invocations of each one's own fraction (its runs' FLOP
+    # rates over the row's GEMM peak measured right after each run, in the same machine state).
+    ft=$(printf "%s\n" "${fr[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
+    awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" -v own="$ft" 'BEGIN {
       printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%% %9.0f%%\n", s, d, g, p, g / p, f / 1e6,
-             100 * g * f / 1e9 / peak, 100 * g * f / 1e9 / own }'
+             100 * g * f / 1e9 / peak, 100 * own }'
     [ -n "$choices" ] && echo "       kernel choices (measured per shape, glossa/kernels/kernel_choice.h): $choices"
   done
 done
