@@ -106,17 +106,22 @@ std::string CpuIdentity(const std::string& cpuinfo) {
                 stepping.empty() ? "?" : stepping, ", flags ", std::string(digest, 8), ")");
 }
 
-namespace {
-
-// What a cached decision holds for: this CPU (CpuIdentity), its cores, ATen's threads now, and
-// the versions of libtorch (its oneDNN) and OpenBLAS's kernel set.
-std::string MachineKey() {
+const std::string& ThisCpuIdentity() {
   static const std::string cpu = [] {
     std::ifstream in("/proc/cpuinfo");
     std::stringstream text;
     text << in.rdbuf();
     return CpuIdentity(text.str());
   }();
+  return cpu;
+}
+
+namespace {
+
+// What a cached decision holds for: this CPU (CpuIdentity), its cores, ATen's threads now, and
+// the versions of libtorch (its oneDNN) and OpenBLAS's kernel set.
+std::string MachineKey() {
+  const std::string& cpu = ThisCpuIdentity();
   // "probe 4": the probes' operands are made outside their timed calls, the row kernels' read
   // cold weights, and native bf16 attention runs AVX-512 BF16 dot products where the CPU has
   // them (decisions cached by earlier probes, of other native paths, are measured again).
@@ -178,6 +183,15 @@ KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
 Decisions& AllDecisions() {
   static Decisions* d = new Decisions;  // never destroyed: kernels may run during exit
   return *d;
+}
+
+// The cache file (the default until SetKernelChoiceCache), with all.mu held.
+const std::string& CachePathLocked(Decisions& all) {
+  if (!all.cache_set) {
+    all.cache = DefaultCachePath();
+    all.cache_set = true;
+  }
+  return all.cache;
 }
 
 KernelDecision NewDecision(KernelChoice choice, const std::string& op, const std::string& shape) {
@@ -298,11 +312,7 @@ bool ChooseNative(KernelChoice choice, const std::string& op, const std::string&
   if (it != all.by_key.end()) return it->second.native;
   KernelDecision d;
   if (mode == KernelMode::kMeasure) {
-    if (!all.cache_set) {
-      all.cache = DefaultCachePath();
-      all.cache_set = true;
-    }
-    d = MeasureOrCached(all.cache, choice, op, shape, run);
+    d = MeasureOrCached(CachePathLocked(all), choice, op, shape, run);
   } else {
     d = NewDecision(choice, op, shape);
     d.native = mode == KernelMode::kNative;
@@ -315,11 +325,7 @@ bool ChooseNative(KernelChoice choice, const std::string& op, const std::string&
 std::string KernelChoiceCachePath() {
   Decisions& all = AllDecisions();
   std::lock_guard<std::mutex> lock(all.mu);
-  if (!all.cache_set) {
-    all.cache = DefaultCachePath();
-    all.cache_set = true;
-  }
-  return all.cache;
+  return CachePathLocked(all);
 }
 
 std::string ChooseAmongCached(const std::string& key, const std::vector<std::string>& candidates,

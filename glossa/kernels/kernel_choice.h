@@ -69,6 +69,8 @@ bool ChooseNative(KernelChoice choice, const std::string& op, const std::string&
 // (<vendor> family F model M stepping S, flags <digest of the flags>)". The model name alone does
 // not tell CPUs apart (VMs of Zen 4 and Zen 5 both say "AMD EPYC").
 std::string CpuIdentity(const std::string& cpuinfo);
+// CpuIdentity of this machine's /proc/cpuinfo, read once per process.
+const std::string& ThisCpuIdentity();
 
 // Measured decisions are shared by the runs of one machine through a cache file (a line per
 // CPU (CpuIdentity), core count, ATen thread count, libtorch and OpenBLAS kernel set, op and shape),

@@ -12,9 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <thread>
 
 #include "glossa/base/strings.h"
@@ -104,18 +102,10 @@ double TimeInChild(const std::vector<std::string>& probe_argv, const std::string
   return s > 0 ? s : kNever;
 }
 
-std::string CpuText() {
-  std::ifstream in("/proc/cpuinfo");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 std::string BlasChoiceKey() {
-  static const std::string cpu = CpuIdentity(CpuText());
-  return StrCat(cpu, " | blas probe 1 | cores ", std::thread::hardware_concurrency(),
+  return StrCat(ThisCpuIdentity(), " | blas probe 1 | cores ", std::thread::hardware_concurrency(),
                 " | openblas ", BlasCoreName(), " | blas_kernels");
 }
 
