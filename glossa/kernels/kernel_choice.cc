@@ -158,6 +158,17 @@ std::string ReadAll(int fd) {
   return text;
 }
 
+// Appends `line` to the (locked) cache file, on a line of its own: after a writer killed
+// mid-line the file ends without a newline, and a line glued to that fragment would never be
+// read back (every run would measure again).
+void AppendLine(int fd, const std::string& line) {
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  char last = '\n';
+  const bool cut = end > 0 && ::pread(fd, &last, 1, end - 1) == 1 && last != '\n';
+  const std::string text = cut ? "\n" + line : line;
+  (void)!::write(fd, text.data(), text.size());
+}
+
 // The cached decision for `key` in the (locked) cache file, if any: "aten"/"native" and times.
 std::optional<KernelDecision> ReadCached(int fd, const std::string& key, KernelDecision d) {
   for (const auto& line : Split(ReadAll(fd), '\n')) {
@@ -248,7 +259,7 @@ KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
     d = Measure(choice, op, shape, run);
     const std::string line = StrCat(key, "\t", d->native ? "native" : "aten", "\t",
                                     d->aten_seconds, "\t", d->native_seconds, "\n");
-    (void)!::write(fd, line.data(), line.size());
+    AppendLine(fd, line);
   }
   ::close(fd);  // releases the lock
   d->cache = cache;
@@ -360,7 +371,7 @@ std::string ChooseAmongCached(const std::string& key, const std::vector<std::str
     }
     if (fd >= 0) {
       const std::string line = StrCat(key, "\t", choice, "\t", times, "\n");
-      (void)!::write(fd, line.data(), line.size());
+      AppendLine(fd, line);
     }
   }
   if (fd >= 0) ::close(fd);

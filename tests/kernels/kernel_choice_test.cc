@@ -121,6 +121,15 @@ TEST(KernelChoice, AChoiceAmongCandidatesKeepsTheFastestAndIsCached) {
   t = {{"a", std::numeric_limits<double>::infinity()}, {"b", t["a"]}};
   EXPECT_EQ(ChooseAmongCached("key4", {"a", "b"}, seconds, nullptr), "a");
   EXPECT_THROW(ChooseAmongCached("key5", {}, seconds, nullptr), InvalidArgumentError);
+  // A file cut off mid-line (a writer killed): the next decision goes on a line of its own and
+  // is read back.
+  SetKernelChoiceCache(dir + "/cut.tsv");
+  AtomicWriteFile(dir + "/cut.tsv", "key6\tb\tb=0.00");
+  t = {{"a", 0.010}, {"b", 0.002}};
+  calls = 0;
+  EXPECT_EQ(ChooseAmongCached("key7", {"a", "b"}, seconds, nullptr), "b");
+  EXPECT_EQ(ChooseAmongCached("key7", {"a", "b"}, seconds, nullptr), "b");
+  EXPECT_EQ(calls, 2) << "the decision appended after a cut line was not read back";
   SetKernelChoiceCache(previous);
 }
 
