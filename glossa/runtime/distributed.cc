@@ -169,6 +169,7 @@ Distributed::Distributed(const DistributedOptions& options)
     so.timeout = Millis(options.timeout_seconds);
     auto tcp = c10::make_intrusive<c10d::TCPStore>(options.master_addr, so);
     impl_->store = tcp;
+    impl_->world = {tcp, options.rank, options.world_size};
     if (pick_port) {
       options_.master_port = tcp->getPort();
       if (options_.on_listening) options_.on_listening(options_.master_addr, options_.master_port);
@@ -207,33 +208,85 @@ Distributed::~Distributed() = default;
 
 namespace {
 
-// Which ranks are gone, after a collective failed: every rank that sees the failure reports in
-// the store (hosted by rank 0); the ranks that have not reported within a few seconds are named.
-// Unreachable store: rank 0, its host, is gone. After a point-to-point failure (peer >= 0) only
-// the peer is asked after: the other ranks have no reason to fail.
-std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o, int peer = -1) {
+// Which ranks are gone, after a collective or transfer failed. Every rank that sees a failure
+// reports it in the world's store (hosted by world rank 0), under its world rank, so that a rank
+// that failed in another group counts as alive. Named: the ranks this one waited on (`peer` after a
+// point-to-point transfer, the group's ranks after a collective) that have not reported within a
+// few seconds; when they all report, the failure reached this rank through them, and the ranks of
+// the world that do not report are named. Unreachable store: world rank 0, its host, is gone. The
+// host stays until the ranks that reported have their answers (or a bound), so that its exit is
+// not mistaken for the cause.
+std::string DiagnoseLostRanks(const DistributedWorld& world, const DistributedOptions& o,
+                              int peer = -1) {
+  c10d::Store* store = world.store.get();
   if (store == nullptr) return "";
+  const auto world_rank_of = [&](int r) { return o.world_ranks.empty() ? r : o.world_ranks[r]; };
+  const auto reported = [&](int w) { return store->check({StrCat("glossa/fault/", w)}); };
+  const auto done = [&](int w) { return store->check({StrCat("glossa/fault_done/", w)}); };
+  const double window = std::min(5.0, o.timeout_seconds);
   try {
-    store->set(StrCat("glossa/fault/", o.rank), std::vector<uint8_t>{1});
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(std::min(5.0, o.timeout_seconds));
-    std::vector<int> missing;
+    store->set(StrCat("glossa/fault/", world.rank), std::vector<uint8_t>{1});
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::duration<double>(window);
+    std::vector<int> waited, missing;
+    if (peer >= 0) {
+      waited.push_back(world_rank_of(peer));
+    } else {
+      for (int r = 0; r < o.world_size; ++r) {
+        if (r != o.rank) waited.push_back(world_rank_of(r));
+      }
+    }
+    bool through_others = false;
     for (;;) {
       missing.clear();
-      for (int r = 0; r < o.world_size; ++r) {
-        if (r == o.rank || (peer >= 0 && r != peer)) continue;
-        if (!store->check({StrCat("glossa/fault/", r)})) missing.push_back(r);
+      for (int w : waited) {
+        if (!reported(w)) missing.push_back(w);
+      }
+      through_others = missing.empty();
+      if (through_others) {
+        for (int w = 0; w < world.size; ++w) {
+          if (w != world.rank && !reported(w)) missing.push_back(w);
+        }
       }
       if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    store->set(StrCat("glossa/fault_done/", world.rank), std::vector<uint8_t>{1});
+    if (world.rank == 0) {
+      // The host stays while the others may still need the store: until every rank has its
+      // answer, or no rank has reported or got its answer for a window while none that reported
+      // is still waiting (a failure passes from rank to rank as each exits), at most 4 windows.
+      const auto now = [] { return std::chrono::steady_clock::now(); };
+      const auto window_time = std::chrono::duration<double>(window);
+      const auto linger = start + 4 * window_time;
+      auto quiet_since = now();
+      int events = -1;
+      for (;;) {
+        int seen = 0;
+        bool all_done = true, answering = false;
+        for (int w = 1; w < world.size; ++w) {
+          const bool r = reported(w), d = done(w);
+          seen += r + d;
+          all_done = all_done && d;
+          answering = answering || (r && !d);
+        }
+        if (seen != events) events = seen, quiet_since = now();
+        if (all_done || now() >= linger ||
+            (!answering && now() >= deadline && now() - quiet_since >= window_time)) {
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
     if (missing.empty()) return "";
     std::vector<std::string> names;
-    for (int r : missing) names.push_back(StrCat(o.world_ranks.empty() ? r : o.world_ranks[r]));
+    for (int w : missing) names.push_back(StrCat(w));
     return StrCat("lost rank(s): ", Join(names, ", "),
-                  " (did not report after the collective failed); ");
+                  through_others ? " (did not report after the failure, which reached this rank "
+                                   "through ranks that did); "
+                                 : " (did not report after the collective failed); ");
   } catch (const std::exception&) {
-    if ((o.world_ranks.empty() ? o.rank : o.world_ranks[o.rank]) == 0) return "";  // the host
+    if (world.rank == 0) return "";  // the host
     return StrCat("lost rank(s): 0 (it hosts the rendezvous store at ", o.master_addr, ":",
                   o.master_port, ", which no longer answers); ");
   }
@@ -241,8 +294,8 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o, i
 
 // A collective or transfer failed (`e`): Aborted naming `what`, this rank, and the ranks that are
 // gone when they can be told.
-[[noreturn]] void Fail(const std::exception& e, const DistributedOptions& o, c10d::Store* store,
-                       const char* what, int peer) {
+[[noreturn]] void Fail(const std::exception& e, const DistributedOptions& o,
+                       const DistributedWorld& world, const char* what, int peer) {
   std::string why = e.what();
   if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
   const std::string me =
@@ -250,7 +303,7 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o, i
           ? StrCat("rank ", o.rank, " of ", o.world_size)
           : StrCat("rank ", o.world_ranks[o.rank], " (", o.rank, " of ", o.world_size,
                    " in group ", o.group, ")");
-  throw AbortedError(StrCat(what, " failed on ", me, ": ", DiagnoseLostRanks(store, o, peer),
+  throw AbortedError(StrCat(what, " failed on ", me, ": ", DiagnoseLostRanks(world, o, peer),
                             "a rank died or stalled past the ", o.timeout_seconds,
                             " s timeout (", Strip(why), ")"));
 }
@@ -260,23 +313,23 @@ std::string DiagnoseLostRanks(c10d::Store* store, const DistributedOptions& o, i
 // Waits for a collective; a peer that died or stalled past the timeout is Aborted, naming the
 // ranks that are gone when they can be told.
 void Wait(const c10::intrusive_ptr<c10d::Work>& work, const DistributedOptions& o,
-          c10d::Store* store, const char* what, int peer) {
+          const DistributedWorld& world, const char* what, int peer) {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    Fail(e, o, store, what, peer);
+    Fail(e, o, world, what, peer);
   }
 }
 
 void Run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
-         const DistributedOptions& o, c10d::Store* store, const char* what, int peer) {
+         const DistributedOptions& o, const DistributedWorld& world, const char* what, int peer) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = issue();
   } catch (const std::exception& e) {
-    Fail(e, o, store, what, peer);
+    Fail(e, o, world, what, peer);
   }
-  Wait(work, o, store, what, peer);
+  Wait(work, o, world, what, peer);
 }
 
 
@@ -285,14 +338,14 @@ void Distributed::Broadcast(const std::vector<at::Tensor>& tensors, int root) {
     std::vector<at::Tensor> one = {t};
     c10d::BroadcastOptions bo;
     bo.rootRank = root;
-    Run([&] { return impl_->pg->broadcast(one, bo); }, options_, impl_->store.get(), "broadcast");
+    Run([&] { return impl_->pg->broadcast(one, bo); }, options_, impl_->world, "broadcast");
   }
 }
 
 void Distributed::AllReduceSum(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) {
     std::vector<at::Tensor> one = {t};
-    Run([&] { return impl_->pg->allreduce(one); }, options_, impl_->store.get(), "allreduce");
+    Run([&] { return impl_->pg->allreduce(one); }, options_, impl_->world, "allreduce");
   }
 }
 
@@ -321,7 +374,7 @@ int64_t Distributed::AllReduceMean(const std::vector<at::Tensor>& tensors, int64
       at::Tensor flat = bucket.size() == 1 && bucket[0].is_contiguous() ? bucket[0]
                                                                          : at::cat(flat_parts);
       std::vector<at::Tensor> one = {flat};
-      Run([&] { return impl_->pg->allreduce(one); }, options_, impl_->store.get(),
+      Run([&] { return impl_->pg->allreduce(one); }, options_, impl_->world,
           "allreduce of gradients");
       sent += flat.numel() * static_cast<int64_t>(flat.element_size());
       flat.mul_(scale);
@@ -347,7 +400,7 @@ at::Tensor Distributed::AllToAll(const at::Tensor& input) {
   if (options_.world_size == 1) return out.copy_(in);
   std::vector<int64_t> out_splits, in_splits;  // empty: equal blocks
   Run([&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits); }, options_,
-      impl_->store.get(), "all-to-all");
+      impl_->world, "all-to-all");
   return out;
 }
 
@@ -368,7 +421,7 @@ std::vector<std::string> Distributed::AllGatherStrings(const std::string& value)
     if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) why = c10->what_without_backtrace();
     throw AbortedError(StrCat("gathering values failed on rank ", options_.rank, " of ",
                               options_.world_size, ": ",
-                              DiagnoseLostRanks(impl_->store.get(), options_),
+                              DiagnoseLostRanks(impl_->world, options_),
                               "a rank died or stalled past the ", options_.timeout_seconds,
                               " s timeout (", Strip(why), ")"));
   }
@@ -470,7 +523,7 @@ void CheckPeer(const DistributedOptions& o, int peer, const char* what) {
 void Distributed::Send(const at::Tensor& t, int dst, int tag) {
   CheckPeer(options_, dst, "send");
   std::vector<at::Tensor> one = {t.contiguous()};
-  Run([&] { return impl_->pg->send(one, dst, tag); }, options_, impl_->store.get(),
+  Run([&] { return impl_->pg->send(one, dst, tag); }, options_, impl_->world,
       StrCat("send to rank ", dst).c_str(), dst);
 }
 
@@ -480,7 +533,7 @@ void Distributed::Recv(at::Tensor& out, int src, int tag) {
     throw InvalidArgumentError("recv: the output tensor must be contiguous");
   }
   std::vector<at::Tensor> one = {out};
-  Run([&] { return impl_->pg->recv(one, src, tag); }, options_, impl_->store.get(),
+  Run([&] { return impl_->pg->recv(one, src, tag); }, options_, impl_->world,
       StrCat("recv from rank ", src).c_str(), src);
 }
 
@@ -509,6 +562,7 @@ std::unique_ptr<Distributed> Distributed::Subgroup(const std::string& name,
   try {
     sub->impl_->store = c10::make_intrusive<c10d::PrefixStore>(StrCat("glossa/group/", name, "/"),
                                                                impl_->store);
+    sub->impl_->world = impl_->world;
     auto pg_options = c10d::ProcessGroupGloo::Options::create(Millis(o.timeout_seconds));
     pg_options->devices.push_back(impl_->device);
     sub->impl_->device = impl_->device;

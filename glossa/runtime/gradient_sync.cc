@@ -282,7 +282,7 @@ void DataParallelGradientSync::Reduce(std::vector<at::Tensor>& grads) {
   }
   c.LaunchReady(/*during_backward=*/false);
   for (Core::Bucket& b : c.buckets) {
-    Wait(b.work, dist_.options(), dist_.impl_->store.get(), "allreduce of gradients");
+    Wait(b.work, dist_.options(), dist_.impl_->world, "allreduce of gradients");
     b.work.reset();
     // The means as views of the bucket (DDP's gradient_as_bucket_view): no copy back. They
     // are read before the next step's backward pass refills the bucket.

@@ -232,6 +232,44 @@ TEST(Distributed, ALostRankIsNamedByTheSurvivors) {
   }
 }
 
+// A failure that reaches a rank through live ranks names the rank that is gone, as pipeline x
+// expert ranks meet it (a killed expert rank's stage neighbour, waiting on a transfer from a rank of
+// the other stage, once named that live rank, or rank 0 after the store's host had exited): rank
+// 2 leaves; rank 0 (the store's host) and rank 1 fail in groups with it; rank 3, which waits only
+// on rank 1 (in another group), fails when rank 1 exits, after rank 0's own diagnosis is over.
+TEST(Distributed, AFailureThatComesThroughLiveRanksNamesTheLostOne) {
+  std::vector<std::string> errors(4);
+  RunWorkers(4, [&](Distributed& dist) {
+    const int r = dist.rank();
+    std::unique_ptr<Distributed> with_2, pipe;
+    if (r == 0 || r == 2) with_2 = dist.Subgroup("with_2_of_0", {0, 2});
+    if (r == 1 || r == 2) pipe = dist.Subgroup("with_2_of_1", {1, 2});
+    std::unique_ptr<Distributed> chain = r == 1 || r == 3 ? dist.Subgroup("chain", {1, 3}) : nullptr;
+    dist.Barrier();
+    if (r == 2) return;  // "dies": its groups close
+    try {
+      if (r == 3) {
+        at::Tensor x = at::zeros({2});
+        chain->Recv(x, 0);  // from world rank 1
+      } else {
+        at::Tensor t = at::ones({8});
+        (r == 0 ? with_2 : pipe)->AllReduceSum({t});
+      }
+      errors[r] = "no failure";
+    } catch (const AbortedError& e) {
+      errors[r] = e.what();
+    }
+  }, /*timeout=*/2);
+  for (int r : {0, 1, 3}) {
+    EXPECT_NE(errors[r].find("lost rank(s): 2 "), std::string::npos) << "rank " << r << ": "
+                                                                      << errors[r];
+  }
+  EXPECT_NE(errors[3].find("recv from rank 0 failed on rank 3 (1 of 2 in group chain)"),
+            std::string::npos) << errors[3];
+  EXPECT_NE(errors[3].find("reached this rank through ranks that did"), std::string::npos)
+      << errors[3];
+}
+
 TEST(Distributed, AgreeingAndGatheringWeightedMetricsWithDifferentNames) {
   RunWorkers(2, [](Distributed& dist) {
     EXPECT_TRUE(dist.AnyTrue(dist.rank() == 1));
