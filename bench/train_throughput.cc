@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
                               {"batch", "16"},
                               {"steps", "10"},
                               {"runs", "3"},
+                              {"max_warmup", "30"},
                               {"dtype", "fp32"},
                               {"threads", "0"},
                               {"gemm", "0"},
@@ -211,16 +212,34 @@ int main(int argc, char** argv) {
     task.learner().SetGradientSync(sync);
   }
   int64_t step = 0;
+  double fprop_seconds = 0;  // the forward's share of the steps (--profile_ops)
   auto train_step = [&] {
     GlobalStepContext ctx(step);
+    const double f0 = Now();
     auto r = task.FPropDefaultTheta(b);
+    fprop_seconds += Now() - f0;
     // As the trainer's steps between summaries: no var_norm/all pass.
     task.learner().Apply(
         {{task.learner().loss_name(), Metric{r.loss, r.metrics.at("loss").weight}}}, vars, step,
         /*var_norm=*/false);
     ++step;
   };
-  train_step();  // warm-up (slot creation, allocator)
+  // Warm-up: the slots, the kernel choices, the allocator. The heap grows over the first steps,
+  // and every new page is a page fault: on the 512 LM, 84,000 in the first step and 62,000 in the
+  // second, then a few hundred now and then (a Zen 5 VM, 2026-12-07). Steps run until one takes
+  // under 256 (1 MiB of new pages), at most --max_warmup, so that no timed run holds the second
+  // step; the Python peer keeps the same rule. Ranks of a distributed run warm up one step (they
+  // must run the same steps).
+  int warmup_steps = 0;
+  for (;;) {
+    const long faults_before = MinorFaults();
+    train_step();
+    ++warmup_steps;
+    if (dist || MinorFaults() - faults_before < 256 ||
+        warmup_steps >= std::stoi(f["max_warmup"])) {
+      break;
+    }
+  }
   if (f["count_ops"] == "1") {
     bench::PrintOpCounts(train_step, "step");
     return 0;
@@ -235,7 +254,12 @@ int main(int argc, char** argv) {
       long faults = 0;      // and its minor page faults (the process's)
     };
     static thread_local std::vector<Entry> stack;
-    static std::map<std::string, std::pair<double, int64_t>> spent;
+    struct Spent {
+      double seconds = 0;
+      int64_t calls = 0;
+      long faults = 0;  // the process's minor page faults while the call ran
+    };
+    static std::map<std::string, Spent> spent;
     auto handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback(
             [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
@@ -248,6 +272,7 @@ int main(int argc, char** argv) {
               static const bool all = std::getenv("GLOSSA_PROFILE_ALL") != nullptr;
               timed = timed || all;
               stack.push_back({Now(), timed});
+              stack.back().faults = MinorFaults();
               // GLOSSA_PROFILE_SHAPES=<op name>: each call's input sizes and strides, and its time.
               static const char* shapes_of = std::getenv("GLOSSA_PROFILE_SHAPES");
               if (shapes_of != nullptr && fn.name() == std::string(shapes_of)) {
@@ -259,7 +284,6 @@ int main(int argc, char** argv) {
                 }
                 std::printf("  %s inputs (sizes/strides):%s", shapes_of, line.c_str());
                 stack.back().shapes = true;
-                stack.back().faults = MinorFaults();
               }
               return nullptr;
             },
@@ -273,13 +297,16 @@ int main(int argc, char** argv) {
               if (e.timed) {
                 auto& s = spent[(fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? "bwd:" : "") +
                                 std::string(fn.name())];
-                s.first += Now() - e.t0;
-                ++s.second;
+                s.seconds += Now() - e.t0;
+                ++s.calls;
+                s.faults += MinorFaults() - e.faults;
               }
             })
             .needsInputs(std::getenv("GLOSSA_PROFILE_SHAPES") != nullptr)
-            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                     at::RecordScope::USER_SCOPE}));
     const double t0 = Now();
+    fprop_seconds = 0;
     const long faults0 = MinorFaults();
     for (int s = 0; s < steps; ++s) train_step();
     const double total = Now() - t0;
@@ -288,15 +315,19 @@ int main(int argc, char** argv) {
     std::vector<std::pair<double, std::string>> top;
     double covered = 0;
     for (const auto& [name, v] : spent) {
-      top.emplace_back(v.first, name);
-      covered += v.first;
+      top.emplace_back(v.seconds, name);
+      covered += v.seconds;
     }
     std::sort(top.rbegin(), top.rend());
-    std::printf("ms_per_step %.2f timed_ms_per_step %.2f page_faults_per_step %.0f\n",
-                1e3 * total / steps, 1e3 * covered / steps, faults);
-    for (size_t i = 0; i < std::min<size_t>(top.size(), 40); ++i) {
-      std::printf("  %8.3f ms %6.1f/step %s\n", 1e3 * top[i].first / steps,
-                  static_cast<double>(spent[top[i].second].second) / steps,
+    std::printf("ms_per_step %.2f fprop_ms_per_step %.2f timed_ms_per_step %.2f "
+                "page_faults_per_step %.0f\n",
+                1e3 * total / steps, 1e3 * fprop_seconds / steps, 1e3 * covered / steps, faults);
+    // GLOSSA_PROFILE_TOP=n: the n largest (40).
+    const char* top_n = std::getenv("GLOSSA_PROFILE_TOP");
+    for (size_t i = 0; i < std::min<size_t>(top.size(), top_n ? std::atoi(top_n) : 40); ++i) {
+      const Spent& s = spent[top[i].second];
+      std::printf("  %8.3f ms %6.1f/step %7.0f faults/step %s\n", 1e3 * s.seconds / steps,
+                  static_cast<double>(s.calls) / steps, static_cast<double>(s.faults) / steps,
                   top[i].second.c_str());
     }
     return 0;
@@ -378,8 +409,9 @@ int main(int argc, char** argv) {
   if (dist && dist->rank() != 0) return 0;
   std::printf(
       "glossa_tokens_per_sec %.1f flops_per_token %.0f aten_threads %d blas_threads %d "
-      "blas_core %s\n",
-      Median(rates), flops, layout.aten_threads, layout.blas_threads, BlasCoreName());
+      "blas_core %s warmup_steps %d\n",
+      Median(rates), flops, layout.aten_threads, layout.blas_threads, BlasCoreName(),
+      warmup_steps);
   if (peak_beside) {
     std::vector<double> fractions;
     for (size_t r = 0; r < rates.size(); ++r) fractions.push_back(rates[r] * flops / 1e9 / peaks[r]);

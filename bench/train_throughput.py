@@ -11,14 +11,14 @@ With WORLD_SIZE > 1 in the environment (torchrun, or bench/distributed.sh), the 
 DistributedDataParallel over Gloo (bucket_cap_mb 25, as Glossa's default buckets), each rank training
 on batch / world of the global batch; rank 0 prints the global tokens/s.
 Run with Debian's python3-torch: /usr/bin/python3 bench/train_throughput.py --model_dim=512 ..."""
-import argparse, math, os, statistics, time
+import argparse, math, os, resource, statistics, time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 ap = argparse.ArgumentParser()
 for k, v in dict(model_dim=128, num_layers=2, num_heads=4, hidden_dim=0, vocab=2000, seq=128, batch=16,
-                 steps=10, runs=3, threads=0).items():
+                 steps=10, runs=3, threads=0, max_warmup=30).items():
     ap.add_argument("--" + k, type=int, default=v)
 ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
 ap.add_argument("--task", default="lm", choices=["lm", "mt"])
@@ -152,7 +152,19 @@ def step():
     opt.step()
 
 
-step()
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+# Warm-up, with the rule of Glossa's bench (train_throughput.cc): steps until one takes under 256
+# minor page faults (1 MiB of new pages), at most --max_warmup; one step for several ranks.
+warmup_steps = 0
+while True:
+    before = minor_faults()
+    step()
+    warmup_steps += 1
+    if world > 1 or minor_faults() - before < 256 or warmup_steps >= a.max_warmup:
+        break
 rates = []
 for _ in range(a.runs):
     t0 = time.perf_counter()
@@ -160,4 +172,5 @@ for _ in range(a.runs):
         step()
     rates.append(a.steps * a.batch * a.seq / (time.perf_counter() - t0))
 if rank == 0:
-    print(f"torch_tokens_per_sec {statistics.median(rates):.1f} threads {torch.get_num_threads()}")
+    print(f"torch_tokens_per_sec {statistics.median(rates):.1f} threads {torch.get_num_threads()} "
+          f"warmup_steps {warmup_steps}")

@@ -42,15 +42,17 @@ for size in ${SIZES:-tiny 512 mt}; do
     if [ "$dtype" = fp32 ]; then t=1; blas=$cores; else t=$cores; blas=1; fi
     # Alternate the two frameworks (`reps` times each) so that drifts in this shared machine's
     # speed hit both alike; report the median of the per-invocation medians.
-    gs=(); ps=(); fr=(); fl=0
+    gs=(); ps=(); fr=(); fl=0; gw=(); pw=()
     for _ in $(seq "$reps"); do
       out=$("$bin" $shape --runs="$runs" --dtype=$dtype --peak_beside=1 2>/dev/null)
       g=$(grep glossa_tokens_per_sec <<<"$out")
       fr+=("$(awk '/own_peak_fraction/ {print $4}' <<<"$out")")
       choices=$(sed -n 's/^kernel_choices //p' <<<"$out")
       gs+=("$(awk '{print $2}' <<<"$g")"); fl=$(awk '{print $4}' <<<"$g")
+      gw+=("$(awk '{print $12}' <<<"$g")")
       p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
       ps+=("$(awk '{print $2}' <<<"$p")")
+      pw+=("$(awk '{print $6}' <<<"$p")")
     done
     gt=$(printf "%s\n" "${gs[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
     pt=$(printf "%s\n" "${ps[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
@@ -60,6 +62,7 @@ for size in ${SIZES:-tiny 512 mt}; do
     awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" -v own="$ft" 'BEGIN {
       printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%% %9.0f%%\n", s, d, g, p, g / p, f / 1e6,
              100 * g * f / 1e9 / peak, 100 * own }'
+    echo "       warm-up steps (until a step takes under 256 new pages): glossa ${gw[*]}, torch ${pw[*]}"
     [ -n "$choices" ] && echo "       kernel choices (measured per shape, glossa/kernels/kernel_choice.h): $choices"
   done
 done

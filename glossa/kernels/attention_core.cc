@@ -1,6 +1,7 @@
 #include "glossa/kernels/attention_core.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -343,6 +344,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                                                 const at::Tensor& q_in, const at::Tensor& k_in,
                                                 const at::Tensor& v_in, const at::Tensor& bias,
                                                 bool causal) {
+    RECORD_USER_SCOPE("fwd:StridedAttentionCore");  // seen by --profile_ops
     const bool bf16 = q_in.scalar_type() == at::kBFloat16;
     if (bf16 && Bf16DotAttentionApplies(q_in)) {  // AVX-512 BF16 products, no widened copies
       const int64_t B = q_in.size(0), T = q_in.size(1), S = k_in.size(1);

@@ -1,6 +1,7 @@
 #include "glossa/kernels/cast_together.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "glossa/kernels/gemm.h"
@@ -18,6 +19,7 @@ class CastTogetherFunction : public torch::autograd::Function<CastTogetherFuncti
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList xs, at::ScalarType dtype) {
+    RECORD_USER_SCOPE("fwd:CastTogether");  // seen by --profile_ops
     std::vector<int64_t> from;
     torch::autograd::variable_list out;
     out.reserve(xs.size());

@@ -1,6 +1,7 @@
 #include "glossa/kernels/fused_xent.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -213,6 +214,7 @@ class FusedXentFunction : public torch::autograd::Function<FusedXentFunction> {
                                                 const at::Tensor& x, const at::Tensor& labels,
                                                 const at::Tensor& bias, double a, double b,
                                                 bool want_argmax) {
+    RECORD_USER_SCOPE("fwd:FusedXent");  // seen by --profile_ops
     const int64_t N = x.size(0), C = x.size(1);
     const auto f32 = x.options().dtype(at::kFloat);
     const bool has_bias = bias.numel() > 0;

@@ -1,6 +1,7 @@
 #include "glossa/kernels/gemm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -251,6 +252,7 @@ void ReluInPlace(at::Tensor& y) {
 class Bf16ReluFunction : public torch::autograd::Function<Bf16ReluFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in) {
+    RECORD_USER_SCOPE("fwd:Bf16Relu");  // seen by --profile_ops
     const at::Tensor x = x_in.contiguous();
     at::Tensor y = at::empty_like(x);
     const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
@@ -333,6 +335,7 @@ class Fp32AffineFunction : public torch::autograd::Function<Fp32AffineFunction> 
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& x, const at::Tensor& w,
                                                 const at::Tensor& b, bool relu, bool split) {
+    RECORD_USER_SCOPE("fwd:Fp32Affine");  // seen by --profile_ops
     const bool has_bias = b.numel() > 0;
     at::Tensor out = Mm(x, w, split, has_bias ? b : at::Tensor());
     if (relu) ReluInPlace(out);

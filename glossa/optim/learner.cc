@@ -1,6 +1,7 @@
 #include "glossa/optim/learner.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <atomic>
 #include <torch/csrc/autograd/autograd.h>
@@ -342,6 +343,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
   std::vector<LearnerVariable> selected = SelectVariables(vars);
   std::vector<VarGrad> var_grads;
   if (!selected.empty() && loss.requires_grad()) {
+    RECORD_USER_SCOPE("learner/gradients");  // a profiler's (bench_train_throughput --profile_ops)
     var_grads = ComputeGradients(loss, selected, sync_);
   }
   if (CheckNumericsEnabled()) {
@@ -354,6 +356,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
   Regularize(params_, selected, var_grads, out);
   double grad_scale = 1.0;
   if (params_.GetBool("scale_gradients")) {
+    RECORD_USER_SCOPE("learner/scale_gradients");
     grad_scale = ScaleGradients(params_, tracker_.get(), var_norm, var_grads, sync_.get(), out);
   }
   out["learning_rate"] = M(lr);
@@ -365,6 +368,7 @@ Metrics Learner::Apply(const Metrics& metrics, const std::vector<LearnerVariable
   if (grad_scale == 0.0) {
     ++num_skipped_steps_;
   } else if (!var_grads.empty()) {
+    RECORD_USER_SCOPE("learner/optimizer");
     optimizer_->Apply(lr, var_grads, global_step);
   }
   return out;
