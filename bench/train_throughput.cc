@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
                               {"batch", "16"},
                               {"steps", "10"},
                               {"runs", "3"},
-                              {"max_warmup", "30"},
+                              {"max_warmup", "8"},
                               {"dtype", "fp32"},
                               {"threads", "0"},
                               {"gemm", "0"},

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 ap = argparse.ArgumentParser()
 for k, v in dict(model_dim=128, num_layers=2, num_heads=4, hidden_dim=0, vocab=2000, seq=128, batch=16,
-                 steps=10, runs=3, threads=0, max_warmup=30).items():
+                 steps=10, runs=3, threads=0, max_warmup=8).items():
     ap.add_argument("--" + k, type=int, default=v)
 ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
 ap.add_argument("--task", default="lm", choices=["lm", "mt"])
