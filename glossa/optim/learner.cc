@@ -12,6 +12,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
+#include "glossa/kernels/squared_norm.h"
 
 namespace glossa {
 namespace {
@@ -153,16 +154,8 @@ std::vector<LearnerVariable> Learner::SelectVariables(
 }
 
 namespace {
-// Σ x² without temporaries: a BLAS dot for float32/float64 (no double copy of every gradient and
-// variable each step); other dtypes through float64.
-double SumOfSquares(const at::Tensor& t) {
-  if (t.numel() == 0) return 0.0;
-  if (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) {
-    const at::Tensor flat = t.detach().reshape({-1});
-    return at::dot(flat, flat).item<double>();
-  }
-  return t.detach().to(at::kDouble).square().sum().item<double>();
-}
+// Σ x² without temporaries (glossa/kernels/squared_norm.h).
+double SumOfSquares(const at::Tensor& t) { return SumsOfSquares({t.detach()})[0]; }
 }  // namespace
 
 namespace {
@@ -286,13 +279,22 @@ double ScaleGradients(const Params& p, GradNormTracker* tracker, bool var_norm,
   at::NoGradGuard no_grad;
   double grad_sq = 0, sharded_sq = 0, var_sq = 0, sharded_var_sq = 0;
   bool has_nan = false;
+  // Every norm in one pass over the tensors (each Σ x² by itself: the sums are added in order).
+  std::vector<at::Tensor> tensors;
   for (const auto& vg : var_grads) {
+    tensors.push_back(vg.grad.detach());
+    if (var_norm) tensors.push_back(vg.var.detach());
+  }
+  const std::vector<double> sq = SumsOfSquares(tensors);
+  size_t next = 0;
+  for (const auto& vg : var_grads) {
+    const double g = sq[next++], v = var_norm ? sq[next++] : 0.0;
     if (vg.sharded) {
-      sharded_sq += SumOfSquares(vg.grad) * vg.norm_weight;
-      if (var_norm) sharded_var_sq += SumOfSquares(vg.var) * vg.norm_weight;
+      sharded_sq += g * vg.norm_weight;
+      sharded_var_sq += v * vg.norm_weight;
     } else {
-      grad_sq += SumOfSquares(vg.grad);
-      if (var_norm) var_sq += SumOfSquares(vg.var);
+      grad_sq += g;
+      var_sq += v;
     }
   }
   // With variables sharded over ranks, every rank decides on the norm of the whole model's

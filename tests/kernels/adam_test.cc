@@ -1,7 +1,11 @@
-// AdamUpdate: its native pass gives the reference's (the ATen ops') bits, in place, on any layout.
+// AdamUpdate: its native pass gives the reference's (the ATen ops') bits, in place, on any layout;
+// SumsOfSquares, the norms the learner takes before it.
 #include "glossa/kernels/adam.h"
+#include "glossa/kernels/parallel.h"
+#include "glossa/kernels/squared_norm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 namespace glossa {
@@ -33,6 +37,37 @@ TEST(AdamKernel, DispatchGivesTheReferenceBitsInPlace) {
   AdamUpdate(d, dm, dv, at::ones({4}, at::kDouble), 0.9, 0.98, 1e-9, 0.1);
   // First step from zero slots: m = 0.1·g, v = 0.02·g², step = 0.1·0.1/(√0.02 + ε).
   EXPECT_NEAR(d[0].item<double>(), 1 - 0.1 * 0.1 / (std::sqrt(0.02) + 1e-9), 1e-12);
+}
+
+// SumsOfSquares (the learner's norms, glossa/kernels/squared_norm.h): each tensor's Σ x² in one
+// pass over all, as float64 ATen gives it to rounding, with the same bits for 1 and 2 threads;
+// empty, strided, bf16 and float64 tensors too.
+TEST(SquaredNormKernel, SumsMatchFloat64AndDoNotDependOnTheThreadCount) {
+  std::vector<at::Tensor> ts;
+  for (int64_t n : {1, 31, 32, 33, 65536, 65537, 300001}) ts.push_back(at::randn({n}) * 3);
+  ts.push_back(at::empty({0}));
+  ts.push_back(at::randn({40, 30}).t());                     // strided
+  ts.push_back(at::randn({77}).to(at::kBFloat16));          // bf16
+  ts.push_back(at::randn({99}, at::kDouble));               // float64
+  ts.push_back(at::full({70000}, 1e20f));                   // squares past float's range
+  const int threads = at::get_num_threads(), kernel_threads = KernelThreads();
+  std::vector<std::vector<double>> by_threads;
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    SetKernelThreads(t);
+    by_threads.push_back(SumsOfSquares(ts));
+  }
+  at::set_num_threads(threads);
+  SetKernelThreads(kernel_threads);
+  ASSERT_EQ(by_threads[0].size(), ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const double want = SumOfSquaresReference(ts[i]);
+    EXPECT_NEAR(by_threads[0][i], want, 1e-13 * want) << i;
+    EXPECT_EQ(by_threads[0][i], by_threads[1][i]) << i << ": bits differ with the thread count";
+  }
+  EXPECT_EQ(by_threads[0][7], 0.0);
+  const double big = static_cast<double>(1e20f) * static_cast<double>(1e20f) * 70000;
+  EXPECT_NEAR(by_threads[0][11], big, 1e-12 * big);  // no overflow, as float32 sums would
 }
 
 }  // namespace
