@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "glossa/kernels/bf16_simd.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
@@ -22,10 +23,10 @@ namespace {
 // seven (mul_, add_, mul_, addcmul_, sqrt, add_, addcdiv_) with a temporary:
 //   m = b1·m + (1 − b1)·g;  v = b2·v + (1 − b2)·g²;  var −= lr_t · m / (√v + ε).
 // The same roundings as those ops (tests/optim/optimizer_test.cc checks bit equality).
-__attribute__((target("avx512f"))) void FusedAdamRange(float* var, float* m, float* v,
-                                                      const float* g, int64_t lo, int64_t hi,
-                                                      double b1, double b2, double eps,
-                                                      double lr_t) {
+// With `copy`: the updated values rounded to bf16 there too.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void FusedAdamRange(
+    float* var, float* m, float* v, const float* g, uint16_t* copy, int64_t lo, int64_t hi,
+    double b1, double b2, double eps, double lr_t) {
   // The constants as ATen's ops get them: each scalar rounded to float from double.
   const __m512 vb1 = _mm512_set1_ps(static_cast<float>(b1));
   const __m512 vc1 = _mm512_set1_ps(static_cast<float>(1 - b1));
@@ -46,20 +47,22 @@ __attribute__((target("avx512f"))) void FusedAdamRange(float* var, float* m, flo
         _mm512_div_ps(_mm512_mul_ps(vlr, mi), _mm512_add_ps(_mm512_sqrt_ps(vi), veps));
     _mm512_mask_storeu_ps(m + i, k, mi);
     _mm512_mask_storeu_ps(v + i, k, vi);
-    _mm512_mask_storeu_ps(var + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, var + i), step));
+    const __m512 updated = _mm512_add_ps(_mm512_maskz_loadu_ps(k, var + i), step);
+    _mm512_mask_storeu_ps(var + i, k, updated);
+    if (copy != nullptr) bf16_simd::Store(copy + i, updated, k);
   }
 }
 #pragma GCC diagnostic pop
 #else
-void FusedAdamRange(float*, float*, float*, const float*, int64_t, int64_t, double, double, double,
-                    double) {
+void FusedAdamRange(float*, float*, float*, const float*, uint16_t*, int64_t, int64_t, double,
+                    double, double, double) {
   NoSimdInThisBuild();
 }
 #endif  // GLOSSA_X86_SIMD
 
 bool FusedAdamApplies(const at::Tensor& var, const at::Tensor& m, const at::Tensor& v,
                       const at::Tensor& g) {
-  if (!CpuHasAvx512F()) return false;
+  if (!CpuHasAvx512BwVl() || KernelsForcedToReference()) return false;
   for (const at::Tensor* t : {&var, &m, &v, &g}) {
     if (t->scalar_type() != at::kFloat || !t->device().is_cpu() || !t->is_contiguous()) {
       return false;
@@ -71,16 +74,30 @@ bool FusedAdamApplies(const at::Tensor& var, const at::Tensor& m, const at::Tens
 }  // namespace
 
 void AdamUpdate(const at::Tensor& var, const at::Tensor& m, const at::Tensor& v,
-                const at::Tensor& g, double b1,
-                double b2, double eps, double lr_t) {
+                const at::Tensor& g, double b1, double b2, double eps, double lr_t,
+                at::Tensor* bf16_copy) {
   if (FusedAdamApplies(var, m, v, g)) {
     float *pw = var.data_ptr<float>(), *pm = m.data_ptr<float>(), *pv = v.data_ptr<float>();
     const float* pg = g.data_ptr<float>();
+    uint16_t* pc = nullptr;
+    if (bf16_copy != nullptr) {
+      at::Tensor& c = *bf16_copy;
+      if (!c.defined() || c.scalar_type() != at::kBFloat16 || c.sizes() != var.sizes() ||
+          !c.is_contiguous() || !c.device().is_cpu()) {
+        c = at::empty(var.sizes(), var.options().dtype(at::kBFloat16));
+      } else {
+        c.unsafeGetTensorImpl()->bump_version();  // rewritten in place
+      }
+      pc = reinterpret_cast<uint16_t*>(c.data_ptr());
+    }
     KernelParallelFor(0, var.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
-      FusedAdamRange(pw, pm, pv, pg, lo, hi, b1, b2, eps, lr_t);
+      FusedAdamRange(pw, pm, pv, pg, pc, lo, hi, b1, b2, eps, lr_t);
     });
+    // Written through pointers: moved on by hand, as the in-place ops would.
+    for (const at::Tensor* t : {&var, &m, &v}) t->unsafeGetTensorImpl()->bump_version();
     return;
   }
+  if (bf16_copy != nullptr) *bf16_copy = at::Tensor();
   AdamUpdateReference(var, m, v, g, b1, b2, eps, lr_t);
 }
 

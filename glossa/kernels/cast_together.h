@@ -14,10 +14,37 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace glossa {
 
-std::vector<at::Tensor> CastTogether(const std::vector<at::Tensor>& xs, at::ScalarType dtype);
+// A variable's copy in its layer's fprop dtype, made by the optimizer as it updates the variable
+// (AdamUpdate's bf16_copy), so that the next forward need not read the float32 weights again to
+// cast them. It stands for the variable only while the variable is the tensor it was made from,
+// unchanged since: the same data and the same version (any in-place change moves the version on).
+// A layer keeps one per variable it casts (BaseLayer::VariableInfo::fprop_copy); the learner
+// hands it to the optimizer (VarGrad::fprop_copy).
+class FpropCopy {
+ public:
+  // The copy, when it stands for `var` in `dtype`; undefined otherwise.
+  at::Tensor For(const at::Tensor& var, at::ScalarType dtype) const;
+  // `copy` is now `var` (just updated) in copy's dtype; an undefined copy forgets the last one.
+  void Set(const at::Tensor& var, at::Tensor copy);
+  // The copy for the updater to write in place, when nothing else holds its data (the last
+  // forward's casts are gone); undefined otherwise (a new one is then made). The copy is forgotten.
+  at::Tensor TakeForRewrite();
+
+ private:
+  at::Tensor copy_;
+  const void* data_ = nullptr;
+  int64_t version_ = -1;
+};
+
+// `ready` (optional, one per input): an input's cast made already (FpropCopy::For), which the
+// output then is (without a cast); the gradient flows to the input as for a cast one.
+std::vector<at::Tensor> CastTogether(const std::vector<at::Tensor>& xs, at::ScalarType dtype,
+                                     const std::vector<at::Tensor>& ready = {});
 
 }  // namespace glossa

@@ -74,8 +74,7 @@ std::vector<double> SumsOfSquares(const std::vector<at::Tensor>& tensors) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     if (!t.defined() || t.numel() == 0) continue;
-    if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || !t.is_contiguous() ||
-        KernelsForcedToReference()) {
+    if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || !t.is_contiguous()) {
       out[i] = SumOfSquaresReference(t);
       continue;
     }
@@ -84,7 +83,8 @@ std::vector<double> SumsOfSquares(const std::vector<at::Tensor>& tensors) {
   }
   if (chunks.empty()) return out;
   std::vector<double> partial(chunks.size());
-  const bool avx512 = CpuHasAvx512F();
+  // GLOSSA_KERNELS=reference: the plain loop (the same chunks, so the same for any thread count).
+  const bool avx512 = CpuHasAvx512F() && !KernelsForcedToReference();
   KernelParallelFor(0, static_cast<int64_t>(chunks.size()), ParallelGrain(kChunk),
                     [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {

@@ -4,7 +4,8 @@
 //
 // Float32 contiguous CPU tensors go through one parallel pass over all of them: fixed chunks of
 // 2^16 elements, each summed in double, the chunks of a tensor added in order, so that the result
-// is the same for any thread count. Any other tensor (float64, bf16, strided, on a device) is
+// is the same for any thread count (AVX-512 where the CPU has it; a plain loop otherwise and with
+// GLOSSA_KERNELS=reference). Any other tensor (float64, bf16, strided, on a device) is
 // summed by ATen in float64.
 #pragma once
 

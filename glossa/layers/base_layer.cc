@@ -12,6 +12,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/core/step_seed.h"
+#include "glossa/kernels/cast_together.h"
 
 namespace glossa {
 
@@ -227,6 +228,10 @@ at::Tensor BaseLayer::CreateVariable(const std::string& name, WeightParams wp) {
       throw InvalidArgumentError(StrCat("variable '", info.full_name, "': ", e.message()));
     }
     if (info.trainable && value.is_floating_point()) value.requires_grad_(true);
+  }
+  if (info.trainable && value.scalar_type() == at::kFloat && dtype_ == at::kFloat &&
+      fprop_dtype_ == at::kBFloat16) {
+    info.fprop_copy = std::make_shared<FpropCopy>();
   }
   var_infos_.push_back(info);
   vars_[name] = value;

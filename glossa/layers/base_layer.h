@@ -47,6 +47,7 @@
 namespace glossa {
 
 class ComputePlan;        // glossa/kernels/compute_plan.h
+class FpropCopy;          // glossa/kernels/cast_together.h
 struct ComputePolicy;
 struct PreparedWeight;
 
@@ -180,6 +181,9 @@ class BaseLayer {
     std::string full_name;  // scope/name
     WeightParams params;
     bool trainable = true;
+    // A trainable float32 variable of a layer whose fprop_dtype is bf16: its bf16 copy as the
+    // optimizer left it (theta() uses it while it stands for the variable); null otherwise.
+    std::shared_ptr<FpropCopy> fprop_copy;
   };
   // Own variables, in creation order.
   const std::vector<VariableInfo>& variable_infos() const { return var_infos_; }

@@ -209,6 +209,7 @@ NestedMap BaseLayer::theta() const {
   struct Leaf {
     at::Tensor value;
     at::ScalarType cast_to;
+    at::Tensor ready;  // the cast the optimizer made already (FpropCopy), if it stands for value
   };
   std::vector<Leaf> found;
   std::function<void(const BaseLayer&)> collect = [&](const BaseLayer& l) {
@@ -239,7 +240,10 @@ NestedMap BaseLayer::theta() const {
         v = v + noise.to(v.options()) * scale;
       }
       const bool cast = l.fprop_dtype_ != l.dtype_ && v.scalar_type() == l.dtype_;
-      found.push_back({std::move(v), cast ? l.fprop_dtype_ : at::ScalarType::Undefined});
+      at::Tensor ready;
+      if (cast && info.fprop_copy) ready = info.fprop_copy->For(v, l.fprop_dtype_);
+      found.push_back({std::move(v), cast ? l.fprop_dtype_ : at::ScalarType::Undefined,
+                       std::move(ready)});
     }
   };
   collect(*this);
@@ -255,10 +259,14 @@ NestedMap BaseLayer::theta() const {
     }
   }
   for (const auto& [key, members] : groups) {
-    std::vector<at::Tensor> xs;
+    std::vector<at::Tensor> xs, ready;
     xs.reserve(members.size());
-    for (size_t i : members) xs.push_back(found[i].value);
-    std::vector<at::Tensor> cast = CastTogether(xs, static_cast<at::ScalarType>(key.first));
+    ready.reserve(members.size());
+    for (size_t i : members) {
+      xs.push_back(found[i].value);
+      ready.push_back(found[i].ready);
+    }
+    std::vector<at::Tensor> cast = CastTogether(xs, static_cast<at::ScalarType>(key.first), ready);
     for (size_t j = 0; j < members.size(); ++j) leaves[members[j]] = std::move(cast[j]);
   }
   // The second walk, in the same order, builds the map.

@@ -41,7 +41,8 @@ std::vector<LearnerVariable> LearnerVariables(const BaseLayer& model) {
                    std::find(c.begin(), c.end(), kSkipLpRegularizationCollection) != c.end(),
                    std::find(c.begin(), c.end(), kExpertShardedCollection) != c.end(),
                    std::find(c.begin(), c.end(), kPipelineStageCollection) != c.end(),
-                   std::find(c.begin(), c.end(), kModelShardedCollection) != c.end(), c});
+                   std::find(c.begin(), c.end(), kModelShardedCollection) != c.end(), c,
+                   info.fprop_copy});
   }
   return out;
 }
@@ -227,7 +228,8 @@ std::vector<VarGrad> ComputeGradients(const at::Tensor& loss,
       grads[i] = at::zeros_like(selected[i].value);
     }
     var_grads.push_back({selected[i].name, selected[i].value, grads[i].detach(),
-                         selected[i].rank_local(), sync ? sync->NormWeight(i) : 1.0});
+                         selected[i].rank_local(), sync ? sync->NormWeight(i) : 1.0,
+                         selected[i].fprop_copy});
   }
   if (sync) {
     std::vector<at::Tensor> to_reduce;

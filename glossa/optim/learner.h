@@ -41,6 +41,7 @@ struct LearnerVariable {
   bool pipeline_stage = false;  // kPipelineStageCollection: a layer of this rank's stage only
   bool model_sharded = false;   // kModelShardedCollection: this rank's block of a model axis
   std::vector<std::string> collections;  // all of them (WeightParams::collections)
+  std::shared_ptr<FpropCopy> fprop_copy;  // BaseLayer::VariableInfo's (null: none)
   // Not held by every rank alike: its gradient is not averaged over the world (the gradient
   // sync reduces it over the ranks that hold the same values), and the gradient norm counts
   // each distinct value once.

@@ -9,6 +9,7 @@
 #include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/kernels/adam.h"
+#include "glossa/kernels/cast_together.h"
 
 namespace glossa {
 namespace {
@@ -191,7 +192,14 @@ void Adam::Apply(double lr, const std::vector<VarGrad>& var_grads, int64_t) {
     at::Tensor g = vg.grad.to(vg.var.scalar_type());
     at::Tensor& m = Slot(vg.name, "m", vg.var, 0.0);
     at::Tensor& v = Slot(vg.name, "v", vg.var, 0.0);
-    AdamUpdate(vg.var, m, v, g, b1, b2, eps, lr_t);
+    if (vg.fprop_copy) {
+      // bf16, made in the update's pass where it runs fused (in place of the last one when free)
+      at::Tensor copy = vg.fprop_copy->TakeForRewrite();
+      AdamUpdate(vg.var, m, v, g, b1, b2, eps, lr_t, &copy);
+      vg.fprop_copy->Set(vg.var, std::move(copy));
+    } else {
+      AdamUpdate(vg.var, m, v, g, b1, b2, eps, lr_t);
+    }
   }
   b1_power.mul_(b1);
   b2_power.mul_(b2);
@@ -296,7 +304,9 @@ void GradientAccumulator::Apply(double lr, const std::vector<VarGrad>& var_grads
   if (global_step % accum_steps_ != accum_steps_ - 1) return;
   for (const auto& vg : var_grads) {
     at::Tensor& acc = Slot(vg.name, "grad_accumulator", vg.var, 0.0);
-    averaged.push_back({vg.name, vg.var, acc / static_cast<double>(accum_steps_)});
+    VarGrad a = vg;
+    a.grad = acc / static_cast<double>(accum_steps_);
+    averaged.push_back(std::move(a));
   }
   inner_->Apply(lr, averaged, global_step);
   at::NoGradGuard no_grad;

@@ -20,6 +20,8 @@
 
 namespace glossa {
 
+class FpropCopy;  // glossa/kernels/cast_together.h
+
 struct VarGrad {
   std::string name;  // the variable's full name (slot names derive from it)
   at::Tensor var;
@@ -27,6 +29,9 @@ struct VarGrad {
   bool sharded = false;  // not held by every rank alike (LearnerVariable::rank_local)
   // What its Σ g² counts for in the global norm (GradientSync::NormWeight).
   double norm_weight = 1.0;
+  // The variable's copy in its layer's fprop dtype (LearnerVariable::fprop_copy): an optimizer that
+  // makes it as it updates the variable sets it (Adam); null: none kept.
+  std::shared_ptr<FpropCopy> fprop_copy;
 };
 
 class Optimizer {

@@ -12,6 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "glossa/kernels/cast_together.h"
+#include "glossa/kernels/cpu_features.h"
+#include "glossa/optim/learner.h"
+#include "glossa/optim/optimizer.h"
+
 namespace glossa {
 namespace {
 
@@ -73,6 +78,72 @@ TEST(BaseLayerTheta, ATreesCastsRunInOneNodeWithEachCastsValuesAndGradients) {
     EXPECT_EQ(got[i].scalar_type(), at::kFloat);
     EXPECT_TRUE(at::equal(got[i], ref[i])) << i;
   }
+}
+
+// Adam's bf16 copy (FpropCopy, glossa/kernels/cast_together.h): after an update, theta's bf16
+// weights are the copy the update wrote (no second cast), with the bits of casting the updated
+// variable; its gradient still reaches the variable; an in-place change of the variable (a
+// restore, say) ends the copy's use, and theta casts again.
+TEST(BaseLayerTheta, AdamsBf16CopyStandsForTheVariableUntilItChanges) {
+  glossa::Params p = ThetaTestLayer::Params();
+  p.Set("name", "root").Set("fprop_dtype", DType::kBFloat16).Set("random_seed", 5);
+  p.Set("child", ThetaTestLayer::Params());
+  auto layer = InstantiateLayer<ThetaTestLayer>(p);
+  std::vector<LearnerVariable> vars;
+  for (const LearnerVariable& v : LearnerVariables(*layer)) {
+    if (v.trainable) vars.push_back(v);
+  }
+  ASSERT_EQ(vars.size(), 2u);
+  for (const auto& v : vars) ASSERT_NE(v.fprop_copy, nullptr) << v.name;
+  auto adam = Adam::Params().Instantiate<Optimizer>();
+  const at::Tensor x = at::randn({4, 6}).to(at::kBFloat16);
+  const std::vector<at::Tensor> ws = {layer->GetVariable("w"),
+                                      layer->GetDescendant("child").GetVariable("w")};
+  const bool fused = CpuHasAvx512BwVl() && !KernelsForcedToReference();
+  std::vector<const void*> copy_data(ws.size(), nullptr);
+  for (int step = 0; step < 4; ++step) {
+    std::vector<VarGrad> var_grads;
+    {
+      const NestedMap theta = layer->theta();
+      const std::vector<at::Tensor> cast_w = {theta.GetTensor("w"), theta.GetTensor("child.w")};
+      for (size_t i = 0; i < ws.size(); ++i) {
+        EXPECT_TRUE(at::equal(cast_w[i], ws[i].to(at::kBFloat16))) << "step " << step << " " << i;
+        // From the second step the cast is the copy's data (where the fused update runs).
+        const at::Tensor copy = vars[i].fprop_copy->For(ws[i], at::kBFloat16);
+        EXPECT_EQ(copy.defined(), step > 0 && fused);
+        if (copy.defined()) {
+          EXPECT_EQ(cast_w[i].data_ptr(), copy.data_ptr()) << i;
+        }
+      }
+      // The gradients through theta are those through a plain cast of each variable.
+      const auto got = torch::autograd::grad({layer->FProp(theta, x).sum()}, ws);
+      NestedMap plain = theta;
+      plain.Set("w", ws[0].to(at::kBFloat16));
+      plain.Set("child.w", ws[1].to(at::kBFloat16));
+      const auto want = torch::autograd::grad({layer->FProp(plain, x).sum()}, ws);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        EXPECT_TRUE(at::equal(got[i], want[i])) << "step " << step << " " << i;
+        var_grads.push_back({vars[i].name, vars[i].value, got[i], false, 1.0,
+                             vars[i].fprop_copy});
+      }
+    }  // the forward's casts are gone: the update rewrites the copies in place
+    adam->Apply(0.01, var_grads, step);
+    for (size_t i = 0; i < ws.size() && fused; ++i) {
+      const void* data = vars[i].fprop_copy->For(ws[i], at::kBFloat16).data_ptr();
+      if (step >= 2) {
+        EXPECT_EQ(data, copy_data[i]) << "step " << step << " " << i;
+      }
+      copy_data[i] = data;
+    }
+  }
+  // A change in place (as a restore's copy_) ends the copy's use.
+  {
+    at::NoGradGuard no_grad;
+    ws[0].mul_(2);
+  }
+  EXPECT_FALSE(vars[0].fprop_copy->For(ws[0], at::kBFloat16).defined());
+  const NestedMap theta = layer->theta();
+  EXPECT_TRUE(at::equal(theta.GetTensor("w"), ws[0].to(at::kBFloat16)));
 }
 
 }  // namespace
