@@ -351,7 +351,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
       const int64_t cb = CausalBlock(causal, T, S);
       const std::vector<int64_t> starts = BlockKeyStarts(bias, B, T, S, cb);
       Bf16DotAttention a = Bf16DotAttentionForward(q_in, k_in, v_in, bias, cb, starts);
-      ctx->save_for_backward({q_in, k_in, v_in, a.probs});
+      ctx->save_for_backward({q_in, k_in, v_in, bias});
       ctx->saved_data["dot"] = true;
       ctx->saved_data["bf16"] = true;
       ctx->saved_data["causal_block"] = cb;
@@ -423,11 +423,11 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const int64_t blk = cb > 0 ? cb : T;
     const std::vector<int64_t> starts =
         cb > 0 ? ctx->saved_data["block_starts"].toIntVector() : std::vector<int64_t>();
-    if (ctx->saved_data.count("dot") > 0) {
+    if (ctx->saved_data.count("dot") > 0) {  // saved[3]: the bias (the probabilities are remade)
       const Bf16DotAttentionGrads d = Bf16DotAttentionBackward(
-          q, k, v, probs,
-          grads[0].defined() ? grads[0] : at::zeros({B, T, N, H}, q.options()), grads[1], cb,
-          starts);
+          q, k, v, saved[3],
+          grads[0].defined() ? grads[0] : at::zeros({B, T, N, H}, q.options()), grads[1],
+          ctx->saved_data["causal_block"].toInt(), ctx->saved_data["block_starts"].toIntVector());
       return {d.dq, d.dk, d.dv, at::Tensor(), at::Tensor()};
     }
     const auto first = BlockFirstKey(starts, T, blk);

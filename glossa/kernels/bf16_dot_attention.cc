@@ -216,11 +216,6 @@ struct PairRange {
       : first(from / 2), count((end + 1) / 2 - from / 2), half_last(end % 2 == 1) {}
 };
 
-// A view [1, 1, T, S] of head (b, n) of x [B, N, T, S].
-at::Tensor HeadRows(const at::Tensor& x, int64_t b, int64_t n) {
-  return x.select(0, b).select(0, n).unsqueeze(0).unsqueeze(0);
-}
-
 // The bias rows of batch row b: bias [B or 1, 1, T or 1, S], or empty.
 at::Tensor BiasOfRow(const at::Tensor& bias, int64_t b) {
   if (!bias.defined() || bias.numel() == 0 || bias.size(0) == 1) return bias;
@@ -232,6 +227,26 @@ at::Tensor BiasOfRow(const at::Tensor& bias, int64_t b) {
 }  // namespace
 
 #if GLOSSA_X86_SIMD
+
+namespace {
+
+// Head (b, ·)'s softmax(q·kᵀ + bias) into `out` [T, S] (float32), keys in pair layout `kt` (the
+// entries its causal blocks skip are 0). The forward and the backward (which recomputes them
+// rather than keep [B, N, T, S] float32 probabilities between the two) get the same bits.
+void HeadProbabilities(const Head& hq, const uint32_t* kt, const at::Tensor& bias,
+                       const Blocks& blocks, int64_t b, int64_t causal_block, int64_t T,
+                       int64_t S, int64_t P, float* out) {
+  for (int64_t t0 = 0; t0 < T; t0 += blocks.blk) {
+    const int64_t t1 = std::min(T, t0 + blocks.blk), s0 = blocks.First(b, t0),
+                  e = blocks.End(t1);
+    Dot<false>(hq.data + t0 * hq.row, 2 * hq.row, 4, kt + s0, S, t1 - t0, e - s0, P, false,
+               out + t0 * S + s0, S);
+  }
+  at::Tensor rows = at::from_blob(out, {1, 1, T, S}, at::kFloat);
+  SoftmaxWithBiasInPlace(rows, BiasOfRow(bias, b), causal_block, blocks.RowStarts(b));
+}
+
+}  // namespace
 
 Bf16DotAttention Bf16DotAttentionForward(const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& bias,
@@ -247,27 +262,20 @@ Bf16DotAttention Bf16DotAttentionForward(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(v.size(1) == S, "Bf16DotAttentionForward: ", S, " keys against ", v.size(1), " values");
   const Blocks blocks(T, S, causal_block, block_starts);
   Bf16DotAttention r;
-  r.probs = at::empty({B, N, T, S}, q.options().dtype(at::kFloat));
   r.probs_bf16 = at::empty({B, N, T, S}, q.options());
   r.out = at::empty({B, T, N, H}, q.options());
   uint16_t* out = reinterpret_cast<uint16_t*>(r.out.data_ptr());
   const int64_t P = H / 2, Sp = (S + 1) / 2;
   KernelParallelFor(0, B * N, ParallelGrain(4 * T * S * H), [&](int64_t lo, int64_t hi) {
     std::vector<uint32_t> kt(P * S), vr(Sp * H);
+    std::vector<float> probs(T * S);  // the head's float32 probabilities, in cache
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t b = i / N, n = i % N;
       const Head hq(q, b, n), hk(k, b, n), hv(v, b, n);
       PairsAcrossRows(hk.data, hk.row, S, H, kt.data());  // kt[p][s]: key s's pair p
       PairsOfRows(hv.data, hv.row, S, H, vr.data());      // vr[p][h]: keys 2p and 2p + 1
-      float* logits = r.probs.data_ptr<float>() + i * T * S;
-      for (int64_t t0 = 0; t0 < T; t0 += blocks.blk) {
-        const int64_t t1 = std::min(T, t0 + blocks.blk), s0 = blocks.First(b, t0),
-                      e = blocks.End(t1);
-        Dot<false>(hq.data + t0 * hq.row, 2 * hq.row, 4, kt.data() + s0, S, t1 - t0, e - s0, P,
-                   false, logits + t0 * S + s0, S);
-      }
-      at::Tensor rows = HeadRows(r.probs, b, n);
-      SoftmaxWithBiasInPlace(rows, BiasOfRow(bias, b), causal_block, blocks.RowStarts(b));
+      HeadProbabilities(hq, kt.data(), bias, blocks, b, causal_block, T, S, P, probs.data());
+      const float* logits = probs.data();
       uint16_t* pb = reinterpret_cast<uint16_t*>(r.probs_bf16.data_ptr()) + i * T * S;
       RoundRows(logits, T, S, pb);
       for (int64_t t0 = 0; t0 < T; t0 += blocks.blk) {
@@ -282,17 +290,19 @@ Bf16DotAttention Bf16DotAttentionForward(const at::Tensor& q, const at::Tensor& 
 }
 
 Bf16DotAttentionGrads Bf16DotAttentionBackward(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& v, const at::Tensor& probs,
+                                               const at::Tensor& v, const at::Tensor& bias,
                                                const at::Tensor& dout_in,
-                                               const at::Tensor& dprobs_in, int64_t causal_block,
-                                               const std::vector<int64_t>& block_starts) {
+                                               const at::Tensor& dprobs_in,
+                                               int64_t forward_causal_block,
+                                               const std::vector<int64_t>& forward_starts) {
   TORCH_CHECK(Bf16DotAttentionApplies(q), "Bf16DotAttentionBackward: needs AVX-512 BF16 and an even head size");
   const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
-  TORCH_CHECK(!dprobs_in.defined() || causal_block == 0,
-              "Bf16DotAttentionBackward: the probabilities' gradient covers whole rows (no causal blocks)");
-  TORCH_CHECK(probs.scalar_type() == at::kFloat && probs.is_contiguous() &&
-                  probs.sizes() == at::IntArrayRef({B, N, T, S}),
-              "Bf16DotAttentionBackward: float32 probs [B, N, T, S]");
+  // The probabilities are made again over the forward's blocks; dL/dP covers whole rows when the
+  // probabilities have a gradient of their own (it may be nonzero where they are 0).
+  const Blocks forward_blocks(T, S, forward_causal_block, forward_starts);
+  const int64_t causal_block = dprobs_in.defined() ? 0 : forward_causal_block;
+  const std::vector<int64_t> no_starts;
+  const std::vector<int64_t>& block_starts = causal_block > 0 ? forward_starts : no_starts;
   const at::Tensor dout = dout_in.to(at::kBFloat16).contiguous();
   TORCH_CHECK(dout.sizes() == q.sizes(), "Bf16DotAttentionBackward: dout ", dout.sizes(), " for q ",
               q.sizes());
@@ -310,8 +320,9 @@ Bf16DotAttentionGrads Bf16DotAttentionBackward(const at::Tensor& q, const at::Te
   const int64_t P = H / 2, Tp = (T + 1) / 2, Sp = (S + 1) / 2;
   const int64_t kblk = causal_block > 0 ? causal_block : S;
   KernelParallelFor(0, B * N, ParallelGrain(8 * T * S * H), [&](int64_t lo, int64_t hi) {
-    std::vector<uint32_t> vt(P * S), kr(Sp * H), qr(Tp * H), gr(Tp * H), xds(Tp * S), xp(Tp * S);
-    std::vector<float> dp(T * S);
+    std::vector<uint32_t> vt(P * S), kt(P * S), kr(Sp * H), qr(Tp * H), gr(Tp * H), xds(Tp * S),
+        xp(Tp * S);
+    std::vector<float> dp(T * S), probs(T * S);
     std::vector<uint16_t> dsb(T * S);
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t b = i / N, n = i % N;
@@ -321,6 +332,9 @@ Bf16DotAttentionGrads Bf16DotAttentionBackward(const at::Tensor& q, const at::Te
       PairsOfRows(hk.data, hk.row, S, H, kr.data());      // kr[p][h]: keys 2p and 2p + 1
       PairsOfRows(hq.data, hq.row, T, H, qr.data());      // qr[p][h]: queries 2p and 2p + 1
       PairsOfRows(g_bn, N * H, T, H, gr.data());
+      PairsAcrossRows(hk.data, hk.row, S, H, kt.data());  // kt[p][s]: key s's pair p
+      HeadProbabilities(hq, kt.data(), bias, forward_blocks, b, forward_causal_block, T, S, P,
+                        probs.data());
       // dL/dP over each block's keys; 0 elsewhere (the softmax backward leaves a row's keys after
       // its block unwritten, and the key gradients read whole columns).
       std::fill(dp.begin(), dp.end(), 0.0f);
@@ -335,10 +349,11 @@ Bf16DotAttentionGrads Bf16DotAttentionBackward(const at::Tensor& q, const at::Te
         for (int64_t j = 0; j < T * S; ++j) dp[j] += d[j];
       }
       at::Tensor ds = at::from_blob(dp.data(), {1, 1, T, S}, at::kFloat);
-      SoftmaxBackwardInPlace(ds, HeadRows(probs, b, n), causal_block, blocks.RowStarts(b));
+      SoftmaxBackwardInPlace(ds, at::from_blob(probs.data(), {1, 1, T, S}, at::kFloat),
+                             causal_block, blocks.RowStarts(b));
       RoundRows(dp.data(), T, S, dsb.data());
       PairsOfRows(dp.data(), S, T, S, xds.data());  // xds[p][s]: queries 2p and 2p + 1
-      PairsOfRows(probs.data_ptr<float>() + i * T * S, S, T, S, xp.data());
+      PairsOfRows(probs.data(), S, T, S, xp.data());
       // dq = dS·k over each block's keys.
       for (int64_t t0 = 0; t0 < T; t0 += blocks.blk) {
         const int64_t t1 = std::min(T, t0 + blocks.blk);

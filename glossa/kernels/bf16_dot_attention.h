@@ -7,7 +7,7 @@
 //
 //   if (Bf16DotAttentionApplies(q)) {
 //     Bf16DotAttention a = Bf16DotAttentionForward(q, k, v, bias, causal_block, block_starts);
-//     Bf16DotAttentionGrads g = Bf16DotAttentionBackward(q, k, v, a.probs, dout, {}, ...);
+//     Bf16DotAttentionGrads g = Bf16DotAttentionBackward(q, k, v, bias, dout, {}, ...);
 //   }
 //
 // Its arithmetic: the logits q·kᵀ and dL/dP = dO·vᵀ are sums of exact bf16 products in float32
@@ -31,7 +31,6 @@ bool Bf16DotAttentionApplies(const at::Tensor& q);
 
 struct Bf16DotAttention {
   at::Tensor out;         // bf16 [B, T, N, H]
-  at::Tensor probs;       // float32 [B, N, T, S] (what the backward reads)
   at::Tensor probs_bf16;  // bf16 [B, N, T, S]: the rounded probabilities the output was made of
 };
 
@@ -49,10 +48,13 @@ struct Bf16DotAttentionGrads {
 };
 
 // The gradients for dout (bf16 [B, T, N, H]) and dprobs (float32 [B, N, T, S], the
-// probabilities' own gradient, or undefined), with the forward's probs. With dprobs,
-// causal_block must be 0 (that gradient may be nonzero where the probabilities are 0).
+// probabilities' own gradient, or undefined), for the forward's q, k, v, bias and blocks. Each
+// head's float32 probabilities are made again, with the forward's bits, where they are used
+// (kept from the forward, they were [B, N, T, S] float32 written and read back through memory:
+// 16 MB a layer of the 512-wide LM). With dprobs, causal_block must be 0 (that gradient may be
+// nonzero where the probabilities are 0); causal_block and block_starts are the forward's.
 Bf16DotAttentionGrads Bf16DotAttentionBackward(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& v, const at::Tensor& probs,
+                                               const at::Tensor& v, const at::Tensor& bias,
                                                const at::Tensor& dout, const at::Tensor& dprobs,
                                                int64_t causal_block,
                                                const std::vector<int64_t>& block_starts);
