@@ -4,11 +4,12 @@
 
 #include <cstdint>
 
-#include "glossa/kernels/bf16_simd.h"
 #include "glossa/kernels/cpu_features.h"
 #include "glossa/kernels/parallel.h"
 #if GLOSSA_X86_SIMD
 #include <immintrin.h>
+
+#include "glossa/kernels/bf16_simd.h"
 #endif
 
 namespace glossa {

@@ -289,6 +289,7 @@ Bf16DotAttention Bf16DotAttentionForward(const at::Tensor& q, const at::Tensor& 
   return r;
 }
 
+// long function: one head's backward is one sequence of products sharing its packed operands.
 Bf16DotAttentionGrads Bf16DotAttentionBackward(const at::Tensor& q, const at::Tensor& k,
                                                const at::Tensor& v, const at::Tensor& bias,
                                                const at::Tensor& dout_in,

