@@ -6,7 +6,9 @@
 # bf16 = ATen on every core + 1 OpenBLAS thread) and the same glibc allocator settings. Prints
 # tokens/s medians, their ratio, FLOPs per token and the fractions of the measured fp32 GEMM peak
 # and of the peak of the row's own dtype (bf16 rows: the bf16 GEMM peak), the latter measured right
-# after each of Glossa's timed runs (--peak_beside), in the machine state the run saw.
+# after each of Glossa's timed runs (--peak_beside), in the machine state the run saw. The LM rows
+# also print a bound: the tokens/s of a step that did only its GEMMs, each at the rate it reaches
+# alone (--gemm_model), and that over PyTorch's tokens/s (the most the ratio could be).
 #   bash bench/train_throughput.sh [runs=3] [build_dir=build] [reps=3]
 # Each framework is invoked `reps` times, alternating, each invocation timing `runs` runs.
 set -euo pipefail
@@ -42,7 +44,7 @@ for size in ${SIZES:-tiny 512 mt}; do
     if [ "$dtype" = fp32 ]; then t=1; blas=$cores; else t=$cores; blas=1; fi
     # Alternate the two frameworks (`reps` times each) so that drifts in this shared machine's
     # speed hit both alike; report the median of the per-invocation medians.
-    gs=(); ps=(); fr=(); fl=0; gw=(); pw=()
+    gs=(); ps=(); fr=(); fl=0; gw=(); pw=(); gb=()
     for _ in $(seq "$reps"); do
       out=$("$bin" $shape --runs="$runs" --dtype=$dtype --peak_beside=1 2>/dev/null)
       g=$(grep glossa_tokens_per_sec <<<"$out")
@@ -50,6 +52,10 @@ for size in ${SIZES:-tiny 512 mt}; do
       choices=$(sed -n 's/^kernel_choices //p' <<<"$out")
       gs+=("$(awk '{print $2}' <<<"$g")"); fl=$(awk '{print $4}' <<<"$g")
       gw+=("$(awk '{print $12}' <<<"$g")")
+      # The LM rows' bound: a step that did nothing but its GEMMs, each at its isolated rate.
+      if [ "$size" != mt ]; then
+        gb+=("$("$bin" $shape --dtype=$dtype --gemm_model=1 2>/dev/null | awk '/model_gemm_tokens_per_sec/ {print $10}')")
+      fi
       p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
       ps+=("$(awk '{print $2}' <<<"$p")")
       pw+=("$(awk '{print $6}' <<<"$p")")
@@ -62,6 +68,10 @@ for size in ${SIZES:-tiny 512 mt}; do
     awk -v s=$size -v d=$dtype -v g="$gt" -v p="$pt" -v f="$fl" -v peak="$peak" -v own="$ft" 'BEGIN {
       printf "%-6s %-5s %14.1f %14.1f %7.2f %12.1f %9.0f%% %9.0f%%\n", s, d, g, p, g / p, f / 1e6,
              100 * g * f / 1e9 / peak, 100 * own }'
+    if [ "${#gb[@]}" -gt 0 ]; then
+      bt=$(printf "%s\n" "${gb[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
+      awk -v b="$bt" -v p="$pt" 'BEGIN { printf "       bound (the step'"'"'s GEMMs alone, each at its isolated rate: --gemm_model): %.1f tok/s, %.2f x PyTorch\n", b, b / p }'
+    fi
     echo "       warm-up steps (until a step takes under 256 new pages): glossa ${gw[*]}, torch ${pw[*]}"
     [ -n "$choices" ] && echo "       kernel choices (measured per shape, glossa/kernels/kernel_choice.h): $choices"
   done
