@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -19,196 +17,8 @@
 #include "glossa/kernels/gemm.h"
 #include "glossa/kernels/kernel_choice.h"
 #include "glossa/kernels/parallel.h"
-#if GLOSSA_X86_SIMD
-#include "glossa/kernels/simd_math.h"
-#endif
 
 namespace glossa {
-namespace {
-
-// The keys [start, end) computed for row r of x [B, N, T, S]: all S; with causal blocks of c
-// queries, [first key of the block, end of the block), where the first key (block_starts, per
-// batch row and block; none: 0) is the first any query of the block may see.
-struct RowRanges {
-  int64_t N = 1, T = 1, S = 0, c = 0, blocks = 1;
-  const std::vector<int64_t>* starts = nullptr;
-  std::pair<int64_t, int64_t> operator()(int64_t r) const {
-    if (c <= 0) return {0, S};
-    const int64_t t = r % T, j = t / c;
-    const int64_t start =
-        starts == nullptr || starts->empty() ? 0 : (*starts)[r / (N * T) * blocks + j];
-    return {start, std::min(S, (j + 1) * c)};
-  }
-};
-
-RowRanges MakeRowRanges(const at::Tensor& x, int64_t causal_block,
-                        const std::vector<int64_t>& block_starts) {
-  RowRanges r;
-  r.S = x.size(-1);
-  if (causal_block <= 0) return r;
-  r.N = x.size(1);
-  r.T = x.size(2);
-  r.c = causal_block;
-  r.blocks = (r.T + causal_block - 1) / causal_block;
-  r.starts = &block_starts;
-  TORCH_CHECK(block_starts.empty() ||
-                  static_cast<int64_t>(block_starts.size()) == x.size(0) * r.blocks,
-              "attention softmax: ", block_starts.size(), " block starts for ", x.size(0),
-              " rows of ", r.blocks, " blocks");
-  return r;
-}
-
-#if GLOSSA_X86_SIMD
-
-using simd_math::Exp16;
-using simd_math::TailMask;
-
-// Row r of x [rows, S] in place: softmax(x_r + bias_r) over its entries [start, end) (the rest
-// is masked: it becomes 0 and is not read).
-__attribute__((target("avx512f"))) void SoftmaxRows(float* x, int64_t S, int64_t lo, int64_t hi,
-                                                    const std::function<const float*(int64_t)>& bias_row,
-                                                    const RowRanges& range_of) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t r = lo; r < hi; ++r) {
-    const auto [start, end] = range_of(r);
-    if (start > 0) std::fill(x + r * S, x + r * S + start, 0.0f);
-    float* row = x + r * S + start;
-    const int64_t L = end - start;
-    if (end < S) std::fill(x + r * S + end, x + (r + 1) * S, 0.0f);
-    const int64_t full = L / 16 * 16;
-    const __mmask16 tail = TailMask(L - full);
-    const float* b = bias_row(r);
-    if (b) b += start;
-    __m512 vmax = neg_inf;
-    for (int64_t c = 0; c < full; c += 16) {
-      __m512 z = _mm512_loadu_ps(row + c);
-      if (b) z = _mm512_add_ps(z, _mm512_loadu_ps(b + c));
-      _mm512_storeu_ps(row + c, z);
-      vmax = _mm512_max_ps(vmax, z);
-    }
-    if (tail) {
-      __m512 z = _mm512_mask_loadu_ps(neg_inf, tail, row + full);
-      if (b) z = _mm512_mask_add_ps(neg_inf, tail, z, _mm512_maskz_loadu_ps(tail, b + full));
-      _mm512_mask_storeu_ps(row + full, tail, z);
-      vmax = _mm512_max_ps(vmax, z);
-    }
-    const __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t c = 0; c < full; c += 16) {
-      const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(row + c), vm));
-      _mm512_storeu_ps(row + c, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    if (tail) {
-      const __m512 e = _mm512_maskz_mov_ps(
-          tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + full), vm)));
-      _mm512_mask_storeu_ps(row + full, tail, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-    for (int64_t c = 0; c < full; c += 16) {
-      _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), inv));
-    }
-    if (tail) {
-      _mm512_mask_storeu_ps(row + full, tail,
-                            _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + full), inv));
-    }
-  }
-}
-
-// Row r in place over its entries [start, end): dy_r = y_r ∘ (dy_r − Σ dy_r∘y_r); [0, start)
-// becomes 0 (the key gradients' GEMMs read it), [end, S) is not read or written.
-__attribute__((target("avx512f"))) void SoftmaxBackwardRows(float* dy, const float* y, int64_t S,
-                                                            int64_t lo, int64_t hi,
-                                                            const RowRanges& range_of) {
-  for (int64_t r = lo; r < hi; ++r) {
-    const auto [start, end] = range_of(r);
-    if (start > 0) std::fill(dy + r * S, dy + r * S + start, 0.0f);
-    float* d = dy + r * S + start;
-    const float* p = y + r * S + start;
-    const int64_t L = end - start;
-    const int64_t full = L / 16 * 16;
-    const __mmask16 tail = TailMask(L - full);
-    __m512 dot = _mm512_setzero_ps();
-    for (int64_t c = 0; c < full; c += 16) {
-      dot = _mm512_fmadd_ps(_mm512_loadu_ps(d + c), _mm512_loadu_ps(p + c), dot);
-    }
-    if (tail) {
-      dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, d + full),
-                            _mm512_maskz_loadu_ps(tail, p + full), dot);
-    }
-    const __m512 vd = _mm512_set1_ps(_mm512_reduce_add_ps(dot));
-    for (int64_t c = 0; c < full; c += 16) {
-      _mm512_storeu_ps(d + c, _mm512_mul_ps(_mm512_loadu_ps(p + c),
-                                            _mm512_sub_ps(_mm512_loadu_ps(d + c), vd)));
-    }
-    if (tail) {
-      _mm512_mask_storeu_ps(d + full, tail,
-                            _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, p + full),
-                                          _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, d + full), vd)));
-    }
-  }
-}
-
-#else  // no x86 SIMD in this build: CpuHasAvx512F() is false and these are never called
-
-void SoftmaxRows(float*, int64_t, int64_t, int64_t, const std::function<const float*(int64_t)>&,
-                 const RowRanges&) {
-  NoSimdInThisBuild();
-}
-void SoftmaxBackwardRows(float*, const float*, int64_t, int64_t, int64_t, const RowRanges&) {
-  NoSimdInThisBuild();
-}
-
-#endif  // GLOSSA_X86_SIMD
-
-
-}  // namespace
-
-void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causal_block,
-                            const std::vector<int64_t>& block_starts) {
-  TORCH_CHECK(CpuHasAvx512F() && x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
-                  x.dim() == 4,
-              "SoftmaxWithBiasInPlace: float32 contiguous [B, N, T, S] on an AVX-512 CPU");
-  const int64_t B = x.size(0), N = x.size(1), T = x.size(2), S = x.size(3);
-  const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (has_bias) {
-    TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.dim() == 4 &&
-                    (bias.size(0) == B || bias.size(0) == 1) && bias.size(1) == 1 &&
-                    (bias.size(2) == T || bias.size(2) == 1) && bias.size(3) == S,
-                "SoftmaxWithBiasInPlace: bias ", bias.sizes(), " does not broadcast to ", x.sizes());
-  }
-  const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
-  const int64_t bb = has_bias && bias.size(0) > 1 ? bias.size(2) * S : 0;
-  const int64_t bt = has_bias && bias.size(2) > 1 ? S : 0;
-  const std::function<const float*(int64_t)> bias_row = [&](int64_t r) -> const float* {
-    if (!bp) return nullptr;
-    const int64_t b = r / (N * T), t = r % T;
-    return bp + b * bb + t * bt;
-  };
-  float* xp = x.data_ptr<float>();
-  const RowRanges range_of = MakeRowRanges(x, causal_block, block_starts);
-  KernelParallelFor(0, B * N * T, ParallelGrain(8 * S), [&](int64_t lo, int64_t hi) {
-    SoftmaxRows(xp, S, lo, hi, bias_row, range_of);
-  });
-}
-
-void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block,
-                            const std::vector<int64_t>& block_starts) {
-  TORCH_CHECK(CpuHasAvx512F() && dy.device().is_cpu() && dy.scalar_type() == at::kFloat &&
-                  y.scalar_type() == at::kFloat && dy.is_contiguous() && y.is_contiguous() &&
-                  dy.sizes() == y.sizes() && dy.dim() >= 1,
-              "SoftmaxBackwardInPlace: float32 contiguous tensors of one shape on an AVX-512 CPU");
-  const int64_t S = dy.size(-1), rows = S > 0 ? dy.numel() / S : 0;
-  float* d = dy.data_ptr<float>();
-  const float* p = y.data_ptr<float>();
-  TORCH_CHECK(causal_block <= 0 || dy.dim() == 4, "SoftmaxBackwardInPlace: a causal block needs [B, N, T, S]");
-  const RowRanges range_of = MakeRowRanges(dy, causal_block, block_starts);
-  KernelParallelFor(0, rows, ParallelGrain(4 * S), [&](int64_t lo, int64_t hi) {
-    SoftmaxBackwardRows(d, p, S, lo, hi, range_of);
-  });
-}
-
 namespace {
 
 // ---- The attention core on strided heads ----
@@ -340,6 +150,8 @@ auto BlockFirstKey(const std::vector<int64_t>& block_starts, int64_t T, int64_t 
 
 class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCore> {
  public:
+  // long function: a head's stages (scores, softmax, weighted values) share its geometry, and
+  // run fused a head at a time or stage by stage (without AVX-512) on the same per-head GEMMs.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& q_in, const at::Tensor& k_in,
                                                 const at::Tensor& v_in, const at::Tensor& bias,
@@ -370,36 +182,50 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     at::Tensor logits = at::empty({B, N, T, S}, q.options());
     const Heads hq(q), hk(k), hv(v);
     float* lp = logits.data_ptr<float>();
-    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
+    at::Tensor out = at::empty({B, T, N, H}, q.options());
+    float* op = out.data_ptr<float>();
+    // Head (b, n)'s q·kᵀ into its rows of the logits, and its probabilities (pp: the logits'
+    // memory, or ATen's softmax's) times v into its columns of the output.
+    auto scores = [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
         RowMajorSgemm(false, true, t1 - t0, keys(t1) - s0, H, hq.at(b, n) + t0 * hq.row, hq.row,
                       hk.at(b, n) + s0 * hk.row, hk.row, 0.0f,
                       lp + ((b * N + n) * T + t0) * S + s0, S);
       }
-    });
-    at::Tensor probs;
-    if (CpuHasAvx512F()) {
-      SoftmaxWithBiasInPlace(logits, bias, cb, starts);  // one kernel: + mask, max, e^x, Σ, scale
-      probs = logits;
-    } else {
-      if (cb > 0) {  // the skipped blocks (masked by the bias) were not computed
-        logits.masked_fill_(SkippedByCausalBlocks(T, S, cb, starts), 0.0);
-      }
-      if (bias.numel() > 0) logits.add_(bias);
-      probs = at::softmax(logits, -1);
-    }
-    at::Tensor out = at::empty({B, T, N, H}, q.options());
-    const float* pp = probs.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
+    };
+    const float* pp = lp;
+    auto weighted = [&](int64_t b, int64_t n) {
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
         RowMajorSgemm(false, false, t1 - t0, H, keys(t1) - s0,
                       pp + ((b * N + n) * T + t0) * S + s0, S, hv.at(b, n) + s0 * hv.row, hv.row,
                       0.0f, op + (b * T + t0) * N * H + n * H, N * H);
       }
-    });
+    };
+    at::Tensor probs;
+    if (CpuHasAvx512F()) {
+      // Each head's scores, softmax (+ mask, max, e^x, Σ, scale) and weighted values in turn,
+      // while its [T, S] rows are in the core's cache: one pass over the [B, N, T, S] logits in
+      // memory instead of four. The same calls on the same rows as one stage at a time over
+      // every head, so the same bits.
+      ForEachHead(B, N, 4 * T * S * H, [&](int64_t b, int64_t n) {
+        scores(b, n);
+        const int64_t r0 = (b * N + n) * T;
+        SoftmaxWithBiasOnRows(lp, logits.sizes(), bias, cb, starts, r0, r0 + T);
+        weighted(b, n);
+      });
+      probs = logits;
+    } else {
+      ForEachHead(B, N, 2 * T * S * H, scores);
+      if (cb > 0) {  // the skipped blocks (masked by the bias) were not computed
+        logits.masked_fill_(SkippedByCausalBlocks(T, S, cb, starts), 0.0);
+      }
+      if (bias.numel() > 0) logits.add_(bias);
+      probs = at::softmax(logits, -1);
+      pp = probs.data_ptr<float>();
+      ForEachHead(B, N, 2 * T * S * H, weighted);
+    }
     ctx->save_for_backward({q, k, v, probs});
     ctx->saved_data["bf16"] = bf16;
     ctx->saved_data["causal_block"] = cb;
@@ -411,6 +237,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     return {out, probs};
   }
 
+  // long function: as the forward, a head's stages share its geometry and run fused a head at a
+  // time, or stage by stage where the probabilities' own gradient joins dL/dP.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -437,32 +265,20 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const Heads hq(q), hk(k), hv(v);
     const float* gp = g.data_ptr<float>();
     const float* pp = probs.data_ptr<float>();
-    at::Tensor dp = at::empty({B, N, T, S}, q.options());
-    float* dpp = dp.data_ptr<float>();
-    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
-      for (int64_t t0 = 0; t0 < T; t0 += blk) {
-        const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
-        RowMajorSgemm(false, true, t1 - t0, keys(t1) - s0, H, gp + (b * T + t0) * N * H + n * H,
-                      N * H, hv.at(b, n) + s0 * hv.row, hv.row, 0.0f,
-                      dpp + ((b * N + n) * T + t0) * S + s0, S);
-      }
-    });
-    if (grads[1].defined()) dp.add_(bf16 ? Widen(grads[1]) : grads[1]);
-    at::Tensor ds;
-    if (CpuHasAvx512F()) {
-      SoftmaxBackwardInPlace(dp, probs, cb, starts);
-      ds = dp;
-    } else {
-      if (cb > 0) dp.masked_fill_(SkippedByCausalBlocks(T, S, cb, starts), 0.0);
-      ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
-    }
-    const float* dsp = ds.data_ptr<float>();
     at::Tensor dq = at::empty({B, T, N, H}, q.options());
     at::Tensor dk = at::empty({B, S, N, H}, q.options());
     at::Tensor dv = at::empty({B, S, N, H}, q.options());
     float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-    ForEachHead(B, N, 2 * T * S * H, [&](int64_t b, int64_t n) {
-      const float* ds_bn = dsp + (b * N + n) * T * S;
+    // Head (b, n)'s dL/dP = dO·vᵀ into dp_bn ([T, S], row stride S).
+    auto prob_grads = [&](int64_t b, int64_t n, float* dp_bn) {
+      for (int64_t t0 = 0; t0 < T; t0 += blk) {
+        const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
+        RowMajorSgemm(false, true, t1 - t0, keys(t1) - s0, H, gp + (b * T + t0) * N * H + n * H,
+                      N * H, hv.at(b, n) + s0 * hv.row, hv.row, 0.0f, dp_bn + t0 * S + s0, S);
+      }
+    };
+    // Head (b, n)'s dq = dS·k, dk = dSᵀ·q, dv = Pᵀ·dO from its dL/dS ds_bn ([T, S]).
+    auto input_grads = [&](int64_t b, int64_t n, const float* ds_bn) {
       const float* p_bn = pp + (b * N + n) * T * S;
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
@@ -481,7 +297,37 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                       gp + (b * T + from) * N * H + n * H, N * H, 0.0f,
                       dvp + (b * S + s0) * N * H + n * H, N * H);
       }
-    });
+    };
+    if (CpuHasAvx512F() && !grads[1].defined()) {
+      // Each head in turn in a [T, S] buffer of its thread, while it is in the core's cache:
+      // no [B, N, T, S] dL/dP in memory. The same calls on the same rows, so the same bits.
+      KernelParallelFor(0, B * N, ParallelGrain(8 * T * S * H), [&](int64_t lo, int64_t hi) {
+        std::vector<float> ds(T * S);
+        for (int64_t i = lo; i < hi; ++i) {
+          prob_grads(i / N, i % N, ds.data());
+          SoftmaxBackwardOnRows(ds.data(), i * T, pp, probs.sizes(), cb, starts, i * T,
+                                (i + 1) * T);
+          input_grads(i / N, i % N, ds.data());
+        }
+      });
+    } else {
+      at::Tensor dp = at::empty({B, N, T, S}, q.options());
+      float* dpp = dp.data_ptr<float>();
+      ForEachHead(B, N, 2 * T * S * H,
+                  [&](int64_t b, int64_t n) { prob_grads(b, n, dpp + (b * N + n) * T * S); });
+      if (grads[1].defined()) dp.add_(bf16 ? Widen(grads[1]) : grads[1]);
+      at::Tensor ds;
+      if (CpuHasAvx512F()) {
+        SoftmaxBackwardInPlace(dp, probs, cb, starts);
+        ds = dp;
+      } else {
+        if (cb > 0) dp.masked_fill_(SkippedByCausalBlocks(T, S, cb, starts), 0.0);
+        ds = at::_softmax_backward_data(dp, probs, -1, at::kFloat);
+      }
+      const float* dsp = ds.data_ptr<float>();
+      ForEachHead(B, N, 2 * T * S * H,
+                  [&](int64_t b, int64_t n) { input_grads(b, n, dsp + (b * N + n) * T * S); });
+    }
     if (bf16) {
       return {Narrow(dq, at::kBFloat16), Narrow(dk, at::kBFloat16), Narrow(dv, at::kBFloat16),
               at::Tensor(), at::Tensor()};

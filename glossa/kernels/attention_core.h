@@ -55,4 +55,14 @@ void SoftmaxWithBiasInPlace(at::Tensor& x, const at::Tensor& bias, int64_t causa
 void SoftmaxBackwardInPlace(at::Tensor& dy, const at::Tensor& y, int64_t causal_block = 0,
                             const std::vector<int64_t>& block_starts = {});
 
+// The same on rows [lo, hi) of [B, N, T, S] `sizes` (rows numbered over B·N·T), for the native
+// core's head at a time (attention_softmax.cc): x holds every row; dy holds rows from
+// dy_first_row on (a head's rows in a buffer of their own), y every row.
+void SoftmaxWithBiasOnRows(float* x, at::IntArrayRef sizes, const at::Tensor& bias,
+                           int64_t causal_block, const std::vector<int64_t>& block_starts,
+                           int64_t lo, int64_t hi);
+void SoftmaxBackwardOnRows(float* dy, int64_t dy_first_row, const float* y, at::IntArrayRef sizes,
+                           int64_t causal_block, const std::vector<int64_t>& block_starts,
+                           int64_t lo, int64_t hi);
+
 }  // namespace glossa

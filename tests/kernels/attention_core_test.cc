@@ -85,15 +85,36 @@ TEST(AttentionCoreKernel, CausalBlocksOfPackedRowsSkipTheSegmentsBeforeTheirOwn)
   if (!CpuHasAvx512F()) return;  // the softmax kernel below needs it (GLOSSA_KERNELS=reference)
   // The softmax with block starts (row 0's blocks from keys 0, 10 and 50; row 1's from 0, 0, 60)
   // is the softmax of the masked logits, 0 before each block's start and after its end.
-  at::Tensor x = at::randn({2, 2, t, t});
+  const std::vector<int64_t> starts = {0, 10, 50, 0, 0, 60};
+  const at::Tensor x0 = at::randn({2, 2, t, t});
+  at::Tensor x = x0.clone();
   const at::Tensor want = at::softmax(x + bias, -1);
-  SoftmaxWithBiasInPlace(x, bias, 32, {0, 10, 50, 0, 0, 60});
+  SoftmaxWithBiasInPlace(x, bias, 32, starts);
   EXPECT_TRUE(at::allclose(x, want, 1e-6, 1e-7));
-  at::Tensor d = at::randn({2, 2, t, t});
+  const at::Tensor d0 = at::randn({2, 2, t, t});
+  at::Tensor d = d0.clone();
   const at::Tensor dwant = at::_softmax_backward_data(d, want, -1, at::kFloat);
-  SoftmaxBackwardInPlace(d, want, 32, {0, 10, 50, 0, 0, 60});
+  SoftmaxBackwardInPlace(d, want, 32, starts);
   EXPECT_TRUE(at::allclose(d.narrow(3, 0, 32), dwant.narrow(3, 0, 32), 1e-6, 1e-7));
   EXPECT_TRUE(at::equal(d[0][1].narrow(0, 64, 32).narrow(1, 0, 50), at::zeros({32, 50})));
+  // A head at a time (the native core's fused stages) gives the same bits: the forward on the
+  // head's rows of the whole tensor, the backward in a buffer holding only the head's rows.
+  at::Tensor x2 = x0.clone();
+  for (int64_t h = 0; h < 4; ++h) {
+    SoftmaxWithBiasOnRows(x2.data_ptr<float>(), x2.sizes(), bias, 32, starts, h * t, (h + 1) * t);
+    at::Tensor head = d0.view({4, t, t})[h].clone();
+    SoftmaxBackwardOnRows(head.data_ptr<float>(), h * t, want.data_ptr<float>(), want.sizes(),
+                          32, starts, h * t, (h + 1) * t);
+    EXPECT_TRUE(at::equal(head, d.view({4, t, t})[h])) << "head " << h;
+  }
+  EXPECT_TRUE(at::equal(x2, x));
+  // Rows outside the tensor, or before the buffer's first, are refused.
+  EXPECT_THROW(SoftmaxWithBiasOnRows(x2.data_ptr<float>(), x2.sizes(), bias, 32, starts, 0,
+                                     4 * t + 1),
+               c10::Error);
+  EXPECT_THROW(SoftmaxBackwardOnRows(d.data_ptr<float>(), t, x.data_ptr<float>(), x.sizes(), 32,
+                                     starts, 0, t),
+               c10::Error);
 }
 
 // The native softmaxes never produce a subnormal probability (e^x below −87 is 0, as under
