@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
                               {"gemm_model", "0"},
                               {"bf16_kernels", "measure"},
                               {"gemm_split", "measure"},
+                              {"row_kernels", "measure"},
                               {"task", "lm"},
                               {"bucket_mb", "25"},
                               {"overlap", "1"},
@@ -104,6 +105,8 @@ int main(int argc, char** argv) {
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
   SetKernelMode(KernelChoice::kBf16, ParseKernelMode(f["bf16_kernels"], "--bf16_kernels"));
   SetKernelMode(KernelChoice::kGemmSplit, ParseKernelMode(f["gemm_split"], "--gemm_split"));
+  // In training: the attention core's per-head GEMMs (BLAS sgemm or Glossa's small-GEMM kernel).
+  SetKernelMode(KernelChoice::kRowKernel, ParseKernelMode(f["row_kernels"], "--row_kernels"));
   const int runs = std::stoi(f["runs"]);
   if (f["gemm"] == "1") {
     // The GEMM peak of the dtype's thread layout: fp32 (OpenBLAS) or bf16 (oneDNN).

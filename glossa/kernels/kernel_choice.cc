@@ -48,6 +48,10 @@ std::pair<const char*, const char*> PathNames(KernelChoice choice, const std::st
       return {"aten (one GEMM at a time on OpenBLAS's threads)",
               "native (row parts, a single-threaded GEMM per kernel thread)"};
     case KernelChoice::kRowKernel:
+      if (op == "fp32_attention") {  // kernels/attention_core.cc: SmallGemmsFor
+        return {"aten (BLAS sgemm per head, in place)",
+                "native (Glossa's small-GEMM kernel on packed heads)"};
+      }
       return {"aten (BLAS sgemm)",
               "native (Glossa's row kernel: on the weights in place, or on a plan's packed panels)"};
   }
@@ -248,11 +252,21 @@ KernelDecision Measure(KernelChoice choice, const std::string& op, const std::st
   return d;
 }
 
+// Closes the cache file, which releases its lock, however the scope ends: a probe that throws
+// must not leave it held, or the process's next probe waits for itself forever.
+struct ClosesOnExit {
+  int fd;
+  ~ClosesOnExit() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
                                const std::string& op, const std::string& shape,
                                const std::function<void(bool)>& run) {
   const int fd = OpenLocked(cache);
   if (fd < 0) return Measure(choice, op, shape, run);
+  const ClosesOnExit closer{fd};
   const std::string key = StrCat(MachineKey(), " | ", op, " ", shape);
   std::optional<KernelDecision> d = ReadCached(fd, key, NewDecision(choice, op, shape));
   if (!d) {
@@ -261,7 +275,6 @@ KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
                                     d->aten_seconds, "\t", d->native_seconds, "\n");
     AppendLine(fd, line);
   }
-  ::close(fd);  // releases the lock
   d->cache = cache;
   return *d;
 }
@@ -345,6 +358,7 @@ std::string ChooseAmongCached(const std::string& key, const std::vector<std::str
   if (candidates.empty()) throw InvalidArgumentError("ChooseAmongCached: no candidates for " + key);
   const std::string cache = KernelChoiceCachePath();
   const int fd = OpenLocked(cache);
+  const ClosesOnExit closer{fd};
   std::string choice, times;
   if (fd >= 0) {  // the last line for this key, naming a candidate
     for (const auto& line : Split(ReadAll(fd), '\n')) {
@@ -374,7 +388,6 @@ std::string ChooseAmongCached(const std::string& key, const std::vector<std::str
       AppendLine(fd, line);
     }
   }
-  if (fd >= 0) ::close(fd);
   if (description != nullptr) {
     std::string ms;
     for (const auto& item : Split(times, ',')) {

@@ -8,9 +8,11 @@
 //   kGemmSplit  a training fp32 projection's GEMMs: one at a time on OpenBLAS's threads, or as row
 //               parts, one single-threaded GEMM per kernel thread (and the backward's two GEMMs
 //               side by side on two);
-//   kRowKernel  a short fp32 input without autograd (decoding, scoring): BLAS sgemm, which packs
-//               the weights on every call, or the row kernel that reads them in place
-//               (glossa/kernels/batch_invariant.h), measured per power-of-two row count.
+//   kRowKernel  Glossa's own kernels for small products, against BLAS sgemm, which packs its
+//               operands on every call: a short fp32 input without autograd (decoding, scoring)
+//               on the row kernel that reads the weights in place (glossa/kernels/batch_invariant.h),
+//               measured per power-of-two row count; and the float32 attention core's per-head
+//               products on SmallSgemm (glossa/kernels/small_gemm.h), measured per head shape.
 //
 // A probe runs the forward (and, in training, the backward) of both paths on operands of the
 // layer's weight shape at a fixed row count (2,048 rows in training, 256 in inference: one path

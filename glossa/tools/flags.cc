@@ -184,10 +184,11 @@ void AddKernelFlags(CLI::App* cmd, KernelFlags& f) {
       ->capture_default_str()
       ->check(modes);
   cmd->add_option("--row_kernels", f.row_kernels,
-                  "How short fp32 inputs without autograd (decoding, scoring) are projected: "
-                  "measure (time both per weight shape and power-of-two row count, keep the "
-                  "faster), aten (BLAS sgemm) or native (the row kernel, up to 256 rows; an "
-                  "inference plan's packed panels at any row count).")
+                  "How small fp32 products run: short inputs without autograd (decoding, "
+                  "scoring) and the attention core's per-head products. measure (time both per "
+                  "weight shape and power-of-two row count, or per head shape, keep the faster), "
+                  "aten (BLAS sgemm) or native (the row kernel, up to 256 rows, an inference "
+                  "plan's packed panels at any row count; the small-GEMM kernel for the heads).")
       ->capture_default_str()
       ->check(modes);
 }

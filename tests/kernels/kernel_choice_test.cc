@@ -9,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -130,6 +132,35 @@ TEST(KernelChoice, AChoiceAmongCandidatesKeepsTheFastestAndIsCached) {
   EXPECT_EQ(ChooseAmongCached("key7", {"a", "b"}, seconds, nullptr), "b");
   EXPECT_EQ(ChooseAmongCached("key7", {"a", "b"}, seconds, nullptr), "b");
   EXPECT_EQ(calls, 2) << "the decision appended after a cut line was not read back";
+  SetKernelChoiceCache(previous);
+}
+
+// A probe that throws leaves the cache file unlocked (the next probe of the process, or of any
+// run of this machine, would otherwise wait for it forever), and decides nothing.
+TEST(KernelChoice, AProbeThatThrowsReleasesTheCacheFile) {
+  const std::string dir = testing::TempDir("kernel_choice_throw");
+  const std::string previous = KernelChoiceCachePath();
+  SetKernelChoiceCache(dir + "/k.tsv");
+  auto unlocked = [&] {
+    const int fd = ::open((dir + "/k.tsv").c_str(), O_RDWR | O_CLOEXEC);
+    const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (fd >= 0) ::close(fd);
+    return free;
+  };
+  EXPECT_THROW(ChooseNative(KernelChoice::kGemmSplit, "throwing_op", "s",
+                            [](bool) { throw InvalidArgumentError("probe failed"); }),
+               InvalidArgumentError);
+  EXPECT_TRUE(unlocked()) << "ChooseNative left the cache file locked";
+  EXPECT_THROW(ChooseAmongCached("throwing_key", {"a", "b"},
+                                 [](const std::string&) -> double {
+                                   throw InvalidArgumentError("probe failed");
+                                 },
+                                 nullptr),
+               InvalidArgumentError);
+  EXPECT_TRUE(unlocked()) << "ChooseAmongCached left the cache file locked";
+  int calls = 0;  // measured now: the throw decided nothing
+  ChooseNative(KernelChoice::kGemmSplit, "throwing_op", "s", [&](bool) { ++calls; });
+  EXPECT_GT(calls, 0);
   SetKernelChoiceCache(previous);
 }
 
