@@ -81,8 +81,11 @@ void SmallSgemmAvx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a
         left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
     for (int64_t p0 = 0; p0 < k || p0 == 0; p0 += kKBlock) {
       const int64_t kk = std::min(kKBlock, k - p0);
-      for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
-        const int64_t rows = std::min(kTileRows, m - i0);
+      for (int64_t i0 = 0, rows = 0; i0 < m; i0 += rows) {
+        // 6 rows a tile; the last 7 to 9 as two tiles of 3 to 5 (32 rows: 6,6,6,6,4,4, not
+        // ...,6,2, whose tile loads B's row for two FMAs per vector).
+        const int64_t left = m - i0;
+        rows = left <= kTileRows ? left : left < 10 ? (left + 1) / 2 : kTileRows;
         kTiles[rows - 1][nv - 1](kk, a + i0 * a_row + p0 * a_col, a_row, a_col,
                                  b + p0 * ldb + j0, ldb, last, accumulate || p0 > 0,
                                  c + i0 * ldc + j0, ldc);
