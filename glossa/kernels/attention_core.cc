@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "glossa/base/errors.h"
 #include "glossa/base/strings.h"
 #include "glossa/kernels/batch_invariant.h"
 #include "glossa/kernels/bf16_dot_attention.h"
@@ -72,7 +73,7 @@ struct Heads {
 
 // The calling thread's scratch buffer `slot` (a head's packed operands), at least `size` floats.
 float* HeadScratch(int slot, int64_t size) {
-  thread_local std::vector<float> buffers[4];  // per-thread cache: scratch, not state
+  thread_local std::vector<float> buffers[6];  // per-thread cache: scratch, not state
   std::vector<float>& b = buffers[slot];
   if (static_cast<int64_t>(b.size()) < size) b.resize(size);
   return b.data();
@@ -166,8 +167,13 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& q_in, const at::Tensor& k_in,
                                                 const at::Tensor& v_in, const at::Tensor& bias,
-                                                bool causal, bool small) {
+                                                const at::Tensor& scale, bool causal, bool small) {
     RECORD_USER_SCOPE("fwd:StridedAttentionCore");  // seen by --profile_ops
+    if (k_in.numel() == 0) {  // q_in: the fused projection [B, T, 3, N, H] (float32, AttentionCoreQkv)
+      ctx->saved_data["fused"] = true;
+      return forward(ctx, q_in.select(2, 0), q_in.select(2, 1), q_in.select(2, 2), bias, scale,
+                     causal, small);
+    }
     const bool bf16 = q_in.scalar_type() == at::kBFloat16;
     if (bf16 && Bf16DotAttentionApplies(q_in)) {  // AVX-512 BF16 products, no widened copies
       const int64_t B = q_in.size(0), T = q_in.size(1), S = k_in.size(1);
@@ -198,20 +204,29 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     // Head (b, n)'s q·kᵀ into its rows of the logits, and its probabilities (pp: the logits'
     // memory, or ATen's softmax's) times v into its columns of the output.
     const int64_t ldt = S + 16;  // kᵀ's rows padded off a multiple of 1 KB (L1's sets)
+    const float* sp = scale.numel() > 0 ? scale.data_ptr<float>() : nullptr;
     auto scores = [&](int64_t b, int64_t n) {
       float* kt = nullptr;
       if (small) {
         kt = HeadScratch(0, H * ldt);
         TransposeRows(S, H, hk.at(b, n), hk.row, kt, ldt);
       }
+      // The head's queries, times the scale (q ∘ s, as ATen's product) where there is one.
+      const float* qr = hq.at(b, n);
+      int64_t q_row = hq.row;
+      if (sp != nullptr) {
+        float* qs = HeadScratch(2, T * H);
+        PackScaledRows(T, H, qr, q_row, sp, qs, H);
+        qr = qs, q_row = H;
+      }
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
         float* c = lp + ((b * N + n) * T + t0) * S + s0;
         if (small) {
-          SmallSgemm(t1 - t0, keys(t1) - s0, H, hq.at(b, n) + t0 * hq.row, hq.row, 1, kt + s0, ldt,
-                     false, c, S);
+          SmallSgemm(t1 - t0, keys(t1) - s0, H, qr + t0 * q_row, q_row, 1, kt + s0, ldt, false, c,
+                     S);
         } else {
-          RowMajorSgemm(false, true, t1 - t0, keys(t1) - s0, H, hq.at(b, n) + t0 * hq.row, hq.row,
+          RowMajorSgemm(false, true, t1 - t0, keys(t1) - s0, H, qr + t0 * q_row, q_row,
                         hk.at(b, n) + s0 * hk.row, hk.row, 0.0f, c, S);
         }
       }
@@ -258,7 +273,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
       pp = probs.data_ptr<float>();
       ForEachHead(B, N, 2 * T * S * H, weighted);
     }
-    ctx->save_for_backward({q, k, v, probs});
+    ctx->save_for_backward({q, k, v, probs, scale});
     ctx->saved_data["bf16"] = bf16;
     ctx->saved_data["small"] = small;
     ctx->saved_data["causal_block"] = cb;
@@ -276,6 +291,8 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    // The query scale s (q ∘ s met the keys): dq = (dS·k) ∘ s, ds = Σ (dS·k) ∘ q, and dk = dSᵀ·(q ∘ s).
+    const at::Tensor scale = saved.size() > 4 ? saved[4] : at::Tensor();
     const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1);
     // dL/dP: through the output, plus the probs' own gradient when they were used (then over
     // whole rows: that gradient may be nonzero where the probabilities are 0).
@@ -289,7 +306,7 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
           q, k, v, saved[3],
           grads[0].defined() ? grads[0] : at::zeros({B, T, N, H}, q.options()), grads[1],
           ctx->saved_data["causal_block"].toInt(), ctx->saved_data["block_starts"].toIntVector());
-      return {d.dq, d.dk, d.dv, at::Tensor(), at::Tensor(), at::Tensor()};
+      return {d.dq, d.dk, d.dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     const auto first = BlockFirstKey(starts, T, blk);
     auto keys = [&](int64_t t1) { return cb > 0 ? t1 : S; };
@@ -298,10 +315,19 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
     const Heads hq(q), hk(k), hv(v);
     const float* gp = g.data_ptr<float>();
     const float* pp = probs.data_ptr<float>();
-    at::Tensor dq = at::empty({B, T, N, H}, q.options());
-    at::Tensor dk = at::empty({B, S, N, H}, q.options());
-    at::Tensor dv = at::empty({B, S, N, H}, q.options());
+    // The gradients: of the fused projection [B, T, 3, N, H] (no stack of three after), or of q,
+    // k and v; `grow`: their row stride.
+    const bool fused = ctx->saved_data.count("fused") > 0;
+    const at::Tensor dqkv = fused ? at::empty({B, T, 3, N, H}, q.options()) : at::Tensor();
+    at::Tensor dq = fused ? dqkv.select(2, 0) : at::empty({B, T, N, H}, q.options());
+    at::Tensor dk = fused ? dqkv.select(2, 1) : at::empty({B, S, N, H}, q.options());
+    at::Tensor dv = fused ? dqkv.select(2, 2) : at::empty({B, S, N, H}, q.options());
+    const int64_t grow = fused ? 3 * N * H : N * H;
     float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+    const float* sp = scale.defined() && scale.numel() > 0 ? scale.data_ptr<float>() : nullptr;
+    const bool want_scale = sp != nullptr && ctx->needs_input_grad(4);
+    // Each head's Σₜ (dS·k)[t, h]·q[t, h], summed over the heads in order after the loop.
+    at::Tensor scale_parts = want_scale ? at::empty({B * N, H}, q.options()) : at::Tensor();
     // Head (b, n)'s dL/dP = dO·vᵀ into dp_bn ([T, S], row stride S).
     const bool small = ctx->saved_data["small"].toBool();
     const int64_t ldt = S + 16;  // vᵀ's rows padded off a multiple of 1 KB (L1's sets)
@@ -330,39 +356,54 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
       const float *kr = hk.at(b, n), *qr = hq.at(b, n), *gr = gp + b * T * N * H + n * H;
       int64_t k_row = hk.row, q_row = hq.row, g_row = N * H;
       if (small) {
-        float *kc = HeadScratch(1, S * H), *qc = HeadScratch(2, T * H), *gc = HeadScratch(3, T * H);
+        float *kc = HeadScratch(1, S * H), *gc = HeadScratch(3, T * H);
         PackRows(S, H, kr, k_row, kc, H);
-        PackRows(T, H, qr, q_row, qc, H);
         PackRows(T, H, gr, g_row, gc, H);
-        kr = kc, qr = qc, gr = gc;
-        k_row = q_row = g_row = H;
+        kr = kc, gr = gc;
+        k_row = g_row = H;
       }
+      if (small || sp != nullptr) {  // the queries as the forward met them
+        float* qc = HeadScratch(2, T * H);
+        if (sp != nullptr) {
+          PackScaledRows(T, H, qr, q_row, sp, qc, H);
+        } else {
+          PackRows(T, H, qr, q_row, qc, H);
+        }
+        qr = qc, q_row = H;
+      }
+      // dS·k: into dq, or where there is a scale into a buffer, then dq = (dS·k) ∘ s.
+      float* dqs = sp != nullptr ? HeadScratch(4, T * H) : nullptr;
       for (int64_t t0 = 0; t0 < T; t0 += blk) {
         const int64_t t1 = std::min(T, t0 + blk), s0 = first(b, t0);
-        float* c = dqp + (b * T + t0) * N * H + n * H;
+        float* c = dqs != nullptr ? dqs + t0 * H : dqp + (b * T + t0) * grow + n * H;
+        const int64_t ldc = dqs != nullptr ? H : grow;
         if (small) {
           SmallSgemm(t1 - t0, H, keys(t1) - s0, ds_bn + t0 * S + s0, S, 1, kr + s0 * k_row, k_row,
-                     false, c, N * H);
+                     false, c, ldc);
         } else {
           RowMajorSgemm(false, false, t1 - t0, H, keys(t1) - s0, ds_bn + t0 * S + s0, S,
-                        kr + s0 * k_row, k_row, 0.0f, c, N * H);
+                        kr + s0 * k_row, k_row, 0.0f, c, ldc);
         }
+      }
+      if (dqs != nullptr) {
+        ScaleRowsAndDot(T, H, dqs, sp, hq.at(b, n), hq.row, dqp + b * T * grow + n * H, grow,
+                        want_scale ? scale_parts.data_ptr<float>() + (b * N + n) * H : nullptr);
       }
       // Keys [s0, s1): causal, only queries from s0 on see them.
       const int64_t kblk = cb > 0 ? cb : S;
       for (int64_t s0 = 0; s0 < S; s0 += kblk) {
         const int64_t s1 = std::min(S, s0 + kblk), from = cb > 0 ? s0 : 0;
-        float *dkc = dkp + (b * S + s0) * N * H + n * H, *dvc = dvp + (b * S + s0) * N * H + n * H;
+        float *dkc = dkp + (b * S + s0) * grow + n * H, *dvc = dvp + (b * S + s0) * grow + n * H;
         if (small) {  // dSᵀ and Pᵀ read in place as the transposed A
           SmallSgemm(s1 - s0, H, T - from, ds_bn + from * S + s0, 1, S, qr + from * q_row, q_row,
-                     false, dkc, N * H);
+                     false, dkc, grow);
           SmallSgemm(s1 - s0, H, T - from, p_bn + from * S + s0, 1, S, gr + from * g_row, g_row,
-                     false, dvc, N * H);
+                     false, dvc, grow);
         } else {
           RowMajorSgemm(true, false, s1 - s0, H, T - from, ds_bn + from * S + s0, S,
-                        qr + from * q_row, q_row, 0.0f, dkc, N * H);
+                        qr + from * q_row, q_row, 0.0f, dkc, grow);
           RowMajorSgemm(true, false, s1 - s0, H, T - from, p_bn + from * S + s0, S,
-                        gr + from * g_row, g_row, 0.0f, dvc, N * H);
+                        gr + from * g_row, g_row, 0.0f, dvc, grow);
         }
       }
     };
@@ -396,11 +437,21 @@ class StridedAttentionCore : public torch::autograd::Function<StridedAttentionCo
       ForEachHead(B, N, 2 * T * S * H,
                   [&](int64_t b, int64_t n) { input_grads(b, n, dsp + (b * N + n) * T * S); });
     }
+    at::Tensor dscale;
+    if (want_scale) {  // the heads' sums added in order: the same bits on any thread count
+      dscale = at::zeros({H}, q.options());
+      float* d = dscale.data_ptr<float>();
+      const float* parts = scale_parts.data_ptr<float>();
+      for (int64_t i = 0; i < B * N; ++i) {
+        for (int64_t h = 0; h < H; ++h) d[h] += parts[i * H + h];
+      }
+    }
     if (bf16) {
       return {Narrow(dq, at::kBFloat16), Narrow(dk, at::kBFloat16), Narrow(dv, at::kBFloat16),
-              at::Tensor(), at::Tensor(), at::Tensor()};
+              at::Tensor(), dscale, at::Tensor(), at::Tensor()};
     }
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    if (fused) return {dqkv, at::Tensor(), at::Tensor(), at::Tensor(), dscale, at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), dscale, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -429,7 +480,7 @@ bool Bf16AttentionRunsNative(const at::Tensor& q, const at::Tensor& k, bool trai
     const at::Tensor pv = operand(B, S, N, H, 0.9).requires_grad_(training);
     const at::Tensor no_bias = at::empty({0}, at::kFloat);
     const at::Tensor out =
-        native ? StridedAttentionCore::apply(pq, pk, pv, no_bias, false, small)[0]
+        native ? StridedAttentionCore::apply(pq, pk, pv, no_bias, no_bias, false, small)[0]
                : AttentionCoreReference(pq, pk, pv, no_bias).first;
     if (training) out.backward(at::ones_like(out));
   });
@@ -455,7 +506,8 @@ bool SmallGemmsFor(int64_t N, int64_t H, bool training) {
     };
     const at::Tensor pq = operand(0.1), pk = operand(0.5), pv = operand(0.9);
     const at::Tensor bias = at::full({T, T}, -1e30f).triu_(1).view({1, 1, T, T});
-    const at::Tensor out = StridedAttentionCore::apply(pq, pk, pv, bias, true, native)[0];
+    const at::Tensor out =
+        StridedAttentionCore::apply(pq, pk, pv, bias, at::empty({0}, at::kFloat), true, native)[0];
     if (training) out.backward(at::ones_like(out));
   });
 }
@@ -468,20 +520,57 @@ bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const 
 
 std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& v, const at::Tensor& bias,
-                                                bool causal_blocks, bool batch_invariant) {
-  if (batch_invariant && !KernelsForcedToReference() && q.device().is_cpu() &&
-      q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-      v.scalar_type() == at::kFloat) {
-    return InvariantAttention(q, k, v, bias);  // the bias masks the future: no causal blocks
+                                                bool causal_blocks, bool batch_invariant,
+                                                const at::Tensor& query_scale) {
+  const bool fp32 = q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                    v.scalar_type() == at::kFloat;
+  const bool invariant = batch_invariant && !KernelsForcedToReference() && q.device().is_cpu() && fp32;
+  const bool native = !invariant && AttentionCoreNativeApplies(q, k, v);
+  const bool scale_inside = query_scale.defined() && native && fp32 &&
+                            query_scale.scalar_type() == at::kFloat && query_scale.dim() == 1 &&
+                            query_scale.size(0) == q.size(3) && query_scale.is_contiguous() &&
+                            query_scale.device().is_cpu();
+  const at::Tensor qs = query_scale.defined() && !scale_inside ? q * query_scale : q;
+  if (invariant) {
+    return InvariantAttention(qs, k, v, bias);  // the bias masks the future: no causal blocks
   }
-  if (AttentionCoreNativeApplies(q, k, v)) {
+  if (native) {
     const bool training = at::GradMode::is_enabled() &&
-                          (q.requires_grad() || k.requires_grad() || v.requires_grad());
-    auto out = StridedAttentionCore::apply(q, k, v, bias, causal_blocks,
-                                           SmallGemmsFor(q.size(2), q.size(3), training));
+                          (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                           (scale_inside && query_scale.requires_grad()));
+    auto out = StridedAttentionCore::apply(
+        qs, k, v, bias, scale_inside ? query_scale : at::empty({0}, q.options()), causal_blocks,
+        SmallGemmsFor(q.size(2), q.size(3), training));
     return {out[0], out[1]};
   }
-  return AttentionCoreReference(q, k, v, bias);
+  return AttentionCoreReference(qs, k, v, bias);
+}
+
+std::pair<at::Tensor, at::Tensor> AttentionCoreQkv(const at::Tensor& qkv, const at::Tensor& bias,
+                                                   bool causal_blocks, bool batch_invariant,
+                                                   const at::Tensor& query_scale) {
+  if (qkv.dim() != 5 || qkv.size(2) != 3) {
+    throw InvalidArgumentError(StrCat("AttentionCoreQkv: expected the fused projection [B, T, 3, N, H], got ",
+                                      qkv.sizes()));
+  }
+  const at::Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
+  const bool invariant = batch_invariant && !KernelsForcedToReference();
+  if (qkv.scalar_type() != at::kFloat || invariant || !AttentionCoreNativeApplies(q, k, v) ||
+      (query_scale.defined() &&
+       (query_scale.scalar_type() != at::kFloat || query_scale.dim() != 1 ||
+        query_scale.size(0) != q.size(3) || !query_scale.is_contiguous() ||
+        !query_scale.device().is_cpu()))) {
+    const std::vector<at::Tensor> parts = qkv.unbind(2);
+    return AttentionCore(parts[0], parts[1], parts[2], bias, causal_blocks, batch_invariant,
+                         query_scale);
+  }
+  const bool training = at::GradMode::is_enabled() &&
+                        (qkv.requires_grad() || (query_scale.defined() && query_scale.requires_grad()));
+  const at::Tensor none = at::empty({0}, qkv.options());
+  auto out = StridedAttentionCore::apply(qkv, none, none, bias,
+                                         query_scale.defined() ? query_scale : none, causal_blocks,
+                                         SmallGemmsFor(q.size(2), q.size(3), training));
+  return {out[0], out[1]};
 }
 
 std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, const at::Tensor& k,

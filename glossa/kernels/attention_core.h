@@ -33,9 +33,21 @@ bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const 
 // With batch_invariant (a batch-invariant inference plan, glossa/kernels/compute_plan.h; not with
 // GLOSSA_KERNELS=reference) and float32 CPU operands, InvariantAttention
 // (glossa/kernels/batch_invariant.h): a row's bits do not depend on the batch or padded length.
+// With query_scale (float32 [H], may require its gradient), the core of q ∘ query_scale, k and
+// v: the float32 native core scales each head's queries as it reads them (no [B, T, N, H]
+// product in memory, nor its backward node), with the bits of q * query_scale; elsewhere it is
+// multiplied first.
 std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& v, const at::Tensor& bias,
-                                                bool causal_blocks, bool batch_invariant = false);
+                                                bool causal_blocks, bool batch_invariant = false,
+                                                const at::Tensor& query_scale = {});
+// Self-attention on the fused Q/K/V projection qkv [B, T, 3, N, H] (q, k and v its slices along
+// dim 2): as AttentionCore on those slices, except that the float32 native core returns the
+// gradient of qkv itself, written in place, where autograd would otherwise stack the three
+// gradients into it after the core (UnbindBackward). InvalidArgument for another shape.
+std::pair<at::Tensor, at::Tensor> AttentionCoreQkv(const at::Tensor& qkv, const at::Tensor& bias,
+                                                   bool causal_blocks, bool batch_invariant = false,
+                                                   const at::Tensor& query_scale = {});
 std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, const at::Tensor& k,
                                                          const at::Tensor& v,
                                                          const at::Tensor& bias);

@@ -178,4 +178,23 @@ void PackRows(int64_t rows, int64_t cols, const float* src, int64_t src_row, flo
   for (int64_t i = 0; i < rows; ++i) std::copy(src + i * src_row, src + i * src_row + cols, dst + i * ld);
 }
 
+void PackScaledRows(int64_t rows, int64_t cols, const float* src, int64_t src_row,
+                    const float* scale, float* dst, int64_t ld) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) dst[i * ld + j] = src[i * src_row + j] * scale[j];
+  }
+}
+
+void ScaleRowsAndDot(int64_t rows, int64_t cols, const float* x, const float* scale,
+                     const float* y, int64_t y_row, float* out, int64_t out_row, float* dot) {
+  if (dot != nullptr) std::fill(dot, dot + cols, 0.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xi = x + i * cols;
+    for (int64_t j = 0; j < cols; ++j) out[i * out_row + j] = xi[j] * scale[j];
+    if (dot == nullptr) continue;
+    const float* yi = y + i * y_row;
+    for (int64_t j = 0; j < cols; ++j) dot[j] += xi[j] * yi[j];
+  }
+}
+
 }  // namespace glossa

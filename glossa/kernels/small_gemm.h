@@ -35,4 +35,15 @@ void TransposeRows(int64_t rows, int64_t cols, const float* src, int64_t src_row
 void PackRows(int64_t rows, int64_t cols, const float* src, int64_t src_row, float* dst,
               int64_t ld);
 
+// dst [rows, cols] (row stride ld) = src's rows ∘ scale [cols]: a head's queries times the
+// attention's query scale, packed (each product rounded once, as ATen's q * scale).
+void PackScaledRows(int64_t rows, int64_t cols, const float* src, int64_t src_row,
+                    const float* scale, float* dst, int64_t ld);
+
+// out's rows (stride out_row) = x [rows, cols] (contiguous) ∘ scale, and, unless dot is null,
+// dot[j] = Σᵢ x[i, j]·y[i, j] in order of i (y's rows: stride y_row): a product's gradient with
+// respect to its two factors.
+void ScaleRowsAndDot(int64_t rows, int64_t cols, const float* x, const float* scale,
+                     const float* y, int64_t y_row, float* out, int64_t out_row, float* dot);
+
 }  // namespace glossa

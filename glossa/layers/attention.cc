@@ -102,22 +102,38 @@ at::Tensor MultiHeadedAttention::ScaleQuery(const NestedMap& theta, const at::Te
   return q * (1.0 / std::sqrt(static_cast<double>(dim_per_head_)));
 }
 
+at::Tensor MultiHeadedAttention::QueryScaleVector(const NestedMap& theta,
+                                                  const at::Tensor& q) const {
+  if (q.scalar_type() != at::kFloat || axis_ != nullptr) return at::Tensor();
+  if (per_dim_scale_) return per_dim_scale_layer_->Scale(per_dim_scale_layer_.Theta(theta));
+  // q * (1/√H) multiplies by the float nearest 1/√H, as this vector holds.
+  return at::full({dim_per_head_}, 1.0 / std::sqrt(static_cast<double>(dim_per_head_)),
+                  q.options());
+}
+
 std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::Attend(const NestedMap& theta, at::Tensor q,
                                                                const at::Tensor& k,
                                                                const at::Tensor& v,
                                                                const at::Tensor& key_mask,
-                                                               bool causal) const {
+                                                               bool causal,
+                                                               const at::Tensor& qkv) const {
   // q [B, T, N, H], k/v [B, S, N, H], key_mask [B or 1, 1, T or 1, S] (true = masked).
-  q = ScaleQuery(theta, q);
   if (!atten_dropout_active_) {
     // The kernel: its native core where it applies (its bias in float32), else the reference.
+    // In float32 the core takes the query scale and applies it as it reads q.
+    const at::Tensor scale = QueryScaleVector(theta, q);
+    if (!scale.defined()) q = ScaleQuery(theta, q);
     const auto options =
         AttentionCoreNativeApplies(q, k, v) ? q.options().dtype(at::kFloat) : q.options();
     const at::Tensor bias =
         key_mask.defined() ? MaskBias(key_mask, options) : at::empty({0}, options);
-    auto [encoded, probs] = AttentionCore(q, k, v, bias, causal, PlannedBatchInvariant());
+    auto [encoded, probs] =
+        qkv.defined() && scale.defined()
+            ? AttentionCoreQkv(qkv, bias, causal, PlannedBatchInvariant(), scale)
+            : AttentionCore(q, k, v, bias, causal, PlannedBatchInvariant(), scale);
     return {post_->FProp(post_.Theta(theta), encoded), probs};
   }
+  q = ScaleQuery(theta, q);
   // With attention dropout: the reference composition with the dropout between its two products.
   at::Tensor logits = at::einsum("btnh,bsnh->bnts", {q, k});
   if (key_mask.defined()) logits = logits + MaskBias(key_mask, logits.options());
@@ -146,9 +162,13 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
   auto proj = [&](const Child<MultiHeadedProjectionLayer>& p, const at::Tensor& x) {
     return p->FProp(p.Theta(theta), CastToFPropDtype(x));
   };
-  at::Tensor q, k, v;
+  at::Tensor q, k, v, qkv;
   if (fuse_qkv_ && query.is_same(key) && key.is_same(value)) {
-    std::tie(q, k, v) = ProjectQkv(theta, CastToFPropDtype(query));
+    qkv = ProjectQkv(theta, CastToFPropDtype(query));
+    // unbind: one backward node that stacks the three gradients (three selects would each
+    // scatter into a zero tensor of the whole output), where the core does not take qkv whole.
+    const std::vector<at::Tensor> parts = qkv.unbind(2);
+    q = parts[0], k = parts[1], v = parts[2];
   } else {
     q = proj(query_, query);
     k = proj(key_, key);
@@ -171,7 +191,8 @@ std::pair<at::Tensor, at::Tensor> MultiHeadedAttention::FProp(
                  : !(paddings.select(1, 0) > 0.5).any().item<bool>();
   }
   return Attend(theta, q, k, v,
-                KeyMask(paddings, segment_ids, key_segments, t, s, causal, query.device()), blocks);
+                KeyMask(paddings, segment_ids, key_segments, t, s, causal, query.device()), blocks,
+                qkv);
 }
 
 void MultiHeadedAttention::CheckSegmentIds(const at::Tensor& query_segments,
@@ -195,8 +216,7 @@ void MultiHeadedAttention::CheckSegmentIds(const at::Tensor& query_segments,
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(
-    const NestedMap& theta, const at::Tensor& x) const {
+at::Tensor MultiHeadedAttention::ProjectQkv(const NestedMap& theta, const at::Tensor& x) const {
   const NestedMap &tq = query_.Theta(theta), &tk = key_.Theta(theta), &tv = value_.Theta(theta);
   const int64_t nh = num_heads_ * dim_per_head_;
   const at::Tensor &wq = tq.GetTensor("w"), &wk = tk.GetTensor("w"), &wv = tv.GetTensor("w");
@@ -216,11 +236,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> MultiHeadedAttention::ProjectQkv(
                             wv.reshape({input_dim_, nh})},
                            1),
                    b);
-  out = out.view({x.size(0), x.size(1), 3, num_heads_, dim_per_head_});
-  // unbind: one backward node that stacks the three gradients (three selects would each
-  // scatter into a zero tensor of the whole output).
-  std::vector<at::Tensor> qkv = out.unbind(2);
-  return {qkv[0], qkv[1], qkv[2]};
+  return out.view({x.size(0), x.size(1), 3, num_heads_, dim_per_head_});
 }
 
 void MultiHeadedAttention::PrepareWeights(const NestedMap& theta, ComputePlan& plan) const {

@@ -96,14 +96,20 @@ class MultiHeadedAttention : public BaseLayer, public StepLayer {
                        int64_t b, int64_t t, int64_t s) const;
   // q [..., H] times the per-dim scale (or 1/sqrt(H)).
   at::Tensor ScaleQuery(const NestedMap& theta, const at::Tensor& q) const;
+  // The scale ScaleQuery multiplies float32 q [B, T, N, H] by, as a float32 [H] vector for the
+  // attention core to apply as it reads q (AttentionCore's query_scale); undefined where q is
+  // not float32 or the heads are split over a mesh axis (then ScaleQuery).
+  at::Tensor QueryScaleVector(const NestedMap& theta, const at::Tensor& q) const;
+  // qkv: where q, k and v are its slices (self-attention's fused projection), for the core to
+  // take whole (AttentionCoreQkv).
   std::pair<at::Tensor, at::Tensor> Attend(const NestedMap& theta, at::Tensor q,
                                            const at::Tensor& k, const at::Tensor& v,
-                                           const at::Tensor& key_mask, bool causal = false) const;
+                                           const at::Tensor& key_mask, bool causal = false,
+                                           const at::Tensor& qkv = {}) const;
 
   // Self-attention's query, key and value projections as one GEMM: [x·Wq | x·Wk | x·Wv] with the
-  // weights (and biases) concatenated, each result a [B, T, N, H] view of it.
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> ProjectQkv(const NestedMap& theta,
-                                                            const at::Tensor& x) const;
+  // weights (and biases) concatenated, [B, T, 3, N, H] (q, k and v: its slices along dim 2).
+  at::Tensor ProjectQkv(const NestedMap& theta, const at::Tensor& x) const;
 
   int64_t input_dim_, hidden_dim_, num_heads_, dim_per_head_;
   bool per_dim_scale_;

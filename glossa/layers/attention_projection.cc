@@ -131,12 +131,15 @@ PerDimScaleLayer::PerDimScaleLayer(const glossa::Params& p) : BaseLayer(p) {
                  WeightParams({dim_}, WeightInit::Constant(0.0), params().Get("dtype").AsDType()));
 }
 
-at::Tensor PerDimScaleLayer::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
+at::Tensor PerDimScaleLayer::Scale(const NestedMap& theta) const {
   // 1.0/softplus(0.0) = 1.442695041: the scale is 1/sqrt(dim) at initialization.
   const double r_softplus_0 = 1.442695041;
-  at::Tensor scale = at::softplus(theta.GetTensor("per_dim_scale")) *
-                     (r_softplus_0 / std::sqrt(static_cast<double>(dim_)));
-  return inputs * scale;
+  return at::softplus(theta.GetTensor("per_dim_scale")) *
+         (r_softplus_0 / std::sqrt(static_cast<double>(dim_)));
+}
+
+at::Tensor PerDimScaleLayer::FProp(const NestedMap& theta, const at::Tensor& inputs) const {
+  return inputs * Scale(theta);
 }
 
 GLOSSA_REGISTER_CLASS(MultiHeadedProjectionLayer, "glossa.layers.MultiHeadedProjectionLayer");

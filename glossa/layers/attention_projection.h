@@ -43,6 +43,8 @@ class PerDimScaleLayer : public BaseLayer {
   static glossa::Params Params();
   explicit PerDimScaleLayer(const glossa::Params& p);
   at::Tensor FProp(const NestedMap& theta, const at::Tensor& inputs) const;
+  // The scale FProp multiplies by: softplus(per_dim_scale) / (softplus(0)·√dim), [dim].
+  at::Tensor Scale(const NestedMap& theta) const;
 
  private:
   int64_t dim_;

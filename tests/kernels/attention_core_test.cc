@@ -2,6 +2,8 @@
 // einsum), outputs, probabilities and gradients; causal blocks; what it sends to the reference.
 #include "glossa/kernels/attention_core.h"
 
+#include "glossa/base/errors.h"
+
 #include "glossa/kernels/bf16_dot_attention.h"
 #include "glossa/kernels/bf16_softmax.h"
 #include "glossa/kernels/cpu_features.h"
@@ -242,6 +244,54 @@ TEST(AttentionCoreKernel, Bf16NativeMatchesFloat64Attention) {
     CompareBf16(2, 9, 9, 2, 5, padded9, false, with_probs);  // odd heads: widened sgemms
   }
   EXPECT_EQ(Bf16DotAttentionApplies(at::empty({1, 2, 1, 5}, at::kBFloat16)), false);
+}
+
+// The query scale inside the core (AttentionCore's query_scale, as MultiHeadedAttention passes
+// it in float32) gives the bits of multiplying q first: outputs, probabilities and the gradients
+// of q, k and v; the scale's own gradient is the same sum in another order. On both per-head
+// GEMM paths, with and without causal blocks, through the fused backward (the output's
+// gradient alone) and the staged one (the probabilities' too). AttentionCoreQkv, given the
+// fused projection whole, gives the same bits again, its gradient written in place.
+TEST(AttentionCoreKernel, AQueryScaleInsideTheCoreHasTheProductsBits) {
+  const KernelMode saved = GetKernelMode(KernelChoice::kRowKernel);
+  for (const KernelMode mode : {KernelMode::kNative, KernelMode::kAten}) {
+    SetKernelMode(KernelChoice::kRowKernel, mode);
+    for (const int64_t t : {9, 80}) {
+      const int64_t b = 2, n = 2, h = 8;
+      const bool blocks = t == 80;
+      const at::Tensor bias = blocks ? CausalBias(t) : at::empty({0});
+      const at::Tensor qkv0 = at::randn({b, t, 3 * n * h}), scale0 = at::rand({h}) + 0.5;
+      for (const bool probs_loss : {false, true}) {
+        auto run = [&](int inside) {  // 0: q * scale first; 1: inside; 2: inside, qkv whole
+          const at::Tensor qkv = qkv0.clone().requires_grad_(true);
+          const at::Tensor scale = scale0.clone().requires_grad_(true);
+          const at::Tensor q = qkv.narrow(2, 0, n * h).view({b, t, n, h});
+          const at::Tensor k = qkv.narrow(2, n * h, n * h).view({b, t, n, h});
+          const at::Tensor v = qkv.narrow(2, 2 * n * h, n * h).view({b, t, n, h});
+          auto [out, probs] =
+              inside == 2 ? AttentionCoreQkv(qkv.view({b, t, 3, n, h}), bias, blocks, false, scale)
+              : inside == 1 ? AttentionCore(q, k, v, bias, blocks, false, scale)
+                            : AttentionCore(q * scale, k, v, bias, blocks);
+          at::Tensor loss = (out * out).sum();
+          if (probs_loss) loss = loss + (probs * at::arange(t).to(at::kFloat)).sum();
+          const auto g = torch::autograd::grad({loss}, {qkv, scale});
+          return std::vector<at::Tensor>{out.detach(), probs.detach(), g[0], g[1]};
+        };
+        const auto got = run(1), want = run(0), whole = run(2);
+        for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(whole[i], got[i])) << i;
+        const std::string at = "t=" + std::to_string(t) + (probs_loss ? " probs loss" : "") +
+                               (mode == KernelMode::kNative ? " small GEMMs" : " BLAS");
+        EXPECT_TRUE(at::equal(got[0], want[0])) << at;
+        EXPECT_TRUE(at::equal(got[1], want[1])) << at;
+        EXPECT_TRUE(at::equal(got[2], want[2])) << at;
+        // Sums of 2·80·2 products that partly cancel: the tolerance scales with the largest.
+        const double tol = 1e-5 * want[3].abs().max().item<double>();
+        EXPECT_TRUE(at::allclose(got[3], want[3], 1e-5, tol)) << at << "\n" << got[3] << want[3];
+      }
+    }
+  }
+  SetKernelMode(KernelChoice::kRowKernel, saved);
+  EXPECT_THROW(AttentionCoreQkv(at::randn({2, 4, 2, 3}), at::empty({0}), false), InvalidArgumentError);
 }
 
 TEST(AttentionCoreKernel, OtherOperandsTakeTheReference) {
