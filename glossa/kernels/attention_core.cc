@@ -5,7 +5,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -518,6 +517,32 @@ bool AttentionCoreNativeApplies(const at::Tensor& q, const at::Tensor& k, const 
   return StridedCoreAppliesImpl(q, k, v);
 }
 
+namespace {
+
+// Whether the native core can apply query_scale itself to q [B, T, N, H]: float32 [H] on the CPU.
+bool ScaleGoesInside(const at::Tensor& query_scale, const at::Tensor& q) {
+  const at::Tensor& s = query_scale;
+  return s.defined() && q.scalar_type() == at::kFloat && s.scalar_type() == at::kFloat &&
+         s.dim() == 1 && s.size(0) == q.size(3) && s.is_contiguous() && s.device().is_cpu();
+}
+
+// The native core on q (or the fused projection, k and v then empty), its per-head GEMMs as
+// measured for q's head shape; `scale`: applied inside, or undefined.
+std::pair<at::Tensor, at::Tensor> NativeCore(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, const at::Tensor& bias,
+                                             const at::Tensor& scale, bool causal_blocks,
+                                             int64_t heads, int64_t head_dim) {
+  const bool training =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                                     (scale.defined() && scale.requires_grad()));
+  auto out = StridedAttentionCore::apply(q, k, v, bias,
+                                         scale.defined() ? scale : at::empty({0}, q.options()),
+                                         causal_blocks, SmallGemmsFor(heads, head_dim, training));
+  return {out[0], out[1]};
+}
+
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& v, const at::Tensor& bias,
                                                 bool causal_blocks, bool batch_invariant,
@@ -526,22 +551,14 @@ std::pair<at::Tensor, at::Tensor> AttentionCore(const at::Tensor& q, const at::T
                     v.scalar_type() == at::kFloat;
   const bool invariant = batch_invariant && !KernelsForcedToReference() && q.device().is_cpu() && fp32;
   const bool native = !invariant && AttentionCoreNativeApplies(q, k, v);
-  const bool scale_inside = query_scale.defined() && native && fp32 &&
-                            query_scale.scalar_type() == at::kFloat && query_scale.dim() == 1 &&
-                            query_scale.size(0) == q.size(3) && query_scale.is_contiguous() &&
-                            query_scale.device().is_cpu();
+  const bool scale_inside = native && fp32 && ScaleGoesInside(query_scale, q);
   const at::Tensor qs = query_scale.defined() && !scale_inside ? q * query_scale : q;
   if (invariant) {
     return InvariantAttention(qs, k, v, bias);  // the bias masks the future: no causal blocks
   }
   if (native) {
-    const bool training = at::GradMode::is_enabled() &&
-                          (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                           (scale_inside && query_scale.requires_grad()));
-    auto out = StridedAttentionCore::apply(
-        qs, k, v, bias, scale_inside ? query_scale : at::empty({0}, q.options()), causal_blocks,
-        SmallGemmsFor(q.size(2), q.size(3), training));
-    return {out[0], out[1]};
+    return NativeCore(qs, k, v, bias, scale_inside ? query_scale : at::Tensor(), causal_blocks,
+                      q.size(2), q.size(3));
   }
   return AttentionCoreReference(qs, k, v, bias);
 }
@@ -550,27 +567,17 @@ std::pair<at::Tensor, at::Tensor> AttentionCoreQkv(const at::Tensor& qkv, const 
                                                    bool causal_blocks, bool batch_invariant,
                                                    const at::Tensor& query_scale) {
   if (qkv.dim() != 5 || qkv.size(2) != 3) {
-    throw InvalidArgumentError(StrCat("AttentionCoreQkv: expected the fused projection [B, T, 3, N, H], got ",
-                                      qkv.sizes()));
+    throw InvalidArgumentError(StrCat("AttentionCoreQkv: qkv must be [B, T, 3, N, H], got ", qkv.sizes()));
   }
-  const at::Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
-  const bool invariant = batch_invariant && !KernelsForcedToReference();
-  if (qkv.scalar_type() != at::kFloat || invariant || !AttentionCoreNativeApplies(q, k, v) ||
-      (query_scale.defined() &&
-       (query_scale.scalar_type() != at::kFloat || query_scale.dim() != 1 ||
-        query_scale.size(0) != q.size(3) || !query_scale.is_contiguous() ||
-        !query_scale.device().is_cpu()))) {
-    const std::vector<at::Tensor> parts = qkv.unbind(2);
-    return AttentionCore(parts[0], parts[1], parts[2], bias, causal_blocks, batch_invariant,
-                         query_scale);
-  }
-  const bool training = at::GradMode::is_enabled() &&
-                        (qkv.requires_grad() || (query_scale.defined() && query_scale.requires_grad()));
+  const std::vector<at::Tensor> parts = qkv.unbind(2);
+  const at::Tensor &q = parts[0], &k = parts[1], &v = parts[2];
+  const bool whole = qkv.scalar_type() == at::kFloat &&
+                     !(batch_invariant && !KernelsForcedToReference()) &&
+                     AttentionCoreNativeApplies(q, k, v) &&
+                     (!query_scale.defined() || ScaleGoesInside(query_scale, q));
+  if (!whole) return AttentionCore(q, k, v, bias, causal_blocks, batch_invariant, query_scale);
   const at::Tensor none = at::empty({0}, qkv.options());
-  auto out = StridedAttentionCore::apply(qkv, none, none, bias,
-                                         query_scale.defined() ? query_scale : none, causal_blocks,
-                                         SmallGemmsFor(q.size(2), q.size(3), training));
-  return {out[0], out[1]};
+  return NativeCore(qkv, none, none, bias, query_scale, causal_blocks, q.size(2), q.size(3));
 }
 
 std::pair<at::Tensor, at::Tensor> AttentionCoreReference(const at::Tensor& q, const at::Tensor& k,
