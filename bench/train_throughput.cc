@@ -26,6 +26,11 @@
 // dtype, in bf16 also on Glossa's native projection GEMM, the faster), their FLOP rate against the
 // 2048² peak measured beside them: a bound on the step's fraction of that peak, whatever else the
 // step does; and the tokens/s of a step that did nothing but those GEMMs (a bound on its rate).
+// With --gemm_in_step (fp32, with --gemm_split=aten): the same GEMMs as they run inside the step
+// (every ATen mm/addmm of a float32 projection, forward and backward, timed where it is called),
+// and the tokens/s of a step that did nothing but them. Their operands come from memory, not from
+// a cache warmed by the call before, so this is the bound a step on these GEMMs meets; on a
+// 2-core Xeon it was 15-25% below --gemm_model's.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -100,7 +105,8 @@ int main(int argc, char** argv) {
                               {"bucket_mb", "25"},
                               {"overlap", "1"},
                               {"count_ops", "0"},
-                              {"profile_ops", "0"}},
+                              {"profile_ops", "0"},
+                              {"gemm_in_step", "0"}},
                              /*bare_means_true=*/true);
   const auto layout = ConfigureCpuRuntime(std::stoi(f["threads"]), f["dtype"] == "bf16");
   SetKernelMode(KernelChoice::kBf16, ParseKernelMode(f["bf16_kernels"], "--bf16_kernels"));
@@ -246,6 +252,55 @@ int main(int argc, char** argv) {
   }
   if (f["count_ops"] == "1") {
     bench::PrintOpCounts(train_step, "step");
+    return 0;
+  }
+  if (f["gemm_in_step"] == "1") {
+    // The projections' GEMMs as they run in the step: each ATen mm/addmm inside a float32
+    // projection (forward scope or backward node), timed on the calling thread over `steps` steps.
+    if (f["dtype"] != "fp32" || f["gemm_split"] != "aten") {
+      std::fprintf(stderr, "--gemm_in_step=1 needs --dtype=fp32 --gemm_split=aten (the "
+                           "projections' GEMMs on ATen's mm, on the calling thread)\n");
+      return 2;
+    }
+    static thread_local int inside = 0;             // depth of Fp32Affine scopes
+    static thread_local std::vector<double> starts;  // of the open GEMM calls
+    static double gemm_seconds = 0;
+    static int64_t gemm_calls = 0;
+    auto handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              const std::string n = fn.name();
+              if (n.find("Fp32Affine") != std::string::npos) ++inside;
+              if (inside > 0 && starts.empty() && (n == "aten::mm" || n == "aten::addmm")) {
+                starts.push_back(Now());
+              } else if (!starts.empty()) {
+                starts.push_back(-1);  // nested in a timed GEMM: not timed again
+              }
+              return nullptr;
+            },
+            [](const at::RecordFunction& fn, at::ObserverContext*) {
+              const std::string n = fn.name();
+              if (!starts.empty()) {
+                const double t0 = starts.back();
+                starts.pop_back();
+                if (t0 >= 0) {
+                  gemm_seconds += Now() - t0;
+                  ++gemm_calls;
+                }
+              }
+              if (n.find("Fp32Affine") != std::string::npos) --inside;
+            })
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                     at::RecordScope::USER_SCOPE}));
+    const double t0 = Now();
+    for (int s = 0; s < steps; ++s) train_step();
+    const double total = Now() - t0;
+    at::removeCallback(handle);
+    std::printf("step_ms %.1f gemm_in_step_ms %.1f gemm_calls_per_step %.1f "
+                "gemm_in_step_tokens_per_sec %.1f\n",
+                1e3 * total / steps, 1e3 * gemm_seconds / steps,
+                static_cast<double>(gemm_calls) / steps,
+                static_cast<double>(steps * batch * seq) / gemm_seconds);
     return 0;
   }
   if (f["profile_ops"] == "1") {

@@ -8,7 +8,9 @@
 # and of the peak of the row's own dtype (bf16 rows: the bf16 GEMM peak), the latter measured right
 # after each of Glossa's timed runs (--peak_beside), in the machine state the run saw. The LM rows
 # also print a bound: the tokens/s of a step that did only its GEMMs, each at the rate it reaches
-# alone (--gemm_model), and that over PyTorch's tokens/s (the most the ratio could be).
+# alone (--gemm_model), and that over PyTorch's tokens/s (the most the ratio could be); the fp32
+# rows a second, tighter one: the same GEMMs as they ran inside a step (--gemm_in_step), where
+# their operands come from memory.
 #   bash bench/train_throughput.sh [runs=3] [build_dir=build] [reps=3]
 # Each framework is invoked `reps` times, alternating, each invocation timing `runs` runs.
 set -euo pipefail
@@ -44,7 +46,7 @@ for size in ${SIZES:-tiny 512 mt}; do
     if [ "$dtype" = fp32 ]; then t=1; blas=$cores; else t=$cores; blas=1; fi
     # Alternate the two frameworks (`reps` times each) so that drifts in this shared machine's
     # speed hit both alike; report the median of the per-invocation medians.
-    gs=(); ps=(); fr=(); fl=0; gw=(); pw=(); gb=()
+    gs=(); ps=(); fr=(); fl=0; gw=(); pw=(); gb=(); gi=()
     for _ in $(seq "$reps"); do
       out=$("$bin" $shape --runs="$runs" --dtype=$dtype --peak_beside=1 2>/dev/null)
       g=$(grep glossa_tokens_per_sec <<<"$out")
@@ -55,6 +57,10 @@ for size in ${SIZES:-tiny 512 mt}; do
       # The LM rows' bound: a step that did nothing but its GEMMs, each at its isolated rate.
       if [ "$size" != mt ]; then
         gb+=("$("$bin" $shape --dtype=$dtype --gemm_model=1 2>/dev/null | awk '/model_gemm_tokens_per_sec/ {print $10}')")
+      fi
+      # fp32: the same GEMMs as they run inside a step (operands from memory): --gemm_in_step.
+      if [ "$dtype" = fp32 ]; then
+        gi+=("$("$bin" $shape --dtype=fp32 --gemm_split=aten --gemm_in_step=1 2>/dev/null | awk '/gemm_in_step_tokens_per_sec/ {print $8}')")
       fi
       p=$(OPENBLAS_NUM_THREADS=$blas /usr/bin/python3 bench/train_throughput.py $shape --runs="$runs" --dtype=$dtype --threads=$t)
       ps+=("$(awk '{print $2}' <<<"$p")")
@@ -71,6 +77,10 @@ for size in ${SIZES:-tiny 512 mt}; do
     if [ "${#gb[@]}" -gt 0 ]; then
       bt=$(printf "%s\n" "${gb[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
       awk -v b="$bt" -v p="$pt" 'BEGIN { printf "       bound (the step'"'"'s GEMMs alone, each at its isolated rate: --gemm_model): %.1f tok/s, %.2f x PyTorch\n", b, b / p }'
+    fi
+    if [ "${#gi[@]}" -gt 0 ]; then
+      it=$(printf "%s\n" "${gi[@]}" | sort -g | sed -n "$(( (reps + 1) / 2 ))p")
+      awk -v b="$it" -v p="$pt" 'BEGIN { printf "       bound (the projections'"'"' GEMMs alone, as they ran inside a step: --gemm_in_step): %.1f tok/s, %.2f x PyTorch\n", b, b / p }'
     fi
     echo "       warm-up steps (until a step takes under 256 new pages): glossa ${gw[*]}, torch ${pw[*]}"
     [ -n "$choices" ] && echo "       kernel choices (measured per shape, glossa/kernels/kernel_choice.h): $choices"
