@@ -435,19 +435,26 @@ TEST(Predictor, ScoresAsTheEvalModelDoes) {
   for (const auto& t : kTexts) longest = std::max<int64_t>(longest, tok->StringToIds(t).size());
   const NestedMap b = tok->StringsToIds(kTexts, longest + 1);
   auto& lm = dynamic_cast<TransformerLmTask&>(model->task());
-  at::Tensor want;
+  at::Tensor want, composed;
   {
     EvalModeScope eval;
     at::NoGradGuard no_grad;
     const at::Tensor pad = b.GetTensor("paddings").to(at::kFloat);
-    want = (at::log_softmax(lm.Logits(lm.theta(), b.GetTensor("ids"), pad), -1)
-                .gather(-1, b.GetTensor("labels").unsqueeze(-1))
-                .squeeze(-1) *
-            (1 - pad))
+    const at::Tensor labels = b.GetTensor("labels");
+    want = (lm.LabelLogProbs(lm.theta(), b.GetTensor("ids"), labels, pad) * (1 - pad))
                .cumsum(1)
                .select(1, -1);  // summed in position order
+    // The ATen composition the label log-probs stand for: log_softmax of the logits, gathered.
+    composed = (at::log_softmax(lm.Logits(lm.theta(), b.GetTensor("ids"), pad), -1)
+                    .gather(-1, labels.unsqueeze(-1))
+                    .squeeze(-1) *
+                (1 - pad))
+                   .sum(1);
   }
   EXPECT_TRUE(at::equal(out.at("total_log_prob").tensor, want));
+  // The fused kernel's exponential and sums round differently from ATen's (float32 rounding).
+  EXPECT_TRUE(at::allclose(out.at("total_log_prob").tensor, composed, 1e-5, 1e-5))
+      << out.at("total_log_prob").tensor << " against " << composed;
   EXPECT_TRUE(at::equal(out.at("ids").tensor, b.GetTensor("labels")));
   EXPECT_EQ(out.at("lengths").tensor[0].item<int64_t>(),
             static_cast<int64_t>(tok->StringToIds(kTexts[0]).size()) + 1);

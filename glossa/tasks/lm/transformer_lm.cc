@@ -125,6 +125,22 @@ at::Tensor TransformerLmTask::Logits(const NestedMap& theta, const at::Tensor& i
   return softmax_->Logits(softmax_.Theta(theta), x);
 }
 
+at::Tensor TransformerLmTask::LabelLogProbs(const NestedMap& theta, const at::Tensor& ids,
+                                            const at::Tensor& labels,
+                                            const at::Tensor& paddings) const {
+  at::Tensor x = emb_->FProp(emb_.Theta(theta), ids);
+  x = x + position_emb_->FProp(position_emb_.Theta(theta), ids.size(1)).to(x.scalar_type());
+  x = stack_->FProp(stack_.Theta(theta), x, paddings);
+  const NestedMap out = softmax_->FProp(softmax_.Theta(theta), x, labels, {}, paddings);
+  if (out.contains("per_example_label_log_prob")) {
+    return out.GetTensor("per_example_label_log_prob").to(at::kFloat);
+  }
+  // A softmax whose classes are split over a model axis gives no label log-probs: from logits.
+  return at::log_softmax(softmax_->Logits(softmax_.Theta(theta), x).to(at::kFloat), -1)
+      .gather(-1, labels.unsqueeze(-1))
+      .squeeze(-1);
+}
+
 NestedMap TransformerLmTask::ComputePredictions(const NestedMap& theta,
                                                 const NestedMap& batch) const {
   const at::Tensor& ids = batch.GetTensor("ids");
@@ -449,9 +465,7 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     const NestedMap b = tokenizer->StringsToIds(text, longest + 1, /*pad_to_longest=*/true);
     const at::Tensor ids = b.GetTensor("ids"), labels = b.GetTensor("labels");
     const at::Tensor paddings = b.GetTensor("paddings").to(at::kFloat);
-    const at::Tensor logits = Logits(theta, ids, paddings).to(at::kFloat);
-    const at::Tensor log_probs =
-        at::log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1) * (1 - paddings);
+    const at::Tensor log_probs = LabelLogProbs(theta, ids, labels, paddings) * (1 - paddings);
     out["log_probs"] = InferenceValue::Of(log_probs);
     // The sum in position order, one add at a time (cumsum), so a row's total does not depend on
     // how far the batch pads it (a vectorized sum's order does).

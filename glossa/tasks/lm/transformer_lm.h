@@ -53,6 +53,13 @@ class TransformerLmTask : public BaseTask {
   // Logits [B, T, vocab] of ids [B, T].
   at::Tensor Logits(const NestedMap& theta, const at::Tensor& ids,
                     const at::Tensor& paddings) const;
+  // log p(labels) [B, T] in float32 (padded positions included, unmasked): what the "default"
+  // subgraph scores. The softmax's fused cross-entropy kernel (glossa/kernels/fused_xent.h) takes
+  // the logits GEMM's output without its bias and gives each label's log-prob in one pass over
+  // the row, with no [B, T, vocab] log-softmax formed or gathered; where it does not run
+  // (GLOSSA_KERNELS=reference, no AVX-512, float64) the ATen log_softmax and gather do.
+  at::Tensor LabelLogProbs(const NestedMap& theta, const at::Tensor& ids, const at::Tensor& labels,
+                           const at::Tensor& paddings) const;
   NestedMap ComputePredictions(const NestedMap& theta, const NestedMap& batch) const override;
   LossOutput ComputeLoss(const NestedMap& theta, const NestedMap& predictions,
                          const NestedMap& batch) const override;
