@@ -173,18 +173,21 @@ void AppendLine(int fd, const std::string& line) {
   (void)!::write(fd, text.data(), text.size());
 }
 
-// The cached decision for `key` in the (locked) cache file, if any: "aten"/"native" and times.
+// The cached measurements of `key` in the (locked) cache file, if any: their count and ATen's
+// wins in d.measurements and d.aten_wins, the latest's times, and d.native as they settle.
 std::optional<KernelDecision> ReadCached(int fd, const std::string& key, KernelDecision d) {
   for (const auto& line : Split(ReadAll(fd), '\n')) {
     const std::vector<std::string> f = Split(line, '\t');
     if (f.size() != 4 || f[0] != key || (f[1] != "aten" && f[1] != "native")) continue;
-    d.native = f[1] == "native";
+    ++d.measurements;
+    if (f[1] == "aten") ++d.aten_wins;
     d.measured = true;
     d.cached = true;
     d.aten_seconds = std::atof(f[2].c_str());
     d.native_seconds = std::atof(f[3].c_str());
   }
   if (!d.cached) return std::nullopt;
+  d.native = SettleMeasurements(d.measurements, d.aten_wins).native;
   return d;
 }
 
@@ -249,6 +252,8 @@ KernelDecision Measure(KernelChoice choice, const std::string& op, const std::st
   // ATen's path must be clearly faster to be taken: on near ties (small shapes, where timings
   // are noise) every run of a machine keeps the native path.
   d.native = !(d.aten_seconds < kAtenMustWinBy * d.native_seconds);
+  d.measurements = 1;
+  d.aten_wins = d.native ? 0 : 1;
   return d;
 }
 
@@ -264,18 +269,30 @@ struct ClosesOnExit {
 KernelDecision MeasureOrCached(const std::string& cache, KernelChoice choice,
                                const std::string& op, const std::string& shape,
                                const std::function<void(bool)>& run) {
-  const int fd = OpenLocked(cache);
-  if (fd < 0) return Measure(choice, op, shape, run);
+  const int fd = OpenLocked(cache);  // -1: no cache file; this process measures alone
   const ClosesOnExit closer{fd};
   const std::string key = StrCat(MachineKey(), " | ", op, " ", shape);
-  std::optional<KernelDecision> d = ReadCached(fd, key, NewDecision(choice, op, shape));
-  if (!d) {
-    d = Measure(choice, op, shape, run);
-    const std::string line = StrCat(key, "\t", d->native ? "native" : "aten", "\t",
-                                    d->aten_seconds, "\t", d->native_seconds, "\n");
-    AppendLine(fd, line);
+  std::optional<KernelDecision> d;
+  if (fd >= 0) d = ReadCached(fd, key, NewDecision(choice, op, shape));
+  // Measured until settled (SettleMeasurements: a first BLAS win is measured again), each
+  // measurement a line of its own, all under the lock and in this process: the next runs of this
+  // machine (a resumed run among them) read a settled decision and keep its kernels.
+  while (!d || SettleMeasurements(d->measurements, d->aten_wins).measure_again) {
+    const KernelDecision now = Measure(choice, op, shape, run);
+    if (fd >= 0) {
+      AppendLine(fd, StrCat(key, "\t", now.native ? "native" : "aten", "\t", now.aten_seconds,
+                            "\t", now.native_seconds, "\n"));
+    }
+    KernelDecision all = now;
+    if (d) {  // this measurement joins the earlier ones
+      all.measurements = d->measurements + 1;
+      all.aten_wins = d->aten_wins + now.aten_wins;
+      all.cached = d->cached;
+    }
+    all.native = SettleMeasurements(all.measurements, all.aten_wins).native;
+    d = all;
   }
-  d->cache = cache;
+  if (fd >= 0) d->cache = cache;
   return *d;
 }
 
@@ -311,6 +328,13 @@ const char* KernelChoiceFlag(KernelChoice choice) {
 void SetKernelMode(KernelChoice choice, KernelMode mode) { Mode(choice).store(mode); }
 KernelMode GetKernelMode(KernelChoice choice) { return Mode(choice).load(); }
 
+SettledChoice SettleMeasurements(int measurements, int aten_wins) {
+  SettledChoice s;
+  s.native = aten_wins < 2;
+  s.measure_again = aten_wins == 1 && measurements < 3;
+  return s;
+}
+
 std::string KernelDecision::Describe() const {
   const auto [aten_path, native_path] = PathNames(choice, op);
   const std::string path = native ? native_path : aten_path;
@@ -318,7 +342,13 @@ std::string KernelDecision::Describe() const {
   char times[96];
   std::snprintf(times, sizeof(times), "aten %.3g ms, native %.3g ms", 1e3 * aten_seconds,
                 1e3 * native_seconds);
-  return StrCat(op, " ", shape, ": ", path, " (measured: ", times,
+  // A cache's count: "ATen's path faster in 1 of 2 measurements" (SettleMeasurements).
+  const std::string votes =
+      measurements > 1
+          ? StrCat("; ATen's path faster in ", aten_wins, " of ", measurements,
+                   measurements == 1 ? " measurement" : " measurements")
+          : std::string();
+  return StrCat(op, " ", shape, ": ", path, " (measured: ", times, votes,
                 cached ? StrCat("; as cached in ", cache) : std::string(), ")");
 }
 

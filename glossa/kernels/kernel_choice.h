@@ -18,7 +18,8 @@
 // layer's weight shape at a fixed row count (2,048 rows in training, 256 in inference: one path
 // per layer whatever the batch, so that a sentence's bits do not depend on what shares its
 // batch), a warm-up then five alternating timed calls each, and keeps the native path unless
-// ATen's median is under 0.9 of it (near ties stay put); it costs a few milliseconds per shape for
+// ATen's median is under 0.9 of it (near ties stay put) in two of at most three such measurements
+// (SettleMeasurements); it costs a few milliseconds per shape for
 // small models and about 0.3 s per shape for a 512-wide one, once per machine (the decisions are
 // cached in a file, see SetKernelChoiceCache). Each decision is
 // said once on stderr ("kernel choice: ..."), kept for the process, and listed by
@@ -56,7 +57,10 @@ struct KernelDecision {
   bool native = false;
   bool measured = false;                     // false: given by the mode
   bool cached = false;                       // measured earlier, by a run of this machine
-  double aten_seconds = 0, native_seconds = 0;  // medians per call, when measured
+  double aten_seconds = 0, native_seconds = 0;  // medians per call, of the latest measurement
+  // The measurements of this shape (cached and this process's) and how many ATen's path won: it
+  // is taken only after winning two (SettleMeasurements).
+  int measurements = 0, aten_wins = 0;
   std::string cache;                          // the cache file it was read from or written to
   std::string Describe() const;
 };
@@ -66,6 +70,18 @@ struct KernelDecision {
 // faster kept. Thread-safe (a second caller waits for the first's probe).
 bool ChooseNative(KernelChoice choice, const std::string& op, const std::string& shape,
                   const std::function<void(bool native)>& run);
+
+// How a shape's measurements settle. The native path is the default; ATen's (BLAS) is taken only
+// once it has won two of at most three: a first measurement that BLAS wins is followed by another,
+// and by a third when the two disagree (in the same process, under the cache's lock, so that later
+// runs, a resumed one among them, read a settled decision). On a 2-core Xeon three cached single BLAS
+// wins of the scoring network's projections (512 × 128 × 2000, 512 × 512 × 128, 256 × 512 × 128)
+// were native wins by 1.3-1.6× when measured again. `measure_again`: one more is needed.
+struct SettledChoice {
+  bool native = true;
+  bool measure_again = false;
+};
+SettledChoice SettleMeasurements(int measurements, int aten_wins);
 
 // The CPU that /proc/cpuinfo's text `cpuinfo` describes (its first processor): "<model name>
 // (<vendor> family F model M stepping S, flags <digest of the flags>)". The model name alone does

@@ -17,6 +17,7 @@
 
 #include "glossa/base/errors.h"
 #include "glossa/base/file.h"
+#include "glossa/base/strings.h"
 #include "tests/test_util.h"
 
 namespace glossa {
@@ -41,9 +42,11 @@ TEST(KernelChoice, KeepsTheFasterPathAndMeasuresEachShapeOnce) {
     };
     const std::string shape = native_is_faster ? "a" : "b";
     EXPECT_EQ(ChooseNative(KernelChoice::kBf16, "test_op", shape, run), native_is_faster);
-    EXPECT_EQ(calls, 12);  // a warm-up and five timed calls per path
+    // A warm-up and five timed calls per path; a BLAS win is measured again (two wins settle it).
+    const int want = native_is_faster ? 12 : 24;
+    EXPECT_EQ(calls, want);
     EXPECT_EQ(ChooseNative(KernelChoice::kBf16, "test_op", shape, run), native_is_faster);
-    EXPECT_EQ(calls, 12) << "a second call measured again";
+    EXPECT_EQ(calls, want) << "a second call measured again";
   }
   bool found = false;
   for (const KernelDecision& d : KernelDecisions()) {
@@ -72,6 +75,84 @@ TEST(KernelChoice, AMeasuredDecisionIsWrittenToTheCacheFile) {
   EXPECT_NE(text.find(" | aten threads "), std::string::npos) << text;
   EXPECT_NE(text.find(" family "), std::string::npos) << text;  // the CPU, not only its name
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+}
+
+// ATen's (BLAS) path is taken only after winning two of three measurements: a first BLAS win is
+// measured again (once more after a second win, twice after a loss), in the same process, and
+// each measurement is a line of the cache file.
+TEST(KernelChoice, ABlasWinIsMeasuredTwiceMoreAndNeedsTwoOfThree) {
+  EXPECT_TRUE(SettleMeasurements(1, 0).native);
+  EXPECT_FALSE(SettleMeasurements(1, 0).measure_again);
+  EXPECT_TRUE(SettleMeasurements(1, 1).native);
+  EXPECT_TRUE(SettleMeasurements(1, 1).measure_again);
+  EXPECT_TRUE(SettleMeasurements(2, 1).measure_again);
+  EXPECT_TRUE(SettleMeasurements(3, 1).native);
+  EXPECT_FALSE(SettleMeasurements(3, 1).measure_again);
+  EXPECT_FALSE(SettleMeasurements(2, 2).native);
+  EXPECT_FALSE(SettleMeasurements(2, 2).measure_again);
+  EXPECT_FALSE(SettleMeasurements(3, 2).native);
+
+  const std::string cache = testing::TempDir("kernel_choice_settle") + "/k.tsv";
+  SetKernelMode(KernelChoice::kBf16, KernelMode::kMeasure);
+  SetKernelChoiceCache(cache);
+  // BLAS faster in the first measurement only (12 calls), the native path after.
+  int calls = 0;
+  auto fluke = [&](bool native) {
+    const bool blas_fast = calls++ < 12;
+    Busy(native == blas_fast ? 2000000 : 20000);
+  };
+  EXPECT_TRUE(ChooseNative(KernelChoice::kBf16, "settle_op", "fluke", fluke));
+  EXPECT_EQ(calls, 36);
+  // BLAS faster every time: taken after two measurements (the third could not change it).
+  calls = 0;
+  auto blas = [&](bool native) {
+    ++calls;
+    Busy(native ? 2000000 : 20000);
+  };
+  EXPECT_FALSE(ChooseNative(KernelChoice::kBf16, "settle_op", "blas", blas));
+  EXPECT_EQ(calls, 24);
+  std::string text = ReadFileToString(cache);
+  auto lines = [&](const std::string& what) {
+    int64_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(lines(" | settle_op fluke\taten\t"), 1) << text;
+  EXPECT_EQ(lines(" | settle_op fluke\tnative\t"), 2) << text;
+  EXPECT_EQ(lines(" | settle_op blas\taten\t"), 2) << text;
+  bool described = false;
+  for (const KernelDecision& d : KernelDecisions()) {
+    if (d.op == "settle_op" && d.shape == "fluke") {
+      described = true;
+      EXPECT_NE(d.Describe().find("; ATen's path faster in 1 of 3 measurements"), std::string::npos)
+          << d.Describe();
+    }
+  }
+  EXPECT_TRUE(described);
+  // A cache that holds a single BLAS win (written before this rule) is measured again.
+  const std::string one = text.substr(0, text.find('\n') + 1);  // the fluke's BLAS win
+  ASSERT_NE(one.find(" | settle_op fluke\taten\t"), std::string::npos) << one;
+  std::string old = one;
+  old.replace(old.find("settle_op fluke"), 15, "settle_op older");
+  AtomicWriteFile(cache, old);
+  calls = 0;
+  EXPECT_FALSE(ChooseNative(KernelChoice::kBf16, "settle_op", "older", blas));
+  EXPECT_EQ(calls, 12);  // one more measurement, a second BLAS win
+  text = ReadFileToString(cache);
+  EXPECT_EQ(lines(" | settle_op older\taten\t"), 2) << text;
+  // A settled decision (two BLAS wins) is read, not measured.
+  std::string settled;
+  for (const std::string& line : Split(text, '\n')) {
+    if (line.find(" | settle_op older\t") == std::string::npos) continue;
+    std::string l = line;
+    l.replace(l.find("settle_op older"), 15, "settle_op after");
+    settled += l + "\n";
+  }
+  AtomicWriteFile(cache, settled);
+  calls = 0;
+  EXPECT_FALSE(ChooseNative(KernelChoice::kBf16, "settle_op", "after", blas));
+  EXPECT_EQ(calls, 0);
+  SetKernelChoiceCache("");
 }
 
 // The cache's key tells two CPUs of one model name apart: VMs of Zen 4 and Zen 5 both say
