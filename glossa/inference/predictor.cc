@@ -23,6 +23,8 @@ struct Predictor::Loaded {
   const BaseModel* model = nullptr;
   int64_t global_step = 0;
   std::shared_ptr<const ComputePlan> plan;  // set on model
+  // The model's theta, built once for these weights (every Run reads it; BaseTask::RunInference).
+  NestedMap theta;
 };
 
 namespace {
@@ -103,6 +105,7 @@ Predictor::Predictor(const std::string& bundle_dir, PredictorOptions options)
   loaded->global_step = bundle_.global_step;
   loaded->plan = PlanInference(*bundle_.model, policy_);
   bundle_.model->SetComputePlan(loaded->plan);
+  loaded->theta = bundle_.model->task().theta();
   current_ = loaded;
   if (!options_.checkpoint.empty()) Load(options_.checkpoint);
 }
@@ -122,6 +125,7 @@ void Predictor::Load(const std::string& checkpoint) {
   loaded->model = loaded->owned.get();
   loaded->plan = PlanInference(*loaded->owned, policy_);  // prepared before any Run sees it
   loaded->owned->SetComputePlan(loaded->plan);
+  loaded->theta = loaded->owned->task().theta();
   std::shared_ptr<const Loaded> previous = std::move(loaded);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -254,7 +258,8 @@ InferenceMap Predictor::Run(const std::string& subgraph, const InferenceMap& fee
   const std::shared_ptr<const Loaded> loaded = Current();  // this Run's weights, whatever Load does
   if (global_step != nullptr) *global_step = loaded->global_step;
   at::NoGradGuard no_grad;  // inference: the plan applies (ComputePlan::AppliesNow)
-  InferenceMap all = loaded->model->task().RunInference(subgraph, feeds, bundle_.tokenizer.get());
+  InferenceMap all = loaded->model->task().RunInference(loaded->theta, subgraph, feeds,
+                                                        bundle_.tokenizer.get());
   // A NaN is never an answer (JSON would carry it as null): the model or its input broke.
   for (const auto& [key, v] : all) {
     if (!v.is_strings() && v.tensor.is_floating_point() && at::isnan(v.tensor).any().item<bool>()) {

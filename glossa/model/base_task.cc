@@ -212,8 +212,8 @@ std::vector<std::string> BaseTask::ExportOnnx(const std::string&) const {
   throw UnimplementedError(StrCat("task '", path(), "' has no ONNX export"));
 }
 
-InferenceMap BaseTask::RunInference(const std::string& subgraph, const InferenceMap&,
-                                    const BaseTokenizer*) const {
+InferenceMap BaseTask::RunInference(const NestedMap&, const std::string& subgraph,
+                                    const InferenceMap&, const BaseTokenizer*) const {
   throw UnimplementedError(StrCat("task '", path(), "' has no inference subgraph '", subgraph,
                                   "': a task computes the subgraphs its Inference() declares in "
                                   "RunInference() (see TransformerLmTask); docs/inference.md"));

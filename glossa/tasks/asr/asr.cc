@@ -475,9 +475,10 @@ std::map<std::string, InferenceSubgraphSpec> AsrModel::Inference() const {
   return out;
 }
 
-InferenceMap AsrModel::RunInference(const std::string& subgraph, const InferenceMap& feeds,
+InferenceMap AsrModel::RunInference(const NestedMap& theta, const std::string& subgraph,
+                                    const InferenceMap& feeds,
                                     const BaseTokenizer* tokenizer) const {
-  if (subgraph != "transcribe") return BaseTask::RunInference(subgraph, feeds, tokenizer);
+  if (subgraph != "transcribe") return BaseTask::RunInference(theta, subgraph, feeds, tokenizer);
   if (tokenizer == nullptr) {
     throw FailedPreconditionError(StrCat("task '", path(), "': inference needs a tokenizer"));
   }
@@ -523,7 +524,7 @@ InferenceMap AsrModel::RunInference(const std::string& subgraph, const Inference
     k = feeds.at("num_hyps").tensor.item<int64_t>();
     if (k < 1 || k > 64) throw InvalidArgumentError("feed 'num_hyps' must be in [1, 64]");
   }
-  const NestedMap r = Transcribe(theta(), NestedMap{{"src_inputs", x}, {"paddings", pad}}, k);
+  const NestedMap r = Transcribe(theta, NestedMap{{"src_inputs", x}, {"paddings", pad}}, k);
   const at::Tensor ids = r.GetTensor("topk_ids"), lens = r.GetTensor("topk_lens");
   std::vector<std::string> best, all;
   for (int64_t i = 0; i < b; ++i) {

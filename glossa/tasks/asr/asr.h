@@ -100,7 +100,8 @@ class AsrModel : public BaseTask {
   // (every hypothesis, " ||| "-joined), scores [B, K].
   std::map<std::string, InferenceSubgraphSpec> Inference() const override;
   std::vector<std::string> AssetParams() const override { return {"lexicon_file"}; }
-  InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
+  InferenceMap RunInference(const NestedMap& theta, const std::string& subgraph,
+                            const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
 
  private:

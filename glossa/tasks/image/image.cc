@@ -493,9 +493,10 @@ at::Tensor DecodeImages(const std::string& raw, int64_t channels, const std::str
   return t.clamp(0, 255).to(at::kByte);
 }
 
-InferenceMap ClassifierTask::RunInference(const std::string& subgraph, const InferenceMap& feeds,
+InferenceMap ClassifierTask::RunInference(const NestedMap& theta, const std::string& subgraph,
+                                          const InferenceMap& feeds,
                                           const BaseTokenizer* tokenizer) const {
-  if (subgraph != "classify") return BaseTask::RunInference(subgraph, feeds, tokenizer);
+  if (subgraph != "classify") return BaseTask::RunInference(theta, subgraph, feeds, tokenizer);
   at::NoGradGuard no_grad;
   EvalModeScope eval;
   const bool has_images = feeds.count("images") > 0, has_encoded = feeds.count("encoded") > 0;
@@ -525,7 +526,7 @@ InferenceMap ClassifierTask::RunInference(const std::string& subgraph, const Inf
   if (k < 1) throw InvalidArgumentError("classify: top_k must be >= 1");
   k = std::min(k, num_classes_);
   const at::Tensor x = IdxImageInput::Normalize(pixels, normalization_, mean_, stddev_);
-  const at::Tensor probs = at::softmax(Logits(theta(), x).to(at::kFloat), 1);
+  const at::Tensor probs = at::softmax(Logits(theta, x).to(at::kFloat), 1);
   auto [scores, classes] = probs.topk(k, 1);
   std::vector<std::string> names;
   const at::Tensor top = classes.select(1, 0).contiguous();

@@ -110,7 +110,8 @@ class ClassifierTask : public BaseTask {
   // `classify`: images (float32 [B, H, W, C] raw pixel values 0..255) or encoded (IDX, binary or
   // ASCII PGM, or PNG bytes, or their base64) -> top-k classes, probabilities and names.
   std::map<std::string, InferenceSubgraphSpec> Inference() const override;
-  InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
+  InferenceMap RunInference(const NestedMap& theta, const std::string& subgraph,
+                            const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
 
   int64_t num_classes() const { return num_classes_; }

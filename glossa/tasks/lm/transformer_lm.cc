@@ -447,14 +447,14 @@ std::vector<std::string> LabelPieces(const BaseTokenizer& tokenizer, const at::T
 
 }  // namespace
 
-InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const InferenceMap& feeds,
+InferenceMap TransformerLmTask::RunInference(const NestedMap& theta, const std::string& subgraph,
+                                             const InferenceMap& feeds,
                                              const BaseTokenizer* tokenizer) const {
   if (tokenizer == nullptr) {
     throw FailedPreconditionError(StrCat("task '", path(), "': inference needs a tokenizer"));
   }
   at::NoGradGuard no_grad;
   EvalModeScope eval;
-  const NestedMap theta = this->theta();
   InferenceMap out;
   if (subgraph == "default") {
     const auto& text = feeds.at("text").strings;
@@ -485,7 +485,7 @@ InferenceMap TransformerLmTask::RunInference(const std::string& subgraph, const 
     return GenerateFetches(*tokenizer, SampleTogether(theta, PromptIds(*tokenizer, feeds.at("prompt").strings),
                                                       o.max_new_tokens, o.temperature, o.top_k, o.seed));
   }
-  return BaseTask::RunInference(subgraph, feeds, tokenizer);
+  return BaseTask::RunInference(theta, subgraph, feeds, tokenizer);
 }
 
 std::unique_ptr<GenerationBatch> TransformerLmTask::StartGeneration(

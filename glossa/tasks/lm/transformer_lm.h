@@ -107,7 +107,8 @@ class TransformerLmTask : public BaseTask {
   // (of each label; 0 where padded) and total_log_prob [B]: the numbers of the "default" subgraph
   // (glossa/tasks/lm/transformer_lm_onnx.cc).
   std::vector<std::string> ExportOnnx(const std::string& dir) const override;
-  InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
+  InferenceMap RunInference(const NestedMap& theta, const std::string& subgraph,
+                            const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
   // "generate" as a batch that requests join and leave at step boundaries
   // (glossa/tasks/lm/lm_generation.h); null for other subgraphs.

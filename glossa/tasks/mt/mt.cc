@@ -381,10 +381,10 @@ std::map<std::string, InferenceSubgraphSpec> TransformerModel::Inference() const
   return out;
 }
 
-InferenceMap TransformerModel::RunInference(const std::string& subgraph,
+InferenceMap TransformerModel::RunInference(const NestedMap& theta, const std::string& subgraph,
                                             const InferenceMap& feeds,
                                             const BaseTokenizer* tokenizer) const {
-  if (subgraph != "translate") return BaseTask::RunInference(subgraph, feeds, tokenizer);
+  if (subgraph != "translate") return BaseTask::RunInference(theta, subgraph, feeds, tokenizer);
   if (tokenizer == nullptr) {
     throw FailedPreconditionError(StrCat("task '", path(), "': inference needs a tokenizer"));
   }
@@ -416,7 +416,7 @@ InferenceMap TransformerModel::RunInference(const std::string& subgraph,
     }
   }
   NestedMap src{{"ids", ids}, {"paddings", paddings}};
-  const NestedMap r = Translate(theta(), src, num_hyps);
+  const NestedMap r = Translate(theta, src, num_hyps);
   const at::Tensor out_ids = r.GetTensor("topk_ids"), lens = r.GetTensor("topk_lens");
   // A slot the search filled with no hypothesis (fewer ended than were asked for) has length 0:
   // it is left out of the strings, and its score is -inf, never a 0 that outranks the real ones.

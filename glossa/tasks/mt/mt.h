@@ -83,7 +83,8 @@ class TransformerModel : public BaseTask {
   // "translate": source [B] strings (+ optional num_hyps) -> translation [B] (the best), hyps
   // [B, K] strings, scores [B, K].
   std::map<std::string, InferenceSubgraphSpec> Inference() const override;
-  InferenceMap RunInference(const std::string& subgraph, const InferenceMap& feeds,
+  InferenceMap RunInference(const NestedMap& theta, const std::string& subgraph,
+                            const InferenceMap& feeds,
                             const BaseTokenizer* tokenizer) const override;
   // onnx/mt_encoder.onnx: src_ids [B, S] int64, src_paddings [B, S] float32 -> encoded [B, S, D]
   // and every decoder layer's source_k<i>, source_v<i> [B, S, heads, dim] (computed once per

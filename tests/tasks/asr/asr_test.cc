@@ -201,13 +201,13 @@ TEST(AsrModelTest, TranscribeSubgraphChecksItsFeeds) {
   InferenceMap f;
   f["wav"] = InferenceValue::Strings({wav});
   f["num_hyps"] = InferenceValue::Of(at::tensor(2, at::kLong).reshape({}));
-  const InferenceMap out = task->RunInference("transcribe", f, &tok);
+  const InferenceMap out = task->RunInference(task->theta(), "transcribe", f, &tok);
   EXPECT_EQ(out.at("transcript").strings.size(), 1u);
   EXPECT_EQ(out.at("scores").tensor.sizes(), (std::vector<int64_t>{1, 2}));
   auto bad = [&](const std::string& bytes, const std::string& message) {
     InferenceMap g;
     g["wav"] = InferenceValue::Strings({bytes});
-    EXPECT_ERROR_CONTAINS(task->RunInference("transcribe", g, &tok), InvalidArgumentError, message);
+    EXPECT_ERROR_CONTAINS(task->RunInference(task->theta(), "transcribe", g, &tok), InvalidArgumentError, message);
   };
   bad("hello", "feed 'wav'[0]: not a WAV file, nor the base64 of one");
   bad(EncodeWav16(at::zeros({8000}), 8000), "feed 'wav'[0]: 8000 Hz; the model takes 16000 Hz");

@@ -311,7 +311,7 @@ TEST(ClassifierTaskTest, ClassifyTakesTensorsIdxPgmPngAndBase64) {
   InferenceMap feeds;
   feeds["images"] = InferenceValue::Of(img.to(at::kFloat).reshape({1, 4, 4, 1}));
   feeds["top_k"] = InferenceValue::Of(at::tensor(3, at::kLong).reshape({}));
-  const InferenceMap ref = task->RunInference("classify", feeds, nullptr);
+  const InferenceMap ref = task->RunInference(task->theta(), "classify", feeds, nullptr);
   EXPECT_EQ(ref.at("classes").tensor.sizes(), (std::vector<int64_t>{1, 3}));
   EXPECT_NEAR(at::softmax(task->Logits(task->theta(), img.to(at::kFloat).reshape({1, 4, 4, 1}) / 255), 1)
                   .max().item<double>(),
@@ -329,19 +329,19 @@ TEST(ClassifierTaskTest, ClassifyTakesTensorsIdxPgmPngAndBase64) {
     InferenceMap f;
     f["encoded"] = InferenceValue::Strings({enc});
     f["top_k"] = feeds["top_k"];
-    const InferenceMap out = task->RunInference("classify", f, nullptr);
+    const InferenceMap out = task->RunInference(task->theta(), "classify", f, nullptr);
     EXPECT_TRUE(at::equal(out.at("classes").tensor, ref.at("classes").tensor));
     EXPECT_TRUE(at::allclose(out.at("scores").tensor, ref.at("scores").tensor));
   }
   InferenceMap junk;
   junk["encoded"] = InferenceValue::Strings({"hello"});
-  EXPECT_ERROR_CONTAINS(task->RunInference("classify", junk, nullptr), InvalidArgumentError, "feed 'encoded'[0]: not an IDX, PGM (P5/P2) or PNG image");
+  EXPECT_ERROR_CONTAINS(task->RunInference(task->theta(), "classify", junk, nullptr), InvalidArgumentError, "feed 'encoded'[0]: not an IDX, PGM (P5/P2) or PNG image");
   InferenceMap truncated;
   truncated["encoded"] = InferenceValue::Strings({p5.substr(0, p5.size() - 3)});
-  EXPECT_ERROR_CONTAINS(task->RunInference("classify", truncated, nullptr), InvalidArgumentError, "truncated PGM");
+  EXPECT_ERROR_CONTAINS(task->RunInference(task->theta(), "classify", truncated, nullptr), InvalidArgumentError, "truncated PGM");
   InferenceMap wrong;
   wrong["images"] = InferenceValue::Of(at::zeros({1, 5, 4, 1}));
-  EXPECT_ERROR_CONTAINS(task->RunInference("classify", wrong, nullptr), InvalidArgumentError, "classify: images must be [B, 4, 4, 1], got [1, 5, 4, 1]");
+  EXPECT_ERROR_CONTAINS(task->RunInference(task->theta(), "classify", wrong, nullptr), InvalidArgumentError, "classify: images must be [B, 4, 4, 1], got [1, 5, 4, 1]");
 }
 
 TEST(FashionMnistTest, LeNet5LossFalls) {

@@ -484,14 +484,14 @@ TEST(TransformerModel, TranslateSubgraphReturnsHypothesesAndScores) {
   InferenceMap feeds;
   feeds["source"] = InferenceValue::Strings({"abc", "fedcb", "aaaa"});
   feeds["num_hyps"] = InferenceValue::Of(at::scalar_tensor(2, at::kLong));
-  InferenceMap out = m.model->RunInference("translate", feeds, m.tok.get());
+  InferenceMap out = m.model->RunInference(m.model->theta(), "translate", feeds, m.tok.get());
   ASSERT_EQ(out.at("translation").strings.size(), 3u);
   EXPECT_EQ(out.at("translation").strings[0], "abc");
   EXPECT_EQ(out.at("translation").strings[1], "fedcb");
   EXPECT_EQ(out.at("scores").tensor.sizes(), (at::IntArrayRef{3, 2}));
   EXPECT_EQ(out.at("hyps").strings[0].rfind("abc ||| ", 0), 0u) << out.at("hyps").strings[0];
   feeds["num_hyps"] = InferenceValue::Of(at::scalar_tensor(0, at::kLong));
-  EXPECT_ERROR_CONTAINS(m.model->RunInference("translate", feeds, m.tok.get()),
+  EXPECT_ERROR_CONTAINS(m.model->RunInference(m.model->theta(), "translate", feeds, m.tok.get()),
                         InvalidArgumentError, "num_hyps");
   EXPECT_EQ(m.model->Inference().count("translate"), 1u);
 }
