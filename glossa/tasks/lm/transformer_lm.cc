@@ -117,20 +117,22 @@ TransformerLmTask::TransformerLmTask(const glossa::Params& p) : BaseTask(p) {
   decode_top_k_ = p.GetInt("decode_top_k");
 }
 
-at::Tensor TransformerLmTask::Logits(const NestedMap& theta, const at::Tensor& ids,
+at::Tensor TransformerLmTask::Hidden(const NestedMap& theta, const at::Tensor& ids,
                                      const at::Tensor& paddings) const {
   at::Tensor x = emb_->FProp(emb_.Theta(theta), ids);
   x = x + position_emb_->FProp(position_emb_.Theta(theta), ids.size(1)).to(x.scalar_type());
-  x = stack_->FProp(stack_.Theta(theta), x, paddings);
-  return softmax_->Logits(softmax_.Theta(theta), x);
+  return stack_->FProp(stack_.Theta(theta), x, paddings);
+}
+
+at::Tensor TransformerLmTask::Logits(const NestedMap& theta, const at::Tensor& ids,
+                                     const at::Tensor& paddings) const {
+  return softmax_->Logits(softmax_.Theta(theta), Hidden(theta, ids, paddings));
 }
 
 at::Tensor TransformerLmTask::LabelLogProbs(const NestedMap& theta, const at::Tensor& ids,
                                             const at::Tensor& labels,
                                             const at::Tensor& paddings) const {
-  at::Tensor x = emb_->FProp(emb_.Theta(theta), ids);
-  x = x + position_emb_->FProp(position_emb_.Theta(theta), ids.size(1)).to(x.scalar_type());
-  x = stack_->FProp(stack_.Theta(theta), x, paddings);
+  const at::Tensor x = Hidden(theta, ids, paddings);
   const NestedMap out = softmax_->FProp(softmax_.Theta(theta), x, labels, {}, paddings);
   if (out.contains("per_example_label_log_prob")) {
     return out.GetTensor("per_example_label_log_prob").to(at::kFloat);

@@ -116,6 +116,10 @@ class TransformerLmTask : public BaseTask {
                                                    const BaseTokenizer* tokenizer) const override;
 
  private:
+  // The stack's output [B, T, D] of ids [B, T] (embeddings plus positions through the stack):
+  // what Logits and LabelLogProbs project.
+  at::Tensor Hidden(const NestedMap& theta, const at::Tensor& ids,
+                    const at::Tensor& paddings) const;
   friend class LmGeneration;  // reads the children and decode_* (glossa/tasks/lm/lm_generation.cc)
   int64_t vocab_size_;
   double label_smoothing_, aux_loss_weight_;
